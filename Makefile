@@ -1,0 +1,35 @@
+# yolo9kit: every target sets itself up (creates .venv, installs the package with its extras) and is
+# safe to run twice. Override the interpreter with `make PYTHON=python3.12 ...`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.yolo9kit-installed
+
+.PHONY: demo test test-fast lab lint clean-venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# Reinstall only when the dependency list changes (editable install: code edits need nothing).
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e ".[notebooks,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m yolo9kit demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -ra -m "not slow and not browser" tests
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check yolo9kit tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

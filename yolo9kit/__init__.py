@@ -1,0 +1,42 @@
+"""yolo9kit: train YOLOv9 on one GPU and understand its memory and speed.
+
+The public names below are imported on first use, so ``import yolo9kit`` stays cheap (no torch
+import, no CUDA initialisation) until a function is actually called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "checks": "yolo9kit.env",
+}
+
+# sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
+_SUBMODULES = {"boxes", "cli", "env"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"yolo9kit.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'yolo9kit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from yolo9kit.env import checks

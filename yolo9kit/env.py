@@ -1,0 +1,157 @@
+"""``checks()``: what a workshop needs to know about the machine before the first cell runs."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    """Versions and hardware. ``str(report)`` is a short table; ``ok`` says whether training can start."""
+
+    python: str
+    platform: str
+    yolo9kit: str
+    torch: str | None
+    torchvision: str | None
+    cuda_available: bool
+    cuda_version: str | None
+    gpus: list[dict] = field(default_factory=list)  # name, total_bytes, capability
+    cpu_cores: int = 1
+    ram_total_bytes: int | None = None
+    ram_available_bytes: int | None = None
+    packages: dict[str, str | None] = field(default_factory=dict)
+    widgets_extension: str = "unknown"  # "enabled", "disabled", "not installed", "unknown"
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        gib = 1024**3
+        lines = [
+            f"yolo9kit {self.yolo9kit}  Python {self.python}  {self.platform}",
+            f"torch {self.torch}  torchvision {self.torchvision}  CUDA {self.cuda_version or '-'}",
+        ]
+        if self.gpus:
+            for i, gpu in enumerate(self.gpus):
+                lines.append(f"GPU {i}: {gpu['name']}  {gpu['total_bytes'] / gib:.1f} GiB  sm_{gpu['capability']}")
+        else:
+            lines.append("GPU: none (CPU only: memory figures are estimated, training runs on the CPU)")
+        ram = f"{self.ram_total_bytes / gib:.1f} GiB" if self.ram_total_bytes else "unknown"
+        free = f"{self.ram_available_bytes / gib:.1f} GiB" if self.ram_available_bytes else "unknown"
+        lines.append(f"CPU cores: {self.cpu_cores}  RAM: {ram} total, {free} available")
+        lines.append("packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()))
+        lines.append(f"JupyterLab widget extension: {self.widgets_extension}")
+        lines.extend(f"PROBLEM: {p}" for p in self.problems)
+        return "\n".join(lines)
+
+    def _repr_markdown_(self) -> str:  # notebooks show the same table
+        return "```\n" + str(self) + "\n```"
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _memory() -> tuple[int | None, int | None]:
+    """Total and available RAM from /proc/meminfo (Linux) or sysconf; (None, None) when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info.get("MemTotal"), info.get("MemAvailable")
+    except (OSError, ValueError, IndexError):
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            return total, None
+        except (ValueError, OSError, AttributeError):
+            return None, None
+
+
+def _widgets_extension_state() -> str:
+    """Ask JupyterLab whether @jupyter-widgets/jupyterlab-manager is installed and enabled."""
+    jupyter = shutil.which("jupyter", path=os.path.dirname(sys.executable)) or shutil.which("jupyter")
+    if _version("jupyterlab_widgets") is None:
+        return "not installed"
+    if jupyter is None:
+        return "unknown"
+    try:
+        out = subprocess.run(
+            [jupyter, "labextension", "list"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    text = out.stdout + out.stderr
+    for line in text.splitlines():
+        if "@jupyter-widgets/jupyterlab-manager" in line:
+            return "enabled" if "enabled" in line and "disabled" not in line else "disabled"
+    return "not installed"
+
+
+def checks(verbose: bool = True, widgets: bool = True) -> EnvReport:
+    """Report versions, CUDA and GPUs, CPU cores, RAM and the JupyterLab widget extension.
+
+    Args:
+        verbose: log the report at INFO level as well as returning it.
+        widgets: ask JupyterLab about its widget extension (a subprocess, about a second).
+
+    Returns:
+        An ``EnvReport``; in a notebook it displays as a table. ``report.problems`` lists what would
+        stop a walkthrough (missing torch, a disabled widget extension).
+    """
+    import logging
+
+    problems: list[str] = []
+    torch_version = _version("torch")
+    cuda_available, cuda_version, gpus = False, None, []
+    if torch_version is None:
+        problems.append("PyTorch is not installed: run `make demo` or `pip install -e .[notebooks]`")
+    else:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+        cuda_version = torch.version.cuda
+        for i in range(torch.cuda.device_count() if cuda_available else 0):
+            props = torch.cuda.get_device_properties(i)
+            gpus.append({"name": props.name, "total_bytes": int(props.total_memory),
+                         "capability": f"{props.major}{props.minor}"})
+    state = _widgets_extension_state() if widgets else "unknown"
+    if state in ("disabled", "not installed"):
+        problems.append(
+            f"JupyterLab widget extension is {state}: sliders will show as text. "
+            "Install `jupyterlab_widgets` (it is in the `notebooks` extra) and restart JupyterLab"
+        )
+    total, available = _memory()
+    report = EnvReport(
+        python=platform.python_version(),
+        platform=f"{platform.system()} {platform.machine()}",
+        yolo9kit=_version("yolo9kit") or "(not installed)",
+        torch=torch_version,
+        torchvision=_version("torchvision"),
+        cuda_available=cuda_available,
+        cuda_version=cuda_version,
+        gpus=gpus,
+        cpu_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+        ram_total_bytes=total,
+        ram_available_bytes=available,
+        packages={name: _version(name) for name in
+                  ("numpy", "opencv-python-headless", "pandas", "matplotlib", "jupyterlab", "ipywidgets")},
+        widgets_extension=state,
+        problems=problems,
+    )
+    if verbose:
+        logging.getLogger(__name__).info("\n%s", report)
+    return report
