@@ -1,0 +1,4 @@
+"""Matplotlib plots. Every function takes ``ax=None`` (or ``fig=None``) and returns the figure; none
+calls ``plt.show()``, so a notebook shows it inline and a script can ``savefig`` it."""
+
+from __future__ import annotations
