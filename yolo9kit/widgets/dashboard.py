@@ -1,0 +1,185 @@
+"""``train_dashboard()``: live training plots for ``yolo9kit.train.fit``.
+
+The dashboard is a callback object: ``TrainConfig(callbacks=dash.callbacks)``. Each optimizer step it
+records the losses, the learning rate, the peak VRAM and the throughput, and redraws one figure in
+place through a display handle (``display(..., display_id=True)`` then ``handle.update(...)``): one
+image in the cell, no ``clear_output`` flicker, nothing left over when the notebook is saved.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from yolo9kit.widgets._common import figure_png, format_bytes
+
+# The trainer's metric names, with the older/alternative spellings accepted for each series.
+_SERIES: dict[str, tuple[str, ...]] = {
+    "box": ("box", "box_loss", "loss_box"),
+    "cls": ("cls", "cls_loss", "loss_cls"),
+    "dfl": ("dfl", "dfl_loss", "loss_dfl"),
+    "lr": ("lr", "lr0", "learning_rate"),
+    "memory_bytes": ("memory_bytes", "vram_bytes", "max_memory_allocated", "peak_memory_bytes", "gpu_mem_bytes"),
+    "images_per_s": ("images_per_s", "img_per_s", "throughput", "images_per_second"),
+}
+_STEP_KEYS = ("step", "global_step", "iteration", "updates")
+
+
+def _pick(metrics: Mapping[str, Any], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        value = metrics.get(name)
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):  # e.g. one learning rate per parameter group: show the first
+            value = value[0] if value else None
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+@dataclass
+class TrainDashboard:
+    """Live plots of a training run; pass ``dash.callbacks`` to ``TrainConfig(callbacks=...)``.
+
+    Attributes:
+        history: one dict per optimizer step: ``step``, ``epoch`` and the series in ``_SERIES`` that the
+            trainer reported (losses per image, learning rate, peak VRAM in bytes, images per second).
+        epochs: one dict per finished epoch as the trainer reported it (validation metrics etc.).
+        min_interval_s: redraw at most this often (drawing costs ~0.1 s); the last step is always drawn
+            by ``on_epoch_end``.
+    """
+
+    title: str = "training"
+    min_interval_s: float = 1.0
+    history: list[dict[str, float]] = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    figure: Any = None
+    redraws: int = 0
+    _handle: Any = None
+    _text_handle: Any = None
+    _last_draw: float = float("-inf")
+
+    @property
+    def callbacks(self) -> dict[str, Any]:
+        return {"on_step": self.on_step, "on_epoch_end": self.on_epoch_end}
+
+    # -- callbacks -------------------------------------------------------------------------------
+    def on_step(self, metrics: Mapping[str, Any]) -> None:
+        row: dict[str, float] = {"step": float(_pick(metrics, _STEP_KEYS) or len(self.history) + 1)}
+        epoch = _pick(metrics, ("epoch",))
+        if epoch is not None:
+            row["epoch"] = epoch
+        for name, aliases in _SERIES.items():
+            value = _pick(metrics, aliases)
+            if value is not None:
+                row[name] = value
+        self.history.append(row)
+        if time.monotonic() - self._last_draw >= self.min_interval_s:
+            self.update()
+
+    def on_epoch_end(self, metrics: Mapping[str, Any]) -> None:
+        self.epochs.append(dict(metrics))
+        self.update()
+
+    # -- drawing ---------------------------------------------------------------------------------
+    def show(self) -> TrainDashboard:
+        """Put the (empty) figure and the status line in the notebook cell; later draws update them."""
+        from IPython.display import HTML, display
+
+        self._handle = display({"text/plain": "waiting for the first step"}, raw=True, display_id=True)
+        self._text_handle = display(HTML(self.status_html()), display_id=True)
+        return self
+
+    def update(self) -> None:
+        """Redraw the figure from ``history`` and push it to the display handle (if shown)."""
+        self._last_draw = time.monotonic()
+        self.figure = self.draw()
+        self.redraws += 1
+        if self._handle is not None:
+            self._handle.update({"image/png": figure_png(self.figure), "text/plain": self.status_text()}, raw=True)
+        else:
+            import matplotlib.pyplot as plt
+
+            plt.close(self.figure)
+        if self._text_handle is not None:
+            from IPython.display import HTML
+
+            self._text_handle.update(HTML(self.status_html()))
+
+    def series(self, name: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of one series, skipping steps where it was not reported."""
+        points = [(r["step"], r[name]) for r in self.history if name in r]
+        return [p[0] for p in points], [p[1] for p in points]
+
+    def draw(self):
+        """A 2x2 figure: losses, learning rate, peak VRAM, images/s against the optimizer step."""
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(2, 2, figsize=(10, 6), constrained_layout=True)
+        ax_loss, ax_lr, ax_mem, ax_speed = axes.flat
+        for name in ("box", "cls", "dfl"):
+            x, y = self.series(name)
+            if x:
+                ax_loss.plot(x, y, label=name)
+        if ax_loss.lines:
+            ax_loss.legend(loc="upper right")
+        ax_loss.set_title("loss per image (gained)")
+        for ax, name, title, scale in (
+            (ax_lr, "lr", "learning rate", 1.0),
+            (ax_mem, "memory_bytes", "peak VRAM (GiB)", 1024**-3),
+            (ax_speed, "images_per_s", "images / s", 1.0),
+        ):
+            x, y = self.series(name)
+            if x:
+                ax.plot(x, [v * scale for v in y])
+            else:
+                ax.text(0.5, 0.5, "not reported", ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.set_title(title)
+        for ax in axes.flat:
+            ax.set_xlabel("step")
+        fig.suptitle(f"{self.title}: {self.status_text()}")
+        return fig
+
+    def status_text(self) -> str:
+        if not self.history:
+            return "no step yet"
+        last = self.history[-1]
+        parts = [f"step {int(last['step'])}"]
+        if "epoch" in last:
+            parts.append(f"epoch {int(last['epoch'])}")
+        if "memory_bytes" in last:
+            parts.append(f"peak VRAM {format_bytes(last['memory_bytes'])}")
+        if "images_per_s" in last:
+            parts.append(f"{last['images_per_s']:.1f} img/s")
+        return ", ".join(parts)
+
+    def status_html(self) -> str:
+        import html
+
+        rows = []
+        for m in self.epochs:
+            cells = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                              for k, v in m.items() if isinstance(v, (int, float, str)))
+            rows.append(f"<li>{html.escape(cells)}</li>")
+        return f"<div><b>{html.escape(self.status_text())}</b><ul>{''.join(rows)}</ul></div>"
+
+
+def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, show: bool = True) -> TrainDashboard:
+    """A live dashboard for ``fit``: ``dash = train_dashboard(); fit(model, data, TrainConfig(callbacks=dash.callbacks))``.
+
+    Args:
+        title: shown above the plots.
+        min_interval_s: redraw at most this often during an epoch (each redraw renders a PNG).
+        show: display it in the current cell now (False in scripts and tests).
+
+    Returns:
+        The ``TrainDashboard``; ``.history`` holds what it plotted, ``.figure`` the last figure.
+    """
+    dash = TrainDashboard(title=title, min_interval_s=min_interval_s)
+    if show:
+        dash.show()
+    return dash
