@@ -1,0 +1,256 @@
+"""Task-aligned label assignment (TAL) for the YOLOv9 loss, computed in memory-bounded chunks.
+
+Reproduces the official ``utils/tal/assigner.py TaskAlignedAssigner`` as ``ComputeLoss`` builds it
+(topk 10, alpha 0.5, beta 6.0, eps 1e-9) bit for bit, but never holds the official version's large
+``(batch, objects, anchors)`` intermediates all at once:
+
+* images are processed in chunks whose ``images x objects x anchors`` pair count stays under
+  ``max_pairs``; inside a chunk, the CIoU / alignment stage runs over slices of GT rows, so a single
+  crowded image is bounded too;
+* each chunk is padded only to its own largest object count, not the batch's;
+* masks are ``bool`` (1 byte), the top-k selection is a scatter into a bool mask instead of the official
+  ``one_hot(topk_idxs, anchors)`` int64 tensor (``10 x 8`` bytes per pair), the in-box test never builds
+  the official ``(B, M, A, 4)`` float deltas, and the score normalisation is gathered at foreground
+  anchors instead of a third full float tensor.
+
+What stays per chunk: overlaps and alignment metric (float32, 4 + 4 bytes per pair) and the candidate
+mask (1 byte per pair). ``docs/loss.md`` has the byte counts.
+
+Why the result is identical to the batched official code: every step is row-wise (one GT against all
+anchors: CIoU, in-box test, ``torch.topk`` over the same row of the same values) or column-wise within
+one image (conflict resolution, normalisation), so splitting over images and GT rows changes no value.
+Padding rows hold zero boxes; their CIoU clamps to 0 and they come after the real rows, so dropping the
+extra ones changes no ``argmax``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import math
+
+import torch
+
+
+class AssignResult(NamedTuple):
+    """Targets of the task-aligned assigner for every anchor.
+
+    Attributes:
+        target_labels: (B, A) int64 class of the assigned GT (GT 0's class where background,
+            like the official code; only meaningful where ``fg_mask``).
+        target_bboxes: (B, A, 4) xyxy box of the assigned GT, same units as the GT input.
+        target_scores: (B, A, C) float32: at foreground anchors the assigned class holds the
+            normalised alignment (so each GT's best anchor gets that GT's best CIoU), zero elsewhere.
+        fg_mask: (B, A) bool, anchors that have a GT.
+    """
+
+    target_labels: torch.Tensor
+    target_bboxes: torch.Tensor
+    target_scores: torch.Tensor
+    fg_mask: torch.Tensor
+
+
+class TaskAlignedAssigner:
+    """Memory-bounded task-aligned assigner; matches the official ``TaskAlignedAssigner`` output.
+
+    Args:
+        num_classes: number of classes C.
+        topk: candidate anchors per GT (official ComputeLoss: 10).
+        alpha: exponent of the class score in the alignment metric (0.5).
+        beta: exponent of the CIoU in the alignment metric (6.0).
+        eps: in-box margin and normalisation epsilon (1e-9).
+        max_pairs: most (image, GT, anchor) pairs whose intermediates are held at once; ``None``
+            processes the whole batch in one go (the official memory profile, minus its int64 one-hots).
+    """
+
+    def __init__(self, num_classes: int, *, topk: int = 10, alpha: float = 0.5, beta: float = 6.0,
+                 eps: float = 1e-9, max_pairs: int | None = 8_388_608) -> None:
+        if max_pairs is not None and max_pairs < 1:
+            raise ValueError(f"max_pairs must be a positive pair count or None, got {max_pairs}")
+        self.num_classes = num_classes
+        self.topk = topk
+        self.alpha = alpha
+        self.beta = beta
+        self.eps = eps
+        self.max_pairs = max_pairs
+
+    @torch.no_grad()
+    def __call__(self, pd_scores: torch.Tensor, pd_bboxes: torch.Tensor, anc_points: torch.Tensor,
+                 gt_labels: torch.Tensor, gt_bboxes: torch.Tensor, gt_counts: torch.Tensor) -> AssignResult:
+        """Assign GTs to anchors.
+
+        Args:
+            pd_scores: (B, A, C) predicted class probabilities (sigmoid applied), detached.
+            pd_bboxes: (B, A, 4) predicted xyxy boxes, pixels.
+            anc_points: (A, 2) anchor centres, pixels.
+            gt_labels: (B, M) class of each GT row (float or int), padding rows anything.
+            gt_bboxes: (B, M, 4) xyxy GT boxes, pixels; rows ``>= gt_counts[b]`` are padding.
+            gt_counts: (B,) int number of real GT rows of each image (real rows come first).
+
+        Returns:
+            AssignResult.
+        """
+        batch_size, num_anchors, _ = pd_scores.shape
+        device = pd_scores.device
+        target_labels = torch.full((batch_size, num_anchors), self.num_classes, dtype=torch.long, device=device)
+        target_bboxes = torch.zeros((batch_size, num_anchors, 4), dtype=gt_bboxes.dtype, device=device)
+        target_scores = torch.zeros((batch_size, num_anchors, self.num_classes), dtype=torch.float32,
+                                    device=device)
+        fg_mask = torch.zeros((batch_size, num_anchors), dtype=torch.bool, device=device)
+        if gt_bboxes.shape[1] == 0 or int(gt_counts.max()) == 0:  # CPU-GPU sync point, once per call
+            return AssignResult(target_labels, target_bboxes, target_scores, fg_mask)
+        counts = gt_counts.tolist()
+        # Per-box and per-score terms, once for the whole batch so every chunking sees the same bits.
+        scores_pow = pd_scores.float().pow(self.alpha)  # (B, A, C); alpha 0.5 runs as sqrt
+        pred_atan, gt_atan = _aspect_atan(pd_bboxes), _aspect_atan(gt_bboxes)  # (B, A), (B, M)
+        for start, stop in self._image_chunks(counts, num_anchors):
+            num_rows = max(counts[start:stop])
+            if num_rows == 0:  # no GT in these images: background everywhere (already filled)
+                continue
+            sl, rows = slice(start, stop), slice(0, num_rows)
+            out = self._assign_chunk(scores_pow[sl], pd_bboxes[sl], pred_atan[sl], anc_points,
+                                     gt_labels[sl, rows], gt_bboxes[sl, rows], gt_atan[sl, rows], gt_counts[sl])
+            target_labels[sl], target_bboxes[sl], target_scores[sl], fg_mask[sl] = out
+        return AssignResult(target_labels, target_bboxes, target_scores, fg_mask)
+
+    def _image_chunks(self, counts: list[int], num_anchors: int) -> list[tuple[int, int]]:
+        """Consecutive image ranges whose padded pair count fits ``max_pairs`` (at least one image each)."""
+        if self.max_pairs is None:
+            return [(0, len(counts))]
+        chunks, start, rows = [], 0, 0
+        for i, n in enumerate(counts):
+            new_rows = max(rows, n)
+            if i > start and (i + 1 - start) * new_rows * num_anchors > self.max_pairs:
+                chunks.append((start, i))
+                start, new_rows = i, n
+            rows = new_rows
+        chunks.append((start, len(counts)))
+        return chunks
+
+    def _assign_chunk(self, scores_pow, pd_bboxes, pred_atan, anc_points, gt_labels, gt_bboxes, gt_atan,
+                      gt_counts):
+        """The official procedure on b images padded to M rows -> (labels, bboxes, scores, fg)."""
+        b, num_anchors, _ = scores_pow.shape
+        num_rows = gt_bboxes.shape[1]
+        rows = torch.arange(num_rows, device=scores_pow.device)
+        is_real = rows[None, :] < gt_counts[:, None]  # (b, M) bool; official mask_gt
+        labels = gt_labels.long()
+        overlaps, align, candidate = self._candidates(scores_pow, pd_bboxes, pred_atan, anc_points, labels,
+                                                      gt_bboxes, gt_atan, is_real)
+
+        # An anchor that is a candidate of several GTs keeps the GT it overlaps most among ALL GTs
+        # of the image (official select_highest_overlaps), even one it was not a candidate of.
+        multi = candidate.sum(1) > 1  # (b, A)
+        if bool(multi.any()):  # CPU-GPU sync point
+            best = overlaps.argmax(1)  # (b, A); first maximum, padding rows are 0 and come last
+            candidate = torch.where(multi[:, None, :], rows[None, :, None] == best[:, None, :], candidate)
+        fg = candidate.any(1)  # (b, A)
+        assigned = candidate.to(torch.uint8).argmax(1)  # (b, A); 0 where background, like the official
+
+        # Normalisation: per GT, the alignment of its final candidates is rescaled so that its best
+        # anchor scores that GT's best CIoU. After conflict resolution a column has at most one
+        # candidate, so the official max over GTs is the value at the assigned GT.
+        align.masked_fill_(~candidate, 0)
+        overlaps.masked_fill_(~candidate, 0)
+        pos_align = align.amax(-1)  # (b, M)
+        pos_overlaps = overlaps.amax(-1)  # (b, M)
+        del overlaps, candidate
+        align_at = align.gather(1, assigned[:, None, :]).squeeze(1)  # (b, A)
+        del align
+        factor = align_at * pos_overlaps.gather(1, assigned) / (pos_align.gather(1, assigned) + self.eps)
+
+        target_labels = labels.gather(1, assigned)  # (b, A)
+        target_bboxes = gt_bboxes.gather(1, assigned[..., None].expand(-1, -1, 4))  # (b, A, 4)
+        target_scores = torch.zeros((b, num_anchors, self.num_classes), dtype=torch.float32, device=fg.device)
+        target_scores.scatter_(2, target_labels[..., None], torch.where(fg, factor, 0.0).float()[..., None])
+        return target_labels, target_bboxes, target_scores, fg
+
+    def _candidates(self, scores_pow, pd_bboxes, pred_atan, anc_points, labels, gt_bboxes, gt_atan, is_real):
+        """CIoU overlaps, alignment metric and top-k-in-box candidate mask, (b, M, A) each.
+
+        Computed over slices of GT rows so the CIoU temporaries stay under ``max_pairs`` pairs.
+        """
+        b, num_anchors, _ = scores_pow.shape
+        num_rows = gt_bboxes.shape[1]
+        overlaps = torch.empty((b, num_rows, num_anchors), dtype=torch.float32, device=scores_pow.device)
+        align = torch.empty_like(overlaps)
+        candidate = torch.zeros((b, num_rows, num_anchors), dtype=torch.bool, device=scores_pow.device)
+        step = num_rows if self.max_pairs is None else max(1, self.max_pairs // (b * num_anchors))
+        scores_by_class = scores_pow.transpose(1, 2)  # (b, C, A) view
+        image = torch.arange(b, device=scores_pow.device)[:, None]
+        k = min(self.topk, num_anchors)
+        for r0 in range(0, num_rows, step):
+            r1 = min(r0 + step, num_rows)
+            boxes = gt_bboxes[:, r0:r1]  # (b, r, 4)
+            ov = _pairwise_ciou(boxes, gt_atan[:, r0:r1], pd_bboxes, pred_atan).clamp_(0)  # (b, r, A)
+            al = scores_by_class[image, labels[:, r0:r1]] * self._pow_beta(ov)  # score^alpha * CIoU^beta
+            in_box = _anchors_in_boxes(anc_points, boxes, self.eps)  # (b, r, A) bool
+            metric = torch.where(in_box, al, 0.0)
+            top = metric.topk(k, dim=-1, largest=True).indices  # (b, r, k); same rows as the official topk
+            del metric
+            cand = torch.zeros_like(in_box).scatter_(-1, top, True)
+            cand &= in_box
+            cand &= is_real[:, r0:r1, None]
+            overlaps[:, r0:r1], align[:, r0:r1], candidate[:, r0:r1] = ov, al, cand
+        return overlaps, align, candidate
+
+    def _pow_beta(self, x: torch.Tensor) -> torch.Tensor:
+        """x ** beta. An integer beta (the official 6) uses multiplications, which round the same way
+        wherever an element sits in a vectorised loop, so chunked and unchunked runs agree bit for bit;
+        ``Tensor.pow`` may differ in the last bit between its vector and scalar paths."""
+        n = self.beta
+        if float(n).is_integer() and 1 <= n <= 16:
+            n, result, base = int(n), None, x
+            while n:
+                if n & 1:
+                    result = base if result is None else result * base
+                n >>= 1
+                if n:
+                    base = base * base
+            return result
+        return x.pow(n)
+
+
+def _pairwise_ciou(gt_xyxy: torch.Tensor, gt_atan: torch.Tensor, pred_xyxy: torch.Tensor,
+                   pred_atan: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """CIoU of every GT against every prediction of the same image: (b, r, 4), (b, A, 4) -> (b, r, A).
+
+    The formula and operation order of ``boxes.bbox_ciou(gt, pred)`` (the official ``bbox_iou`` with
+    CIoU, GT as box1), with ``atan(w / h)`` of each box computed once outside (``_aspect_atan``) so
+    only correctly rounded arithmetic runs per pair.
+    """
+    b1_x1, b1_y1, b1_x2, b1_y2 = (gt_xyxy[..., i, None] for i in range(4))  # (b, r, 1)
+    b2_x1, b2_y1, b2_x2, b2_y2 = (pred_xyxy[:, None, :, i] for i in range(4))  # (b, 1, A)
+    w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
+    w2, h2 = b2_x2 - b2_x1, b2_y2 - b2_y1 + eps
+    inter = (torch.min(b1_x2, b2_x2) - torch.max(b1_x1, b2_x1)).clamp(0) * (
+        torch.min(b1_y2, b2_y2) - torch.max(b1_y1, b2_y1)
+    ).clamp(0)
+    union = w1 * h1 + w2 * h2 - inter + eps
+    iou = inter / union
+    del inter, union
+    enclose_w = torch.max(b1_x2, b2_x2) - torch.min(b1_x1, b2_x1)
+    enclose_h = torch.max(b1_y2, b2_y2) - torch.min(b1_y1, b2_y1)
+    diag_sq = enclose_w**2 + enclose_h**2 + eps
+    del enclose_w, enclose_h
+    centre_dist_sq = ((b2_x1 + b2_x2 - b1_x1 - b1_x2) ** 2 + (b2_y1 + b2_y2 - b1_y1 - b1_y2) ** 2) / 4
+    v = (4 / math.pi**2) * torch.pow(pred_atan[:, None, :] - gt_atan[..., None], 2)
+    alpha = v / (v - iou + (1 + eps))
+    return iou - (centre_dist_sq / diag_sq + v * alpha)
+
+
+def _aspect_atan(boxes_xyxy: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """atan(w / h) of (..., 4) xyxy boxes -> (...), with the CIoU's eps on the height."""
+    return torch.atan((boxes_xyxy[..., 2] - boxes_xyxy[..., 0]) / (boxes_xyxy[..., 3] - boxes_xyxy[..., 1] + eps))
+
+def _anchors_in_boxes(anc_points: torch.Tensor, boxes_xyxy: torch.Tensor, eps: float) -> torch.Tensor:
+    """(A, 2) points, (b, r, 4) boxes -> (b, r, A) bool: point strictly inside (margin > eps).
+
+    Matches the official ``select_candidates_in_gts`` without its (b, r, A, 4) float deltas.
+    """
+    x, y = anc_points[:, 0], anc_points[:, 1]
+    x1, y1, x2, y2 = (boxes_xyxy[..., i, None] for i in range(4))
+    margin = torch.minimum(x - x1, y - y1)
+    margin = torch.minimum(margin, x2 - x)
+    margin = torch.minimum(margin, y2 - y)
+    return margin > eps

@@ -1,0 +1,236 @@
+"""The YOLOv9 training loss: task-aligned assignment, CIoU box loss, DFL and BCE class loss, per head,
+with the dual (auxiliary + main) combination.
+
+Matches the official ``utils/loss_tal_dual.py ComputeLoss`` (yolov9 models, two heads) and
+``utils/loss_tal.py ComputeLoss`` (gelan models, one head) on their training-mode outputs. The constants
+the official code hard-codes are fields of :class:`LossConfig`; ``docs/loss.md`` explains the loss.
+
+Usage::
+
+    loss_fn = DetectionLoss(model)                    # or DetectionLoss(num_classes=80, strides=[8, 16, 32])
+    loss, loss_items = loss_fn(model(images), targets)  # targets (N, 6) [image, class, cx, cy, w, h] normalised
+    loss.backward()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from yolo9kit.assigner import TaskAlignedAssigner
+from yolo9kit.boxes import bbox_ciou, cxcywh_to_xyxy, ltrb_to_xyxy, make_anchors, xyxy_to_ltrb
+
+__all__ = ["DetectionLoss", "LossConfig", "HeadTargets"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Loss settings. Defaults are the official values.
+
+    The official ``ComputeLoss`` hard-codes the gains and the auxiliary weight in its ``__call__``
+    (``loss[0] *= 7.5``, ``loss[1] *= 0.5``, ``loss[2] *= 1.5``, ``*= 0.25`` for the aux head) and
+    ignores the identically valued ``box`` / ``cls`` / ``dfl`` keys of ``hyp.scratch-high.yaml``;
+    it builds the assigner with topk 10, alpha 0.5, beta 6.0 (overridable there only through the
+    environment variables ``YOLOM``/``YOLOA``/``YOLOB``). Here they are plain fields.
+    """
+
+    box_gain: float = 7.5  # weight of the CIoU box loss
+    cls_gain: float = 0.5  # weight of the BCE class loss
+    dfl_gain: float = 1.5  # weight of the distribution focal loss
+    aux_weight: float = 0.25  # the auxiliary (PGI) head's share; the main head counts 1
+    topk: int = 10  # candidate anchors per GT in the assigner
+    alpha: float = 0.5  # class-score exponent of the alignment metric
+    beta: float = 6.0  # CIoU exponent of the alignment metric
+    eps: float = 1e-9  # assigner in-box margin and normalisation epsilon
+    cls_pos_weight: float = 1.0  # BCE pos_weight (hyp cls_pw)
+    # Most (image, GT, anchor) pairs the assigner holds at once. The official assigner holds
+    # ~100 bytes per pair for the whole batch; at ~9 bytes per pair plus CIoU temporaries this default
+    # keeps the assigner under ~0.5 GB however crowded the images. None: whole batch at once.
+    max_assign_chunk: int | None = 8_388_608
+
+    def replace(self, **changes: Any) -> LossConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+class HeadTargets(NamedTuple):
+    """Targets padded per image, shared by both heads.
+
+    Attributes:
+        labels: (B, M) float class per GT row.
+        boxes_xyxy: (B, M, 4) GT boxes in input pixels; rows ``>= counts[b]`` are zeros.
+        counts: (B,) int64 real GT rows per image.
+    """
+
+    labels: torch.Tensor
+    boxes_xyxy: torch.Tensor
+    counts: torch.Tensor
+
+
+class DetectionLoss:
+    """YOLOv9 loss for dual-head (yolov9-*) and single-head (gelan-*) models.
+
+    Args:
+        model: a DetectionModel (uses ``.nc``, ``.stride``, ``.head.reg_max``); or None with
+            ``num_classes`` and ``strides`` given.
+        config: LossConfig; defaults to the official constants.
+        num_classes: number of classes, when no model is given.
+        strides: stride of each level in input pixels (e.g. [8, 16, 32]), when no model is given.
+        reg_max: DFL bins per box side (16), when no model is given.
+
+    Call with ``(outputs, targets)``: outputs are the training-mode raw maps, a ``DualOutput``
+    (``aux`` None for gelan) or the official order ``[aux maps, main maps]`` / one list of maps;
+    each map (B, 4*reg_max + nc, H, W). targets (N, 6) ``[image_index, class, cx, cy, w, h]``
+    normalised to [0, 1]. Returns ``(loss, loss_items)``: loss is a scalar = (box + cls + dfl) x B for
+    backward; loss_items (3,) detached ``[box, cls, dfl]`` after the gains, before the batch factor.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, config: LossConfig | None = None, *,
+                 num_classes: int | None = None, strides: Sequence[float] | torch.Tensor | None = None,
+                 reg_max: int | None = None) -> None:
+        if model is not None:
+            head = getattr(model, "head", None)
+            num_classes = int(model.nc) if num_classes is None else num_classes
+            strides = model.stride if strides is None else strides
+            reg_max = int(getattr(head, "reg_max", 16)) if reg_max is None else reg_max
+        if num_classes is None or strides is None:
+            raise ValueError("DetectionLoss needs a model, or num_classes and strides "
+                             "(e.g. DetectionLoss(num_classes=80, strides=[8, 16, 32]))")
+        self.config = config or LossConfig()
+        self.num_classes = int(num_classes)
+        self.strides = [float(s) for s in torch.as_tensor(strides, dtype=torch.float32).tolist()]
+        self.reg_max = 16 if reg_max is None else int(reg_max)
+        self.num_outputs = self.num_classes + 4 * self.reg_max
+        # The official code keeps one assigner per head; they have no state, one serves both.
+        self.assigner = TaskAlignedAssigner(self.num_classes, topk=self.config.topk, alpha=self.config.alpha,
+                                            beta=self.config.beta, eps=self.config.eps,
+                                            max_pairs=self.config.max_assign_chunk)
+
+    def __call__(self, outputs: Any, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        heads = self._split_heads(outputs)
+        main = heads[-1]
+        batch_size = main[0].shape[0]
+        device = main[0].device
+        image_hw = (main[0].shape[2] * self.strides[0], main[0].shape[3] * self.strides[0])
+        gt = self.pad_targets(targets.to(device), batch_size, image_hw)
+        cfg = self.config
+        parts = [self.head_loss(maps, gt) for maps in heads]  # each [box, cls, dfl]
+        if len(parts) == 2:  # official order: aux x 0.25 first, then + main
+            items = [aux * cfg.aux_weight + main_ for aux, main_ in zip(*parts)]
+        else:
+            items = parts[0]
+        box, cls, dfl = items[0] * cfg.box_gain, items[1] * cfg.cls_gain, items[2] * cfg.dfl_gain
+        loss_items = torch.stack([box, cls, dfl])
+        return loss_items.sum() * batch_size, loss_items.detach()
+
+    def _split_heads(self, outputs: Any) -> list[list[torch.Tensor]]:
+        """DualOutput or official order -> [aux maps, main maps] or [main maps], each 3 (B, no, H, W)."""
+        if hasattr(outputs, "main") and hasattr(outputs, "aux"):
+            heads = [outputs.main] if outputs.aux is None else [outputs.aux, outputs.main]
+        elif isinstance(outputs, (list, tuple)) and outputs and isinstance(outputs[0], torch.Tensor):
+            heads = [outputs]
+        elif isinstance(outputs, (list, tuple)) and len(outputs) in (1, 2):
+            heads = list(outputs)
+        else:
+            raise TypeError("DetectionLoss expects training-mode outputs: a DualOutput, [aux maps, main maps] "
+                            f"or a list of maps; got {type(outputs).__name__}")
+        for maps in heads:
+            if not isinstance(maps, (list, tuple)) or len(maps) != len(self.strides):
+                raise ValueError(f"each head must give {len(self.strides)} maps (one per stride "
+                                 f"{self.strides}); got {type(maps).__name__} of length "
+                                 f"{len(maps) if isinstance(maps, (list, tuple)) else '?'}")
+            for m in maps:
+                if m.ndim != 4 or m.shape[1] != self.num_outputs:
+                    raise ValueError(f"expected training-mode maps (B, {self.num_outputs}, H, W) = 4*reg_max "
+                                     f"{4 * self.reg_max} + nc {self.num_classes} channels; got {tuple(m.shape)}. "
+                                     "Put the model in train() mode, and build the loss with the model's nc.")
+        return [list(maps) for maps in heads]
+
+    def pad_targets(self, targets: torch.Tensor, batch_size: int, image_hw: tuple[float, float]) -> HeadTargets:
+        """(N, 6) normalised targets -> per-image padded pixel boxes (official ComputeLoss.preprocess).
+
+        Rows keep their order within an image; M = most GT rows of any image.
+        """
+        if targets.ndim != 2 or targets.shape[1] != 6:
+            raise ValueError(f"targets must be (N, 6) rows [image_index, class, cx, cy, w, h]; "
+                             f"got shape {tuple(targets.shape)}")
+        targets = targets.float()
+        device = targets.device
+        image_index = targets[:, 0].long()
+        if targets.shape[0] and (int(image_index.min()) < 0 or int(image_index.max()) >= batch_size):
+            raise ValueError(f"targets image_index must be in [0, {batch_size - 1}] for a batch of "
+                             f"{batch_size}; got range [{int(image_index.min())}, {int(image_index.max())}]")
+        counts = torch.bincount(image_index, minlength=batch_size)
+        num_rows = int(counts.max()) if targets.shape[0] else 0
+        out = torch.zeros((batch_size, num_rows, 5), device=device)
+        if num_rows:
+            order = torch.argsort(image_index, stable=True)
+            starts = torch.cumsum(counts, 0) - counts
+            slot = torch.arange(targets.shape[0], device=device) - starts[image_index[order]]
+            out[image_index[order], slot] = targets[order, 1:]
+            scale = torch.tensor([image_hw[1], image_hw[0], image_hw[1], image_hw[0]], device=device)
+            out[..., 1:5] = cxcywh_to_xyxy(out[..., 1:5].mul_(scale))
+        return HeadTargets(out[..., 0], out[..., 1:5], counts)
+
+    def head_loss(self, maps: list[torch.Tensor], gt: HeadTargets) -> list[torch.Tensor]:
+        """Unweighted [box, cls, dfl] of one head (official ComputeLoss per-head body).
+
+        Args:
+            maps: per level (B, 4*reg_max + nc, H, W) raw outputs.
+            gt: padded targets from :meth:`pad_targets`.
+        """
+        batch_size = maps[0].shape[0]
+        flat = torch.cat([m.float().reshape(batch_size, self.num_outputs, -1) for m in maps], 2)
+        pred_dist, pred_logits = flat.split((4 * self.reg_max, self.num_classes), 1)
+        pred_dist = pred_dist.permute(0, 2, 1).contiguous()  # (B, A, 64)
+        pred_logits = pred_logits.permute(0, 2, 1).contiguous()  # (B, A, nc)
+        anchor_points, stride_per_anchor = make_anchors([m.shape[2:] for m in maps], self.strides,
+                                                        dtype=flat.dtype, device=flat.device)
+        pred_boxes = self.decode_boxes(anchor_points, pred_dist)  # (B, A, 4) xyxy, grid units
+
+        assigned = self.assigner(pred_logits.detach().sigmoid(), pred_boxes.detach() * stride_per_anchor,
+                                 anchor_points * stride_per_anchor, gt.labels, gt.boxes_xyxy, gt.counts)
+        target_boxes = assigned.target_bboxes / stride_per_anchor  # grid units
+        target_scores = assigned.target_scores
+        target_scores_sum = target_scores.sum().clamp(min=1)  # official max(sum, 1)
+
+        pos_weight = torch.tensor([self.config.cls_pos_weight], device=flat.device)
+        cls_loss = F.binary_cross_entropy_with_logits(pred_logits, target_scores, pos_weight=pos_weight,
+                                                      reduction="none").sum() / target_scores_sum
+        fg = assigned.fg_mask
+        if not bool(fg.any()):  # CPU-GPU sync point (the official code has it too)
+            zero = pred_dist.new_zeros(())
+            return [zero, cls_loss, zero]
+        weight = target_scores.sum(-1)[fg].unsqueeze(-1)  # (n, 1)
+        iou = bbox_ciou(pred_boxes[fg], target_boxes[fg])  # (n, 1)
+        box_loss = ((1.0 - iou) * weight).sum() / target_scores_sum
+        points = anchor_points.expand(batch_size, -1, -1)[fg]
+        target_ltrb = xyxy_to_ltrb(points, target_boxes[fg], self.reg_max - 1 - 0.01)  # clamp 14.99
+        dfl_loss = (self.distribution_focal_loss(pred_dist[fg], target_ltrb) * weight).sum() / target_scores_sum
+        return [box_loss, cls_loss, dfl_loss]
+
+    def decode_boxes(self, anchor_points: torch.Tensor, pred_dist: torch.Tensor) -> torch.Tensor:
+        """(A, 2) points, (B, A, 4*reg_max) logits -> (B, A, 4) xyxy boxes, grid units (softmax expectation)."""
+        b, a, c = pred_dist.shape
+        bins = torch.arange(self.reg_max, dtype=pred_dist.dtype, device=pred_dist.device)
+        distances = pred_dist.view(b, a, 4, c // 4).softmax(3).matmul(bins)
+        return ltrb_to_xyxy(distances, anchor_points)
+
+    def distribution_focal_loss(self, pred_dist: torch.Tensor, target_ltrb: torch.Tensor) -> torch.Tensor:
+        """DFL (official BboxLoss._df_loss): (n, 4*reg_max) logits, (n, 4) targets in bins -> (n, 1).
+
+        Cross-entropy towards the two bins around each target, weighted by closeness; mean over sides.
+        """
+        logits = pred_dist.view(-1, self.reg_max)
+        left = target_ltrb.long()
+        right = left + 1
+        weight_left = right.float() - target_ltrb
+        weight_right = 1 - weight_left
+        loss_left = F.cross_entropy(logits, left.view(-1), reduction="none").view(left.shape) * weight_left
+        loss_right = F.cross_entropy(logits, right.view(-1), reduction="none").view(left.shape) * weight_right
+        return (loss_left + loss_right).mean(-1, keepdim=True)
