@@ -1,0 +1,99 @@
+"""YOLOv9 and GELAN detectors in plain PyTorch, numerically equal to the official implementation.
+
+``create_model("yolov9-t")`` builds a registered model (its layer table ships as a yaml file under
+``yolo9kit/models/cfg/``); a path to a model yaml in the official format, or a dict of one, builds a
+custom variant. State_dict keys and shapes equal the official ones, so official weights load strictly.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from yolo9kit.models.builder import MODULES, LayerTableError, make_divisible, parse_model
+from yolo9kit.models.heads import DFL, DDetect, DualDDetect, DualOutput
+from yolo9kit.models.model import DetectionModel
+
+__all__ = [
+    "DFL", "DDetect", "DetectionModel", "DualDDetect", "DualOutput", "LayerTableError", "MODULES",
+    "create_model", "fuse", "list_models", "load_model_config", "load_official_checkpoint", "make_divisible",
+    "model_table", "count_flops", "parse_model", "to_deploy",
+]
+
+_FAMILIES = ("yolov9", "gelan")
+_SIZES = ("t", "s", "m", "c", "e")
+
+
+def list_models() -> list[str]:
+    """Names of the registered models: yolov9-t/s/m/c/e (training, dual head), gelan-t/s/m/c/e."""
+    return [f"{family}-{size}" for family in _FAMILIES for size in _SIZES]
+
+
+def load_model_config(name_or_yaml: str | Path | dict) -> tuple[dict, str, str]:
+    """Resolve a model name, yaml path or dict -> (config dict, display name, source for error messages)."""
+    if isinstance(name_or_yaml, dict):
+        return name_or_yaml, str(name_or_yaml.get("name", "custom")), "model config dict"
+    text = str(name_or_yaml)
+    if text in list_models():
+        cfg_file = resources.files("yolo9kit.models") / "cfg" / f"{text}.yaml"
+        return yaml.safe_load(cfg_file.read_text()), text, f"{text}.yaml"
+    path = Path(text)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise FileNotFoundError(f"model yaml {path} not found")
+        try:
+            cfg = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise LayerTableError(f"{path}: not valid YAML ({e})") from e
+        if not isinstance(cfg, dict):
+            raise LayerTableError(f"{path}: expected a mapping with 'backbone' and 'head' rows")
+        return cfg, path.stem, str(path)
+    raise ValueError(f"unknown model {text!r}: use one of {', '.join(list_models())}, "
+                     "a path to a model .yaml (official format) or a dict of one")
+
+
+def create_model(name_or_yaml: str | Path | dict, num_classes: int | None = None, *,
+                 names: list[str] | dict[int, str] | None = None, checkpoint: Any = None) -> DetectionModel:
+    """Build a freshly initialised YOLOv9 / GELAN model (training mode, fp32, CPU).
+
+    Args:
+        name_or_yaml: a name from :func:`list_models`, a path to an official-format model yaml, or a dict.
+        num_classes: number of classes; default ``len(names)`` when names are given, else the yaml's
+            ``nc`` (80 for the registered models).
+        names: class names (list, or dict index -> name as in data yamls).
+        checkpoint: activation checkpointing: None, "all", "backbone" or layer indices
+            (see :meth:`DetectionModel.set_activation_checkpointing`).
+
+    Returns:
+        DetectionModel whose state_dict keys and shapes equal the official model's.
+    """
+    cfg, display, source = load_model_config(name_or_yaml)
+    if isinstance(names, dict):
+        names = [names[k] for k in sorted(names)]
+    if names is not None and num_classes is None:
+        num_classes = len(names)
+    if names is not None and len(names) != num_classes:
+        raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
+    model = DetectionModel(cfg, nc=num_classes, names=names, source=source, name=display)
+    if checkpoint is not None:
+        model.set_activation_checkpointing(checkpoint)
+    return model
+
+
+def __getattr__(name: str):  # heavier helpers import on first use
+    if name in ("to_deploy", "fuse"):
+        from yolo9kit.models import deploy
+
+        return getattr(deploy, name)
+    if name == "load_official_checkpoint":
+        from yolo9kit.models.official import load_official_checkpoint
+
+        return load_official_checkpoint
+    if name in ("count_flops", "model_table"):
+        from yolo9kit.models import flops
+
+        return getattr(flops, name)
+    raise AttributeError(f"module 'yolo9kit.models' has no attribute {name!r}")
