@@ -1,0 +1,253 @@
+"""``fit``: set-up, the epoch loop, validation of the EMA, checkpoints, resume and interrupts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.train import ddp
+from yolo9kit.train.ema import unwrap
+from yolo9kit.train.loop import EpochStats, train_one_epoch
+from yolo9kit.train.optim import warmup_steps
+from yolo9kit.train.records import append_results
+from yolo9kit.train.state import (Progress, capture_rng, find_resume_checkpoint, increment_path, restore_rng,
+                                  restore_training_state, run_dir_of, save_training_checkpoint, seed_everything)
+from yolo9kit.train.step import Trainer, build_trainer, resolve_amp, resolve_device
+
+LOGGER = logging.getLogger(__name__)
+
+ValidateFn = Callable[[nn.Module], Mapping[str, float]]
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns. ``model`` is the trained model, ``ema`` its EMA (what best.pt/last.pt predict with)."""
+
+    model: nn.Module
+    ema: nn.Module | None
+    save_dir: Path | None
+    epochs_completed: int
+    best_fitness: float
+    best_epoch: int
+    interrupted: bool = False
+    results: list[dict] = field(default_factory=list)  # one row per epoch, the columns of results.csv
+    optimizer_steps: int = 0
+    nonfinite_steps: int = 0
+    oom_events: int = 0
+    micro_batch_size: int | None = None
+
+    @property
+    def last(self) -> Path | None:
+        return self.save_dir / "weights" / "last.pt" if self.save_dir else None
+
+    @property
+    def best(self) -> Path | None:
+        return self.save_dir / "weights" / "best.pt" if self.save_dir else None
+
+
+@dataclass
+class _Run:
+    """The pieces ``fit`` threads through its helpers."""
+
+    config: TrainConfig
+    trainer: Trainer
+    progress: Progress
+    dist: ddp.DistInfo
+    run_dir: Path | None
+    validate_fn: ValidateFn | None
+    extra: dict[str, Any]
+    results: list[dict] = field(default_factory=list)
+
+
+def fit(model: nn.Module, data: str | Path | Mapping | None, config: TrainConfig, *,
+        loss_fn: Callable | None = None, train_loader: Iterable | None = None,
+        val_loader: Iterable | None = None, validate_fn: ValidateFn | None = None) -> FitResult:
+    """Train ``model`` on ``data`` (a data.yaml path or dict) as the official train_dual.py does.
+
+    Args:
+        model: a ``DetectionModel`` (any nn.Module with a matching ``loss_fn`` works).
+        data: data.yaml path or dict; may be None when both loaders (and ``validate_fn``) are given.
+        config: the TrainConfig. ``config.resume`` continues a run from its ``last.pt``.
+        loss_fn: ``(outputs, targets) -> (loss, loss_items (3,))``; default ``DetectionLoss(model, config.loss)``.
+        train_loader / val_loader: ready loaders (default: built by ``yolo9kit.data.create_dataloader``).
+        validate_fn: ``ema_model -> {"precision", "recall", "map50", "map", "fitness"}``; default
+            ``yolo9kit.validate.evaluate`` on the val loader.
+
+    Returns:
+        FitResult; the run folder holds weights/last.pt, weights/best.pt and results.csv.
+
+    Raises:
+        NonFiniteLossError: too many non-finite losses in a row (the last good last.pt is kept).
+    """
+    dist = ddp.current()
+    device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
+                            else config.device)
+    ckpt, run_dir = _prepare_run(config, dist)
+    seed_everything(config.seed + dist.rank)
+    model.to(device)
+    model = ddp.wrap_model(model, dist, device, config.sync_bn)
+    trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
+    progress = restore_training_state(ckpt, trainer) if ckpt else Progress()
+    if train_loader is None:
+        train_loader = _make_loader(data, "train", config, dist)
+    if validate_fn is None and data is not None and dist.is_main:
+        validate_fn = _default_validate(data, val_loader or _make_loader(data, "val", config, dist), config,
+                                        half=resolve_amp(config.amp, device) is not None)
+    extra = {"data": str(data) if isinstance(data, (str, Path)) else None}
+    run = _Run(config, trainer, progress, dist, run_dir, validate_fn, extra)
+    if ckpt:
+        run.results = list(ckpt.get("results", []))
+        restore_rng(ckpt["rng"])  # last, so that nothing of the set-up consumes the restored states
+        LOGGER.info("resuming %s at epoch %d, batch %d", run_dir, progress.epoch, progress.ni)
+    interrupted = _epochs(run, train_loader)
+    return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, run_dir, progress.epoch,
+                     progress.best_fitness, progress.best_epoch, interrupted, run.results,
+                     trainer.optimizer_steps, progress.nonfinite_total, trainer.oom_events, trainer.micro_batch_size)
+
+
+def _epochs(run: _Run, loader: Iterable) -> bool:
+    """The epoch loop; returns True when stopped by KeyboardInterrupt (after saving last.pt)."""
+    config, progress, trainer = run.config, run.progress, run.trainer
+    nb = len(loader)  # type: ignore[arg-type]
+    warmup = warmup_steps(config, nb)
+    rng_epoch_start, in_epoch = None, False
+    try:
+        for epoch in range(progress.epoch, config.epochs):
+            progress.epoch = epoch
+            _set_epoch_data(loader, config, epoch)
+            rng_epoch_start, in_epoch = capture_rng(), True
+            stats = train_one_epoch(trainer, loader, config, progress, batches_per_epoch=nb, warmup=warmup,
+                                    start_batch=progress.ni - epoch * nb, on_step=_callback(config, "on_step", run),
+                                    show=run.dist.is_main, run_dir=run.run_dir)
+            in_epoch = False
+            progress.epoch, progress.ni = epoch + 1, (epoch + 1) * nb
+            if _end_epoch(run, epoch, stats):
+                break
+    except KeyboardInterrupt:
+        if in_epoch:  # resume restarts the unfinished accumulation window with the epoch's data order
+            progress.ni = max(progress.last_opt_step + 1, progress.epoch * nb)
+        LOGGER.warning("interrupted at epoch %d batch %d: saving last.pt", progress.epoch, progress.ni - progress.epoch * nb)
+        if run.dist.is_main and run.run_dir:
+            _save(run, "last.pt", rng_epoch_start if in_epoch else None)
+        return True
+    return False
+
+
+def _end_epoch(run: _Run, epoch: int, stats: EpochStats) -> bool:
+    """Validate the EMA, log results.csv, save last/best, call on_epoch_end; True = stop early."""
+    config, progress, dist = run.config, run.progress, run.dist
+    stop = False
+    if dist.is_main:
+        final = epoch + 1 == config.epochs
+        metrics = dict(run.validate_fn(_eval_model(run.trainer))) if run.validate_fn and (config.val or final) else {}
+        row = _results_row(epoch, stats, metrics, dist.world_size)
+        run.results.append(row)
+        fitness = metrics.get("fitness")
+        is_best = fitness is not None and fitness >= progress.best_fitness
+        if is_best:
+            progress.best_fitness, progress.best_epoch = float(fitness), epoch
+        if run.run_dir:
+            append_results(run.run_dir / "results.csv", row)
+            rng = capture_rng()
+            _save(run, "last.pt", rng)
+            if is_best:
+                _save(run, "best.pt", rng)
+            if config.save_period > 0 and (epoch + 1) % config.save_period == 0:
+                _save(run, f"epoch{epoch}.pt", rng)
+        callback = _callback(config, "on_epoch_end", run)
+        if callback:
+            callback(dict(row))
+        stop = progress.best_epoch >= 0 and epoch - progress.best_epoch >= config.patience
+        if stop:
+            LOGGER.info("early stop: no better fitness for %d epochs (best epoch %d)", config.patience,
+                        progress.best_epoch)
+    return bool(ddp.broadcast_object(stop, dist))
+
+
+def _results_row(epoch: int, stats: EpochStats, metrics: Mapping[str, float], world_size: int) -> dict:
+    box, cls, dfl = (float(v) for v in stats.mean_items)
+    return {
+        "epoch": epoch, "train/box_loss": box, "train/cls_loss": cls, "train/dfl_loss": dfl,
+        "lr/pg0": stats.lrs[0], "lr/pg1": stats.lrs[1], "lr/pg2": stats.lrs[2],
+        "metrics/precision": metrics.get("precision"), "metrics/recall": metrics.get("recall"),
+        "metrics/mAP50": metrics.get("map50"), "metrics/mAP50-95": metrics.get("map"),
+        "fitness": metrics.get("fitness"), "peak_vram_bytes": stats.peak_memory_bytes,
+        "images_per_s": stats.images * world_size / max(stats.seconds, 1e-9), "epoch_s": stats.seconds,
+    }
+
+
+def _save(run: _Run, name: str, rng: dict | None) -> None:
+    extra = {**run.extra, "results": run.results}
+    save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
+                             rng=rng, extra=extra)
+
+
+def _eval_model(trainer: Trainer) -> nn.Module:
+    return trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)
+
+
+def _callback(config: TrainConfig, name: str, run: _Run) -> Callable[[dict], None] | None:
+    return (config.callbacks or {}).get(name) if run.dist.is_main else None
+
+
+def _prepare_run(config: TrainConfig, dist: ddp.DistInfo) -> tuple[dict | None, Path | None]:
+    """Checkpoint to resume (or None) and the run folder (rank 0 creates it; others get None)."""
+    ckpt = None
+    if config.resume:
+        from yolo9kit.checkpoint import read_checkpoint
+
+        path = find_resume_checkpoint(config.resume, config.project)
+        ckpt = read_checkpoint(path)
+        run_dir = run_dir_of(path)
+    else:
+        run_dir = increment_path(Path(config.project) / config.name, config.exist_ok) if dist.is_main else None
+        run_dir = ddp.broadcast_object(run_dir, dist)
+    if dist.is_main:
+        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        LOGGER.info("run folder %s", run_dir)
+    return ckpt, run_dir if dist.is_main else None
+
+
+def _make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo):
+    """Loaders of ``yolo9kit.data``: train = augmented, shuffled, per-rank batch; val = rect, 2 x batch."""
+    from yolo9kit.data import create_dataloader
+
+    if split == "train":
+        return create_dataloader(data, "train", imgsz=config.imgsz, batch_size=config.batch_size // dist.world_size,
+                                 augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
+                                 close_mosaic=config.close_mosaic, seed=config.seed + dist.rank,
+                                 distributed=dist.distributed)
+    return create_dataloader(data, split, imgsz=config.imgsz,
+                             batch_size=config.val_batch_size or 2 * config.batch_size // dist.world_size,
+                             augment=False, workers=config.workers, cache=config.cache)
+
+
+def _set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
+    """DistributedSampler epoch; mosaic off for the last ``close_mosaic`` epochs (>= so a resumed run also closes)."""
+    sampler = getattr(loader, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    if config.close_mosaic and epoch >= config.epochs - config.close_mosaic and hasattr(loader, "dataset"):
+        from yolo9kit.data import set_mosaic
+
+        if getattr(loader.dataset, "mosaic", True):
+            LOGGER.info("closing mosaic for the last %d epochs", config.close_mosaic)
+        set_mosaic(loader, False)
+
+
+def _default_validate(data, loader, config: TrainConfig, half: bool) -> ValidateFn:
+    def validate(model: nn.Module) -> dict[str, float]:
+        from yolo9kit.validate import evaluate
+
+        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half)
+        return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
+                "fitness": float(r.fitness)}
+
+    return validate

@@ -1,0 +1,172 @@
+"""Checkpoints of a training run, resume, random-number-generator states and the run folder."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolo9kit.train.ema import unwrap
+from yolo9kit.train.step import Trainer
+
+LOGGER = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """Where training stands. ``ni`` counts loader batches since the start (official ``ni``).
+
+    ``epoch`` is the epoch being trained (or the next one, once ``epoch_complete``); ``last_opt_step``
+    is the ``ni`` of the last optimizer step (official, starts at -1).
+    """
+
+    epoch: int = 0
+    ni: int = 0
+    last_opt_step: int = -1
+    epoch_complete: bool = False
+    best_fitness: float = 0.0
+    best_epoch: int = -1
+    nonfinite_in_row: int = 0
+    nonfinite_total: int = 0
+    oom_events: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Progress:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def capture_rng() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and (when initialised) CUDA generator states, as plain lists/tensors."""
+    np_state = np.random.get_state(legacy=False)
+    np_state["state"]["key"] = np_state["state"]["key"].tolist()
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Inverse of ``capture_rng``."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = dict(state["numpy"])
+    np_state["state"] = {**np_state["state"], "key": np.asarray(np_state["state"]["key"], dtype=np.uint32)}
+    np.random.set_state(np_state)
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
+    """``runs/train/exp`` -> itself if free (or ``exist_ok``), else ``exp2``, ``exp3``, ... (official rule)."""
+    path = Path(path)
+    if exist_ok or not path.exists():
+        return path
+    n = 2
+    while (candidate := path.with_name(f"{path.name}{n}")).exists():
+        n += 1
+    return candidate
+
+
+def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
+    """The checkpoint to resume: the given path, or (``resume=True``) the newest ``last.pt`` under ``project``."""
+    if resume is True:
+        candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
+        if not candidates:
+            raise FileNotFoundError(f"resume=True: no last.pt under {project}; pass the checkpoint path instead")
+        return candidates[-1]
+    path = Path(resume)
+    if path.is_dir():
+        path = path / "weights" / "last.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"resume={resume!r}: {path} does not exist; pass a run folder or a last.pt")
+    return path
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """Run folder of ``<run>/weights/last.pt``."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "weights" else checkpoint.parent
+
+
+def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng: dict | None = None,
+                   extra: dict | None = None) -> dict[str, Any]:
+    """The resumable state, all plain tensors/dicts/lists/numbers/strings (loads with weights_only=True)."""
+    return {
+        "ema": trainer.ema.ema.state_dict() if trainer.ema else None,
+        "ema_updates": trainer.ema.updates if trainer.ema else 0,
+        "optimizer": trainer.optimizer.state_dict(),
+        "scaler": trainer.scaler.state_dict(),
+        "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
+        "progress": progress.to_dict(),
+        "micro_batch_size": trainer.micro_batch_size,
+        "optimizer_steps": trainer.optimizer_steps,
+        "rng": rng if rng is not None else capture_rng(),
+        "train_config": config_dict,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+
+
+def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, config_dict: dict,
+                             rng: dict | None = None, extra: dict | None = None) -> Path:
+    """Write ``path`` atomically through ``yolo9kit.checkpoint.save_checkpoint`` (temp file + rename)."""
+    from yolo9kit.checkpoint import save_checkpoint
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(path, unwrap(trainer.model), **training_state(trainer, progress, config_dict, rng, extra))
+    return path
+
+
+def restore_training_state(ckpt: dict, trainer: Trainer) -> Progress:
+    """Load model, EMA, optimizer, scaler and counters from a ``read_checkpoint`` dict into ``trainer``.
+
+    RNG states are not restored here: the loop restores them right before the first batch it trains.
+    """
+    if "progress" not in ckpt or "optimizer" not in ckpt:
+        raise ValueError("this checkpoint has no training state (a stripped or foreign file): "
+                         "start a new run from it with --weights instead of --resume")
+    unwrap(trainer.model).load_state_dict(ckpt["model"])
+    if trainer.ema is not None and ckpt.get("ema") is not None:
+        trainer.ema.ema.load_state_dict(ckpt["ema"])
+        trainer.ema.updates = int(ckpt.get("ema_updates", 0))
+    trainer.optimizer.load_state_dict(ckpt["optimizer"])
+    trainer.scaler.load_state_dict(ckpt["scaler"])
+    trainer.micro_batch_size = ckpt.get("micro_batch_size", trainer.micro_batch_size)
+    trainer.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
+    return Progress.from_dict(ckpt["progress"])
+
+
+def transfer_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """Load the tensors of ``state_dict`` whose name and shape match ``model`` (official ``--weights``).
+
+    Returns (transferred, total in the model) and logs "Transferred N/M items".
+    """
+    own = model.state_dict()
+    match = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(match, strict=False)
+    LOGGER.info("Transferred %d/%d items from pretrained weights", len(match), len(own))
+    return len(match), len(own)
+
+
+def epoch_checkpoint_name(epoch: int) -> str:
+    """``epoch{n}.pt`` (official save-period naming)."""
+    return f"epoch{epoch}.pt"
+
+

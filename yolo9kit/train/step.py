@@ -1,0 +1,228 @@
+"""One training step, reusable on its own: micro-steps (forward, loss, backward), the optimizer step, the EMA.
+
+``fit`` drives these functions; memory profiling calls ``train_step`` to measure exactly the kit's step::
+
+    trainer = build_trainer(model, TrainConfig(batch_size=16, amp="fp16"))
+    out = train_step(trainer, images_uint8, targets)   # one optimizer update over the whole batch
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.train.ema import ModelEMA, unwrap
+from yolo9kit.train.guards import free_memory, halve_micro_batch, is_out_of_memory
+from yolo9kit.train.optim import build_optimizer
+
+LOGGER = logging.getLogger(__name__)
+
+LossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Trainer:
+    """Everything one step touches. ``model`` may be a DistributedDataParallel wrapper.
+
+    ``micro_batch_size`` is the live micro-batch (None: the whole batch); the OOM back-off halves it.
+    """
+
+    model: nn.Module
+    loss_fn: LossFn
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    ema: ModelEMA | None
+    device: torch.device
+    amp_dtype: torch.dtype | None = None
+    grad_clip: float = 10.0
+    world_size: int = 1
+    channels_last: bool = False
+    micro_batch_size: int | None = None
+    oom_backoff: bool = True
+    optimizer_steps: int = 0
+    oom_events: int = 0
+    phase: str = "idle"  # "forward" or "backward" while a micro-step runs (the OOM back-off reads it)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None -> cuda:0 when CUDA is available, else cpu; "0" -> cuda:0; otherwise ``torch.device(device)``."""
+    if device is None or device == "":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, str) and device.isdigit():
+        device = f"cuda:{device}"
+    return torch.device(device)
+
+
+def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype for ``amp`` on ``device``: None (off), torch.float16 or torch.bfloat16.
+
+    "auto" picks bf16 when the GPU supports it (no loss scaling needed), else fp16; on CPU AMP is off
+    whatever is asked, as in the official check_amp (CPU autocast is slower than fp32 for convolutions).
+    """
+    if device.type != "cuda" or amp == "off":
+        return None
+    if amp == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[amp]
+
+
+def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
+                  device: torch.device | None = None, world_size: int = 1) -> Trainer:
+    """Optimizer (official groups), GradScaler (on for fp16 only) and EMA for ``model`` on ``device``.
+
+    ``model`` is moved to the device; pass an already DDP-wrapped model for multi-GPU (the EMA copies
+    the module inside). ``loss_fn`` defaults to ``yolo9kit.loss.DetectionLoss(model, config.loss)``.
+    """
+    device = device or resolve_device(config.device)
+    model.to(device)
+    if config.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if loss_fn is None:
+        from yolo9kit.loss import DetectionLoss
+
+        loss_fn = DetectionLoss(unwrap(model), config.loss)
+    amp_dtype = resolve_amp(config.amp, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    ema = ModelEMA(model, config.ema_decay, config.ema_tau) if config.ema else None
+    return Trainer(model=model, loss_fn=loss_fn, optimizer=build_optimizer(unwrap(model), config), scaler=scaler,
+                   ema=ema, device=device, amp_dtype=amp_dtype, grad_clip=config.grad_clip,
+                   world_size=world_size, channels_last=config.channels_last,
+                   micro_batch_size=config.micro_batch_size, oom_backoff=config.oom_backoff)
+
+
+def to_input(images: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    """uint8 (B, 3, H, W) RGB -> float32 in [0, 1] on ``device`` (the copy to the GPU is asynchronous)."""
+    x = images.to(device, non_blocking=True).float().div_(255)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def slice_batch(images: torch.Tensor, targets: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images ``start:end`` and their targets (N, 6) with image indices renumbered from 0."""
+    keep = (targets[:, 0] >= start) & (targets[:, 0] < end)
+    part = targets[keep].clone()
+    part[:, 0] -= start
+    return images[start:end], part
+
+
+def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
+               sync: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Forward, loss and backward of one micro-batch; gradients are added to ``.grad``.
+
+    The loss is the sum-type loss of the loss function (mean over the micro-batch times its size), so
+    gradients of consecutive micro-steps simply add up: no division by the number of micro-steps
+    (official semantics). Under DDP the loss is multiplied by the world size because DDP averages
+    gradients over ranks, and gradients are all-reduced only when ``sync`` (the last micro-step before
+    an optimizer step).
+
+    Returns:
+        (loss, loss_items) detached, or None when the loss is not finite (then nothing was back-propagated).
+    """
+    model = trainer.model
+    no_sync = (not sync) and isinstance(model, nn.parallel.DistributedDataParallel)
+    with model.no_sync() if no_sync else contextlib.nullcontext():
+        trainer.phase = "forward"
+        x = to_input(images, trainer.device, trainer.channels_last)
+        with torch.autocast(trainer.device.type, dtype=trainer.amp_dtype or torch.float32,
+                            enabled=trainer.amp_dtype is not None):
+            outputs = model(x)
+            loss, loss_items = trainer.loss_fn(outputs, targets.to(trainer.device))
+        loss = loss * trainer.world_size
+        if not _all_finite(loss, trainer.world_size):  # CPU-GPU sync point (one bool per micro-step)
+            trainer.phase = "idle"
+            return None
+        trainer.phase = "backward"
+        trainer.scaler.scale(loss).backward()
+    trainer.phase = "idle"
+    return loss.detach(), loss_items.detach()
+
+
+def _all_finite(loss: torch.Tensor, world_size: int) -> bool:
+    """Is the loss finite on every rank? (All ranks must agree to skip, or DDP would hang.)"""
+    ok = torch.isfinite(loss.detach()).all().to(torch.int32)
+    if world_size > 1:
+        torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
+    return bool(ok)
+
+
+def optimizer_step(trainer: Trainer) -> None:
+    """Unscale, clip the total gradient norm to ``grad_clip`` (10), step, update the scaler, zero, EMA.
+
+    Matches the official order: scaler.unscale_, clip_grad_norm_(max_norm=10), scaler.step,
+    scaler.update, zero_grad, ema.update.
+    """
+    trainer.scaler.unscale_(trainer.optimizer)
+    if trainer.grad_clip > 0:
+        nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=trainer.grad_clip)
+    trainer.scaler.step(trainer.optimizer)  # skipped by the scaler if fp16 gradients overflowed
+    trainer.scaler.update()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    if trainer.ema is not None:
+        trainer.ema.update(trainer.model)
+    trainer.optimizer_steps += 1
+
+
+@dataclass
+class BatchResult:
+    """Outcome of one loader batch: mean loss items over its images, or ``finite=False``."""
+
+    loss_items: torch.Tensor | None  # (3,) [box, cls, dfl], image-weighted mean over micro-batches
+    finite: bool
+    micro_steps: int
+    grads_lost: bool = False  # an OOM during backward forced dropping the accumulated gradients
+
+
+def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, sync: bool = True) -> BatchResult:
+    """Forward/backward one loader batch as micro-batches of ``trainer.micro_batch_size`` images.
+
+    Out of memory (when ``oom_backoff``): the tensors are dropped, memory freed, the micro-batch halved
+    (so the micro-steps per optimizer step double and the images per step stay the same) and the
+    batch continues from the first image not yet back-propagated. If the error came during backward,
+    ``.grad`` may hold part of a backward pass, so all accumulated gradients are zeroed, the batch is
+    redone from its first image and ``grads_lost`` tells the caller.
+    """
+    size = images.shape[0]
+    done, micro_steps, grads_lost = 0, 0, False
+    items_sum = torch.zeros(3)
+    while done < size:
+        end = min(done + (trainer.micro_batch_size or size), size)
+        part_images, part_targets = slice_batch(images, targets, done, end)
+        oom_error = None
+        try:
+            out = micro_step(trainer, part_images, part_targets, sync=sync and end == size)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+            if not (trainer.oom_backoff and is_out_of_memory(error)):
+                raise
+            oom_error = RuntimeError(str(error))  # keep the message, drop the traceback and its tensors
+        if oom_error is not None:
+            in_backward = trainer.phase == "backward"
+            trainer.phase = "idle"
+            del part_images, part_targets
+            free_memory(trainer.device)
+            trainer.micro_batch_size = halve_micro_batch(end - done, oom_error)
+            trainer.oom_events += 1
+            if in_backward:
+                trainer.optimizer.zero_grad(set_to_none=True)
+                done, items_sum, grads_lost = 0, torch.zeros(3), True
+            continue
+        if out is None:
+            return BatchResult(None, False, micro_steps + 1, grads_lost)
+        items_sum += out[1].float().cpu() * (end - done)
+        done, micro_steps = end, micro_steps + 1
+    return BatchResult(items_sum / size, True, micro_steps, grads_lost)
+
+
+def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor) -> BatchResult:
+    """One optimizer update over ``images`` (uint8 (B, 3, H, W)) and ``targets`` (N, 6): all micro-steps,
+    then the optimizer step and the EMA update. A non-finite loss zeroes the gradients and skips the step."""
+    result = run_batch(trainer, images, targets, sync=True)
+    if result.finite:
+        optimizer_step(trainer)
+    else:
+        trainer.optimizer.zero_grad(set_to_none=True)
+    return result
