@@ -2,3 +2,4 @@
 calls ``plt.show()``, so a notebook shows it inline and a script can ``savefig`` it."""
 
 from __future__ import annotations
+from yolo9kit.plots.batch import show_batch  # noqa: F401

@@ -1,0 +1,135 @@
+"""Scan a split once and keep the result in a label cache beside the labels (spec 6.4).
+
+The cache is an ``.npz`` of plain arrays plus one JSON string (no pickled objects), written to a temporary
+file and renamed, and it is rebuilt whenever an image or label file is added, removed, resized or touched
+(MD5 of every path, size and modification time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from yolo9kit.data.labels import ImageRecord, check_image_label
+from yolo9kit.data.report import DatasetReport, Problem
+from yolo9kit.data.sources import label_path
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 1
+
+
+def files_hash(paths: list[str]) -> str:
+    """MD5 over path, size and mtime (ns) of each file (missing files count as absent)."""
+    md5 = hashlib.md5()
+    for p in paths:
+        try:
+            st = os.stat(p)
+            md5.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            md5.update(f"{p}\0-\n".encode())
+    return md5.hexdigest()
+
+
+def cache_path(sources: list[Path], label_files: list[str]) -> Path:
+    """``<list file>.cache`` for a single ``.txt`` source, else ``<folder of the first label file>.cache``."""
+    if len(sources) == 1 and sources[0].is_file():
+        return sources[0].with_suffix(".cache")
+    return Path(label_files[0]).parent.with_suffix(".cache")
+
+
+def save_cache(path: Path, records: list[ImageRecord], file_hash: str, nc: int) -> None:
+    """Write the records atomically; an unwritable folder only logs a warning."""
+    labels = [r.labels for r in records]
+    seg_counts = [len(r.segments) for r in records]
+    segs = [s for r in records for s in r.segments]
+    meta = {
+        "version": CACHE_VERSION, "hash": file_hash, "nc": nc,
+        "im_files": [r.im_file for r in records], "lb_files": [r.lb_file for r in records],
+        "sizes": [list(r.size) for r in records], "n_duplicates": [r.n_duplicates for r in records],
+        "problems": [[p.file, p.reason, p.severity, i] for i, r in enumerate(records) for p in r.problems],
+    }
+    arrays = {
+        "meta": np.array(json.dumps(meta)),
+        "labels": np.concatenate(labels) if labels else np.zeros((0, 5), np.float32),
+        "label_counts": np.array([len(x) for x in labels], np.int64),
+        "seg_counts": np.array(seg_counts, np.int64),
+        "seg_lengths": np.array([len(s) for s in segs], np.int64),
+        "seg_points": np.concatenate(segs).astype(np.float32) if segs else np.zeros((0, 2), np.float32),
+    }
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not write the label cache %s (%s); the labels will be checked again next time", path, e)
+
+
+def load_cache(path: Path, file_hash: str, nc: int) -> list[ImageRecord] | None:
+    """Records from a cache that matches ``file_hash`` and ``nc``, else None."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            if meta.get("version") != CACHE_VERSION or meta.get("hash") != file_hash or meta.get("nc") != nc:
+                return None
+            labels = np.split(z["labels"], np.cumsum(z["label_counts"])[:-1])
+            seg_all = np.split(z["seg_points"], np.cumsum(z["seg_lengths"])[:-1]) if len(z["seg_lengths"]) else []
+            seg_offsets = np.concatenate([[0], np.cumsum(z["seg_counts"])])
+    except Exception as e:  # a damaged cache is rebuilt, never trusted
+        log.warning("ignoring unreadable label cache %s (%s)", path, e)
+        return None
+    records = [ImageRecord(im, lb, tuple(size), lab.reshape(-1, 5), list(seg_all[seg_offsets[i]:seg_offsets[i + 1]]),
+                           [], dup)
+               for i, (im, lb, size, lab, dup) in enumerate(zip(meta["im_files"], meta["lb_files"], meta["sizes"],
+                                                                 labels, meta["n_duplicates"]))]
+    for file, reason, severity, i in meta["problems"]:
+        records[i].problems.append(Problem(file, reason, severity))
+    return records
+
+
+def scan_images(im_files: list[Path], sources: list[Path], nc: int, use_cache: bool = True,
+                desc: str = "checking") -> list[ImageRecord]:
+    """Check every image/label pair, reusing the cache when nothing changed."""
+    ims = [str(p) for p in im_files]
+    lbs = [str(label_path(p)) for p in ims]
+    file_hash = files_hash(ims + lbs)
+    path = cache_path(sources, lbs) if ims else None
+    if use_cache and path is not None:
+        records = load_cache(path, file_hash, nc)
+        if records is not None:
+            log.debug("label cache %s reused", path)
+            return records
+    workers = min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        records = list(tqdm(pool.map(check_image_label, ims, lbs, [nc] * len(ims)), total=len(ims), desc=desc,
+                            disable=len(ims) < 1000))
+    if use_cache and path is not None:
+        save_cache(path, records, file_hash, nc)
+    return records
+
+
+def build_report(split: str, records: list[ImageRecord]) -> DatasetReport:
+    report = DatasetReport(split=split, n_images=len(records))
+    for r in records:
+        report.problems += r.problems
+        if not r.usable:
+            report.n_skipped += 1
+            continue
+        report.n_usable += 1
+        report.n_duplicates_removed += r.n_duplicates
+        report.n_instances += len(r.labels)
+        if len(r.labels):
+            report.n_labelled += 1
+        else:
+            report.n_background += 1
+    return report

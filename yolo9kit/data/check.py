@@ -1,0 +1,27 @@
+"""check(): the data set report without building a loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from yolo9kit.data.cache import build_report, scan_images
+from yolo9kit.data.report import DatasetReport
+from yolo9kit.data.sources import DataConfig, load_data_config
+
+
+def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache: bool = True) -> DatasetReport:
+    """Check every image and label file of ``split`` and report counts and problems.
+
+    The same check runs whenever a data set is opened (its result is cached beside the labels).
+
+    Args:
+        data: data.yaml path, dict or DataConfig.
+        split: train / val / test.
+        use_cache: reuse (and write) the label cache.
+
+    Returns:
+        DatasetReport; ``report.to_frame()`` has one row per problem (file, severity, reason).
+    """
+    config = load_data_config(data)
+    records = scan_images(config.images(split), config.sources[split], config.nc, use_cache, desc=f"checking {split}")
+    return build_report(split, records)

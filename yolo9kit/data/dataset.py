@@ -1,0 +1,233 @@
+"""YOLODataset: checked images and labels, with the official training and validation sample paths."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from yolo9kit.data import augment as A
+from yolo9kit.data.cache import build_report, scan_images
+from yolo9kit.data.images import cache_images, load_resized, read_bgr, reduce_factor, resized_size
+from yolo9kit.data.letterbox import PAD_VALUE, letterbox
+from yolo9kit.data.report import DatasetReport
+from yolo9kit.data.sources import DataConfig, load_data_config
+
+log = logging.getLogger(__name__)
+
+
+class SampleKey(NamedTuple):
+    """What the sampler sends to a worker: the state lives here, so persistent workers always see it."""
+
+    index: int
+    epoch: int = 0
+    mosaic: bool = True
+
+
+def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, image_size: int, stride: int = 32,
+                      pad: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Aspect-ratio order and per-batch (h, w) shapes for rectangular batches (official rect, spec 6.5).
+
+    Returns:
+        (order (n,) indices sorting images by h/w, batch_shapes (n_batches, 2) int (h, w) in pixels).
+    """
+    ar = sizes_wh[:, 1] / sizes_wh[:, 0]
+    order = ar.argsort()
+    ar = ar[order]
+    n_batches = int(math.floor((len(ar) - 1) / batch_size)) + 1 if len(ar) else 0
+    shapes = np.ones((n_batches, 2))
+    for b in range(n_batches):
+        ari = ar[b * batch_size:(b + 1) * batch_size]
+        lo, hi = ari.min(), ari.max()
+        if hi < 1:
+            shapes[b] = [hi, 1]
+        elif lo > 1:
+            shapes[b] = [1, 1 / lo]
+    return order, (np.ceil(shapes * image_size / stride + pad).astype(int) * stride)
+
+
+class YOLODataset(Dataset):
+    """A checked YOLO-format split with official-semantics augmentation.
+
+    Attributes:
+        im_files: image paths (str), in sample order (aspect-ratio order with ``rect``).
+        labels: per image (n, 5) float32 ``class cx cy w h`` normalised.
+        shapes: (N, 2) int original (width, height) after EXIF orientation, as the official ``shapes``.
+        names, nc: class names and count.
+        report: the :class:`DatasetReport` of the check done when opening.
+        mosaic: whether the mosaic path is on (see :func:`yolo9kit.data.set_mosaic`).
+    """
+
+    def __init__(self, data: str | Path | dict | DataConfig, split: str = "train", image_size: int = 640,
+                 augment: bool = False, hyp: dict | A.Hyp | None = None, rect: bool = False, batch_size: int = 16,
+                 stride: int = 32, pad: float = 0.0, cache: str | bool | None = None, min_items: int = 0,
+                 single_cls: bool = False, seed: int = 0, use_label_cache: bool = True,
+                 cache_budget: float = 0.5):
+        self.config = load_data_config(data)
+        self.split, self.image_size, self.augment, self.rect, self.seed = split, image_size, augment, rect, seed
+        self.hyp = A.Hyp.from_dict(hyp)
+        self.names, self.nc = list(self.config.names), self.config.nc
+        records = scan_images(self.config.images(split), self.config.sources[split], self.nc, use_label_cache,
+                              desc=f"checking {split}")
+        self.report: DatasetReport = build_report(split, records)
+        if self.report.problems:
+            log.warning("%s (see .report or `python -m yolo9kit data check`)", self.report.summary())
+        records = [r for r in records if r.usable and len(r.labels) >= min_items]
+        if not records:
+            raise ValueError(f"no usable image in the {split} split of {self.config.yaml_file or self.config.path}: "
+                             f"{self.report.summary()}; run `python -m yolo9kit data check` for the reasons")
+        self.im_files = [r.im_file for r in records]
+        self.labels = [r.labels.copy() for r in records]
+        if single_cls:
+            for lb in self.labels:
+                lb[:, 0] = 0
+        self.shapes = np.array([r.size for r in records], dtype=np.int64)
+        self.mosaic = augment and not rect and self.hyp.mosaic > 0
+        self.batch_shapes = None
+        if rect:
+            order, self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, image_size, stride, pad)
+            self.im_files = [self.im_files[i] for i in order]
+            self.labels = [self.labels[i] for i in order]
+            self.shapes = self.shapes[order]
+            self.batch_index = np.arange(len(order)) // batch_size
+        self.nominal = np.array([resized_size(w, h, image_size) for w, h in self.shapes], np.int64)  # (w, h)
+        self.images = None
+        if cache:
+            self.images = cache_images(self.im_files, [tuple(s) for s in self.shapes], image_size, augment,
+                                       cache_budget, required=cache == "ram" or cache is True)
+
+    def __len__(self) -> int:
+        return len(self.im_files)
+
+    # ---- image access -------------------------------------------------------------------------------
+    def load_image(self, i: int) -> np.ndarray:
+        """Official load_image: BGR, long side = image_size (from the RAM cache when there is one)."""
+        if self.images is not None:
+            return self.images[i]
+        return load_resized(self.im_files[i], self.image_size, self.augment)
+
+    def _source(self, i: int, zoom: float) -> tuple[np.ndarray, np.ndarray]:
+        """An image to warp from and the matrix mapping its pixels to the nominal resized image.
+
+        Without a RAM cache the file is decoded directly, at a reduced size when the warp shrinks it by 2x
+        or more, and the resize is folded into the warp (one interpolation instead of two).
+        """
+        w, h = self.nominal[i]
+        if self.images is not None:
+            return self.images[i], np.eye(3)
+        w0, h0 = self.shapes[i]
+        src = read_bgr(self.im_files[i], reduce_factor(zoom * w / w0))
+        return src, A.resize_matrix(src.shape[1], src.shape[0], w, h)
+
+    # ---- samples --------------------------------------------------------------------------------------
+    def __getitem__(self, key: int | SampleKey):
+        key = SampleKey(int(key), 0, self.mosaic) if not isinstance(key, SampleKey) else key
+        index = key.index
+        if not self.augment:
+            return self._letterboxed(index)
+        rng = np.random.default_rng([self.seed, key.epoch, index])
+        flip_lr, flip_ud = rng.random() < self.hyp.fliplr, rng.random() < self.hyp.flipud
+        if key.mosaic and not self.rect and rng.random() < self.hyp.mosaic:
+            image, labels = self._mosaic(index, rng, flip_lr, flip_ud)
+            if rng.random() < self.hyp.mixup:
+                image2, labels2 = self._mosaic(int(rng.integers(len(self))), rng, flip_lr, flip_ud)
+                image, labels = A.mixup(image, labels, image2, labels2, rng)
+            shapes = None
+        else:
+            image, labels, shapes = self._single_augmented(index, rng, flip_lr, flip_ud)
+        h, w = image.shape[:2]
+        labels = A.flip_labels(labels, w, h, flip_lr, flip_ud)
+        image = A.bgr_to_rgb(image, A.hsv_luts(rng, self.hyp))
+        return self._output(image, labels, index, shapes)
+
+    def _output(self, image_rgb: np.ndarray, labels_xyxy: np.ndarray, index: int, shapes):
+        h, w = image_rgb.shape[:2]
+        labels = A.xyxy_to_cxcywh_norm(labels_xyxy, w, h) if len(labels_xyxy) else np.zeros((0, 5), np.float32)
+        targets = torch.zeros((len(labels), 6))
+        targets[:, 1:] = torch.from_numpy(labels)
+        image = torch.from_numpy(image_rgb).permute(2, 0, 1)  # (3, H, W) view of HWC memory: channels_last
+        return image, targets, self.im_files[index], shapes
+
+    def _target_shape(self, index: int) -> tuple[int, int]:
+        if self.rect:
+            h, w = self.batch_shapes[self.batch_index[index]]
+            return int(h), int(w)
+        return self.image_size, self.image_size
+
+    def _letterboxed(self, index: int):
+        """Validation path, pixel-identical to the official one: load_image then letterbox (no scale-up)."""
+        image = self.load_image(index)
+        h, w = image.shape[:2]
+        w0, h0 = (int(v) for v in self.shapes[index])
+        image, ratio, pad = letterbox(image, self._target_shape(index), auto=False, scaleup=self.augment)
+        labels = A.cxcywh_norm_to_xyxy(self.labels[index], ratio[0] * w, ratio[1] * h, pad[0], pad[1])
+        shapes = ((int(h0), int(w0)), ((h / h0, w / w0), pad))
+        return self._output(A.bgr_to_rgb(image, None), labels, index, shapes)
+
+    def _single_augmented(self, index: int, rng: np.random.Generator, flip_lr: bool, flip_ud: bool):
+        """Mosaic off: letterbox to the target shape, then the random affine without border, as one warp."""
+        H, W = self._target_shape(index)
+        w, h = (int(v) for v in self.nominal[index])
+        w0, h0 = (int(v) for v in self.shapes[index])
+        r = min(H / h, W / w)
+        unpad_w, unpad_h = int(round(w * r)), int(round(h * r))
+        dw, dh = (W - unpad_w) / 2, (H - unpad_h) / 2
+        left, top = int(round(dw - 0.1)), int(round(dh - 0.1))
+        M, zoom = A.random_affine_matrix(rng, self.hyp, (W, H), (W, H))
+        src, to_nominal = self._source(index, zoom * r)
+        place = A.translation(left, top) @ A.resize_matrix(w, h, unpad_w, unpad_h) @ to_nominal
+        image = np.full((H, W, 3), PAD_VALUE, np.uint8)
+        A.warp_into(image, src, A.flip_matrix(W, H, flip_lr, flip_ud) @ M @ place, self.hyp.perspective != 0)
+        labels = A.cxcywh_norm_to_xyxy(self.labels[index], r * w, r * h, dw, dh)
+        labels = A.affine_labels(labels, M, zoom, W, H)
+        shapes = ((int(h0), int(w0)), ((h / h0, w / w0), (dw, dh)))
+        return image, labels, shapes
+
+    def _mosaic(self, index: int, rng: np.random.Generator, flip_lr: bool, flip_ud: bool):
+        """4-image mosaic + random affine straight into the s x s output (official load_mosaic semantics)."""
+        s = self.image_size
+        xc, yc = (int(v) for v in rng.uniform(s // 2, 2 * s - s // 2, 2))
+        indices = [index, *rng.integers(0, len(self), 3).tolist()]
+        rng.shuffle(indices)
+        M, zoom = A.random_affine_matrix(rng, self.hyp, (2 * s, 2 * s), (s, s))
+        FM = A.flip_matrix(s, s, flip_lr, flip_ud) @ M
+        out = np.full((s, s, 3), PAD_VALUE, np.uint8)
+        all_labels = []
+        for k, i in enumerate(indices):
+            w, h = (int(v) for v in self.nominal[i])
+            if k == 0:
+                x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+                x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
+            elif k == 1:
+                x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, s * 2), yc
+                x1b, y1b = 0, h - (y2a - y1a)
+            elif k == 2:
+                x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(s * 2, yc + h)
+                x1b, y1b = w - (x2a - x1a), 0
+            else:
+                x1a, y1a, x2a, y2a = xc, yc, min(xc + w, s * 2), min(s * 2, yc + h)
+                x1b, y1b = 0, 0
+            padw, padh = x1a - x1b, y1a - y1b
+            all_labels.append(A.cxcywh_norm_to_xyxy(self.labels[i], w, h, padw, padh))
+            tile_w, tile_h = x2a - x1a, y2a - y1a
+            if tile_w <= 0 or tile_h <= 0 or not A.visible(FM @ A.translation(x1a, y1a), tile_w, tile_h, s, s):
+                continue  # this tile lands outside the output: never decode it
+            src, to_nominal = self._source(i, zoom)
+            # crop the source to the part of the tile that lies on the canvas
+            inv = np.linalg.inv(to_nominal)
+            (sx0, sy0), (sx1, sy1) = ((inv @ [x1b - 0.5, y1b - 0.5, 1])[:2],
+                                      (inv @ [x1b + tile_w - 0.5, y1b + tile_h - 0.5, 1])[:2])
+            cx0, cy0 = max(int(math.floor(sx0 + 0.5)), 0), max(int(math.floor(sy0 + 0.5)), 0)
+            cx1 = min(int(math.ceil(sx1 - 0.5)) + 1, src.shape[1])
+            cy1 = min(int(math.ceil(sy1 - 0.5)) + 1, src.shape[0])
+            crop = src[cy0:cy1, cx0:cx1]
+            A.warp_into(out, crop, FM @ A.translation(padw, padh) @ to_nominal @ A.translation(cx0, cy0),
+                        self.hyp.perspective != 0)
+        labels = np.concatenate(all_labels, 0)
+        np.clip(labels[:, 1:], 0, 2 * s, out=labels[:, 1:])
+        return out, A.affine_labels(labels, M, zoom, s, s)

@@ -1,0 +1,163 @@
+"""Per-image checks: can the image be read, and is its label file valid (spec 6.3)?
+
+Each image is checked once; the result (labels, size, problems) goes to the label cache.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from yolo9kit.data.report import ERROR, INFO, WARNING, Problem
+
+MIN_IMAGE_SIDE = 10  # pixels, as in the official checks
+PIL_FORMATS = {"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PFM"}
+_TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+
+
+@dataclass
+class ImageRecord:
+    """What the check found for one image.
+
+    Attributes:
+        im_file, lb_file: paths (strings).
+        size: (width, height) after EXIF orientation; (0, 0) when unreadable.
+        labels: (n, 5) float32 rows ``class cx cy w h`` normalised.
+        segments: polygons (k, 2) normalised, one per label row, when the file held polygons (else []).
+        problems: findings for this image.
+        n_duplicates: duplicate rows removed.
+    """
+
+    im_file: str
+    lb_file: str
+    size: tuple[int, int] = (0, 0)
+    labels: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.float32))
+    segments: list[np.ndarray] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    n_duplicates: int = 0
+
+    @property
+    def usable(self) -> bool:
+        return not any(p.severity == ERROR for p in self.problems)
+
+
+def exif_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) of a PIL image once its EXIF orientation is applied."""
+    w, h = image.size
+    try:
+        orientation = image.getexif().get(0x0112)
+    except Exception:  # a broken EXIF block is not a reason to drop the image
+        orientation = None
+    return (h, w) if orientation in _TRANSPOSED_ORIENTATIONS else (w, h)
+
+
+def _check_image(path: str) -> tuple[tuple[int, int], str | None]:
+    """Size and error reason (None when fine)."""
+    if not os.path.isfile(path):
+        return (0, 0), "image file not found"
+    try:
+        with Image.open(path) as im:
+            im.verify()
+        with Image.open(path) as im:
+            size, fmt = exif_size(im), im.format
+    except Exception as e:  # PIL raises many types for unreadable files
+        return (0, 0), f"unreadable image ({type(e).__name__}: {e})"
+    if fmt not in PIL_FORMATS:
+        return size, f"unsupported image format {fmt}"
+    if size[0] < MIN_IMAGE_SIDE or size[1] < MIN_IMAGE_SIDE:
+        return size, f"image too small ({size[0]}x{size[1]} px, need at least {MIN_IMAGE_SIDE} on each side)"
+    if fmt == "JPEG":
+        with open(path, "rb") as f:
+            f.seek(-2, 2)
+            if f.read() != b"\xff\xd9":
+                return size, "corrupt or truncated JPEG (no end-of-image marker)"
+    return size, None
+
+
+def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.ndarray], str | None]:
+    """Parse split label lines into (n, 5) boxes and polygons; returns an error reason instead when invalid."""
+    is_polygon = any(len(r) > 6 for r in rows)  # official rule: one long row makes every row a polygon
+    boxes, segments = [], []
+    for i, row in enumerate(rows, 1):
+        if is_polygon and (len(row) < 7 or len(row) % 2 == 0):
+            return boxes, segments, f"line {i}: polygon needs a class and at least 3 x y pairs, got {len(row)} values"
+        if not is_polygon and len(row) != 5:
+            return boxes, segments, f"line {i}: wrong column count, expected 5 values (class cx cy w h), got {len(row)}"
+        try:
+            values = np.array([float(v) for v in row], np.float64)
+        except ValueError:
+            bad = next(v for v in row if not _is_float(v))
+            return boxes, segments, f"line {i}: non-numeric value {bad!r}"
+        if not np.isfinite(values).all():
+            return boxes, segments, f"line {i}: non-finite value"
+        cls = values[0]
+        if cls != int(cls) or not 0 <= cls < nc:
+            return boxes, segments, f"line {i}: class id {row[0]} outside 0..{nc - 1} (nc={nc})"
+        if is_polygon:
+            pts = values[1:].reshape(-1, 2)
+            segments.append(pts.astype(np.float32))
+            x1, y1 = pts.min(0)
+            x2, y2 = pts.max(0)
+            coords = np.array([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1])
+            raw = pts.ravel()
+        else:
+            coords = raw = values[1:]
+        if (raw < 0).any() or (raw > 1).any():  # official rule; boxes overhanging an edge are clipped later
+            return boxes, segments, f"line {i}: coordinates outside [0, 1] ({' '.join(row[1:5])}...)"
+        boxes.append(np.concatenate([[cls], coords]))
+    return np.array(boxes, np.float32).reshape(-1, 5), segments, None
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> ImageRecord:
+    """Check one image and its label file; never raises for bad content (the record holds the problems)."""
+    im_file, lb_file = str(im_file), str(lb_file)
+    rec = ImageRecord(im_file, lb_file)
+    rec.size, reason = _check_image(im_file)
+    if reason:
+        rec.problems.append(Problem(im_file, reason, ERROR))
+        return rec
+    if not os.path.isfile(lb_file):
+        rec.problems.append(Problem(im_file, f"no label file ({lb_file}): used as a background image", WARNING))
+        return rec
+    try:
+        text = Path(lb_file).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        rec.problems.append(Problem(lb_file, f"unreadable label file ({type(e).__name__}: {e})", ERROR))
+        return rec
+    rows = [line.split() for line in text.splitlines() if line.strip()]
+    if not rows:
+        rec.problems.append(Problem(lb_file, "empty label file: used as a background image", WARNING))
+        return rec
+    boxes, segments, reason = _parse_rows(rows, nc)
+    if reason:
+        rec.problems.append(Problem(lb_file, reason, ERROR))
+        return rec
+    if segments:
+        rec.problems.append(Problem(lb_file, f"{len(segments)} polygons read as their bounding boxes", INFO))
+    zero = (boxes[:, 3] <= 0) | (boxes[:, 4] <= 0)
+    if zero.any():
+        rows_txt = ", ".join(str(i + 1) for i in np.flatnonzero(zero))
+        rec.problems.append(Problem(lb_file, f"zero-size box removed (line {rows_txt})", WARNING))
+        boxes = boxes[~zero]
+        segments = [s for s, z in zip(segments, zero) if not z] if segments else []
+    _, first = np.unique(boxes, axis=0, return_index=True)
+    if len(first) < len(boxes):
+        keep = np.sort(first)
+        rec.n_duplicates = len(boxes) - len(keep)
+        rec.problems.append(Problem(lb_file, f"{rec.n_duplicates} duplicate rows removed", WARNING))
+        boxes = boxes[keep]
+        segments = [segments[i] for i in keep] if segments else []
+    rec.labels, rec.segments = boxes, segments
+    return rec
