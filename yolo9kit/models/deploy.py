@@ -1,0 +1,170 @@
+"""Inference conversion: yolov9-X -> gelan-X (drop the PGI auxiliary branch) and Conv+BN / RepConvN fusion.
+
+The conversion reproduces the official ``tools/reparameterization.ipynb`` key renaming (spec 1.4):
+the main head's inputs are traced back through the layer table, the layers they need are kept and
+renumbered in order, the auxiliary layers are dropped, and the head's main branch (``cv4``/``cv5``/``dfl2``)
+becomes a single DDetect (``cv2``/``cv3``/``dfl``). For the ten registered configs this gives exactly the
+gelan-X layer tables; it works the same way on a custom yaml.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from torch import nn
+
+from yolo9kit.models.layers import Conv, RepConvN
+from yolo9kit.models.model import DetectionModel
+
+LOGGER = logging.getLogger(__name__)
+_HEAD_RENAMES = {"cv4": "cv2", "cv5": "cv3", "dfl2": "dfl"}
+
+
+def conv_bn_weights(m: Conv) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias of the single conv equal to ``m.bn(m.conv(x))`` (spec 3.1 fusion formula).
+
+    W' = W * gamma / sqrt(var + eps) per output channel; b' = beta + (b - mean) * gamma / sqrt(var + eps).
+    """
+    w = m.conv.weight
+    b = m.conv.bias if m.conv.bias is not None else torch.zeros(w.shape[0], device=w.device, dtype=w.dtype)
+    if m.bn is None:
+        return w, b
+    scale = m.bn.weight / torch.sqrt(m.bn.running_var + m.bn.eps)
+    return w * scale.view(-1, 1, 1, 1), m.bn.bias + (b - m.bn.running_mean) * scale
+
+
+@torch.no_grad()
+def _fold_conv(m: Conv) -> None:
+    if m.bn is None:
+        return
+    w, b = conv_bn_weights(m)
+    src = m.conv
+    conv = nn.Conv2d(src.in_channels, src.out_channels, src.kernel_size, src.stride, src.padding,
+                     dilation=src.dilation, groups=src.groups, bias=True).to(device=w.device, dtype=w.dtype)
+    conv.weight.copy_(w)
+    conv.bias.copy_(b)
+    conv.requires_grad_(False)
+    m.conv, m.bn = conv, None
+
+
+@torch.no_grad()
+def fuse(model: nn.Module) -> nn.Module:
+    """Fold every BatchNorm into its conv and collapse every RepConvN, in place; eval mode.
+
+    Matches the official ``DetectionModel.fuse()``. The result is for inference only (no BatchNorm left
+    to train). Works on any module tree built from these layers. Returns ``model``.
+    """
+    model.eval()
+    for m in list(model.modules()):
+        if isinstance(m, RepConvN) and not hasattr(m, "conv"):
+            m.collapse()
+    for m in list(model.modules()):
+        if isinstance(m, Conv):
+            _fold_conv(m)
+    if isinstance(model, DetectionModel):
+        model.fused = True
+    return model
+
+
+def _main_dependencies(rows: list, head_inputs: list[int]) -> set[int]:
+    """Indices of the layers the given head inputs depend on (transitively)."""
+    needed, stack = set(), list(head_inputs)
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        f = rows[i][0]
+        for x in [f] if isinstance(f, int) else f:
+            src = i - 1 if x == -1 else (i + x if x < 0 else x)
+            if src >= 0:
+                stack.append(src)
+    return needed
+
+
+def deploy_config(cfg: dict) -> tuple[dict, dict[int, int]]:
+    """The single-head (gelan) config of a dual-head config and the old -> new layer index map.
+
+    A Silence at layer 0 that no kept row names explicitly is dropped (gelan-m/c); the CBNet second
+    backbone of -e is kept because the main branch reads it (spec 1.4).
+    """
+    rows = list(cfg["backbone"]) + list(cfg["head"])
+    head_row = rows[-1]
+    nl = len(head_row[0]) // 2
+    main_inputs = [x % (len(rows) - 1) if x < 0 else x for x in head_row[0][nl:]]
+    needed = _main_dependencies(rows, main_inputs)
+    explicit_refs = {x for i in needed for x in ([rows[i][0]] if isinstance(rows[i][0], int) else rows[i][0])
+                     if x >= 0}
+    if rows[0][2] == "Silence" and 0 not in explicit_refs:
+        needed.discard(0)
+    old_to_new = {old: new for new, old in enumerate(sorted(needed))}
+    new_rows_backbone, new_rows_head = [], []
+    for old in sorted(needed):
+        new = old_to_new[old]
+        f, n, module, args = rows[old]
+        mapped = [_map_from(old, x, new, old_to_new) for x in ([f] if isinstance(f, int) else f)]
+        row = [mapped[0] if isinstance(f, int) else mapped, n, module, copy.deepcopy(args)]
+        (new_rows_backbone if old < len(cfg["backbone"]) else new_rows_head).append(row)
+    head_new = len(old_to_new)
+    old_to_new[len(rows) - 1] = head_new
+    new_rows_head.append([[old_to_new[x] for x in main_inputs], 1, "DDetect", copy.deepcopy(head_row[3])])
+    out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in ("backbone", "head")}
+    out.update(backbone=new_rows_backbone, head=new_rows_head)
+    return out, old_to_new
+
+
+def _map_from(old: int, x: int, new: int, old_to_new: dict[int, int]) -> int:
+    """New 'from' value of a kept row: -1 stays -1 when its source is the previous kept row (or the image)."""
+    src = old - 1 if x == -1 else (old + x if x < 0 else x)
+    if x == -1 and (src not in old_to_new or old_to_new[src] == new - 1):
+        if src in old_to_new or new == 0:
+            return -1
+    if src not in old_to_new:
+        raise ValueError(f"deploy conversion: layer {old} reads layer {src}, which the main branch does not keep")
+    return old_to_new[src]
+
+
+def deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int, int],
+                      head_old: int) -> dict[str, torch.Tensor]:
+    """Rename dual-model keys to single-head keys (spec 1.4): layer indices by ``old_to_new``; in the head
+    ``cv4``/``cv5``/``dfl2`` -> ``cv2``/``cv3``/``dfl``; everything else (aux branch) is dropped."""
+    out = {}
+    for key, value in state_dict.items():
+        _, idx, rest = key.split(".", 2)
+        old = int(idx)
+        if old == head_old:
+            first, _, tail = rest.partition(".")
+            if first not in _HEAD_RENAMES:
+                continue
+            rest = f"{_HEAD_RENAMES[first]}.{tail}"
+        elif old not in old_to_new:
+            continue
+        out[f"model.{old_to_new[old]}.{rest}"] = value
+    return out
+
+
+@torch.no_grad()
+def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionModel:
+    """Inference model: yolov9-X -> gelan-X (auxiliary branch dropped), then :func:`fuse`; eval mode.
+
+    The main output is unchanged (the auxiliary branch never feeds the main head). The input model is not
+    modified. A single-head model is copied and fused.
+    """
+    if not model.is_dual:
+        deployed = copy.deepcopy(model)
+    else:
+        cfg, old_to_new = deploy_config(model.yaml)
+        name = model.name.replace("yolov9", "gelan") if model.name.startswith("yolov9") else f"{model.name}-deploy"
+        deployed = DetectionModel(cfg, nc=model.nc, names=model.names, source=f"{name} (deploy of {model.name})",
+                                  name=name)
+        head_old = len(model.model) - 1
+        sd = deploy_state_dict(model.state_dict(), old_to_new, head_old)
+        deployed.load_state_dict(sd, strict=True)
+        param = next(model.parameters())
+        deployed.to(device=param.device, dtype=param.dtype)
+        deployed.stride = model.stride.clone()
+        deployed.head.stride.copy_(model.head.stride)
+    deployed.eval()
+    return fuse(deployed) if fuse_layers else deployed
