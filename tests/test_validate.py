@@ -1,0 +1,199 @@
+"""yolo9kit.predict / yolo9kit.validate: sources, outputs, head selection, metrics end to end.
+
+A stand-in model returns chosen decoded outputs (exact labels from the main head, nothing useful
+from the auxiliary one), so the metric pipeline is checked against known answers without training.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from yolo9kit.models import DualOutput, create_model
+from yolo9kit.predict import predict
+from yolo9kit.validate import compare_heads, evaluate
+
+NAMES = ["square", "bar"]
+
+
+def _write_dataset(root: Path) -> Path:
+    """Three 64x96 (h x w) images: two objects, one object, and no labels at all."""
+    objects = {"000001": [(0, 10, 10, 40, 40), (1, 50, 20, 90, 30)], "000002": [(1, 5, 30, 60, 60)], "000003": []}
+    for split in ("images", "labels"):
+        (root / split / "val").mkdir(parents=True, exist_ok=True)
+    for stem, boxes in objects.items():
+        image = np.full((64, 96, 3), 90, np.uint8)
+        lines = []
+        for cls, x1, y1, x2, y2 in boxes:
+            cv2.rectangle(image, (x1, y1), (x2 - 1, y2 - 1), (20, 200, 240), -1)
+            lines.append(f"{cls} {(x1 + x2) / 192} {(y1 + y2) / 128} {(x2 - x1) / 96} {(y2 - y1) / 64}")
+        cv2.imwrite(str(root / "images" / "val" / f"{stem}.png"), image)
+        (root / "labels" / "val" / f"{stem}.txt").write_text("\n".join(lines))
+    data = root / "data.yaml"
+    data.write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames: {NAMES}\n")
+    return data
+
+
+def _batches(root: Path, batch_size: int = 2):
+    """(images uint8, targets (N,6), paths, shapes) batches; 64x96 images need no letterbox at 96."""
+    paths = sorted(str(p) for p in (root / "images" / "val").glob("*.png"))
+    batches = []
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start:start + batch_size]
+        images, targets, shapes = [], [], []
+        for i, path in enumerate(chunk):
+            images.append(torch.from_numpy(cv2.imread(path)[..., ::-1].transpose(2, 0, 1).copy()))
+            text = Path(path.replace("images", "labels")).with_suffix(".txt").read_text().split()
+            for row in np.array(text, dtype=float).reshape(-1, 5):
+                targets.append([i, *row])
+            shapes.append(((64, 96), ((1.0, 1.0), (0.0, 0.0))))
+        batches.append((torch.stack(images), torch.tensor(targets, dtype=torch.float32).reshape(-1, 6), chunk,
+                        shapes))
+    return batches
+
+
+class StandIn(nn.Module):
+    """Eval-mode outputs: main = the labels of each image as boxes scored 0.9 (+ one wrong low-score box),
+    aux = boxes far from every object."""
+
+    def __init__(self, batches, nc: int = 2, dual: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.register_buffer("stride", torch.tensor([8.0, 16.0, 32.0]))
+        self.nc, self.names, self.is_dual = nc, list(NAMES[:nc]) + [f"c{i}" for i in range(nc - 2)], dual
+        self.outputs = [self._decoded(targets, len(images)) for images, targets, *_ in batches]
+        self.calls = 0
+
+    def _decoded(self, targets, batch: int, anchors: int = 4):
+        main = torch.zeros(batch, 4 + self.nc, anchors)
+        aux = torch.zeros(batch, 4 + self.nc, anchors)
+        for i in range(batch):
+            rows = targets[targets[:, 0] == i]
+            for a, (_, cls, cx, cy, w, h) in enumerate(rows.tolist()):
+                main[i, :4, a] = torch.tensor([cx * 96, cy * 64, w * 96, h * 64])
+                main[i, 4 + int(cls), a] = 0.9
+            main[i, :4, anchors - 1] = torch.tensor([80.0, 55.0, 6.0, 6.0])  # a false positive
+            main[i, 4, anchors - 1] = 0.3
+            aux[i, :4] = torch.tensor([2.0, 2.0, 2.0, 2.0])[:, None]
+            aux[i, 4:, :] = 0.5
+        return aux, main
+
+    def forward(self, x):
+        aux, main = self.outputs[self.calls % len(self.outputs)]
+        self.calls += 1
+        return DualOutput(aux=aux if self.is_dual else None, main=main)
+
+
+@pytest.fixture()
+def dataset(tmp_path):
+    data = _write_dataset(tmp_path / "toy")
+    return data, _batches(tmp_path / "toy")
+
+
+def test_evaluate_perfect_main_head_and_empty_image(dataset, tmp_path):
+    data, batches = dataset
+    result = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", plots=True,
+                      save_dir=tmp_path / "val", progress=False)
+    assert result.seen == 3 and result.instances == 3
+    # every label found at IoU 1 before the only false positive: AP is the 101-point maximum 0.995
+    assert result.map50 == pytest.approx(0.995) and result.map == pytest.approx(0.995)
+    assert result.fitness == pytest.approx(0.995)
+    assert list(result.per_class["instances"]) == [1, 2] and list(result.per_class["images"]) == [1, 2]
+    assert result.confusion_matrix.matrix.diagonal()[:2].tolist() == [1, 2]
+    for name in ("confusion_matrix.png", "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png"):
+        assert (tmp_path / "val" / name).stat().st_size > 0
+        assert hasattr(result.figures[name], "savefig")
+    assert "all" in result.summary() and result.speed_line().startswith("Speed: ")
+
+
+def test_evaluate_aux_head_really_uses_aux_output(dataset):
+    data, batches = dataset
+    aux = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", head="aux", progress=False)
+    assert aux.map50 == 0 and aux.head == "aux"
+    table = compare_heads(StandIn(batches), data, dataloader=batches, device="cpu", progress=False)
+    assert table.loc["main", "mAP50"] == pytest.approx(0.995) and table.loc["aux", "mAP50"] == 0
+
+
+def test_evaluate_single_head_model_rejects_aux(dataset):
+    data, batches = dataset
+    with pytest.raises(ValueError, match="auxiliary"):
+        evaluate(StandIn(batches, dual=False), data, dataloader=batches, device="cpu", head="aux", progress=False)
+
+
+def test_evaluate_rejects_class_count_mismatch(dataset):
+    data, batches = dataset
+    with pytest.raises(ValueError, match="predicts 3 classes but the data .* has 2"):
+        evaluate(StandIn(batches, nc=3), data, dataloader=batches, device="cpu", progress=False)
+
+
+def test_evaluate_coco_json_and_cocoeval(dataset, tmp_path):
+    data, batches = dataset
+    result = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", coco=True,
+                      save_dir=tmp_path / "val", progress=False)
+    records = json.loads((tmp_path / "val" / "predictions.json").read_text())
+    assert {r["image_id"] for r in records} == {1, 2, 3}  # numeric stems become ints
+    first = next(r for r in records if r["image_id"] == 1 and r["category_id"] == 0)
+    assert first["bbox"] == [10.0, 10.0, 30.0, 30.0] and first["score"] == 0.9
+    assert result.coco["AP50"] == pytest.approx(1.0) and result.coco["AP50-95"] == pytest.approx(1.0)
+
+
+def test_random_model_without_detections_gives_zero_metrics(dataset):
+    data, batches = dataset
+    model = create_model("gelan-t", num_classes=2)
+    result = evaluate(model, data, dataloader=batches, device="cpu", conf=0.5, progress=False)
+    assert result.map == 0 and result.instances == 3 and model.training  # mode restored
+
+
+# ---------------------------------------------------------------------------------------------- predict
+
+
+def test_predict_writes_labels_that_parse_back(dataset, tmp_path):
+    data, batches = dataset
+    model = StandIn(batches, dual=True)
+    model.outputs = [(aux[:1], main[:1]) for aux, main in model.outputs]  # predict runs batch 1
+    model.outputs = [model.outputs[0]]
+    out = tmp_path / "detect"
+    image = str(data.parent / "images" / "val" / "000001.png")
+    results = predict(model, image, imgsz=96, conf=0.5, device="cpu", save_dir=out, save_txt=True, save_conf=True)
+    (result,) = results
+    assert result.boxes.tolist() == [[10, 10, 40, 40], [50, 20, 90, 30]]  # back in original pixels
+    assert result.classes.tolist() == [0, 1] and result.orig_shape == (64, 96)
+    rows = np.loadtxt(out / "labels" / "000001.txt", ndmin=2)
+    expected = np.loadtxt(data.parent / "labels" / "val" / "000001.txt", ndmin=2)
+    np.testing.assert_allclose(rows[:, :5], expected, atol=1e-6)
+    np.testing.assert_allclose(rows[:, 5], 0.9, atol=1e-6)
+    assert (out / "000001.png").is_file()
+    assert list(results.speed.columns) == ["path", "load_ms", "preprocess_ms", "inference_ms", "nms_ms"]
+    assert len(result.to_frame()) == 2 and hasattr(result.plot(), "savefig")
+
+
+def test_predict_array_sources_and_no_detections():
+    model = create_model("gelan-t", num_classes=2)
+    images = [np.zeros((40, 50, 3), np.uint8), np.full((33, 70, 3), 200, np.uint8)]
+    results = predict(model, images, imgsz=64, device="cpu", conf=0.9)
+    assert [r.orig_shape for r in results] == [(40, 50), (33, 70)]
+    assert [len(r) for r in results] == [0, 0] and results[0].input_shape == (64, 64)
+    assert "(no detections)" in results[0].summary()
+    assert results.to_frame().empty
+
+
+def test_predict_bad_inputs(tmp_path):
+    model = create_model("gelan-t", num_classes=2)
+    with pytest.raises(FileNotFoundError, match="missing.jpg does not exist"):
+        predict(model, tmp_path / "missing.jpg", device="cpu")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no images found in folder .*empty"):
+        predict(model, tmp_path / "empty", device="cpu")
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    good = tmp_path / "good.png"
+    cv2.imwrite(str(good), np.zeros((32, 32, 3), np.uint8))
+    results = predict(model, [broken, good], imgsz=32, device="cpu")
+    assert len(results) == 1 and results[0].path == str(good)
+    assert results.skipped == [(str(broken), "OpenCV could not decode it (corrupt or not an image)")]
