@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ class Trainer:
     optimizer_steps: int = 0
     oom_events: int = 0
     phase: str = "idle"  # "forward" or "backward" while a micro-step runs (the OOM back-off reads it)
+    buffer_backup: list[torch.Tensor] = field(default_factory=list, repr=False)  # BN stats before a micro-step
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -182,17 +183,24 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
 
     Out of memory (when ``oom_backoff``): the tensors are dropped, memory freed, the micro-batch halved
     (so the micro-steps per optimizer step double and the images per step stay the same) and the
-    batch continues from the first image not yet back-propagated. If the error came during backward,
+    batch continues from the first image not yet back-propagated; BatchNorm running statistics are
+    restored to their values before the failed micro-step. If the error came during backward,
     ``.grad`` may hold part of a backward pass, so all accumulated gradients are zeroed, the batch is
     redone from its first image and ``grads_lost`` tells the caller.
     """
     size = images.shape[0]
     done, micro_steps, grads_lost = 0, 0, False
     items_sum = torch.zeros(3)
+    buffers = list(unwrap(trainer.model).buffers()) if trainer.oom_backoff else []
+    if buffers and len(trainer.buffer_backup) != len(buffers):
+        trainer.buffer_backup = [b.clone() for b in buffers]
+    backup = trainer.buffer_backup
     while done < size:
         end = min(done + (trainer.micro_batch_size or size), size)
         part_images, part_targets = slice_batch(images, targets, done, end)
         oom_error = None
+        if buffers:  # BatchNorm running stats before this micro-step, restored if it runs out of memory
+            torch._foreach_copy_(backup, buffers)  # a few small kernels: ~2 floats per channel
         try:
             out = micro_step(trainer, part_images, part_targets, sync=sync and end == size)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
@@ -203,6 +211,8 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
             in_backward = trainer.phase == "backward"
             trainer.phase = "idle"
             del part_images, part_targets
+            if buffers:
+                torch._foreach_copy_(buffers, backup)  # undo the running-stat updates of the failed forward
             free_memory(trainer.device)
             trainer.micro_batch_size = halve_micro_batch(end - done, oom_error)
             trainer.oom_events += 1

@@ -1,0 +1,121 @@
+"""Accumulation equals one large batch; the OOM back-off keeps the result of training at the smaller micro-batch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from train_toys import OOMAbove, ToyNet, make_batches, params_of, rebatch, toy_loss
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.train import Trainer, build_trainer, run_batch, train_one_epoch, train_step
+from yolo9kit.train.guards import OutOfMemoryAtMinimumError
+from yolo9kit.train.state import Progress
+
+NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_steps": 0}
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_micro_steps_sum_to_one_batch_gradient():
+    """k micro-batches of b images give the gradient of one batch of k*b (BatchNorm-free, sum-type loss)."""
+    torch.manual_seed(0)
+    (images, targets, *_), = make_batches(1, 8)
+    grads = {}
+    for micro in (None, 2, 3):  # 3 leaves a ragged last micro-batch of 2
+        torch.manual_seed(1)
+        model = ToyNet()
+        trainer = build_trainer(model, TrainConfig(micro_batch_size=micro, amp="off", device="cpu"), loss_fn=toy_loss)
+        result = run_batch(trainer, images, targets)
+        assert result.finite and result.micro_steps == (1 if micro is None else -(-8 // micro))
+        grads[micro] = _grads(model)
+    for micro in (2, 3):
+        for name, g in grads[None].items():
+            torch.testing.assert_close(grads[micro][name], g, rtol=1e-5, atol=1e-6)
+
+
+def _train(batches, config, model_seed=1, loss_fn=toy_loss, wrap=None, batchnorm=False):
+    torch.manual_seed(model_seed)
+    model = ToyNet(batchnorm=batchnorm)
+    trainer = build_trainer(wrap(model) if wrap else model, config, loss_fn=loss_fn)
+    progress = Progress()
+    stats = train_one_epoch(trainer, batches, config, progress, batches_per_epoch=len(batches), warmup=0, show=False)
+    return model, trainer, stats
+
+
+def test_accumulated_loader_batches_equal_one_large_batch():
+    """4 loader batches of 2 with accumulate 4 == 1 batch of 8: same weights and EMA after the optimizer step."""
+    small = make_batches(4, 2)
+    large = rebatch(small, 8)
+    base = {"epochs": 1, "amp": "off", "device": "cpu", **NO_WARMUP}
+    m_small, t_small, _ = _train(small, TrainConfig(batch_size=2, accumulate_steps=4, **base))
+    m_large, t_large, _ = _train(large, TrainConfig(batch_size=8, accumulate_steps=1, **base))
+    assert t_small.optimizer_steps == t_large.optimizer_steps == 1
+    for k, v in params_of(m_large).items():
+        torch.testing.assert_close(params_of(m_small)[k], v, rtol=1e-5, atol=1e-6)
+    for k, v in t_large.ema.ema.state_dict().items():
+        torch.testing.assert_close(t_small.ema.ema.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("in_backward", [False, True])
+def test_oom_backoff_equals_training_at_the_smaller_micro_batch(in_backward):
+    """A simulated CUDA OOM above 2 images: batch 8 is retried as micro-batches 4 then 2 (accumulation x4, same
+    8 images per step) and the run equals one configured with micro_batch_size=2 from the start (with BatchNorm:
+    the micro-batches are the same images, so even the batch statistics agree)."""
+    batches = make_batches(3, 8)
+    base = {"epochs": 1, "batch_size": 8, "accumulate_steps": 1, "amp": "off", "device": "cpu", **NO_WARMUP}
+    m_oom, t_oom, s_oom = _train(batches, TrainConfig(**base), batchnorm=True,
+                                 wrap=lambda m: OOMAbove(m, 2, in_backward=in_backward))
+    m_ref, t_ref, s_ref = _train(batches, TrainConfig(micro_batch_size=2, **base), batchnorm=True)
+    assert t_oom.micro_batch_size == 2 and t_oom.oom_events == 2
+    assert t_oom.optimizer_steps == t_ref.optimizer_steps == 3
+    assert s_oom.images == s_ref.images == 24
+    for k, v in params_of(m_ref).items():
+        assert torch.equal(params_of(m_oom)[k], v), k
+    torch.testing.assert_close(s_oom.mean_items, s_ref.mean_items)
+
+
+def test_oom_at_one_image_is_a_clear_error():
+    torch.manual_seed(0)
+    trainer = build_trainer(OOMAbove(ToyNet(), 0), TrainConfig(amp="off", device="cpu"), loss_fn=toy_loss)
+    (images, targets, *_), = make_batches(1, 2)
+    with pytest.raises(OutOfMemoryAtMinimumError, match="micro-batch of 1 image"):
+        run_batch(trainer, images, targets)
+
+
+def test_other_runtime_errors_are_not_swallowed():
+    def broken(outputs, targets):
+        raise RuntimeError("shape mismatch")
+
+    trainer = build_trainer(ToyNet(), TrainConfig(amp="off", device="cpu"), loss_fn=broken)
+    (images, targets, *_), = make_batches(1, 2)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_batch(trainer, images, targets)
+
+
+def test_train_step_skips_nonfinite_loss():
+    def nan_loss(outputs, targets):
+        loss, items = toy_loss(outputs, targets)
+        return loss * float("nan"), items
+
+    model = ToyNet()
+    before = params_of(model)
+    trainer: Trainer = build_trainer(model, TrainConfig(amp="off", device="cpu"), loss_fn=nan_loss)
+    (images, targets, *_), = make_batches(1, 4)
+    result = train_step(trainer, images, targets)
+    assert not result.finite and trainer.optimizer_steps == 0
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in params_of(model).items())
+
+
+def test_train_step_updates_weights_and_ema():
+    model = ToyNet(batchnorm=True)
+    trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", micro_batch_size=2), loss_fn=toy_loss)
+    ema_before = copy.deepcopy(trainer.ema.ema.state_dict())
+    (images, targets, *_), = make_batches(1, 4)
+    result = train_step(trainer, images, targets)
+    assert result.finite and result.micro_steps == 2 and trainer.optimizer_steps == 1 and trainer.ema.updates == 1
+    assert not torch.equal(trainer.ema.ema.state_dict()["conv1.weight"], ema_before["conv1.weight"])
