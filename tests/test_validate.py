@@ -197,3 +197,30 @@ def test_predict_bad_inputs(tmp_path):
     results = predict(model, [broken, good], imgsz=32, device="cpu")
     assert len(results) == 1 and results[0].path == str(good)
     assert results.skipped == [(str(broken), "OpenCV could not decode it (corrupt or not an image)")]
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def _cli(module, argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    module.add_parser(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_detect_cli_prints_speed_and_writes_run_folder(dataset, tmp_path, capsys):
+    from yolo9kit.cli import detect
+
+    data, _ = dataset
+    argv = ["detect", "--weights", "gelan-t", "--source", str(data.parent / "images" / "val"), "--imgsz", "64",
+            "--device", "cpu", "--save-txt", "--project", str(tmp_path / "runs"), "--name", "exp"]
+    assert _cli(detect, argv) == 0
+    assert _cli(detect, argv) == 0  # a second run goes to exp2
+    out = capsys.readouterr().out
+    assert "image 1/3 " in out and ": 64x64 " in out  # 64x96 letterboxed to imgsz 64 -> 64x64 rectangle
+    assert "Speed: " in out and "per image at shape (1, 3, 64, 64)" in out
+    speed = json.loads((tmp_path / "runs" / "exp2" / "speed.json").read_text())
+    assert speed["images"] == 3 and set(speed["per_image_mean_ms"]) >= {"preprocess_ms", "inference_ms", "nms_ms"}

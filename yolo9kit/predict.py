@@ -174,34 +174,33 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-def load_model(weights: Any, device: str | torch.device | None = None):
+def load_model(weights: Any):
     """A DetectionModel from a model object, a kit checkpoint, an official .pt, or a model name.
 
-    A model name (``yolov9-t``) builds a randomly initialised model, useful only for smoke tests.
+    A kit checkpoint uses its EMA weights when present; an official file is loaded without its code.
+    A registered model name (``yolov9-t``) builds a randomly initialised model, for smoke tests only.
     """
     if isinstance(weights, torch.nn.Module):
         return weights
     path = Path(str(weights))
     if path.is_file():
-        from yolo9kit.checkpoint import read_checkpoint
-
-        try:
-            checkpoint = read_checkpoint(path)
-        except Exception:  # not a kit checkpoint: try the official format, which names its own errors
-            checkpoint = None
-        if isinstance(checkpoint, dict) and checkpoint.get("format") == "yolo9kit":
-            from yolo9kit.checkpoint import load_checkpoint
-
-            return load_checkpoint(path)
+        from yolo9kit.checkpoint import CheckpointError, load_checkpoint
         from yolo9kit.models import load_official_checkpoint
 
-        return load_official_checkpoint(path)
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as kit_error:
+            try:
+                return load_official_checkpoint(path)
+            except Exception as official_error:
+                raise ValueError(f"{path}: neither a yolo9kit checkpoint ({kit_error}) nor an official YOLOv9 "
+                                 f"checkpoint ({official_error})") from official_error
     from yolo9kit.models import create_model, list_models
 
     if str(weights) in list_models():
         LOGGER.warning("%s: no weights file given, using a randomly initialised model", weights)
         return create_model(str(weights))
-    raise FileNotFoundError(f"weights {weights} not found: pass a checkpoint path or one of {list_models()}")
+    raise FileNotFoundError(f"weights {weights} not found: pass a checkpoint path or one of {', '.join(list_models())}")
 
 
 def select_head(output, head: str = "main") -> torch.Tensor:
@@ -308,7 +307,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
     import pandas as pd
 
     items = _expand_sources(source)
-    model = load_model(model, device)
+    model = load_model(model)
     device = resolve_device(device)
     was_training = model.training
     model = model.to(device).eval()

@@ -1,0 +1,72 @@
+"""``python -m yolo9kit detect``: detect objects in images, as the official ``detect_dual.py``.
+
+Prints one line per image and the official ``Speed:`` line, writes annotated images (unless
+``--nosave``), ``labels/*.txt`` with ``--save-txt`` and ``speed.json`` into ``<project>/<name>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("detect", help="detect objects in images (detect_dual.py flags)")
+    p.add_argument("--weights", required=True, help="kit checkpoint, official .pt, or a model name (random weights)")
+    p.add_argument("--source", required=True, nargs="+", help="image files, folders or glob patterns")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, nargs="+", default=[640], help="h [w] (default 640)")
+    p.add_argument("--conf-thres", type=float, default=0.25, help="confidence threshold (default 0.25)")
+    p.add_argument("--iou-thres", type=float, default=0.45, help="NMS IoU threshold (default 0.45)")
+    p.add_argument("--max-det", type=int, default=1000, help="maximum detections per image (default 1000)")
+    p.add_argument("--device", default="", help="cuda device (0) or cpu; default: CUDA when available")
+    p.add_argument("--save-txt", action="store_true", help="write labels/<stem>.txt (cls cx cy w h)")
+    p.add_argument("--save-conf", action="store_true", help="add the confidence to --save-txt lines")
+    p.add_argument("--nosave", action="store_true", help="do not write annotated images")
+    p.add_argument("--classes", type=int, nargs="+", help="keep only these class ids")
+    p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
+    p.add_argument("--project", default="runs/detect", help="parent folder of the run folder")
+    p.add_argument("--name", default="exp", help="run folder name (exp, exp2, ... unless --exist-ok)")
+    p.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
+    p.add_argument("--half", action="store_true", help="FP16 model and inputs")
+    p.add_argument("--line-thickness", type=int, default=3, help="box line width in pixels")
+    p.add_argument("--head", choices=("main", "aux"), default="main", help="which head of a YOLOv9 model")
+    p.set_defaults(func=run)
+
+
+def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
+    """``runs/exp`` if free (or ``exist_ok``), else the first free ``runs/exp2``, ``runs/exp3``, ..."""
+    path = Path(path)
+    if exist_ok or not path.exists():
+        return path
+    n = 2
+    while Path(f"{path}{n}").exists():
+        n += 1
+    return Path(f"{path}{n}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from yolo9kit.predict import SPEED_COLUMNS, predict
+
+    imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
+    save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    results = predict(args.weights, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz,
+                      conf=args.conf_thres, iou=args.iou_thres, max_det=args.max_det, classes=args.classes,
+                      agnostic=args.agnostic_nms, half=args.half, device=args.device or None, save_dir=save_dir,
+                      save_txt=args.save_txt, save_conf=args.save_conf, save_images=not args.nosave,
+                      head=args.head, line_width=args.line_thickness)
+    total = len(results) + len(results.skipped)
+    for i, result in enumerate(results, 1):
+        print(f"image {i}/{total} {result.path or 'array'}: {result.summary()}{result.speed['inference_ms']:.1f}ms")
+    for source, reason in results.skipped:
+        print(f"skipped {source}: {reason}")
+    print(results.speed_line())
+    means = {c: float(results.speed[c].mean()) if len(results.speed) else 0.0 for c in ["load_ms", *SPEED_COLUMNS]}
+    report = {"per_image_mean_ms": means, "images": len(results), "skipped": results.skipped,
+              "shape": [1, 3, *imgsz], "per_image": results.speed.to_dict(orient="records")}
+    (save_dir / "speed.json").write_text(json.dumps(report, indent=1))
+    print(f"Results saved to {save_dir}")
+    if args.save_txt:
+        print(f"{len(list((save_dir / 'labels').glob('*.txt')))} labels saved to {save_dir / 'labels'}")
+    return 0 if len(results) else 1
