@@ -25,9 +25,8 @@ extra ones changes no ``argmax``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import math
+from typing import NamedTuple
 
 import torch
 

@@ -1,0 +1,289 @@
+"""yolo9kit.loss and yolo9kit.assigner: parity with the official ComputeLoss, chunking equivalence,
+edge cases and error messages."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import NamedTuple
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from yolo9kit.assigner import TaskAlignedAssigner
+from yolo9kit.boxes import bbox_ciou, make_anchors
+from yolo9kit.loss import DetectionLoss, LossConfig
+
+STRIDES = [8, 16, 32]
+NUM_CLASSES = 80
+
+
+class _Dual(NamedTuple):  # same fields as yolo9kit.models.DualOutput
+    aux: list | None
+    main: list
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+
+
+def _fixture_outputs(data: dict) -> list:
+    """Official-order training outputs of a fixture, fp32."""
+    if "train_out" in data:
+        out = data["train_out"]
+        if isinstance(out[0], torch.Tensor):
+            return [m.float() for m in out]
+        return [[m.float() for m in head] for head in out]
+    return [[m.float() for m in data["train_raw_aux"]], [m.float() for m in data["train_raw_main"]]]
+
+
+def _random_maps(batch_size: int, image_size: int, num_classes: int, seed: int, scale: float = 1.0) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch_size, 64 + num_classes, image_size // s, image_size // s, generator=gen) * scale
+            for s in STRIDES]
+
+
+def _random_targets(counts: list[int], num_classes: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for image, n in enumerate(counts):
+        centre = torch.rand(n, 2, generator=gen) * 0.8 + 0.1
+        size = torch.rand(n, 2, generator=gen) * 0.3 + 0.02
+        cls = torch.randint(0, num_classes, (n, 1), generator=gen).float()
+        rows.append(torch.cat([torch.full((n, 1), float(image)), cls, centre, size], 1))
+    return torch.cat(rows) if rows else torch.zeros(0, 6)
+
+
+# --------------------------------------------------------------------------------------------- parity
+
+@pytest.mark.parametrize("name", ["yolov9-t.parity.pt", "gelan-t.parity.pt", "yolov9-t-golden.pt"])
+def test_loss_matches_official(load_fixture, name):
+    data = load_fixture(name)
+    outputs = _fixture_outputs(data)
+    main = outputs if isinstance(outputs[0], torch.Tensor) else outputs[-1]
+    strides = data["stride"].tolist() if "stride" in data else STRIDES
+    loss_fn = DetectionLoss(num_classes=main[0].shape[1] - 64, strides=strides)
+    loss, items = loss_fn(outputs, data["targets"])
+    assert _rel(loss, data["loss"]) < 1e-4
+    assert _rel(items, data["loss_items"].float()) < 1e-4
+    assert not items.requires_grad
+    # the same through the named output type (gelan: aux None)
+    named = _Dual(None, outputs) if isinstance(outputs[0], torch.Tensor) else _Dual(*outputs)
+    loss_named, items_named = loss_fn(named, data["targets"])
+    assert torch.equal(loss_named, loss) and torch.equal(items_named, items)
+
+
+def test_loss_scales_with_batch_and_gains(load_fixture):
+    data = load_fixture("yolov9-t-golden.pt")
+    outputs = _fixture_outputs(data)
+    loss, items = DetectionLoss(num_classes=80, strides=STRIDES)(outputs, data["targets"])
+    assert torch.allclose(loss, items.sum() * 2, rtol=1e-6)  # batch of 2
+    doubled = LossConfig(box_gain=15.0, cls_gain=1.0, dfl_gain=3.0)
+    _, items2 = DetectionLoss(num_classes=80, strides=STRIDES, config=doubled)(outputs, data["targets"])
+    assert torch.allclose(items2, items * 2, rtol=1e-6)
+
+
+def test_dual_with_zero_aux_weight_equals_main_head_alone(load_fixture):
+    data = load_fixture("yolov9-t-golden.pt")
+    aux, main = _fixture_outputs(data)
+    no_aux = DetectionLoss(num_classes=80, strides=STRIDES, config=LossConfig(aux_weight=0.0))
+    loss_dual, items_dual = no_aux([aux, main], data["targets"])
+    loss_main, items_main = DetectionLoss(num_classes=80, strides=STRIDES)(main, data["targets"])
+    assert torch.allclose(items_dual, items_main, rtol=1e-6)
+    assert torch.allclose(loss_dual, loss_main, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ gradients
+
+def _models_or_skip():
+    if importlib.util.find_spec("yolo9kit.models") is None:
+        pytest.skip("yolo9kit.models is not in this tree")
+    import yolo9kit.models as models
+
+    if not hasattr(models, "create_model"):
+        pytest.skip("yolo9kit.models has no create_model yet")
+    return models
+
+
+@pytest.mark.parametrize("name", ["yolov9-t", "gelan-t"])
+def test_gradient_norms_match_official(load_fixture, name):
+    models = _models_or_skip()
+    data = load_fixture(f"{name}.parity.pt")
+    outputs = _fixture_outputs(data)
+    main = outputs if isinstance(outputs[0], torch.Tensor) else outputs[-1]
+    torch.manual_seed(0)
+    model = models.create_model(name, num_classes=main[0].shape[1] - 64)
+    model.load_state_dict({k: v.float() for k, v in data["state_dict"].items()})
+    model.train()
+    loss, items = DetectionLoss(model)(model(data["input"].float()), data["targets"])
+    assert _rel(items, data["loss_items"].float()) < 1e-4
+    loss.backward()
+    grads = {n: p.grad.detach().double() for n, p in model.named_parameters() if p.grad is not None}
+    assert set(grads) == set(data["grad_norms"])
+    total = math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values()))
+    assert abs(total - data["grad_norm"]) / data["grad_norm"] < 1e-3
+    worst = max(abs(float(g.norm()) - data["grad_norms"][n]) / max(data["grad_norms"][n], 1e-12)
+                for n, g in grads.items())
+    assert worst < 1e-3
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+    tiny=st.booleans(),
+    border=st.booleans(),
+    scale=st.sampled_from([0.1, 1.0, 8.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_loss_finite_and_non_negative_for_random_targets(counts, tiny, border, scale, seed):
+    num_classes = 3
+    gen = torch.Generator().manual_seed(seed)
+    targets = _random_targets(counts, num_classes, seed)
+    if len(targets) and tiny:  # degenerate boxes: a fraction of a pixel, or no width at all
+        targets[::2, 4:6] = torch.tensor([1e-4, 0.0])[torch.randint(0, 2, (1,), generator=gen)]
+    if len(targets) and border:  # boxes touching or crossing the image border
+        targets[::2, 2:4] = torch.tensor([0.0, 1.0])[torch.randint(0, 2, (2,), generator=gen)]
+    maps = [[m.requires_grad_() for m in _random_maps(len(counts), 64, num_classes, seed, scale)] for _ in range(2)]
+    loss, items = DetectionLoss(num_classes=num_classes, strides=STRIDES)(maps, targets)
+    assert torch.isfinite(loss) and torch.isfinite(items).all()
+    assert (items >= 0).all() and loss >= 0
+    loss.backward()
+    assert all(torch.isfinite(m.grad).all() for head in maps for m in head)
+
+
+# -------------------------------------------------------------------------------------- edge cases
+
+def test_batch_without_targets_gives_class_loss_only():
+    maps = [m.requires_grad_() for m in _random_maps(2, 64, 4, seed=1)]
+    loss, items = DetectionLoss(num_classes=4, strides=STRIDES)(maps, torch.zeros(0, 6))
+    assert items[0] == 0 and items[2] == 0 and items[1] > 0
+    loss.backward()
+    assert all(torch.isfinite(m.grad).all() for m in maps)
+
+
+def test_image_without_targets_only_contributes_background():
+    """Image 1 has no targets: its anchors get zero class targets, and the loss of image 0 is unchanged
+    apart from image 1's background BCE."""
+    num_classes = 4
+    maps = _random_maps(2, 64, num_classes, seed=2)
+    targets = _random_targets([3, 0], num_classes, seed=2)
+    loss_fn = DetectionLoss(num_classes=num_classes, strides=STRIDES)
+    _, items = loss_fn(maps, targets)
+    _, items_alone = loss_fn([m[:1] for m in maps], targets)
+    assert torch.allclose(items[0], items_alone[0]) and torch.allclose(items[2], items_alone[2])
+    assert items[1] > items_alone[1]  # extra background BCE of image 1 over the same normaliser
+
+
+def test_bad_inputs_have_clear_errors():
+    loss_fn = DetectionLoss(num_classes=4, strides=STRIDES)
+    maps = _random_maps(2, 64, 4, seed=3)
+    with pytest.raises(ValueError, match=r"\(N, 6\)"):
+        loss_fn(maps, torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="image_index"):
+        loss_fn(maps, torch.tensor([[2.0, 0, 0.5, 0.5, 0.1, 0.1]]))
+    with pytest.raises(ValueError, match="68"):
+        DetectionLoss(num_classes=80, strides=STRIDES)(maps, torch.zeros(0, 6))
+    with pytest.raises(ValueError, match="train"):
+        loss_fn([torch.zeros(2, 68, 84)] * 3, torch.zeros(0, 6))
+    with pytest.raises(ValueError, match="num_classes and strides"):
+        DetectionLoss()
+
+
+# ------------------------------------------------------------------------------- assigner chunking
+
+def _assigner_inputs(counts: list[int], image_size: int = 128, num_classes: int = 5, seed: int = 0):
+    loss_fn = DetectionLoss(num_classes=num_classes, strides=STRIDES)
+    maps = _random_maps(len(counts), image_size, num_classes, seed)
+    targets = _random_targets(counts, num_classes, seed)
+    gt = loss_fn.pad_targets(targets, len(counts), (image_size, image_size))
+    flat = torch.cat([m.reshape(len(counts), 64 + num_classes, -1) for m in maps], 2)
+    dist, logits = flat.split((64, num_classes), 1)
+    points, stride = make_anchors([m.shape[2:] for m in maps], STRIDES)
+    boxes = loss_fn.decode_boxes(points, dist.permute(0, 2, 1).contiguous()) * stride
+    return logits.permute(0, 2, 1).sigmoid(), boxes, points * stride, gt
+
+
+@pytest.mark.parametrize("max_pairs", [1, 50_000, 336 * 300 + 1])
+def test_crowded_batch_chunked_equals_unchunked(max_pairs):
+    """300 objects in an image: any chunking (down to one GT row at a time) gives identical targets."""
+    scores, boxes, points, gt = _assigner_inputs([300, 0, 37, 300])
+    whole = TaskAlignedAssigner(5, max_pairs=None)(scores, boxes, points, gt.labels, gt.boxes_xyxy, gt.counts)
+    chunked = TaskAlignedAssigner(5, max_pairs=max_pairs)(scores, boxes, points, gt.labels, gt.boxes_xyxy,
+                                                          gt.counts)
+    assert whole.fg_mask.sum() > 100
+    assert torch.equal(whole.fg_mask, chunked.fg_mask)
+    assert torch.equal(whole.target_scores, chunked.target_scores)
+    fg = whole.fg_mask
+    assert torch.equal(whole.target_labels[fg], chunked.target_labels[fg])
+    assert torch.equal(whole.target_bboxes[fg], chunked.target_bboxes[fg])
+
+
+def test_crowded_loss_chunked_equals_unchunked():
+    maps = _random_maps(2, 128, 5, seed=4)
+    targets = _random_targets([300, 120], 5, seed=4)
+    results = [DetectionLoss(num_classes=5, strides=STRIDES, config=LossConfig(max_assign_chunk=chunk))(
+        [maps, maps], targets) for chunk in (None, 5_000)]
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert torch.isfinite(results[0][0])
+
+
+def _reference_assign(scores, boxes, points, gt, topk=10, alpha=0.5, beta=6.0, eps=1e-9):
+    """Spec section 4 written out batched over (B, M, A), as the official assigner is; test oracle."""
+    b, a, c = scores.shape
+    m = gt.boxes_xyxy.shape[1]
+    real = (torch.arange(m)[None] < gt.counts[:, None]).float()[..., None]  # (B, M, 1)
+    labels = gt.labels.long()
+    lt, rb = gt.boxes_xyxy[..., None, :2], gt.boxes_xyxy[..., None, 2:]
+    in_gt = torch.cat([points - lt, rb - points], -1).amin(-1).gt(eps).float()  # (B, M, A)
+    box_scores = scores[torch.arange(b)[:, None], :, labels]  # (B, M, A)
+    overlaps = bbox_ciou(gt.boxes_xyxy[:, :, None], boxes[:, None]).squeeze(-1).clamp(0)
+    align = box_scores.pow(alpha) * overlaps.pow(beta)
+    idx = (align * in_gt).topk(topk, -1).indices
+    idx = torch.where(real.bool().expand_as(idx), idx, 0)
+    hits = torch.nn.functional.one_hot(idx, a).sum(-2)
+    mask = torch.where(hits > 1, 0, hits).float() * in_gt * real
+    multi = mask.sum(1, keepdim=True) > 1
+    best = torch.nn.functional.one_hot(overlaps.argmax(1), m).permute(0, 2, 1).float()
+    mask = torch.where(multi, best, mask)
+    fg = mask.sum(1) > 0
+    gt_idx = mask.argmax(1)
+    target_labels = labels.gather(1, gt_idx)
+    one_hot = torch.nn.functional.one_hot(target_labels, c) * fg[..., None]
+    align = align * mask
+    norm = (align * (overlaps * mask).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + eps)).amax(1)
+    return fg, target_labels, one_hot * norm[..., None]
+
+
+def test_assigner_matches_batched_reference():
+    """Conflict resolution, padding rows and normalisation against a literal (B, M, A) version."""
+    scores, boxes, points, gt = _assigner_inputs([40, 3, 0, 25], image_size=96, seed=5)
+    ours = TaskAlignedAssigner(5)(scores, boxes, points, gt.labels, gt.boxes_xyxy, gt.counts)
+    fg, labels, target_scores = _reference_assign(scores, boxes, points, gt)
+    assert fg.sum() > 20
+    assert torch.equal(ours.fg_mask, fg)
+    assert torch.equal(ours.target_labels[fg], labels[fg])
+    assert torch.allclose(ours.target_scores, target_scores.float(), rtol=1e-5, atol=1e-7)
+
+
+def test_best_anchor_of_each_gt_scores_its_best_ciou():
+    """Normalisation: over the anchors assigned to a GT, the largest target score is that GT's
+    largest CIoU with their predicted boxes (when the alignment is well above eps, as here: every
+    anchor predicts a jittered copy of the nearest GT)."""
+    scores, _, points, gt = _assigner_inputs([6], image_size=96, seed=6)
+    gt_boxes = gt.boxes_xyxy[0]
+    nearest = torch.cdist(points, (gt_boxes[:, :2] + gt_boxes[:, 2:]) / 2).argmin(1)
+    jitter = 1 + 0.01 * torch.randn(len(points), 4, generator=torch.Generator().manual_seed(6))
+    boxes = (gt_boxes[nearest] * jitter)[None]
+    res = TaskAlignedAssigner(5)(scores, boxes, points, gt.labels, gt.boxes_xyxy, gt.counts)
+    fg = res.fg_mask[0]
+    assigned_boxes = res.target_bboxes[0, fg]
+    ciou = bbox_ciou(assigned_boxes, boxes[0, fg]).squeeze(-1).clamp(0)
+    best_score = res.target_scores[0, fg].amax(-1)
+    groups = assigned_boxes.unique(dim=0)
+    assert len(groups) >= 3
+    for box in groups:
+        same = (assigned_boxes == box).all(-1)
+        assert torch.allclose(best_score[same].max(), ciou[same].max(), rtol=1e-3)  # eps / alignment
