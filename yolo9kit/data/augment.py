@@ -35,7 +35,7 @@ class Hyp:
     fliplr: float = 0.5  # probability
     mosaic: float = 1.0  # probability, while mosaic is enabled
     mixup: float = 0.15  # probability, inside the mosaic path only
-    copy_paste: float = 0.0  # not implemented (needs polygons); the official default is 0.3
+    copy_paste: float = 0.3  # official value; not implemented here (it only acts on polygon labels)
 
     @classmethod
     def from_dict(cls, hyp: dict | Hyp | None) -> Hyp:
@@ -119,6 +119,63 @@ def warp_into(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool
                        borderMode=cv2.BORDER_TRANSPARENT)
 
 
+def is_scale_translate(A: np.ndarray) -> bool:
+    """True when A only scales (positively) and translates: then a resize and a paste do the warp."""
+    return A[0, 1] == 0 and A[1, 0] == 0 and A[2, 0] == 0 and A[2, 1] == 0 and A[0, 0] > 0 and A[1, 1] > 0
+
+
+def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, int, int, int, int] | None:
+    """For x_out = a * x_src + b along one axis: output range [i0, i1), source crop [c0, c1), resized length
+    and the offset of the resized crop in the output; None when nothing lands in the output."""
+    i0 = max(math.ceil(a * -0.5 + b), 0)
+    i1 = min(math.ceil(a * (n_src - 0.5) + b), n_out)
+    if i1 <= i0:
+        return None
+    c0 = max(math.floor((i0 - b) / a), 0)
+    c1 = min(math.ceil((i1 - 1 - b) / a) + 2, n_src)
+    offset = min(round(a * (c0 - 0.5) + b + 0.5), i0)  # output index of resized pixel 0
+    length = max(round((c1 - c0) * a), i1 - offset, 1)  # cover [i0, i1) fully: no seam between tiles
+    return i0, i1, c0, c1, length, offset
+
+
+def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
+    """Same as :func:`warp_into` for a scale-and-translate A, done as crop + cv2.resize + paste.
+
+    A resize costs several times less than a general warp per pixel. The result lands within half a
+    pixel of the exact warp (integer placement, scale rounded to whole pixels of the resized crop).
+    """
+    H, W = out.shape[:2]
+    px = _axis_plan(A[0, 0], A[0, 2], src.shape[1], W)
+    py = _axis_plan(A[1, 1], A[1, 2], src.shape[0], H)
+    if px is None or py is None:
+        return
+    (i0, i1, c0, c1, lx, ox), (j0, j1, r0, r1, ly, oy) = px, py
+    crop = src[r0:r1, c0:c1]
+    if (lx, ly) != (c1 - c0, r1 - r0):
+        crop = cv2.resize(crop, (lx, ly), interpolation=cv2.INTER_LINEAR)
+    k0, k1 = max(i0 - ox, 0), min(i1 - ox, lx)
+    m0, m1 = max(j0 - oy, 0), min(j1 - oy, ly)
+    if k1 > k0 and m1 > m0:
+        out[m0 + oy:m1 + oy, k0 + ox:k1 + ox] = crop[m0:m1, k0:k1]
+
+
+def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
+    """Warp ``src`` by ``A`` into ``out`` (fast path for scale + translate, the default hyp)."""
+    if not perspective and is_scale_translate(A):
+        paste_scaled(out, src, A)
+    else:
+        warp_into(out, src, A, perspective)
+
+
+def flip_image(image: np.ndarray, lr: bool, ud: bool) -> np.ndarray:
+    """np.fliplr / np.flipud as one OpenCV call (a contiguous copy)."""
+    if lr and ud:
+        return cv2.flip(image, -1)
+    if lr or ud:
+        return cv2.flip(image, 1 if lr else 0)
+    return image
+
+
 def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
     """Does the rectangle [0, w] x [0, h] mapped by A overlap the output?"""
     corners = np.array([[0, 0, 1], [w, 0, 1], [0, h, 1], [w, h, 1]], np.float64) @ A.T
@@ -170,22 +227,28 @@ def flip_labels(labels: np.ndarray, width: int, height: int, lr: bool, ud: bool)
     return labels
 
 
-def hsv_luts(rng: np.random.Generator, hyp: Hyp) -> np.ndarray | None:
-    """(1, 256, 3) uint8 look-up table for the H, S, V channels (official augment_hsv gains), or None."""
+def hsv_gains(rng: np.random.Generator, hyp: Hyp) -> np.ndarray | None:
+    """Random (3,) gains for H, S, V: 1 + U(-1, 1) * (hsv_h, hsv_s, hsv_v) (official augment_hsv), or None."""
     if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
         return None
-    r = rng.uniform(-1, 1, 3) * [hyp.hsv_h, hyp.hsv_s, hyp.hsv_v] + 1
-    x = np.arange(0, 256, dtype=r.dtype)
-    lut = np.stack([(x * r[0]) % 180, np.clip(x * r[1], 0, 255), np.clip(x * r[2], 0, 255)], 1)
-    return lut.astype(np.uint8).reshape(1, 256, 3)
+    return rng.uniform(-1, 1, 3) * [hyp.hsv_h, hyp.hsv_s, hyp.hsv_v] + 1
 
 
-def bgr_to_rgb(image_bgr: np.ndarray, lut: np.ndarray | None) -> np.ndarray:
-    """BGR -> RGB, through the HSV jitter when ``lut`` is given (one LUT call on the 3-channel HSV image)."""
-    if lut is None:
+def bgr_to_rgb(image_bgr: np.ndarray, gains: np.ndarray | None) -> np.ndarray:
+    """BGR -> RGB, through the HSV jitter when ``gains`` is given.
+
+    The official code maps each HSV channel through a table: hue ``(x * g) % 180``, saturation and value
+    ``clip(x * g, 0, 255)``, all truncated to uint8. Here one ``cv2.transform`` computes ``floor(x * g)``
+    with saturation (a few times faster than three look-ups); a hue past 179 is left for the HSV->RGB
+    conversion, which wraps hue modulo 180 itself, so the colours are the same.
+    """
+    if gains is None:
         return cv2.cvtColor(image_bgr, cv2.COLOR_BGR2RGB)
     hsv = cv2.cvtColor(image_bgr, cv2.COLOR_BGR2HSV)
-    cv2.LUT(hsv, lut, dst=hsv)
+    m = np.zeros((3, 4))
+    m[[0, 1, 2], [0, 1, 2]] = gains
+    m[:, 3] = -0.5 + 1e-4  # round(y - 0.5 + 1e-4) == floor(y): truncation like astype(uint8)
+    cv2.transform(hsv, m, dst=hsv)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
 

@@ -24,6 +24,7 @@ from yolo9kit.data.sources import label_path
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1
+CACHE_SUFFIX = ".yolo9kit.cache"
 
 
 def files_hash(paths: list[str]) -> str:
@@ -39,10 +40,13 @@ def files_hash(paths: list[str]) -> str:
 
 
 def cache_path(sources: list[Path], label_files: list[str]) -> Path:
-    """``<list file>.cache`` for a single ``.txt`` source, else ``<folder of the first label file>.cache``."""
-    if len(sources) == 1 and sources[0].is_file():
-        return sources[0].with_suffix(".cache")
-    return Path(label_files[0]).parent.with_suffix(".cache")
+    """``<list file>.yolo9kit.cache`` for a single ``.txt`` source, else ``<label folder>.yolo9kit.cache``.
+
+    The official code uses the same places with a plain ``.cache`` suffix (a pickle); the different name
+    lets both tools keep their caches beside the same data set.
+    """
+    base = sources[0] if len(sources) == 1 and sources[0].is_file() else Path(label_files[0]).parent
+    return base.with_name(base.stem + CACHE_SUFFIX) if base.is_file() else base.with_name(base.name + CACHE_SUFFIX)
 
 
 def save_cache(path: Path, records: list[ImageRecord], file_hash: str, nc: int) -> None:

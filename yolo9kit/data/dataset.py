@@ -131,18 +131,19 @@ class YOLODataset(Dataset):
         if not self.augment:
             return self._letterboxed(index)
         rng = np.random.default_rng([self.seed, key.epoch, index])
-        flip_lr, flip_ud = rng.random() < self.hyp.fliplr, rng.random() < self.hyp.flipud
         if key.mosaic and not self.rect and rng.random() < self.hyp.mosaic:
-            image, labels = self._mosaic(index, rng, flip_lr, flip_ud)
+            image, labels = self._mosaic(index, rng)
             if rng.random() < self.hyp.mixup:
-                image2, labels2 = self._mosaic(int(rng.integers(len(self))), rng, flip_lr, flip_ud)
+                image2, labels2 = self._mosaic(int(rng.integers(len(self))), rng)
                 image, labels = A.mixup(image, labels, image2, labels2, rng)
             shapes = None
         else:
-            image, labels, shapes = self._single_augmented(index, rng, flip_lr, flip_ud)
+            image, labels, shapes = self._single_augmented(index, rng)
+        gains = A.hsv_gains(rng, self.hyp)
+        flip_ud, flip_lr = rng.random() < self.hyp.flipud, rng.random() < self.hyp.fliplr
         h, w = image.shape[:2]
+        image = A.flip_image(A.bgr_to_rgb(image, gains), flip_lr, flip_ud)
         labels = A.flip_labels(labels, w, h, flip_lr, flip_ud)
-        image = A.bgr_to_rgb(image, A.hsv_luts(rng, self.hyp))
         return self._output(image, labels, index, shapes)
 
     def _output(self, image_rgb: np.ndarray, labels_xyxy: np.ndarray, index: int, shapes):
@@ -169,7 +170,7 @@ class YOLODataset(Dataset):
         shapes = ((int(h0), int(w0)), ((h / h0, w / w0), pad))
         return self._output(A.bgr_to_rgb(image, None), labels, index, shapes)
 
-    def _single_augmented(self, index: int, rng: np.random.Generator, flip_lr: bool, flip_ud: bool):
+    def _single_augmented(self, index: int, rng: np.random.Generator):
         """Mosaic off: letterbox to the target shape, then the random affine without border, as one warp."""
         H, W = self._target_shape(index)
         w, h = (int(v) for v in self.nominal[index])
@@ -182,20 +183,19 @@ class YOLODataset(Dataset):
         src, to_nominal = self._source(index, zoom * r)
         place = A.translation(left, top) @ A.resize_matrix(w, h, unpad_w, unpad_h) @ to_nominal
         image = np.full((H, W, 3), PAD_VALUE, np.uint8)
-        A.warp_into(image, src, A.flip_matrix(W, H, flip_lr, flip_ud) @ M @ place, self.hyp.perspective != 0)
+        A.place(image, src, M @ place, self.hyp.perspective != 0)
         labels = A.cxcywh_norm_to_xyxy(self.labels[index], r * w, r * h, dw, dh)
         labels = A.affine_labels(labels, M, zoom, W, H)
         shapes = ((int(h0), int(w0)), ((h / h0, w / w0), (dw, dh)))
         return image, labels, shapes
 
-    def _mosaic(self, index: int, rng: np.random.Generator, flip_lr: bool, flip_ud: bool):
+    def _mosaic(self, index: int, rng: np.random.Generator):
         """4-image mosaic + random affine straight into the s x s output (official load_mosaic semantics)."""
         s = self.image_size
         xc, yc = (int(v) for v in rng.uniform(s // 2, 2 * s - s // 2, 2))
         indices = [index, *rng.integers(0, len(self), 3).tolist()]
         rng.shuffle(indices)
         M, zoom = A.random_affine_matrix(rng, self.hyp, (2 * s, 2 * s), (s, s))
-        FM = A.flip_matrix(s, s, flip_lr, flip_ud) @ M
         out = np.full((s, s, 3), PAD_VALUE, np.uint8)
         all_labels = []
         for k, i in enumerate(indices):
@@ -215,7 +215,7 @@ class YOLODataset(Dataset):
             padw, padh = x1a - x1b, y1a - y1b
             all_labels.append(A.cxcywh_norm_to_xyxy(self.labels[i], w, h, padw, padh))
             tile_w, tile_h = x2a - x1a, y2a - y1a
-            if tile_w <= 0 or tile_h <= 0 or not A.visible(FM @ A.translation(x1a, y1a), tile_w, tile_h, s, s):
+            if tile_w <= 0 or tile_h <= 0 or not A.visible(M @ A.translation(x1a, y1a), tile_w, tile_h, s, s):
                 continue  # this tile lands outside the output: never decode it
             src, to_nominal = self._source(i, zoom)
             # crop the source to the part of the tile that lies on the canvas
@@ -226,8 +226,8 @@ class YOLODataset(Dataset):
             cx1 = min(int(math.ceil(sx1 - 0.5)) + 1, src.shape[1])
             cy1 = min(int(math.ceil(sy1 - 0.5)) + 1, src.shape[0])
             crop = src[cy0:cy1, cx0:cx1]
-            A.warp_into(out, crop, FM @ A.translation(padw, padh) @ to_nominal @ A.translation(cx0, cy0),
-                        self.hyp.perspective != 0)
+            A.place(out, crop, M @ A.translation(padw, padh) @ to_nominal @ A.translation(cx0, cy0),
+                    self.hyp.perspective != 0)
         labels = np.concatenate(all_labels, 0)
         np.clip(labels[:, 1:], 0, 2 * s, out=labels[:, 1:])
         return out, A.affine_labels(labels, M, zoom, s, s)

@@ -1,0 +1,113 @@
+"""Training-loader throughput: yolo9kit against the official YOLOv9 loader, side by side.
+
+    python benchmarks/loader.py [--official PATH/TO/yolov9] [--batches 20] [--workers 0 2]
+
+Both loaders read the same synthetic shapes data set (default 256 JPEGs of 640x480) with the
+hyp.scratch-high augmentations (mosaic, mixup 0.15, random affine, HSV, flips) at 640, batch 16, and are
+timed the same way: warm-up batches first (worker start-up, caches), then ``--batches`` batches.
+The official code is imported from the given checkout at run time; a few import-time incompatibilities
+with current packages are bridged inside this process only (stub modules for missing optional imports).
+Compare figures only within one run: other processes on the machine change them a lot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def time_loader(loader, warmup: int, batches: int) -> float:
+    """Images per second over ``batches`` batches after ``warmup`` batches."""
+    it = iter(loader)
+    for _ in range(warmup):
+        next(it)
+    n, t0 = 0, time.perf_counter()
+    for _ in range(batches):
+        n += len(next(it)[0])
+    return n / (time.perf_counter() - t0)
+
+
+def ours(data_yaml: Path, workers: int, args) -> float:
+    from yolo9kit.data import create_dataloader
+
+    loader = create_dataloader(data_yaml, "train", imgsz=args.imgsz, batch_size=args.batch_size, workers=workers,
+                               cache=args.cache, seed=0, pin_memory=False)
+    return time_loader(loader, args.warmup, args.batches)
+
+
+def _import_official(checkout: Path):
+    """Import the official utils.dataloaders, stubbing optional imports that fail on current packages."""
+    for name in ("pkg_resources", "IPython", "requests", "psutil", "thop"):
+        try:
+            __import__(name)
+        except ImportError:
+            stub = types.ModuleType(name)
+            if name == "pkg_resources":
+                from packaging.version import parse
+
+                stub.parse_version = parse
+            if name == "psutil":
+                stub.virtual_memory = lambda: types.SimpleNamespace(total=1 << 36, available=1 << 35)
+            sys.modules[name] = stub
+    sys.path.insert(0, str(checkout))
+    import numpy as np
+
+    if not hasattr(np, "trapz"):  # numpy 2 removed the alias the official metrics module uses
+        np.trapz = np.trapezoid
+    from utils import dataloaders
+
+    return dataloaders
+
+
+def official(checkout: Path, list_file: Path, workers: int, args) -> float:
+    import yaml
+
+    dataloaders = _import_official(checkout)
+    hyp = yaml.safe_load((checkout / "data" / "hyps" / "hyp.scratch-high.yaml").read_text())
+    loader, _ = dataloaders.create_dataloader(str(list_file), args.imgsz, args.batch_size, 32, hyp=hyp, augment=True,
+                                              cache="ram" if args.cache == "ram" else False, workers=workers,
+                                              shuffle=True)
+    return time_loader(loader, args.warmup, args.batches)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--official", type=Path, help="checkout of WongKinYiu/yolov9 to time side by side")
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "generated" / "bench-640x480")
+    parser.add_argument("--n-images", type=int, default=256)
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--cache", choices=["none", "ram"], default="none",
+                        help="'ram' decodes every image once into memory, on both sides")
+    args = parser.parse_args()
+    args.cache = False if args.cache == "none" else "ram"
+
+    from yolo9kit.data import make_shapes
+
+    data_yaml = make_shapes(args.data, args.n_images, 8, (640, 480), num_classes=8, seed=0)
+    list_file = args.data / "train_official.txt"  # its own list file, so the official cache has its own name
+    list_file.write_text("".join(f"./images/train/{p.name}\n" for p in sorted((args.data / "images/train").glob("*.jpg"))))
+    print(f"{args.n_images} images 640x480, imgsz {args.imgsz}, batch {args.batch_size}, {args.batches} batches after "
+          f"{args.warmup} warm-up, cache {args.cache or 'none'}, {os.cpu_count()} CPUs")
+    rows = []
+    for w in args.workers:
+        mine = ours(data_yaml, w, args)
+        theirs = official(args.official, list_file, w, args) if args.official else None
+        rows.append((w, mine, theirs))
+    print(f"\n| workers | yolo9kit img/s | official img/s | ratio |\n|---|---|---|---|")
+    for w, mine, theirs in rows:
+        ratio = f"{mine / theirs:.2f}x" if theirs else "-"
+        print(f"| {w} | {mine:.1f} | {theirs:.1f} | {ratio} |" if theirs else f"| {w} | {mine:.1f} | - | - |")
+
+
+if __name__ == "__main__":
+    main()
