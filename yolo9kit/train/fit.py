@@ -222,8 +222,7 @@ def _make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo):
     if split == "train":
         return create_dataloader(data, "train", imgsz=config.imgsz, batch_size=config.batch_size // dist.world_size,
                                  augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
-                                 close_mosaic=config.close_mosaic, seed=config.seed + dist.rank,
-                                 distributed=dist.distributed)
+                                 seed=config.seed, distributed=dist.distributed)  # same seed: ranks split one order
     return create_dataloader(data, split, imgsz=config.imgsz,
                              batch_size=config.val_batch_size or 2 * config.batch_size // dist.world_size,
                              augment=False, workers=config.workers, cache=config.cache)
@@ -232,7 +231,9 @@ def _make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo):
 def _set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
     """DistributedSampler epoch; mosaic off for the last ``close_mosaic`` epochs (>= so a resumed run also closes)."""
     sampler = getattr(loader, "sampler", None)
-    if hasattr(sampler, "set_epoch"):
+    if hasattr(loader, "set_epoch"):  # yolo9kit loaders: order and augmentation depend on (seed, epoch) only
+        loader.set_epoch(epoch)
+    elif hasattr(sampler, "set_epoch"):  # a plain DataLoader with a DistributedSampler
         sampler.set_epoch(epoch)
     if config.close_mosaic and epoch >= config.epochs - config.close_mosaic and hasattr(loader, "dataset"):
         from yolo9kit.data import set_mosaic

@@ -99,8 +99,8 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
 
 def to_input(images: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
     """uint8 (B, 3, H, W) RGB -> float32 in [0, 1] on ``device`` (the copy to the GPU is asynchronous)."""
-    x = images.to(device, non_blocking=True).float().div_(255)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    fmt = torch.channels_last if channels_last else torch.contiguous_format  # loaders may hand channels_last
+    return images.to(device, non_blocking=True).to(dtype=torch.float32, memory_format=fmt).div_(255)
 
 
 def slice_batch(images: torch.Tensor, targets: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,154 @@
+"""fit end to end on toy models: run folder, exact resume (epoch boundary and mid-epoch), interrupts, NaN stop,
+interrupted checkpoint writes."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+
+import pytest
+import torch
+from train_toys import ToyNet, make_batches, params_of, toy_loss
+
+from yolo9kit.checkpoint import read_checkpoint
+from yolo9kit.config import TrainConfig
+from yolo9kit.train import NonFiniteLossError, fit
+from yolo9kit.train.records import RESULTS_COLUMNS
+
+
+def _config(tmp_path, **kw):
+    base = dict(epochs=2, batch_size=2, accumulate_steps=2, amp="off", device="cpu", warmup_epochs=0.0,
+                warmup_min_steps=3, project=str(tmp_path / "runs"), name="exp", lr0=0.05)
+    return TrainConfig(**{**base, **kw})
+
+
+def _validate(model):
+    """A deterministic stand-in for evaluate(): fitness grows as the weights shrink."""
+    w = float(sum(p.abs().sum() for p in model.parameters()))
+    return {"precision": 0.5, "recall": 0.5, "map50": 1 / (1 + w), "map": 0.5 / (1 + w), "fitness": 0.55 / (1 + w)}
+
+
+def _fit(config, batchnorm=True, batches=None, loss_fn=toy_loss):
+    torch.manual_seed(3)
+    model = ToyNet(batchnorm=batchnorm)
+    batches = batches if batches is not None else make_batches(5, 2)
+    return fit(model, None, config, loss_fn=loss_fn, train_loader=batches, validate_fn=_validate)
+
+
+class _StopAt:
+    """Callback raising KeyboardInterrupt (the notebook stop button) at the n-th call."""
+
+    def __init__(self, n):
+        self.n, self.calls = n, 0
+
+    def __call__(self, metrics):
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+
+
+def _assert_same_state(a, b):
+    for k, v in params_of(a.model).items():
+        assert torch.equal(params_of(b.model)[k], v), k
+    for k, v in a.ema.state_dict().items():
+        assert torch.equal(b.ema.state_dict()[k], v), k
+
+
+def test_fit_writes_run_folder(tmp_path):
+    result = _fit(_config(tmp_path))
+    run = tmp_path / "runs" / "exp"
+    assert result.save_dir == run and not result.interrupted and result.epochs_completed == 2
+    assert (run / "weights" / "last.pt").is_file() and (run / "weights" / "best.pt").is_file()
+    rows = list(csv.DictReader(open(run / "results.csv")))
+    assert list(rows[0]) == RESULTS_COLUMNS and [r["epoch"] for r in rows] == ["0", "1"]
+    assert float(rows[1]["peak_vram_bytes"]) == 0 and float(rows[1]["images_per_s"]) > 0
+    ckpt = read_checkpoint(run / "weights" / "last.pt")
+    for key in ("model", "ema", "optimizer", "scaler", "scheduler", "rng", "progress", "train_config"):
+        assert key in ckpt, key
+    assert ckpt["progress"]["epoch"] == 2 and ckpt["train_config"]["batch_size"] == 2
+    assert set(ckpt["rng"]) >= {"python", "numpy", "torch"}
+    # 5 batches, accumulate 2 (ramped from 1 over 3 warmup batches): steps at ni 0, 1, 3, 5, 7, 9
+    assert result.optimizer_steps == 6
+    assert _fit(_config(tmp_path)).save_dir == tmp_path / "runs" / "exp2"  # incremented, not overwritten
+
+
+def test_resume_at_epoch_boundary_is_exact(tmp_path):
+    straight = _fit(_config(tmp_path, name="straight"))
+    stopped = _fit(_config(tmp_path, name="stopped", callbacks={"on_epoch_end": _StopAt(1)}))
+    assert stopped.interrupted and stopped.epochs_completed == 1
+    resumed = _fit(_config(tmp_path, name="stopped", resume=str(stopped.last)))
+    assert resumed.save_dir == stopped.save_dir and resumed.epochs_completed == 2
+    _assert_same_state(straight, resumed)
+    assert resumed.optimizer_steps == straight.optimizer_steps
+    assert len(list(csv.DictReader(open(resumed.save_dir / "results.csv")))) == 2
+
+
+@pytest.mark.parametrize("stop_at_batch", [3, 4])  # inside an accumulation window / right after a step
+def test_resume_inside_an_epoch_is_exact(tmp_path, stop_at_batch):
+    """Interrupted mid-epoch: resume redoes the unfinished accumulation window with the same data. BatchNorm-free
+    because the interrupted window's forward passes have already moved BatchNorm running statistics."""
+    straight = _fit(_config(tmp_path, name="straight"), batchnorm=False)
+    stopped = _fit(_config(tmp_path, name="stopped", callbacks={"on_step": _StopAt(5 + stop_at_batch)}),
+                   batchnorm=False)
+    assert stopped.interrupted and stopped.epochs_completed == 1
+    resumed = _fit(_config(tmp_path, name="stopped", resume=str(stopped.save_dir)), batchnorm=False)
+    _assert_same_state(straight, resumed)
+
+
+def test_keyboard_interrupt_saves_last(tmp_path):
+    result = _fit(_config(tmp_path, callbacks={"on_step": _StopAt(2)}))
+    assert result.interrupted and result.last.is_file()
+    ckpt = read_checkpoint(result.last)
+    assert ckpt["progress"]["epoch"] == 0
+    for k, v in params_of(result.model).items():
+        assert torch.equal(ckpt["model"][k], v)
+
+
+def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tmp_path):
+    calls = {"n": 0}
+
+    def nan_after_first_epoch(outputs, targets):
+        calls["n"] += 1
+        loss, items = toy_loss(outputs, targets)
+        return (loss * float("nan"), items) if calls["n"] > 5 else (loss, items)
+
+    config = _config(tmp_path, epochs=3, max_nonfinite_steps=3)
+    with pytest.raises(NonFiniteLossError, match="3 non-finite losses in a row") as info:
+        _fit(config, loss_fn=nan_after_first_epoch)
+    run = tmp_path / "runs" / "exp"
+    assert info.value.run_dir == run and str(run / "weights" / "last.pt") in str(info.value)
+    ckpt = read_checkpoint(run / "weights" / "last.pt")
+    assert ckpt["progress"]["epoch"] == 1  # written after the good first epoch, not touched since
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
+
+
+def test_single_nonfinite_loss_is_skipped(tmp_path):
+    calls = {"n": 0}
+
+    def one_nan(outputs, targets):
+        calls["n"] += 1
+        loss, items = toy_loss(outputs, targets)
+        return (loss * float("nan"), items) if calls["n"] == 2 else (loss, items)
+
+    result = _fit(_config(tmp_path, epochs=1), loss_fn=one_nan)
+    assert result.nonfinite_steps == 1 and not result.interrupted
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+
+
+def test_interrupted_checkpoint_write_keeps_previous_file(tmp_path, monkeypatch):
+    result = _fit(_config(tmp_path, epochs=1))
+    last = result.last
+    digest = hashlib.sha256(last.read_bytes()).hexdigest()
+
+    def dying_save(obj, f, *args, **kwargs):
+        with open(f, "wb") as out:
+            out.write(b"half a checkpoint")  # the process dies mid-write
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(_config(tmp_path, epochs=2, resume=str(last)))
+    monkeypatch.undo()
+    assert hashlib.sha256(last.read_bytes()).hexdigest() == digest
+    assert read_checkpoint(last)["progress"]["epoch"] == 1
+    assert sorted(p.name for p in last.parent.iterdir()) == ["best.pt", "last.pt"]  # no temp file left
