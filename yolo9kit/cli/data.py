@@ -1,0 +1,61 @@
+"""``python -m yolo9kit data ...``: make the shapes data set, check a data set, convert COCO annotations."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("data", help="make-shapes, check, convert-coco")
+    verbs = p.add_subparsers(dest="data_verb", metavar="ACTION")
+    mk = verbs.add_parser("make-shapes", help="write the synthetic shapes data set")
+    mk.add_argument("--out", required=True, help="output folder")
+    mk.add_argument("--n-train", type=int, default=256)
+    mk.add_argument("--n-val", type=int, default=64)
+    mk.add_argument("--image-size", type=int, default=320, help="square side in pixels")
+    mk.add_argument("--num-classes", type=int, default=4)
+    mk.add_argument("--seed", type=int, default=0)
+    mk.set_defaults(func=run_make_shapes)
+    ck = verbs.add_parser("check", help="check images and labels; exit code 1 when files had to be skipped")
+    ck.add_argument("data", help="path of a data.yaml")
+    ck.add_argument("--split", default="train", choices=["train", "val", "test"])
+    ck.add_argument("--no-cache", action="store_true", help="check every file again, ignore the label cache")
+    ck.set_defaults(func=run_check)
+    cv = verbs.add_parser("convert-coco", help="COCO detection JSON -> YOLO labels and a data.yaml")
+    cv.add_argument("json", help="COCO annotations file (instances_*.json)")
+    cv.add_argument("--out", required=True, help="output folder (labels/<split>/ and data.yaml)")
+    cv.add_argument("--images", help="folder of the images (default OUT/images/<split>)")
+    cv.add_argument("--split", default="train")
+    cv.set_defaults(func=run_convert_coco)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def run_make_shapes(args: argparse.Namespace) -> int:
+    from yolo9kit.data import make_shapes
+
+    path = make_shapes(args.out, n_train=args.n_train, n_val=args.n_val, image_size=args.image_size,
+                       num_classes=args.num_classes, seed=args.seed)
+    print(f"data set written: {path}")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from yolo9kit.data import check
+
+    report = check(args.data, split=args.split, use_cache=not args.no_cache)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def run_convert_coco(args: argparse.Namespace) -> int:
+    from yolo9kit.data import coco_to_yolo
+
+    try:
+        result = coco_to_yolo(args.json, args.out, images_dir=args.images, split=args.split)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}")
+        return 1
+    print(f"{result.n_images} images, {result.n_boxes} boxes, {len(result.names)} classes, "
+          f"{result.n_crowd_skipped} crowd annotations skipped, {result.n_invalid_skipped} invalid boxes skipped")
+    print(f"data.yaml: {result.yaml_path}")
+    return 0
