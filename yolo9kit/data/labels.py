@@ -59,6 +59,12 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None]:
     """Size and error reason (None when fine)."""
     if not os.path.isfile(path):
         return (0, 0), "image file not found"
+    with open(path, "rb") as f:
+        head = f.read(2)
+        f.seek(-2, 2) if os.path.getsize(path) >= 4 else None
+        tail = f.read(2)
+    if head == b"\xff\xd8" and tail != b"\xff\xd9":
+        return (0, 0), "corrupt or truncated JPEG (no end-of-image marker)"
     try:
         with Image.open(path) as im:
             im.verify()
@@ -70,11 +76,6 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None]:
         return size, f"unsupported image format {fmt}"
     if size[0] < MIN_IMAGE_SIDE or size[1] < MIN_IMAGE_SIDE:
         return size, f"image too small ({size[0]}x{size[1]} px, need at least {MIN_IMAGE_SIDE} on each side)"
-    if fmt == "JPEG":
-        with open(path, "rb") as f:
-            f.seek(-2, 2)
-            if f.read() != b"\xff\xd9":
-                return size, "corrupt or truncated JPEG (no end-of-image marker)"
     return size, None
 
 
