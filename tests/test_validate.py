@@ -67,18 +67,19 @@ class StandIn(nn.Module):
         self.weight = nn.Parameter(torch.zeros(1))
         self.register_buffer("stride", torch.tensor([8.0, 16.0, 32.0]))
         self.nc, self.names, self.is_dual = nc, list(NAMES[:nc]) + [f"c{i}" for i in range(nc - 2)], dual
-        self.outputs = [self._decoded(targets, len(images)) for images, targets, *_ in batches]
+        self.outputs = [self._decoded(images, targets) for images, targets, *_ in batches]
         self.calls = 0
 
-    def _decoded(self, targets, batch: int, anchors: int = 4):
+    def _decoded(self, images, targets, anchors: int = 8):
+        batch, _, height, width = images.shape
         main = torch.zeros(batch, 4 + self.nc, anchors)
         aux = torch.zeros(batch, 4 + self.nc, anchors)
         for i in range(batch):
             rows = targets[targets[:, 0] == i]
             for a, (_, cls, cx, cy, w, h) in enumerate(rows.tolist()):
-                main[i, :4, a] = torch.tensor([cx * 96, cy * 64, w * 96, h * 64])
+                main[i, :4, a] = torch.tensor([cx * width, cy * height, w * width, h * height])
                 main[i, 4 + int(cls), a] = 0.9
-            main[i, :4, anchors - 1] = torch.tensor([80.0, 55.0, 6.0, 6.0])  # a false positive
+            main[i, :4, anchors - 1] = torch.tensor([width - 16.0, height - 9.0, 6.0, 6.0])  # a false positive
             main[i, 4, anchors - 1] = 0.3
             aux[i, :4] = torch.tensor([2.0, 2.0, 2.0, 2.0])[:, None]
             aux[i, 4:, :] = 0.5
@@ -88,6 +89,22 @@ class StandIn(nn.Module):
         aux, main = self.outputs[self.calls % len(self.outputs)]
         self.calls += 1
         return DualOutput(aux=aux if self.is_dual else None, main=main)
+
+
+class Blank(nn.Module):
+    """A single-head model that never scores anything above 0.01: no detections, no compute."""
+
+    def __init__(self, nc: int = 2):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.register_buffer("stride", torch.tensor([8.0, 16.0, 32.0]))
+        self.nc, self.names, self.is_dual = nc, NAMES[:nc], False
+
+    def forward(self, x):
+        out = torch.zeros(x.shape[0], 4 + self.nc, 8, dtype=x.dtype)
+        out[:, 2:4] = 4.0
+        out[:, 4:] = 0.01
+        return DualOutput(aux=None, main=out)
 
 
 @pytest.fixture()
@@ -143,6 +160,21 @@ def test_evaluate_coco_json_and_cocoeval(dataset, tmp_path):
     assert result.coco["AP50"] == pytest.approx(1.0) and result.coco["AP50-95"] == pytest.approx(1.0)
 
 
+def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
+    from yolo9kit.data import create_dataloader, make_shapes
+
+    data = make_shapes(tmp_path / "shapes", n_train=2, n_val=5, image_size=(96, 64), num_classes=3)
+    settings = dict(imgsz=96, batch_size=2, workers=0)
+    batches = list(create_dataloader(data, "val", augment=False, rect=True, pad=0.5, **settings))
+    assert batches[0][0].shape[2:] == (96, 128)  # 64x96 image, rect batch padded by half a stride
+    labels = sum(len(b[1]) for b in batches)
+    oracle = StandIn(batches, nc=3)  # exact labels in letterboxed pixels: only the padding maps them back
+    result = evaluate(oracle, data, device="cpu", progress=False, **settings)
+    assert result.seen == 5 and result.instances == labels
+    assert result.map50 == pytest.approx(0.995) and result.map == pytest.approx(0.995)
+    assert result.input_shape == (2, 3, 96, 96)
+
+
 def test_random_model_without_detections_gives_zero_metrics(dataset):
     data, batches = dataset
     model = create_model("gelan-t", num_classes=2)
@@ -174,9 +206,9 @@ def test_predict_writes_labels_that_parse_back(dataset, tmp_path):
 
 
 def test_predict_array_sources_and_no_detections():
-    model = create_model("gelan-t", num_classes=2)
+    model = Blank()
     images = [np.zeros((40, 50, 3), np.uint8), np.full((33, 70, 3), 200, np.uint8)]
-    results = predict(model, images, imgsz=64, device="cpu", conf=0.9)
+    results = predict(model, images, imgsz=64, device="cpu")
     assert [r.orig_shape for r in results] == [(40, 50), (33, 70)]
     assert [len(r) for r in results] == [0, 0] and results[0].input_shape == (64, 64)
     assert "(no detections)" in results[0].summary()
@@ -184,7 +216,7 @@ def test_predict_array_sources_and_no_detections():
 
 
 def test_predict_bad_inputs(tmp_path):
-    model = create_model("gelan-t", num_classes=2)
+    model = Blank()
     with pytest.raises(FileNotFoundError, match="missing.jpg does not exist"):
         predict(model, tmp_path / "missing.jpg", device="cpu")
     (tmp_path / "empty").mkdir()

@@ -8,7 +8,6 @@ and auxiliary heads of a YOLOv9 model on the same batches. Prediction lives in
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import time
@@ -88,22 +87,18 @@ class ValResult:
         return out
 
 
-def _build_loader(data, split: str, imgsz: int, batch_size: int, workers: int | None):
+def _build_loader(data, split: str, imgsz: int, batch_size: int, workers: int | None, single_cls: bool = False):
     from yolo9kit.data import create_dataloader
 
-    kwargs = dict(imgsz=imgsz, batch_size=batch_size, augment=False, rect=True, shuffle=False)
-    accepted = inspect.signature(create_dataloader).parameters
-    if "pad" in accepted:
-        kwargs["pad"] = 0.5  # rect batches padded by half a stride, as val_dual.py
-    if workers is not None and "workers" in accepted:
-        kwargs["workers"] = workers
-    return create_dataloader(data, split, **kwargs)
+    # rectangular batches padded by half a stride, no augmentation, no shuffle: as val_dual.py
+    return create_dataloader(data, split, imgsz=imgsz, batch_size=batch_size, augment=False, rect=True,
+                             shuffle=False, pad=0.5, workers=workers, single_cls=single_cls)
 
 
 def _data_names(data, loader) -> tuple[list[str], Any]:
     config = None
     if data is not None:
-        from yolo9kit.data.sources import load_data_config
+        from yolo9kit.data import load_data_config
 
         config = load_data_config(data)
     dataset = getattr(loader, "dataset", None)
@@ -152,7 +147,7 @@ def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size:
     if dataloader is None:
         if data is None:
             raise ValueError("evaluate needs data= (a data.yaml path or dict) or dataloader=")
-        dataloader = _build_loader(data, split, imgsz, batch_size, workers)
+        dataloader = _build_loader(data, split, imgsz, batch_size, workers, single_cls)
     names, config = _data_names(data, dataloader)
     if model.nc != len(names):
         raise ValueError(f"the model predicts {model.nc} classes but the data {data or 'loader'} has {len(names)} "
@@ -167,7 +162,7 @@ def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size:
     was_training = model.training
     model = model.to(device).eval()
     model = model.half() if half else model.float()
-    state = _Accumulator(len(names), coco, class_map)
+    state = _Accumulator(len(names), coco, class_map, imgsz=imgsz)
     try:
         _run_batches(model, dataloader, device, half, head, conf, iou, max_det, single_cls, state, progress)
     finally:
@@ -182,8 +177,9 @@ class _Accumulator:
     class_map: list[int] | None
     stats: list = field(default_factory=list)
     times: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    imgsz: int = 640
     seen: int = 0
-    input_shape: tuple[int, ...] = ()
+    input_shape: tuple[int, ...] = ()  # (batch, 3, imgsz, imgsz) as the official Speed line
     records: list = field(default_factory=list)
     gt_images: list = field(default_factory=list)
 
@@ -207,7 +203,7 @@ def _run_batches(model, loader, device, half, head, conf, iou, max_det, single_c
         images = (images.half() if half else images.float()) / 255
         targets = targets.to(device)
         batch, _, height, width = images.shape
-        state.input_shape = state.input_shape or (batch, 3, height, width)
+        state.input_shape = state.input_shape or (batch, 3, state.imgsz, state.imgsz)
         t1 = _sync(device)
         prediction = select_head(model(images), head)
         t2 = _sync(device)
@@ -344,7 +340,8 @@ def compare_heads(model, data=None, dataloader=None, **kwargs):
         if data is None:
             raise ValueError("compare_heads needs data= or dataloader=")
         dataloader = _build_loader(data, kwargs.pop("split", "val"), kwargs.pop("imgsz", 640),
-                                   kwargs.pop("batch_size", 32), kwargs.pop("workers", None))
+                                   kwargs.pop("batch_size", 32), kwargs.pop("workers", None),
+                                   kwargs.get("single_cls", False))
     rows = {head: evaluate(model, data, dataloader=dataloader, head=head, **kwargs).to_dict()
             for head in ("main", "aux")}
     return pd.DataFrame.from_dict(rows, orient="index")
