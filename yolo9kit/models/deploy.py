@@ -157,8 +157,9 @@ def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionMo
     else:
         cfg, old_to_new = deploy_config(model.yaml)
         name = model.name.replace("yolov9", "gelan") if model.name.startswith("yolov9") else f"{model.name}-deploy"
+        # no stride probe: the strides are copied from the source model below
         deployed = DetectionModel(cfg, nc=model.nc, names=model.names, source=f"{name} (deploy of {model.name})",
-                                  name=name)
+                                  name=name, probe=False)
         head_old = len(model.model) - 1
         sd = deploy_state_dict(model.state_dict(), old_to_new, head_old)
         deployed.load_state_dict(sd, strict=True)
