@@ -1,0 +1,88 @@
+"""Loader: batch format, seeded reproducibility with and without workers, close-mosaic in workers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from yolo9kit.data import create_dataloader, make_shapes, preprocess_images, set_mosaic
+from yolo9kit.data.loader import KeySampler
+
+
+@pytest.fixture(scope="module")
+def shapes_yaml(tmp_path_factory):
+    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=12, n_val=5, image_size=96, num_classes=3, seed=1)
+
+
+def _epoch(loader):
+    return [(b[0].clone(), b[1].clone(), list(b[2]), b[3]) for b in loader]
+
+
+def test_batch_format(shapes_yaml):
+    loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=4, workers=0)
+    images, targets, paths, shapes = next(iter(loader))
+    assert images.shape == (4, 3, 96, 96) and images.dtype == torch.uint8
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert targets.dtype == torch.float32 and targets.shape[1] == 6
+    assert set(targets[:, 0].long().tolist()) <= {0, 1, 2, 3}
+    assert ((targets[:, 2:] >= 0) & (targets[:, 2:] <= 1)).all()
+    assert len(paths) == 4 and shapes == [None] * 4
+    assert loader.dataset.names == ["rectangle", "ellipse", "triangle"] and loader.dataset.nc == 3
+    x = preprocess_images(images, "cpu")
+    assert x.dtype == torch.float32 and x.shape == images.shape and float(x.max()) <= 1.0
+    assert torch.equal(x, images.float() / 255)
+    val = create_dataloader(shapes_yaml, "val", imgsz=96, batch_size=2, workers=0)
+    images, _, _, shapes = next(iter(val))
+    assert images.shape[-2:] == (128, 128)  # rect, pad 0.5: ceil(96/32 + 0.5) * 32
+    (h0, w0), ((rh, rw), (pw, ph)) = shapes[0]
+    assert (h0, w0) == (96, 96) and (rh, rw) == (1.0, 1.0) and (pw, ph) == (16.0, 16.0)
+
+
+def test_same_seed_same_batches_with_0_and_2_workers(shapes_yaml):
+    def run(workers, seed=0):
+        loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=4, workers=workers, seed=seed,
+                                   cache=False)
+        return _epoch(loader), _epoch(loader)
+
+    (a1, a2), (b1, b2) = run(0), run(2)
+    for x, y in zip(a1 + a2, b1 + b2):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2]
+    assert not torch.equal(a1[0][0], a2[0][0])  # the second epoch is a different draw
+    c1, _ = run(0, seed=1)
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(a1, c1))
+
+
+def test_close_mosaic_reaches_persistent_workers(shapes_yaml):
+    loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=4, workers=2)
+    assert all(s is None for b in loader for s in b[3])  # mosaic
+    workers_before = loader.loader._iterator
+    set_mosaic(loader, False)
+    batches = list(loader)
+    assert loader.loader._iterator is workers_before  # same persistent workers
+    assert all(s is not None for b in batches for s in b[3])  # single letterboxed images
+    assert loader.epoch == 1
+
+
+def test_distributed_sampler_partitions_the_epoch():
+    parts = []
+    for rank in range(3):
+        sampler = KeySampler(10, shuffle=True, seed=5, rank=rank, world_size=3)
+        sampler.epoch = 2
+        keys = list(sampler)
+        assert len(keys) == len(sampler) == 4 and all(k.epoch == 2 for k in keys)
+        parts += [k.index for k in keys]
+    assert sorted(set(parts)) == list(range(10)) and len(parts) == 12  # padded like DistributedSampler
+
+
+def test_ram_cache_gives_identical_batches(shapes_yaml):
+    plain = _epoch(create_dataloader(shapes_yaml, "val", imgsz=96, batch_size=2, workers=0, cache=False))
+    cached = _epoch(create_dataloader(shapes_yaml, "val", imgsz=96, batch_size=2, workers=0, cache="ram"))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, cached))
+
+
+def test_ram_cache_that_does_not_fit_is_a_clear_error(shapes_yaml):
+    with pytest.raises(MemoryError, match="needs .* GiB but only"):
+        create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0, cache="ram", cache_budget=1e-12)
+    loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0, cache=None,
+                               cache_budget=1e-12)
+    assert loader.dataset.images is None  # auto: silently not cached
