@@ -1,0 +1,66 @@
+"""Two-process DDP (gloo, CPU) equals one process on the same global batches.
+
+The toy model has no BatchNorm: with BatchNorm each rank normalises over its own half of the batch, so DDP
+without SyncBatchNorm is not the same computation as one process, and the comparison would test that
+difference instead of gradient synchronisation. With a sum-type loss multiplied by the world size and
+DDP's gradient averaging, the gradient of every optimizer step is the sum over the global batch, as in one
+process; only the order of floating-point additions differs (tolerance 1e-5 relative)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from train_toys import ToyNet, make_batches, rebatch, toy_loss
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.train import fit
+
+GLOBAL_BATCH, WORLD = 4, 2
+
+
+def _config(project, name):
+    # accumulate 2 -> the first micro-step of each step runs under no_sync, the second all-reduces
+    return TrainConfig(epochs=2, batch_size=GLOBAL_BATCH, accumulate_steps=2, amp="off", device="cpu",
+                       warmup_epochs=0.0, warmup_min_steps=2, lr0=0.05, project=str(project), name=name)
+
+
+def _rank_batches(rank):
+    """This rank's half of every global batch (what a DistributedSampler-style split gives)."""
+    out = []
+    for images, targets, *_ in make_batches(4, GLOBAL_BATCH):
+        half = GLOBAL_BATCH // WORLD
+        out.extend(rebatch([(images, targets, None, None)], half)[rank:rank + 1])
+    return out
+
+
+def _worker(rank, init_file, project, out_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.manual_seed(0)
+        model = ToyNet()
+        result = fit(model, None, _config(project, "ddp"), loss_fn=toy_loss, train_loader=_rank_batches(rank))
+        weights = {k: v.detach().clone() for k, v in result.model.state_dict().items()}
+        gathered = [None] * WORLD
+        dist.all_gather_object(gathered, weights)
+        if rank == 0:
+            torch.save({"ranks": gathered, "steps": result.optimizer_steps, "save_dir": str(result.save_dir)}, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_two_process_ddp_matches_one_process(tmp_path):
+    out_file = tmp_path / "ddp.pt"
+    mp.spawn(_worker, args=(str(tmp_path / "init"), tmp_path / "runs", str(out_file)), nprocs=WORLD, join=True)
+    ddp = torch.load(out_file, weights_only=False)
+
+    torch.manual_seed(0)
+    single = fit(ToyNet(), None, _config(tmp_path / "runs", "single"), loss_fn=toy_loss,
+                 train_loader=make_batches(4, GLOBAL_BATCH))
+    assert ddp["steps"] == single.optimizer_steps == 4  # at ni 0, 2, 4, 6 (accumulate ramps 1 -> 2)
+    for k, v in single.model.state_dict().items():
+        assert torch.equal(ddp["ranks"][0][k], ddp["ranks"][1][k]), f"ranks differ in {k}"
+        torch.testing.assert_close(ddp["ranks"][0][k], v, rtol=1e-5, atol=1e-6)
+    assert (tmp_path / "runs" / "ddp" / "weights" / "last.pt").is_file()  # written by rank 0 only
