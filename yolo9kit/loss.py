@@ -119,7 +119,10 @@ class DetectionLoss:
         image_hw = (main[0].shape[2] * self.strides[0], main[0].shape[3] * self.strides[0])
         gt = self.pad_targets(targets.to(device), batch_size, image_hw)
         cfg = self.config
-        parts = [self.head_loss(maps, gt) for maps in heads]  # each [box, cls, dfl]
+        # float32 throughout, also inside an AMP autocast region: the maps are upcast in head_loss and
+        # autocast would otherwise run the DFL expectation (a matmul) in half precision.
+        with torch.autocast(device.type, enabled=False):
+            parts = [self.head_loss(maps, gt) for maps in heads]  # each [box, cls, dfl]
         if len(parts) == 2:  # official order: aux x 0.25 first, then + main
             items = [aux * cfg.aux_weight + main_ for aux, main_ in zip(*parts)]
         else:
