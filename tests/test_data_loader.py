@@ -61,6 +61,8 @@ def test_close_mosaic_reaches_persistent_workers(shapes_yaml):
     assert loader.loader._iterator is workers_before  # same persistent workers
     assert all(s is not None for b in batches for s in b[3])  # single letterboxed images
     assert loader.epoch == 1
+    set_mosaic(loader.dataset, True)  # the dataset object works as well as the loader
+    assert all(s is None for b in loader for s in b[3])
 
 
 def test_distributed_sampler_partitions_the_epoch():

@@ -109,7 +109,7 @@ class YOLODataset(Dataset):
         """Official load_image: BGR, long side = image_size (from the RAM cache when there is one)."""
         if self.images is not None:
             return self.images[i]
-        return load_resized(self.im_files[i], self.image_size, self.augment)
+        return load_resized(self.im_files[i], self.image_size, self.augment, tuple(int(v) for v in self.shapes[i]))
 
     def _source(self, i: int, zoom: float) -> tuple[np.ndarray, np.ndarray]:
         """An image to warp from and the matrix mapping its pixels to the nominal resized image.

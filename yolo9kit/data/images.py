@@ -51,10 +51,14 @@ def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:
     return (math.ceil(width * r), math.ceil(height * r)) if r != 1 else (width, height)
 
 
-def load_resized(path: str, image_size: int, augment: bool) -> np.ndarray:
+def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, int] | None = None) -> np.ndarray:
     """Official load_image: long side to ``image_size``; INTER_AREA when shrinking without augmentation,
-    else INTER_LINEAR. Large JPEGs are first decoded at a reduced size that stays at least twice the target."""
-    h0, w0 = _peek_size(path)
+    else INTER_LINEAR. Large JPEGs are first decoded at a reduced size that stays at least twice the target.
+
+    Args:
+        size_wh: the image's (width, height) after EXIF orientation when already known (saves a header read).
+    """
+    w0, h0 = size_wh if size_wh is not None else _peek_size(path)[::-1]
     r = image_size / max(h0, w0)
     image = read_bgr(path, reduce_factor(r * 2) if r < 0.5 else 1)
     h, w = image.shape[:2]
@@ -108,7 +112,8 @@ def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int
         log.info("%s: not caching images", msg)
         return None
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # cv2 releases the GIL while decoding
-        images = list(tqdm(pool.map(lambda p: load_resized(p, image_size, augment), paths), total=len(paths),
+        images = list(tqdm(pool.map(lambda p, wh: load_resized(p, image_size, augment, wh), paths, sizes),
+                           total=len(paths),
                            desc=f"caching images ({need / 2**30:.2f} GiB)", disable=len(paths) < 1000))
     log.info("cached %d images in RAM (%.2f GiB)", len(paths), need / 2**30)
     return images

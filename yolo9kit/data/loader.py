@@ -30,9 +30,10 @@ class KeySampler(Sampler):
     torch's DistributedSampler does.
     """
 
-    def __init__(self, n: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, n: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1, dataset=None):
         self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
-        self.epoch, self.mosaic = 0, True
+        self.epoch = 0
+        self.dataset = dataset  # its .mosaic, read in the main process, travels with every key
         self.num_samples = -(-n // world_size)
 
     def __len__(self) -> int:
@@ -47,7 +48,7 @@ class KeySampler(Sampler):
         if self.world_size > 1:
             total = self.num_samples * self.world_size
             order = (order * (total // max(len(order), 1) + 1))[:total][self.rank::self.world_size]
-        epoch, mosaic = self.epoch, self.mosaic
+        epoch, mosaic = self.epoch, bool(getattr(self.dataset, "mosaic", True))
         return (SampleKey(i, epoch, mosaic) for i in order)
 
 
@@ -113,9 +114,12 @@ class YOLOLoader:
 
 
 def set_mosaic(loader_or_dataset, enabled: bool) -> None:
-    """Switch the mosaic path on or off (close-mosaic); takes effect at the next epoch, in every worker."""
+    """Switch the mosaic path on or off (close-mosaic); takes effect at the next epoch, in every worker.
+
+    The flag lives on the dataset object of the main process; the sampler puts it into every sample key,
+    so persistent worker processes (which hold their own copies of the dataset) follow it too.
+    """
     if isinstance(loader_or_dataset, YOLOLoader):
-        loader_or_dataset.sampler.mosaic = enabled
         loader_or_dataset = loader_or_dataset.dataset
     loader_or_dataset.mosaic = enabled and loader_or_dataset.augment and not loader_or_dataset.rect
 
@@ -171,9 +175,8 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
     rank, world = 0, 1
     if distributed:
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    sampler = KeySampler(len(dataset), shuffle, seed, rank, world)
+    sampler = KeySampler(len(dataset), shuffle, seed, rank, world, dataset=dataset)
     set_mosaic(dataset, not close_mosaic)
-    sampler.mosaic = dataset.mosaic
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         collate_fn=collate, pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
                         persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None,
