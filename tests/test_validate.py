@@ -256,3 +256,13 @@ def test_detect_cli_prints_speed_and_writes_run_folder(dataset, tmp_path, capsys
     assert "Speed: " in out and "per image at shape (1, 3, 64, 64)" in out
     speed = json.loads((tmp_path / "runs" / "exp2" / "speed.json").read_text())
     assert speed["images"] == 3 and set(speed["per_image_mean_ms"]) >= {"preprocess_ms", "inference_ms", "nms_ms"}
+
+
+def test_half_evaluation_leaves_the_callers_fp32_weights_alone(dataset):
+    data, batches = dataset
+    model = StandIn(batches)
+    model.weight.data.fill_(0.1)  # not representable in fp16: a cast round trip would change it
+    model.train()
+    evaluate(model, data, dataloader=batches, device="cpu", half=True, progress=False)
+    assert model.weight.dtype == torch.float32 and model.weight.item() == torch.tensor(0.1).item()
+    assert model.training

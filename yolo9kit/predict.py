@@ -6,6 +6,7 @@ pixels) in a :class:`Predictions` list that also holds the per-image timings and
 
 from __future__ import annotations
 
+import copy
 import glob
 import logging
 import math
@@ -25,7 +26,7 @@ LOGGER = logging.getLogger(__name__)
 IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
 SPEED_COLUMNS = ["preprocess_ms", "inference_ms", "nms_ms"]
 
-__all__ = ["Prediction", "Predictions", "load_model", "predict", "resolve_device", "select_head"]
+__all__ = ["Prediction", "Predictions", "load_model", "predict", "prepare_model", "resolve_device", "select_head"]
 
 
 @dataclass
@@ -203,6 +204,19 @@ def load_model(weights: Any):
     raise FileNotFoundError(f"weights {weights} not found: pass a checkpoint path or one of {', '.join(list_models())}")
 
 
+def prepare_model(model: torch.nn.Module, device: torch.device, half: bool) -> torch.nn.Module:
+    """The model on ``device`` in FP16 (``half``) or FP32, in eval mode.
+
+    Casting happens on a copy: casting in place would round the caller's weights (the trainer's EMA
+    model, for instance) to FP16 for good. The caller restores ``model.train(...)`` when it is the same.
+    """
+    dtype = torch.float16 if half else torch.float32
+    first = next(model.parameters(), None)
+    if first is not None and first.dtype != dtype:
+        model = copy.deepcopy(model).to(dtype)
+    return model.to(device).eval()
+
+
 def select_head(output, head: str = "main") -> torch.Tensor:
     """The decoded (B, 4+nc, A) prediction of ``head`` ("main" or "aux") from an eval-mode forward."""
     if head not in ("main", "aux"):
@@ -309,9 +323,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
     items = _expand_sources(source)
     model = load_model(model)
     device = resolve_device(device)
-    was_training = model.training
-    model = model.to(device).eval()
-    model = model.half() if half else model.float()
+    was_training, caller_model = model.training, model
+    model = prepare_model(model, device, half)
     stride = max(int(model.stride.max()), 32)
     imgsz = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)
@@ -358,7 +371,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
             results.append(result)
             rows.append({"path": path or f"array #{index}", **speed})
     finally:
-        model.train(was_training)
+        caller_model.train(was_training)
     speed_frame = pd.DataFrame(rows, columns=["path", "load_ms", *SPEED_COLUMNS])
     return Predictions(results, speed=speed_frame, skipped=skipped, imgsz=imgsz, save_dir=save_dir)
 

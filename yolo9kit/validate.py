@@ -21,7 +21,8 @@ import torch
 from yolo9kit.boxes import cxcywh_to_xyxy
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from yolo9kit.ops import non_max_suppression, scale_boxes
-from yolo9kit.predict import Prediction, Predictions, load_model, predict, resolve_device, select_head
+from yolo9kit.predict import (Prediction, Predictions, load_model, predict, prepare_model, resolve_device,
+                              select_head)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -159,14 +160,13 @@ def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size:
 
         if any(is_coco_val(s) for s in config.sources.get(split, [])):
             class_map = COCO80_TO_COCO91
-    was_training = model.training
-    model = model.to(device).eval()
-    model = model.half() if half else model.float()
+    was_training, caller_model = model.training, model
+    model = prepare_model(model, device, half)
     state = _Accumulator(len(names), coco, class_map, imgsz=imgsz)
     try:
         _run_batches(model, dataloader, device, half, head, conf, iou, max_det, single_cls, state, progress)
     finally:
-        model.float().train(was_training)
+        caller_model.train(was_training)
     return _finish(state, names, head, plots, save_dir, coco, coco_gt, config, class_map)
 
 
