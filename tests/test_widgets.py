@@ -85,3 +85,81 @@ def test_output_png_round_trip():
     show_figure(out, fig)
     png = output_png(out)
     assert png is not None and png.startswith(b"\x89PNG")
+
+
+# -- shared data for the viewers -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    from yolo9kit.data import make_shapes
+
+    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=8, n_val=3, image_size=64, num_classes=3, seed=0)
+
+
+# -- detection viewer ------------------------------------------------------------------------------
+
+@needs("yolo9kit.predict", "predict")
+def test_detection_viewer_sliders_filter_and_switch_images(shapes):
+    import torch
+
+    from yolo9kit.models import create_model
+    from yolo9kit.widgets import detection_viewer, output_png
+
+    torch.manual_seed(0)
+    model = create_model("yolov9-t", 3)
+    val_images = sorted((shapes.parent / "images" / "val").glob("*")) or sorted(shapes.parent.rglob("val*/*.png"))
+    app = detection_viewer(model, [str(p) for p in val_images], imgsz=64, conf=0.001, iou=0.7, device="cpu")
+    assert set(app.controls) == {"image", "conf", "iou", "head"}
+    low = len(app.state["prediction"])
+    png_low, title_low = output_png(app.outputs["image"]), app.figures["image"].axes[0].get_title()
+
+    app.controls["conf"].value = 0.99
+    high = len(app.state["prediction"])
+    assert high <= low and (app.state["prediction"].scores >= 0.99).all()
+    assert output_png(app.outputs["image"]) != png_low
+    assert "conf >= 0.99" in app.figures["image"].axes[0].get_title()
+
+    app.controls["image"].value = 1
+    assert app.figures["image"].axes[0].get_title().split(":")[0] == val_images[1].name != title_low.split(":")[0]
+
+    app.controls["head"].value = "aux"
+    assert "aux head" in app.figures["image"].axes[0].get_title()
+
+
+@needs("yolo9kit.predict", "predict")
+def test_detection_viewer_rejects_an_empty_folder(tmp_path):
+    from yolo9kit.models import create_model
+    from yolo9kit.widgets import detection_viewer
+
+    with pytest.raises(ValueError, match="no image files"):
+        detection_viewer(create_model("gelan-t", 2), tmp_path)
+
+
+# -- augmentation viewer ---------------------------------------------------------------------------
+
+@needs("yolo9kit.plots", "show_batch")
+def test_augmentation_viewer_sliders_change_the_batch(shapes):
+    from yolo9kit.widgets import augmentation_viewer, output_png
+
+    app = augmentation_viewer(shapes, imgsz=64, batch_size=4, seed=0)
+    assert set(app.controls) == {"mosaic", "mixup", "hsv", "scale", "fliplr", "seed"}
+    assert app.state["hyp"]["mosaic"] == 1.0 and app.state["hyp"]["hsv_s"] == pytest.approx(0.7)
+    first_png, first_images = output_png(app.outputs["batch"]), app.state["batch"][0].clone()
+
+    app.controls["hsv"].value = 0.0
+    assert app.state["hyp"]["hsv_h"] == app.state["hyp"]["hsv_s"] == app.state["hyp"]["hsv_v"] == 0.0
+    assert "HSV x0.0" in app.figures["batch"]._suptitle.get_text()
+    assert output_png(app.outputs["batch"]) != first_png
+    assert not app.state["batch"][0].equal(first_images)
+
+    app.controls["mosaic"].value = 0.0
+    assert app.state["hyp"]["mosaic"] == 0.0 and "mosaic 0.00" in app.figures["batch"]._suptitle.get_text()
+
+
+def test_augmentation_hyp_scales_hsv_and_keeps_other_keys():
+    from yolo9kit.config import DEFAULT_AUGMENT_HYP
+    from yolo9kit.widgets.augmentation import augmentation_hyp
+
+    hyp = augmentation_hyp({"hsv": 0.5, "mixup": 0.0})
+    assert hyp["hsv_v"] == pytest.approx(DEFAULT_AUGMENT_HYP["hsv_v"] / 2) and hyp["mixup"] == 0.0
+    assert hyp["translate"] == DEFAULT_AUGMENT_HYP["translate"]
