@@ -1,0 +1,76 @@
+"""``python -m yolo9kit train``: flags -> TrainConfig, hyp yaml split, model from data; plots of a run."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from yolo9kit.cli import train as train_cli
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    train_cli.add_parser(parser.add_subparsers())
+    return parser.parse_args(["train", *argv])
+
+
+def test_flags_to_config(tmp_path):
+    hyp = tmp_path / "hyp.yaml"
+    hyp.write_text("lr0: 0.02\nmomentum: 0.9\nmosaic: 0.5\nbox: 5.0\nobj: 0.7\n")
+    args = _parse(["--data", "d.yaml", "--batch-size", "24", "--img", "320", "--cos-lr", "--hyp", str(hyp),
+                   "--close-mosaic", "3", "--cache", "--amp", "bf16", "--optimizer", "AdamW", "--accumulate", "2"])
+    config = train_cli.config_from_args(args)
+    assert (config.batch_size, config.imgsz, config.schedule, config.close_mosaic) == (24, 320, "cosine", 3)
+    assert (config.cache, config.amp, config.optimizer, config.accumulate_steps) == ("ram", "bf16", "AdamW", 2)
+    assert config.lr0 == 0.02 and config.momentum == 0.9 and config.augment_hyp["mosaic"] == 0.5
+    assert config.loss.box_gain == 5.0 and config.loss.cls_gain == 0.5
+    assert _parse(["--resume"]).resume is True and _parse(["--resume", "x/last.pt"]).resume == "x/last.pt"
+    with pytest.raises(SystemExit):
+        _parse(["--cos-lr", "--flat-cos-lr"])
+
+
+def test_config_round_trip():
+    from yolo9kit.config import TrainConfig
+    from yolo9kit.loss import LossConfig
+
+    config = TrainConfig(batch_size=8, hyp={"mosaic": 0.0}, loss=LossConfig(box_gain=5.0), callbacks={"on_step": print})
+    values = config.to_dict()
+    assert "callbacks" not in values
+    again = TrainConfig.from_dict(values)
+    assert again == config and again.loss.box_gain == 5.0
+    with pytest.raises(ValueError, match="TrainConfig.amp='fp8': expected one of"):
+        TrainConfig(amp="fp8")
+
+
+def test_model_for_data_transfers_weights(tmp_path, caplog):
+    from yolo9kit.checkpoint import save_checkpoint
+    from yolo9kit.data import make_shapes
+    from yolo9kit.models import create_model
+
+    data = make_shapes(tmp_path / "d", n_train=2, n_val=1, image_size=64, num_classes=3)
+    source = create_model("gelan-t", num_classes=5)
+    ckpt = save_checkpoint(tmp_path / "src.pt", source)
+    with caplog.at_level("INFO"):
+        model = train_cli.model_for_data("gelan-t", data, weights=str(ckpt))
+    assert model.nc == 3 and model.training
+    assert "Transferred" in caplog.text
+    own, src = model.state_dict(), source.state_dict()
+    same = [k for k in own if own[k].shape == src[k].shape]
+    assert all((own[k] == src[k]).all() for k in same) and len(same) < len(own)  # class outputs differ in shape
+
+
+def test_plots(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from yolo9kit.config import TrainConfig
+    from yolo9kit.plots import plot_results, plot_schedule
+
+    rows = [{"epoch": e, "train/box_loss": 2 - e, "train/cls_loss": 3 - e, "train/dfl_loss": 1.5, "lr/pg0": 0.01,
+             "lr/pg1": 0.01, "lr/pg2": 0.01, "metrics/mAP50": 0.1 * e, "metrics/mAP50-95": 0.05 * e,
+             "metrics/precision": None, "metrics/recall": None, "images_per_s": 10.0} for e in range(3)]
+    fig = plot_results(rows)
+    assert len(fig.axes) == 4
+    fig = plot_schedule(TrainConfig(epochs=3, batch_size=16), batches_per_epoch=50)
+    assert fig.axes[0].get_xlabel() == "batch (ni)"

@@ -1,0 +1,159 @@
+"""``python -m yolo9kit train``: train a model (official flag names where they make sense).
+
+    python -m yolo9kit train --data data.yaml --model yolov9-s --batch 16 --epochs 100 --img 640
+    python -m yolo9kit train --data data.yaml --model yolov9-c --weights yolov9-c.pt --batch 8
+    python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt
+    torchrun --nproc_per_node 2 -m yolo9kit train --data data.yaml --model yolov9-s --batch 64 --sync-bn
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+LOGGER = logging.getLogger(__name__)
+
+# keys of an official hyp yaml that are TrainConfig fields; the augmentation keys go to the data layer
+_HYP_TRAIN_KEYS = {"lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr"}
+# official loss keys -> LossConfig fields (the official loss ignores them and hard-codes the same values)
+_HYP_LOSS_KEYS = {"box": "box_gain", "cls": "cls_gain", "dfl": "dfl_gain", "cls_pw": "cls_pos_weight"}
+_HYP_IGNORED = {"obj", "obj_pw", "iou_t", "anchor_t", "fl_gamma", "label_smoothing"}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train a YOLOv9/GELAN model (AMP, accumulation, EMA, resume, DDP)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", help="data.yaml")
+    p.add_argument("--model", "--cfg", default="yolov9-t",
+                   help="model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from")
+    p.add_argument("--weights", default="", help="official or kit .pt: same-name same-shape tensors are transferred")
+    p.add_argument("--batch", "--batch-size", dest="batch", type=int, default=16, help="images per batch (all GPUs)")
+    p.add_argument("--accumulate", type=int, default=None, help="batches per optimizer step (default round(64/batch))")
+    p.add_argument("--micro-batch", type=int, default=None, help="split each batch into micro-batches of this size")
+    p.add_argument("--epochs", type=int, default=100)
+    p.add_argument("--img", "--imgsz", "--img-size", dest="imgsz", type=int, default=640)
+    p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
+    p.add_argument("--close-mosaic", type=int, default=0, help="mosaic off for the last N epochs")
+    p.add_argument("--cache", nargs="?", const="ram", default=None, help="ram (default when given) or disk")
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default="auto")
+    p.add_argument("--optimizer", choices=["SGD", "Adam", "AdamW"], default="SGD")
+    sched = p.add_mutually_exclusive_group()
+    sched.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
+    sched.add_argument("--flat-cos-lr", action="store_true", help="flat, then cosine")
+    sched.add_argument("--fixed-lr", action="store_true", help="constant LR")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cpu, 0, cuda:1 (default: first GPU, else CPU)")
+    p.add_argument("--project", default="runs/train")
+    p.add_argument("--name", default="exp")
+    p.add_argument("--exist-ok", action="store_true")
+    p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the newest run, or this last.pt")
+    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm (DDP only)")
+    p.add_argument("--patience", type=int, default=100)
+    p.add_argument("--noval", action="store_true", help="validate only after the last epoch")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from yolo9kit.train import ddp, fit
+
+    ddp.init_from_env()
+    if args.resume:
+        model, data, config = _resume_setup(args)
+    else:
+        if not args.data:
+            raise SystemExit("train: --data is required (a data.yaml), unless --resume")
+        config = config_from_args(args)
+        data = args.data
+        model = model_for_data(args.model, data, args.weights)
+    result = fit(model, data, config)
+    if ddp.current().is_main and result.save_dir:
+        state = "interrupted" if result.interrupted else "done"
+        print(f"{state}: {result.epochs_completed} epochs, best fitness {result.best_fitness:.4f} "
+              f"(epoch {result.best_epoch}); weights in {result.save_dir / 'weights'}")
+    return 0
+
+
+def config_from_args(args: argparse.Namespace):
+    """TrainConfig from the flags (and the --hyp yaml)."""
+    from yolo9kit.config import TrainConfig
+
+    schedule = "cosine" if args.cos_lr else "flat-cosine" if args.flat_cos_lr else "fixed" if args.fixed_lr else "linear"
+    train_keys, augment, loss = _read_hyp(args.hyp)
+    return TrainConfig(
+        epochs=args.epochs, batch_size=args.batch, accumulate_steps=args.accumulate, micro_batch_size=args.micro_batch,
+        imgsz=args.imgsz, amp=args.amp, optimizer=args.optimizer, schedule=schedule, close_mosaic=args.close_mosaic,
+        hyp=augment or None, loss=loss, cache=args.cache, workers=args.workers, seed=args.seed, device=args.device,
+        val=not args.noval, project=args.project, name=args.name, exist_ok=args.exist_ok, sync_bn=args.sync_bn,
+        patience=args.patience, **train_keys)
+
+
+def _read_hyp(path: str | None) -> tuple[dict, dict, object]:
+    """Split an official hyp yaml into TrainConfig fields, augmentation keys and a LossConfig (or None)."""
+    if not path:
+        return {}, {}, None
+    import yaml
+
+    from yolo9kit.config import DEFAULT_AUGMENT_HYP
+
+    values = yaml.safe_load(Path(path).read_text()) or {}
+    train = {k: float(v) for k, v in values.items() if k in _HYP_TRAIN_KEYS}
+    augment = {k: float(v) for k, v in values.items() if k in DEFAULT_AUGMENT_HYP}
+    unknown = set(values) - _HYP_TRAIN_KEYS - set(DEFAULT_AUGMENT_HYP) - set(_HYP_LOSS_KEYS) - _HYP_IGNORED
+    if unknown:
+        LOGGER.warning("%s: ignoring unknown keys %s", path, sorted(unknown))
+    gains = {_HYP_LOSS_KEYS[k]: float(v) for k, v in values.items() if k in _HYP_LOSS_KEYS}
+    loss = None
+    if gains:
+        from yolo9kit.loss import LossConfig
+
+        loss = LossConfig(**gains)
+    return train, augment, loss
+
+
+def model_for_data(spec: str, data, weights: str = ""):
+    """The model to train on ``data``: built from a name/yaml (or a checkpoint's config), with ``weights`` transferred.
+
+    A checkpoint given as the model keeps its weights when its classes match the data; otherwise (and for
+    ``weights``) the tensors with the same name and shape are copied into a fresh model ("Transferred N/M").
+    """
+    from yolo9kit.data import load_data_config
+    from yolo9kit.models import create_model
+    from yolo9kit.predict import load_model
+    from yolo9kit.train.state import transfer_weights
+
+    data_config = load_data_config(data)
+    nc, names = data_config.nc, list(data_config.names)
+    if str(spec).endswith(".pt"):
+        source = load_model(spec)
+        if source.nc == nc and not weights:
+            source.names = names
+            return source.train()
+        model = create_model(source.yaml, num_classes=nc, names=names)
+        transfer_weights(model, source.state_dict())
+    else:
+        model = create_model(spec, num_classes=nc, names=names)
+    if weights:
+        transfer_weights(model, load_model(weights).state_dict())
+    return model.train()
+
+
+def _resume_setup(args: argparse.Namespace):
+    """Model, data and config of the run to resume (options come from its checkpoint, as officially)."""
+    from yolo9kit.checkpoint import read_checkpoint
+    from yolo9kit.config import TrainConfig
+    from yolo9kit.models.model import DetectionModel
+    from yolo9kit.train.state import find_resume_checkpoint
+
+    path = find_resume_checkpoint(args.resume, args.project)
+    ckpt = read_checkpoint(path)
+    if "train_config" not in ckpt:
+        raise SystemExit(f"train: {path} has no training state; start a new run with --weights {path}")
+    config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path))
+    cfg = ckpt["model_config"]
+    model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"))
+    data = args.data or ckpt.get("data")
+    if not data:
+        raise SystemExit(f"train: {path} does not record its data; pass --data")
+    return model, data, config

@@ -1,0 +1,80 @@
+"""Plots of a training run (results.csv) and of the LR / momentum / accumulation schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_results(results: Any, fig=None):
+    """Losses, mAP, learning rates and throughput per epoch.
+
+    Args:
+        results: a run folder, a results.csv path, a DataFrame, or ``FitResult.results`` (list of dicts).
+        fig: a matplotlib figure to draw into (cleared), or None for a new one.
+
+    Returns:
+        The figure (2 x 2 axes).
+    """
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    if isinstance(results, (str, Path)):
+        from yolo9kit.train.records import read_results
+
+        df = read_results(results)
+    else:
+        df = results if isinstance(results, pd.DataFrame) else pd.DataFrame(list(results))
+    fig = fig or plt.figure(figsize=(10, 6))
+    fig.clear()
+    axes = fig.subplots(2, 2)
+    x = df["epoch"] + 1
+    for name in ("box", "cls", "dfl"):
+        axes[0, 0].plot(x, df[f"train/{name}_loss"], marker=".", label=name)
+    axes[0, 0].set(title="train loss", xlabel="epoch")
+    for col, label in (("metrics/mAP50", "mAP50"), ("metrics/mAP50-95", "mAP50-95"),
+                       ("metrics/precision", "P"), ("metrics/recall", "R")):
+        if col in df and df[col].notna().any():
+            axes[0, 1].plot(x, df[col], marker=".", label=label)
+    axes[0, 1].set(title="validation (EMA)", xlabel="epoch", ylim=(0, 1))
+    for i, label in enumerate(("bias", "weights", "norm weights")):
+        axes[1, 0].plot(x, df[f"lr/pg{i}"], label=label)
+    axes[1, 0].set(title="learning rate (end of epoch)", xlabel="epoch")
+    axes[1, 1].plot(x, df["images_per_s"], marker=".")
+    axes[1, 1].set(title="training images / s", xlabel="epoch")
+    for ax in axes.flat[:3]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
+    """LR of each group, momentum and batches per optimizer step against the batch index, as ``fit`` uses them.
+
+    Args:
+        config: a TrainConfig.
+        batches_per_epoch: loader batches per epoch (``len(train_loader)``).
+        ax: axes for the learning rates (a twin axis shows accumulate), or None.
+
+    Returns:
+        The figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from yolo9kit.train.optim import step_settings, warmup_steps
+
+    nw = warmup_steps(config, batches_per_epoch)
+    steps = range(config.epochs * batches_per_epoch)
+    settings = [step_settings(config, ni, ni // batches_per_epoch, nw) for ni in steps]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    for i, label in enumerate(("lr bias", "lr weights/norm")):
+        ax.plot(list(steps), [s.lrs[i] for s in settings], label=label)
+    ax.axvline(nw, color="grey", linestyle=":", label=f"end of warmup ({nw})")
+    ax.set(xlabel="batch (ni)", ylabel="learning rate", title=f"{config.schedule} schedule")
+    twin = ax.twinx()
+    twin.step(list(steps), [s.accumulate for s in settings], color="tab:red", where="post", label="accumulate")
+    twin.set_ylabel("batches per optimizer step", color="tab:red")
+    ax.legend(loc="upper right", fontsize=8)
+    return ax.figure
