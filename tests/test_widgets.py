@@ -30,8 +30,10 @@ def needs(module: str, *names: str):
 # -- training dashboard ----------------------------------------------------------------------------
 
 def _step(i: int, **extra) -> dict:
-    return {"step": i, "epoch": 0, "box": 3.0 - 0.1 * i, "cls": 2.0, "dfl": 1.5, "lr": [0.01 * i, 0.01, 0.01],
-            "memory_bytes": 1024**3 * (1 + i), "images_per_s": 10.0 + i, **extra}
+    """What ``train_one_epoch`` passes to ``on_step`` (a subset of its keys)."""
+    return {"ni": i, "step": i // 2, "epoch": 0, "box_loss": 3.0 - 0.1 * i, "cls_loss": 2.0, "dfl_loss": 1.5,
+            "lr": (0.01 * i, 0.01, 0.01), "accumulate": 2, "memory_bytes": 1024**3 * (1 + i),
+            "images_per_s": 10.0 + i, **extra}
 
 
 def test_dashboard_records_steps_and_redraws_with_the_new_values():
@@ -47,7 +49,8 @@ def test_dashboard_records_steps_and_redraws_with_the_new_values():
     assert list(box.get_ydata()) == pytest.approx([2.9, 2.8])
     assert list(ax_lr.lines[0].get_ydata()) == pytest.approx([0.01, 0.02])  # first param group
     assert list(ax_mem.lines[0].get_ydata()) == pytest.approx([2.0, 3.0])  # GiB
-    assert "step 2" in dash.figure._suptitle.get_text() and "12.0 img/s" in dash.status_text()
+    assert list(box.get_xdata()) == [1, 2]  # x is the batch index ni, not the repeating optimizer step
+    assert "batch 2" in dash.figure._suptitle.get_text() and "12.0 img/s" in dash.status_text()
 
 
 def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
@@ -57,8 +60,10 @@ def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
     for i in range(1, 6):
         dash.on_step(_step(i))
     assert dash.redraws == 1 and len(dash.history) == 5
-    dash.on_epoch_end({"epoch": 0, "map50": 0.5})
-    assert dash.redraws == 2 and "map50=0.5" in dash.status_html()
+    dash.on_epoch_end({"epoch": 0, "metrics/mAP50": 0.5, "train/box_loss": 2.5, "lr/pg0": 0.01})
+    assert dash.redraws == 2
+    assert list(dash.epoch_table().columns) == ["epoch", "metrics/mAP50", "train/box_loss"]
+    assert "<td>0.5</td>" in dash.status_html()
     assert len(dash.figure.axes[0].lines[0].get_xdata()) == 5
 
 
@@ -66,10 +71,22 @@ def test_dashboard_marks_series_the_trainer_did_not_report():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
-    dash.on_step({"step": 1, "box": 1.0, "cls": 1.0, "dfl": 1.0, "lr": 0.01})  # CPU run: no VRAM
+    dash.on_step({"ni": 0, "box_loss": 1.0, "cls_loss": 1.0, "dfl_loss": 1.0, "lr": 0.01})  # no VRAM reported
+    assert dash.history[0]["step"] == 0
     texts = [t.get_text() for t in dash.figure.axes[2].texts]
     assert texts == ["not reported"]
     assert set(dash.callbacks) == {"on_step", "on_epoch_end"}
+
+
+def test_dashboard_interrupts_once_at_the_requested_batch():
+    from yolo9kit.widgets import train_dashboard
+
+    dash = train_dashboard(min_interval_s=3600.0, interrupt_at=3, show=False)
+    dash.on_step(_step(2))
+    with pytest.raises(KeyboardInterrupt, match="batch 3"):
+        dash.on_step(_step(3))
+    dash.on_step(_step(4))  # the resumed run goes on
+    assert [r["step"] for r in dash.history] == [2, 3, 4] and dash.interrupt_at is None
 
 
 def test_output_png_round_trip():

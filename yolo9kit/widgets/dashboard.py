@@ -17,14 +17,18 @@ from yolo9kit.widgets._common import figure_png, format_bytes
 
 # The trainer's metric names, with the older/alternative spellings accepted for each series.
 _SERIES: dict[str, tuple[str, ...]] = {
-    "box": ("box", "box_loss", "loss_box"),
-    "cls": ("cls", "cls_loss", "loss_cls"),
-    "dfl": ("dfl", "dfl_loss", "loss_dfl"),
+    "box": ("box_loss", "box", "train/box_loss"),
+    "cls": ("cls_loss", "cls", "train/cls_loss"),
+    "dfl": ("dfl_loss", "dfl", "train/dfl_loss"),
+    "accumulate": ("accumulate",),
     "lr": ("lr", "lr0", "learning_rate"),
     "memory_bytes": ("memory_bytes", "vram_bytes", "max_memory_allocated", "peak_memory_bytes", "gpu_mem_bytes"),
     "images_per_s": ("images_per_s", "img_per_s", "throughput", "images_per_second"),
 }
-_STEP_KEYS = ("step", "global_step", "iteration", "updates")
+# x axis: the integrated batch index (``ni``); "step" (optimizer updates) repeats while accumulating.
+_EPOCH_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
+                  "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "images_per_s", "epoch_s", "map50")
+_STEP_KEYS = ("ni", "global_step", "iteration", "step")
 
 
 def _pick(metrics: Mapping[str, Any], names: tuple[str, ...]) -> float | None:
@@ -46,15 +50,20 @@ class TrainDashboard:
     """Live plots of a training run; pass ``dash.callbacks`` to ``TrainConfig(callbacks=...)``.
 
     Attributes:
-        history: one dict per optimizer step: ``step``, ``epoch`` and the series in ``_SERIES`` that the
-            trainer reported (losses per image, learning rate, peak VRAM in bytes, images per second).
-        epochs: one dict per finished epoch as the trainer reported it (validation metrics etc.).
+        history: one dict per loader batch: ``step`` (the integrated batch index ``ni``), ``epoch`` and
+            the series in ``_SERIES`` that the trainer reported (running mean losses, learning rate,
+            batches per optimizer step, VRAM in bytes, images per second).
+        epochs: one dict per finished epoch as the trainer reported it (the results.csv row).
         min_interval_s: redraw at most this often (drawing costs ~0.1 s); the last step is always drawn
             by ``on_epoch_end``.
+        interrupt_at: raise ``KeyboardInterrupt`` once this batch index is reached, exactly what the
+            notebook's stop button (Kernel > Interrupt) does; ``fit`` then saves last.pt and returns
+            with ``interrupted=True``. Used to demonstrate stop-and-resume; None never interrupts.
     """
 
     title: str = "training"
     min_interval_s: float = 1.0
+    interrupt_at: int | None = None
     history: list[dict[str, float]] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
     figure: Any = None
@@ -69,7 +78,8 @@ class TrainDashboard:
 
     # -- callbacks -------------------------------------------------------------------------------
     def on_step(self, metrics: Mapping[str, Any]) -> None:
-        row: dict[str, float] = {"step": float(_pick(metrics, _STEP_KEYS) or len(self.history) + 1)}
+        index = _pick(metrics, _STEP_KEYS)
+        row: dict[str, float] = {"step": float(len(self.history) if index is None else index)}
         epoch = _pick(metrics, ("epoch",))
         if epoch is not None:
             row["epoch"] = epoch
@@ -78,6 +88,10 @@ class TrainDashboard:
             if value is not None:
                 row[name] = value
         self.history.append(row)
+        if self.interrupt_at is not None and row["step"] >= self.interrupt_at:
+            self.interrupt_at = None  # once: the resumed run must not stop again
+            self.update()
+            raise KeyboardInterrupt(f"dashboard: stop requested at batch {int(row['step'])}")
         if time.monotonic() - self._last_draw >= self.min_interval_s:
             self.update()
 
@@ -127,7 +141,7 @@ class TrainDashboard:
                 ax_loss.plot(x, y, label=name)
         if ax_loss.lines:
             ax_loss.legend(loc="upper right")
-        ax_loss.set_title("loss per image (gained)")
+        ax_loss.set_title("loss (running mean over the epoch)")
         for ax, name, title, scale in (
             (ax_lr, "lr", "learning rate", 1.0),
             (ax_mem, "memory_bytes", "peak VRAM (GiB)", 1024**-3),
@@ -140,7 +154,7 @@ class TrainDashboard:
                 ax.text(0.5, 0.5, "not reported", ha="center", va="center", transform=ax.transAxes, color="gray")
             ax.set_title(title)
         for ax in axes.flat:
-            ax.set_xlabel("step")
+            ax.set_xlabel("batch")
         fig.suptitle(f"{self.title}: {self.status_text()}")
         return fig
 
@@ -148,7 +162,7 @@ class TrainDashboard:
         if not self.history:
             return "no step yet"
         last = self.history[-1]
-        parts = [f"step {int(last['step'])}"]
+        parts = [f"batch {int(last['step'])}"]
         if "epoch" in last:
             parts.append(f"epoch {int(last['epoch'])}")
         if "memory_bytes" in last:
@@ -157,29 +171,35 @@ class TrainDashboard:
             parts.append(f"{last['images_per_s']:.1f} img/s")
         return ", ".join(parts)
 
+    def epoch_table(self):
+        """The finished epochs as a DataFrame (the trainer's results rows, numeric columns)."""
+        import pandas as pd
+
+        frame = pd.DataFrame(self.epochs)
+        return frame[[c for c in frame.columns if c in _EPOCH_COLUMNS]] if len(frame) else frame
+
     def status_html(self) -> str:
         import html
 
-        rows = []
-        for m in self.epochs:
-            cells = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                              for k, v in m.items() if isinstance(v, (int, float, str)))
-            rows.append(f"<li>{html.escape(cells)}</li>")
-        return f"<div><b>{html.escape(self.status_text())}</b><ul>{''.join(rows)}</ul></div>"
+        table = self.epoch_table()
+        body = table.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0) if len(table) else ""
+        return f"<div><b>{html.escape(self.status_text())}</b>{body}</div>"
 
 
-def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, show: bool = True) -> TrainDashboard:
+def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, interrupt_at: int | None = None,
+                    show: bool = True) -> TrainDashboard:
     """A live dashboard for ``fit``: ``dash = train_dashboard(); fit(model, data, TrainConfig(callbacks=dash.callbacks))``.
 
     Args:
         title: shown above the plots.
         min_interval_s: redraw at most this often during an epoch (each redraw renders a PNG).
+        interrupt_at: stop training at this batch index as the stop button would (see ``TrainDashboard``).
         show: display it in the current cell now (False in scripts and tests).
 
     Returns:
         The ``TrainDashboard``; ``.history`` holds what it plotted, ``.figure`` the last figure.
     """
-    dash = TrainDashboard(title=title, min_interval_s=min_interval_s)
+    dash = TrainDashboard(title=title, min_interval_s=min_interval_s, interrupt_at=interrupt_at)
     if show:
         dash.show()
     return dash
