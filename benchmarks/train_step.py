@@ -1,0 +1,184 @@
+"""One training step, phase by phase: forward, loss, backward, optimizer, EMA (each timed with a device sync).
+
+    python benchmarks/train_step.py --model yolov9-t --batch 8 --imgsz 320 --device cpu
+    python benchmarks/train_step.py --model yolov9-s --batch 64 --amp fp16 --device cuda --channels-last
+    python benchmarks/train_step.py --model yolov9-s --batch 16 --amp fp16 --official /path/to/yolov9-checkout
+
+The kit's step is ``yolo9kit.train`` as ``fit`` runs it (official optimizer groups, GradScaler, clip 10,
+EMA with ``torch._foreach`` ops). Timed twice: phase by phase (a device sync between phases, which costs a
+little) and as one ``train_step`` call without inner syncs ("step ms"). With ``--official PATH`` the
+same run times the official code from that checkout, imported in this process (see ``official_shim.py``):
+its ``models.yolo.Model`` from its yaml, ``utils.loss_tal_dual.ComputeLoss``, ``smart_optimizer`` (SGD)
+and ``ModelEMA``, with the same synthetic batch (uint8 images, 8 random boxes each). Median of
+``--steps`` timed steps after ``--warmup`` steps; peak memory is ``torch.cuda.max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+PHASES = ("forward_ms", "loss_ms", "backward_ms", "optimizer_ms", "ema_ms")
+
+
+def synthetic_batch(batch: int, imgsz: int, nc: int, boxes: int = 8, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (batch, 3, imgsz, imgsz), dtype=torch.uint8, generator=g)
+    idx = torch.arange(batch).repeat_interleave(boxes).float()
+    cls = torch.randint(0, nc, (batch * boxes,), generator=g).float()
+    wh = 0.05 + 0.3 * torch.rand(batch * boxes, 2, generator=g)
+    xy = wh / 2 + (1 - wh) * torch.rand(batch * boxes, 2, generator=g)
+    return images, torch.cat([idx[:, None], cls[:, None], xy, wh], 1)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Clock:
+    def __init__(self, device):
+        self.device, self.times = device, {p: [] for p in PHASES}
+
+    @contextlib.contextmanager
+    def phase(self, name: str, record: bool):
+        _sync(self.device)
+        t = time.perf_counter()
+        yield
+        _sync(self.device)
+        if record:
+            self.times[name].append((time.perf_counter() - t) * 1e3)
+
+
+def time_kit(args, device, images, targets) -> dict:
+    from yolo9kit.config import TrainConfig
+    from yolo9kit.models import create_model
+    from yolo9kit.train import build_trainer, train_step
+    from yolo9kit.train.step import to_input
+
+    torch.manual_seed(0)
+    model = create_model(args.model, num_classes=args.nc).train()
+    trainer = build_trainer(model, TrainConfig(batch_size=args.batch, amp=args.amp, device=str(device),
+                                               channels_last=args.channels_last), device=device)
+    clock = _Clock(device)
+    autocast = dict(device_type=device.type, dtype=trainer.amp_dtype or torch.float32,
+                    enabled=trainer.amp_dtype is not None)
+    for i in range(args.warmup + args.steps):
+        rec = i >= args.warmup
+        with clock.phase("forward_ms", rec), torch.autocast(**autocast):
+            out = model(to_input(images, device, args.channels_last))
+        with clock.phase("loss_ms", rec), torch.autocast(**autocast):
+            loss, _ = trainer.loss_fn(out, targets.to(device))
+        with clock.phase("backward_ms", rec):
+            trainer.scaler.scale(loss).backward()
+        with clock.phase("optimizer_ms", rec):
+            trainer.scaler.unscale_(trainer.optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            trainer.scaler.step(trainer.optimizer)
+            trainer.scaler.update()
+            trainer.optimizer.zero_grad(set_to_none=True)
+        with clock.phase("ema_ms", rec):
+            trainer.ema.update(model)
+        del out, loss
+    whole = []
+    for i in range(args.warmup + args.steps):
+        _sync(device)
+        t = time.perf_counter()
+        train_step(trainer, images, targets)  # exactly the step fit runs (with micro-batching if asked)
+        _sync(device)
+        if i >= args.warmup:
+            whole.append((time.perf_counter() - t) * 1e3)
+    return _summary("yolo9kit", clock, whole, args.batch, device)
+
+
+def time_official(args, device, images, targets) -> dict:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from official_shim import import_official
+
+    import_official(args.official)
+    from models.yolo import Model
+    from utils.loss_tal_dual import ComputeLoss
+    from utils.torch_utils import ModelEMA, smart_optimizer
+
+    torch.manual_seed(0)
+    cfg = Path(args.official) / "models" / "detect" / f"{args.model}.yaml"
+    model = Model(str(cfg), ch=3, nc=args.nc).to(device).train()
+    model.hyp = {"cls_pw": 1.0, "fl_gamma": 0.0, "label_smoothing": 0.0}
+    loss_fn = ComputeLoss(model)
+    amp = args.amp != "off" and device.type == "cuda"
+    dtype = torch.bfloat16 if args.amp == "bf16" else torch.float16
+    optimizer = smart_optimizer(model, "SGD", 0.01, 0.937, 0.0005 * args.batch * max(round(64 / args.batch), 1) / 64)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp and dtype == torch.float16)
+    ema = ModelEMA(model)
+    clock = _Clock(device)
+    for i in range(args.warmup + args.steps):
+        rec = i >= args.warmup
+        with clock.phase("forward_ms", rec), torch.autocast(device.type, dtype=dtype, enabled=amp):
+            pred = model(images.to(device, non_blocking=True).float() / 255)
+        with clock.phase("loss_ms", rec), torch.autocast(device.type, dtype=dtype, enabled=amp):
+            loss, _ = loss_fn(pred, targets.to(device))
+        with clock.phase("backward_ms", rec):
+            scaler.scale(loss).backward()
+        with clock.phase("optimizer_ms", rec):
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        with clock.phase("ema_ms", rec):
+            ema.update(model)
+        del pred, loss
+    return _summary("official", clock, None, args.batch, device)
+
+
+def _summary(name, clock, whole, batch, device) -> dict:
+    row = {"code": name, **{p: statistics.median(v) for p, v in clock.times.items()}}
+    row["phases_ms"] = sum(row[p] for p in PHASES)
+    row["step_ms"] = statistics.median(whole) if whole else row["phases_ms"]
+    row["img_per_s"] = batch / row["step_ms"] * 1e3
+    row["peak_alloc_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    return row
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="yolov9-t")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--imgsz", type=int, default=320)
+    p.add_argument("--nc", type=int, default=80)
+    p.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default="auto")
+    p.add_argument("--device", default=None)
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--official", default=None, help="path of a WongKinYiu/yolov9 checkout")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    images, targets = synthetic_batch(args.batch, args.imgsz, args.nc)
+    rows = []
+    for fn in [time_kit] + ([time_official] if args.official else []):
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        rows.append(fn(args, device, images, targets))
+    print(f"{args.model} batch {args.batch} imgsz {args.imgsz} amp {args.amp} device {device}"
+          f"{' channels_last' if args.channels_last else ''}; median of {args.steps} steps")
+    cols = ["code", *PHASES, "phases_ms", "step_ms", "img_per_s", "peak_alloc_GiB"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r[c]) if isinstance(r[c], str) else f"{r[c]:.3g}" for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
