@@ -234,6 +234,16 @@ def test_crowded_batch_chunked_equals_unchunked(max_pairs):
     assert torch.equal(whole.target_bboxes[fg], chunked.target_bboxes[fg])
 
 
+def test_chunking_exact_with_other_exponents():
+    """alpha off the sqrt path (powers precomputed for the batch) and another integer beta."""
+    scores, boxes, points, gt = _assigner_inputs([120, 7], seed=8)
+    args = (scores, boxes, points, gt.labels, gt.boxes_xyxy, gt.counts)
+    whole = TaskAlignedAssigner(5, alpha=1.3, beta=4.0, max_pairs=None)(*args)
+    chunked = TaskAlignedAssigner(5, alpha=1.3, beta=4.0, max_pairs=1000)(*args)
+    assert whole.fg_mask.any()
+    assert torch.equal(whole.fg_mask, chunked.fg_mask) and torch.equal(whole.target_scores, chunked.target_scores)
+
+
 def test_crowded_loss_chunked_equals_unchunked():
     maps = _random_maps(2, 128, 5, seed=4)
     targets = _random_targets([300, 120], 5, seed=4)

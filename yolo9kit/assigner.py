@@ -72,6 +72,7 @@ class TaskAlignedAssigner:
         self.beta = beta
         self.eps = eps
         self.max_pairs = max_pairs
+        self._alpha_is_exact = alpha in (0.5, 1.0)  # pow runs as sqrt / identity: same bits anywhere
 
     @torch.no_grad()
     def __call__(self, pd_scores: torch.Tensor, pd_bboxes: torch.Tensor, anc_points: torch.Tensor,
@@ -100,7 +101,9 @@ class TaskAlignedAssigner:
             return AssignResult(target_labels, target_bboxes, target_scores, fg_mask)
         counts = gt_counts.tolist()
         # Per-box and per-score terms, once for the whole batch so every chunking sees the same bits.
-        scores_pow = pd_scores.float().pow(self.alpha)  # (B, A, C); alpha 0.5 runs as sqrt
+        # score ** 0.5 runs as a correctly rounded sqrt, so with the official alpha the power is taken
+        # later on the (b, r, A) gathered scores instead of on a (B, A, C) copy.
+        scores_pow = pd_scores.float() if self._alpha_is_exact else pd_scores.float().pow(self.alpha)
         pred_atan, gt_atan = _aspect_atan(pd_bboxes), _aspect_atan(gt_bboxes)  # (B, A), (B, M)
         for start, stop in self._image_chunks(counts, num_anchors):
             num_rows = max(counts[start:stop])
@@ -171,26 +174,34 @@ class TaskAlignedAssigner:
         """
         b, num_anchors, _ = scores_pow.shape
         num_rows = gt_bboxes.shape[1]
+        step = num_rows if self.max_pairs is None else max(1, self.max_pairs // (b * num_anchors))
+        args = (scores_pow, pd_bboxes, pred_atan, anc_points, labels, gt_bboxes, gt_atan, is_real)
+        if step >= num_rows:
+            return self._row_candidates(*args, rows=slice(0, num_rows))
         overlaps = torch.empty((b, num_rows, num_anchors), dtype=torch.float32, device=scores_pow.device)
         align = torch.empty_like(overlaps)
-        candidate = torch.zeros((b, num_rows, num_anchors), dtype=torch.bool, device=scores_pow.device)
-        step = num_rows if self.max_pairs is None else max(1, self.max_pairs // (b * num_anchors))
-        scores_by_class = scores_pow.transpose(1, 2)  # (b, C, A) view
-        image = torch.arange(b, device=scores_pow.device)[:, None]
-        k = min(self.topk, num_anchors)
+        candidate = torch.empty((b, num_rows, num_anchors), dtype=torch.bool, device=scores_pow.device)
         for r0 in range(0, num_rows, step):
-            r1 = min(r0 + step, num_rows)
-            boxes = gt_bboxes[:, r0:r1]  # (b, r, 4)
-            ov = _pairwise_ciou(boxes, gt_atan[:, r0:r1], pd_bboxes, pred_atan).clamp_(0)  # (b, r, A)
-            al = scores_by_class[image, labels[:, r0:r1]] * self._pow_beta(ov)  # score^alpha * CIoU^beta
-            in_box = _anchors_in_boxes(anc_points, boxes, self.eps)  # (b, r, A) bool
-            metric = torch.where(in_box, al, 0.0)
-            top = metric.topk(k, dim=-1, largest=True).indices  # (b, r, k); same rows as the official topk
-            del metric
-            cand = torch.zeros_like(in_box).scatter_(-1, top, True)
-            cand &= in_box
-            cand &= is_real[:, r0:r1, None]
-            overlaps[:, r0:r1], align[:, r0:r1], candidate[:, r0:r1] = ov, al, cand
+            rows = slice(r0, min(r0 + step, num_rows))
+            overlaps[:, rows], align[:, rows], candidate[:, rows] = self._row_candidates(*args, rows=rows)
+        return overlaps, align, candidate
+
+    def _row_candidates(self, scores_pow, pd_bboxes, pred_atan, anc_points, labels, gt_bboxes, gt_atan, is_real,
+                        *, rows: slice):
+        """Overlaps, alignment and candidates of GT rows ``rows``: (b, r, A) each."""
+        boxes = gt_bboxes[:, rows]  # (b, r, 4)
+        overlaps = _pairwise_ciou(boxes, gt_atan[:, rows], pd_bboxes, pred_atan).clamp_(0)  # (b, r, A)
+        image = torch.arange(boxes.shape[0], device=boxes.device)[:, None]
+        box_scores = scores_pow.transpose(1, 2)[image, labels[:, rows]]  # (b, r, A) score of the GT's class
+        if self._alpha_is_exact:
+            box_scores = box_scores.pow_(self.alpha)
+        align = box_scores.mul_(self._pow_beta(overlaps))
+        in_box = _anchors_in_boxes(anc_points, boxes, self.eps)  # (b, r, A) bool
+        k = min(self.topk, scores_pow.shape[1])
+        top = torch.where(in_box, align, 0.0).topk(k, dim=-1, largest=True).indices  # as the official topk
+        candidate = torch.zeros_like(in_box).scatter_(-1, top, True)
+        candidate &= in_box
+        candidate &= is_real[:, rows, None]
         return overlaps, align, candidate
 
     def _pow_beta(self, x: torch.Tensor) -> torch.Tensor:
@@ -216,26 +227,26 @@ def _pairwise_ciou(gt_xyxy: torch.Tensor, gt_atan: torch.Tensor, pred_xyxy: torc
 
     The formula and operation order of ``boxes.bbox_ciou(gt, pred)`` (the official ``bbox_iou`` with
     CIoU, GT as box1), with ``atan(w / h)`` of each box computed once outside (``_aspect_atan``) so
-    only correctly rounded arithmetic runs per pair.
+    only correctly rounded arithmetic runs per pair, and in-place steps so that at most about five
+    (b, r, A) float tensors are alive at once.
     """
     b1_x1, b1_y1, b1_x2, b1_y2 = (gt_xyxy[..., i, None] for i in range(4))  # (b, r, 1)
     b2_x1, b2_y1, b2_x2, b2_y2 = (pred_xyxy[:, None, :, i] for i in range(4))  # (b, 1, A)
     w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
     w2, h2 = b2_x2 - b2_x1, b2_y2 - b2_y1 + eps
-    inter = (torch.min(b1_x2, b2_x2) - torch.max(b1_x1, b2_x1)).clamp(0) * (
-        torch.min(b1_y2, b2_y2) - torch.max(b1_y1, b2_y1)
-    ).clamp(0)
-    union = w1 * h1 + w2 * h2 - inter + eps
-    iou = inter / union
-    del inter, union
-    enclose_w = torch.max(b1_x2, b2_x2) - torch.min(b1_x1, b2_x1)
-    enclose_h = torch.max(b1_y2, b2_y2) - torch.min(b1_y1, b2_y1)
-    diag_sq = enclose_w**2 + enclose_h**2 + eps
-    del enclose_w, enclose_h
-    centre_dist_sq = ((b2_x1 + b2_x2 - b1_x1 - b1_x2) ** 2 + (b2_y1 + b2_y2 - b1_y1 - b1_y2) ** 2) / 4
-    v = (4 / math.pi**2) * torch.pow(pred_atan[:, None, :] - gt_atan[..., None], 2)
-    alpha = v / (v - iou + (1 + eps))
-    return iou - (centre_dist_sq / diag_sq + v * alpha)
+    inter = torch.min(b1_x2, b2_x2).sub_(torch.max(b1_x1, b2_x1)).clamp_(0)
+    inter.mul_(torch.min(b1_y2, b2_y2).sub_(torch.max(b1_y1, b2_y1)).clamp_(0))
+    union = (w1 * h1 + w2 * h2).sub_(inter).add_(eps)
+    iou = inter.div_(union)
+    del union
+    diag_sq = torch.max(b1_x2, b2_x2).sub_(torch.min(b1_x1, b2_x1)).pow_(2)
+    diag_sq.add_(torch.max(b1_y2, b2_y2).sub_(torch.min(b1_y1, b2_y1)).pow_(2)).add_(eps)
+    centre_dist_sq = (b2_x1 + b2_x2 - b1_x1).sub_(b1_x2).pow_(2)
+    centre_dist_sq.add_((b2_y1 + b2_y2 - b1_y1).sub_(b1_y2).pow_(2)).div_(4)
+    v = (pred_atan[:, None, :] - gt_atan[..., None]).pow_(2).mul_(4 / math.pi**2)
+    alpha = v / (v - iou).add_(1 + eps)
+    penalty = centre_dist_sq.div_(diag_sq).add_(v.mul_(alpha))
+    return iou.sub_(penalty)
 
 
 def _aspect_atan(boxes_xyxy: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
@@ -249,7 +260,7 @@ def _anchors_in_boxes(anc_points: torch.Tensor, boxes_xyxy: torch.Tensor, eps: f
     """
     x, y = anc_points[:, 0], anc_points[:, 1]
     x1, y1, x2, y2 = (boxes_xyxy[..., i, None] for i in range(4))
-    margin = torch.minimum(x - x1, y - y1)
-    margin = torch.minimum(margin, x2 - x)
-    margin = torch.minimum(margin, y2 - y)
+    margin = x - x1
+    for high, low in ((y, y1), (x2, x), (y2, y)):
+        torch.minimum(margin, high - low, out=margin)
     return margin > eps
