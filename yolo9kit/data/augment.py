@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 
 from yolo9kit.data.letterbox import PAD_VALUE
+from yolo9kit.data.polygons import transform_polygon_boxes
 
 BORDER = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
 
@@ -35,7 +36,7 @@ class Hyp:
     fliplr: float = 0.5  # probability
     mosaic: float = 1.0  # probability, while mosaic is enabled
     mixup: float = 0.15  # probability, inside the mosaic path only
-    copy_paste: float = 0.3  # official value; not implemented here (it only acts on polygon labels)
+    copy_paste: float = 0.3  # probability per polygon; acts only on polygon labels, inside mosaics
 
     @classmethod
     def from_dict(cls, hyp: dict | Hyp | None) -> Hyp:
@@ -207,12 +208,23 @@ def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr
     return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
 
 
-def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, height: int) -> np.ndarray:
-    """Apply the random affine to (n, 5) ``cls x1 y1 x2 y2`` pixel labels and drop lost boxes (official)."""
+def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, height: int,
+                  polygons: list | None = None) -> np.ndarray:
+    """Apply the random affine to (n, 5) ``cls x1 y1 x2 y2`` pixel labels and drop lost boxes (official).
+
+    Rows with a polygon (``polygons[i]`` not None, canvas pixels) are re-boxed from the transformed
+    polygon, and the area threshold drops to 0.01 as in the official code when polygons are present.
+    """
     if not len(labels):
         return labels
     new = transform_boxes(labels[:, 1:5], M, width, height)
-    keep = box_candidates(labels[:, 1:5].T * zoom, new.T, area_thr=0.10)
+    boxes = transform_polygon_boxes(polygons, M, width, height) if polygons else {}
+    for row, box in boxes.items():
+        new[row] = box
+    keep = box_candidates(labels[:, 1:5].T * zoom, new.T, area_thr=0.01 if boxes else 0.10)
+    # An object wholly outside the mosaic canvas has a zero-size clipped box, but its clipped polygon is a
+    # line along the canvas edge that a rotation turns into a box of nothing; the official code keeps it.
+    keep &= (labels[:, 3] > labels[:, 1]) & (labels[:, 4] > labels[:, 2])
     labels = labels[keep]
     labels[:, 1:5] = new[keep]
     return labels

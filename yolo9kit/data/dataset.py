@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -15,6 +16,7 @@ from yolo9kit.data import augment as A
 from yolo9kit.data.cache import build_report, scan_images
 from yolo9kit.data.images import cache_images, load_resized, read_bgr, reduce_factor, resized_size
 from yolo9kit.data.letterbox import PAD_VALUE, letterbox
+from yolo9kit.data.polygons import copy_paste
 from yolo9kit.data.report import DatasetReport
 from yolo9kit.data.sources import DataConfig, load_data_config
 
@@ -75,7 +77,7 @@ class YOLODataset(Dataset):
         records = scan_images(self.config.images(split), self.config.sources[split], self.nc, use_label_cache,
                               desc=f"checking {split}")
         self.report: DatasetReport = build_report(split, records)
-        if self.report.problems:
+        if any(p.severity != "info" for p in self.report.problems):
             log.warning("%s (see .report or `python -m yolo9kit data check`)", self.report.summary())
         records = [r for r in records if r.usable and len(r.labels) >= min_items]
         if not records:
@@ -83,6 +85,7 @@ class YOLODataset(Dataset):
                              f"{self.report.summary()}; run `python -m yolo9kit data check` for the reasons")
         self.im_files = [r.im_file for r in records]
         self.labels = [r.labels.copy() for r in records]
+        self.segments = [r.segments for r in records]  # per image: one (k, 2) polygon per row, or []
         if single_cls:
             for lb in self.labels:
                 lb[:, 0] = 0
@@ -93,6 +96,7 @@ class YOLODataset(Dataset):
             order, self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, image_size, stride, pad)
             self.im_files = [self.im_files[i] for i in order]
             self.labels = [self.labels[i] for i in order]
+            self.segments = [self.segments[i] for i in order]
             self.shapes = self.shapes[order]
             self.batch_index = np.arange(len(order)) // batch_size
         self.nominal = np.array([resized_size(w, h, image_size) for w, h in self.shapes], np.int64)  # (w, h)
@@ -189,45 +193,65 @@ class YOLODataset(Dataset):
         shapes = ((int(h0), int(w0)), ((h / h0, w / w0), (dw, dh)))
         return image, labels, shapes
 
-    def _mosaic(self, index: int, rng: np.random.Generator):
-        """4-image mosaic + random affine straight into the s x s output (official load_mosaic semantics)."""
+    def _mosaic_layout(self, index: int, rng: np.random.Generator) -> list[tuple[int, int, int, int, int, int, int]]:
+        """Tiles of the official 2s x 2s mosaic: (image, x1a, y1a, x2a, y2a, padw, padh) canvas pixels."""
         s = self.image_size
         xc, yc = (int(v) for v in rng.uniform(s // 2, 2 * s - s // 2, 2))
         indices = [index, *rng.integers(0, len(self), 3).tolist()]
         rng.shuffle(indices)
-        M, zoom = A.random_affine_matrix(rng, self.hyp, (2 * s, 2 * s), (s, s))
-        out = np.full((s, s, 3), PAD_VALUE, np.uint8)
-        all_labels = []
+        tiles = []
         for k, i in enumerate(indices):
             w, h = (int(v) for v in self.nominal[i])
-            if k == 0:
-                x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
-                x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
-            elif k == 1:
-                x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, s * 2), yc
-                x1b, y1b = 0, h - (y2a - y1a)
-            elif k == 2:
-                x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(s * 2, yc + h)
-                x1b, y1b = w - (x2a - x1a), 0
-            else:
-                x1a, y1a, x2a, y2a = xc, yc, min(xc + w, s * 2), min(s * 2, yc + h)
-                x1b, y1b = 0, 0
-            padw, padh = x1a - x1b, y1a - y1b
-            all_labels.append(A.cxcywh_norm_to_xyxy(self.labels[i], w, h, padw, padh))
+            x1a, x2a = (max(xc - w, 0), xc) if k in (0, 2) else (xc, min(xc + w, s * 2))
+            y1a, y2a = (max(yc - h, 0), yc) if k in (0, 1) else (yc, min(yc + h, s * 2))
+            x1b = w - (x2a - x1a) if k in (0, 2) else 0
+            y1b = h - (y2a - y1a) if k in (0, 1) else 0
+            tiles.append((i, x1a, y1a, x2a, y2a, x1a - x1b, y1a - y1b))
+        return tiles
+
+    def _render(self, out: np.ndarray, tiles, G: np.ndarray, zoom: float) -> None:
+        """Draw the mosaic tiles into ``out`` through G (canvas pixels -> output pixels), visible ones only."""
+        H, W = out.shape[:2]
+        for i, x1a, y1a, x2a, y2a, padw, padh in tiles:
             tile_w, tile_h = x2a - x1a, y2a - y1a
-            if tile_w <= 0 or tile_h <= 0 or not A.visible(M @ A.translation(x1a, y1a), tile_w, tile_h, s, s):
+            if tile_w <= 0 or tile_h <= 0 or not A.visible(G @ A.translation(x1a, y1a), tile_w, tile_h, W, H):
                 continue  # this tile lands outside the output: never decode it
             src, to_nominal = self._source(i, zoom)
             # crop the source to the part of the tile that lies on the canvas
             inv = np.linalg.inv(to_nominal)
+            x1b, y1b = x1a - padw, y1a - padh
             (sx0, sy0), (sx1, sy1) = ((inv @ [x1b - 0.5, y1b - 0.5, 1])[:2],
                                       (inv @ [x1b + tile_w - 0.5, y1b + tile_h - 0.5, 1])[:2])
             cx0, cy0 = max(int(math.floor(sx0 + 0.5)), 0), max(int(math.floor(sy0 + 0.5)), 0)
             cx1 = min(int(math.ceil(sx1 - 0.5)) + 1, src.shape[1])
             cy1 = min(int(math.ceil(sy1 - 0.5)) + 1, src.shape[0])
-            crop = src[cy0:cy1, cx0:cx1]
-            A.place(out, crop, M @ A.translation(padw, padh) @ to_nominal @ A.translation(cx0, cy0),
+            A.place(out, src[cy0:cy1, cx0:cx1], G @ A.translation(padw, padh) @ to_nominal @ A.translation(cx0, cy0),
                     self.hyp.perspective != 0)
-        labels = np.concatenate(all_labels, 0)
+
+    def _mosaic(self, index: int, rng: np.random.Generator):
+        """4-image mosaic + copy-paste + random affine, drawn straight into the s x s output (official
+        load_mosaic semantics, without building the 2s x 2s canvas)."""
+        s = self.image_size
+        tiles = self._mosaic_layout(index, rng)
+        labels, polygons = [], []
+        for i, _, _, _, _, padw, padh in tiles:
+            w, h = self.nominal[i]
+            labels.append(A.cxcywh_norm_to_xyxy(self.labels[i], w, h, padw, padh))
+            segs = self.segments[i]
+            polygons += [np.clip(p * (w, h) + (padw, padh), 0, 2 * s) for p in segs] if segs else \
+                [None] * len(self.labels[i])
+        labels = np.concatenate(labels, 0)
         np.clip(labels[:, 1:], 0, 2 * s, out=labels[:, 1:])
-        return out, A.affine_labels(labels, M, zoom, s, s)
+        labels, polygons, pasted = copy_paste(labels, polygons, self.hyp.copy_paste, rng, 2 * s)
+        M, zoom = A.random_affine_matrix(rng, self.hyp, (2 * s, 2 * s), (s, s))
+        out = np.full((s, s, 3), PAD_VALUE, np.uint8)
+        self._render(out, tiles, M, zoom)
+        if pasted:  # pasted regions show the left-right mirrored canvas
+            mirrored = np.full_like(out, PAD_VALUE)
+            self._render(mirrored, tiles, M @ A.flip_matrix(2 * s, 2 * s, True, False), zoom)
+            mask = np.zeros((s, s), np.uint8)
+            for poly in pasted:
+                xy = np.c_[poly, np.ones(len(poly))] @ M.T
+                cv2.fillPoly(mask, [np.round(xy[:, :2] / xy[:, 2:3]).astype(np.int32)], 1)
+            out[mask.astype(bool)] = mirrored[mask.astype(bool)]
+        return out, A.affine_labels(labels, M, zoom, s, s, polygons if any(p is not None for p in polygons) else None)
