@@ -48,9 +48,10 @@ class LossConfig:
     beta: float = 6.0  # CIoU exponent of the alignment metric
     eps: float = 1e-9  # assigner in-box margin and normalisation epsilon
     cls_pos_weight: float = 1.0  # BCE pos_weight (hyp cls_pw)
-    # Most (image, GT, anchor) pairs the assigner holds at once. The official assigner holds
-    # ~100 bytes per pair for the whole batch; at ~9 bytes per pair plus CIoU temporaries this default
-    # keeps the assigner under ~0.5 GB however crowded the images. None: whole batch at once.
+    # Most (image, GT, anchor) pairs the assigner works on at once. The official assigner peaks at
+    # ~100 bytes per pair for the whole batch (4 GB for 16 images of 640 with 300 objects each); ours
+    # at ~25 bytes per pair of a chunk, so this default bounds it near 250 MB however crowded the
+    # images (docs/loss.md has the measurements). None: the whole batch at once.
     max_assign_chunk: int | None = 8_388_608
 
     def replace(self, **changes: Any) -> LossConfig:
