@@ -1,0 +1,113 @@
+"""CUDA autocast, emulated on any device, so a CPU trace allocates what a CUDA AMP step allocates.
+
+``torch.autocast("cuda")`` is disabled on a machine without CUDA, and CPU autocast uses different op
+lists, so the estimator applies the *CUDA* policy itself, as a ``TorchFunctionMode`` (which sits above
+autograd, like the real autocast dispatch key, so the casts are part of the autograd graph and the
+low-precision copies are what backward saves). The lists are those of the PyTorch AMP documentation,
+"CUDA Ops that can autocast to float16" and "CUDA Ops that can autocast to float32"; ops on neither
+list run in the dtype of their inputs (BatchNorm, SiLU, pooling, upsampling, cat of equal dtypes).
+
+Assumptions, stated once:
+
+* Lower-precision ops (convolutions, matmul, linear, ...) cast floating inputs to fp16/bf16. Casts of
+  leaf tensors that require grad (the weights) are cached for the whole autocast region, as CUDA
+  autocast does, so each weight is copied once per forward.
+* float32 ops (exp, log, pow, softmax, sum, BCE-with-logits, ...) compute in fp32. Reductions with a
+  ``dtype`` argument (sum, softmax, log_softmax, cumsum, cumprod, prod) are called with
+  ``dtype=torch.float32`` (no fp32 copy of the input); the others get fp32 copies of their inputs.
+* "Promote" ops (cat, stack, addcmul, index_put, ...) cast all floating inputs to the widest dtype.
+* BatchNorm keeps fp32 weights and running statistics, takes and returns the activation dtype; its
+  saved mean/inverse std are fp32 (cuDNN and the meta kernel agree).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+LOWER_PRECISION = frozenset({
+    "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "convolution", "_convolution", "prelu", "addmm", "addmv", "addr", "matmul", "__matmul__", "__rmatmul__",
+    "einsum", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "multi_dot",
+    "scaled_dot_product_attention", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+})
+FLOAT32 = frozenset({
+    "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits", "cosh",
+    "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "dist", "erfinv", "exp", "expm1",
+    "group_norm", "hinge_embedding_loss", "kl_div", "l1_loss", "layer_norm", "log", "log10", "log1p", "log2",
+    "margin_ranking_loss", "mse_loss", "multilabel_margin_loss", "multi_margin_loss", "nll_loss", "norm",
+    "normalize", "pdist", "poisson_nll_loss", "pow", "reciprocal", "rsqrt", "sinh", "smooth_l1_loss",
+    "soft_margin_loss", "softmin", "softplus", "renorm", "tan", "triplet_margin_loss",
+})
+FLOAT32_BY_DTYPE_ARG = frozenset({"sum", "softmax", "log_softmax", "cumsum", "cumprod", "prod"})
+PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put",
+                     "scatter_add", "tensordot", "cat", "stack", "index_copy"})
+
+
+def _map_tensors(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    return obj
+
+
+class CudaAutocastEmulation(TorchFunctionMode):
+    """Apply the CUDA autocast policy with ``dtype`` (fp16 or bf16) while ``enabled``.
+
+    ``enabled`` is a plain attribute so a training step can switch the region on for forward + loss
+    and off for backward and the optimizer, as ``with torch.autocast(...)`` does around the same code.
+    """
+
+    def __init__(self, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.enabled = False
+        self._weight_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def set_enabled(self, enabled: bool) -> None:
+        self.enabled = bool(enabled) and self.dtype is not None
+        if not self.enabled:
+            self._weight_cache.clear()  # autocast empties its cast cache when the region ends
+
+    def _cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if not t.is_floating_point() or t.dtype == dtype or t.dtype == torch.float64:
+            return t
+        if t.is_leaf and t.requires_grad:
+            hit = self._weight_cache.get(id(t))
+            if hit is not None and hit[0] is t:
+                return hit[1]
+            cast = t.to(dtype)
+            self._weight_cache[id(t)] = (t, cast)
+            return cast
+        return t.to(dtype)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.enabled:
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        low = self.dtype
+        if name in LOWER_PRECISION:
+            args, kwargs = _map_tensors(args, lambda t: self._cast(t, low)), {
+                k: _map_tensors(v, lambda t: self._cast(t, low)) for k, v in kwargs.items()}
+        elif name in FLOAT32_BY_DTYPE_ARG:
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None and first.dtype in (torch.float16, torch.bfloat16) and kwargs.get("dtype") is None:
+                kwargs = {**kwargs, "dtype": torch.float32}
+        elif name in FLOAT32:
+            args = _map_tensors(args, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
+        elif name in PROMOTE:
+            floats = [t for t in _flat(args) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if floats and len({t.dtype for t in floats}) > 1:
+                widest = torch.float32 if any(t.dtype == torch.float32 for t in floats) else floats[0].dtype
+                args = _map_tensors(args, lambda t: t.to(widest) if t.is_floating_point() else t)
+        return func(*args, **kwargs)
+
+
+def _flat(obj):
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _flat(o)
+    else:
+        yield obj

@@ -1,0 +1,164 @@
+"""The training step the memory tools run: the kit's own ``Trainer`` (optimizer groups, GradScaler,
+gradient clipping, EMA), built for a real device or for fake tensors, and a synthetic batch.
+
+``measure`` runs ``yolo9kit.train.train_step`` itself. ``estimate`` cannot: the step checks that the
+loss is finite (a data-dependent branch) and slices targets with a boolean mask, neither of which a
+fake tensor can answer. So ``traced_step`` repeats ``micro_step``'s few lines (input conversion,
+forward and loss in the autocast region, backward) and then calls the kit's ``optimizer_step``
+(unscale, clip, SGD step, zero_grad, EMA update) unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
+
+
+def normalise_amp(amp: str | bool | None) -> str:
+    """"fp16" | "bf16" | "off" (None/False -> "off", True -> "fp16")."""
+    if amp is None or amp is False:
+        return "off"
+    if amp is True:
+        return "fp16"
+    if amp not in AMP_DTYPES:
+        raise ValueError(f"amp={amp!r}: expected 'fp16', 'bf16' or 'off'")
+    return amp
+
+
+@functools.lru_cache(maxsize=2)
+def _built_model(name: str, num_classes: int) -> nn.Module:
+    """A freshly initialised CPU model, kept for the next estimate (callers deep-copy it)."""
+    from yolo9kit.models import create_model
+
+    return create_model(name, num_classes)
+
+
+def resolve_model(model: str | nn.Module, num_classes: int, checkpoint: Any, *, copy_model: bool = True
+                  ) -> tuple[nn.Module, str]:
+    """(a model in train mode with ``checkpoint`` applied, its display name)."""
+    if isinstance(model, str):
+        module, name = copy.deepcopy(_built_model(model, num_classes)), model
+    elif isinstance(model, nn.Module):
+        module = copy.deepcopy(model) if copy_model else model
+        name = getattr(model, "name", type(model).__name__)
+    else:
+        raise TypeError(f"model must be a registered name (e.g. 'yolov9-s') or an nn.Module, got {type(model)}")
+    if checkpoint is not None:
+        if not hasattr(module, "set_activation_checkpointing"):
+            raise ValueError(f"checkpoint={checkpoint!r} needs a model with set_activation_checkpointing(); "
+                             f"{name} has none")
+        module.set_activation_checkpointing(checkpoint)
+    return module.train(), name
+
+
+def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` boxes per image as targets (N, 6)
+    ``[image_index, class, cx, cy, w, h]`` normalised, reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (batch_size, 3, imgsz, imgsz), dtype=torch.uint8, generator=g)
+    n = batch_size * num_targets
+    index = torch.arange(batch_size, dtype=torch.float32).repeat_interleave(num_targets)
+    cls = torch.randint(0, num_classes, (n,), generator=g).float()
+    wh = 0.05 + 0.3 * torch.rand(n, 2, generator=g)
+    cxcy = wh / 2 + (1 - wh) * torch.rand(n, 2, generator=g)
+    return images, torch.cat([index[:, None], cls[:, None], cxcy, wh], 1)
+
+
+def train_config(amp: str, channels_last: bool, batch_size: int = 16, **overrides: Any):
+    from yolo9kit.config import TrainConfig
+
+    return TrainConfig(batch_size=batch_size, amp=amp, channels_last=channels_last, **overrides)
+
+
+def replace_tensors(module: nn.Module, convert) -> nn.Module:
+    """Replace every parameter and buffer of ``module`` with ``convert(tensor)`` in place."""
+    for m in module.modules():
+        for k, p in list(m._parameters.items()):
+            if p is not None:
+                m._parameters[k] = nn.Parameter(convert(p.detach()), requires_grad=p.requires_grad)
+        for k, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[k] = convert(b)
+    for attr in ("stride",):  # DetectionModel.stride is a plain tensor attribute
+        value = getattr(module, attr, None)
+        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) \
+                and attr not in module._buffers:
+            setattr(module, attr, convert(value))
+    return module
+
+
+def _fake_converter(fake_mode, channels_last: bool):
+    """Tensor -> an uninitialised fake tensor of the same shape, dtype and layout (values are never read)."""
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        fmt = torch.channels_last if channels_last and t.ndim == 4 else torch.contiguous_format
+        with fake_mode:
+            return torch.empty(t.shape, dtype=t.dtype, memory_format=fmt)
+    return convert
+
+
+def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Use the ``foreach`` implementation (the CUDA default) and create the optimizer state now, with
+    one step on zero gradients, so that a traced step is a steady-state step."""
+    for group in optimizer.param_groups:
+        group["foreach"] = True
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class FakeSetup:
+    """The kit's Trainer over fake copies of a real model; ``real_model`` serves the loss."""
+
+    trainer: Any
+    real_model: nn.Module
+    loss_fn: Any
+
+
+def build_fake_trainer(real_model: nn.Module, fake_mode, *, amp: str, channels_last: bool,
+                       loss_fn: Any = None, optimizer: str = "SGD") -> FakeSetup:
+    """Trainer whose model, EMA and optimizer live on fake tensors.
+
+    The optimizer runs its ``foreach`` implementation, the default on CUDA, so its temporaries are
+    those of a CUDA step; optimizer state is created up front (one step on zero gradients) so the
+    traced step is a steady-state step, like every step after the first.
+    """
+    from yolo9kit.train.ema import ModelEMA
+    from yolo9kit.train.optim import build_optimizer
+    from yolo9kit.train.step import Trainer
+
+    if loss_fn is None:
+        from yolo9kit.loss import DetectionLoss
+
+        loss_fn = DetectionLoss(real_model)
+    config = train_config(amp, channels_last, optimizer=optimizer)
+    convert = _fake_converter(fake_mode, channels_last)
+    model = replace_tensors(copy.deepcopy(real_model), convert)
+    ema = ModelEMA(real_model, config.ema_decay, config.ema_tau)
+    replace_tensors(ema.ema, convert)
+    opt = build_optimizer(model, config)
+    with fake_mode:
+        prime_optimizer(model, opt)
+    trainer = Trainer(model=model, loss_fn=loss_fn, optimizer=opt,
+                      scaler=torch.amp.GradScaler("cpu", enabled=False), ema=ema, device=torch.device("cpu"),
+                      amp_dtype=None, grad_clip=config.grad_clip, channels_last=channels_last)
+    return FakeSetup(trainer, real_model, loss_fn)
+
+
+def build_real_trainer(model: nn.Module, *, amp: str, channels_last: bool, device: torch.device,
+                       loss_fn: Any = None, optimizer: str = "SGD"):
+    """The kit's own ``build_trainer`` (what ``fit`` uses) for ``model`` on ``device``."""
+    from yolo9kit.train.step import build_trainer
+
+    config = train_config(amp, channels_last, optimizer=optimizer, device=str(device))
+    return build_trainer(model, config, loss_fn=loss_fn, device=device)
