@@ -37,7 +37,7 @@ def ours(data_yaml: Path, workers: int, args) -> float:
     from yolo9kit.data import create_dataloader
 
     loader = create_dataloader(data_yaml, "train", imgsz=args.imgsz, batch_size=args.batch_size, workers=workers,
-                               cache=args.cache, seed=0, pin_memory=False)
+                               cache=args.cache_mode, seed=0, pin_memory=False)
     return time_loader(loader, args.warmup, args.batches)
 
 
@@ -71,7 +71,7 @@ def official(checkout: Path, list_file: Path, workers: int, args) -> float:
     dataloaders = _import_official(checkout)
     hyp = yaml.safe_load((checkout / "data" / "hyps" / "hyp.scratch-high.yaml").read_text())
     loader, _ = dataloaders.create_dataloader(str(list_file), args.imgsz, args.batch_size, 32, hyp=hyp, augment=True,
-                                              cache="ram" if args.cache == "ram" else False, workers=workers,
+                                              cache=args.cache_mode, workers=workers,
                                               shuffle=True)
     return time_loader(loader, args.warmup, args.batches)
 
@@ -86,27 +86,35 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--cache", choices=["none", "ram"], default="none",
-                        help="'ram' decodes every image once into memory, on both sides")
+    parser.add_argument("--cache", choices=["none", "ram"], nargs="+", default=["none", "ram"],
+                        help="image caching, the same on both sides: 'none' decodes every JPEG each time, 'ram' "
+                             "decodes each once (the yolo9kit default, cache=None, behaves as 'ram' when it fits)")
     args = parser.parse_args()
-    args.cache = False if args.cache == "none" else "ram"
 
     from yolo9kit.data import make_shapes
 
     data_yaml = make_shapes(args.data, args.n_images, 8, (640, 480), num_classes=8, seed=0)
     list_file = args.data / "train_official.txt"  # its own list file, so the official cache has its own name
-    list_file.write_text("".join(f"./images/train/{p.name}\n" for p in sorted((args.data / "images/train").glob("*.jpg"))))
+    images = sorted((args.data / "images" / "train").glob("*.jpg"))
+    list_file.write_text("".join(f"./images/train/{p.name}\n" for p in images))
     print(f"{args.n_images} images 640x480, imgsz {args.imgsz}, batch {args.batch_size}, {args.batches} batches after "
-          f"{args.warmup} warm-up, cache {args.cache or 'none'}, {os.cpu_count()} CPUs")
-    rows = []
-    for w in args.workers:
-        mine = ours(data_yaml, w, args)
-        theirs = official(args.official, list_file, w, args) if args.official else None
-        rows.append((w, mine, theirs))
-    print(f"\n| workers | yolo9kit img/s | official img/s | ratio |\n|---|---|---|---|")
-    for w, mine, theirs in rows:
-        ratio = f"{mine / theirs:.2f}x" if theirs else "-"
-        print(f"| {w} | {mine:.1f} | {theirs:.1f} | {ratio} |" if theirs else f"| {w} | {mine:.1f} | - | - |")
+          f"{args.warmup} warm-up, {os.cpu_count()} CPUs")
+    rows = {}
+    for cache in args.cache:
+        args.cache_mode = False if cache == "none" else "ram"
+        for w in args.workers:
+            mine = ours(data_yaml, w, args)
+            theirs = official(args.official, list_file, w, args) if args.official else None
+            rows[cache, w] = (mine, theirs)
+            print(f"cache {cache}, {w} workers: yolo9kit {mine:.1f} img/s"
+                  + (f", official {theirs:.1f} img/s" if theirs else ""), flush=True)
+    print("\n| cache | workers | yolo9kit img/s | official img/s | ratio |\n|---|---|---|---|---|")
+    for (cache, w), (mine, theirs) in rows.items():
+        print(f"| {cache} | {w} | {mine:.1f} | " + (f"{theirs:.1f} | {mine / theirs:.2f}x |" if theirs else "- | - |"))
+    if args.official and ("ram", args.workers[0]) in rows and ("none", args.workers[0]) in rows:
+        print("\nDefaults (yolo9kit caches when the images fit in RAM, the official loader does not):")
+        for w in args.workers:
+            print(f"  {w} workers: {rows['ram', w][0] / rows['none', w][1]:.2f}x")
 
 
 if __name__ == "__main__":

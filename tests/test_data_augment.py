@@ -47,7 +47,7 @@ def _check_boxes_on_objects(image: np.ndarray, targets: np.ndarray, tol: float =
     boxes = np.stack([(targets[:, 2] - targets[:, 4] / 2) * w, (targets[:, 3] - targets[:, 5] / 2) * h,
                       (targets[:, 2] + targets[:, 4] / 2) * w, (targets[:, 3] + targets[:, 5] / 2) * h], 1)
     n_checked = 0
-    for k, (_, cls, cx, cy, bw, bh) in enumerate(targets):
+    for k, cls in enumerate(targets[:, 1]):
         colour = np.array(COLOURS[int(cls)])
         x1, y1, x2, y2 = boxes[k]
         if skip_border and (min(x1, y1) < 1 or x2 > w - 1 or y2 > h - 1):

@@ -58,7 +58,8 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
         cats = sorted(coco["categories"], key=lambda c: int(c["id"]))
         cat_to_class = {int(c["id"]): i for i, c in enumerate(cats)}
         names = [str(c.get("name", c["id"])) for c in cats]
-        images = {int(im["id"]): (str(im["file_name"]), float(im["width"]), float(im["height"])) for im in coco["images"]}
+        images = {int(im["id"]): (str(im["file_name"]), float(im["width"]), float(im["height"]))
+                  for im in coco["images"]}
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{json_path}: malformed COCO annotations: a category needs 'id' and an image needs "
                          f"'id', 'file_name', 'width' and 'height' ({type(e).__name__}: {e})") from e
