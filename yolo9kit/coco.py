@@ -17,8 +17,8 @@ import contextlib
 import io
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 

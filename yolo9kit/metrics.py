@@ -12,7 +12,8 @@ Conventions: detections are (N, 6) rows ``[x1, y1, x2, y2, conf, cls]``; labels 
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch

@@ -11,9 +11,10 @@ import glob
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
@@ -63,7 +64,7 @@ class Prediction:
 
     def summary(self) -> str:
         """``640x480 4 persons, 1 bus, `` as the official per-image line (network input size first)."""
-        text = "%gx%g " % self.input_shape
+        text = f"{self.input_shape[0]:g}x{self.input_shape[1]:g} "
         for c in np.unique(self.classes):
             n = int((self.classes == c).sum())
             text += f"{n} {self.names[int(c)]}{'s' * (n > 1)}, "
@@ -159,8 +160,13 @@ class Predictions(list):
         """The official closing line: mean ms per image for pre-process, inference and NMS."""
         means = [float(self.speed[c].mean()) if self.speed is not None and len(self.speed) else 0.0
                  for c in SPEED_COLUMNS]
-        return ("Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape " % tuple(means)
-                + str((1, 3, *self.imgsz)))
+        return speed_line(means, (1, 3, *self.imgsz))
+
+
+def speed_line(ms_per_image: Sequence[float], shape: tuple[int, ...]) -> str:
+    """``Speed: 1.0ms pre-process, 2.0ms inference, 3.0ms NMS per image at shape (1, 3, 640, 640)``."""
+    pre, inference, nms = ms_per_image
+    return f"Speed: {pre:.1f}ms pre-process, {inference:.1f}ms inference, {nms:.1f}ms NMS per image at shape {shape}"
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -21,8 +21,16 @@ import torch
 from yolo9kit.boxes import cxcywh_to_xyxy
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from yolo9kit.ops import non_max_suppression, scale_boxes
-from yolo9kit.predict import (Prediction, Predictions, load_model, predict, prepare_model, resolve_device,
-                              select_head)
+from yolo9kit.predict import (
+    Prediction,
+    Predictions,
+    load_model,
+    predict,
+    prepare_model,
+    resolve_device,
+    select_head,
+    speed_line,
+)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -78,8 +86,8 @@ class ValResult:
         return "\n".join(lines)
 
     def speed_line(self) -> str:
-        return ("Speed: %.1fms pre-process, %.1fms inference, %.1fms NMS per image at shape " %
-                tuple(self.speed[k] for k in ("preprocess_ms", "inference_ms", "nms_ms")) + str(self.input_shape))
+        """The official Speed line: ms per image, at shape (batch, 3, imgsz, imgsz)."""
+        return speed_line([self.speed[k] for k in ("preprocess_ms", "inference_ms", "nms_ms")], self.input_shape)
 
     def to_dict(self) -> dict[str, float]:
         """The headline numbers (plus COCOeval's, prefixed ``coco/``) as plain floats."""

@@ -6,7 +6,7 @@ built without pyplot so nothing is shown twice or kept alive by a global figure 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
