@@ -133,7 +133,7 @@ def test_gradient_norms_match_official(load_fixture, name):
 @given(
     counts=st.lists(st.integers(0, 6), min_size=1, max_size=3),
     tiny=st.booleans(),
-    border=st.booleans(),
+    border=st.sampled_from(["none", "crossing", "touching", "whole_image"]),
     scale=st.sampled_from([0.1, 1.0, 8.0]),
     seed=st.integers(0, 2**16),
 )
@@ -143,9 +143,15 @@ def test_loss_finite_and_non_negative_for_random_targets(counts, tiny, border, s
     targets = _random_targets(counts, num_classes, seed)
     if len(targets) and tiny:  # degenerate boxes: a fraction of a pixel, or no width at all
         targets[::2, 4:6] = torch.tensor([1e-4, 0.0])[torch.randint(0, 2, (1,), generator=gen)]
-    if len(targets) and border:  # boxes touching or crossing the image border
+    if len(targets) and border == "crossing":  # centres on the border: half the box outside
         targets[::2, 2:4] = torch.tensor([0.0, 1.0])[torch.randint(0, 2, (2,), generator=gen)]
-    maps = [[m.requires_grad_() for m in _random_maps(len(counts), 64, num_classes, seed, scale)] for _ in range(2)]
+    elif len(targets) and border == "touching":  # left edge on x = 0, bottom edge on y = 1
+        targets[::2, 2] = targets[::2, 4] / 2
+        targets[::2, 3] = 1 - targets[::2, 5] / 2
+    elif len(targets) and border == "whole_image":
+        targets[::2, 2:6] = torch.tensor([0.5, 0.5, 1.0, 1.0])
+    maps = [[m.requires_grad_() for m in _random_maps(len(counts), 64, num_classes, seed + head, scale)]
+            for head in range(2)]
     loss, items = DetectionLoss(num_classes=num_classes, strides=STRIDES)(maps, targets)
     assert torch.isfinite(loss) and torch.isfinite(items).all()
     assert (items >= 0).all() and loss >= 0
