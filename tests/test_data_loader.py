@@ -88,3 +88,15 @@ def test_ram_cache_that_does_not_fit_is_a_clear_error(shapes_yaml):
     loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0, cache=None,
                                cache_budget=1e-12)
     assert loader.dataset.images is None  # auto: silently not cached
+
+
+def test_min_items_single_cls_and_cache_values(shapes_yaml):
+    from yolo9kit.data import YOLODataset
+
+    full = YOLODataset(shapes_yaml, "train", image_size=96)
+    counts = [len(x) for x in full.labels]
+    some = YOLODataset(shapes_yaml, "train", image_size=96, min_items=3, single_cls=True)
+    assert len(some) == sum(c >= 3 for c in counts) < len(full)
+    assert all((x[:, 0] == 0).all() for x in some.labels)
+    with pytest.raises(ValueError, match="cache must be"):
+        YOLODataset(shapes_yaml, "train", image_size=96, cache="gpu")

@@ -56,6 +56,21 @@ def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, image_size: int, st
 class YOLODataset(Dataset):
     """A checked YOLO-format split with official-semantics augmentation.
 
+    Args:
+        data: data.yaml path, dict or DataConfig.
+        split: train / val / test.
+        image_size: training size in pixels (long side of each loaded image).
+        augment: official training augmentation (mosaic, mixup, affine, HSV, flips).
+        hyp: augmentation hyper-parameters (dict with official keys, or :class:`Hyp`); default hyp.scratch-high.
+        rect: rectangular batches of ``batch_size`` (images sorted by aspect ratio, mosaic off).
+        stride, pad: rect batch shapes are multiples of ``stride`` with ``pad`` strides of margin.
+        cache: "ram"/True decode every image once into RAM (MemoryError when it does not fit in
+            ``cache_budget`` of the available RAM); "auto" the same but silently skipped when it does not fit;
+            None/False read the files every time. "disk" is taken as "auto".
+        min_items: drop images with fewer boxes. single_cls: every class becomes 0.
+        seed: augmentation draws depend only on (seed, epoch, index).
+        use_label_cache: reuse and write the label cache.
+
     Attributes:
         im_files: image paths (str), in sample order (aspect-ratio order with ``rect``).
         labels: per image (n, 5) float32 ``class cx cy w h`` normalised.
@@ -101,6 +116,12 @@ class YOLODataset(Dataset):
             self.batch_index = np.arange(len(order)) // batch_size
         self.nominal = np.array([resized_size(w, h, image_size) for w, h in self.shapes], np.int64)  # (w, h)
         self.images = None
+        if cache == "disk":
+            log.warning("cache='disk' is not supported (yolo9kit writes nothing beside your images); "
+                        "caching in RAM when the images fit instead")
+            cache = "auto"
+        if cache not in (None, False, True, "auto", "ram"):
+            raise ValueError(f"cache must be None, False, 'auto' or 'ram' (True), got {cache!r}")
         if cache:
             self.images = cache_images(self.im_files, [tuple(s) for s in self.shapes], image_size, augment,
                                        cache_budget, required=cache == "ram" or cache is True)
