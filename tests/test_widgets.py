@@ -71,7 +71,7 @@ def test_dashboard_marks_series_the_trainer_did_not_report():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
-    dash.on_step({"ni": 0, "box_loss": 1.0, "cls_loss": 1.0, "dfl_loss": 1.0, "lr": 0.01})  # no VRAM reported
+    dash.on_step({"ni": 0, "box_loss": 1.0, "cls_loss": 1.0, "dfl_loss": 1.0, "lr": 0.01, "memory_bytes": 0})  # CPU
     assert dash.history[0]["step"] == 0
     texts = [t.get_text() for t in dash.figure.axes[2].texts]
     assert texts == ["not reported"]

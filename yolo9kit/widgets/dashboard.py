@@ -85,7 +85,7 @@ class TrainDashboard:
             row["epoch"] = epoch
         for name, aliases in _SERIES.items():
             value = _pick(metrics, aliases)
-            if value is not None:
+            if value is not None and not (name == "memory_bytes" and value <= 0):  # 0: no GPU to measure
                 row[name] = value
         self.history.append(row)
         if self.interrupt_at is not None and row["step"] >= self.interrupt_at:
