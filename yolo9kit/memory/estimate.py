@@ -100,7 +100,20 @@ class StepEstimator:
             model, imgsz=imgsz, amp=self.amp, checkpoint=checkpoint, channels_last=channels_last,
             num_targets=num_targets, num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer)
         self.trace_seconds = time.perf_counter() - t0
+        self._overheads: dict[int, int] = {}
         LOGGER.info("traced %s (%s, %d px) in %.1f s", self.name, self.amp, imgsz, self.trace_seconds)
+
+    def _reserved_overheads(self, batch_sizes: Sequence[int]) -> dict[int, int]:
+        """Allocator-model overhead at the fixed anchors 1, 8, 64, 512, ... that bracket the batch sizes
+        (cached; fixed anchors make every curve through a batch size agree on it)."""
+        lo, hi = min(batch_sizes), max(batch_sizes)
+        anchors = [8 ** k for k in range(8)]
+        chosen = [a for a in anchors if a <= lo][-1:] + [a for a in anchors if lo < a < hi] + \
+            [a for a in anchors if a >= hi][:1]
+        for a in chosen:
+            if a not in self._overheads:
+                self._overheads[a] = self.memory.reserved_overhead(a)
+        return {a: self._overheads[a] for a in chosen}
 
     @property
     def train_gflops_per_image(self) -> float:
@@ -113,7 +126,7 @@ class StepEstimator:
             raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
         spec = resolve_gpu(gpu)
         cal = calibration_for(spec.name, self.amp) if spec is not None else None
-        overheads = _reserved_overheads(self.memory, sorted(set(batch_sizes))) if cal is None else {}
+        overheads = self._reserved_overheads(batch_sizes) if cal is None else {}
         throughput = throughput or ThroughputModel(**(cal or {}).get("throughput") or {})
         return [_report(self, b, spec, cal, overheads, throughput) for b in batch_sizes]
 
@@ -128,12 +141,6 @@ def estimate_curve(model: str | nn.Module, batch_sizes: Sequence[int], *, imgsz:
     est = StepEstimator(model, imgsz=imgsz, amp=amp, checkpoint=checkpoint, channels_last=channels_last,
                         num_targets=num_targets, num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer)
     return est.reports(batch_sizes, gpu, throughput)
-
-
-def _reserved_overheads(mem: StepMemoryModel, batch_sizes: list[int]) -> dict[int, int]:
-    """Allocator-model overhead at up to three batch sizes (smallest, middle, largest)."""
-    anchors = sorted({batch_sizes[0], batch_sizes[len(batch_sizes) // 2], batch_sizes[-1]})
-    return {b: mem.reserved_overhead(b) for b in anchors}
 
 
 def _interpolate(points: dict[int, int], b: int) -> float:

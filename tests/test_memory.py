@@ -1,0 +1,284 @@
+"""yolo9kit.memory on a toy conv net (fast): fake tracing equals real CPU execution, extrapolation,
+AMP emulation, the allocator model, find_max_batch with simulated OOM, plan, sweep, reports."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from yolo9kit.memory import CATEGORIES, GPUSpec, MemoryReport, StepEstimator, estimate, find_max_batch, measure, plan, sweep
+from yolo9kit.memory.allocator import LARGE_BUFFER, SMALL_BUFFER, CachingAllocatorModel, round_size, segment_size
+from yolo9kit.memory.autocast_sim import CudaAutocastEmulation
+from yolo9kit.memory.extrapolate import StepMemoryModel, _live_matrix
+from yolo9kit.memory.measure import fit_to_total
+from yolo9kit.memory.step import build_real_trainer, prime_optimizer, synthetic_batch
+from yolo9kit.memory.trace import trace_real_step
+
+GIB = 1 << 30
+
+
+def toy_gpu(mib: int) -> GPUSpec:
+    return GPUSpec(f"{mib} MiB test card", mib << 20, True, 100.0, 1000.0, context_bytes=0)
+
+
+class ToyDetector(nn.Module):
+    """Conv-BN-SiLU stages to stride 8, a 1x1 head: the shape of a detector, 60k parameters."""
+
+    def __init__(self, nc: int = 3) -> None:
+        super().__init__()
+        self.nc = nc
+        chans = [3, 16, 32, 64]
+        self.stages = nn.ModuleList(nn.Sequential(nn.Conv2d(a, b, 3, 2, 1, bias=False), nn.BatchNorm2d(b), nn.SiLU())
+                                    for a, b in zip(chans[:-1], chans[1:]))
+        self.head = nn.Conv2d(64, 4 + nc, 1)
+
+    def forward(self, x):
+        for stage in self.stages:
+            x = stage(x)
+        return [self.head(x)]
+
+
+def toy_loss(outputs, targets):
+    """A loss with a data-dependent part (boolean mask), like the assigner's."""
+    out = outputs[0].float()
+    positive = out[:, 4:].sigmoid() > 0.5
+    cls = nn.functional.binary_cross_entropy_with_logits(out[:, 4:], positive.float())
+    box = out[:, :4][positive[:, :1].expand(-1, 4, -1, -1)].pow(2).sum() / (1 + targets.shape[0])
+    loss = cls + box
+    return loss * out.shape[0], torch.stack([box, cls, cls]).detach()
+
+
+def toy_estimator(**kw) -> StepEstimator:
+    kw = {"imgsz": 64, "amp": "off", "num_targets": 4, "num_classes": 3, "loss_fn": toy_loss, **kw}
+    return StepEstimator(ToyDetector(), **kw)
+
+
+def real_trace(batch_size: int, imgsz: int = 64):
+    torch.manual_seed(0)
+    trainer = build_real_trainer(ToyDetector(), amp="off", channels_last=False, device=torch.device("cpu"),
+                                 loss_fn=toy_loss)
+    prime_optimizer(trainer.model, trainer.optimizer)
+    images, targets = synthetic_batch(batch_size, imgsz, 4, 3)
+    return trace_real_step(trainer, images, targets, device_type="cuda")
+
+
+def peak_row(trace):
+    live = _live_matrix(trace)
+    i = int(live.sum(1).argmax())
+    return dict(zip(CATEGORIES, live[i].tolist())), live
+
+
+# ------------------------------------------------------------------- fake trace == real CPU step
+def test_fake_trace_equals_real_cpu_execution():
+    est = toy_estimator()
+    fake_peak, fake_parts = est.memory.peak(2)
+    real_parts, real_live = peak_row(real_trace(2))
+    assert fake_peak == sum(real_parts.values())
+    # every category at the peak, bytes for bytes (loss tensors: the mask size depends on values)
+    for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):
+        assert fake_parts[cat] == real_parts[cat], cat
+
+
+def test_activations_equal_saved_tensors_of_real_forward():
+    """Independent count: unique storages autograd saves in the real forward (saved_tensors_hooks),
+    minus parameters, equal the tracker's activations alive when backward starts."""
+    torch.manual_seed(0)
+    model = ToyDetector().train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    images, targets = synthetic_batch(4, 64, 4, 3)
+    x = images.float().div_(255)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    saved_bytes = sum(saved.values())
+    out_bytes = out[0].untyped_storage().nbytes()  # the output is alive too (not saved by any op)
+    del out
+    trace = real_trace(4)
+    live = _live_matrix(trace)
+    start_backward = next(e for name, e in trace.phase_starts if name == "loss")
+    activations = live[start_backward - 1, CATEGORIES.index("activations")]
+    # the tracker rounds each storage to 512 B, as the CUDA allocator does
+    assert activations == pytest.approx(saved_bytes + out_bytes, rel=0.01)
+
+
+def test_extrapolated_peak_equals_direct_trace_at_larger_batch():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from yolo9kit.memory.step import build_fake_trainer
+    from yolo9kit.memory.trace import trace_fake_step
+
+    est = toy_estimator()
+    fm = FakeTensorMode()
+    setup = build_fake_trainer(ToyDetector(), fm, amp="off", channels_last=False, loss_fn=toy_loss)
+    direct, _ = trace_fake_step(setup.trainer, fm, toy_loss, batch_size=6, imgsz=64, num_targets=4,
+                                num_classes=3, amp_dtype=None)
+    direct_parts, _ = peak_row(direct)
+    peak, parts = est.memory.peak(6)
+    assert peak == pytest.approx(sum(direct_parts.values()), rel=0.02)
+    assert parts["activations"] == pytest.approx(direct_parts["activations"], rel=0.02)
+
+
+def test_activations_linear_in_batch_and_area():
+    est = toy_estimator()
+    a = [est.memory.peak(b)[1]["activations"] for b in (8, 16, 32)]
+    assert a[2] - a[1] == pytest.approx(2 * (a[1] - a[0]), rel=1e-6)
+    big = toy_estimator(imgsz=128).memory.peak(8)[1]["activations"]
+    assert big == pytest.approx(4 * a[0], rel=0.05)  # 4x the pixels, 4x the activations
+
+
+def test_amp_fp16_halves_activations_and_adds_weight_copies():
+    fp32 = toy_estimator(amp="off").memory.peak(16)[1]
+    fp16 = toy_estimator(amp="fp16").memory.peak(16)[1]
+    assert 0.4 < fp16["activations"] / fp32["activations"] < 0.75
+    assert fp16["weights"] > fp32["weights"]  # fp16 copies of the conv weights live through the step
+
+
+def test_autocast_emulation_follows_cuda_lists():
+    conv, bn = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)
+    emu = CudaAutocastEmulation(torch.float16)
+    x = torch.randn(1, 3, 8, 8)
+    with emu:
+        emu.set_enabled(True)
+        y = conv(x)
+        z = bn(y.float()).half() if False else y
+        s = y.sum()
+        e = torch.exp(y)
+        c = torch.cat([y, y.float()])
+        w1 = emu._cast(conv.weight, torch.float16)
+        w2 = emu._cast(conv.weight, torch.float16)
+        emu.set_enabled(False)
+        off = conv(x)
+    assert y.dtype == torch.float16 and z.dtype == torch.float16
+    assert s.dtype == torch.float32 and e.dtype == torch.float32 and c.dtype == torch.float32
+    assert w1 is w2  # the weight cast is cached inside the region
+    assert off.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------------- allocator model
+def test_allocator_rounding_and_segments():
+    assert round_size(1) == 512 and round_size(513) == 1024
+    assert segment_size(100) == SMALL_BUFFER and segment_size(3 << 20) == LARGE_BUFFER
+    assert segment_size((10 << 20) + 1) == 12 << 20
+    m = CachingAllocatorModel()
+    m.malloc(1, 1000)
+    m.malloc(2, 1000)
+    assert m.reserved == SMALL_BUFFER  # both packed into one 2 MiB segment
+    m.free(1)
+    m.free(2)
+    m.malloc(3, 1 << 20)
+    assert m.reserved == SMALL_BUFFER  # freed blocks merged and reused
+    m.malloc(4, 30 << 20)
+    m.free(4)
+    m.malloc(5, 20 << 20)
+    assert m.reserved == SMALL_BUFFER + (30 << 20)  # best fit in the cached 30 MiB block, split
+
+
+def test_reserved_at_least_allocated_and_breakdown_sums():
+    reports = toy_estimator().reports([1, 4, 16], gpu="T4")
+    for r in reports:
+        assert sum(r.breakdown.values()) == r.peak_allocated
+        assert r.peak_reserved >= r.peak_allocated
+        assert r.device_bytes == r.peak_reserved + r.context_bytes
+    assert [r.peak_allocated for r in reports] == sorted(r.peak_allocated for r in reports)
+
+
+def test_report_rejects_missing_categories_and_fit_to_total():
+    with pytest.raises(ValueError, match="breakdown lacks"):
+        MemoryReport("m", 1, 64, "off", None, False, "estimated", "cpu", 10, 10, {"weights": 10})
+    parts = dict.fromkeys(CATEGORIES, 10)
+    assert sum(fit_to_total(parts, 100).values()) == 100
+    assert sum(fit_to_total(parts, 50).values()) == 50
+
+
+# ------------------------------------------------------------------------------- measure on CPU
+def test_measure_without_cuda_points_to_estimate():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(RuntimeError, match=r"estimate\("):
+        measure(ToyDetector(), 2, imgsz=64, loss_fn=toy_loss)
+
+
+# ---------------------------------------------------------------- find_max_batch, simulated OOM
+def test_find_max_batch_recovers_from_oom_and_training_continues():
+    calls = []
+
+    def step_fn(b):
+        calls.append(b)
+        if b > 37:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {b} GiB")
+        return None
+
+    result = find_max_batch(step_fn=step_fn, max_batch=1024)
+    assert result.batch_size == 37
+    assert any(not t["ok"] and t["reason"] == "out of memory" for t in result.trials)
+    assert calls[:7] == [1, 2, 4, 8, 16, 32, 64]  # grows, then bisects
+    # the process goes on: a normal training step runs after the out-of-memory errors
+    from yolo9kit.train.step import train_step
+
+    trainer = build_real_trainer(ToyDetector(), amp="off", channels_last=False, device=torch.device("cpu"),
+                                 loss_fn=toy_loss)
+    images, targets = synthetic_batch(2, 64, 4, 3)
+    assert train_step(trainer, images, targets).finite
+
+
+def test_find_max_batch_keeps_the_margin():
+    result = find_max_batch(step_fn=lambda b: b * GIB, gpu=20 * GIB, margin=0.1)
+    assert result.batch_size == 18  # 18 GiB <= 0.9 * 20 GiB < 19 GiB
+    assert result.budget_bytes == int(18 * GIB)
+    nothing = find_max_batch(step_fn=lambda b: 100 * GIB, gpu=20 * GIB)
+    assert nothing.batch_size == 0 and "already fails" in nothing.reason
+
+
+def test_find_max_batch_estimated_matches_curve():
+    gpu = toy_gpu(160)
+    result = find_max_batch(ToyDetector(), imgsz=64, amp="off", gpu=gpu, margin=0.0, num_targets=4,
+                            num_classes=3, loss_fn=toy_loss, max_batch=256)
+    assert 1 < result.batch_size < 256
+    est = toy_estimator()
+    fits = [r.device_bytes <= gpu.total_bytes for r in est.reports([result.batch_size, result.batch_size + 1], gpu)]
+    assert fits == [True, False]
+
+
+# ------------------------------------------------------------------------------------ plan, sweep
+def test_plan_reaches_nominal_batch_and_recommends_fastest_fitting():
+    at16 = toy_estimator().reports([16], toy_gpu(1024))[0].device_bytes
+    gpu = GPUSpec("test card", at16 + (1 << 20), True, 100.0, 1000.0, context_bytes=0)
+    p = plan(ToyDetector(), nominal_batch_size=64, gpu=gpu, imgsz=64, amp="off", num_targets=4,
+             num_classes=3, loss_fn=toy_loss, margin=0.0)
+    assert (p.table["effective_batch"] == 64).all()
+    assert (p.table["batch_size"] * p.table["accumulate"] == 64).all()
+    assert p.table["fits"].any() and not p.table["fits"].all()
+    fitting = p.table[p.table["fits"]]
+    assert p.recommended["batch_size"] == fitting["batch_size"].max() == 16
+    assert p.recommended["accumulate"] == 4
+    assert "recommended" in p.reason
+
+
+def test_sweep_columns_and_settings():
+    df = sweep(ToyDetector(), [1, 2, 4], imgsz=64, amp=["off", "fp16"], gpu="T4", num_targets=4, num_classes=3,
+               loss_fn=toy_loss, source="estimated")
+    for col in ["model", "batch_size", "source", "setting", "peak_allocated", "peak_reserved", "device_bytes",
+                "activations_bytes", "images_per_s", "fits"]:
+        assert col in df.columns, col
+    assert set(df["source"]) == {"estimated"} and df["setting"].nunique() == 2
+    assert len(df) == 6
+    by = df.groupby("amp")["activations_bytes"].max()
+    assert by["fp16"] < by["off"]
+    assert math.isfinite(df["images_per_s"].iloc[0])
+
+
+def test_estimate_single_report():
+    r = estimate(ToyDetector(), 4, imgsz=64, amp="off", gpu="RTX 4090", num_targets=4, num_classes=3,
+                 loss_fn=toy_loss)
+    assert r.source == "estimated" and r.batch_size == 4 and r.fits
+    assert "RTX 4090" in r.device and r.gpu_total_bytes == 24_564 << 20
