@@ -39,6 +39,7 @@ def non_max_suppression(
     agnostic: bool = False,
     multi_label: bool = False,
     max_det: int = 300,
+    time_limit_s: float | None = None,
 ) -> list[torch.Tensor]:
     """Confidence filter + class-aware NMS, per image.
 
@@ -59,6 +60,7 @@ def non_max_suppression(
         agnostic: suppress across classes.
         multi_label: one row per (box, class) above ``conf_thres`` (validation setting).
         max_det: maximum rows per image.
+        time_limit_s: stop after this many seconds (None: the official ``2.5 + 0.05 * B``).
 
     Returns:
         B tensors (n, 6) float ``[x1, y1, x2, y2, conf, cls]`` on the prediction's device, sorted by
@@ -76,7 +78,7 @@ def non_max_suppression(
     batch_size, nc = prediction.shape[0], prediction.shape[1] - 4
     candidates = prediction[:, 4:].amax(1) > conf_thres  # (B, A)
     multi_label = multi_label and nc > 1
-    time_limit = 2.5 + 0.05 * batch_size  # seconds
+    time_limit = 2.5 + 0.05 * batch_size if time_limit_s is None else time_limit_s
     start = time.time()
     output = [torch.zeros((0, 6), device=prediction.device)] * batch_size
     for index, per_image in enumerate(prediction):
