@@ -24,8 +24,11 @@ def test_make_shapes_check_and_convert(tmp_path, capsys):
     assert "val: 2 images, 2 usable" in capsys.readouterr().out
     (out / "labels" / "train" / "000001.txt").write_text("0 0.5 0.5 0.2\n")
     assert _run(["data", "check", str(out / "data.yaml")]) == 1
+    assert _run(["data", "check", str(out / "data.yaml"), "--split", "test"]) == 2
+    assert _run(["data", "check", str(out / "missing.yaml")]) == 2
     text = capsys.readouterr().out
     assert "000001.txt" in text and "wrong column count" in text and "error" in text
+    assert "split 'test' is not defined" in text and "missing.yaml not found" in text
     ann = {"images": [{"id": 1, "file_name": "000000.jpg", "width": 64, "height": 64}],
            "categories": [{"id": 5, "name": "thing"}],
            "annotations": [{"image_id": 1, "category_id": 5, "bbox": [0, 0, 32, 16]}]}

@@ -16,7 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     mk.add_argument("--num-classes", type=int, default=4)
     mk.add_argument("--seed", type=int, default=0)
     mk.set_defaults(func=run_make_shapes)
-    ck = verbs.add_parser("check", help="check images and labels; exit code 1 when files had to be skipped")
+    ck = verbs.add_parser("check", help="check images and labels; exit code 1 when files had to be skipped, "
+                                        "2 when the data set cannot be read")
     ck.add_argument("data", help="path of a data.yaml")
     ck.add_argument("--split", default="train", choices=["train", "val", "test"])
     ck.add_argument("--no-cache", action="store_true", help="check every file again, ignore the label cache")
@@ -42,7 +43,11 @@ def run_make_shapes(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from yolo9kit.data import check
 
-    report = check(args.data, split=args.split, use_cache=not args.no_cache)
+    try:
+        report = check(args.data, split=args.split, use_cache=not args.no_cache)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e.args[0] if isinstance(e, KeyError) else e}")
+        return 2
     print(report)
     return 0 if report.ok else 1
 
