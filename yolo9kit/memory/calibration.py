@@ -69,7 +69,8 @@ def packaged_calibrations() -> tuple[dict, ...]:
 def calibration_for(gpu_name: str, amp: str, calibrations: tuple[dict, ...] | None = None) -> dict | None:
     """The measured calibration of ``gpu_name`` for ``amp``, or None (then the allocator model is used)."""
     for cal in packaged_calibrations() if calibrations is None else calibrations:
-        if cal["kind"] == "measured" and cal["gpu"] == gpu_name and amp in cal.get("fits", {}):
+        if cal["kind"] == "measured" and not cal.get("smoke") and cal["gpu"] == gpu_name \
+                and amp in cal.get("fits", {}):
             return {**cal["fits"][amp], "workspace_bytes": cal.get("workspace_bytes"),
                     "context_bytes": cal.get("context_bytes"), "throughput": cal.get("throughput")}
     return None
