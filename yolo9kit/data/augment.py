@@ -90,6 +90,12 @@ def translation(dx: float, dy: float) -> np.ndarray:
     return T
 
 
+def inverse_scale_translate(A: np.ndarray) -> np.ndarray:
+    """Inverse of a 3x3 scale-and-translate matrix, without a general solver (it runs per tile)."""
+    sx, sy = A[0, 0], A[1, 1]
+    return np.array([[1 / sx, 0, -A[0, 2] / sx], [0, 1 / sy, -A[1, 2] / sy], [0, 0, 1.0]])
+
+
 def resize_matrix(src_w: int, src_h: int, dst_w: float, dst_h: float) -> np.ndarray:
     """Pixel-centre mapping of cv2.resize from a (src_w, src_h) image to (dst_w, dst_h)."""
     sx, sy = dst_w / src_w, dst_h / src_h

@@ -239,7 +239,7 @@ class YOLODataset(Dataset):
                 continue  # this tile lands outside the output: never decode it
             src, to_nominal = self._source(i, zoom)
             # crop the source to the part of the tile that lies on the canvas
-            inv = np.linalg.inv(to_nominal)
+            inv = A.inverse_scale_translate(to_nominal)
             x1b, y1b = x1a - padw, y1a - padh
             (sx0, sy0), (sx1, sy1) = ((inv @ [x1b - 0.5, y1b - 0.5, 1])[:2],
                                       (inv @ [x1b + tile_w - 0.5, y1b + tile_h - 0.5, 1])[:2])
