@@ -180,3 +180,40 @@ def test_augmentation_hyp_scales_hsv_and_keeps_other_keys():
     hyp = augmentation_hyp({"hsv": 0.5, "mixup": 0.0})
     assert hyp["hsv_v"] == pytest.approx(DEFAULT_AUGMENT_HYP["hsv_v"] / 2) and hyp["mixup"] == 0.0
     assert hyp["translate"] == DEFAULT_AUGMENT_HYP["translate"]
+
+
+# -- memory explorer -------------------------------------------------------------------------------
+
+def test_batch_grid_covers_the_range_with_about_two_points_per_octave():
+    from yolo9kit.widgets.memory import batch_grid
+
+    assert batch_grid(1, 16) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert batch_grid(5, 20) == [5, 6, 8, 12, 16, 20]
+    assert batch_grid(7, 7) == [7]
+    with pytest.raises(ValueError, match="batch range"):
+        batch_grid(0, 4)
+
+
+@pytest.mark.slow
+@needs("yolo9kit.memory", "StepEstimator", "find_max_batch")
+def test_memory_explorer_redraws_for_a_new_batch_range_and_gpu():
+    from yolo9kit.widgets import memory_explorer, output_png
+
+    app = memory_explorer("yolov9-t", imgsz=64, batch_range=(1, 8), gpu="T4", num_classes=3, max_batch=64,
+                          measure=False)
+    assert set(app.controls) == {"model", "imgsz", "batch", "precision", "checkpointing", "gpu", "source"}
+    assert app.state["frame"]["batch_size"].tolist() == [1, 2, 3, 4, 6, 8]
+    first = output_png(app.outputs["curve"])
+    assert "Largest batch on T4: 64" in app.outputs["plan"].value  # a 64 px step is tiny: max_batch caps it
+    assert "batch 64 x accumulate 1 = 64" in app.outputs["plan"].value
+
+    app.controls["batch"].value = (4, 32)
+    frame = app.state["frame"]
+    assert frame["batch_size"].tolist() == [4, 6, 8, 12, 16, 24, 32]
+    assert frame["device_bytes"].is_monotonic_increasing
+    assert output_png(app.outputs["curve"]) != first
+    assert app.state["report"].batch_size == 32
+
+    app.controls["gpu"].value = "RTX 3060"
+    assert "RTX 3060" in app.figures["curve"].axes[0].get_title()
+    assert "Largest batch on RTX 3060" in app.outputs["plan"].value
