@@ -266,3 +266,19 @@ def test_half_evaluation_leaves_the_callers_fp32_weights_alone(dataset):
     evaluate(model, data, dataloader=batches, device="cpu", half=True, progress=False)
     assert model.weight.dtype == torch.float32 and model.weight.item() == torch.tensor(0.1).item()
     assert model.training
+
+
+def test_val_cli_on_a_kit_checkpoint(dataset, tmp_path, capsys):
+    from yolo9kit.checkpoint import save_checkpoint
+    from yolo9kit.cli import val
+
+    data, _ = dataset
+    weights = save_checkpoint(tmp_path / "gelan.pt", create_model("gelan-t", num_classes=2, names=NAMES))
+    argv = ["val", "--data", str(data), "--weights", str(weights), "--imgsz", "64", "--batch-size", "2",
+            "--workers", "0", "--device", "cpu", "--save-json", "--project", str(tmp_path / "runs")]
+    assert _cli(val, argv) == 0
+    out = capsys.readouterr().out
+    assert "Class     Images  Instances" in out and "per image at shape (2, 3, 64, 64)" in out
+    record = json.loads((tmp_path / "runs" / "exp" / "results.json").read_text())
+    assert record["images"] == 3 and record["instances"] == 3 and record["head"] == "main"
+    assert (tmp_path / "runs" / "exp" / "confusion_matrix.png").is_file()
