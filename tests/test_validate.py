@@ -157,7 +157,24 @@ def test_evaluate_coco_json_and_cocoeval(dataset, tmp_path):
     assert {r["image_id"] for r in records} == {1, 2, 3}  # numeric stems become ints
     first = next(r for r in records if r["image_id"] == 1 and r["category_id"] == 0)
     assert first["bbox"] == [10.0, 10.0, 30.0, 30.0] and first["score"] == 0.9
+    # COCOeval reaches 1.0 where the official 101-point trapezoid stops at 0.995 (see docs/validation.md)
     assert result.coco["AP50"] == pytest.approx(1.0) and result.coco["AP50-95"] == pytest.approx(1.0)
+    assert result.map == pytest.approx(0.995)
+    again = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", coco=True,
+                     coco_gt=tmp_path / "val" / "ground_truth.json", progress=False)  # a COCO JSON file
+    assert again.coco == result.coco
+
+
+def test_coco_records_follow_the_official_rules():
+    from yolo9kit.coco import COCO80_TO_COCO91, coco_predictions, is_coco_val
+
+    det = torch.tensor([[10.12345, 20.0, 30.5, 60.25, 0.123456789, 11.0]])
+    (record,) = coco_predictions(det, "images/val2017/000000000139.jpg", COCO80_TO_COCO91)
+    assert record == {"image_id": 139, "category_id": 13, "bbox": [10.123, 20.0, 20.377, 40.25], "score": 0.12346}
+    assert coco_predictions(det, "a/photo_1.png")[0]["image_id"] == "photo_1"
+    assert coco_predictions(det, "a/photo_1.png")[0]["category_id"] == 11
+    assert is_coco_val("../datasets/coco/val2017.txt") and not is_coco_val("shapes/images/val")
+    assert len(COCO80_TO_COCO91) == 80 and COCO80_TO_COCO91[-1] == 90
 
 
 def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
