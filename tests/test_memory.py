@@ -1,4 +1,4 @@
-"""yolo9kit.memory on a toy conv net (fast): fake tracing equals real CPU execution, extrapolation,
+"""yolo9kit.memory on a toy conv net (fast): tracing on meta tensors equals real CPU execution, extrapolation,
 AMP emulation, the allocator model, find_max_batch with simulated OOM, plan, sweep, reports."""
 
 from __future__ import annotations
@@ -71,15 +71,15 @@ def peak_row(trace):
     return dict(zip(CATEGORIES, live[i].tolist())), live
 
 
-# ------------------------------------------------------------------- fake trace == real CPU step
-def test_fake_trace_equals_real_cpu_execution():
+# ------------------------------------------------------------------- meta trace == real CPU step
+def test_meta_trace_equals_real_cpu_execution():
     est = toy_estimator()
-    fake_peak, fake_parts = est.memory.peak(2)
+    meta_peak, meta_parts = est.memory.peak(2)
     real_parts, real_live = peak_row(real_trace(2))
-    assert fake_peak == sum(real_parts.values())
+    assert meta_peak == sum(real_parts.values())
     # every category at the peak, bytes for bytes (loss tensors: the mask size depends on values)
     for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):
-        assert fake_parts[cat] == real_parts[cat], cat
+        assert meta_parts[cat] == real_parts[cat], cat
 
 
 def test_activations_equal_saved_tensors_of_real_forward():
@@ -112,16 +112,13 @@ def test_activations_equal_saved_tensors_of_real_forward():
 
 
 def test_extrapolated_peak_equals_direct_trace_at_larger_batch():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from yolo9kit.memory.step import build_fake_trainer
-    from yolo9kit.memory.trace import trace_fake_step
+    from yolo9kit.memory.step import build_meta_trainer
+    from yolo9kit.memory.trace import trace_meta_step
 
     est = toy_estimator()
-    fm = FakeTensorMode()
-    setup = build_fake_trainer(ToyDetector(), fm, amp="off", channels_last=False, loss_fn=toy_loss)
-    direct, _ = trace_fake_step(setup.trainer, fm, toy_loss, batch_size=6, imgsz=64, num_targets=4,
-                                num_classes=3, amp_dtype=None)
+    trainer, loss_fn = build_meta_trainer(ToyDetector(), amp="off", channels_last=False, loss_fn=toy_loss)
+    direct, _ = trace_meta_step(trainer, loss_fn, batch_size=6, imgsz=64, num_targets=4, num_classes=3,
+                                amp_dtype=None)
     direct_parts, _ = peak_row(direct)
     peak, parts = est.memory.peak(6)
     assert peak == pytest.approx(sum(direct_parts.values()), rel=0.02)

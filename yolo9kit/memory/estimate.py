@@ -3,7 +3,7 @@
 How (each step's assumptions are in its module):
 
 1. The kit's step (``trace.traced_step``: forward and loss under autocast, backward, clip, SGD,
-   EMA) runs on ``FakeTensor`` s, which carry shapes, dtypes and strides but no data, under a
+   EMA) runs on ``meta`` tensors, which carry shapes, dtypes and strides but no data, under a
    ``StorageTracker`` that records every storage by category and over time (``tracker``), with the
    CUDA autocast policy applied by ``autocast_sim`` and the real loss bridged in (``trace``).
 2. That is done at two small batch sizes; every storage is linear in the batch, so the live bytes
@@ -31,7 +31,7 @@ from yolo9kit.memory.calibration import calibration_for
 from yolo9kit.memory.extrapolate import StepMemoryModel
 from yolo9kit.memory.gpus import GPUSpec, resolve_gpu
 from yolo9kit.memory.report import MemoryReport
-from yolo9kit.memory.step import AMP_DTYPES, build_fake_trainer, normalise_amp, resolve_model
+from yolo9kit.memory.step import AMP_DTYPES, build_meta_trainer, normalise_amp, resolve_model
 from yolo9kit.memory.throughput import ThroughputModel
 
 LOGGER = logging.getLogger(__name__)
@@ -66,23 +66,19 @@ def trace_model(model: str | nn.Module, *, imgsz: int, amp: str, checkpoint: Any
                 num_targets: int, num_classes: int, loss_fn: Any = None, optimizer: str = "SGD"
                 ) -> tuple[StepMemoryModel, float, str]:
     """Trace the step at the two ``TRACE_BATCHES`` -> (memory model, forward GFLOPs per image, name)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from yolo9kit.memory.trace import trace_fake_step
+    from yolo9kit.memory.trace import trace_meta_step
 
     amp = normalise_amp(amp)
     if imgsz % 32:
         raise ValueError(f"imgsz={imgsz}: must be a multiple of 32 (the largest stride)")
     real, name = resolve_model(model, num_classes, checkpoint)
     nc = int(getattr(real, "nc", num_classes))
-    fake_mode = FakeTensorMode()
-    setup = build_fake_trainer(real, fake_mode, amp=amp, channels_last=channels_last, loss_fn=loss_fn,
-                               optimizer=optimizer)
+    trainer, loss_fn = build_meta_trainer(real, amp=amp, channels_last=channels_last, loss_fn=loss_fn,
+                                          optimizer=optimizer)
     traces, gflops = [], 0.0
     for i, b in enumerate(TRACE_BATCHES):
-        trace, gflops = trace_fake_step(setup.trainer, fake_mode, setup.loss_fn, batch_size=b, imgsz=imgsz,
-                                        num_targets=num_targets, num_classes=nc, amp_dtype=AMP_DTYPES[amp],
-                                        optimizer=i == 0)
+        trace, gflops = trace_meta_step(trainer, loss_fn, batch_size=b, imgsz=imgsz, num_targets=num_targets,
+                                        num_classes=nc, amp_dtype=AMP_DTYPES[amp], optimizer=i == 0)
         traces.append(trace)
     return StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES), gflops, name
 

@@ -1,9 +1,9 @@
 """The training step the memory tools run: the kit's own ``Trainer`` (optimizer groups, GradScaler,
-gradient clipping, EMA), built for a real device or for fake tensors, and a synthetic batch.
+gradient clipping, EMA), built for a real device or for ``meta`` tensors, and a synthetic batch.
 
 ``measure`` runs ``yolo9kit.train.train_step`` itself. ``estimate`` cannot: the step checks that the
 loss is finite (a data-dependent branch) and slices targets with a boolean mask, neither of which a
-fake tensor can answer. So ``traced_step`` repeats ``micro_step``'s few lines (input conversion,
+tensor without data can answer. So ``traced_step`` repeats ``micro_step``'s few lines (input conversion,
 forward and loss in the autocast region, backward) and then calls the kit's ``optimizer_step``
 (unscale, clip, SGD step, zero_grad, EMA update) unchanged.
 """
@@ -78,30 +78,23 @@ def train_config(amp: str, channels_last: bool, batch_size: int = 16, **override
     return TrainConfig(batch_size=batch_size, amp=amp, channels_last=channels_last, **overrides)
 
 
-def replace_tensors(module: nn.Module, convert) -> nn.Module:
-    """Replace every parameter and buffer of ``module`` with ``convert(tensor)`` in place."""
-    for m in module.modules():
-        for k, p in list(m._parameters.items()):
-            if p is not None:
-                m._parameters[k] = nn.Parameter(convert(p.detach()), requires_grad=p.requires_grad)
-        for k, b in list(m._buffers.items()):
-            if b is not None:
-                m._buffers[k] = convert(b)
-    for attr in ("stride",):  # DetectionModel.stride is a plain tensor attribute
-        value = getattr(module, attr, None)
-        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) \
-                and attr not in module._buffers:
-            setattr(module, attr, convert(value))
-    return module
+def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are uninitialised ``meta`` tensors: same shapes,
+    dtypes, strides (channels_last for 4-D weights when asked), no data, no memory."""
+    fmt = torch.channels_last if channels_last else torch.preserve_format
 
+    def meta(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(t, device="meta", memory_format=fmt if t.ndim == 4 else torch.preserve_format)
 
-def _fake_converter(fake_mode, channels_last: bool):
-    """Tensor -> an uninitialised fake tensor of the same shape, dtype and layout (values are never read)."""
-    def convert(t: torch.Tensor) -> torch.Tensor:
-        fmt = torch.channels_last if channels_last and t.ndim == 4 else torch.contiguous_format
-        with fake_mode:
-            return torch.empty(t.shape, dtype=t.dtype, memory_format=fmt)
-    return convert
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(meta(p.detach()), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = meta(b)
+    stride = getattr(model, "stride", None)  # DetectionModel.stride: a plain tensor attribute
+    if isinstance(stride, torch.Tensor) and id(stride) not in memo:
+        memo[id(stride)] = meta(stride)
+    return copy.deepcopy(model, memo)
 
 
 def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -116,22 +109,12 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-@dataclass
-class FakeSetup:
-    """The kit's Trainer over fake copies of a real model; ``real_model`` serves the loss."""
+def build_meta_trainer(real_model: nn.Module, *, amp: str, channels_last: bool, loss_fn: Any = None,
+                       optimizer: str = "SGD"):
+    """The kit's Trainer (optimizer groups, EMA, clipping) over a ``meta`` copy of ``real_model``.
 
-    trainer: Any
-    real_model: nn.Module
-    loss_fn: Any
-
-
-def build_fake_trainer(real_model: nn.Module, fake_mode, *, amp: str, channels_last: bool,
-                       loss_fn: Any = None, optimizer: str = "SGD") -> FakeSetup:
-    """Trainer whose model, EMA and optimizer live on fake tensors.
-
-    The optimizer runs its ``foreach`` implementation, the default on CUDA, so its temporaries are
-    those of a CUDA step; optimizer state is created up front (one step on zero gradients) so the
-    traced step is a steady-state step, like every step after the first.
+    ``loss_fn`` (default ``DetectionLoss(real_model)``) stays on the real model: the trace runs it for
+    real (see ``trace``). Returns (trainer, loss_fn).
     """
     from yolo9kit.train.ema import ModelEMA
     from yolo9kit.train.optim import build_optimizer
@@ -142,17 +125,14 @@ def build_fake_trainer(real_model: nn.Module, fake_mode, *, amp: str, channels_l
 
         loss_fn = DetectionLoss(real_model)
     config = train_config(amp, channels_last, optimizer=optimizer)
-    convert = _fake_converter(fake_mode, channels_last)
-    model = replace_tensors(copy.deepcopy(real_model), convert)
-    ema = ModelEMA(real_model, config.ema_decay, config.ema_tau)
-    replace_tensors(ema.ema, convert)
+    model = to_meta(real_model, channels_last).train()
+    ema = ModelEMA(model, config.ema_decay, config.ema_tau)
     opt = build_optimizer(model, config)
-    with fake_mode:
-        prime_optimizer(model, opt)
+    prime_optimizer(model, opt)
     trainer = Trainer(model=model, loss_fn=loss_fn, optimizer=opt,
-                      scaler=torch.amp.GradScaler("cpu", enabled=False), ema=ema, device=torch.device("cpu"),
+                      scaler=torch.amp.GradScaler("cpu", enabled=False), ema=ema, device=torch.device("meta"),
                       amp_dtype=None, grad_clip=config.grad_clip, channels_last=channels_last)
-    return FakeSetup(trainer, real_model, loss_fn)
+    return trainer, loss_fn
 
 
 def build_real_trainer(model: nn.Module, *, amp: str, channels_last: bool, device: torch.device,

@@ -1,19 +1,20 @@
-"""Trace one training step of the kit on fake tensors (or real ones) and record its storages.
+"""Trace one training step of the kit on ``meta`` tensors (or real ones) and record its storages.
 
-The loss is the one part that cannot run on fake tensors: the task-aligned assigner picks anchors by
-value (top-k, masks, a branch on ``any()``). ``_LossBridge`` therefore runs the real loss on real CPU
-tensors shaped like the model's outputs (random logits, the synthetic targets), under the same tracker
-so its tensors count as ``loss_assigner``; to the fake graph it returns a fake scalar and, in backward,
-fake gradients of the outputs' shapes and dtypes.
+``meta`` tensors carry shape, dtype and strides and run PyTorch's shape kernels, forward, backward and
+optimizer alike, without data or memory. The loss is the one part that cannot run on them: the
+task-aligned assigner picks anchors by value (top-k, masks, a branch on ``any()``). ``_LossBridge``
+therefore runs the real loss on real CPU tensors shaped like the model's outputs (random logits, the
+synthetic targets), under the same tracker so its tensors count as ``loss_assigner``; to the meta graph
+it returns a meta scalar and, in backward, meta gradients of the outputs' shapes and dtypes.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from yolo9kit.memory.autocast_sim import CudaAutocastEmulation
@@ -36,17 +37,17 @@ class _LossBridge(torch.autograd.Function):
     def forward(ctx, state: _BridgeState, *outputs: torch.Tensor):
         ctx.state = state
         ctx.meta = [(o.shape, o.dtype) for o in outputs]
-        with unset_fake_temporarily():
-            state.tracker.paused = True  # these stand for the outputs, already counted as activations
-            g = torch.Generator().manual_seed(0)
-            real = [torch.randn(o.shape, generator=g).to(o.dtype).requires_grad_(True) for o in outputs]
-            state.tracker.paused = False
-            leaves: list = [None] * state.spec.num_leaves
-            for pos, r in zip(state.positions, real):
-                leaves[pos] = r
-            with torch.enable_grad():
-                loss, _ = state.loss_fn(tree_unflatten(leaves, state.spec), state.targets)
-            state.real, state.loss = real, loss
+        # real CPU tensors standing for the outputs (already counted as activations: not tracked)
+        state.tracker.paused = True
+        g = torch.Generator().manual_seed(0)
+        real = [torch.randn(o.shape, generator=g).to(o.dtype).requires_grad_(True) for o in outputs]
+        state.tracker.paused = False
+        leaves: list = [None] * state.spec.num_leaves
+        for pos, r in zip(state.positions, real):
+            leaves[pos] = r
+        with torch.enable_grad():
+            loss, _ = state.loss_fn(tree_unflatten(leaves, state.spec), state.targets)
+        state.real, state.loss = real, loss
         first = outputs[0]
         return first.new_zeros((), dtype=torch.float32), first.new_zeros(3, dtype=torch.float32)
 
@@ -54,16 +55,15 @@ class _LossBridge(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_items):
         state = ctx.state
         state.tracker.set_phase("loss_backward")
-        with unset_fake_temporarily():
-            grads = torch.autograd.grad(state.loss, state.real, allow_unused=True)
-            del grads
-            state.loss = state.real = None
+        grads = torch.autograd.grad(state.loss, state.real, allow_unused=True)
+        del grads  # freed before the meta gradients exist, as the real step would hand them on
+        state.loss = state.real = None
         state.tracker.set_phase("backward")
         return (None, *[grad_loss.new_empty(shape, dtype=dtype) for shape, dtype in ctx.meta])
 
 
 def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
-    """A loss callable for fake outputs that runs ``loss_fn`` for real (see the module docstring)."""
+    """A loss callable for meta outputs that runs ``loss_fn`` for real (see the module docstring)."""
 
     def call(outputs, _targets):
         state = _BridgeState(loss_fn, real_targets, tracker)
@@ -87,9 +87,10 @@ def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: S
     x = to_input(images, trainer.device, trainer.channels_last)
     if emulation is not None:
         emulation.set_enabled(True)
-    # real autocast when the trainer asks for it (CUDA); the emulation stands in for it on fake tensors
-    with torch.autocast(trainer.device.type, dtype=trainer.amp_dtype or torch.float32,
-                        enabled=trainer.amp_dtype is not None):
+    # real autocast when the trainer asks for it (CUDA); the emulation stands in for it on meta tensors
+    region = contextlib.nullcontext() if trainer.amp_dtype is None else \
+        torch.autocast(trainer.device.type, dtype=trainer.amp_dtype)
+    with region:
         outputs = trainer.model(x)
         tracker.set_phase("loss")
         loss, _items = loss_call(outputs, targets.to(trainer.device))
@@ -117,10 +118,9 @@ def register_persistent(tracker: StorageTracker, trainer) -> None:
     tracker.register(state, "optimizer_state")
 
 
-def trace_fake_step(trainer, fake_mode: FakeTensorMode, loss_fn, *, batch_size: int, imgsz: int,
-                    num_targets: int, num_classes: int, amp_dtype: torch.dtype | None, optimizer: bool = True
-                    ) -> tuple[Trace, float]:
-    """Trace one steady-state step at ``batch_size`` on fake tensors -> (trace, forward GFLOPs per image).
+def trace_meta_step(trainer, loss_fn, *, batch_size: int, imgsz: int, num_targets: int, num_classes: int,
+                    amp_dtype: torch.dtype | None, optimizer: bool = True) -> tuple[Trace, float]:
+    """Trace one steady-state step at ``batch_size`` on ``meta`` tensors -> (trace, forward GFLOPs per image).
 
     ``optimizer=False`` stops after backward (the optimizer and EMA do not depend on the batch, so a
     second trace can skip them)."""
@@ -129,10 +129,9 @@ def trace_fake_step(trainer, fake_mode: FakeTensorMode, loss_fn, *, batch_size: 
     _, targets = synthetic_batch(batch_size, 32, num_targets, num_classes)
     tracker = StorageTracker(device_type="cuda")
     emulation = CudaAutocastEmulation(amp_dtype)
-    with fake_mode:
-        images = torch.empty((batch_size, 3, imgsz, imgsz), dtype=torch.uint8)
+    images = torch.empty((batch_size, 3, imgsz, imgsz), dtype=torch.uint8, device="meta")
     register_persistent(tracker, trainer)
-    with fake_mode, emulation, tracker:
+    with emulation, tracker:
         traced_step(trainer, images, targets, tracker, emulation, bridged_loss(loss_fn, targets, tracker),
                     optimizer=optimizer)
     return tracker.trace(), tracker.forward_flops / 1e9 / batch_size
@@ -141,7 +140,7 @@ def trace_fake_step(trainer, fake_mode: FakeTensorMode, loss_fn, *, batch_size: 
 def trace_real_step(trainer, images: torch.Tensor, targets: torch.Tensor, *, device_type: str | None = None
                     ) -> Trace:
     """The same step on real tensors (CPU or CUDA, with real autocast on CUDA) under the same tracker:
-    the reference the fake trace must match, and the breakdown of a measured step."""
+    the reference the meta trace must match, and the breakdown of a measured step."""
     tracker = StorageTracker(device_type=device_type or trainer.device.type)
     register_persistent(tracker, trainer)
     with tracker:

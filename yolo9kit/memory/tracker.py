@@ -2,8 +2,8 @@
 
 ``StorageTracker`` is a ``TorchDispatchMode``: it sees every ATen op below autograd, so it sees the
 tensors autograd saves for backward, the gradients, the optimizer's buffers and every temporary. It
-works the same on real tensors (CPU or CUDA) and on ``FakeTensor`` s, which is what makes a GPU-less
-estimate possible: a step traced on fake tensors allocates, op for op, what the real step allocates.
+works the same on real tensors (CPU or CUDA) and on ``meta`` tensors (shapes, no data), which is what makes a GPU-less
+estimate possible: a step traced on meta tensors allocates, op for op, what the real step allocates.
 
 Each storage is recorded once, when the first op returns a tensor on it, and freed when its Python
 object dies (a weakref callback; CPython runs it at once). The result is an event list: storage ``i``
@@ -65,7 +65,7 @@ class StorageTracker(TorchDispatchMode):
 
     Args:
         device_type: "cuda" rounds sizes as the CUDA allocator does; anything else counts exact bytes.
-            Pass "cuda" when tracing fake CPU tensors that stand for a CUDA run.
+            Pass "cuda" when tracing meta tensors that stand for a CUDA run.
     """
 
     def __init__(self, device_type: str = "cpu") -> None:
