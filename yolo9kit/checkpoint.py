@@ -36,12 +36,12 @@ class CheckpointError(ValueError):
 
 def _plain(value: Any, where: str) -> Any:
     """Convert to types a weights_only load accepts (Path -> str, numpy -> tensor/number, dataclass -> dict)."""
+    if isinstance(value, np.generic):  # before the float check: np.float64 subclasses float
+        return value.item()
     if value is None or isinstance(value, (bool, int, float, str, torch.Tensor, torch.dtype, torch.device)):
         return value
     if isinstance(value, PurePath):
         return str(value)
-    if isinstance(value, np.generic):
-        return value.item()
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

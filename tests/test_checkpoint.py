@@ -1,0 +1,108 @@
+"""yolo9kit checkpoints: round trips, EMA preference, clear errors, atomic writes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from yolo9kit.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from yolo9kit.models import create_model, to_deploy
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return create_model("gelan-t", names=["cat", "dog"]).eval()
+
+
+def _outputs(m, x):
+    with torch.no_grad():
+        return m.eval()(x).main
+
+
+def test_round_trip_same_outputs(model, tmp_path):
+    path = save_checkpoint(tmp_path / "run" / "last.pt", model, epoch=4, note="hello")
+    loaded = load_checkpoint(path)
+    x = torch.rand(2, 3, 64, 64)
+    assert torch.equal(_outputs(loaded, x), _outputs(model, x))
+    assert loaded.names == ["cat", "dog"] and loaded.nc == 2 and not loaded.training
+    ckpt = read_checkpoint(path)
+    assert ckpt["format"] == "yolo9kit" and ckpt["version"] == 1 and ckpt["epoch"] == 4
+    assert ckpt["model_config"]["yaml"] == model.yaml
+
+
+def test_ema_weights_used_when_present(model, tmp_path):
+    ema = {k: (v + 0.01 if v.is_floating_point() else v) for k, v in model.state_dict().items()}
+    path = save_checkpoint(tmp_path / "ema.pt", model, ema=ema)
+    with_ema, without = load_checkpoint(path), load_checkpoint(path, use_ema=False)
+    assert with_ema.checkpoint_meta["entry"] == "ema" and without.checkpoint_meta["entry"] == "model"
+    assert torch.equal(with_ema.model[0].conv.weight, ema["model.0.conv.weight"])
+    assert torch.equal(without.model[0].conv.weight, model.model[0].conv.weight)
+
+
+def test_dual_and_fused_models_round_trip(tmp_path):
+    dual = create_model("yolov9-t").eval()
+    x = torch.rand(1, 3, 64, 64)
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "dual.pt", dual))
+    assert loaded.is_dual and torch.equal(_outputs(loaded, x), _outputs(dual, x))
+    deployed = to_deploy(dual)
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "deploy.pt", deployed))
+    assert torch.equal(_outputs(loaded, x), _outputs(deployed, x))
+
+
+def test_plain_entries_only(model, tmp_path):
+    import numpy as np
+
+    path = save_checkpoint(tmp_path / "plain.pt", model, best=np.float64(0.5), where=tmp_path)
+    ckpt = read_checkpoint(path)
+    assert ckpt["best"] == 0.5 and ckpt["where"] == str(tmp_path)
+    with pytest.raises(TypeError, match="optimizer.*state_dict"):
+        save_checkpoint(tmp_path / "bad.pt", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="reserved"):
+        save_checkpoint(tmp_path / "bad.pt", model, version=2)
+
+
+def test_truncated_file_clear_error(model, tmp_path):
+    path = save_checkpoint(tmp_path / "full.pt", model)
+    data = path.read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 3])
+    with pytest.raises(CheckpointError, match=r"cut\.pt: cannot be read \(truncated"):
+        load_checkpoint(tmp_path / "cut.pt")
+    (tmp_path / "noise.pt").write_bytes(os.urandom(2048))
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_checkpoint(tmp_path / "noise.pt")
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "absent.pt")
+
+
+def test_foreign_file_clear_error(tmp_path):
+    torch.save({"state_dict": {"w": torch.zeros(1)}}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not a yolo9kit checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    with pytest.raises(CheckpointError, match="not a yolo9kit checkpoint"):
+        read_checkpoint(tmp_path / "tensor.pt")
+
+
+def test_official_file_gets_a_hint(official_fixture):
+    with pytest.raises(CheckpointError, match="official YOLOv9 checkpoint.*load_official_checkpoint"):
+        load_checkpoint(official_fixture("gelan-t.official-release.pt"))
+
+
+def test_interrupted_write_keeps_previous_file(model, tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "last.pt", model, epoch=1)
+    before = path.read_bytes()
+
+    def dying_save(obj, f, *args, **kwargs):  # the process dies half-way through writing
+        with open(f, "wb") as fh:
+            fh.write(before[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, model, epoch=2)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and read_checkpoint(path)["epoch"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
