@@ -3,6 +3,7 @@
     python benchmarks/train_step.py --model yolov9-t --batch 8 --imgsz 320 --device cpu
     python benchmarks/train_step.py --model yolov9-s --batch 64 --amp fp16 --device cuda --channels-last
     python benchmarks/train_step.py --model yolov9-s --batch 16 --amp fp16 --official /path/to/yolov9-checkout
+    python benchmarks/train_step.py --model yolov9-t --batch 8 --imgsz 128 --accumulation-gap 4   # 4x2 vs 8
 
 The kit's step is ``yolo9kit.train`` as ``fit`` runs it (official optimizer groups, GradScaler, clip 10,
 EMA with ``torch._foreach`` ops). Timed twice: phase by phase (a device sync between phases, which costs a
@@ -147,6 +148,43 @@ def _summary(name, clock, whole, batch, device) -> dict:
     return row
 
 
+def accumulation_gap(args, device, images, targets) -> None:
+    """Gradient of one batch of B against K micro-batches of B/K (summed, no division: the kit's and the
+    official accumulation), with BatchNorm in batch-statistics mode (as in training) and with BatchNorm
+    frozen to its running statistics (isolates the loss's per-micro-batch normalisation by target_scores_sum)."""
+    from yolo9kit.config import TrainConfig
+    from yolo9kit.models import create_model
+    from yolo9kit.train import build_trainer, run_batch
+
+    def grads(micro, frozen_bn):
+        torch.manual_seed(0)
+        if args.weights:  # a trained model: gradients of a random init are dominated by BatchNorm
+            from yolo9kit.checkpoint import load_checkpoint
+
+            model = load_checkpoint(args.weights).to(device).train()
+        else:
+            model = create_model(args.model, num_classes=args.nc).train()
+        if frozen_bn:
+            for m in model.modules():
+                if isinstance(m, torch.nn.BatchNorm2d):
+                    m.eval()
+        trainer = build_trainer(model, TrainConfig(batch_size=args.batch, micro_batch_size=micro, amp="off",
+                                                   device=str(device)), device=device)
+        run_batch(trainer, images, targets)
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    k = args.accumulation_gap
+    print(f"{args.weights or args.model} {args.imgsz} px, batch {args.batch} vs {k} x {args.batch // k}, fp32, {device}")
+    print("| BatchNorm | relative L2 difference | cosine similarity | norm ratio (micro / full) |")
+    print("|---|---|---|---|")
+    for frozen in (False, True):
+        full, micro = grads(None, frozen), grads(args.batch // k, frozen)
+        rel = float((micro - full).norm() / full.norm())
+        cos = float(torch.nn.functional.cosine_similarity(micro, full, dim=0))
+        label = "running stats (frozen)" if frozen else "batch stats (training)"
+        print(f"| {label} | {rel:.4f} | {cos:.5f} | {float(micro.norm() / full.norm()):.4f} |")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="yolov9-t")
@@ -160,11 +198,20 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--official", default=None, help="path of a WongKinYiu/yolov9 checkout")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--accumulation-gap", type=int, default=0, metavar="K",
+                   help="instead of timing: compare the gradient of one batch with K accumulated micro-batches")
+    p.add_argument("--weights", default=None, help="with --accumulation-gap: a kit checkpoint instead of a fresh model")
     args = p.parse_args(argv)
+    if args.weights:
+        from yolo9kit.checkpoint import read_checkpoint
+
+        args.nc = int(read_checkpoint(args.weights)["model_config"]["nc"])
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     images, targets = synthetic_batch(args.batch, args.imgsz, args.nc)
+    if args.accumulation_gap:
+        return accumulation_gap(args, device, images, targets)
     rows = []
     for fn in [time_kit] + ([time_official] if args.official else []):
         if device.type == "cuda":

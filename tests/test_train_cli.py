@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from train_toys import one_thread
 
 from yolo9kit.cli import train as train_cli
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 def _parse(argv):

@@ -12,10 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from train_toys import ToyNet, make_batches, rebatch, toy_loss
+from train_toys import ToyNet, make_batches, rebatch, one_thread, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train import fit
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 GLOBAL_BATCH, WORLD = 4, 2
 
@@ -36,6 +38,7 @@ def _rank_batches(rank):
 
 
 def _worker(rank, init_file, project, out_file):
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         torch.manual_seed(0)

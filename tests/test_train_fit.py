@@ -8,12 +8,14 @@ import hashlib
 
 import pytest
 import torch
-from train_toys import ToyNet, make_batches, params_of, toy_loss
+from train_toys import ToyNet, make_batches, params_of, one_thread, toy_loss
 
 from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
 from yolo9kit.train import NonFiniteLossError, fit
 from yolo9kit.train.records import RESULTS_COLUMNS
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 def _config(tmp_path, **kw):

@@ -6,11 +6,13 @@ import math
 
 import pytest
 import torch
-from train_toys import ToyNet
+from train_toys import ToyNet, one_thread
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train import ModelEMA, base_accumulate, build_optimizer, lr_factor, param_groups, scaled_weight_decay
 from yolo9kit.train.optim import step_settings, warmup_steps
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 # Warmup table written out from the spec formulas by hand (not with the code under test):
 # batch 16 (nominal 64), 50 batches per epoch, 10 epochs, linear schedule, lr0 0.01, lrf 0.01, warmup 3 epochs

@@ -6,12 +6,14 @@ import copy
 
 import pytest
 import torch
-from train_toys import OOMAbove, ToyNet, make_batches, params_of, rebatch, toy_loss
+from train_toys import OOMAbove, ToyNet, make_batches, one_thread, params_of, rebatch, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train import Trainer, build_trainer, run_batch, train_one_epoch, train_step
 from yolo9kit.train.guards import OutOfMemoryAtMinimumError
 from yolo9kit.train.state import Progress
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_steps": 0}
 

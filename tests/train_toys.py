@@ -98,3 +98,12 @@ class _FailInBackward(torch.autograd.Function):
 
 def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def one_thread():
+    """Generator for a module fixture: torch on one CPU thread (on a shared 2-core machine two threads per
+    process spin against each other and a step runs many times slower), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -81,6 +81,7 @@ class TrainConfig:
     max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
     oom_backoff: bool = True  # on CUDA out-of-memory halve the micro-batch and retry
     sync_bn: bool = False  # DDP only: convert BatchNorm to SyncBatchNorm
+    progress_bar: bool = True  # tqdm bar per epoch (rank 0)
     patience: int = 100  # stop after this many epochs without a better fitness
     save_period: int = -1  # also save epoch{n}.pt every n epochs when > 0
     # {"on_step": f, "on_epoch_end": g}: called with a dict of metrics (rank 0 only). Not saved.

@@ -125,7 +125,7 @@ def _epochs(run: _Run, loader: Iterable) -> bool:
             rng_epoch_start, in_epoch = capture_rng(), True
             stats = train_one_epoch(trainer, loader, config, progress, batches_per_epoch=nb, warmup=warmup,
                                     start_batch=progress.ni - epoch * nb, on_step=_callback(config, "on_step", run),
-                                    show=run.dist.is_main, run_dir=run.run_dir)
+                                    show=run.dist.is_main and config.progress_bar, run_dir=run.run_dir)
             in_epoch = False
             progress.epoch, progress.ni = epoch + 1, (epoch + 1) * nb
             if _end_epoch(run, epoch, stats):

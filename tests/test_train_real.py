@@ -1,0 +1,74 @@
+"""fit with the real yolov9-t, DetectionLoss, the shapes data loaders and evaluate()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from train_toys import one_thread
+
+from yolo9kit.checkpoint import load_checkpoint, read_checkpoint
+from yolo9kit.config import TrainConfig
+from yolo9kit.models import create_model
+from yolo9kit.train import fit
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+
+@pytest.fixture(scope="module")
+def shapes64(tmp_path_factory):
+    from yolo9kit.data import make_shapes
+
+    return make_shapes(tmp_path_factory.mktemp("shapes64"), n_train=8, n_val=4, image_size=64, num_classes=2)
+
+
+def _config(tmp_path, **kw):
+    base = dict(epochs=2, batch_size=4, imgsz=64, workers=0, device="cpu", val=False, warmup_epochs=0.0,
+                warmup_min_steps=2, project=str(tmp_path / "runs"), seed=1)
+    return TrainConfig(**{**base, **kw})
+
+
+def _model():
+    torch.manual_seed(0)
+    return create_model("yolov9-t", num_classes=2)
+
+
+def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):
+    """2 epochs straight == 1 epoch, interrupt, resume, 1 epoch: bitwise equal weights, EMA and optimizer state
+    (same data order and augmentation, since the loaders draw from (seed, epoch, index))."""
+    straight = fit(_model(), shapes64, _config(tmp_path, name="straight"))
+
+    def stop(metrics):
+        raise KeyboardInterrupt
+
+    stopped = fit(_model(), shapes64, _config(tmp_path, name="stopped", callbacks={"on_epoch_end": stop}))
+    assert stopped.interrupted and stopped.epochs_completed == 1
+    resumed = fit(_model(), shapes64, _config(tmp_path, name="stopped", resume=True))
+    assert resumed.save_dir == stopped.save_dir and resumed.epochs_completed == 2
+    for k, v in straight.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[k], v), k
+    for k, v in straight.ema.state_dict().items():
+        assert torch.equal(resumed.ema.state_dict()[k], v), k
+    a, b = read_checkpoint(straight.last)["optimizer"], read_checkpoint(resumed.last)["optimizer"]
+    for i, state in a["state"].items():
+        assert torch.equal(state["momentum_buffer"], b["state"][i]["momentum_buffer"])
+    # the final epoch was validated with evaluate(); the kit checkpoint loads back as the EMA model
+    assert resumed.results[-1]["metrics/mAP50"] is not None
+    model = load_checkpoint(resumed.best)
+    for k, v in resumed.ema.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+
+
+@pytest.mark.slow
+def test_loss_falls_and_map_rises_on_shapes(tmp_path):
+    """A short CPU run on the shapes data (see benchmarks/train_cpu.py for the full one)."""
+    from yolo9kit.data import make_shapes
+
+    data = make_shapes(tmp_path / "shapes", n_train=128, n_val=32, image_size=128, num_classes=2, max_objects=3)
+    config = TrainConfig(epochs=12, batch_size=16, nominal_batch_size=16, imgsz=128, workers=0, device="cpu",
+                         lr0=0.01, warmup_epochs=1.0, warmup_min_steps=8, close_mosaic=4,
+                         hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5}, project=str(tmp_path / "runs"))
+    result = fit(_model(), data, config)
+    rows = result.results
+    assert rows[-1]["train/box_loss"] < rows[0]["train/box_loss"]
+    assert rows[-1]["train/cls_loss"] < rows[0]["train/cls_loss"]
+    assert rows[-1]["metrics/mAP50"] > rows[0]["metrics/mAP50"] + 0.1
