@@ -90,7 +90,8 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra: Any) -> P
 
 def _looks_official(path: Path) -> bool:
     try:
-        return any(g.startswith(("models.", "utils.")) for g in torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        return any(g.startswith(("models.", "utils.")) for g in names)
     except Exception:  # noqa: BLE001 - only used to choose a hint
         return False
 

@@ -7,16 +7,14 @@ is ``eval``-ed. Errors name the row that caused them.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from typing import Any
 
-import torch
 from torch import nn
 
 from yolo9kit.models import layers as L
-from yolo9kit.models.heads import DDetect, DualDDetect, DualOutput
+from yolo9kit.models.heads import DDetect, DualDDetect
 
 LOGGER = logging.getLogger(__name__)
 

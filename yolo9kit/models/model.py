@@ -151,7 +151,8 @@ class DetectionModel(nn.Module):
             chosen = sorted({int(i) for i in layers})
             bad = [i for i in chosen if not 0 <= i < len(self.model)]
             if bad:
-                raise ValueError(f"checkpoint layers {bad} out of range: {self.name} has layers 0..{len(self.model) - 1}")
+                raise ValueError(f"checkpoint layers {bad} out of range: "
+                                 f"{self.name} has layers 0..{len(self.model) - 1}")
         self._checkpoint_layers = frozenset(chosen)
         return chosen
 
