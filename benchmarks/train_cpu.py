@@ -72,15 +72,17 @@ def main(argv=None) -> int:
         epochs=args.epochs, batch_size=args.batch, nominal_batch_size=args.batch, imgsz=args.imgsz,
         device="cpu", workers=args.workers, lr0=args.lr0, warmup_epochs=1.0, warmup_min_steps=0,
         close_mosaic=args.close_mosaic, hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5},
-        val=False, progress_bar=False, project=str(out / "runs"), name="train_cpu", callbacks={"on_epoch_end": on_epoch_end})
+        val=False, progress_bar=False, project=str(out / "runs"), name="train_cpu",
+        callbacks={"on_epoch_end": on_epoch_end})
     print(f"{args.model}, {args.train} shapes images at {args.imgsz} px, {args.classes} classes, batch {args.batch}, "
           f"torch threads {torch.get_num_threads()}, run in {out}")
     print("epoch box_loss cls_loss dfl_loss    mAP50 mAP50-95   img/s minutes")
     result = _fit_validating_every(fit, model, data, config, args.val_every)
     best = max((r["metrics/mAP50"] or 0.0) for r in result.results) if result.results else 0.0
     minutes = (time.perf_counter() - start) / 60
-    print(f"final: best EMA mAP50 {best:.3f} after {result.epochs_completed} epochs, {minutes:.1f} minutes "
-          f"(target {args.target}: {'reached' if best >= args.target else 'NOT reached'}); weights in {result.save_dir}")
+    verdict = "reached" if best >= args.target else "NOT reached"
+    print(f"final: best EMA mAP50 {best:.3f} after {result.epochs_completed} epochs, {minutes:.1f} min "
+          f"(target {args.target}: {verdict}); weights in {result.save_dir}")
     return 0 if best >= args.target else 1
 
 

@@ -174,7 +174,8 @@ def accumulation_gap(args, device, images, targets) -> None:
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
     k = args.accumulation_gap
-    print(f"{args.weights or args.model} {args.imgsz} px, batch {args.batch} vs {k} x {args.batch // k}, fp32, {device}")
+    name = args.weights or args.model
+    print(f"{name} {args.imgsz} px, batch {args.batch} vs {k} x {args.batch // k}, fp32, {device}")
     print("| BatchNorm | relative L2 difference | cosine similarity | norm ratio (micro / full) |")
     print("|---|---|---|---|")
     for frozen in (False, True):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from train_toys import ToyNet, make_batches, rebatch, one_thread, toy_loss
+from train_toys import ToyNet, make_batches, one_thread, rebatch, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train import fit

@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 import torch
-from train_toys import ToyNet, make_batches, params_of, one_thread, toy_loss
+from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig

@@ -79,7 +79,8 @@ def config_from_args(args: argparse.Namespace):
     """TrainConfig from the flags (and the --hyp yaml)."""
     from yolo9kit.config import TrainConfig
 
-    schedule = "cosine" if args.cos_lr else "flat-cosine" if args.flat_cos_lr else "fixed" if args.fixed_lr else "linear"
+    schedule = ("cosine" if args.cos_lr else "flat-cosine" if args.flat_cos_lr
+                else "fixed" if args.fixed_lr else "linear")
     train_keys, augment, loss = _read_hyp(args.hyp)
     return TrainConfig(
         epochs=args.epochs, batch_size=args.batch, accumulate_steps=args.accumulate, micro_batch_size=args.micro_batch,

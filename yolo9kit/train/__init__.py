@@ -8,8 +8,15 @@ from yolo9kit.train.ema import ModelEMA
 from yolo9kit.train.fit import FitResult, fit
 from yolo9kit.train.guards import NonFiniteLossError, OutOfMemoryAtMinimumError
 from yolo9kit.train.loop import EpochStats, train_one_epoch
-from yolo9kit.train.optim import (base_accumulate, build_optimizer, lr_factor, param_groups, scaled_weight_decay,
-                                  step_settings, warmup_steps)
+from yolo9kit.train.optim import (
+                                  base_accumulate,
+                                  build_optimizer,
+                                  lr_factor,
+                                  param_groups,
+                                  scaled_weight_decay,
+                                  step_settings,
+                                  warmup_steps,
+)
 from yolo9kit.train.records import read_results
 from yolo9kit.train.step import Trainer, build_trainer, micro_step, optimizer_step, run_batch, train_step
 

@@ -17,8 +17,17 @@ from yolo9kit.train.ema import unwrap
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_steps
 from yolo9kit.train.records import append_results
-from yolo9kit.train.state import (Progress, capture_rng, find_resume_checkpoint, increment_path, restore_rng,
-                                  restore_training_state, run_dir_of, save_training_checkpoint, seed_everything)
+from yolo9kit.train.state import (
+    Progress,
+    capture_rng,
+    find_resume_checkpoint,
+    increment_path,
+    restore_rng,
+    restore_training_state,
+    run_dir_of,
+    save_training_checkpoint,
+    seed_everything,
+)
 from yolo9kit.train.step import Trainer, build_trainer, resolve_amp, resolve_device
 
 LOGGER = logging.getLogger(__name__)
@@ -133,7 +142,8 @@ def _epochs(run: _Run, loader: Iterable) -> bool:
     except KeyboardInterrupt:
         if in_epoch:  # resume restarts the unfinished accumulation window with the epoch's data order
             progress.ni = max(progress.last_opt_step + 1, progress.epoch * nb)
-        LOGGER.warning("interrupted at epoch %d batch %d: saving last.pt", progress.epoch, progress.ni - progress.epoch * nb)
+        LOGGER.warning("interrupted at epoch %d batch %d: saving last.pt", progress.epoch,
+                       progress.ni - progress.epoch * nb)
         if run.dist.is_main and run.run_dir:
             _save(run, "last.pt", rng_epoch_start if in_epoch else None)
         return True
