@@ -90,19 +90,24 @@ class Prediction:
             raise FileNotFoundError(f"cannot re-read {self.path} to draw it")
         return image
 
-    def annotated(self, line_width: int = 3) -> np.ndarray:
-        """The original image (BGR) with boxes and ``name conf`` labels drawn."""
+    def annotated(self, line_width: int | None = None) -> np.ndarray:
+        """The original image (BGR) with boxes and ``name conf`` labels drawn.
+
+        ``line_width`` None scales with the image (0.3 % of its mean side, at least 2 px).
+        """
         image = self._bgr().copy()
+        lw = line_width or max(round(sum(image.shape[:2]) / 2 * 0.003), 2)
+        scale, thickness = lw / 3, max(lw - 1, 1)
         for (x1, y1, x2, y2), conf, cls in zip(self.boxes.astype(int).tolist(), self.scores, self.classes):
             color = _color(int(cls))
-            cv2.rectangle(image, (x1, y1), (x2, y2), color, line_width, cv2.LINE_AA)
+            cv2.rectangle(image, (x1, y1), (x2, y2), color, lw, cv2.LINE_AA)
             text = f"{self.names[int(cls)]} {conf:.2f}"
-            scale = line_width / 3
-            (tw, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, max(line_width - 1, 1))
-            top = y1 - th - 3 if y1 - th - 3 >= 0 else y1 + th + 3
-            cv2.rectangle(image, (x1, top), (x1 + tw, y1), color, -1, cv2.LINE_AA)
-            cv2.putText(image, text, (x1, max(y1 - 2, th)), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255),
-                        max(line_width - 1, 1), cv2.LINE_AA)
+            (tw, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, thickness)
+            outside = y1 - th - 3 >= 0  # label above the box when it fits, else inside its top edge
+            top, bottom = (y1 - th - 3, y1) if outside else (y1, y1 + th + 3)
+            cv2.rectangle(image, (x1, top), (x1 + tw, bottom), color, -1, cv2.LINE_AA)
+            cv2.putText(image, text, (x1, bottom - 2), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), thickness,
+                        cv2.LINE_AA)
         return image
 
     def plot(self, ax=None, line_width: float = 2.0):
@@ -125,7 +130,7 @@ class Prediction:
         ax.set_title(Path(self.path).name if self.path else "image")
         return fig
 
-    def save(self, path: str | Path, line_width: int = 3) -> Path:
+    def save(self, path: str | Path, line_width: int | None = None) -> Path:
         """Write the annotated image; the format follows the suffix."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -298,7 +303,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
             max_det: int = 1000, classes: Sequence[int] | None = None, agnostic: bool = False, half: bool = False,
             device: str | torch.device | None = None, save_dir: str | Path | None = None, save_txt: bool = False,
             save_conf: bool = False, save_images: bool = True, head: str = "main",
-            line_width: int = 3) -> Predictions:
+            line_width: int | None = None) -> Predictions:
     """Detect objects in images, as the official ``detect_dual.py`` (batch 1).
 
     Each image is read as BGR, letterboxed to ``imgsz`` with the minimal stride-multiple rectangle,
@@ -315,7 +320,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
         half: FP16 model and inputs. device: None picks CUDA when available.
         save_dir: when given, annotated images (``save_images``) and, with ``save_txt``,
             ``labels/<stem>.txt`` lines ``cls cx cy w h [conf]`` are written there.
-        head: "main" or "aux". line_width: box line width in saved images.
+        head: "main" or "aux". line_width: box line width in saved images (None: scaled to the image).
 
     Returns:
         :class:`Predictions` (unreadable inputs are in ``.skipped`` with the reason, not raised).
@@ -383,7 +388,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
 
 
 def _write_outputs(result: Prediction, save_dir: Path, index: int, save_txt: bool, save_conf: bool,
-                   save_images: bool, line_width: int) -> None:
+                   save_images: bool, line_width: int | None) -> None:
     stem = Path(result.path).stem if result.path else f"image{index}"
     if save_txt:
         with open(save_dir / "labels" / f"{stem}.txt", "a") as f:  # appends, as the official code
