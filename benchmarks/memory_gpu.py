@@ -121,21 +121,26 @@ def checks(rows: list[dict]) -> dict:
     return out
 
 
+def _gib(row: dict, key: str) -> str:
+    return "" if row.get(key) is None else f"{row[key] / GIB:.2f}"
+
+
+def _ratio(row: dict, key: str) -> str:
+    return "" if row.get(key) is None else f"{row[key]:.3f}"
+
+
 def markdown(rows: list[dict]) -> str:
     head = ("| model | batch | amp | ckpt | est. alloc GiB | meas. alloc GiB | ratio | est. reserved GiB | "
             "meas. reserved GiB | ratio | step ms | img/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
-        def g(key):
-            v = r.get(key)
-            return "" if v is None else f"{v / GIB:.2f}"
-        ratio = lambda k: "" if r.get(k) is None else f"{r[k]:.3f}"  # noqa: E731
         step = r.get("measured_step_s") or r.get("estimated_step_s") or math.nan
         ips = r.get("measured_images_per_s") or r["batch_size"] / step
+        measured = _gib(r, "measured_peak_allocated") or ("OOM" if r.get("oom") else "")
         lines.append(f"| {r['model']} | {r['batch_size']} | {r['amp']} | {r['checkpoint'] or ''} | "
-                     f"{g('estimated_peak_allocated')} | {g('measured_peak_allocated') or ('OOM' if r.get('oom') else '')} | "
-                     f"{ratio('ratio_allocated')} | {g('estimated_peak_reserved')} | {g('measured_peak_reserved')} | "
-                     f"{ratio('ratio_reserved')} | {step * 1000:.0f} | {ips:.1f} |")
+                     f"{_gib(r, 'estimated_peak_allocated')} | {measured} | {_ratio(r, 'ratio_allocated')} | "
+                     f"{_gib(r, 'estimated_peak_reserved')} | {_gib(r, 'measured_peak_reserved')} | "
+                     f"{_ratio(r, 'ratio_reserved')} | {step * 1000:.0f} | {ips:.1f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -9,10 +9,20 @@ import pytest
 import torch
 from torch import nn
 
-from yolo9kit.memory import CATEGORIES, GPUSpec, MemoryReport, StepEstimator, estimate, find_max_batch, measure, plan, sweep
+from yolo9kit.memory import (
+    CATEGORIES,
+    GPUSpec,
+    MemoryReport,
+    StepEstimator,
+    estimate,
+    find_max_batch,
+    measure,
+    plan,
+    sweep,
+)
 from yolo9kit.memory.allocator import LARGE_BUFFER, SMALL_BUFFER, CachingAllocatorModel, round_size, segment_size
 from yolo9kit.memory.autocast_sim import CudaAutocastEmulation
-from yolo9kit.memory.extrapolate import StepMemoryModel, _live_matrix
+from yolo9kit.memory.extrapolate import _live_matrix
 from yolo9kit.memory.measure import fit_to_total
 from yolo9kit.memory.step import build_real_trainer, prime_optimizer, synthetic_batch
 from yolo9kit.memory.trace import trace_real_step

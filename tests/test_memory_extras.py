@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from yolo9kit.memory import GPUS, CATEGORIES, MemoryReport, VramSampler, export_snapshot, resolve_gpu
+from yolo9kit.memory import CATEGORIES, GPUS, MemoryReport, VramSampler, export_snapshot, resolve_gpu
 from yolo9kit.memory.calibration import calibration_for, fit_line, packaged_calibrations, read_calibration
 
 REPO = Path(__file__).resolve().parents[1]

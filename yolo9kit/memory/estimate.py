@@ -71,15 +71,18 @@ def trace_model(model: str | nn.Module, *, imgsz: int, amp: str, checkpoint: Any
     amp = normalise_amp(amp)
     if imgsz % 32:
         raise ValueError(f"imgsz={imgsz}: must be a multiple of 32 (the largest stride)")
-    real, name = resolve_model(model, num_classes, checkpoint)
+    real, name = resolve_model(model, num_classes, checkpoint, copy_model=False)
     nc = int(getattr(real, "nc", num_classes))
+    t0 = time.perf_counter()
     trainer, loss_fn = build_meta_trainer(real, amp=amp, channels_last=channels_last, loss_fn=loss_fn,
-                                          optimizer=optimizer)
+                                          optimizer=optimizer, checkpoint=checkpoint)
+    LOGGER.debug("meta copy, EMA and optimizer state in %.1f s", time.perf_counter() - t0)
     traces, gflops = [], 0.0
     for i, b in enumerate(TRACE_BATCHES):
         trace, gflops = trace_meta_step(trainer, loss_fn, batch_size=b, imgsz=imgsz, num_targets=num_targets,
                                         num_classes=nc, amp_dtype=AMP_DTYPES[amp], optimizer=i == 0)
         traces.append(trace)
+        LOGGER.debug("traced batch %d in %.1f s", b, time.perf_counter() - t0)
     return StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES), gflops, name
 
 

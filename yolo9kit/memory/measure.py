@@ -85,7 +85,7 @@ def measure(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str 
         parts = _tracked_breakdown(trainer, images, targets, peak_allocated) if breakdown else \
             {**dict.fromkeys(CATEGORIES, 0), "workspace_other": peak_allocated}
     finally:
-        del trainer
+        del trainer, module  # the model was moved to the GPU in place: drop it before emptying the cache
         free_cuda()
     step_s = statistics.median(times)
     spec = gpu_from_device(dev.index or 0)

@@ -20,7 +20,7 @@ from torch import nn
 
 from yolo9kit.memory.estimate import estimate_curve
 from yolo9kit.memory.gpus import GPUSpec, resolve_gpu
-from yolo9kit.memory.report import GIB, MemoryReport
+from yolo9kit.memory.report import GIB
 from yolo9kit.memory.throughput import ThroughputModel
 
 LOGGER = logging.getLogger(__name__)
@@ -53,8 +53,9 @@ def sweep(model: str | nn.Module, batch_sizes: Sequence[int], imgsz: int | Seque
           device: str | None = None, steps: int = 3, warmup: int = 1, **kwargs: Any) -> pd.DataFrame:
     """Memory (and speed) against batch size, one row per (setting, batch size).
 
-    ``imgsz``, ``amp``, ``checkpoint`` (pass a list such as ``[None, "all"]``) and ``channels_last`` may
-    be lists: every combination becomes a curve, labelled in the ``setting`` column.
+    ``imgsz``, ``amp``, ``checkpoint`` (a list of settings such as ``[None, "all"]``; a list of ints is
+    one setting, the layer indices) and ``channels_last`` may be lists: every combination becomes a
+    curve, labelled in the ``setting`` column.
 
     Args:
         source: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both" (measured
@@ -67,7 +68,9 @@ def sweep(model: str | nn.Module, batch_sizes: Sequence[int], imgsz: int | Seque
     """
     measured = _use_measure(source, device)
     rows = []
-    checkpoints = checkpoint if isinstance(checkpoint, list) else [checkpoint]
+    # a list of settings ([None, "all"]) makes curves; a list of ints is one setting (layer indices)
+    several = isinstance(checkpoint, list) and not all(isinstance(c, int) for c in checkpoint)
+    checkpoints = checkpoint if several else [checkpoint]
     for size, amp_, ckpt, cl in itertools.product(_as_list(imgsz), _as_list(amp), checkpoints, _as_list(channels_last)):
         setting = f"{amp_} ckpt={ckpt or 'none'}{' cl' if cl else ''} {size}px"
         if source in ("estimated", "both") or not measured:

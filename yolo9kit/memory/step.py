@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,20 +41,32 @@ def _built_model(name: str, num_classes: int) -> nn.Module:
 
 def resolve_model(model: str | nn.Module, num_classes: int, checkpoint: Any, *, copy_model: bool = True
                   ) -> tuple[nn.Module, str]:
-    """(a model in train mode with ``checkpoint`` applied, its display name)."""
+    """(a model in train mode with ``checkpoint`` applied, its display name).
+
+    ``copy_model=False`` returns the shared built model (or the caller's) untouched: for read-only use
+    (``to_meta`` copies the structure; ``apply_checkpoint`` is then applied to that copy).
+    """
     if isinstance(model, str):
-        module, name = copy.deepcopy(_built_model(model, num_classes)), model
+        module, name = _built_model(model, num_classes), model
     elif isinstance(model, nn.Module):
-        module = copy.deepcopy(model) if copy_model else model
-        name = getattr(model, "name", type(model).__name__)
+        module, name = model, getattr(model, "name", type(model).__name__)
     else:
         raise TypeError(f"model must be a registered name (e.g. 'yolov9-s') or an nn.Module, got {type(model)}")
-    if checkpoint is not None:
-        if not hasattr(module, "set_activation_checkpointing"):
-            raise ValueError(f"checkpoint={checkpoint!r} needs a model with set_activation_checkpointing(); "
-                             f"{name} has none")
-        module.set_activation_checkpointing(checkpoint)
+    if not copy_model:
+        return module, name
+    module = copy.deepcopy(module)
+    apply_checkpoint(module, checkpoint, name)
     return module.train(), name
+
+
+def apply_checkpoint(module: nn.Module, checkpoint: Any, name: str) -> None:
+    """``module.set_activation_checkpointing(checkpoint)``, with a clear error for models without it."""
+    if checkpoint is None:
+        return
+    if not hasattr(module, "set_activation_checkpointing"):
+        raise ValueError(f"checkpoint={checkpoint!r} needs a model with set_activation_checkpointing(); "
+                         f"{name} has none")
+    module.set_activation_checkpointing(checkpoint)
 
 
 def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
@@ -110,11 +121,11 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 def build_meta_trainer(real_model: nn.Module, *, amp: str, channels_last: bool, loss_fn: Any = None,
-                       optimizer: str = "SGD"):
+                       optimizer: str = "SGD", checkpoint: Any = None):
     """The kit's Trainer (optimizer groups, EMA, clipping) over a ``meta`` copy of ``real_model``.
 
-    ``loss_fn`` (default ``DetectionLoss(real_model)``) stays on the real model: the trace runs it for
-    real (see ``trace``). Returns (trainer, loss_fn).
+    ``real_model`` is only read. ``loss_fn`` (default ``DetectionLoss(real_model)``) stays on the real
+    model: the trace runs it for real (see ``trace``). Returns (trainer, loss_fn).
     """
     from yolo9kit.train.ema import ModelEMA
     from yolo9kit.train.optim import build_optimizer
@@ -126,6 +137,7 @@ def build_meta_trainer(real_model: nn.Module, *, amp: str, channels_last: bool, 
         loss_fn = DetectionLoss(real_model)
     config = train_config(amp, channels_last, optimizer=optimizer)
     model = to_meta(real_model, channels_last).train()
+    apply_checkpoint(model, checkpoint, getattr(real_model, "name", type(real_model).__name__))
     ema = ModelEMA(model, config.ema_decay, config.ema_tau)
     opt = build_optimizer(model, config)
     prime_optimizer(model, opt)
