@@ -27,7 +27,8 @@ _EXPORTS = {
     "augmentation_viewer": "yolo9kit.widgets.augmentation",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["TrainDashboard", "WidgetApp", "augmentation_viewer", "detection_viewer", "memory_explorer", "output_png",
+           "train_dashboard"]
 
 
 def __getattr__(name: str):

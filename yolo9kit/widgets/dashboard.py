@@ -188,7 +188,7 @@ class TrainDashboard:
 
 def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, interrupt_at: int | None = None,
                     show: bool = True) -> TrainDashboard:
-    """A live dashboard for ``fit``: ``dash = train_dashboard(); fit(model, data, TrainConfig(callbacks=dash.callbacks))``.
+    """A live dashboard for ``fit``: ``fit(model, data, TrainConfig(callbacks=train_dashboard().callbacks))``.
 
     Args:
         title: shown above the plots.
