@@ -44,3 +44,28 @@ def test_switches_change_the_curve_as_expected():
     assert act["fp32"] > 1.5 * act["base"]  # fp16 activations are half the bytes
     assert act["big"] == pytest.approx(4 * act["base"], rel=0.1)  # 4x the pixels
     assert ckpt.train_gflops_per_image > base.train_gflops_per_image  # recompute costs time
+
+
+@pytest.mark.slow
+def test_yolov9_t_meta_trace_equals_real_cpu_step():
+    """The estimate's accounting against the same step executed for real on the CPU (yolov9-t, 64 px,
+    no AMP): every category at the peak, byte for byte except the loss (its masks depend on values)."""
+    import torch
+
+    from yolo9kit.memory.extrapolate import _live_matrix
+    from yolo9kit.memory.step import build_real_trainer, prime_optimizer, resolve_model, synthetic_batch
+    from yolo9kit.memory.trace import trace_real_step
+    from yolo9kit.memory.tracker import CATEGORIES
+
+    est = StepEstimator("yolov9-t", imgsz=64, amp="off", num_targets=4)
+    for b in (2, 4):
+        peak, parts = est.memory.peak(b)
+        model, _ = resolve_model("yolov9-t", 80, None)
+        trainer = build_real_trainer(model, amp="off", channels_last=False, device=torch.device("cpu"))
+        prime_optimizer(trainer.model, trainer.optimizer)
+        images, targets = synthetic_batch(b, 64, 4, 80)
+        live = _live_matrix(trace_real_step(trainer, images, targets, device_type="cuda"))
+        real = dict(zip(CATEGORIES, live[int(live.sum(1).argmax())].tolist()))
+        for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):
+            assert parts[cat] == real[cat], (b, cat)
+        assert peak == pytest.approx(sum(real.values()), rel=0.01)
