@@ -77,3 +77,21 @@ def test_plots(tmp_path):
     assert len(fig.axes) == 4
     fig = plot_schedule(TrainConfig(epochs=3, batch_size=16), batches_per_epoch=50)
     assert fig.axes[0].get_xlabel() == "batch (ni)"
+
+
+def test_cli_trains_and_resumes(tmp_path, capsys):
+    from yolo9kit.checkpoint import read_checkpoint
+    from yolo9kit.data import make_shapes
+
+    data = make_shapes(tmp_path / "d", n_train=4, n_val=2, image_size=64, num_classes=2)
+    common = ["--project", str(tmp_path / "runs"), "--name", "cli", "--workers", "0", "--device", "cpu"]
+    args = _parse(["--data", str(data), "--model", "yolov9-t", "--batch", "4", "--epochs", "1", "--img", "64",
+                   "--noval", *common])
+    assert train_cli.run(args) == 0
+    last = tmp_path / "runs" / "cli" / "weights" / "last.pt"
+    ckpt = read_checkpoint(last)
+    assert ckpt["progress"]["epoch"] == 1 and ckpt["data"] == str(data)
+    assert "done: 1 epochs" in capsys.readouterr().out
+    # resuming a finished run rebuilds model, data and config from the checkpoint and trains nothing more
+    assert train_cli.run(_parse(["--resume", str(last), *common])) == 0
+    assert read_checkpoint(last)["progress"]["epoch"] == 1
