@@ -67,3 +67,37 @@ def test_two_process_ddp_matches_one_process(tmp_path):
         assert torch.equal(ddp["ranks"][0][k], ddp["ranks"][1][k]), f"ranks differ in {k}"
         torch.testing.assert_close(ddp["ranks"][0][k], v, rtol=1e-5, atol=1e-6)
     assert (tmp_path / "runs" / "ddp" / "weights" / "last.pt").is_file()  # written by rank 0 only
+
+
+def _nan_worker(rank, init_file, project, out_file):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    calls = {"n": 0}
+
+    def nan_on_rank1_once(outputs, targets):
+        calls["n"] += 1
+        loss, items = toy_loss(outputs, targets)
+        return (loss * float("nan"), items) if rank == 1 and calls["n"] == 3 else (loss, items)
+
+    try:
+        torch.manual_seed(0)
+        result = fit(ToyNet(), None, _config(project, "nan"), loss_fn=nan_on_rank1_once,
+                     train_loader=_rank_batches(rank))
+        gathered = [None] * WORLD
+        dist.all_gather_object(gathered, (result.nonfinite_steps, result.optimizer_steps,
+                                          {k: v.clone() for k, v in result.model.state_dict().items()}))
+        if rank == 0:
+            torch.save(gathered, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_ddp_ranks_agree_to_skip_a_nonfinite_step(tmp_path):
+    """A NaN loss on one rank only: both ranks skip that step (no hang, weights stay identical and finite)."""
+    out_file = tmp_path / "nan.pt"
+    mp.spawn(_nan_worker, args=(str(tmp_path / "init"), tmp_path / "runs", str(out_file)), nprocs=WORLD, join=True)
+    (skips0, steps0, w0), (skips1, steps1, w1) = torch.load(out_file, weights_only=False)
+    assert skips0 == skips1 == 1 and steps0 == steps1 == 3  # the step due at ni 2 was dropped
+    for k, v in w0.items():
+        assert torch.equal(v, w1[k]) and torch.isfinite(v).all(), k

@@ -234,7 +234,7 @@ def _make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo):
                                  augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
                                  seed=config.seed, distributed=dist.distributed)  # same seed: ranks split one order
     return create_dataloader(data, split, imgsz=config.imgsz,
-                             batch_size=config.val_batch_size or 2 * config.batch_size // dist.world_size,
+                             batch_size=config.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
                              augment=False, workers=config.workers, cache=config.cache)
 
 

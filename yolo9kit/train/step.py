@@ -122,7 +122,9 @@ def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
     an optimizer step).
 
     Returns:
-        (loss, loss_items) detached, or None when the loss is not finite (then nothing was back-propagated).
+        (loss, loss_items) detached; None when the loss is not finite in a single process (then nothing
+        was back-propagated). Under DDP a non-finite loss is back-propagated all the same, because every
+        rank must join the gradient all-reduce; ``run_batch`` has the ranks agree to drop the step.
     """
     model = trainer.model
     no_sync = (not sync) and isinstance(model, nn.parallel.DistributedDataParallel)
@@ -134,7 +136,7 @@ def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
             outputs = model(x)
             loss, loss_items = trainer.loss_fn(outputs, targets.to(trainer.device))
         loss = loss * trainer.world_size
-        if not _all_finite(loss, trainer.world_size):  # CPU-GPU sync point (one bool per micro-step)
+        if trainer.world_size == 1 and not torch.isfinite(loss.detach()):  # CPU-GPU sync point
             trainer.phase = "idle"
             return None
         trainer.phase = "backward"
@@ -143,12 +145,13 @@ def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
     return loss.detach(), loss_items.detach()
 
 
-def _all_finite(loss: torch.Tensor, world_size: int) -> bool:
-    """Is the loss finite on every rank? (All ranks must agree to skip, or DDP would hang.)"""
-    ok = torch.isfinite(loss.detach()).all().to(torch.int32)
-    if world_size > 1:
-        torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
-    return bool(ok)
+def _finite_on_all_ranks(finite: bool, trainer: Trainer) -> bool:
+    """Under DDP: is the batch finite on every rank? One tiny all-reduce per batch (all ranks must agree)."""
+    if trainer.world_size == 1:
+        return finite
+    flag = torch.tensor([int(finite)], device=trainer.device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def optimizer_step(trainer: Trainer) -> None:
@@ -186,21 +189,21 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
     batch continues from the first image not yet back-propagated; BatchNorm running statistics are
     restored to their values before the failed micro-step. If the error came during backward,
     ``.grad`` may hold part of a backward pass, so all accumulated gradients are zeroed, the batch is
-    redone from its first image and ``grads_lost`` tells the caller.
+    redone from its first image and ``grads_lost`` tells the caller. (Under DDP each rank backs off on
+    its own: gradients are synchronised once per batch, whatever the number of micro-steps.)
     """
     size = images.shape[0]
-    done, micro_steps, grads_lost = 0, 0, False
+    done, micro_steps, grads_lost, finite = 0, 0, False, True
     items_sum = torch.zeros(3)
     buffers = list(unwrap(trainer.model).buffers()) if trainer.oom_backoff else []
     if buffers and len(trainer.buffer_backup) != len(buffers):
         trainer.buffer_backup = [b.clone() for b in buffers]
-    backup = trainer.buffer_backup
     while done < size:
         end = min(done + (trainer.micro_batch_size or size), size)
         part_images, part_targets = slice_batch(images, targets, done, end)
         oom_error = None
         if buffers:  # BatchNorm running stats before this micro-step, restored if it runs out of memory
-            torch._foreach_copy_(backup, buffers)  # a few small kernels: ~2 floats per channel
+            torch._foreach_copy_(trainer.buffer_backup, buffers)  # a few small kernels: ~2 floats per channel
         try:
             out = micro_step(trainer, part_images, part_targets, sync=sync and end == size)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
@@ -208,23 +211,34 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
                 raise
             oom_error = RuntimeError(str(error))  # keep the message, drop the traceback and its tensors
         if oom_error is not None:
-            in_backward = trainer.phase == "backward"
-            trainer.phase = "idle"
             del part_images, part_targets
-            if buffers:
-                torch._foreach_copy_(buffers, backup)  # undo the running-stat updates of the failed forward
-            free_memory(trainer.device)
-            trainer.micro_batch_size = halve_micro_batch(end - done, oom_error)
-            trainer.oom_events += 1
-            if in_backward:
-                trainer.optimizer.zero_grad(set_to_none=True)
+            if _recover_from_oom(trainer, buffers, end - done, oom_error):
                 done, items_sum, grads_lost = 0, torch.zeros(3), True
             continue
-        if out is None:
-            return BatchResult(None, False, micro_steps + 1, grads_lost)
-        items_sum += out[1].float().cpu() * (end - done)
         done, micro_steps = end, micro_steps + 1
+        if out is None or not torch.isfinite(out[0]):
+            finite = False
+            if trainer.world_size == 1:
+                break
+            continue
+        items_sum += out[1].float().cpu() * (part_images.shape[0])
+    if not _finite_on_all_ranks(finite, trainer):
+        return BatchResult(None, False, micro_steps, grads_lost)
     return BatchResult(items_sum / size, True, micro_steps, grads_lost)
+
+
+def _recover_from_oom(trainer: Trainer, buffers: list[torch.Tensor], attempted: int, error: BaseException) -> bool:
+    """Free memory, restore BatchNorm stats, halve the micro-batch; True when gradients had to be zeroed."""
+    in_backward = trainer.phase == "backward"
+    trainer.phase = "idle"
+    if buffers:
+        torch._foreach_copy_(buffers, trainer.buffer_backup)  # undo the running-stat updates of the failed forward
+    free_memory(trainer.device)
+    trainer.micro_batch_size = halve_micro_batch(attempted, error)
+    trainer.oom_events += 1
+    if in_backward:
+        trainer.optimizer.zero_grad(set_to_none=True)
+    return in_backward
 
 
 def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor) -> BatchResult:
