@@ -50,12 +50,13 @@ def test_model_for_data_transfers_weights(tmp_path, caplog):
     from yolo9kit.checkpoint import save_checkpoint
     from yolo9kit.data import make_shapes
     from yolo9kit.models import create_model
+    from yolo9kit.train.weights import model_for_data
 
     data = make_shapes(tmp_path / "d", n_train=2, n_val=1, image_size=64, num_classes=3)
     source = create_model("gelan-t", num_classes=5)
     ckpt = save_checkpoint(tmp_path / "src.pt", source)
     with caplog.at_level("INFO"):
-        model = train_cli.model_for_data("gelan-t", data, weights=str(ckpt))
+        model = model_for_data("gelan-t", data, weights=str(ckpt))
     assert model.nc == 3 and model.training
     assert "Transferred" in caplog.text
     own, src = model.state_dict(), source.state_dict()

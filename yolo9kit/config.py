@@ -69,7 +69,7 @@ class TrainConfig:
     hyp: Mapping[str, float] | None = None  # augmentation dict for the data layer; None = official defaults
     loss: Any = None  # yolo9kit.loss.LossConfig or None (official gains)
     cache: str | None = None  # None | "ram" | "disk"
-    workers: int = 8
+    workers: int | None = None  # loader processes; None: min(CPUs, batch, 8) (official rule)
     seed: int = 0
     device: str | None = None  # None: first CUDA device, else CPU
     val: bool = True  # validate the EMA every epoch (the last epoch is always validated)

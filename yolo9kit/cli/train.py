@@ -36,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
     p.add_argument("--close-mosaic", type=int, default=0, help="mosaic off for the last N epochs")
     p.add_argument("--cache", nargs="?", const="ram", default=None, help="ram (default when given) or disk")
-    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--workers", type=int, default=None, help="loader processes (default min(CPUs, batch, 8))")
     p.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default="auto")
     p.add_argument("--optimizer", choices=["SGD", "Adam", "AdamW"], default="SGD")
     sched = p.add_mutually_exclusive_group()
@@ -57,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from yolo9kit.train import ddp, fit
+    from yolo9kit.train.weights import model_for_data
 
     ddp.init_from_env()
     if args.resume:
@@ -111,33 +112,6 @@ def _read_hyp(path: str | None) -> tuple[dict, dict, object]:
 
         loss = LossConfig(**gains)
     return train, augment, loss
-
-
-def model_for_data(spec: str, data, weights: str = ""):
-    """The model to train on ``data``: built from a name/yaml (or a checkpoint's config), with ``weights`` transferred.
-
-    A checkpoint given as the model keeps its weights when its classes match the data; otherwise (and for
-    ``weights``) the tensors with the same name and shape are copied into a fresh model ("Transferred N/M").
-    """
-    from yolo9kit.data import load_data_config
-    from yolo9kit.models import create_model
-    from yolo9kit.predict import load_model
-    from yolo9kit.train.state import transfer_weights
-
-    data_config = load_data_config(data)
-    nc, names = data_config.nc, list(data_config.names)
-    if str(spec).endswith(".pt"):
-        source = load_model(spec)
-        if source.nc == nc and not weights:
-            source.names = names
-            return source.train()
-        model = create_model(source.yaml, num_classes=nc, names=names)
-        transfer_weights(model, source.state_dict())
-    else:
-        model = create_model(spec, num_classes=nc, names=names)
-    if weights:
-        transfer_weights(model, load_model(weights).state_dict())
-    return model.train()
 
 
 def _resume_setup(args: argparse.Namespace):

@@ -75,13 +75,14 @@ class _Run:
     results: list[dict] = field(default_factory=list)
 
 
-def fit(model: nn.Module, data: str | Path | Mapping | None, config: TrainConfig, *,
+def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: TrainConfig, *,
         loss_fn: Callable | None = None, train_loader: Iterable | None = None,
         val_loader: Iterable | None = None, validate_fn: ValidateFn | None = None) -> FitResult:
     """Train ``model`` on ``data`` (a data.yaml path or dict) as the official train_dual.py does.
 
     Args:
-        model: a ``DetectionModel`` (any nn.Module with a matching ``loss_fn`` works).
+        model: a ``DetectionModel`` (any nn.Module with a matching ``loss_fn`` works), or a model name /
+            yaml / checkpoint path, built for the data's classes (``yolo9kit.train.weights.model_for_data``).
         data: data.yaml path or dict; may be None when both loaders (and ``validate_fn``) are given.
         config: the TrainConfig. ``config.resume`` continues a run from its ``last.pt``.
         loss_fn: ``(outputs, targets) -> (loss, loss_items (3,))``; default ``DetectionLoss(model, config.loss)``.
@@ -95,6 +96,10 @@ def fit(model: nn.Module, data: str | Path | Mapping | None, config: TrainConfig
     Raises:
         NonFiniteLossError: too many non-finite losses in a row (the last good last.pt is kept).
     """
+    if isinstance(model, (str, Path)):
+        from yolo9kit.train.weights import model_for_data
+
+        model = model_for_data(str(model), data)
     dist = ddp.current()
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.device)

@@ -153,18 +153,6 @@ def restore_training_state(ckpt: dict, trainer: Trainer) -> Progress:
     return Progress.from_dict(ckpt["progress"])
 
 
-def transfer_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> tuple[int, int]:
-    """Load the tensors of ``state_dict`` whose name and shape match ``model`` (official ``--weights``).
-
-    Returns (transferred, total in the model) and logs "Transferred N/M items".
-    """
-    own = model.state_dict()
-    match = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
-    model.load_state_dict(match, strict=False)
-    LOGGER.info("Transferred %d/%d items from pretrained weights", len(match), len(own))
-    return len(match), len(own)
-
-
 def epoch_checkpoint_name(epoch: int) -> str:
     """``epoch{n}.pt`` (official save-period naming)."""
     return f"epoch{epoch}.pt"

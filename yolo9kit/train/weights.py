@@ -1,0 +1,47 @@
+"""The model to train: built for the data's classes, optionally starting from pretrained weights."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+LOGGER = logging.getLogger(__name__)
+
+
+def transfer_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """Load the tensors of ``state_dict`` whose name and shape match ``model`` (official ``--weights``).
+
+    Returns (transferred, total in the model) and logs "Transferred N/M items".
+    """
+    own = model.state_dict()
+    match = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(match, strict=False)
+    LOGGER.info("Transferred %d/%d items from pretrained weights", len(match), len(own))
+    return len(match), len(own)
+
+
+def model_for_data(spec: str, data, weights: str = ""):
+    """The model to train on ``data``: built from a name/yaml (or a checkpoint's config), with ``weights`` transferred.
+
+    A checkpoint given as the model keeps its weights when its classes match the data; otherwise (and for
+    ``weights``) the tensors with the same name and shape are copied into a fresh model ("Transferred N/M").
+    """
+    from yolo9kit.data import load_data_config
+    from yolo9kit.models import create_model
+    from yolo9kit.predict import load_model
+
+    data_config = load_data_config(data)
+    nc, names = data_config.nc, list(data_config.names)
+    if str(spec).endswith(".pt"):
+        source = load_model(spec)
+        if source.nc == nc and not weights:
+            source.names = names
+            return source.train()
+        model = create_model(source.yaml, num_classes=nc, names=names)
+        transfer_weights(model, source.state_dict())
+    else:
+        model = create_model(spec, num_classes=nc, names=names)
+    if weights:
+        transfer_weights(model, load_model(weights).state_dict())
+    return model.train()
