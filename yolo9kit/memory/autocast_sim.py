@@ -12,6 +12,13 @@ Assumptions, stated once:
 * Lower-precision ops (convolutions, matmul, linear, ...) cast floating inputs to fp16/bf16. Casts of
   leaf tensors that require grad (the weights) are cached for the whole autocast region, as CUDA
   autocast does, so each weight is copied once per forward.
+* Activation checkpointing recomputes its layers in backward under the autocast state of the forward
+  pass (``torch.utils.checkpoint`` re-enters autocast, and checks that the recomputed tensors have
+  the dtypes of the first pass). So the emulation stays on through backward, without the weight cache
+  (each recompute is its own autocast region); backward formulas run in C++ and never reach a
+  function mode, so only recomputed forward code is affected. ``trace.traced_step`` starts backward
+  through the autograd engine directly, because a function mode is switched off while it handles a
+  ``Tensor.backward`` call.
 * float32 ops (exp, log, pow, softmax, sum, BCE-with-logits, ...) compute in fp32. Reductions with a
   ``dtype`` argument (sum, softmax, log_softmax, cumsum, cumprod, prod) are called with
   ``dtype=torch.float32`` (no fp32 copy of the input); the others get fp32 copies of their inputs.
@@ -63,17 +70,23 @@ class CudaAutocastEmulation(TorchFunctionMode):
         super().__init__()
         self.dtype = dtype
         self.enabled = False
+        self.caching = True
         self._weight_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def set_enabled(self, enabled: bool) -> None:
+    def set_enabled(self, enabled: bool, caching: bool = True) -> None:
         self.enabled = bool(enabled) and self.dtype is not None
-        if not self.enabled:
+        self.caching = caching
+        if not self.enabled or not caching:
             self._weight_cache.clear()  # autocast empties its cast cache when the region ends
+
+    def clear_cache(self) -> None:
+        """End of the forward region: drop the cached weight casts (those saved for backward live on)."""
+        self._weight_cache.clear()
 
     def _cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if not t.is_floating_point() or t.dtype == dtype or t.dtype == torch.float64:
             return t
-        if t.is_leaf and t.requires_grad:
+        if t.is_leaf and t.requires_grad and self.caching:
             hit = self._weight_cache.get(id(t))
             if hit is not None and hit[0] is t:
                 return hit[1]

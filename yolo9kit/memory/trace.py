@@ -94,11 +94,14 @@ def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: S
         outputs = trainer.model(x)
         tracker.set_phase("loss")
         loss, _items = loss_call(outputs, targets.to(trainer.device))
-    if emulation is not None:
-        emulation.set_enabled(False)
     del outputs, x
     tracker.set_phase("backward")
-    trainer.scaler.scale(loss).backward()
+    if emulation is None:
+        trainer.scaler.scale(loss).backward()
+    else:  # checkpointed layers recompute under the emulated autocast (see autocast_sim)
+        emulation.set_enabled(True, caching=False)
+        _engine_backward(trainer.scaler.scale(loss))
+        emulation.set_enabled(False)
     del loss, _items
     tracker.tag([p.grad for p in trainer.model.parameters() if p.grad is not None], "gradients")
     if optimizer:
@@ -106,6 +109,18 @@ def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: S
         optimizer_step(trainer)
     tracker.set_phase("end")
     trainer.optimizer.zero_grad(set_to_none=True)
+
+
+def _engine_backward(loss: torch.Tensor) -> None:
+    """``loss.backward()`` through the autograd engine itself, so that an active function mode (the
+    autocast emulation) stays active while checkpointed layers recompute. Private PyTorch entry point,
+    the one ``torch.autograd.backward`` ends in; plain ``backward()`` when it is missing."""
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if engine is None:
+        loss.backward()
+        return
+    engine.run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
+                        accumulate_grad=True)
 
 
 def register_persistent(tracker: StorageTracker, trainer) -> None:
