@@ -25,9 +25,11 @@ def test_every_model_estimates_batches_1_to_128(name):
         assert sum(r.breakdown.values()) == r.peak_allocated
         assert r.peak_reserved >= r.peak_allocated
     first, last = reports[0].breakdown, reports[-1].breakdown
-    # weights, gradients, optimizer state and EMA do not grow with the batch; activations do
-    for cat in ("weights", "optimizer_state", "ema"):
+    # optimizer state and EMA do not grow with the batch; activations do. (The weights at the peak may
+    # include autocast's fp16 copies or not, depending on where the peak falls.)
+    for cat in ("optimizer_state", "ema"):
         assert first[cat] == last[cat], cat
+    assert last["weights"] >= first["weights"]
     assert last["activations"] > 50 * first["activations"]
     assert 1 < est.gflops < 250  # forward GFLOPs per image at 256 px
 
