@@ -3,8 +3,9 @@
     python benchmarks/train_cpu.py                       # defaults: the 20-minute, 2-core target (mAP50 >= 0.8)
     python benchmarks/train_cpu.py --epochs 3 --train 64 # a quick look
 
-Settings chosen for a CPU: small images (160 px), few objects per image, batch 16 with nominal batch 16
-(one optimizer step per batch: no accumulation, so 4x more updates per image than the official 64),
+Settings chosen for a CPU: small images (128 px; the shapes are 12-45% of the image side), few objects
+per image, batch 16 with nominal batch 16 (one optimizer step per batch: no accumulation, so 4x more
+updates per image than the official 64),
 warmup of one epoch instead of max(3 epochs, 100 batches), mosaic on for the first epochs then closed,
 mixup and copy-paste off, scale jitter 0.5. Validation of the EMA every ``--val-every`` epochs (and the
 last). The run stops early once ``--target`` mAP50 is reached, or at ``--minutes``.
@@ -23,7 +24,7 @@ from pathlib import Path
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="yolov9-t")
-    p.add_argument("--imgsz", type=int, default=160)
+    p.add_argument("--imgsz", type=int, default=128)
     p.add_argument("--train", type=int, default=384, help="training images")
     p.add_argument("--val", type=int, default=64, help="validation images")
     p.add_argument("--classes", type=int, default=3)
