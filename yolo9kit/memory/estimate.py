@@ -172,6 +172,8 @@ def _report(est: StepEstimator, b: int, spec: GPUSpec | None, cal: dict | None, 
         breakdown["workspace_other"] += allocated - traced
         reserved = max(allocated, int(a_res * traced + b_res))
         notes.append("allocated and reserved from the measured calibration of this GPU")
+    if spec is not None and est.amp == "bf16" and not spec.bf16:
+        notes.append(f"{spec.name} has no native bf16: training there would use fp16 or emulated bf16")
     context = (cal or {}).get("context_bytes") or (spec.context_bytes if spec else 0)
     step_s = images_s = None
     if spec is not None:

@@ -97,7 +97,8 @@ def measure(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str 
                         peak_allocated=int(peak_allocated), peak_reserved=int(peak_reserved), breakdown=parts,
                         step_time_s=step_s, images_per_s=batch_size / step_s, context_bytes=int(context),
                         num_targets=num_targets, gpu_total_bytes=spec.total_bytes,
-                        notes=[f"torch {torch.__version__}, median of {steps} steps after {warmup} warm-up"])
+                        notes=[f"torch {torch.__version__}, median of {steps} steps after {warmup} warm-up, "
+                               f"cudnn.benchmark={torch.backends.cudnn.benchmark}"])
 
 
 def _run_steps(trainer, images, targets, steps: int, warmup: int, dev: torch.device) -> list[float]:
