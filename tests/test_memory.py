@@ -289,3 +289,21 @@ def test_estimate_single_report():
                  loss_fn=toy_loss)
     assert r.source == "estimated" and r.batch_size == 4 and r.fits
     assert "RTX 4090" in r.device and r.gpu_total_bytes == 24_564 << 20
+
+
+def test_measured_breakdown_names_the_tracked_peak_and_sums_to_the_counter():
+    """measure()'s breakdown step, run on the CPU: the tracked categories plus the unnamed remainder
+    (cuDNN workspace on a GPU) sum to the allocator's peak."""
+    from yolo9kit.memory.measure import _tracked_breakdown
+
+    torch.manual_seed(0)
+    trainer = build_real_trainer(ToyDetector(), amp="off", channels_last=False, device=torch.device("cpu"),
+                                 loss_fn=toy_loss)
+    prime_optimizer(trainer.model, trainer.optimizer)
+    images, targets = synthetic_batch(4, 64, 4, 3)
+    tracked, _ = peak_row(real_trace(4))
+    counter_peak = sum(tracked.values()) + (3 << 20)  # the counter saw 3 MiB more (workspace)
+    parts = _tracked_breakdown(trainer, images, targets, counter_peak)
+    assert sum(parts.values()) == counter_peak
+    assert parts["activations"] == tracked["activations"] and parts["ema"] == tracked["ema"]
+    assert parts["workspace_other"] >= 3 << 20
