@@ -149,6 +149,8 @@ def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size:
     Raises:
         ValueError: the model's number of classes differs from the data's.
     """
+    if head not in ("main", "aux"):
+        raise ValueError(f"head must be 'main' or 'aux', got {head!r}")
     model = load_model(model)
     if device is None:
         device = next(model.parameters()).device
@@ -158,6 +160,8 @@ def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size:
             raise ValueError("evaluate needs data= (a data.yaml path or dict) or dataloader=")
         dataloader = _build_loader(data, split, imgsz, batch_size, workers, single_cls)
     names, config = _data_names(data, dataloader)
+    if single_cls and len(names) != 1:
+        names = ["item"]  # every class counted as one, as the official --single-cls
     if model.nc != len(names):
         raise ValueError(f"the model predicts {model.nc} classes but the data {data or 'loader'} has {len(names)} "
                          f"({names[:5]}{'...' if len(names) > 5 else ''}); train or load a model for this data, "
