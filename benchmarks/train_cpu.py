@@ -4,11 +4,13 @@
     python benchmarks/train_cpu.py --epochs 3 --train 64 # a quick look
 
 Settings chosen for a CPU: small images (128 px; the shapes are 12-45% of the image side), few objects
-per image, batch 16 with nominal batch 16 (one optimizer step per batch: no accumulation, so 4x more
-updates per image than the official 64),
-warmup of one epoch instead of max(3 epochs, 100 batches), mosaic on for the first epochs then closed,
-mixup and copy-paste off, scale jitter 0.5. Validation of the EMA every ``--val-every`` epochs (and the
-last). The run stops early once ``--target`` mAP50 is reached, or at ``--minutes``.
+per image, batch 16 with nominal batch 16 (one optimizer step per batch, no accumulation: 4x more updates
+per image than the official 64), AdamW at lr0 0.0015 (the official SGD at 0.01 is tuned for hundreds of
+COCO epochs; a from-scratch run this short learns several times faster with AdamW, as measured on the
+shared CPU: mAP50 0.21 after 9 epochs against 0.006 after 8 with SGD), warmup of one epoch instead of
+max(3 epochs, 100 batches), mosaic on for the first epochs then closed for the last 10, mixup and
+copy-paste off, scale jitter 0.5. Validation of the EMA every ``--val-every`` epochs (and the last). The
+run stops early once ``--target`` mAP50 is reached, or at ``--minutes``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-objects", type=int, default=3)
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr0", type=float, default=0.01)
+    p.add_argument("--optimizer", default="AdamW", choices=["SGD", "Adam", "AdamW"])
+    p.add_argument("--lr0", type=float, default=0.0015)
+    p.add_argument("--mosaic", type=float, default=1.0, help="mosaic probability")
     p.add_argument("--close-mosaic", type=int, default=10)
     p.add_argument("--val-every", type=int, default=2)
     p.add_argument("--target", type=float, default=0.8, help="stop once the EMA's mAP50 reaches this")
@@ -71,8 +75,9 @@ def main(argv=None) -> int:
 
     config = TrainConfig(
         epochs=args.epochs, batch_size=args.batch, nominal_batch_size=args.batch, imgsz=args.imgsz,
-        device="cpu", workers=args.workers, lr0=args.lr0, warmup_epochs=1.0, warmup_min_steps=0,
-        close_mosaic=args.close_mosaic, hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5},
+        device="cpu", workers=args.workers, optimizer=args.optimizer, lr0=args.lr0, warmup_epochs=1.0,
+        warmup_min_steps=0,
+        close_mosaic=args.close_mosaic, hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5, "mosaic": args.mosaic},
         val=False, progress_bar=False, project=str(out / "runs"), name="train_cpu",
         callbacks={"on_epoch_end": on_epoch_end})
     print(f"{args.model}, {args.train} shapes images at {args.imgsz} px, {args.classes} classes, batch {args.batch}, "
