@@ -167,5 +167,6 @@ def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionMo
         deployed.to(device=param.device, dtype=param.dtype)
         deployed.stride = model.stride.clone()
         deployed.head.stride.copy_(model.head.stride)
+        deployed._max_stride = model._max_stride
     deployed.eval()
     return fuse(deployed) if fuse_layers else deployed

@@ -114,10 +114,11 @@ class DetectionModel(nn.Module):
     def _run(self, x: torch.Tensor, raw: bool) -> DualOutput:
         outputs: list = []
         use_ckpt = self.training and torch.is_grad_enabled() and bool(self._checkpoint_layers)
+        head = self.model[-1]
         for m in self.model:
             if m.f != -1:
                 x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
-            kwargs = {"raw": raw} if m is self.model[-1] else {}
+            kwargs = {"raw": raw} if m is head else {}
             if use_ckpt and m.i in self._checkpoint_layers:
                 x = activation_checkpoint(m, x, use_reentrant=False,
                                           context_fn=functools.partial(_recompute_contexts, m), **kwargs)
