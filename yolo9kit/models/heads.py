@@ -46,8 +46,8 @@ class DFL(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, _, a = x.shape
-        probs = x.view(b, 4, self.c1, a).transpose(2, 1).softmax(1)  # (B, 16 bins, 4 sides, A)
-        return self.conv(probs).view(b, 4, a)
+        probs = x.reshape(b, 4, self.c1, a).transpose(2, 1).softmax(1)  # (B, 16 bins, 4 sides, A)
+        return self.conv(probs).reshape(b, 4, a)
 
 
 def head_widths(ch0: int, nc: int) -> tuple[int, int]:
@@ -130,7 +130,7 @@ class DDetect(nn.Module):
     def _decode_one(self, maps: list[torch.Tensor], dfl: DFL, points: torch.Tensor,
                     strides: torch.Tensor) -> torch.Tensor:
         b = maps[0].shape[0]
-        flat = torch.cat([m.view(b, self.no, -1) for m in maps], 2)  # (B, no, A)
+        flat = torch.cat([m.reshape(b, self.no, -1) for m in maps], 2)  # (B, no, A); reshape: channels_last
         box, cls = flat.split((4 * REG_MAX, self.nc), 1)
         boxes = ltrb_to_cxcywh(dfl(box), points, dim=1) * strides
         return torch.cat((boxes, cls.sigmoid()), 1)
