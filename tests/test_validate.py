@@ -299,3 +299,10 @@ def test_val_cli_on_a_kit_checkpoint(dataset, tmp_path, capsys):
     record = json.loads((tmp_path / "runs" / "exp" / "results.json").read_text())
     assert record["images"] == 3 and record["instances"] == 3 and record["head"] == "main"
     assert (tmp_path / "runs" / "exp" / "confusion_matrix.png").is_file()
+
+
+def test_figures_render_as_png_for_notebooks(dataset):
+    data, batches = dataset
+    result = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", plots=True, progress=False)
+    for figure in result.figures.values():
+        assert figure._repr_png_().startswith(b"\x89PNG")  # what Jupyter shows for the last value of a cell

@@ -112,13 +112,13 @@ class Prediction:
 
     def plot(self, ax=None, line_width: float = 2.0):
         """Matplotlib figure of the image with its boxes (returns the figure; shows inline in Jupyter)."""
-        from matplotlib.figure import Figure
         from matplotlib.patches import Rectangle
+
+        from yolo9kit.plots.metrics import new_figure
 
         if ax is None:
             h0, w0 = self.orig_shape
-            fig = Figure(figsize=(8, 8 * h0 / max(w0, 1)), layout="tight")
-            ax = fig.add_subplot()
+            ax = new_figure((8, 8 * h0 / max(w0, 1))).add_subplot()
         fig = ax.figure
         ax.imshow(self._bgr()[..., ::-1])
         for (x1, y1, x2, y2), conf, cls in zip(self.boxes.tolist(), self.scores, self.classes):
