@@ -178,6 +178,13 @@ def test_bad_rows_name_the_row(row, match):
         create_model(cfg)
 
 
+def test_row_that_does_not_fit_its_inputs_is_named():
+    cfg = _tiny_cfg()
+    cfg["head"][2] = [[-1, 2], 1, "Concat", [1]]  # layer 11 concatenates 40x40 with 160x160 maps
+    with pytest.raises(LayerTableError, match=r"layer 11 \(Concat, from \[-1, 2\]\)"):
+        create_model(cfg)
+
+
 def test_unknown_model_name():
     with pytest.raises(ValueError, match="unknown model 'yolov9-x'.*yolov9-t"):
         create_model("yolov9-x")

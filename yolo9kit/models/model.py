@@ -40,6 +40,7 @@ class DetectionModel(nn.Module):
         self.yaml["ch"] = self.ch = int(self.yaml.get("ch", 3))
         self.nc = self.yaml["nc"]
         self.name = name or source
+        self._source = source
         self.model, self.save = parse_model(self.yaml, self.ch, self.nc, source)
         self.names = list(names) if names is not None else [str(i) for i in range(self.nc)]
         self._set_activation(self.yaml.get("activation"), source)
@@ -80,7 +81,7 @@ class DetectionModel(nn.Module):
         """
         was_training = self.training
         self.train()
-        out = self._run(torch.zeros(1, self.ch, PROBE_SIZE, PROBE_SIZE), raw=True)
+        out = self._run(torch.zeros(1, self.ch, PROBE_SIZE, PROBE_SIZE), raw=True, label_errors=True)
         maps = out.aux if out.aux is not None else out.main
         stride = torch.tensor([PROBE_SIZE / m.shape[-2] for m in maps])
         self.stride = stride
@@ -111,7 +112,7 @@ class DetectionModel(nn.Module):
                 f"{self.name}: expected an input of shape (B, {self.ch}, H, W) with H and W multiples of {s}, "
                 f"got {tuple(x.shape)}; letterbox or pad images to a multiple of {s} (e.g. 640x640)")
 
-    def _run(self, x: torch.Tensor, raw: bool) -> DualOutput:
+    def _run(self, x: torch.Tensor, raw: bool, label_errors: bool = False) -> DualOutput:
         outputs: list = []
         use_ckpt = self.training and torch.is_grad_enabled() and bool(self._checkpoint_layers)
         head = self.model[-1]
@@ -122,6 +123,12 @@ class DetectionModel(nn.Module):
             if use_ckpt and m.i in self._checkpoint_layers:
                 x = activation_checkpoint(m, x, use_reentrant=False,
                                           context_fn=functools.partial(_recompute_contexts, m), **kwargs)
+            elif label_errors:  # build-time probe: say which yaml row does not fit its inputs
+                try:
+                    x = m(x, **kwargs)
+                except (RuntimeError, ValueError, TypeError, IndexError) as e:
+                    raise LayerTableError(f"{self._source}: layer {m.i} ({m.type}, from {m.f}) fails on its "
+                                          f"inputs during the stride probe: {e}") from e
             else:
                 x = m(x, **kwargs)
             outputs.append(x if m.i in self.save else None)
