@@ -8,8 +8,9 @@ per image, batch 16 with nominal batch 16 (one optimizer step per batch, no accu
 per image than the official 64), AdamW at lr0 0.0015 (the official SGD at 0.01 is tuned for hundreds of
 COCO epochs; a from-scratch run this short learns several times faster with AdamW, as measured on the
 shared CPU: mAP50 0.21 after 9 epochs against 0.006 after 8 with SGD), warmup of one epoch instead of
-max(3 epochs, 100 batches), mosaic on for the first epochs then closed for the last 10, mixup and
-copy-paste off, scale jitter 0.5. Validation of the EMA every ``--val-every`` epochs (and the last). The
+max(3 epochs, 100 batches), mosaic off (on this data it slows early learning: mAP50 0.16 after 6 epochs
+without, 0.02 with; ``--mosaic 1`` turns it on, closed for the last ``--close-mosaic`` epochs), mixup
+and copy-paste off, scale jitter 0.5. Validation of the EMA every ``--val-every`` epochs (and the last). The
 run stops early once ``--target`` mAP50 is reached, or at ``--minutes``.
 """
 
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--optimizer", default="AdamW", choices=["SGD", "Adam", "AdamW"])
     p.add_argument("--lr0", type=float, default=0.0015)
-    p.add_argument("--mosaic", type=float, default=1.0, help="mosaic probability")
+    p.add_argument("--mosaic", type=float, default=0.0, help="mosaic probability (0: off, learns faster here)")
     p.add_argument("--close-mosaic", type=int, default=10)
     p.add_argument("--val-every", type=int, default=2)
     p.add_argument("--target", type=float, default=0.8, help="stop once the EMA's mAP50 reaches this")

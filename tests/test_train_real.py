@@ -65,9 +65,9 @@ def test_loss_falls_and_map_rises_on_shapes(tmp_path):
 
     data = make_shapes(tmp_path / "shapes", n_train=256, n_val=32, image_size=128, num_classes=3, max_objects=3)
     config = TrainConfig(epochs=12, batch_size=16, nominal_batch_size=16, imgsz=128, workers=0, device="cpu",
-                         optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0, close_mosaic=3,
-                         hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5}, project=str(tmp_path / "runs"),
-                         progress_bar=False)
+                         optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0,
+                         hyp={"mosaic": 0.0, "mixup": 0.0, "copy_paste": 0.0, "scale": 0.5},
+                         project=str(tmp_path / "runs"), progress_bar=False)
     result = fit(_model(), data, config)
     rows = result.results
     assert rows[-1]["train/box_loss"] < rows[0]["train/box_loss"]
