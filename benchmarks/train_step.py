@@ -171,7 +171,7 @@ def accumulation_gap(args, device, images, targets) -> None:
         trainer = build_trainer(model, TrainConfig(batch_size=args.batch, micro_batch_size=micro, amp="off",
                                                    device=str(device)), device=device)
         run_batch(trainer, images, targets)
-        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).double()
 
     k = args.accumulation_gap
     name = args.weights or args.model
