@@ -4,7 +4,7 @@ raw and decoded outputs, fresh initialisation, official checkpoint loading, depl
 from __future__ import annotations
 
 import datetime
-import os
+import random
 import sys
 
 import pytest
@@ -149,7 +149,7 @@ def test_official_train_checkpoint_metadata(official_fixture):
 def test_official_checkpoint_rejects_bad_files(official_fixture, tmp_path):
     release = official_fixture("yolov9-t.official-release.pt").read_bytes()
     (tmp_path / "truncated.pt").write_bytes(release[: len(release) // 2])
-    (tmp_path / "random.pt").write_bytes(os.urandom(4096))
+    (tmp_path / "random.pt").write_bytes(random.Random(1).randbytes(4096))
     torch.save({"model": {"weight": torch.zeros(2)}}, tmp_path / "state_dict.pt")
     torch.save({"model": datetime.datetime(2024, 1, 1)}, tmp_path / "foreign_global.pt")
     cases = {"truncated.pt": "truncated or corrupted", "random.pt": "truncated or corrupted",

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import zipfile
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -106,6 +107,9 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes zip archives; a cut-off one loses its directory
+        raise CheckpointError(f"{path}: cannot be read (truncated, corrupted or not a PyTorch checkpoint file); "
+                              "save it again or pick an earlier checkpoint")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
