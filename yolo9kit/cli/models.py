@@ -9,7 +9,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "models", help="list the models: parameters, GFLOPs at 640, deploy (fused gelan) size",
         description="Build each model on the CPU and print its size. GFLOPs are counted with "
-                    "torch.utils.flop_counter on a 64x64 input and scaled by (imgsz/64)^2; they are about 1%% "
+                    "torch.utils.flop_counter on a 64x64 input and scaled by (imgsz/64)^2; they are about 1% "
                     "below the official thop figures, which also count BatchNorm and pooling.")
     p.add_argument("names", nargs="*", help="models to list (default: all registered models)")
     p.add_argument("--imgsz", type=int, default=640, help="image side the GFLOPs are reported for (default 640)")
