@@ -14,10 +14,22 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "checks": "yolo9kit.env",
+    "create_model": "yolo9kit.models",
+    "list_models": "yolo9kit.models",
+    "model_table": "yolo9kit.models",
+    "DualOutput": "yolo9kit.models",
+    "load_official_checkpoint": "yolo9kit.models",
+    "to_deploy": "yolo9kit.models",
+    "save_checkpoint": "yolo9kit.checkpoint",
+    "load_checkpoint": "yolo9kit.checkpoint",
+    "make_shapes": "yolo9kit.data",
+    "create_dataloader": "yolo9kit.data",
+    "DetectionLoss": "yolo9kit.loss",
+    "LossConfig": "yolo9kit.loss",
 }
 
 # sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
-_SUBMODULES = {"boxes", "cli", "env"}
+_SUBMODULES = {"assigner", "boxes", "checkpoint", "cli", "data", "env", "loss", "memory", "models", "plots"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -39,4 +51,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from yolo9kit.checkpoint import load_checkpoint, save_checkpoint
+    from yolo9kit.data import create_dataloader, make_shapes
     from yolo9kit.env import checks
+    from yolo9kit.loss import DetectionLoss, LossConfig
+    from yolo9kit.models import DualOutput, create_model, list_models, load_official_checkpoint, model_table, to_deploy
