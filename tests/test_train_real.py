@@ -27,9 +27,9 @@ def _config(tmp_path, **kw):
     return TrainConfig(**{**base, **kw})
 
 
-def _model():
+def _model(num_classes=2):
     torch.manual_seed(0)
-    return create_model("yolov9-t", num_classes=2)
+    return create_model("yolov9-t", num_classes=num_classes)
 
 
 def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):
@@ -58,6 +58,11 @@ def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):
         assert torch.equal(model.state_dict()[k], v), k
 
 
+def test_class_count_mismatch_is_a_clear_error(shapes64, tmp_path):
+    with pytest.raises(ValueError, match="predicts 5 classes but .* has 2"):
+        fit(_model(5), shapes64, _config(tmp_path))
+
+
 @pytest.mark.slow
 def test_loss_falls_and_map_rises_on_shapes(tmp_path):
     """A short CPU run on the shapes data (see benchmarks/train_cpu.py for the full one)."""
@@ -68,7 +73,7 @@ def test_loss_falls_and_map_rises_on_shapes(tmp_path):
                          optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0,
                          hyp={"mosaic": 0.0, "mixup": 0.0, "copy_paste": 0.0, "scale": 0.5},
                          project=str(tmp_path / "runs"), progress_bar=False)
-    result = fit(_model(), data, config)
+    result = fit(_model(3), data, config)
     rows = result.results
     assert rows[-1]["train/box_loss"] < rows[0]["train/box_loss"]
     assert rows[-1]["train/cls_loss"] < rows[0]["train/cls_loss"]

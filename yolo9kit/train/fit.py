@@ -100,6 +100,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         from yolo9kit.train.weights import model_for_data
 
         model = model_for_data(str(model), data)
+    _check_classes(model, data)
     dist = ddp.current()
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.device)
@@ -124,6 +125,18 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, run_dir, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted, run.results,
                      trainer.optimizer_steps, progress.nonfinite_total, trainer.oom_events, trainer.micro_batch_size)
+
+
+def _check_classes(model: nn.Module, data) -> None:
+    """The model must predict as many classes as the data has (official: an assert on the largest label)."""
+    if data is None or not hasattr(model, "nc"):
+        return
+    from yolo9kit.data import load_data_config
+
+    names = load_data_config(data).names
+    if int(model.nc) != len(names):
+        raise ValueError(f"the model predicts {model.nc} classes but {data} has {len(names)} ({names[:5]}...): "
+                         f"build it with create_model(name, num_classes={len(names)}) or pass the model name to fit")
 
 
 def _epochs(run: _Run, loader: Iterable) -> bool:
