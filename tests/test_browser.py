@@ -176,6 +176,7 @@ def test_memory_explorer_renders_and_slider_redraws(lab_server, tmp_path):
             deadline = time.monotonic() + REDRAW_TIMEOUT_S
             while _plot_hash(page) == before_hash and time.monotonic() < deadline:
                 page.wait_for_timeout(500)
+            _wait_for_kernel(page, timeout_s=REDRAW_TIMEOUT_S)  # the last key press has been handled too
             after_value, after_hash = readout.inner_text(), _plot_hash(page)
             page.screenshot(path=str(shot), full_page=True)
         finally:

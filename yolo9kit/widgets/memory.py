@@ -134,7 +134,9 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
                                   and has_cuda else "estimated", description="memory"),
     }
     for c in controls.values():
-        c.style = {"description_width": "90px"}
+        c.style.description_width = "100px"
+    for name in ("precision", "source"):
+        controls[name].style.button_width = "80px"
     outputs = {"curve": w.Output(), "breakdown": w.Output(), "plan": w.HTML(), "status": w.HTML()}
     estimators = _Estimators(num_classes)
 
