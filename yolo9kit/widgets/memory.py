@@ -136,7 +136,7 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
     for c in controls.values():
         c.style.description_width = "100px"
     for name in ("precision", "source"):
-        controls[name].style.button_width = "80px"
+        controls[name].style.button_width = "95px"
     outputs = {"curve": w.Output(), "breakdown": w.Output(), "plan": w.HTML(), "status": w.HTML()}
     estimators = _Estimators(num_classes)
 
