@@ -47,7 +47,8 @@ def test_dashboard_records_steps_and_redraws_with_the_new_values():
     ax_loss, ax_lr, ax_mem, ax_speed = dash.figure.axes
     box = [line for line in ax_loss.lines if line.get_label() == "box"][0]
     assert list(box.get_ydata()) == pytest.approx([2.9, 2.8])
-    assert list(ax_lr.lines[0].get_ydata()) == pytest.approx([0.01, 0.02])  # first param group
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax_lr.lines}
+    assert lines["biases"] == pytest.approx([0.01, 0.02]) and lines["weights"] == pytest.approx([0.01, 0.01])
     assert list(ax_mem.lines[0].get_ydata()) == pytest.approx([2.0, 3.0])  # GiB
     assert list(box.get_xdata()) == [1, 2]  # x is the batch index ni, not the repeating optimizer step
     assert "batch 2" in dash.figure._suptitle.get_text() and "12.0 img/s" in dash.status_text()
@@ -85,8 +86,11 @@ def test_dashboard_interrupts_once_at_the_requested_batch():
     dash.on_step(_step(2))
     with pytest.raises(KeyboardInterrupt, match="batch 3"):
         dash.on_step(_step(3))
-    dash.on_step(_step(4))  # the resumed run goes on
-    assert [r["step"] for r in dash.history] == [2, 3, 4] and dash.interrupt_at is None
+    dash.on_step(_step(2, box_loss=9.0))  # the resumed run restarts the accumulation window at batch 2
+    dash.on_step(_step(3))
+    assert [r["step"] for r in dash.history] == [2, 3, 2, 3] and dash.interrupt_at is None
+    assert dash.resumes == [2]
+    assert dash.series("box") == ([2, 3], [9.0, pytest.approx(2.7)])  # latest value per batch, in order
 
 
 def test_output_png_round_trip():

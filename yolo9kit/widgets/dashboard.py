@@ -65,6 +65,7 @@ class TrainDashboard:
     min_interval_s: float = 1.0
     interrupt_at: int | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+    resumes: list[float] = field(default_factory=list)  # batch indices where a resumed run started
     epochs: list[dict[str, Any]] = field(default_factory=list)
     figure: Any = None
     redraws: int = 0
@@ -87,6 +88,11 @@ class TrainDashboard:
             value = _pick(metrics, aliases)
             if value is not None and not (name == "memory_bytes" and value <= 0):  # 0: no GPU to measure
                 row[name] = value
+        lrs = metrics.get("lr")
+        if isinstance(lrs, (list, tuple)) and len(lrs) == 3:  # official groups: biases, weights, norm weights
+            row["lr_bias"], row["lr"] = float(lrs[0]), float(lrs[1])
+        if self.history and row["step"] <= self.history[-1]["step"]:
+            self.resumes.append(row["step"])  # a resumed run repeats the unfinished accumulation window
         self.history.append(row)
         if self.interrupt_at is not None and row["step"] >= self.interrupt_at:
             self.interrupt_at = None  # once: the resumed run must not stop again
@@ -125,12 +131,13 @@ class TrainDashboard:
             self._text_handle.update(HTML(self.status_html()))
 
     def series(self, name: str) -> tuple[list[float], list[float]]:
-        """(steps, values) of one series, skipping steps where it was not reported."""
-        points = [(r["step"], r[name]) for r in self.history if name in r]
-        return [p[0] for p in points], [p[1] for p in points]
+        """(steps, values) of one series in step order; a step seen twice (resume) keeps its latest value."""
+        points = {r["step"]: r[name] for r in self.history if name in r}
+        steps = sorted(points)
+        return steps, [points[k] for k in steps]
 
     def draw(self):
-        """A 2x2 figure: losses, learning rate, peak VRAM, images/s against the optimizer step."""
+        """A 2x2 figure: losses, learning rates, VRAM, images/s against the batch index (dotted: resumed)."""
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(2, 2, figsize=(10, 6), constrained_layout=True)
@@ -142,6 +149,9 @@ class TrainDashboard:
         if ax_loss.lines:
             ax_loss.legend(loc="upper right")
         ax_loss.set_title("loss (running mean over the epoch)")
+        x, y = self.series("lr_bias")
+        if x:
+            ax_lr.plot(x, y, label="biases", ls="--")
         for ax, name, title, scale in (
             (ax_lr, "lr", "learning rate", 1.0),
             (ax_mem, "memory_bytes", "peak VRAM (GiB)", 1024**-3),
@@ -153,8 +163,13 @@ class TrainDashboard:
             else:
                 ax.text(0.5, 0.5, "not reported", ha="center", va="center", transform=ax.transAxes, color="gray")
             ax.set_title(title)
+        if len(ax_lr.lines) == 2:
+            ax_lr.lines[1].set_label("weights")
+            ax_lr.legend(loc="upper right")
         for ax in axes.flat:
             ax.set_xlabel("batch")
+            for step in self.resumes:
+                ax.axvline(step, color="gray", ls=":", lw=1)
         fig.suptitle(f"{self.title}: {self.status_text()}")
         return fig
 
