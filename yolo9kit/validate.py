@@ -85,6 +85,9 @@ class ValResult:
                 lines.append(("%22s" + "%11i" * 2 + "%11.3g" * 4) % row[1:])
         return "\n".join(lines)
 
+    def __str__(self) -> str:
+        return f"{self.summary()}\n{self.speed_line()}"
+
     def speed_line(self) -> str:
         """The official Speed line: ms per image, at shape (batch, 3, imgsz, imgsz)."""
         return speed_line([self.speed[k] for k in ("preprocess_ms", "inference_ms", "nms_ms")], self.input_shape)
