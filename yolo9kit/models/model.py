@@ -43,6 +43,8 @@ class DetectionModel(nn.Module):
         self._source = source
         self.model, self.save = parse_model(self.yaml, self.ch, self.nc, source)
         self.names = list(names) if names is not None else [str(i) for i in range(self.nc)]
+        if len(self.names) != self.nc:
+            raise ValueError(f"{source}: {len(self.names)} class names for nc={self.nc}")
         self._set_activation(self.yaml.get("activation"), source)
         self.register_buffer("stride", torch.tensor([8.0, 16.0, 32.0]), persistent=False)
         self._max_stride = 32
