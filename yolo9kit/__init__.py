@@ -26,10 +26,18 @@ _EXPORTS: dict[str, str] = {
     "create_dataloader": "yolo9kit.data",
     "DetectionLoss": "yolo9kit.loss",
     "LossConfig": "yolo9kit.loss",
+    "TrainConfig": "yolo9kit.config",
+    "fit": "yolo9kit.train",
+    "predict": "yolo9kit.validate",
+    "evaluate": "yolo9kit.validate",
+    "compare_heads": "yolo9kit.validate",
 }
 
 # sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
-_SUBMODULES = {"assigner", "boxes", "checkpoint", "cli", "data", "env", "loss", "memory", "models", "plots"}
+_SUBMODULES = {
+    "assigner", "boxes", "checkpoint", "cli", "coco", "config", "data", "env", "loss", "memory", "metrics", "models",
+    "ops", "plots", "train", "validate",
+}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -52,7 +60,10 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.checkpoint import load_checkpoint, save_checkpoint
+    from yolo9kit.config import TrainConfig
     from yolo9kit.data import create_dataloader, make_shapes
     from yolo9kit.env import checks
     from yolo9kit.loss import DetectionLoss, LossConfig
     from yolo9kit.models import DualOutput, create_model, list_models, load_official_checkpoint, model_table, to_deploy
+    from yolo9kit.train import fit
+    from yolo9kit.validate import compare_heads, evaluate, predict
