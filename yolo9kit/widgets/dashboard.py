@@ -166,8 +166,11 @@ class TrainDashboard:
         if len(ax_lr.lines) == 2:
             ax_lr.lines[1].set_label("weights")
             ax_lr.legend(loc="upper right")
+        from matplotlib.ticker import MaxNLocator
+
         for ax in axes.flat:
             ax.set_xlabel("batch")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             for step in self.resumes:
                 ax.axvline(step, color="gray", ls=":", lw=1)
         fig.suptitle(f"{self.title}: {self.status_text()}")
