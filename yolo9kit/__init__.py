@@ -20,8 +20,10 @@ _EXPORTS: dict[str, str] = {
     "DualOutput": "yolo9kit.models",
     "load_official_checkpoint": "yolo9kit.models",
     "to_deploy": "yolo9kit.models",
+    "fuse": "yolo9kit.models",
     "save_checkpoint": "yolo9kit.checkpoint",
     "load_checkpoint": "yolo9kit.checkpoint",
+    "read_checkpoint": "yolo9kit.checkpoint",
     "make_shapes": "yolo9kit.data",
     "create_dataloader": "yolo9kit.data",
     "DetectionLoss": "yolo9kit.loss",
@@ -59,11 +61,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from yolo9kit.checkpoint import load_checkpoint, save_checkpoint
+    from yolo9kit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
     from yolo9kit.config import TrainConfig
     from yolo9kit.data import create_dataloader, make_shapes
     from yolo9kit.env import checks
     from yolo9kit.loss import DetectionLoss, LossConfig
-    from yolo9kit.models import DualOutput, create_model, list_models, load_official_checkpoint, model_table, to_deploy
+    from yolo9kit.models import (DualOutput, create_model, fuse, list_models, load_official_checkpoint, model_table,
+                                 to_deploy)
     from yolo9kit.train import fit
     from yolo9kit.validate import compare_heads, evaluate, predict
