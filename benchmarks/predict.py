@@ -40,7 +40,7 @@ def synthetic_images(n: int, height: int = 1080, width: int = 810, seed: int = 0
 
 
 def time_kit(model, images, imgsz: int, device: str, half: bool) -> dict[str, float]:
-    from yolo9kit.predict import predict
+    from yolo9kit.prediction import predict
 
     predict(model, images[:1], imgsz=imgsz, device=device, half=half)  # warm-up (allocations, cuDNN plans)
     results = predict(model, images, imgsz=imgsz, device=device, half=half)
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.source:
         import cv2
 
-        from yolo9kit.predict import IMAGE_SUFFIXES
+        from yolo9kit.prediction import IMAGE_SUFFIXES
 
         files = sorted(p for p in Path(args.source).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         images = [cv2.imread(str(p)) for p in files[: args.images]]

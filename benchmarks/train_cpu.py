@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--val", type=int, default=64, help="validation images")
     p.add_argument("--classes", type=int, default=3)
     p.add_argument("--max-objects", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=40)
+    p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--optimizer", default="AdamW", choices=["SGD", "Adam", "AdamW"])
     p.add_argument("--lr0", type=float, default=0.0015)

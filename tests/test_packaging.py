@@ -46,3 +46,10 @@ def test_public_names_exist():
 
     for name in yolo9kit.__all__:
         assert getattr(yolo9kit, name) is not None, name
+
+
+def test_top_level_functions_are_not_shadowed_by_modules():
+    code = ("import yolo9kit.prediction, yolo9kit.validate, yolo9kit.train, yolo9kit; "
+            "print(callable(yolo9kit.predict), callable(yolo9kit.evaluate), callable(yolo9kit.fit))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "True"]

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from yolo9kit.models import DualOutput, create_model
-from yolo9kit.predict import predict
+from yolo9kit.prediction import predict
 from yolo9kit.validate import compare_heads, evaluate
 
 NAMES = ["square", "bar"]

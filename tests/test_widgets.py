@@ -119,7 +119,7 @@ def shapes(tmp_path_factory):
 
 # -- detection viewer ------------------------------------------------------------------------------
 
-@needs("yolo9kit.predict", "predict")
+@needs("yolo9kit.prediction", "predict")
 def test_detection_viewer_sliders_filter_and_switch_images(shapes):
     import torch
 
@@ -147,7 +147,7 @@ def test_detection_viewer_sliders_filter_and_switch_images(shapes):
     assert "aux head" in app.figures["image"].axes[0].get_title()
 
 
-@needs("yolo9kit.predict", "predict")
+@needs("yolo9kit.prediction", "predict")
 def test_detection_viewer_rejects_an_empty_folder(tmp_path):
     from yolo9kit.models import create_model
     from yolo9kit.widgets import detection_viewer

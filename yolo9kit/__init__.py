@@ -38,7 +38,7 @@ _EXPORTS: dict[str, str] = {
 # sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
 _SUBMODULES = {
     "assigner", "boxes", "checkpoint", "cli", "coco", "config", "data", "env", "loss", "memory", "metrics", "models",
-    "ops", "plots", "train", "validate",
+    "ops", "plots", "prediction", "train", "validate", "widgets",
 }
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])

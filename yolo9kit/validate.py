@@ -3,7 +3,7 @@ matching, 101-point AP; plus an optional COCOeval of the same predictions.
 
 ``evaluate(model, "data.yaml")`` returns a :class:`ValResult`; ``compare_heads`` evaluates the main
 and auxiliary heads of a YOLOv9 model on the same batches. Prediction lives in
-:mod:`yolo9kit.predict` and is re-exported here.
+:mod:`yolo9kit.prediction` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from yolo9kit.boxes import cxcywh_to_xyxy
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from yolo9kit.ops import non_max_suppression, scale_boxes
-from yolo9kit.predict import (
+from yolo9kit.prediction import (
     Prediction,
     Predictions,
     load_model,
@@ -135,7 +135,7 @@ def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size:
     AP per class with 101-point interpolation (:func:`~yolo9kit.metrics.ap_per_class`).
 
     Args:
-        model: DetectionModel (or a checkpoint path / model name, see :func:`~yolo9kit.predict.load_model`).
+        model: DetectionModel (or a checkpoint path / model name, see :func:`~yolo9kit.prediction.load_model`).
             Its training/eval mode is restored afterwards.
         data: data.yaml path or dict (not needed when ``dataloader`` is given, except for COCO detection).
         split: "val", "test" or "train". imgsz, batch_size, workers: loader settings.

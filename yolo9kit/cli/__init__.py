@@ -13,7 +13,7 @@ import logging
 import sys
 
 # verb modules, in the order ``--help`` lists them
-VERB_MODULES = ["checks", "models", "data", "train", "val", "detect", "profile"]
+VERB_MODULES = ["checks", "models", "data", "train", "val", "detect", "profile", "demo"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,7 +46,7 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yolo9kit.predict import SPEED_COLUMNS, predict
+    from yolo9kit.prediction import SPEED_COLUMNS, predict
 
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)

@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from yolo9kit.cli.detect import increment_path
-    from yolo9kit.predict import load_model
+    from yolo9kit.prediction import load_model
     from yolo9kit.validate import compare_heads, evaluate
 
     speed_task = args.task == "speed"

@@ -29,7 +29,7 @@ def model_for_data(spec: str, data, weights: str = ""):
     """
     from yolo9kit.data import load_data_config
     from yolo9kit.models import create_model
-    from yolo9kit.predict import load_model
+    from yolo9kit.prediction import load_model
 
     data_config = load_data_config(data)
     nc, names = data_config.nc, list(data_config.names)

@@ -2,7 +2,7 @@
 
 The model runs once per (image, IoU threshold, head) at a very low confidence and the result is
 cached; the confidence slider then only filters boxes (instant), the IoU slider re-runs NMS through
-``yolo9kit.predict.predict`` (one forward pass for the shown image).
+``yolo9kit.prediction.predict`` (one forward pass for the shown image).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ CONF_FLOOR = 0.001
 def _image_list(source: str | Path | Sequence[Any]) -> list[Any]:
     """A list of image sources: a folder becomes its sorted image files; a list stays as it is."""
     if isinstance(source, (str, Path)) and Path(source).is_dir():
-        from yolo9kit.predict import IMAGE_SUFFIXES
+        from yolo9kit.prediction import IMAGE_SUFFIXES
 
         files = sorted(p for p in Path(source).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
@@ -48,7 +48,7 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
     """Image slider, confidence and IoU sliders (and a head switch for dual-head models) over ``predict``.
 
     Args:
-        model: a DetectionModel (or anything ``yolo9kit.predict.load_model`` accepts).
+        model: a DetectionModel (or anything ``yolo9kit.prediction.load_model`` accepts).
         source: an image folder, one image path, or a list of paths / BGR arrays.
         imgsz: inference size. conf, iou: starting thresholds. head: "main" or "aux".
         device: None picks CUDA when available.
@@ -60,7 +60,7 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
     """
     import ipywidgets as w
 
-    from yolo9kit.predict import load_model, predict
+    from yolo9kit.prediction import load_model, predict
 
     model = load_model(model)
     images = _image_list(source)

@@ -1,0 +1,20 @@
+"""``python -m yolo9kit demo``: the whole kit end to end (quick mode), as `make demo` runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_quick_demo_runs_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "yolo9kit", "demo", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "outputs identical" in proc.stdout
+    for name in ("yolov9-t", "gelan-e"):
+        assert name in proc.stdout  # the model table
+    assert (out / "train_batch.png").stat().st_size > 0
+    assert (out / "train" / "weights" / "last.pt").is_file()
+    assert "mAP50-95" in proc.stdout and "Speed:" in proc.stdout
+    assert any((out / "predict").iterdir())
