@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,24 +40,10 @@ def ours(data_yaml: Path, workers: int, args) -> float:
 
 
 def _import_official(checkout: Path):
-    """Import the official utils.dataloaders, stubbing optional imports that fail on current packages."""
-    for name in ("pkg_resources", "IPython", "requests", "psutil", "thop"):
-        try:
-            __import__(name)
-        except ImportError:
-            stub = types.ModuleType(name)
-            if name == "pkg_resources":
-                from packaging.version import parse
+    """Import the official utils.dataloaders from a checkout (see official_shim.py)."""
+    from official_shim import import_official
 
-                stub.parse_version = parse
-            if name == "psutil":
-                stub.virtual_memory = lambda: types.SimpleNamespace(total=1 << 36, available=1 << 35)
-            sys.modules[name] = stub
-    sys.path.insert(0, str(checkout))
-    import numpy as np
-
-    if not hasattr(np, "trapz"):  # numpy 2 removed the alias the official metrics module uses
-        np.trapz = np.trapezoid
+    import_official(checkout)
     from utils import dataloaders
 
     return dataloaders

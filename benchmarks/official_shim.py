@@ -2,8 +2,8 @@
 timing. Nothing of it is copied: the benchmark imports the user's checkout at run time.
 
 The official code imports a few packages at module level that a current stack lacks or does not need
-for timing (``pkg_resources`` is gone from recent setuptools; ``IPython``, ``requests`` and ``seaborn``
-are only used for notebooks, downloads and plots), and calls ``numpy.trapz``, removed in numpy 2.4.
+for timing (``pkg_resources`` is gone from recent setuptools; ``IPython``, ``requests``, ``seaborn`` and ``thop``
+are only used for notebooks, downloads, plots and FLOP counts), and calls ``numpy.trapz``, removed in numpy 2.4.
 ``import_official`` installs minimal stand-ins for those before importing, and only in this process.
 """
 
@@ -24,7 +24,7 @@ def import_official(path: str | Path) -> None:
     if not (root / "models" / "yolo.py").is_file() or not (root / "utils" / "loss_tal_dual.py").is_file():
         raise FileNotFoundError(f"{root} is not a checkout of the official YOLOv9 repository "
                                 "(expected models/yolo.py and utils/loss_tal_dual.py)")
-    for name in ("pkg_resources", "IPython", "requests", "seaborn"):
+    for name in ("pkg_resources", "IPython", "requests", "seaborn", "thop"):
         try:
             __import__(name)
         except ImportError:
