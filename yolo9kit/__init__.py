@@ -66,7 +66,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.data import create_dataloader, make_shapes
     from yolo9kit.env import checks
     from yolo9kit.loss import DetectionLoss, LossConfig
-    from yolo9kit.models import (DualOutput, create_model, fuse, list_models, load_official_checkpoint, model_table,
-                                 to_deploy)
+    from yolo9kit.models import (
+        DualOutput,
+        create_model,
+        fuse,
+        list_models,
+        load_official_checkpoint,
+        model_table,
+        to_deploy,
+    )
     from yolo9kit.train import fit
     from yolo9kit.validate import compare_heads, evaluate, predict

@@ -155,3 +155,21 @@ def checks(verbose: bool = True, widgets: bool = True) -> EnvReport:
     if verbose:
         logging.getLogger(__name__).info("\n%s", report)
     return report
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:  # noqa: F821 (torch imported lazily)
+    """None/"" -> the first CUDA device when available, else CPU; "0" -> cuda:0; else ``torch.device(device)``.
+
+    Raises:
+        ValueError: a CUDA device is asked for on a machine without CUDA.
+    """
+    import torch
+
+    if device is None or device == "":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, str) and device.isdigit():
+        device = f"cuda:{device}"
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} requested but CUDA is not available; use device='cpu'")
+    return device

@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 import torch
 
+from yolo9kit.env import resolve_device
 from yolo9kit.ops import letterbox, non_max_suppression, scale_boxes
 
 LOGGER = logging.getLogger(__name__)
@@ -174,18 +175,6 @@ def speed_line(ms_per_image: Sequence[float], shape: tuple[int, ...]) -> str:
     return f"Speed: {pre:.1f}ms pre-process, {inference:.1f}ms inference, {nms:.1f}ms NMS per image at shape {shape}"
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """None/"" -> CUDA when available, else CPU; "0" -> cuda:0; anything torch accepts otherwise."""
-    if device is None or device == "":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, str) and device.isdigit():
-        device = f"cuda:{device}"
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device} requested but CUDA is not available; use device='cpu'")
-    return device
-
-
 def load_model(weights: Any):
     """A DetectionModel from a model object, a kit checkpoint, an official .pt, or a model name.
 
@@ -215,12 +204,17 @@ def load_model(weights: Any):
     raise FileNotFoundError(f"weights {weights} not found: pass a checkpoint path or one of {', '.join(list_models())}")
 
 
-def prepare_model(model: torch.nn.Module, device: torch.device, half: bool) -> torch.nn.Module:
-    """The model on ``device`` in FP16 (``half``) or FP32, in eval mode.
+def prepare_model(model: torch.nn.Module, device: torch.device, half: bool, deploy: bool = False,
+                  head: str = "main") -> torch.nn.Module:
+    """The model on ``device`` in FP16 (``half``) or FP32, in eval mode; ``deploy`` fuses it for speed.
 
     Casting happens on a copy: casting in place would round the caller's weights (the trainer's EMA
     model, for instance) to FP16 for good. The caller restores ``model.train(...)`` when it is the same.
     """
+    if deploy and hasattr(model, "yaml"):
+        from yolo9kit.models.deploy import deploy_for_inference
+
+        model = deploy_for_inference(model, head)
     dtype = torch.float16 if half else torch.float32
     first = next(model.parameters(), None)
     if first is not None and first.dtype != dtype:
@@ -302,7 +296,7 @@ def _sync(device: torch.device) -> float:
 def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25, iou: float = 0.45,
             max_det: int = 1000, classes: Sequence[int] | None = None, agnostic: bool = False, half: bool = False,
             device: str | torch.device | None = None, save_dir: str | Path | None = None, save_txt: bool = False,
-            save_conf: bool = False, save_images: bool = True, head: str = "main",
+            save_conf: bool = False, save_images: bool = True, head: str = "main", deploy: bool = True,
             line_width: int | None = None) -> Predictions:
     """Detect objects in images, as the official ``detect_dual.py`` (batch 1).
 
@@ -321,6 +315,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
         save_dir: when given, annotated images (``save_images``) and, with ``save_txt``,
             ``labels/<stem>.txt`` lines ``cls cx cy w h [conf]`` are written there.
         head: "main" or "aux". line_width: box line width in saved images (None: scaled to the image).
+        deploy: run the deployed equivalent (auxiliary branch dropped, Conv+BN fused; built once per
+            weights version and cached); the outputs are those of the model within float rounding.
 
     Returns:
         :class:`Predictions` (unreadable inputs are in ``.skipped`` with the reason, not raised).
@@ -335,7 +331,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
     model = load_model(model)
     device = resolve_device(device)
     was_training, caller_model = model.training, model
-    model = prepare_model(model, device, half)
+    model = prepare_model(model, device, half, deploy=deploy, head=head)
     stride = max(int(model.stride.max()), 32)
     imgsz = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)

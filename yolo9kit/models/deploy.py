@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import weakref
 
 import torch
 from torch import nn
@@ -170,3 +171,37 @@ def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionMo
         deployed._max_stride = model._max_stride
     deployed.eval()
     return fuse(deployed) if fuse_layers else deployed
+
+
+_DEPLOYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _weights_version(model: torch.nn.Module) -> tuple[int, int]:
+    """Changes whenever a parameter or buffer is modified in place (an optimizer step, a load)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return len(tensors), sum(t._version for t in tensors)
+
+
+def deploy_for_inference(model: torch.nn.Module, head: str = "main") -> torch.nn.Module:
+    """The fastest equivalent inference model, built once per weights version and cached.
+
+    For the main head of a dual model this is the official deployment (``to_deploy``: the auxiliary
+    branch dropped, Conv+BN folded, RepConvN collapsed), which the official detect_dual path does not
+    do: it computes the auxiliary output and throws it away. Otherwise (a GELAN model, ``head="aux"``,
+    a custom layer table that cannot be converted) the model is fused as the official loader does.
+    The caller's model is never modified.
+    """
+    key = (head, _weights_version(model))
+    cached = _DEPLOYED.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    deployed = None
+    if head == "main" and getattr(model, "is_dual", False):
+        try:
+            deployed = to_deploy(model)
+        except (ValueError, KeyError, RuntimeError) as e:  # a custom layer table without a gelan twin
+            LOGGER.debug("to_deploy failed (%s); fusing the dual model instead", e)
+    if deployed is None:
+        deployed = fuse(copy.deepcopy(model))
+    _DEPLOYED[model] = (key, deployed)
+    return deployed

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import TrainConfig
+from yolo9kit.env import resolve_device
 from yolo9kit.train.ema import ModelEMA, unwrap
 from yolo9kit.train.guards import free_memory, halve_micro_batch, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
@@ -49,15 +50,6 @@ class Trainer:
     oom_events: int = 0
     phase: str = "idle"  # "forward" or "backward" while a micro-step runs (the OOM back-off reads it)
     buffer_backup: list[torch.Tensor] = field(default_factory=list, repr=False)  # BN stats before a micro-step
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """None -> cuda:0 when CUDA is available, else cpu; "0" -> cuda:0; otherwise ``torch.device(device)``."""
-    if device is None or device == "":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, str) and device.isdigit():
-        device = f"cuda:{device}"
-    return torch.device(device)
 
 
 def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:

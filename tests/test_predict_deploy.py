@@ -1,0 +1,42 @@
+"""predict runs the deployed model (auxiliary branch dropped, Conv+BN fused) by default: same detections,
+built once per weights version, the caller's model untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from yolo9kit.models import create_model
+from yolo9kit.models.deploy import deploy_for_inference
+from yolo9kit.prediction import predict
+
+
+def _model():
+    torch.manual_seed(0)
+    model = create_model("yolov9-t", num_classes=3).eval()
+    head = model.head
+    for conv in (*head.cv3, *head.cv5):  # make class scores high enough to give detections
+        torch.nn.init.constant_(conv[-1].bias, 2.0)
+    return model
+
+
+def test_deployed_prediction_equals_plain_prediction():
+    model = _model()
+    image = np.random.default_rng(0).integers(0, 255, (96, 128, 3), dtype=np.uint8)
+    plain = predict(model, image, imgsz=128, conf=0.5, deploy=False, device="cpu")[0]
+    fast = predict(model, image, imgsz=128, conf=0.5, deploy=True, device="cpu")[0]
+    assert len(plain.boxes) > 0 and len(plain.boxes) == len(fast.boxes)
+    np.testing.assert_allclose(fast.scores, plain.scores, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fast.boxes, plain.boxes, atol=1.0)  # boxes are rounded to whole pixels
+    assert model.is_dual and any(k.startswith("model.22.") for k in model.state_dict())  # caller's model intact
+
+
+def test_deployed_model_is_cached_until_the_weights_change():
+    model = _model()
+    first = deploy_for_inference(model)
+    assert deploy_for_inference(model) is first
+    assert not first.is_dual  # the auxiliary branch is gone
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # an in-place update, as an optimizer step
+    assert deploy_for_inference(model) is not first
+    assert deploy_for_inference(model, head="aux") is not deploy_for_inference(model)
