@@ -64,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--official", type=Path, help="checkout of WongKinYiu/yolov9 to time side by side")
     parser.add_argument("--data", type=Path, default=REPO / "data" / "generated" / "bench-640x480")
-    parser.add_argument("--n-images", type=int, default=256)
+    parser.add_argument("--n-images", type=int, default=512)
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--batches", type=int, default=20)
