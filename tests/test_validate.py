@@ -197,6 +197,8 @@ def test_random_model_without_detections_gives_zero_metrics(dataset):
     model = create_model("gelan-t", num_classes=2)
     result = evaluate(model, data, dataloader=batches, device="cpu", conf=0.5, progress=False)
     assert result.map == 0 and result.instances == 3 and model.training  # mode restored
+    # every labelled class still gets its row, with zeros (the official table would print none)
+    assert list(result.per_class["instances"]) == [1, 2] and (result.per_class["mAP50"] == 0).all()
 
 
 # ---------------------------------------------------------------------------------------------- predict

@@ -269,12 +269,14 @@ def _per_class_frame(result: APResult | None, names: list[str], state: _Accumula
     import pandas as pd
 
     columns = ["class", "name", "images", "instances", "P", "R", "mAP50", "mAP50-95"]
-    if result is None:
-        return pd.DataFrame(columns=columns)
     images_per_class = np.zeros(len(names), dtype=int)
     for *_, labels_cls in state.stats:
         images_per_class[np.unique(labels_cls.numpy().astype(int))] += 1
     counts = np.bincount(target_cls.astype(int), minlength=len(names))
+    if result is None:  # no true positive at all: every labelled class scores 0 (official prints no rows)
+        rows = [(int(c), names[c], int(images_per_class[c]), int(counts[c]), 0.0, 0.0, 0.0, 0.0)
+                for c in np.flatnonzero(counts)]
+        return pd.DataFrame(rows, columns=columns)
     rows = [(int(c), names[c], int(images_per_class[c]), int(counts[c]), result.p[i], result.r[i],
              result.ap[i, 0], result.ap[i].mean()) for i, c in enumerate(result.classes)]
     return pd.DataFrame(rows, columns=columns)
