@@ -122,7 +122,9 @@ def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
         optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0, close_mosaic=min(5, epochs),
         hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5, "mosaic": 0.5},
         val=not args.quick, project=str(out), name="train", exist_ok=True)
-    model = create_model(args.model, num_classes=NUM_CLASSES)
+    from yolo9kit.data import load_data_config
+
+    model = create_model(args.model, names=load_data_config(data_yaml).names)
     result = fit(model, data_yaml, config)
     print(f"trained {result.epochs_completed} epochs; weights in {result.save_dir}")
     return Path(result.best if result.best and Path(result.best).exists() else result.last)
