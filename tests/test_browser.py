@@ -37,7 +37,8 @@ CHROMIUM_FLAGS = [
     "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-dev-shm-usage",
 ]
 SERVER_START_TIMEOUT_S = 60
-NOTEBOOK_RUN_TIMEOUT_MS = 240_000  # all cells of the smoke-mode notebook on a busy 2-core CPU
+START_TIMEOUT_S = 45  # no cell started by then: "Run All Cells" is issued once more
+NOTEBOOK_RUN_TIMEOUT_MS = 300_000  # all cells of the smoke-mode notebook on a busy 2-core CPU
 REDRAW_TIMEOUT_S = 90
 
 
@@ -80,9 +81,12 @@ def lab_server(tmp_path):
     root = tmp_path / "root"
     shutil.copytree(REPO / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     config_dir, settings_dir = tmp_path / "jupyter_config", tmp_path / "lab_settings"
+    data_dir = tmp_path / "jupyter_data"
     config_dir.mkdir()
     _write_settings(settings_dir)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config_dir), JUPYTERLAB_SETTINGS_DIR=str(settings_dir),
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_PATH"}
+    env.update(JUPYTER_CONFIG_DIR=str(config_dir), JUPYTERLAB_SETTINGS_DIR=str(settings_dir),
+               JUPYTER_DATA_DIR=str(data_dir), JUPYTER_RUNTIME_DIR=str(tmp_path / "jupyter_runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), YOLO9KIT_SMOKE="1",
                MPLBACKEND="module://matplotlib_inline.backend_inline")
     port = _free_port()
@@ -106,7 +110,7 @@ def lab_server(tmp_path):
                 if time.monotonic() > deadline:
                     pytest.fail(f"JupyterLab did not answer on {base} within {SERVER_START_TIMEOUT_S} s")
                 time.sleep(0.5)
-        yield base
+        yield base, tmp_path / "jupyterlab.log"
     finally:
         _stop(proc)
         log.close()
@@ -127,6 +131,53 @@ def _wait_for_kernel(page, timeout_s: float = 120) -> None:
     raise AssertionError("the notebook's kernel did not become idle")
 
 
+def _diagnosis(page, log_path: Path, shot: Path) -> str:
+    """What the page and the server showed: the outputs' text, the server log's tail, a screenshot."""
+    try:
+        page.screenshot(path=str(shot), full_page=True)
+    except Exception as exc:  # noqa: BLE001 - the page itself may be gone; say so and go on
+        shot = Path(f"(no screenshot: {exc})")
+    prompts = [t.strip() for t in page.locator(".jp-InputPrompt").all_inner_texts()]
+    outputs = "\n---\n".join(t[:800] for t in page.locator(".jp-OutputArea-output").all_inner_texts())
+    log_tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:]) if log_path.is_file() else ""
+    return (f"\ncell prompts: {prompts}\noutputs:\n{outputs or '(none)'}\n"
+            f"JupyterLab log (last lines):\n{log_tail}\nscreenshot: {shot}")
+
+
+def _run_all_cells(page) -> None:
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+
+
+def _wait_for_widgets(page, log_path: Path, shot: Path) -> None:
+    """Run all cells and wait until a slider and a plot inside a widget Output are rendered.
+
+    Fails early, with what the page shows, when a cell raised; repeats "Run All Cells" once when no
+    cell has started after a while (a click that landed before the kernel took requests)."""
+    _run_all_cells(page)
+    start = time.monotonic()
+    rerun = False
+    while True:
+        if page.locator(".widget-slider").count() and page.locator(
+                ".widget-output img, .jupyter-widgets-output-area img").count():
+            return
+        traceback = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                                 ":has-text('Traceback'), .jp-OutputArea-output:has-text('Traceback (most')")
+        if traceback.count():
+            raise AssertionError("a cell raised" + _diagnosis(page, log_path, shot))
+        elapsed = time.monotonic() - start
+        started = any(t.strip() not in ("[ ]:", "[ ]", "")
+                      for t in page.locator(".jp-InputPrompt").all_inner_texts())
+        if not started and not rerun and elapsed > START_TIMEOUT_S:
+            _wait_for_kernel(page)
+            _run_all_cells(page)
+            rerun = True
+        if elapsed > NOTEBOOK_RUN_TIMEOUT_MS / 1000:
+            raise AssertionError(f"no rendered slider and plot after {elapsed:.0f} s"
+                                 + _diagnosis(page, log_path, shot))
+        page.wait_for_timeout(1000)
+
+
 def _plot_hash(page) -> str:
     """SHA-1 of the first image inside a widget Output: the memory explorer's VRAM-against-batch curve."""
     src = page.locator(".widget-output img, .jupyter-widgets-output-area img").first.get_attribute("src") or ""
@@ -136,22 +187,18 @@ def _plot_hash(page) -> str:
 def test_memory_explorer_renders_and_slider_redraws(lab_server, tmp_path):
     from playwright.sync_api import sync_playwright
 
+    lab_url, log_path = lab_server
     shot = tmp_path / "memory_explorer.png"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{lab_server}/lab/tree/{NOTEBOOK}?reset")
+            page.goto(f"{lab_url}/lab/tree/{NOTEBOOK}?reset")
             page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
             _wait_for_kernel(page)
 
-            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
-
             # Rendered widgets, not their text repr: a slider and an image inside a widget Output.
-            page.wait_for_selector(".widget-slider", timeout=NOTEBOOK_RUN_TIMEOUT_MS)
-            page.wait_for_selector(".widget-output img, .jupyter-widgets-output-area img",
-                                   timeout=NOTEBOOK_RUN_TIMEOUT_MS)
+            _wait_for_widgets(page, log_path, tmp_path / "failure.png")
             _wait_for_kernel(page, timeout_s=NOTEBOOK_RUN_TIMEOUT_MS / 1000)
             assert page.locator(".jp-OutputArea-output:has-text('VBox(children')").count() == 0
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
