@@ -101,7 +101,8 @@ class TaskAlignedAssigner:
         target_scores = torch.zeros((batch_size, num_anchors, self.num_classes), dtype=torch.float32,
                                     device=device)
         fg_mask = torch.zeros((batch_size, num_anchors), dtype=torch.bool, device=device)
-        counts = gt_counts.tolist()  # CPU-GPU sync point, once per call
+        counts = gt_counts.tolist()  # the loss passes CPU counts: no device synchronisation here
+        gt_counts = gt_counts.to(device, non_blocking=True)
         if gt_bboxes.shape[1] == 0 or max(counts, default=0) == 0:  # no GT in the batch: all background
             return AssignResult(target_labels, target_bboxes, target_scores, fg_mask)
         # Per-box and per-score terms, once for the whole batch so every chunking sees the same bits.
@@ -146,10 +147,10 @@ class TaskAlignedAssigner:
 
         # An anchor that is a candidate of several GTs keeps the GT it overlaps most among ALL GTs
         # of the image (official select_highest_overlaps), even one it was not a candidate of.
+        # Done unconditionally (a no-op where no anchor has several candidates): no device synchronisation.
         multi = candidate.sum(1) > 1  # (b, A)
-        if bool(multi.any()):  # CPU-GPU sync point
-            best = overlaps.argmax(1)  # (b, A); first maximum, padding rows are 0 and come last
-            candidate = torch.where(multi[:, None, :], rows[None, :, None] == best[:, None, :], candidate)
+        best = overlaps.argmax(1)  # (b, A); first maximum, padding rows are 0 and come last
+        candidate = torch.where(multi[:, None, :], rows[None, :, None] == best[:, None, :], candidate)
         fg = candidate.any(1)  # (b, A)
         assigned = candidate.to(torch.uint8).argmax(1)  # (b, A); 0 where background, like the official
 

@@ -49,7 +49,16 @@ class TrainConfig:
     imgsz: int = 640
     # "auto": bf16 where the GPU supports it, else fp16; always "off" on CPU (autocast on CPU is slow).
     amp: str = "auto"
-    channels_last: bool = False
+    # Speed switches; None means on for CUDA, off on the CPU (see yolo9kit.train.step.fast_settings).
+    channels_last: bool | None = None  # channels_last weights and inputs (NHWC convolutions)
+    sync_free: bool | None = None  # no host-device sync in the step; losses read every log_interval batches
+    fused_optimizer: bool | None = None  # torch's fused SGD/Adam/AdamW
+    colour_on_device: bool | None = None  # HSV colour jitter on the training device, not in the loader
+    cudnn_benchmark: bool = True  # cudnn autotuning (CUDA only)
+    # torch.compile the model's forward: True, or a mode such as "reduce-overhead" (CUDA graphs) or
+    # "max-autotune". Off by default: the first step then takes minutes (measured in docs/benchmarks.md).
+    compile: bool | str = False
+    log_interval: int = 10  # sync-free: batches between read-backs of the losses (progress bar, callbacks)
     optimizer: str = "SGD"
     lr0: float = 0.01
     lrf: float = 0.01  # final LR = lr0 * lrf
@@ -107,6 +116,8 @@ class TrainConfig:
             raise bad("schedule", f"one of {SCHEDULES}")
         if self.imgsz < 32 or self.imgsz % 32:
             raise bad("imgsz", "a multiple of 32 (the largest model stride)")
+        if self.log_interval < 1:
+            raise bad("log_interval", "an integer >= 1")
         if self.max_nonfinite_steps < 1:
             raise bad("max_nonfinite_steps", "an integer >= 1")
         unknown = set(self.callbacks or {}) - set(CALLBACK_NAMES)

@@ -106,6 +106,9 @@ class YOLODataset(Dataset):
                 lb[:, 0] = 0
         self.shapes = np.array([r.size for r in records], dtype=np.int64)
         self.mosaic = augment and not rect and self.hyp.mosaic > 0
+        # True: augmented samples skip the HSV jitter and carry their gains as a 5th field (the loader
+        # applies them in torch on its device, see yolo9kit.data.colour); set by create_dataloader.
+        self.colour_on_device = False
         self.batch_shapes = None
         if rect:
             order, self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, image_size, stride, pad)
@@ -167,8 +170,11 @@ class YOLODataset(Dataset):
         gains = A.hsv_gains(rng, self.hyp)
         flip_ud, flip_lr = rng.random() < self.hyp.flipud, rng.random() < self.hyp.fliplr
         h, w = image.shape[:2]
-        image = A.flip_image(A.bgr_to_rgb(image, gains), flip_lr, flip_ud)
+        image = A.flip_image(A.bgr_to_rgb(image, None if self.colour_on_device else gains), flip_lr, flip_ud)
         labels = A.flip_labels(labels, w, h, flip_lr, flip_ud)
+        if self.colour_on_device:  # the gains travel with the sample; the loader applies them on its device
+            return *self._output(image, labels, index, shapes), torch.as_tensor(
+                np.ones(3) if gains is None else gains, dtype=torch.float32)
         return self._output(image, labels, index, shapes)
 
     def _output(self, image_rgb: np.ndarray, labels_xyxy: np.ndarray, index: int, shapes):

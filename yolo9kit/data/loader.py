@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
+from yolo9kit.data.colour import hsv_jitter
 from yolo9kit.data.dataset import SampleKey, YOLODataset
 from yolo9kit.data.sources import DataConfig
 
@@ -58,7 +59,7 @@ def collate(batch):
     Inside a worker the image batch is allocated in shared memory, so it crosses to the main process
     without another copy.
     """
-    images, targets, paths, shapes = zip(*batch)
+    images, targets, paths, shapes, *gains = zip(*batch)
     h, w = images[0].shape[1:]
     shape = (len(images), h, w, 3)
     if get_worker_info() is not None:
@@ -69,6 +70,8 @@ def collate(batch):
         out[i].copy_(im.permute(1, 2, 0))
     for i, t in enumerate(targets):
         t[:, 0] = i
+    if gains:  # colour jitter left for the device: (B, 3) HSV gains as a 5th field
+        return out.permute(0, 3, 1, 2), torch.cat(targets, 0), list(paths), list(shapes), torch.stack(gains[0])
     return out.permute(0, 3, 1, 2), torch.cat(targets, 0), list(paths), list(shapes)
 
 
@@ -90,9 +93,11 @@ class YOLOLoader:
         loader: the underlying torch DataLoader.
     """
 
-    def __init__(self, dataset: YOLODataset, loader: DataLoader, sampler: KeySampler):
+    def __init__(self, dataset: YOLODataset, loader: DataLoader, sampler: KeySampler,
+                 colour_device: torch.device | None = None):
         self.dataset, self.loader, self.sampler = dataset, loader, sampler
         self.batch_size = loader.batch_size
+        self.colour_device = colour_device
         self._epoch_set = False
 
     def __len__(self) -> int:
@@ -110,7 +115,17 @@ class YOLOLoader:
         if not self._epoch_set and getattr(self, "_started", False):
             self.sampler.epoch += 1
         self._started, self._epoch_set = True, False
-        return iter(self.loader)
+        if self.colour_device is None:
+            return iter(self.loader)
+        return self._jittered(iter(self.loader))
+
+    def _jittered(self, batches):
+        """Copy each batch's images to ``colour_device`` and apply its HSV gains there."""
+        for images, targets, paths, shapes, *gains in batches:
+            images = images.to(self.colour_device, non_blocking=True)
+            if gains:
+                images = hsv_jitter(images, gains[0])
+            yield images, targets, paths, shapes
 
 
 def set_mosaic(loader_or_dataset, enabled: bool) -> None:
@@ -137,7 +152,7 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
                       close_mosaic: bool = False, distributed: bool = False, stride: int = 32,
                       pad: float | None = None, min_items: int = 0, single_cls: bool = False,
                       pin_memory: bool | None = None, prefetch_factor: int = 4,
-                      cache_budget: float = 0.5) -> YOLOLoader:
+                      cache_budget: float = 0.5, colour_device: str | torch.device | None = None) -> YOLOLoader:
     """A loader of ``(images uint8 (B, 3, H, W) RGB, targets (N, 6), paths, shapes)``.
 
     Args:
@@ -158,6 +173,10 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         pad: rect padding in strides; default 0.5 for validation, 0.0 for training.
         pin_memory: default True when CUDA is available.
         prefetch_factor: batches each worker prepares ahead.
+        colour_device: run the HSV colour jitter there (batched, in torch: ``yolo9kit.data.colour``) instead
+            of in the CPU workers; the batches' images then come out on that device. Pays on a GPU (the
+            jitter is about a third of the CPU work of a cached mosaic batch); on a CPU it is slower than
+            OpenCV. The same gains are drawn either way; pixels agree within one level.
     """
     train = split == "train"
     augment = train if augment is None else augment
@@ -177,11 +196,13 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     sampler = KeySampler(len(dataset), shuffle, seed, rank, world, dataset=dataset)
     set_mosaic(dataset, not close_mosaic)
+    colour_device = torch.device(colour_device) if colour_device is not None else None
+    dataset.colour_on_device = colour_device is not None and dataset.augment
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         collate_fn=collate, pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
                         persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None,
                         worker_init_fn=_worker_init if workers > 0 else None, drop_last=False)
-    return YOLOLoader(dataset, loader, sampler)
+    return YOLOLoader(dataset, loader, sampler, colour_device)
 
 
 def preprocess_images(images: torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32,

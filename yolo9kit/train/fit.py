@@ -111,7 +111,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
     progress = restore_training_state(ckpt, trainer) if ckpt else Progress()
     if train_loader is None:
-        train_loader = _make_loader(data, "train", config, dist)
+        train_loader = _make_loader(data, "train", config, dist, device)
     if validate_fn is None and data is not None and dist.is_main:
         validate_fn = _default_validate(data, val_loader or _make_loader(data, "val", config, dist), config,
                                         half=resolve_amp(config.amp, device) is not None)
@@ -243,14 +243,20 @@ def _prepare_run(config: TrainConfig, dist: ddp.DistInfo) -> tuple[dict | None, 
     return ckpt, run_dir if dist.is_main else None
 
 
-def _make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo):
-    """Loaders of ``yolo9kit.data``: train = augmented, shuffled, per-rank batch; val = rect, 2 x batch."""
+def _make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo, device: torch.device | None = None):
+    """Loaders of ``yolo9kit.data``: train = augmented, shuffled, per-rank batch; val = rect, 2 x batch.
+
+    The training loader applies the HSV colour jitter on ``device`` when ``config.colour_on_device``
+    (default: when it is a CUDA device)."""
     from yolo9kit.data import create_dataloader
 
     if split == "train":
+        on_device = config.colour_on_device
+        on_device = (device is not None and device.type == "cuda") if on_device is None else on_device
         return create_dataloader(data, "train", imgsz=config.imgsz, batch_size=config.batch_size // dist.world_size,
                                  augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
-                                 seed=config.seed, distributed=dist.distributed)  # same seed: ranks split one order
+                                 seed=config.seed, distributed=dist.distributed,  # same seed: ranks split one order
+                                 colour_device=device if on_device else None)
     return create_dataloader(data, split, imgsz=config.imgsz,
                              batch_size=config.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
                              augment=False, workers=config.workers, cache=config.cache)

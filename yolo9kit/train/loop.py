@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train.guards import NonFiniteLossError
-from yolo9kit.train.optim import apply_settings, step_settings
+from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
 from yolo9kit.train.records import bar_text, device_memory_bytes, reset_peak_memory
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import Trainer, optimizer_step, run_batch
@@ -36,6 +36,67 @@ class EpochStats:
     lrs: tuple[float, float, float]
 
 
+@dataclass
+class _Logged:
+    """A trained batch waiting to be logged (sync-free: its values are still on the device)."""
+
+    batch: int
+    ni: int
+    images: int
+    items: torch.Tensor
+    finite: torch.Tensor | bool
+    settings: StepSettings
+    micro: int
+
+
+class _EpochLog:
+    """Running means, images/s, the progress bar and ``on_step`` for the batches of one epoch."""
+
+    def __init__(self, trainer: Trainer, config: TrainConfig, progress: Progress, run_dir: Path | None, bar,
+                 on_step: Callable[[dict], None] | None, show: bool):
+        self.trainer, self.config, self.progress, self.run_dir = trainer, config, progress, run_dir
+        self.bar, self.on_step, self.show = bar, on_step, show
+        self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
+        self.start = time.perf_counter()
+        self.pending: list[_Logged] = []
+
+    def add(self, entry: _Logged) -> None:
+        """Log now (values on the host) or, sync-free, every ``config.log_interval`` batches."""
+        self.pending.append(entry)
+        if not self.trainer.sync_free or len(self.pending) >= self.config.log_interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Read the pending values back in one transfer and log them in order (non-finite ones counted)."""
+        if not self.pending:
+            return
+        entries, self.pending = self.pending, []
+        items = torch.stack([e.items for e in entries]).float().cpu()  # the one synchronisation
+        finite = torch.stack([torch.as_tensor(e.finite, device=e.items.device) for e in entries]).cpu()
+        for entry, row, ok in zip(entries, items, finite.tolist()):
+            if not ok:  # sync-free: the scaler has already skipped the step on the device
+                _count_nonfinite(self.progress, self.config, self.run_dir, entry.batch)
+                continue
+            self.progress.nonfinite_in_row = 0
+            self._log(entry, row)
+
+    def _log(self, entry: _Logged, row: torch.Tensor) -> None:
+        trainer = self.trainer
+        self.mean_items = (self.mean_items * self.trained + row) / (self.trained + 1)
+        self.trained, self.images_seen = self.trained + 1, self.images_seen + entry.images
+        speed = self.images_seen * trainer.world_size / max(time.perf_counter() - self.start, 1e-9)
+        mean, settings = self.mean_items, entry.settings
+        if self.show:
+            memory = device_memory_bytes(trainer.device)
+            self.bar.set_postfix_str(bar_text(mean, memory, speed, settings.accumulate, entry.micro), refresh=False)
+        if self.on_step is not None:
+            self.on_step({"epoch": self.progress.epoch, "batch": entry.batch, "ni": entry.ni,
+                          "step": trainer.optimizer_steps, "box_loss": float(mean[0]), "cls_loss": float(mean[1]),
+                          "dfl_loss": float(mean[2]), "lr": settings.lrs, "momentum": settings.momentum,
+                          "accumulate": settings.accumulate, "micro_batch_size": entry.micro,
+                          "images_per_s": speed, "memory_bytes": device_memory_bytes(trainer.device)})
+
+
 def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, progress: Progress, *,
                     batches_per_epoch: int, warmup: int, start_batch: int = 0,
                     on_step: Callable[[dict], None] | None = None, show: bool = True,
@@ -47,6 +108,11 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     accumulation left from the previous epoch is dropped, as in train_dual.py). Batches before
     ``start_batch`` are read but not trained (resume inside an epoch keeps the data order exact).
 
+    A sync-free trainer (the CUDA default) keeps each batch's losses on the device and reads them back
+    every ``config.log_interval`` batches and at the end of the epoch; a non-finite batch is then
+    counted and named in the log, its step having been skipped on the device (the accumulation window
+    it belonged to is lost, as in the plain step).
+
     Raises:
         NonFiniteLossError: after ``config.max_nonfinite_steps`` non-finite losses in a row.
     """
@@ -54,9 +120,8 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     trainer.optimizer.zero_grad(set_to_none=True)
     reset_peak_memory(trainer.device)
     epoch, nb = progress.epoch, batches_per_epoch
-    mean_items, trained, images_seen = torch.zeros(3), 0, 0
-    start = time.perf_counter()
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not show, leave=True)
+    log = _EpochLog(trainer, config, progress, run_dir, bar, on_step, show)
     for i, (images, targets, *_) in enumerate(bar):
         if i < start_batch:
             continue  # resumed inside this epoch: already trained
@@ -69,30 +134,20 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         if result.grads_lost:
             LOGGER.warning("out of memory during backward: gradients accumulated since the last step were dropped")
         if not result.finite:
+            log.flush()  # earlier batches first, so that the count of non-finite losses in a row is right
             _skip_nonfinite(trainer, progress, config, run_dir, batch=i)
             continue
-        progress.nonfinite_in_row = 0
         if step_due:
             optimizer_step(trainer)  # unscale, clip 10, step, zero grads, EMA update
             progress.last_opt_step = ni
-
-        mean_items = (mean_items * trained + result.loss_items) / (trained + 1)
-        trained, images_seen = trained + 1, images_seen + images.shape[0]
-        speed = images_seen * trainer.world_size / max(time.perf_counter() - start, 1e-9)
-        micro = trainer.micro_batch_size or images.shape[0]
-        if show:
-            memory = device_memory_bytes(trainer.device)
-            bar.set_postfix_str(bar_text(mean_items, memory, speed, settings.accumulate, micro), refresh=False)
-        if on_step is not None:
-            on_step({"epoch": epoch, "batch": i, "ni": ni, "step": trainer.optimizer_steps,
-                     "box_loss": float(mean_items[0]), "cls_loss": float(mean_items[1]),
-                     "dfl_loss": float(mean_items[2]), "lr": settings.lrs, "momentum": settings.momentum,
-                     "accumulate": settings.accumulate, "micro_batch_size": micro, "images_per_s": speed,
-                     "memory_bytes": device_memory_bytes(trainer.device)})
+        finite = result.finite_flag if result.finite_flag is not None else True
+        log.add(_Logged(i, ni, images.shape[0], result.loss_items, finite, settings,
+                        trainer.micro_batch_size or images.shape[0]))
+    log.flush()
     bar.close()
     progress.oom_events = trainer.oom_events
     lrs = tuple(float(g["lr"]) for g in trainer.optimizer.param_groups)
-    return EpochStats(mean_items, images_seen, time.perf_counter() - start,
+    return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start,
                       device_memory_bytes(trainer.device, peak=True), lrs)
 
 
@@ -101,6 +156,10 @@ def _skip_nonfinite(trainer: Trainer, progress: Progress, config: TrainConfig, r
     """Drop the accumulated gradients, start a new accumulation window, count; raise after too many in a row."""
     trainer.optimizer.zero_grad(set_to_none=True)
     progress.last_opt_step = progress.ni  # the next window starts after this batch
+    _count_nonfinite(progress, config, run_dir, batch)
+
+
+def _count_nonfinite(progress: Progress, config: TrainConfig, run_dir: Path | None, batch: int) -> None:
     progress.nonfinite_in_row += 1
     progress.nonfinite_total += 1
     LOGGER.warning("non-finite loss at epoch %d batch %d: step skipped (%d in a row, stop at %d)",

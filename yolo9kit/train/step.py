@@ -44,6 +44,10 @@ class Trainer:
     grad_clip: float = 10.0
     world_size: int = 1
     channels_last: bool = False
+    # No host-device synchronisation inside the step: loss values stay on the device (``BatchResult``
+    # holds tensors), a non-finite step is skipped on the device by the scaler.
+    sync_free: bool = False
+    compiled: nn.Module | None = None  # torch.compile of ``model`` used for the forward pass, when asked
     micro_batch_size: int | None = None
     oom_backoff: bool = True
     optimizer_steps: int = 0
@@ -65,28 +69,53 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[amp]
 
 
+def fast_settings(config: TrainConfig, device: torch.device) -> dict[str, bool]:
+    """The speed switches for ``device``: each config value, or where it is None, on for CUDA only."""
+    cuda = device.type == "cuda"
+    return {name: cuda if getattr(config, name) is None else bool(getattr(config, name))
+            for name in ("channels_last", "sync_free", "fused_optimizer")}
+
+
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
                   device: torch.device | None = None, world_size: int = 1) -> Trainer:
-    """Optimizer (official groups), GradScaler (on for fp16 only) and EMA for ``model`` on ``device``.
+    """Optimizer (official groups), GradScaler and EMA for ``model`` on ``device``.
 
     ``model`` is moved to the device; pass an already DDP-wrapped model for multi-GPU (the EMA copies
     the module inside). ``loss_fn`` defaults to ``yolo9kit.loss.DetectionLoss(model, config.loss)``.
+
+    On CUDA the defaults are the fast ones (see :func:`fast_settings`): channels_last weights and inputs,
+    cudnn autotuning, a fused optimizer, and a step without host-device synchronisation. The scaler is
+    on for fp16 (loss scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to
+    skip a non-finite step on the device.
     """
     device = device or resolve_device(config.device)
+    fast = fast_settings(config, device)
     model.to(device)
-    if config.channels_last:
+    if fast["channels_last"]:
         model.to(memory_format=torch.channels_last)
+    if device.type == "cuda" and config.cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True  # autotune convolutions for the (fixed) training shapes
     if loss_fn is None:
         from yolo9kit.loss import DetectionLoss
 
-        loss_fn = DetectionLoss(unwrap(model), config.loss)
+        loss_fn = DetectionLoss(unwrap(model), config.loss, dense=fast["sync_free"])
     amp_dtype = resolve_amp(config.amp, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    if amp_dtype == torch.float16:
+        scaler = torch.amp.GradScaler(device.type)
+    elif fast["sync_free"]:  # scale 1 that never grows: only the device-side skip of non-finite steps
+        scaler = torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=2**30)
+    else:
+        scaler = torch.amp.GradScaler(device.type, enabled=False)
     ema = ModelEMA(model, config.ema_decay, config.ema_tau) if config.ema else None
-    return Trainer(model=model, loss_fn=loss_fn, optimizer=build_optimizer(unwrap(model), config), scaler=scaler,
+    optimizer = build_optimizer(unwrap(model), config, fused=fast["fused_optimizer"])
+    compiled = None
+    if config.compile:
+        mode = config.compile if isinstance(config.compile, str) else None
+        compiled = torch.compile(model, mode=mode)
+    return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler,
                    ema=ema, device=device, amp_dtype=amp_dtype, grad_clip=config.grad_clip,
-                   world_size=world_size, channels_last=config.channels_last,
-                   micro_batch_size=config.micro_batch_size, oom_backoff=config.oom_backoff)
+                   world_size=world_size, channels_last=fast["channels_last"], sync_free=fast["sync_free"],
+                   compiled=compiled, micro_batch_size=config.micro_batch_size, oom_backoff=config.oom_backoff)
 
 
 def to_input(images: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
@@ -125,10 +154,10 @@ def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
         x = to_input(images, trainer.device, trainer.channels_last)
         with torch.autocast(trainer.device.type, dtype=trainer.amp_dtype or torch.float32,
                             enabled=trainer.amp_dtype is not None):
-            outputs = model(x)
-            loss, loss_items = trainer.loss_fn(outputs, targets.to(trainer.device))
+            outputs = (model if trainer.compiled is None else trainer.compiled)(x)
+            loss, loss_items = trainer.loss_fn(outputs, targets)  # targets stay on the CPU: see DetectionLoss
         loss = loss * trainer.world_size
-        if trainer.world_size == 1 and not torch.isfinite(loss.detach()):  # CPU-GPU sync point
+        if trainer.world_size == 1 and not trainer.sync_free and not torch.isfinite(loss.detach()):  # sync point
             trainer.phase = "idle"
             return None
         trainer.phase = "backward"
@@ -171,6 +200,9 @@ class BatchResult:
     finite: bool
     micro_steps: int
     grads_lost: bool = False  # an OOM during backward forced dropping the accumulated gradients
+    # Sync-free step: ``loss_items`` is still on the device, ``finite`` is not known yet (True) and this
+    # device bool says it; read both back when logging (``yolo9kit.train.loop`` does, every few batches).
+    finite_flag: torch.Tensor | None = None
 
 
 def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, sync: bool = True) -> BatchResult:
@@ -186,7 +218,8 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
     """
     size = images.shape[0]
     done, micro_steps, grads_lost, finite = 0, 0, False, True
-    items_sum = torch.zeros(3)
+    items_sum = torch.zeros(3, device=trainer.device if trainer.sync_free else "cpu")
+    flag = torch.ones((), dtype=torch.bool, device=trainer.device) if trainer.sync_free else None
     buffers = list(unwrap(trainer.model).buffers()) if trainer.oom_backoff else []
     if buffers and len(trainer.buffer_backup) != len(buffers):
         trainer.buffer_backup = [b.clone() for b in buffers]
@@ -205,15 +238,21 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
         if oom_error is not None:
             del part_images, part_targets
             if _recover_from_oom(trainer, buffers, end - done, oom_error):
-                done, items_sum, grads_lost = 0, torch.zeros(3), True
+                done, items_sum, grads_lost = 0, torch.zeros_like(items_sum), True
             continue
         done, micro_steps = end, micro_steps + 1
+        if flag is not None:  # sync-free: accumulate on the device, decide nothing here
+            flag &= torch.isfinite(out[0])
+            items_sum += out[1].float() * part_images.shape[0]
+            continue
         if out is None or not torch.isfinite(out[0]):
             finite = False
             if trainer.world_size == 1:
                 break
             continue
         items_sum += out[1].float().cpu() * (part_images.shape[0])
+    if flag is not None:  # under DDP the all-reduced gradients carry a NaN to every rank's scaler
+        return BatchResult(items_sum / size, True, micro_steps, grads_lost, finite_flag=flag)
     if not _finite_on_all_ranks(finite, trainer):
         return BatchResult(None, False, micro_steps, grads_lost)
     return BatchResult(items_sum / size, True, micro_steps, grads_lost)
@@ -235,7 +274,8 @@ def _recover_from_oom(trainer: Trainer, buffers: list[torch.Tensor], attempted: 
 
 def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor) -> BatchResult:
     """One optimizer update over ``images`` (uint8 (B, 3, H, W)) and ``targets`` (N, 6): all micro-steps,
-    then the optimizer step and the EMA update. A non-finite loss zeroes the gradients and skips the step."""
+    then the optimizer step and the EMA update. A non-finite loss zeroes the gradients and skips the step
+    (in a sync-free step the scaler skips it on the device)."""
     result = run_batch(trainer, images, targets, sync=True)
     if result.finite:
         optimizer_step(trainer)

@@ -1,0 +1,160 @@
+"""The fast step (the CUDA defaults: channels_last, fused optimizer, dense loss, no host-device sync) trains
+the same as the plain step, here on the CPU where every one of those switches also runs."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.models import create_model
+from yolo9kit.train import build_trainer, train_one_epoch, train_step
+from yolo9kit.train.guards import NonFiniteLossError
+from yolo9kit.train.state import Progress
+from yolo9kit.train.step import fast_settings
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+PLAIN = {"channels_last": False, "sync_free": False, "fused_optimizer": False}
+FAST = {"channels_last": True, "sync_free": True, "fused_optimizer": True}
+NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_steps": 0}
+
+
+def _detection_batches(n: int, batch: int, size: int, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        images = torch.randint(0, 256, (batch, 3, size, size), generator=g, dtype=torch.uint8)
+        rows = []
+        for i in range(batch):
+            for _ in range(1 + int(torch.randint(0, 3, (1,), generator=g))):
+                cx, cy = (0.2 + 0.6 * torch.rand(2, generator=g)).tolist()
+                w, h = (0.05 + 0.3 * torch.rand(2, generator=g)).tolist()
+                rows.append([i, int(torch.randint(0, 4, (1,), generator=g)), cx, cy, w, h])
+        out.append((images, torch.tensor(rows, dtype=torch.float32)))
+    return out
+
+
+def test_defaults_are_fast_on_cuda_only_and_explicit_values_win():
+    config = TrainConfig()
+    assert fast_settings(config, torch.device("cpu")) == PLAIN
+    assert fast_settings(config, torch.device("cuda")) == FAST
+    forced = TrainConfig(channels_last=True, sync_free=False, fused_optimizer=True)
+    assert fast_settings(forced, torch.device("cpu")) == {"channels_last": True, "sync_free": False,
+                                                          "fused_optimizer": True}
+    with pytest.raises(ValueError, match="log_interval"):
+        TrainConfig(log_interval=0)
+
+
+def _trajectory(base, batches, switches: dict, lr0: float = 0.001):
+    model = copy.deepcopy(base)
+    trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", lr0=lr0, **switches, **NO_WARMUP))
+    assert trainer.sync_free == switches["sync_free"] and trainer.loss_fn.dense == switches["sync_free"]
+    assert trainer.channels_last == switches["channels_last"]
+    steps = []
+    for images, targets in batches:
+        result = train_step(trainer, images, targets)
+        if switches["sync_free"]:  # still on the device, not read back by the step
+            assert result.loss_items.device == trainer.device and result.finite_flag is not None
+        steps.append(result.loss_items.cpu())
+    return torch.stack(steps), params_of(model)
+
+
+@pytest.fixture(scope="module")
+def yolov9_t():
+    torch.manual_seed(0)
+    return create_model("yolov9-t", num_classes=4), _detection_batches(6, 2, 96)
+
+
+def test_sync_free_fused_step_gives_the_same_loss_trajectory_as_the_plain_step(yolov9_t):
+    """yolov9-t, 6 optimizer steps from the same weights on the same data: the dense sync-free loss,
+    the device-side skip guard and the fused SGD change nothing but float summation order."""
+    base, batches = yolov9_t
+    plain, plain_w = _trajectory(base, batches, PLAIN)
+    fast, fast_w = _trajectory(base, batches, {**FAST, "channels_last": False})
+    assert torch.allclose(fast, plain, rtol=1e-5, atol=1e-7), fast - plain
+    assert not torch.equal(plain_w["model.0.conv.weight"], params_of(base)["model.0.conv.weight"])
+    for key, value in plain_w.items():
+        assert (fast_w[key] - value).abs().max() <= 1e-5 * value.abs().max().clamp(min=1e-3), key
+
+
+def test_channels_last_step_follows_the_plain_trajectory(yolov9_t):
+    """channels_last runs other convolution kernels: the first loss agrees to 1e-4, and over 6 steps the
+    total loss stays within 1% (rounding differences grow through the assigner's discrete choices, as
+    with any change of kernels)."""
+    base, batches = yolov9_t
+    plain, _ = _trajectory(base, batches, PLAIN)
+    fast, _ = _trajectory(base, batches, FAST)
+    assert torch.allclose(fast[0], plain[0], rtol=1e-4)
+    relative = (fast.sum(1) - plain.sum(1)).abs() / plain.sum(1)
+    assert relative.max() < 0.01, relative
+
+
+def test_sync_free_step_skips_a_nonfinite_loss_on_the_device():
+    def nan_loss(outputs, targets):
+        loss, items = toy_loss(outputs, targets)
+        return loss * float("nan"), items * float("nan")
+
+    model = ToyNet()
+    before = params_of(model)
+    trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", ema=False, **FAST), loss_fn=nan_loss)
+    (images, targets, *_), = make_batches(1, 4)
+    result = train_step(trainer, images, targets)
+    assert result.finite and not bool(result.finite_flag)  # known only once read back
+    assert all(torch.equal(v, before[k]) for k, v in params_of(model).items())  # the scaler skipped the step
+    assert trainer.scaler.get_scale() == 0.5  # scale 1 halved once; losses are unscaled by it again
+
+    good = build_trainer(ToyNet(), TrainConfig(amp="off", device="cpu", ema=False, **FAST), loss_fn=toy_loss)
+    result = train_step(good, images, targets)
+    assert bool(result.finite_flag) and good.scaler.get_scale() == 1.0  # never grows past 1
+
+
+def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses():
+    """Sync-free reads the losses back every log_interval batches: the on_step records equal the plain
+    step's, and a run of non-finite losses still stops with the error naming the batch."""
+    batches = make_batches(8, 4)
+    seen = {}
+    for name, switches in (("plain", PLAIN), ("sync-free", FAST)):
+        calls = {"n": 0}
+
+        def nan_from_batch_4(outputs, targets, calls=calls):
+            calls["n"] += 1
+            loss, items = toy_loss(outputs, targets)
+            return (loss * float("nan"), items * float("nan")) if calls["n"] >= 5 else (loss, items)
+
+        records = []
+        config = TrainConfig(amp="off", device="cpu", batch_size=4, accumulate_steps=1, max_nonfinite_steps=3,
+                             log_interval=3, epochs=1, **switches, **NO_WARMUP)
+        torch.manual_seed(0)
+        trainer = build_trainer(ToyNet(), config, loss_fn=nan_from_batch_4)
+        with pytest.raises(NonFiniteLossError, match="batch 6"):
+            train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=len(batches), warmup=0,
+                            on_step=records.append, show=False)
+        assert [r["batch"] for r in records] == [0, 1, 2, 3], name  # batches 4, 5, 6 were non-finite
+        seen[name] = [r["box_loss"] for r in records]
+    assert seen["sync-free"] == pytest.approx(seen["plain"], rel=1e-5)
+
+
+def test_compile_option_trains_like_eager():
+    """``compile=True`` runs the forward through torch.compile (inductor, here on the CPU) with the same result."""
+    batches = make_batches(2, 4)
+    results = {}
+    for compile_ in (False, True):
+        torch.manual_seed(0)
+        model = ToyNet(batchnorm=True)
+        trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", compile=compile_, **NO_WARMUP),
+                                loss_fn=toy_loss)
+        assert (trainer.compiled is not None) == compile_
+        results[compile_] = [train_step(trainer, images, targets).loss_items for images, targets, *_ in batches]
+    for eager, compiled in zip(results[False], results[True]):
+        assert torch.allclose(eager, compiled, rtol=1e-4)
+
+
+def test_config_round_trip_keeps_the_new_switches():
+    config = TrainConfig(compile="reduce-overhead", sync_free=True, colour_on_device=False, log_interval=5)
+    again = TrainConfig.from_dict(config.to_dict())
+    assert dataclasses.asdict(again) == dataclasses.asdict(config)

@@ -1,0 +1,82 @@
+"""HSV colour jitter of a uint8 batch in torch, so it can run on the GPU instead of in the loader's workers.
+
+It reproduces the loader's OpenCV path (``augment.bgr_to_rgb`` with gains): OpenCV's 8-bit RGB -> HSV
+(hue in [0, 180), its fixed-point division tables and rounding), the official look-up tables (hue
+``floor(h * g) % 180``, saturation and value ``clip(floor(x * g), 0, 255)``) and OpenCV's HSV -> RGB,
+rounded to uint8. The same gains give the same pixels as the OpenCV path up to rare one-level
+differences where float rounding falls on the other side of .5 (measured by ``tests/test_colour.py``).
+
+Memory: the work is done ``chunk`` images at a time in float32, about 40 bytes per pixel of a chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_SHIFT = 12  # OpenCV's hsv_shift: the division tables hold round((numerator << 12) / i)
+# HSV -> RGB: for each sector of the hue circle, which of (v, p, q, t) goes to R, G and B.
+_SECTOR_TO_RGB = ((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2))
+
+
+def _div_table(numerator: float, device: torch.device) -> torch.Tensor:
+    """OpenCV's ``saturate_cast<int>((numerator << 12) / i)`` for i in 0..255 (entry 0 is 0)."""
+    i = torch.arange(256, dtype=torch.float64, device=device)
+    table = torch.where(i > 0, torch.round(numerator * (1 << _SHIFT) / i.clamp(min=1)), torch.zeros_like(i))
+    return table.to(torch.int32)
+
+
+def _fixed_round(x: torch.Tensor) -> torch.Tensor:
+    """``(x + 2048) >> 12`` with an arithmetic shift (floor), as OpenCV rounds its fixed-point products."""
+    return torch.div(x + (1 << (_SHIFT - 1)), 1 << _SHIFT, rounding_mode="floor")
+
+
+def rgb_to_hsv_cv(rgb: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, 3, H, W) RGB -> int32 (B, 3, H, W) HSV in OpenCV's 8-bit ranges (H < 180, S and V <= 255)."""
+    x = rgb.to(torch.int32)
+    r, g, b = x[:, 0], x[:, 1], x[:, 2]
+    v = torch.maximum(torch.maximum(r, g), b)
+    diff = v - torch.minimum(torch.minimum(r, g), b)
+    s = _fixed_round(diff * _div_table(255.0, rgb.device)[v])
+    numerator = torch.where(v == r, g - b, torch.where(v == g, b - r + 2 * diff, r - g + 4 * diff))
+    h = _fixed_round(numerator * _div_table(30.0, rgb.device)[diff])
+    h = torch.where(h < 0, h + 180, h)
+    return torch.stack((h, s, v), 1)
+
+
+def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """OpenCV's 8-bit HSV -> RGB for float32 tensors (h in half degrees, any real value; s, v in 0..255).
+
+    Float32 arithmetic in OpenCV's order (s scaled by 1/255, v kept in 0..255) and truncation to uint8.
+    """
+    h = torch.remainder(h * torch.tensor(6.0 / 180.0, dtype=torch.float32), 6.0)
+    sector = torch.floor(h).clamp_(0, 5)
+    f = h - sector
+    s = s * torch.tensor(1.0 / 255.0, dtype=torch.float32)
+    tab = torch.stack((v, v - v * s, v - v * (s * f), v - v * (s * (1 - f))), 1)  # v, p, q, t
+    index = torch.tensor(_SECTOR_TO_RGB, device=h.device)[sector.long()]  # (B, H, W, 3)
+    rgb = torch.gather(tab, 1, index.permute(0, 3, 1, 2))
+    return rgb.clamp_(0, 255).to(torch.uint8)  # truncation, as OpenCV's conversion
+
+
+def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
+    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W); returns a new uint8 batch.
+
+    A row of gains equal to (1, 1, 1) leaves its image unchanged (no colour round trip).
+    """
+    if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"expected uint8 images (B, 3, H, W), got {images.dtype} {tuple(images.shape)}")
+    if gains.shape != (images.shape[0], 3):
+        raise ValueError(f"expected gains of shape ({images.shape[0]}, 3), got {tuple(gains.shape)}")
+    out = images.clone(memory_format=torch.preserve_format)
+    gains = gains.detach().to("cpu", torch.float32)  # read on the host: no device synchronisation
+    jittered = (gains != 1).any(1).nonzero().flatten().tolist()
+    for start in range(0, len(jittered), chunk):
+        idx = jittered[start:start + chunk]
+        g = gains[idx].to(images.device, non_blocking=True).view(-1, 3, 1, 1)
+        hsv = rgb_to_hsv_cv(images[idx]).float()
+        # The official tables: floor(x * gain), hue taken modulo 180, saturation and value clipped.
+        h = torch.remainder(torch.floor(hsv[:, 0:1] * g[:, 0:1]), 180.0)
+        sv = torch.floor(hsv[:, 1:] * g[:, 1:]).clamp_(0, 255)
+        rgb = hsv_cv_to_rgb(h[:, 0], sv[:, 0], sv[:, 1])
+        out[idx] = rgb
+    return out
