@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+
 import tomllib
-
 import yaml
-
 from conftest import REPO
 
 
@@ -19,7 +18,8 @@ def _name(req: str) -> str:
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    expected = {_name(r): r.replace(" ", "") for r in project["dependencies"] + project["optional-dependencies"]["notebooks"]}
+    requirements = project["dependencies"] + project["optional-dependencies"]["notebooks"]
+    expected = {_name(r): r.replace(" ", "") for r in requirements}
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     assert "defaults" not in env["channels"] and "conda-forge" in env["channels"]
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
