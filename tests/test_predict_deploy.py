@@ -3,6 +3,8 @@ built once per weights version, the caller's model untouched."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -40,3 +42,24 @@ def test_deployed_model_is_cached_until_the_weights_change():
         next(model.parameters()).add_(1.0)  # an in-place update, as an optimizer step
     assert deploy_for_inference(model) is not first
     assert deploy_for_inference(model, head="aux") is not deploy_for_inference(model)
+
+
+def test_batched_prediction_equals_one_image_at_a_time(tmp_path):
+    """batch_size > 1 letterboxes to the full size; on square images that is what batch 1 does too, so the
+    detections are the same. A corrupt file inside a batch is skipped with its reason, the rest kept."""
+    import cv2
+
+    model = _model()
+    rng = np.random.default_rng(1)
+    for i in range(4):
+        cv2.imwrite(str(tmp_path / f"im{i}.png"), rng.integers(0, 255, (128, 128, 3), dtype=np.uint8))
+    (tmp_path / "im1b.png").write_bytes(b"not an image")
+    one = predict(model, tmp_path, imgsz=128, conf=0.5, device="cpu")
+    three = predict(model, tmp_path, imgsz=128, conf=0.5, device="cpu", batch_size=3)
+    assert [r.path for r in three] == [r.path for r in one] and len(three) == 4
+    assert [Path(p).name for p, _ in three.skipped] == ["im1b.png"] and "decode" in three.skipped[0][1]
+    for a, b in zip(one, three):
+        assert len(a.boxes) == len(b.boxes) > 0
+        np.testing.assert_allclose(b.scores, a.scores, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(b.boxes, a.boxes, atol=1.0)
+    assert list(three.speed.columns) == ["path", "load_ms", "preprocess_ms", "inference_ms", "nms_ms"]
