@@ -7,7 +7,13 @@ hyp.scratch-high augmentations (mosaic, mixup 0.15, random affine, HSV, flips) a
 timed the same way: warm-up batches first (worker start-up, caches), then ``--batches`` batches.
 The official code is imported from the given checkout at run time; a few import-time incompatibilities
 with current packages are bridged inside this process only (stub modules for missing optional imports).
-Compare figures only within one run: other processes on the machine change them a lot.
+Compare figures only within one run: other processes on the machine change them a lot. OpenCV's
+internal threads are off for both loaders (the official code switches them off when imported), so each
+loader process works on one core.
+
+Each kit row is timed twice: as on a CPU-only machine (colour jitter in the loader, OpenCV) and with the
+colour jitter left for the training device (the CUDA default, ``colour_device``); the second times the
+loader's CPU work only, and the torch jitter's cost on this CPU is printed separately.
 """
 
 from __future__ import annotations
@@ -31,12 +37,33 @@ def time_loader(loader, warmup: int, batches: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def ours(data_yaml: Path, workers: int, args) -> float:
+def ours(data_yaml: Path, workers: int, args, colour_left: bool = False) -> float:
+    """The kit's loader; ``colour_left``: the HSV jitter is left for the training device (the CUDA default),
+    so the loader's CPU work is timed without it (its device cost is timed by ``device_jitter_ms``)."""
     from yolo9kit.data import create_dataloader
 
     loader = create_dataloader(data_yaml, "train", imgsz=args.imgsz, batch_size=args.batch_size, workers=workers,
                                cache=args.cache_mode, seed=0, pin_memory=False)
+    loader.dataset.colour_on_device = colour_left  # set before the first pass: workers copy the dataset then
     return time_loader(loader, args.warmup, args.batches)
+
+
+def device_jitter_ms(args) -> float:
+    """The torch colour jitter of one batch on the CPU of this machine (on a GPU it is a few kernels)."""
+    import numpy as np
+    import torch
+
+    from yolo9kit.data.augment import Hyp, hsv_gains
+    from yolo9kit.data.colour import hsv_jitter
+
+    rng = np.random.default_rng(0)
+    images = torch.randint(0, 256, (args.batch_size, 3, args.imgsz, args.imgsz), dtype=torch.uint8)
+    gains = torch.tensor(np.stack([hsv_gains(rng, Hyp()) for _ in range(args.batch_size)]), dtype=torch.float32)
+    hsv_jitter(images, gains)
+    t = time.perf_counter()
+    for _ in range(3):
+        hsv_jitter(images, gains)
+    return (time.perf_counter() - t) / 3 * 1e3
 
 
 def _import_official(checkout: Path):
@@ -75,6 +102,11 @@ def main() -> None:
                              "decodes each once (the yolo9kit default, cache=None, behaves as 'ram' when it fits)")
     args = parser.parse_args()
 
+    # OpenCV's own threads off on both sides, from the start: the official code turns them off for the
+    # whole process when it is imported, which would otherwise favour whichever loader runs first.
+    import cv2
+
+    cv2.setNumThreads(0)
     from yolo9kit.data import make_shapes
 
     data_yaml = make_shapes(args.data, args.n_images, 8, (640, 480), num_classes=8, seed=0)
@@ -88,17 +120,23 @@ def main() -> None:
         args.cache_mode = False if cache == "none" else "ram"
         for w in args.workers:
             mine = ours(data_yaml, w, args)
+            left = ours(data_yaml, w, args, colour_left=True)
             theirs = official(args.official, list_file, w, args) if args.official else None
-            rows[cache, w] = (mine, theirs)
-            print(f"cache {cache}, {w} workers: yolo9kit {mine:.1f} img/s"
+            rows[cache, w] = (mine, left, theirs)
+            print(f"cache {cache}, {w} workers: yolo9kit {mine:.1f} img/s, colour on the device {left:.1f} img/s"
                   + (f", official {theirs:.1f} img/s" if theirs else ""), flush=True)
-    print("\n| cache | workers | yolo9kit img/s | official img/s | ratio |\n|---|---|---|---|---|")
-    for (cache, w), (mine, theirs) in rows.items():
-        print(f"| {cache} | {w} | {mine:.1f} | " + (f"{theirs:.1f} | {mine / theirs:.2f}x |" if theirs else "- | - |"))
+    print("\n| cache | workers | yolo9kit img/s | ratio | yolo9kit, colour jitter on the device, img/s | ratio "
+          "| official img/s |\n|---|---|---|---|---|---|---|")
+    for (cache, w), (mine, left, theirs) in rows.items():
+        r1, r2 = (f"{mine / theirs:.2f}x", f"{left / theirs:.2f}x") if theirs else ("-", "-")
+        print(f"| {cache} | {w} | {mine:.1f} | {r1} | {left:.1f} | {r2} | " + (f"{theirs:.1f} |" if theirs else "- |"))
+    print(f"\nThe colour jitter left for the device, run in torch on this CPU: {device_jitter_ms(args):.0f} ms per "
+          f"batch of {args.batch_size} (on a GPU: a few kernels; on a CPU-only machine the kit keeps it in the loader)")
     if args.official and ("ram", args.workers[0]) in rows and ("none", args.workers[0]) in rows:
         print("\nDefaults (yolo9kit caches when the images fit in RAM, the official loader does not):")
         for w in args.workers:
-            print(f"  {w} workers: {rows['ram', w][0] / rows['none', w][1]:.2f}x")
+            print(f"  {w} workers: {rows['ram', w][0] / rows['none', w][2]:.2f}x on a CPU-only machine, "
+                  f"{rows['ram', w][1] / rows['none', w][2]:.2f}x with the colour jitter on a GPU")
 
 
 if __name__ == "__main__":
