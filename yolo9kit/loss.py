@@ -260,12 +260,14 @@ class DetectionLoss:
         """DFL (official BboxLoss._df_loss): (n, 4*reg_max) logits, (n, 4) targets in bins -> (n, 1).
 
         Cross-entropy towards the two bins around each target, weighted by closeness; mean over sides.
+        Both cross-entropies read one log-softmax (what ``F.cross_entropy`` computes twice): the same
+        values, and autograd keeps one (n*4, reg_max) tensor instead of two.
         """
-        logits = pred_dist.view(-1, self.reg_max)
+        log_probs = F.log_softmax(pred_dist.reshape(-1, self.reg_max), dim=1)
         left = target_ltrb.long()
         right = left + 1
         weight_left = right.float() - target_ltrb
         weight_right = 1 - weight_left
-        loss_left = F.cross_entropy(logits, left.view(-1), reduction="none").view(left.shape) * weight_left
-        loss_right = F.cross_entropy(logits, right.view(-1), reduction="none").view(left.shape) * weight_right
+        loss_left = -log_probs.gather(1, left.view(-1, 1)).view(left.shape) * weight_left
+        loss_right = -log_probs.gather(1, right.view(-1, 1)).view(left.shape) * weight_right
         return (loss_left + loss_right).mean(-1, keepdim=True)

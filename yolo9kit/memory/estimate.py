@@ -45,13 +45,14 @@ TRACE_BATCHES = (1, 2)
 def estimate(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str = "fp16",
              checkpoint: Any = None, channels_last: bool = False, steps: int = 3, warmup: int = 1,
              device: str = "cuda", num_targets: int = 8, *, gpu: str | int | GPUSpec | None = "H100",
-             num_classes: int = 80, loss_fn: Any = None, optimizer: str = "SGD") -> MemoryReport:
+             num_classes: int = 80, loss_fn: Any = None, optimizer: str = "SGD", lean: bool = False) -> MemoryReport:
     """Predict, on the CPU, what ``measure`` would report for one training step on ``gpu``.
 
     Takes ``measure``'s arguments (``steps``, ``warmup`` and ``device`` are accepted and unused: the
     estimate traces one steady-state step) plus ``gpu``: a name from ``GPUS`` ("T4", "RTX 4090",
     "A100-40GB", "H100", ...), a capacity in bytes, or None. ``loss_fn`` replaces the kit's
-    ``DetectionLoss`` (a callable ``(outputs, targets) -> (loss, items)`` for real tensors).
+    ``DetectionLoss`` (a callable ``(outputs, targets) -> (loss, items)`` for real tensors). ``lean``:
+    the lean BatchNorm+SiLU of ``yolo9kit.models.lean`` (what ``fit`` uses on CUDA, with channels_last).
 
     Returns:
         MemoryReport with ``source="estimated"``, the breakdown at the peak, the reserved peak from the
@@ -59,12 +60,12 @@ def estimate(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str
     """
     return estimate_curve(model, [batch_size], imgsz=imgsz, amp=amp, checkpoint=checkpoint,
                           channels_last=channels_last, num_targets=num_targets, gpu=gpu,
-                          num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer)[0]
+                          num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer, lean=lean)[0]
 
 
 def trace_model(model: str | nn.Module, *, imgsz: int, amp: str, checkpoint: Any, channels_last: bool,
-                num_targets: int, num_classes: int, loss_fn: Any = None, optimizer: str = "SGD"
-                ) -> tuple[StepMemoryModel, float, str]:
+                num_targets: int, num_classes: int, loss_fn: Any = None, optimizer: str = "SGD",
+                lean: bool = False) -> tuple[StepMemoryModel, float, str]:
     """Trace the step at the two ``TRACE_BATCHES`` -> (memory model, forward GFLOPs per image, name)."""
     from yolo9kit.memory.trace import trace_meta_step
 
@@ -75,7 +76,7 @@ def trace_model(model: str | nn.Module, *, imgsz: int, amp: str, checkpoint: Any
     nc = int(getattr(real, "nc", num_classes))
     t0 = time.perf_counter()
     trainer, loss_fn = build_meta_trainer(real, amp=amp, channels_last=channels_last, loss_fn=loss_fn,
-                                          optimizer=optimizer, checkpoint=checkpoint)
+                                          optimizer=optimizer, checkpoint=checkpoint, lean=lean)
     LOGGER.debug("meta copy, EMA and optimizer state in %.1f s", time.perf_counter() - t0)
     traces, gflops = [], 0.0
     for i, b in enumerate(TRACE_BATCHES):
@@ -91,13 +92,13 @@ class StepEstimator:
 
     def __init__(self, model: str | nn.Module, *, imgsz: int = 640, amp: str = "fp16", checkpoint: Any = None,
                  channels_last: bool = False, num_targets: int = 8, num_classes: int = 80, loss_fn: Any = None,
-                 optimizer: str = "SGD") -> None:
+                 optimizer: str = "SGD", lean: bool = False) -> None:
         t0 = time.perf_counter()
         self.imgsz, self.amp, self.checkpoint = imgsz, normalise_amp(amp), checkpoint
-        self.channels_last, self.num_targets = channels_last, num_targets
+        self.channels_last, self.num_targets, self.lean = channels_last, num_targets, lean
         self.memory, self.gflops, self.name = trace_model(
             model, imgsz=imgsz, amp=self.amp, checkpoint=checkpoint, channels_last=channels_last,
-            num_targets=num_targets, num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer)
+            num_targets=num_targets, num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer, lean=lean)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
         LOGGER.info("traced %s (%s, %d px) in %.1f s", self.name, self.amp, imgsz, self.trace_seconds)
@@ -133,12 +134,14 @@ class StepEstimator:
 def estimate_curve(model: str | nn.Module, batch_sizes: Sequence[int], *, imgsz: int = 640, amp: str = "fp16",
                    checkpoint: Any = None, channels_last: bool = False, num_targets: int = 8,
                    gpu: str | int | GPUSpec | None = "H100", num_classes: int = 80, loss_fn: Any = None,
-                   optimizer: str = "SGD", throughput: ThroughputModel | None = None) -> list[MemoryReport]:
+                   optimizer: str = "SGD", throughput: ThroughputModel | None = None,
+                   lean: bool = False) -> list[MemoryReport]:
     """``estimate`` for many batch sizes from one pair of traces (what ``sweep`` and ``plan`` use)."""
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
     est = StepEstimator(model, imgsz=imgsz, amp=amp, checkpoint=checkpoint, channels_last=channels_last,
-                        num_targets=num_targets, num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer)
+                        num_targets=num_targets, num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer,
+                        lean=lean)
     return est.reports(batch_sizes, gpu, throughput)
 
 
@@ -180,7 +183,7 @@ def _report(est: StepEstimator, b: int, spec: GPUSpec | None, cal: dict | None, 
         step_s = throughput.step_s(spec, b, 1, est.train_gflops_per_image, est.amp)
         images_s = b / step_s
     return MemoryReport(model=est.name, batch_size=b, imgsz=est.imgsz, amp=est.amp, checkpoint=est.checkpoint,
-                        channels_last=est.channels_last, source="estimated",
+                        channels_last=est.channels_last, lean=est.lean, source="estimated",
                         device=f"{spec.name if spec else 'any GPU'} (estimated on CPU)",
                         peak_allocated=allocated, peak_reserved=reserved, breakdown=breakdown,
                         step_time_s=step_s, images_per_s=images_s, context_bytes=int(context),

@@ -43,7 +43,7 @@ def free_cuda() -> None:
 def measure(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str = "fp16",
             checkpoint: Any = None, channels_last: bool = False, steps: int = 3, warmup: int = 1,
             device: str | torch.device = "cuda", num_targets: int = 8, *, num_classes: int = 80,
-            loss_fn: Any = None, optimizer: str = "SGD", breakdown: bool = True) -> MemoryReport:
+            loss_fn: Any = None, optimizer: str = "SGD", breakdown: bool = True, lean: bool = False) -> MemoryReport:
     """Measure ``warmup + steps`` real training steps (``yolo9kit.train.train_step``: forward, loss with
     ``num_targets`` boxes per image, backward, clip, optimizer, EMA) at ``batch_size`` on CUDA.
 
@@ -53,6 +53,7 @@ def measure(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str 
 
     Args:
         model: a registered name ("yolov9-s") or a model (copied, never modified).
+        lean: the lean BatchNorm+SiLU (``yolo9kit.models.lean``; on by default in ``fit`` on CUDA).
         breakdown: run one more step under the storage tracker to split the peak into categories
             (costs one slow step; the difference to the CUDA counter goes to ``workspace_other``).
 
@@ -76,7 +77,7 @@ def measure(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str 
     trainer = None
     try:
         trainer = build_real_trainer(module, amp=amp, channels_last=channels_last, device=dev, loss_fn=loss_fn,
-                                     optimizer=optimizer)
+                                     optimizer=optimizer, lean=lean)
         trainer.oom_backoff = False  # an out-of-memory must surface, not halve the micro-batch
         images, targets = synthetic_batch(batch_size, imgsz, num_targets, int(getattr(module, "nc", num_classes)))
         times = _run_steps(trainer, images, targets, steps, warmup, dev)
@@ -93,7 +94,7 @@ def measure(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str 
     # what the card holds beyond this process's cache: the CUDA context (and any other process)
     context = max(0, total - free - torch.cuda.memory_reserved(dev))
     return MemoryReport(model=name, batch_size=batch_size, imgsz=imgsz, amp=amp, checkpoint=checkpoint,
-                        channels_last=channels_last, source="measured", device=spec.name,
+                        channels_last=channels_last, lean=lean, source="measured", device=spec.name,
                         peak_allocated=int(peak_allocated), peak_reserved=int(peak_reserved), breakdown=parts,
                         step_time_s=step_s, images_per_s=batch_size / step_s, context_bytes=int(context),
                         num_targets=num_targets, gpu_total_bytes=spec.total_bytes,

@@ -56,6 +56,7 @@ class MemoryReport:
     num_targets: int = 8
     gpu_total_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    lean: bool = False  # the lean BatchNorm+SiLU of yolo9kit.models.lean
 
     def __post_init__(self) -> None:
         missing = [c for c in CATEGORIES if c not in self.breakdown]

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolo9kit.models.lean import set_lean
+
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
 
 
@@ -83,10 +85,11 @@ def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: 
     return images, torch.cat([index[:, None], cls[:, None], cxcy, wh], 1)
 
 
-def train_config(amp: str, channels_last: bool, batch_size: int = 16, **overrides: Any):
+def train_config(amp: str, channels_last: bool, batch_size: int = 16, lean: bool = False, **overrides: Any):
     from yolo9kit.config import TrainConfig
 
-    return TrainConfig(batch_size=batch_size, amp=amp, channels_last=channels_last, **overrides)
+    return TrainConfig(batch_size=batch_size, amp=amp, channels_last=channels_last, lean_activations=lean,
+                       **overrides)
 
 
 def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
@@ -121,10 +124,10 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 def build_meta_trainer(real_model: nn.Module, *, amp: str, channels_last: bool, loss_fn: Any = None,
-                       optimizer: str = "SGD", checkpoint: Any = None):
+                       optimizer: str = "SGD", checkpoint: Any = None, lean: bool = False):
     """The kit's Trainer (optimizer groups, EMA, clipping) over a ``meta`` copy of ``real_model``.
 
-    ``real_model`` is only read. ``loss_fn`` (default ``DetectionLoss(real_model)``) stays on the real
+    ``real_model`` is only read. ``loss_fn`` (default ``DetectionLoss(real_model, dense=True)``) stays on the real
     model: the trace runs it for real (see ``trace``). Returns (trainer, loss_fn).
     """
     from yolo9kit.train.ema import ModelEMA
@@ -134,9 +137,10 @@ def build_meta_trainer(real_model: nn.Module, *, amp: str, channels_last: bool, 
     if loss_fn is None:
         from yolo9kit.loss import DetectionLoss
 
-        loss_fn = DetectionLoss(real_model)
+        loss_fn = DetectionLoss(real_model, dense=True)  # as the sync-free step on CUDA (fit's default)
     config = train_config(amp, channels_last, optimizer=optimizer)
     model = to_meta(real_model, channels_last).train()
+    set_lean(model, lean)
     apply_checkpoint(model, checkpoint, getattr(real_model, "name", type(real_model).__name__))
     ema = ModelEMA(model, config.ema_decay, config.ema_tau)
     opt = build_optimizer(model, config)
@@ -148,9 +152,9 @@ def build_meta_trainer(real_model: nn.Module, *, amp: str, channels_last: bool, 
 
 
 def build_real_trainer(model: nn.Module, *, amp: str, channels_last: bool, device: torch.device,
-                       loss_fn: Any = None, optimizer: str = "SGD"):
+                       loss_fn: Any = None, optimizer: str = "SGD", lean: bool = False):
     """The kit's own ``build_trainer`` (what ``fit`` uses) for ``model`` on ``device``."""
     from yolo9kit.train.step import build_trainer
 
-    config = train_config(amp, channels_last, optimizer=optimizer, device=str(device))
+    config = train_config(amp, channels_last, lean=lean, optimizer=optimizer, device=str(device))
     return build_trainer(model, config, loss_fn=loss_fn, device=device)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from yolo9kit.models.lean import lean_bn_silu
+
 
 def autopad(k: int, p: int | None = None, d: int = 1) -> int:
     """'Same' padding for an odd kernel ``k`` with dilation ``d`` (official ``autopad``)."""
@@ -23,7 +25,11 @@ class Conv(nn.Module):
     """Conv2d (no bias) -> BatchNorm2d -> SiLU. ``act=False`` gives no activation.
 
     Keys: ``conv.weight``, ``bn.*``. After :func:`fuse_conv_bn` the ``bn`` is gone and ``conv`` has a bias.
+    ``lean`` (set by :func:`yolo9kit.models.lean.set_lean`): in training, BatchNorm + SiLU keep one activation
+    for backward instead of two.
     """
+
+    lean = False
 
     def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1,
                  d: int = 1, act: bool | nn.Module = True):
@@ -35,6 +41,8 @@ class Conv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bn is None:  # fused for inference
             return self.act(self.conv(x))
+        if self.lean and self.training and torch.is_grad_enabled():
+            return lean_bn_silu(self.conv(x), self.bn)
         return self.act(self.bn(self.conv(x)))
 
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.env import resolve_device
+from yolo9kit.models.lean import set_lean
 from yolo9kit.train.ema import ModelEMA, unwrap
 from yolo9kit.train.guards import free_memory, halve_micro_batch, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
@@ -73,7 +74,7 @@ def fast_settings(config: TrainConfig, device: torch.device) -> dict[str, bool]:
     """The speed switches for ``device``: each config value, or where it is None, on for CUDA only."""
     cuda = device.type == "cuda"
     return {name: cuda if getattr(config, name) is None else bool(getattr(config, name))
-            for name in ("channels_last", "sync_free", "fused_optimizer")}
+            for name in ("channels_last", "sync_free", "fused_optimizer", "lean_activations")}
 
 
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
@@ -84,7 +85,8 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     the module inside). ``loss_fn`` defaults to ``yolo9kit.loss.DetectionLoss(model, config.loss)``.
 
     On CUDA the defaults are the fast ones (see :func:`fast_settings`): channels_last weights and inputs,
-    cudnn autotuning, a fused optimizer, and a step without host-device synchronisation. The scaler is
+    cudnn autotuning, a fused optimizer, a step without host-device synchronisation, and the lean
+    BatchNorm+SiLU (``yolo9kit.models.lean``: about 20 % less activation memory). The scaler is
     on for fp16 (loss scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to
     skip a non-finite step on the device.
     """
@@ -93,6 +95,7 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     model.to(device)
     if fast["channels_last"]:
         model.to(memory_format=torch.channels_last)
+    set_lean(unwrap(model), fast["lean_activations"])
     if device.type == "cuda" and config.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True  # autotune convolutions for the (fixed) training shapes
     if loss_fn is None:
