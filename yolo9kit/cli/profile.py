@@ -25,6 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "(default: the local CUDA card, else H100)")
     p.add_argument("--checkpoint", default=None, help='activation checkpointing: "all", "backbone" or indices 1,2,3')
     p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    p.add_argument("--lean", action="store_true",
+                   help="lean BatchNorm+SiLU (with --channels-last: the step fit runs on CUDA by default)")
     p.add_argument("--num-targets", type=int, default=8, help="boxes per image in the synthetic batch (default 8)")
     p.add_argument("--nominal-batch", type=int, default=None, help="also plan batch x accumulation for this many "
                    "images per optimizer step (e.g. 64)")
@@ -58,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     checkpoint = _checkpoint(args.checkpoint)
     df = sweep(args.model, args.batch, imgsz=args.img, amp=args.amp, checkpoint=checkpoint,
-               channels_last=args.channels_last, gpu=gpu, num_targets=args.num_targets, source=args.source)
+               channels_last=args.channels_last, gpu=gpu, num_targets=args.num_targets, source=args.source,
+               lean=args.lean)
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.2f}".format):
         print(df[[c for c in _COLUMNS if c in df.columns]].to_string(index=False))
     if args.csv:
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nominal_batch:
         result = plan(args.model, nominal_batch_size=args.nominal_batch, gpu=gpu, imgsz=args.img, amp=args.amp[0],
                       checkpoint=checkpoint, channels_last=args.channels_last, num_targets=args.num_targets,
-                      margin=args.margin, source="estimated" if args.source == "estimated" else "auto")
+                      lean=args.lean, margin=args.margin, source="estimated" if args.source == "estimated" else "auto")
         print()
         print(result)
     return 0

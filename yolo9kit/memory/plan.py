@@ -72,7 +72,7 @@ def sweep(model: str | nn.Module, batch_sizes: Sequence[int], imgsz: int | Seque
     several = isinstance(checkpoint, list) and not all(isinstance(c, int) for c in checkpoint)
     checkpoints = checkpoint if several else [checkpoint]
     for size, amp_, ckpt, cl in itertools.product(_as_list(imgsz), _as_list(amp), checkpoints, _as_list(channels_last)):
-        setting = f"{amp_} ckpt={ckpt or 'none'}{' cl' if cl else ''} {size}px"
+        setting = f"{amp_} ckpt={ckpt or 'none'}{' cl' if cl else ''}{' lean' if kwargs.get('lean') else ''} {size}px"
         if source in ("estimated", "both") or not measured:
             target = gpu if gpu is not None else (_local_gpu() if measured else "H100")
             for r in estimate_curve(model, list(batch_sizes), imgsz=size, amp=amp_, checkpoint=ckpt,

@@ -92,7 +92,8 @@ class MemoryReport:
         speed = "" if self.step_time_s is None else \
             f", {self.step_time_s * 1000:.0f} ms/step, {self.images_per_s:.1f} img/s"
         head = (f"{self.model} batch {self.batch_size} @ {self.imgsz} amp={self.amp} checkpoint={self.checkpoint} "
-                f"channels_last={self.channels_last} ({self.source} on {self.device}): peak allocated "
+                f"channels_last={self.channels_last}{' lean' if self.lean else ''} ({self.source} on {self.device}): "
+                f"peak allocated "
                 f"{fmt_bytes(self.peak_allocated)}, reserved {fmt_bytes(self.peak_reserved)}{speed}")
         parts = [f"  {c:16s} {fmt_bytes(self.breakdown[c]):>12s}" for c in CATEGORIES]
         return "\n".join([head, *parts])
