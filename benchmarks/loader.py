@@ -97,9 +97,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--cache", choices=["none", "ram"], nargs="+", default=["none", "ram"],
+    parser.add_argument("--cache", choices=["none", "ram", "disk"], nargs="+", default=["none", "ram"],
                         help="image caching, the same on both sides: 'none' decodes every JPEG each time, 'ram' "
-                             "decodes each once (the yolo9kit default, cache=None, behaves as 'ram' when it fits)")
+                             "decodes each once (the yolo9kit default, cache=None, behaves as 'ram' when it fits), "
+                             "'disk' decodes each once into files (the kit: one memory-mapped file; official: .npy)")
     args = parser.parse_args()
 
     # OpenCV's own threads off on both sides, from the start: the official code turns them off for the
@@ -117,7 +118,7 @@ def main() -> None:
           f"{args.warmup} warm-up, {os.cpu_count()} CPUs")
     rows = {}
     for cache in args.cache:
-        args.cache_mode = False if cache == "none" else "ram"
+        args.cache_mode = False if cache == "none" else cache
         for w in args.workers:
             mine = ours(data_yaml, w, args)
             left = ours(data_yaml, w, args, colour_left=True)

@@ -100,3 +100,33 @@ def test_min_items_single_cls_and_cache_values(shapes_yaml):
     assert all((x[:, 0] == 0).all() for x in some.labels)
     with pytest.raises(ValueError, match="cache must be"):
         YOLODataset(shapes_yaml, "train", image_size=96, cache="gpu")
+
+
+def test_disk_cache_gives_identical_batches_and_is_rebuilt_when_an_image_changes(tmp_path):
+    import os
+
+    data = make_shapes(tmp_path / "shapes", n_train=10, n_val=3, image_size=(128, 96), num_classes=3, seed=2)
+    kwargs = dict(imgsz=96, batch_size=4, seed=0)
+    # the same pixels as the RAM cache (both hold images resized at load; without a cache the resize is
+    # folded into the mosaic warp, one interpolation instead of two)
+    plain = _epoch(create_dataloader(data, "train", workers=0, cache="ram", **kwargs))
+    disk = create_dataloader(data, "train", workers=0, cache="disk", **kwargs)
+    files = sorted((tmp_path / "shapes" / "labels").glob("train.96px-linear.yolo9kit-images*"))
+    assert [f.name for f in files] == ["train.96px-linear.yolo9kit-images", "train.96px-linear.yolo9kit-images.json"]
+    assert files[0].stat().st_size == sum(a.nbytes for a in disk.dataset.images)
+    for a, b in zip(plain, _epoch(disk)):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    with_workers = _epoch(create_dataloader(data, "train", workers=2, cache="disk", **kwargs))  # workers map it too
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(plain, with_workers))
+
+    mtime = files[0].stat().st_mtime_ns
+    create_dataloader(data, "train", workers=0, cache="disk", **kwargs)
+    assert files[0].stat().st_mtime_ns == mtime  # up to date: reused, not rewritten
+    image = sorted((tmp_path / "shapes" / "images" / "train").glob("*.jpg"))[0]
+    os.utime(image, ns=(image.stat().st_atime_ns, image.stat().st_mtime_ns + 10**9))  # "edited"
+    create_dataloader(data, "train", workers=0, cache="disk", **kwargs)
+    assert files[0].stat().st_mtime_ns != mtime
+    val = create_dataloader(data, "val", workers=0, cache="disk", imgsz=96, batch_size=2)  # validation: INTER_AREA
+    assert (tmp_path / "shapes" / "labels" / "val.96px-area.yolo9kit-images").is_file() and len(val.dataset.images) == 3
+    val_plain = create_dataloader(data, "val", workers=0, cache=False, imgsz=96, batch_size=2)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(_epoch(val_plain), _epoch(val)))

@@ -146,7 +146,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
             max_det: int = 1000, classes: Sequence[int] | None = None, agnostic: bool = False,
             half: bool | None = None, device: str | torch.device | None = None, save_dir: str | Path | None = None,
             save_txt: bool = False, save_conf: bool = False, save_images: bool = True, head: str = "main",
-            deploy: bool = True, line_width: int | None = None, batch_size: int = 1) -> Predictions:
+            deploy: bool = True, line_width: int | None = None, batch_size: int = 1,
+            compile: bool = False) -> Predictions:
     """Detect objects in images, as the official ``detect_dual.py`` (batch 1 by default).
 
     Each image is read as BGR, letterboxed to ``imgsz`` with the minimal stride-multiple rectangle,
@@ -170,6 +171,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
         batch_size: images per forward pass. Above 1 every image is letterboxed to the full ``imgsz``
             (one shape for the batch, as in validation) instead of its minimal rectangle; each image's
             speed row holds its share of the batch's time.
+        compile: run the model through ``torch.compile`` (pays off over many images of one shape; the first
+            batch then takes seconds to minutes).
 
     Returns:
         :class:`Predictions` (unreadable inputs are in ``.skipped`` with the reason, not raised).
@@ -188,9 +191,11 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
     half = device.type == "cuda" if half is None else half
     was_training, caller_model = model.training, model
     model = prepare_model(model, device, half, deploy=deploy, head=head)
-    memory_format = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    if device.type == "cuda":
+    memory_format = torch.channels_last if device.type == "cuda" and model is not caller_model else \
+        torch.contiguous_format  # never change the layout of the caller's own model
+    if memory_format is torch.channels_last:
         model = model.to(memory_format=memory_format)
+    forward = torch.compile(model) if compile else model
     stride = max(int(model.stride.max()), 32)
     imgsz = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)
@@ -200,7 +205,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
     if save_dir is not None:
         (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
     if device.type == "cuda":  # warm-up: the first call pays for cuDNN autotuning and allocations
-        model(torch.zeros(batch_size, 3, *input_size, device=device, dtype=torch.half if half else torch.float))
+        forward(torch.zeros(batch_size, 3, *input_size, device=device, dtype=torch.half if half else torch.float))
 
     results, rows, skipped, pending = [], [], [], []
     try:
@@ -216,7 +221,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
                 chw = np.ascontiguousarray(letterboxed.transpose((2, 0, 1))[::-1])  # HWC BGR -> CHW RGB
                 pending.append((index, image, path, chw, time.perf_counter() - t0))
             if pending and (len(pending) == batch_size or index == len(items) - 1):
-                batch_results = _run_batch(model, pending, device, half, memory_format, head,
+                batch_results = _run_batch(model, forward, pending, device, half, memory_format, head,
                                            (conf, iou, classes, agnostic, max_det))
                 for (i, *_), (result, speed) in zip(pending, batch_results):
                     if save_dir is not None:
@@ -230,7 +235,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
     return Predictions(results, speed=speed_frame, skipped=skipped, imgsz=imgsz, save_dir=save_dir)
 
 
-def _run_batch(model, pending: list, device: torch.device, half: bool, memory_format, head: str,
+def _run_batch(model, forward, pending: list, device: torch.device, half: bool, memory_format, head: str,
                nms: tuple) -> list[tuple[Prediction, dict]]:
     """One forward pass over the letterboxed images of ``pending``; per image its Prediction and speed row."""
     conf, iou, classes, agnostic, max_det = nms
@@ -239,7 +244,7 @@ def _run_batch(model, pending: list, device: torch.device, half: bool, memory_fo
     x = torch.from_numpy(np.stack([chw for *_, chw, _ in pending])).to(device)
     x = ((x.half() if half else x.float()) / 255).contiguous(memory_format=memory_format)
     t2 = _sync(device)
-    prediction = select_head(model(x), head)
+    prediction = select_head(forward(x), head)
     t3 = _sync(device)
     dets = non_max_suppression(prediction, conf, iou, classes, agnostic, max_det=max_det)
     t4 = _sync(device)

@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import Dataset
 
 from yolo9kit.data import augment as A
-from yolo9kit.data.cache import build_report, scan_images
+from yolo9kit.data.cache import build_report, cache_path, scan_images
+from yolo9kit.data.disk_cache import disk_cache_path, open_disk_cache
 from yolo9kit.data.images import cache_images, load_resized, read_bgr, reduce_factor, resized_size
 from yolo9kit.data.letterbox import PAD_VALUE, letterbox
 from yolo9kit.data.polygons import copy_paste
@@ -66,7 +67,8 @@ class YOLODataset(Dataset):
         stride, pad: rect batch shapes are multiples of ``stride`` with ``pad`` strides of margin.
         cache: "ram"/True decode every image once into RAM (MemoryError when it does not fit in
             ``cache_budget`` of the available RAM); "auto" the same but silently skipped when it does not fit;
-            None/False read the files every time. "disk" is taken as "auto".
+            None/False read the files every time; "disk" decodes every image once into one memory-mapped file
+            beside the label cache (``yolo9kit.data.disk_cache``), for data sets larger than RAM.
         min_items: drop images with fewer boxes. single_cls: every class becomes 0.
         seed: augmentation draws depend only on (seed, epoch, index).
         use_label_cache: reuse and write the label cache.
@@ -119,13 +121,13 @@ class YOLODataset(Dataset):
             self.batch_index = np.arange(len(order)) // batch_size
         self.nominal = np.array([resized_size(w, h, image_size) for w, h in self.shapes], np.int64)  # (w, h)
         self.images = None
+        if cache not in (None, False, True, "auto", "ram", "disk"):
+            raise ValueError(f"cache must be None, False, 'auto', 'ram' (True) or 'disk', got {cache!r}")
         if cache == "disk":
-            log.warning("cache='disk' is not supported (yolo9kit writes nothing beside your images); "
-                        "caching in RAM when the images fit instead")
-            cache = "auto"
-        if cache not in (None, False, True, "auto", "ram"):
-            raise ValueError(f"cache must be None, False, 'auto' or 'ram' (True), got {cache!r}")
-        if cache:
+            label_cache = cache_path(self.config.sources[split], [r.lb_file for r in records])
+            self.images = open_disk_cache(disk_cache_path(label_cache, image_size, augment), self.im_files,
+                                          [tuple(int(v) for v in s) for s in self.shapes], image_size, augment)
+        elif cache:
             self.images = cache_images(self.im_files, [tuple(s) for s in self.shapes], image_size, augment,
                                        cache_budget, required=cache == "ram" or cache is True)
 

@@ -166,7 +166,9 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         shuffle: default True for train (False with rect).
         seed: the same seed gives the same batches, whatever the number of workers.
         cache: "ram" (or True) decodes all images once into RAM and fails with the numbers when they do not
-            fit; None caches only when they fit in ``cache_budget`` of the available RAM; False never.
+            fit; None caches only when they fit in ``cache_budget`` of the available RAM; False never;
+            "disk" decodes them once into a memory-mapped file beside the label cache (data sets larger
+            than RAM; rebuilt when an image changes).
         hyp: augmentation hyper-parameters (dict, official keys); default hyp.scratch-high.
         close_mosaic: start with mosaic off (it can be switched any time with :func:`set_mosaic`).
         distributed: split the samples over torch.distributed ranks (multi-GPU).
