@@ -13,6 +13,9 @@ Parts (each row is written to ``suite.json`` and ``suite.md`` under ``--out`` as
    Both: ``--warmup`` steps, then ``--steps`` steps timed between two device synchronisations; peak
    allocated and reserved memory over the timed steps; host synchronisations of one kit step counted
    with ``torch.cuda.set_sync_debug_mode``.
+   Ablation (``--parts ablation``, in the default run): the kit's step for yolov9-s at the largest batch with
+   one switch changed at a time (AMP fp16 instead of auto, channels_last off, lean activations off,
+   sync-free off, fused optimizer off, all of them off), to see what each is worth on this GPU.
 2. ``--compile``: the kit's step with ``compile=True`` for yolov9-s at the largest batch: the first
    step's time (compilation) and the step time after it.
 3. Epoch: yolov9-s over one epoch of a generated shapes data set (640x480 JPEGs) with the real loader
@@ -164,6 +167,31 @@ def train_steps(args, device, report) -> None:
                 if "step_ms" in row:
                     row["img_per_s"] = batch / row["step_ms"] * 1e3
                 report.add("train_step", {"model": model_name, "batch": batch, "code": code, **row})
+
+
+ABLATION = {
+    "default": {},
+    "amp fp16": {"amp": "fp16"},
+    "channels_last off": {"channels_last": False},
+    "lean off": {"lean_activations": False},
+    "sync_free off": {"sync_free": False},
+    "fused optimizer off": {"fused_optimizer": False},
+    "all off (plain step)": {"channels_last": False, "lean_activations": False, "sync_free": False,
+                             "fused_optimizer": False},
+}
+
+
+def ablation(args, device, report) -> None:
+    model_name, batch = args.models[min(1, len(args.models) - 1)], max(args.batches)
+    for label, change in ABLATION.items():
+        _reset_memory(device)
+        amp = change.get("amp", args.amp)
+        config = {k: v for k, v in change.items() if k != "amp"}
+        row = _guarded(kit_step, model_name, batch, argparse.Namespace(**{**vars(args), "amp": amp}), device,
+                       **config)
+        if "step_ms" in row:
+            row["img_per_s"] = batch / row["step_ms"] * 1e3
+        report.add("ablation", {"model": model_name, "batch": batch, "variant": label, **row})
 
 
 def compile_step(args, device, report) -> None:
@@ -319,8 +347,8 @@ def main(argv=None) -> None:
     p.add_argument("--amp", default="auto", choices=["auto", "fp16", "bf16", "off"], help="the kit's AMP mode")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--parts", nargs="+", default=["train", "epoch", "inference"],
-                   choices=["train", "epoch", "inference"])
+    p.add_argument("--parts", nargs="+", default=["train", "ablation", "epoch", "inference"],
+                   choices=["train", "ablation", "epoch", "inference"])
     p.add_argument("--compile", action="store_true", help="also time compile=True (minutes of compilation)")
     p.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
     p.add_argument("--epoch-images", type=int, default=512)
@@ -347,7 +375,7 @@ def main(argv=None) -> None:
 
         args.epoch_data = make_shapes(Path(tmp.name) / "shapes", args.epoch_images, 4,
                                       (160, 120) if args.quick else (640, 480), num_classes=8, seed=0)
-    parts = {"train": train_steps, "epoch": epoch, "inference": inference}
+    parts = {"train": train_steps, "ablation": ablation, "epoch": epoch, "inference": inference}
     for name in args.parts:
         parts[name](args, device, report)
     if args.compile:
