@@ -187,3 +187,12 @@ def test_lean_batchnorm_silu_keeps_less_for_backward_and_gives_the_same_gradient
     assert all(torch.equal(out[True][2][k], v) for k, v in out[False][2].items())  # running stats, counters
     assert (out[True][1] - out[False][1]).norm() <= 1e-5 * out[False][1].norm()
     assert out[True][3] <= 0.82 * out[False][3]  # measured 0.80 (yolov9-s and -c: 0.79-0.80)
+
+
+def test_to_device_async_leaves_tensors_on_their_device_alone():
+    from yolo9kit.env import to_device_async
+
+    t = torch.arange(6)
+    assert to_device_async(t, torch.device("cpu")) is t
+    meta = to_device_async(t, torch.device("meta"))  # another device: copied (here without pinning)
+    assert meta.device.type == "meta" and meta.shape == t.shape

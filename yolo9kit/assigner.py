@@ -34,6 +34,8 @@ from typing import NamedTuple
 
 import torch
 
+from yolo9kit.env import to_device_async
+
 
 class AssignResult(NamedTuple):
     """Targets of the task-aligned assigner for every anchor.
@@ -102,7 +104,7 @@ class TaskAlignedAssigner:
                                     device=device)
         fg_mask = torch.zeros((batch_size, num_anchors), dtype=torch.bool, device=device)
         counts = gt_counts.tolist()  # the loss passes CPU counts: no device synchronisation here
-        gt_counts = gt_counts.to(device, non_blocking=True)
+        gt_counts = to_device_async(gt_counts, device)
         if gt_bboxes.shape[1] == 0 or max(counts, default=0) == 0:  # no GT in the batch: all background
             return AssignResult(target_labels, target_bboxes, target_scores, fg_mask)
         # Per-box and per-score terms, once for the whole batch so every chunking sees the same bits.

@@ -173,3 +173,16 @@ def resolve_device(device: str | torch.device | None) -> torch.device:  # noqa: 
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} requested but CUDA is not available; use device='cpu'")
     return device
+
+
+def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:  # noqa: F821
+    """Copy a (small) host tensor to ``device`` without making the host wait for the GPU.
+
+    A copy from ordinary (pageable) host memory may make the CUDA driver wait for the stream; staging it
+    in pinned memory first lets ``non_blocking`` really overlap. No-op for tensors already on ``device``.
+    """
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)

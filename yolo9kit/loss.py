@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from yolo9kit.assigner import TaskAlignedAssigner
 from yolo9kit.boxes import bbox_ciou, cxcywh_to_xyxy, ltrb_to_xyxy, make_anchors, xyxy_to_ltrb
+from yolo9kit.env import to_device_async
 
 __all__ = ["DetectionLoss", "LossConfig", "HeadTargets"]
 
@@ -124,8 +125,7 @@ class DetectionLoss:
         device = main[0].device
         image_hw = (main[0].shape[2] * self.strides[0], main[0].shape[3] * self.strides[0])
         gt = self.pad_targets(targets, batch_size, image_hw)  # on the targets' device (CPU: no sync)
-        gt = HeadTargets(gt.labels.to(device, non_blocking=True), gt.boxes_xyxy.to(device, non_blocking=True),
-                         gt.counts)
+        gt = HeadTargets(to_device_async(gt.labels, device), to_device_async(gt.boxes_xyxy, device), gt.counts)
         cfg = self.config
         # float32 throughout, also inside an AMP autocast region: the maps are upcast in head_loss and
         # autocast would otherwise run the DFL expectation (a matmul) in half precision.
@@ -210,7 +210,7 @@ class DetectionLoss:
         target_scores = assigned.target_scores
         target_scores_sum = target_scores.sum().clamp(min=1)  # official max(sum, 1)
 
-        pos_weight = torch.tensor([self.config.cls_pos_weight], device=flat.device)
+        pos_weight = flat.new_full((1,), self.config.cls_pos_weight)  # a fill, not a host-to-device copy
         cls_loss = F.binary_cross_entropy_with_logits(pred_logits, target_scores, pos_weight=pos_weight,
                                                       reduction="none").sum() / target_scores_sum
         fg = assigned.fg_mask

@@ -13,16 +13,32 @@ from __future__ import annotations
 
 import torch
 
+from yolo9kit.env import to_device_async
+
 _SHIFT = 12  # OpenCV's hsv_shift: the division tables hold round((numerator << 12) / i)
 # HSV -> RGB: for each sector of the hue circle, which of (v, p, q, t) goes to R, G and B.
 _SECTOR_TO_RGB = ((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2))
 
 
+_TABLES: dict = {}
+
+
+def _sector_table(device: torch.device) -> torch.Tensor:
+    """``_SECTOR_TO_RGB`` on ``device``, made once per device (a copy to the GPU waits for it)."""
+    key = ("sector", str(device))
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(_SECTOR_TO_RGB, device=device)
+    return _TABLES[key]
+
+
 def _div_table(numerator: float, device: torch.device) -> torch.Tensor:
-    """OpenCV's ``saturate_cast<int>((numerator << 12) / i)`` for i in 0..255 (entry 0 is 0)."""
-    i = torch.arange(256, dtype=torch.float64, device=device)
-    table = torch.where(i > 0, torch.round(numerator * (1 << _SHIFT) / i.clamp(min=1)), torch.zeros_like(i))
-    return table.to(torch.int32)
+    """OpenCV's ``saturate_cast<int>((numerator << 12) / i)`` for i in 0..255 (entry 0 is 0); cached per device."""
+    key = (numerator, str(device))
+    if key not in _TABLES:
+        i = torch.arange(256, dtype=torch.float64, device=device)
+        table = torch.where(i > 0, torch.round(numerator * (1 << _SHIFT) / i.clamp(min=1)), torch.zeros_like(i))
+        _TABLES[key] = table.to(torch.int32)
+    return _TABLES[key]
 
 
 def _fixed_round(x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +69,7 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
     f = h - sector
     s = s * torch.tensor(1.0 / 255.0, dtype=torch.float32)
     tab = torch.stack((v, v - v * s, v - v * (s * f), v - v * (s * (1 - f))), 1)  # v, p, q, t
-    index = torch.tensor(_SECTOR_TO_RGB, device=h.device)[sector.long()]  # (B, H, W, 3)
+    index = _sector_table(h.device)[sector.long()]  # (B, H, W, 3)
     rgb = torch.gather(tab, 1, index.permute(0, 3, 1, 2))
     return rgb.clamp_(0, 255).to(torch.uint8)  # truncation, as OpenCV's conversion
 
@@ -61,22 +77,27 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
     """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W); returns a new uint8 batch.
 
-    A row of gains equal to (1, 1, 1) leaves its image unchanged (no colour round trip).
+    A row of gains equal to (1, 1, 1) leaves its image unchanged (no colour round trip). Works in slices
+    of ``chunk`` images, with no host-device synchronisation (the gains are copied without waiting).
     """
     if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"expected uint8 images (B, 3, H, W), got {images.dtype} {tuple(images.shape)}")
     if gains.shape != (images.shape[0], 3):
         raise ValueError(f"expected gains of shape ({images.shape[0]}, 3), got {tuple(gains.shape)}")
-    out = images.clone(memory_format=torch.preserve_format)
-    gains = gains.detach().to("cpu", torch.float32)  # read on the host: no device synchronisation
-    jittered = (gains != 1).any(1).nonzero().flatten().tolist()
-    for start in range(0, len(jittered), chunk):
-        idx = jittered[start:start + chunk]
-        g = gains[idx].to(images.device, non_blocking=True).view(-1, 3, 1, 1)
-        hsv = rgb_to_hsv_cv(images[idx]).float()
+    host_gains = gains.detach().to("cpu", torch.float32)
+    unit = (host_gains == 1).all(1)
+    if bool(unit.all()):  # read on the host: nothing to do
+        return images.clone(memory_format=torch.preserve_format)
+    g_all = to_device_async(host_gains, images.device).view(-1, 3, 1, 1)
+    keep_all = to_device_async(unit, images.device).view(-1, 1, 1, 1)
+    out = torch.empty_like(images)
+    for start in range(0, images.shape[0], chunk):
+        sl = slice(start, start + chunk)
+        g = g_all[sl]
+        hsv = rgb_to_hsv_cv(images[sl]).float()
         # The official tables: floor(x * gain), hue taken modulo 180, saturation and value clipped.
         h = torch.remainder(torch.floor(hsv[:, 0:1] * g[:, 0:1]), 180.0)
         sv = torch.floor(hsv[:, 1:] * g[:, 1:]).clamp_(0, 255)
         rgb = hsv_cv_to_rgb(h[:, 0], sv[:, 0], sv[:, 1])
-        out[idx] = rgb
+        out[sl] = torch.where(keep_all[sl], images[sl], rgb)
     return out
