@@ -29,6 +29,12 @@ def test_flags_to_config(tmp_path):
     assert config.lr0 == 0.02 and config.momentum == 0.9 and config.augment_hyp["mosaic"] == 0.5
     assert config.loss.box_gain == 5.0 and config.loss.cls_gain == 0.5
     assert _parse(["--resume"]).resume is True and _parse(["--resume", "x/last.pt"]).resume == "x/last.pt"
+    assert config.compile is False and config.channels_last is None and config.lean_activations is None
+    fast = train_cli.config_from_args(_parse(["--data", "d.yaml", "--compile", "reduce-overhead"]))
+    plain = train_cli.config_from_args(_parse(["--data", "d.yaml", "--compile", "--plain-step"]))
+    assert fast.compile == "reduce-overhead" and plain.compile is True
+    assert (plain.channels_last, plain.lean_activations, plain.sync_free, plain.fused_optimizer,
+            plain.colour_on_device) == (False,) * 5
     with pytest.raises(SystemExit):
         _parse(["--cos-lr", "--flat-cos-lr"])
 

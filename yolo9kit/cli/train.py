@@ -52,6 +52,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm (DDP only)")
     p.add_argument("--patience", type=int, default=100)
     p.add_argument("--noval", action="store_true", help="validate only after the last epoch")
+    p.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE",
+                   help="torch.compile the forward (optionally a mode: reduce-overhead, max-autotune)")
+    p.add_argument("--plain-step", action="store_true",
+                   help="turn the CUDA speed switches off (channels_last, lean activations, sync-free step, fused "
+                        "optimizer, colour jitter on the GPU): the official step's layout")
     p.set_defaults(func=run)
 
 
@@ -88,7 +93,11 @@ def config_from_args(args: argparse.Namespace):
         imgsz=args.imgsz, amp=args.amp, optimizer=args.optimizer, schedule=schedule, close_mosaic=args.close_mosaic,
         hyp=augment or None, loss=loss, cache=args.cache, workers=args.workers, seed=args.seed, device=args.device,
         val=not args.noval, project=args.project, name=args.name, exist_ok=args.exist_ok, sync_bn=args.sync_bn,
-        patience=args.patience, **train_keys)
+        patience=args.patience, compile=args.compile, **(_PLAIN if args.plain_step else {}), **train_keys)
+
+
+_PLAIN = {"channels_last": False, "lean_activations": False, "sync_free": False, "fused_optimizer": False,
+          "colour_on_device": False}
 
 
 def _read_hyp(path: str | None) -> tuple[dict, dict, object]:
