@@ -155,13 +155,36 @@ def _guarded(fn, *a, **kw) -> dict:
         return {"error": f"out of memory: {str(error).splitlines()[0]}"}
 
 
+_ESTIMATORS: dict = {}
+
+
+def _estimate_gib(model_name: str, batch: int, trainer, args, device) -> float | None:
+    """The kit's CPU estimate of the same step (same AMP, channels_last and lean settings) for this GPU."""
+    from yolo9kit.memory import StepEstimator
+    from yolo9kit.memory.gpus import gpu_from_device
+
+    amp = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(trainer.amp_dtype, "off")
+    lean = any(getattr(m, "lean", False) for m in trainer.model.modules())
+    key = (model_name, amp, trainer.channels_last, lean, args.imgsz)
+    if key not in _ESTIMATORS:
+        _ESTIMATORS[key] = StepEstimator(model_name, imgsz=args.imgsz, amp=amp, channels_last=trainer.channels_last,
+                                         lean=lean)
+    gpu = gpu_from_device(device.index or 0) if device.type == "cuda" else None
+    return _ESTIMATORS[key].reports([batch], gpu)[0].peak_allocated / 2**30
+
+
 def train_steps(args, device, report) -> None:
     for model_name in args.models:
         for batch in args.batches:
             for code in ("yolo9kit", "official") if args.official else ("yolo9kit",):
                 _reset_memory(device)
                 if code == "yolo9kit":
-                    row = _guarded(kit_step, model_name, batch, args, device)
+                    try:
+                        row, trainer = kit_step(model_name, batch, args, device)
+                        row["estimated_alloc_GiB"] = _estimate_gib(model_name, batch, trainer, args, device)
+                        del trainer
+                    except torch.cuda.OutOfMemoryError as error:
+                        row = {"error": f"out of memory: {str(error).splitlines()[0]}"}
                 else:
                     row = _guarded(official_step, args.official, model_name, batch, args, device)
                 if "step_ms" in row:

@@ -18,6 +18,7 @@ def test_gpu_suite_quick_mode_runs_every_part_on_the_cpu(tmp_path):
     assert suite["meta"]["imgsz"] == 128 and "gpu_suite.py --quick" in suite["meta"]["command"]
     (step,) = suite["train_step"]
     assert step["code"] == "yolo9kit" and step["model"] == "yolov9-t" and step["img_per_s"] > 0
+    assert step["estimated_alloc_GiB"] > 0  # the CPU estimate of the same step, next to the measurement
     assert [r["variant"] for r in suite["ablation"]][:2] == ["default", "amp fp16"]
     assert all(r["img_per_s"] > 0 for r in suite["ablation"])
     (epoch,) = suite["epoch"]
