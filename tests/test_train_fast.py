@@ -171,7 +171,7 @@ def test_lean_batchnorm_silu_keeps_less_for_backward_and_gives_the_same_gradient
     out = {}
     for lean in (False, True):
         model = copy.deepcopy(base)
-        assert set_lean(model, lean) == 183  # every Conv block of yolov9-t (RepConvN has its own BatchNorms)
+        assert set_lean(model, lean) == 237  # every Conv block (183) and RepConvN (54) of yolov9-t
         storages = {}
 
         def pack(t, storages=storages):
@@ -186,7 +186,7 @@ def test_lean_batchnorm_silu_keeps_less_for_backward_and_gives_the_same_gradient
     assert torch.equal(out[True][0], out[False][0])  # forward values are those of batch_norm + silu
     assert all(torch.equal(out[True][2][k], v) for k, v in out[False][2].items())  # running stats, counters
     assert (out[True][1] - out[False][1]).norm() <= 1e-5 * out[False][1].norm()
-    assert out[True][3] <= 0.82 * out[False][3]  # measured 0.80 (yolov9-s and -c: 0.79-0.80)
+    assert out[True][3] <= 0.80 * out[False][3]  # measured 0.77 (yolov9-s and -c: 0.76, 0.78)
 
 
 def test_to_device_async_leaves_tensors_on_their_device_alone():

@@ -53,7 +53,7 @@ class TrainConfig:
     channels_last: bool | None = None  # channels_last weights and inputs (NHWC convolutions)
     sync_free: bool | None = None  # no host-device sync in the step; losses read every log_interval batches
     fused_optimizer: bool | None = None  # torch's fused SGD/Adam/AdamW
-    lean_activations: bool | None = None  # BatchNorm+SiLU keep one activation for backward, not two (~20 % less)
+    lean_activations: bool | None = None  # BatchNorm+SiLU keep one activation for backward, not two (~25 % less)
     colour_on_device: bool | None = None  # HSV colour jitter on the training device, not in the loader
     cudnn_benchmark: bool = True  # cudnn autotuning (CUDA only)
     # torch.compile the model's forward: True, or a mode such as "reduce-overhead" (CUDA graphs) or

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yolo9kit.models.lean import lean_bn_silu
+from yolo9kit.models.lean import lean_bn2_silu, lean_bn_silu
 
 
 def autopad(k: int, p: int | None = None, d: int = 1) -> int:
@@ -100,6 +100,8 @@ class RepConvN(nn.Module):
     3x3 ``conv`` for inference (the official ``fuse_convs``).
     """
 
+    lean = False  # see yolo9kit.models.lean.set_lean
+
     def __init__(self, c1: int, c2: int, k: int = 3, s: int = 1, p: int = 1, g: int = 1, d: int = 1,
                  act: bool | nn.Module = True):
         super().__init__()
@@ -112,6 +114,8 @@ class RepConvN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "conv"):  # collapsed for inference
             return self.act(self.conv(x))
+        if self.lean and self.training and torch.is_grad_enabled():
+            return lean_bn2_silu(self.conv1.conv(x), self.conv1.bn, self.conv2.conv(x), self.conv2.bn)
         return self.act(self.conv1(x) + self.conv2(x))
 
     @torch.no_grad()

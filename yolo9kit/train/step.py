@@ -86,7 +86,7 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
 
     On CUDA the defaults are the fast ones (see :func:`fast_settings`): channels_last weights and inputs,
     cudnn autotuning, a fused optimizer, a step without host-device synchronisation, and the lean
-    BatchNorm+SiLU (``yolo9kit.models.lean``: about 20 % less activation memory). The scaler is
+    BatchNorm+SiLU (``yolo9kit.models.lean``: about a quarter less activation memory). The scaler is
     on for fp16 (loss scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to
     skip a non-finite step on the device.
     """
