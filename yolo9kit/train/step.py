@@ -148,7 +148,9 @@ def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
     Returns:
         (loss, loss_items) detached; None when the loss is not finite in a single process (then nothing
         was back-propagated). Under DDP a non-finite loss is back-propagated all the same, because every
-        rank must join the gradient all-reduce; ``run_batch`` has the ranks agree to drop the step.
+        rank must join the gradient all-reduce; ``run_batch`` has the ranks agree to drop the step. A
+        sync-free trainer never checks on the host: it always back-propagates and the scaler skips a
+        non-finite step on the device.
     """
     model = trainer.model
     no_sync = (not sync) and isinstance(model, nn.parallel.DistributedDataParallel)
