@@ -41,12 +41,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from train_step import synthetic_batch  # noqa: E402  (the same synthetic batch as benchmarks/train_step.py)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from train_step import _sync, synthetic_batch  # noqa: E402  (the same batch and sync as benchmarks/train_step.py)
 
 
 def _reset_memory(device: torch.device) -> None:

@@ -71,8 +71,8 @@ class _EpochLog:
         if not self.pending:
             return
         entries, self.pending = self.pending, []
-        items = torch.stack([e.items for e in entries]).float().cpu()  # the one synchronisation
-        finite = torch.stack([torch.as_tensor(e.finite, device=e.items.device) for e in entries]).cpu()
+        items = torch.stack([e.items for e in entries]).float().cpu()  # waits for the device, once
+        finite = torch.stack([torch.as_tensor(e.finite, device=e.items.device) for e in entries]).cpu()  # ready now
         for entry, row, ok in zip(entries, items, finite.tolist()):
             if not ok:  # sync-free: the scaler has already skipped the step on the device
                 _count_nonfinite(self.progress, self.config, self.run_dir, entry.batch)
