@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out or tempfile.mkdtemp(prefix="yolo9kit-train-cpu-"))
     start = time.perf_counter()
-    data = make_shapes(out / "shapes", n_train=args.train, n_val=args.val, image_size=args.imgsz,
+    data = make_shapes(out / "shapes", n_train=args.train, n_val=args.val, imgsz=args.imgsz,
                        num_classes=args.classes, max_objects=args.max_objects)
     torch.manual_seed(0)
     model = create_model(args.model, num_classes=args.classes)

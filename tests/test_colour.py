@@ -14,7 +14,7 @@ from yolo9kit.data.colour import hsv_cv_to_rgb, hsv_jitter, rgb_to_hsv_cv
 
 @pytest.fixture(scope="module")
 def shapes_yaml(tmp_path_factory):
-    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=12, n_val=2, image_size=96, num_classes=3, seed=3)
+    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=12, n_val=2, imgsz=96, num_classes=3, seed=3)
 
 
 def _to_torch(image_hwc: np.ndarray) -> torch.Tensor:

@@ -76,7 +76,7 @@ def _check_boxes_on_objects(image: np.ndarray, targets: np.ndarray, tol: float =
 @pytest.mark.parametrize("cache", [False, "ram"])
 def test_mosaic_affine_flip_boxes_stay_on_objects(coloured, cache):
     hyp = {"hsv_h": 0, "hsv_s": 0, "hsv_v": 0, "mixup": 0.0, "fliplr": 0.5, "flipud": 0.5}
-    ds = YOLODataset(coloured, "train", image_size=256, augment=True, hyp=hyp, cache=cache)
+    ds = YOLODataset(coloured, "train", imgsz=256, augment=True, hyp=hyp, cache=cache)
     n_boxes = 0
     for epoch in range(8):
         for i in range(len(ds)):
@@ -91,7 +91,7 @@ def test_mosaic_affine_flip_boxes_stay_on_objects(coloured, cache):
 def test_rotation_shear_and_single_image_path_keep_boxes_on_objects(coloured):
     # rotation makes boxes of rotated rectangles larger than the object: only check containment there
     hyp = {"hsv_h": 0, "hsv_s": 0, "hsv_v": 0, "mixup": 0.0, "mosaic": 0.0, "scale": 0.5}
-    ds = YOLODataset(coloured, "train", image_size=256, augment=True, hyp=hyp)
+    ds = YOLODataset(coloured, "train", imgsz=256, augment=True, hyp=hyp)
     from yolo9kit.data.dataset import SampleKey
 
     n = 0
@@ -101,7 +101,7 @@ def test_rotation_shear_and_single_image_path_keep_boxes_on_objects(coloured):
             assert shapes is not None  # letterboxed single image
             n += _check_boxes_on_objects(image.permute(1, 2, 0).numpy(), targets.numpy())
     assert n > 20
-    ds = YOLODataset(coloured, "train", image_size=256, augment=True,
+    ds = YOLODataset(coloured, "train", imgsz=256, augment=True,
                      hyp={**hyp, "mosaic": 1.0, "degrees": 30, "shear": 5})
     for i in range(len(ds)):
         image, targets, _, _ = ds[SampleKey(i, 1, True)]
@@ -114,7 +114,7 @@ def test_rotation_shear_and_single_image_path_keep_boxes_on_objects(coloured):
 
 
 def test_val_path_is_letterbox_of_official_load_image(coloured):
-    ds = YOLODataset(coloured, "val", image_size=256, augment=False, rect=True, batch_size=2, pad=0.5)
+    ds = YOLODataset(coloured, "val", imgsz=256, augment=False, rect=True, batch_size=2, pad=0.5)
     for i in range(len(ds)):
         image, targets, path, shapes = ds[i]
         raw = cv2.imread(path)
@@ -223,7 +223,7 @@ def test_polygon_labels_are_reboxed_from_the_transformed_polygon(polygon_data):
 
     # with rotation, boxes of transformed box corners would be far too large; polygon boxes stay tight
     hyp = {"hsv_h": 0, "hsv_s": 0, "hsv_v": 0, "mixup": 0.0, "copy_paste": 0.0, "degrees": 30}
-    ds = YOLODataset(polygon_data, "train", image_size=256, augment=True, hyp=hyp)
+    ds = YOLODataset(polygon_data, "train", imgsz=256, augment=True, hyp=hyp)
     assert all(len(s) == 1 for s in ds.segments)
     n_boxes = 0
     for epoch in range(6):
@@ -239,7 +239,7 @@ def test_copy_paste_puts_mirrored_objects_under_new_boxes(polygon_data):
     from yolo9kit.data.dataset import SampleKey
 
     hyp = {"hsv_h": 0, "hsv_s": 0, "hsv_v": 0, "mixup": 0.0, "copy_paste": 1.0}
-    ds = YOLODataset(polygon_data, "train", image_size=256, augment=True, hyp=hyp)
+    ds = YOLODataset(polygon_data, "train", imgsz=256, augment=True, hyp=hyp)
     n_pasted = 0
     for epoch in range(6):
         for i in range(len(ds)):

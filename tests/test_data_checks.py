@@ -95,7 +95,7 @@ def test_every_image_problem_is_named_with_its_reason(bad_data):
 
 
 def test_good_files_still_load_and_bad_ones_are_left_out(bad_data):
-    ds = YOLODataset(bad_data, "train", image_size=64)
+    ds = YOLODataset(bad_data, "train", imgsz=64)
     names = sorted(Path(f).stem for f in ds.im_files)
     assert names == sorted(["good_a", "good_b", "missing_label", "zero_size", "duplicates", "empty", "polygon"])
     labels = dict(zip((Path(f).stem for f in ds.im_files), ds.labels))
@@ -110,7 +110,7 @@ def test_good_files_still_load_and_bad_ones_are_left_out(bad_data):
 def test_no_usable_image_is_a_clear_error(tmp_path):
     yaml_path = _dataset(tmp_path, {"a": "0 0.5 0.5 2 2\n", "b": "x\n"})
     with pytest.raises(ValueError, match="no usable image in the train split"):
-        YOLODataset(yaml_path, "train", image_size=64)
+        YOLODataset(yaml_path, "train", imgsz=64)
 
 
 def test_cache_is_reused_and_rebuilt_when_a_label_changes(tmp_path):
@@ -124,7 +124,7 @@ def test_cache_is_reused_and_rebuilt_when_a_label_changes(tmp_path):
     os.utime(label, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later mtime, whatever the clock resolution
     report = check(yaml_path)
     assert report.n_instances == 3
-    ds = YOLODataset(yaml_path, "train", image_size=64)
+    ds = YOLODataset(yaml_path, "train", imgsz=64)
     assert sum(len(x) for x in ds.labels) == 3
 
 

@@ -29,7 +29,7 @@ def _yolo_to_coco(root, split="train", category_ids=(7, 3, 42)) -> dict:
 
 def test_round_trip(tmp_path):
     src = tmp_path / "src"
-    make_shapes(src, n_train=5, n_val=1, image_size=(96, 64), num_classes=3, seed=2)
+    make_shapes(src, n_train=5, n_val=1, imgsz=(96, 64), num_classes=3, seed=2)
     (tmp_path / "ann.json").write_text(json.dumps(_yolo_to_coco(src)))
     out = tmp_path / "out"
     shutil.copytree(src / "images" / "train", out / "images" / "train")

@@ -58,7 +58,7 @@ def test_modes_and_exif(tmp_path):
 
     report = check(yaml_path)
     assert report.ok and report.n_usable == 4, str(report)
-    ds = YOLODataset(yaml_path, "train", image_size=80, rect=False)
+    ds = YOLODataset(yaml_path, "train", imgsz=80, rect=False)
     sizes = {Path(f).stem: tuple(s) for f, s in zip(ds.im_files, ds.shapes)}
     assert sizes == {"gray": (40, 60), "rgba": (50, 50), "g16": (50, 30), "rotated": (40, 80)}
 

@@ -11,7 +11,7 @@ from yolo9kit.data.loader import KeySampler
 
 @pytest.fixture(scope="module")
 def shapes_yaml(tmp_path_factory):
-    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=12, n_val=5, image_size=96, num_classes=3, seed=1)
+    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=12, n_val=5, imgsz=96, num_classes=3, seed=1)
 
 
 def _epoch(loader):
@@ -93,19 +93,19 @@ def test_ram_cache_that_does_not_fit_is_a_clear_error(shapes_yaml):
 def test_min_items_single_cls_and_cache_values(shapes_yaml):
     from yolo9kit.data import YOLODataset
 
-    full = YOLODataset(shapes_yaml, "train", image_size=96)
+    full = YOLODataset(shapes_yaml, "train", imgsz=96)
     counts = [len(x) for x in full.labels]
-    some = YOLODataset(shapes_yaml, "train", image_size=96, min_items=3, single_cls=True)
+    some = YOLODataset(shapes_yaml, "train", imgsz=96, min_items=3, single_cls=True)
     assert len(some) == sum(c >= 3 for c in counts) < len(full)
     assert all((x[:, 0] == 0).all() for x in some.labels)
     with pytest.raises(ValueError, match="cache must be"):
-        YOLODataset(shapes_yaml, "train", image_size=96, cache="gpu")
+        YOLODataset(shapes_yaml, "train", imgsz=96, cache="gpu")
 
 
 def test_disk_cache_gives_identical_batches_and_is_rebuilt_when_an_image_changes(tmp_path):
     import os
 
-    data = make_shapes(tmp_path / "shapes", n_train=10, n_val=3, image_size=(128, 96), num_classes=3, seed=2)
+    data = make_shapes(tmp_path / "shapes", n_train=10, n_val=3, imgsz=(128, 96), num_classes=3, seed=2)
     kwargs = dict(imgsz=96, batch_size=4, seed=0)
     # the same pixels as the RAM cache (both hold images resized at load; without a cache the resize is
     # folded into the mosaic warp, one interpolation instead of two)

@@ -18,16 +18,16 @@ def _digest(root):
 
 
 def test_same_seed_same_files(tmp_path):
-    make_shapes(tmp_path / "a", n_train=6, n_val=2, image_size=96, seed=3)
-    make_shapes(tmp_path / "b", n_train=6, n_val=2, image_size=96, seed=3)
-    make_shapes(tmp_path / "c", n_train=6, n_val=2, image_size=96, seed=4)
+    make_shapes(tmp_path / "a", n_train=6, n_val=2, imgsz=96, seed=3)
+    make_shapes(tmp_path / "b", n_train=6, n_val=2, imgsz=96, seed=3)
+    make_shapes(tmp_path / "c", n_train=6, n_val=2, imgsz=96, seed=4)
     a, b, c = _digest(tmp_path / "a"), _digest(tmp_path / "b"), _digest(tmp_path / "c")
     assert a == b and len(a) == 6 + 2 + 6 + 2 + 1
     assert a != c
 
 
 def test_layout_and_check(tmp_path):
-    path = make_shapes(tmp_path, n_train=10, n_val=3, image_size=(128, 96), num_classes=5, seed=0)
+    path = make_shapes(tmp_path, n_train=10, n_val=3, imgsz=(128, 96), num_classes=5, seed=0)
     config = yaml.safe_load(path.read_text())
     assert config["names"] == ["rectangle", "ellipse", "triangle", "star", "cross"]
     report = check(path, "train")

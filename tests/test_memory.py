@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from yolo9kit.config import StepConfig
 from yolo9kit.memory import (
     CATEGORIES,
     GPUSpec,
@@ -61,15 +62,26 @@ def toy_loss(outputs, targets):
     return loss * out.shape[0], torch.stack([box, cls, cls]).detach()
 
 
+# the plain step (the layout of a real CPU step), a synthetic batch of 4 boxes per image, the toy loss
+PLAIN = {"channels_last": False, "lean_activations": False, "sync_free": False, "fused_optimizer": False}
+
+
+def toy_step(**kw) -> StepConfig:
+    return StepConfig(ToyDetector(), **{"imgsz": 64, "amp": "off", "num_targets": 4, "num_classes": 3,
+                                        "loss_fn": toy_loss, **PLAIN, **kw})
+
+
 def toy_estimator(**kw) -> StepEstimator:
-    kw = {"imgsz": 64, "amp": "off", "num_targets": 4, "num_classes": 3, "loss_fn": toy_loss, **kw}
-    return StepEstimator(ToyDetector(), **kw)
+    return StepEstimator(toy_step(**kw))
+
+
+def real_trainer():
+    return build_real_trainer(ToyDetector(), toy_step().resolve("cpu"), torch.device("cpu"))
 
 
 def real_trace(batch_size: int, imgsz: int = 64):
     torch.manual_seed(0)
-    trainer = build_real_trainer(ToyDetector(), amp="off", channels_last=False, device=torch.device("cpu"),
-                                 loss_fn=toy_loss)
+    trainer = real_trainer()
     prime_optimizer(trainer.model, trainer.optimizer)
     images, targets = synthetic_batch(batch_size, imgsz, 4, 3)
     return trace_real_step(trainer, images, targets, device_type="cuda")
@@ -126,7 +138,7 @@ def test_extrapolated_peak_equals_direct_trace_at_larger_batch():
     from yolo9kit.memory.trace import trace_meta_step
 
     est = toy_estimator()
-    trainer, loss_fn = build_meta_trainer(ToyDetector(), amp="off", channels_last=False, loss_fn=toy_loss)
+    trainer, loss_fn = build_meta_trainer(ToyDetector(), toy_step().resolve("cuda"))
     direct, _ = trace_meta_step(trainer, loss_fn, batch_size=6, imgsz=64, num_targets=4, num_classes=3,
                                 amp_dtype=None)
     direct_parts, _ = peak_row(direct)
@@ -201,7 +213,7 @@ def test_reserved_at_least_allocated_and_breakdown_sums():
 
 def test_report_rejects_missing_categories_and_fit_to_total():
     with pytest.raises(ValueError, match="breakdown lacks"):
-        MemoryReport("m", 1, 64, "off", None, False, "estimated", "cpu", 10, 10, {"weights": 10})
+        MemoryReport(StepConfig("m"), "estimated", "cpu", 10, 10, {"weights": 10})
     parts = dict.fromkeys(CATEGORIES, 10)
     assert sum(fit_to_total(parts, 100).values()) == 100
     assert sum(fit_to_total(parts, 50).values()) == 50
@@ -212,72 +224,87 @@ def test_measure_without_cuda_points_to_estimate():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
     with pytest.raises(RuntimeError, match=r"estimate\("):
-        measure(ToyDetector(), 2, imgsz=64, loss_fn=toy_loss)
+        measure(toy_step(), 2)
 
 
 # ---------------------------------------------------------------- find_max_batch, simulated OOM
 def test_find_max_batch_recovers_from_oom_and_training_continues():
     calls = []
 
-    def step_fn(b):
+    def trial(b):
         calls.append(b)
         if b > 37:
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {b} GiB")
         return None
 
-    result = find_max_batch(step_fn=step_fn, max_batch=1024)
+    result = find_max_batch(trial=trial, max_batch=1024)
     assert result.batch_size == 37
     assert any(not t["ok"] and t["reason"] == "out of memory" for t in result.trials)
     assert calls[:7] == [1, 2, 4, 8, 16, 32, 64]  # grows, then bisects
     # the process goes on: a normal training step runs after the out-of-memory errors
     from yolo9kit.train.step import train_step
 
-    trainer = build_real_trainer(ToyDetector(), amp="off", channels_last=False, device=torch.device("cpu"),
-                                 loss_fn=toy_loss)
+    trainer = real_trainer()
     images, targets = synthetic_batch(2, 64, 4, 3)
     assert train_step(trainer, images, targets).finite
 
 
 def test_find_max_batch_keeps_the_margin():
-    result = find_max_batch(step_fn=lambda b: b * GIB, gpu=20 * GIB, margin=0.1)
+    result = find_max_batch(trial=lambda b: b * GIB, gpu=20 * GIB, margin=0.1)
     assert result.batch_size == 18  # 18 GiB <= 0.9 * 20 GiB < 19 GiB
     assert result.budget_bytes == int(18 * GIB)
-    nothing = find_max_batch(step_fn=lambda b: 100 * GIB, gpu=20 * GIB)
-    assert nothing.batch_size == 0 and "already fails" in nothing.reason
+    nothing = find_max_batch(trial=lambda b: 100 * GIB, gpu=20 * GIB)
+    assert nothing.batch_size == 0 and nothing.reason.startswith("batch 1 needs 100.00 GiB, over a budget of 18.00")
 
 
 def test_find_max_batch_estimated_matches_curve():
     gpu = toy_gpu(160)
-    result = find_max_batch(ToyDetector(), imgsz=64, amp="off", gpu=gpu, margin=0.0, num_targets=4,
-                            num_classes=3, loss_fn=toy_loss, max_batch=256)
+    step = toy_step()
+    result = find_max_batch(step, gpu=gpu, margin=0.0, max_batch=256)
     assert 1 < result.batch_size < 256
-    est = toy_estimator()
+    est = StepEstimator(step)
     fits = [r.device_bytes <= gpu.total_bytes for r in est.reports([result.batch_size, result.batch_size + 1], gpu)]
     assert fits == [True, False]
 
 
 # ------------------------------------------------------------------------------------ plan, sweep
+def _card_between(est: StepEstimator, fits: int, fails: int) -> GPUSpec:
+    """A card on which batch ``fits`` fits and batch ``fails`` does not (no margin, no context)."""
+    low, high = (r.device_bytes for r in est.reports([fits, fails], toy_gpu(1024)))
+    return GPUSpec("test card", (low + high) // 2, True, 100.0, 1000.0, context_bytes=0)
+
+
 def test_plan_reaches_nominal_batch_and_recommends_fastest_fitting():
-    at16 = toy_estimator().reports([16], toy_gpu(1024))[0].device_bytes
-    gpu = GPUSpec("test card", at16 + (1 << 20), True, 100.0, 1000.0, context_bytes=0)
-    p = plan(ToyDetector(), nominal_batch_size=64, gpu=gpu, imgsz=64, amp="off", num_targets=4,
-             num_classes=3, loss_fn=toy_loss, margin=0.0)
-    assert (p.table["effective_batch"] == 64).all()
-    assert (p.table["batch_size"] * p.table["accumulate"] == 64).all()
+    est = toy_estimator()
+    p = plan(toy_step(), nominal_batch_size=64, gpu=_card_between(est, 16, 17), margin=0.0)
+    assert (p.table["batch_size"] * p.table["accumulate"] == 64).all()  # 16 is a divisor: no other row
     assert p.table["fits"].any() and not p.table["fits"].all()
     fitting = p.table[p.table["fits"]]
-    assert p.recommended["batch_size"] == fitting["batch_size"].max() == 16
+    assert p.recommended["batch_size"] == fitting["batch_size"].max() == p.largest_batch == 16
     assert p.recommended["accumulate"] == 4
     assert "recommended" in p.reason
 
 
+def test_plan_takes_the_largest_batch_with_the_official_accumulation():
+    """A card that fits 24: the plan trains 24 x round(64 / 24) = 72 images per step, as fit does with
+    batch 24, not the largest divisor 16 x 4."""
+    p = plan(toy_step(), nominal_batch_size=64, gpu=_card_between(toy_estimator(), 24, 25), margin=0.0)
+    assert p.largest_batch == 24
+    assert 24 in p.table["batch_size"].tolist() and 16 in p.table["batch_size"].tolist()
+    assert (p.recommended["batch_size"], p.recommended["accumulate"], p.recommended["effective_batch"]) == (24, 3, 72)
+    config = p.train_config()
+    assert config.batch_size == 24 and config.nominal_batch_size == 64 and config.amp == "off"
+    from yolo9kit.train.optim import base_accumulate
+
+    assert base_accumulate(config) == 3  # what fit will accumulate
+
+
 def test_sweep_columns_and_settings():
-    df = sweep(ToyDetector(), [1, 2, 4], imgsz=64, amp=["off", "fp16"], gpu="T4", num_targets=4, num_classes=3,
-               loss_fn=toy_loss, source="estimated")
-    for col in ["model", "batch_size", "source", "setting", "peak_allocated", "peak_reserved", "device_bytes",
+    df = sweep(toy_step(), [1, 2, 4], amp=["off", "fp16"], gpu="T4", method="estimated")
+    for col in ["model", "batch_size", "method", "setting", "peak_allocated", "peak_reserved", "device_bytes",
                 "activations_bytes", "images_per_s", "fits"]:
         assert col in df.columns, col
-    assert set(df["source"]) == {"estimated"} and df["setting"].nunique() == 2
+    assert set(df["method"]) == {"estimated"} and df["setting"].nunique() == 2
     assert len(df) == 6
     by = df.groupby("amp")["activations_bytes"].max()
     assert by["fp16"] < by["off"]
@@ -285,9 +312,8 @@ def test_sweep_columns_and_settings():
 
 
 def test_estimate_single_report():
-    r = estimate(ToyDetector(), 4, imgsz=64, amp="off", gpu="RTX 4090", num_targets=4, num_classes=3,
-                 loss_fn=toy_loss)
-    assert r.source == "estimated" and r.batch_size == 4 and r.fits
+    r = estimate(toy_step(), 4, gpu="RTX 4090")
+    assert r.method == "estimated" and r.batch_size == 4 and r.fits
     assert "RTX 4090" in r.device and r.gpu_total_bytes == 24_564 << 20
 
 
@@ -297,8 +323,7 @@ def test_measured_breakdown_names_the_tracked_peak_and_sums_to_the_counter():
     from yolo9kit.memory.measure import _tracked_breakdown
 
     torch.manual_seed(0)
-    trainer = build_real_trainer(ToyDetector(), amp="off", channels_last=False, device=torch.device("cpu"),
-                                 loss_fn=toy_loss)
+    trainer = real_trainer()
     prime_optimizer(trainer.model, trainer.optimizer)
     images, targets = synthetic_batch(4, 64, 4, 3)
     tracked, _ = peak_row(real_trace(4))

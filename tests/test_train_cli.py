@@ -58,7 +58,7 @@ def test_model_for_data_transfers_weights(tmp_path, caplog):
     from yolo9kit.models import create_model
     from yolo9kit.train.weights import model_for_data
 
-    data = make_shapes(tmp_path / "d", n_train=2, n_val=1, image_size=64, num_classes=3)
+    data = make_shapes(tmp_path / "d", n_train=2, n_val=1, imgsz=64, num_classes=3)
     source = create_model("gelan-t", num_classes=5)
     ckpt = save_checkpoint(tmp_path / "src.pt", source)
     with caplog.at_level("INFO"):
@@ -90,7 +90,7 @@ def test_cli_trains_and_resumes(tmp_path, capsys):
     from yolo9kit.checkpoint import read_checkpoint
     from yolo9kit.data import make_shapes
 
-    data = make_shapes(tmp_path / "d", n_train=4, n_val=2, image_size=64, num_classes=2)
+    data = make_shapes(tmp_path / "d", n_train=4, n_val=2, imgsz=64, num_classes=2)
     common = ["--project", str(tmp_path / "runs"), "--name", "cli", "--workers", "0", "--device", "cpu"]
     args = _parse(["--data", str(data), "--model", "yolov9-t", "--batch", "4", "--epochs", "1", "--img", "64",
                    "--noval", *common])

@@ -10,12 +10,11 @@ import pytest
 import torch
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
-from yolo9kit.config import TrainConfig
+from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.models import create_model
 from yolo9kit.train import build_trainer, train_one_epoch, train_step
 from yolo9kit.train.guards import NonFiniteLossError
 from yolo9kit.train.state import Progress
-from yolo9kit.train.step import fast_settings
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -39,12 +38,20 @@ def _detection_batches(n: int, batch: int, size: int, seed: int = 0) -> list:
     return out
 
 
+def _switches(config: TrainConfig, device: str, bf16: bool = True) -> dict:
+    step = StepConfig.from_train_config(config, "yolov9-t").resolve(device, bf16=bf16)
+    return {name: getattr(step, name) for name in PLAIN}
+
+
 def test_defaults_are_fast_on_cuda_only_and_explicit_values_win():
     config = TrainConfig()
-    assert fast_settings(config, torch.device("cpu")) == PLAIN
-    assert fast_settings(config, torch.device("cuda")) == FAST
+    assert _switches(config, "cpu") == PLAIN
+    assert _switches(config, "cuda") == FAST
     forced = TrainConfig(channels_last=True, sync_free=False, fused_optimizer=True)
-    assert fast_settings(forced, torch.device("cpu")) == {**PLAIN, "channels_last": True, "fused_optimizer": True}
+    assert _switches(forced, "cpu") == {**PLAIN, "channels_last": True, "fused_optimizer": True}
+    steps = {(dev, bf16): StepConfig.from_train_config(config, "yolov9-t").resolve(dev, bf16=bf16).amp
+             for dev, bf16 in (("cpu", True), ("cuda", True), ("cuda", False))}
+    assert steps == {("cpu", True): "off", ("cuda", True): "bf16", ("cuda", False): "fp16"}  # amp="auto"
     with pytest.raises(ValueError, match="log_interval"):
         TrainConfig(log_interval=0)
 

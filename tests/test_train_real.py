@@ -18,7 +18,7 @@ _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 def shapes64(tmp_path_factory):
     from yolo9kit.data import make_shapes
 
-    return make_shapes(tmp_path_factory.mktemp("shapes64"), n_train=8, n_val=4, image_size=64, num_classes=2)
+    return make_shapes(tmp_path_factory.mktemp("shapes64"), n_train=8, n_val=4, imgsz=64, num_classes=2)
 
 
 def _config(tmp_path, **kw):
@@ -68,7 +68,7 @@ def test_loss_falls_and_map_rises_on_shapes(tmp_path):
     """A short CPU run on the shapes data (see benchmarks/train_cpu.py for the full one)."""
     from yolo9kit.data import make_shapes
 
-    data = make_shapes(tmp_path / "shapes", n_train=256, n_val=32, image_size=128, num_classes=3, max_objects=3)
+    data = make_shapes(tmp_path / "shapes", n_train=256, n_val=32, imgsz=128, num_classes=3, max_objects=3)
     config = TrainConfig(epochs=12, batch_size=16, nominal_batch_size=16, imgsz=128, workers=0, device="cpu",
                          optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0,
                          hyp={"mosaic": 0.0, "mixup": 0.0, "copy_paste": 0.0, "scale": 0.5},

@@ -180,7 +180,7 @@ def test_coco_records_follow_the_official_rules():
 def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
     from yolo9kit.data import create_dataloader, make_shapes
 
-    data = make_shapes(tmp_path / "shapes", n_train=2, n_val=5, image_size=(96, 64), num_classes=3)
+    data = make_shapes(tmp_path / "shapes", n_train=2, n_val=5, imgsz=(96, 64), num_classes=3)
     settings = dict(imgsz=96, batch_size=2, workers=0)
     batches = list(create_dataloader(data, "val", augment=False, rect=True, pad=0.5, **settings))
     assert batches[0][0].shape[2:] == (96, 128)  # 64x96 image, rect batch padded by half a stride

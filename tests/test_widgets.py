@@ -114,7 +114,7 @@ def test_output_png_round_trip():
 def shapes(tmp_path_factory):
     from yolo9kit.data import make_shapes
 
-    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=8, n_val=3, image_size=64, num_classes=3, seed=0)
+    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=8, n_val=3, imgsz=64, num_classes=3, seed=0)
 
 
 # -- detection viewer ------------------------------------------------------------------------------

@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
+ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
+# Head-room kept below a card's capacity when sizing a batch: validation runs at 2x the batch in eval mode
+# (no saved activations, but its own peak), the number of objects per image changes the assigner's memory,
+# and the allocator fragments over an epoch (YOLOv5 went from 0.9 to 0.8 of the card for this reason;
+# Ultralytics keeps 0.4 free).
+DEFAULT_MARGIN = 0.10
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 CALLBACK_NAMES = ("on_step", "on_epoch_end")
@@ -37,7 +43,12 @@ class TrainConfig:
     """
 
     epochs: int = 100
-    batch_size: int = 16
+    # An int, or "auto" (also -1, the official flag): before the first step, the largest batch whose step
+    # the memory estimate fits into (1 - margin) of ``gpu`` (None: the training device; the CPU: its RAM),
+    # as ``yolo9kit.memory.plan`` recommends it for ``nominal_batch_size`` (docs/memory.md).
+    batch_size: int | str = 16
+    gpu: str | int | None = None  # batch_size="auto": the card to size for (a name from memory.GPUS, bytes)
+    margin: float = DEFAULT_MARGIN  # batch_size="auto": share of the card kept free
     # The batch the hyper-parameters were tuned for; accumulation makes each step see about this many images.
     nominal_batch_size: int = 64
     # None: official rule max(round(nominal/batch), 1), ramped up from 1 during warmup. An int: that many
@@ -47,9 +58,12 @@ class TrainConfig:
     # Split each loader batch into micro-batches of this size (None: no split). OOM back-off halves it.
     micro_batch_size: int | None = None
     imgsz: int = 640
+    # Recompute these layers in backward instead of keeping their activations: None, "backbone", "all" or a
+    # list of layer indices (DetectionModel.set_activation_checkpointing). Saves memory, costs a forward.
+    activation_checkpointing: str | list[int] | None = None
     # "auto": bf16 where the GPU supports it, else fp16; always "off" on CPU (autocast on CPU is slow).
     amp: str = "auto"
-    # Speed switches; None means on for CUDA, off on the CPU (see yolo9kit.train.step.fast_settings).
+    # Speed switches; None means on for CUDA, off on the CPU (StepConfig.resolve decides, for fit and memory).
     channels_last: bool | None = None  # channels_last weights and inputs (NHWC convolutions)
     sync_free: bool | None = None  # no host-device sync in the step; losses read every log_interval batches
     fused_optimizer: bool | None = None  # torch's fused SGD/Adam/AdamW
@@ -103,8 +117,15 @@ class TrainConfig:
 
         if self.epochs < 1:
             raise bad("epochs", "an integer >= 1")
-        if self.batch_size < 1:
-            raise bad("batch_size", "an integer >= 1 (AutoBatch lives in yolo9kit.memory)")
+        if self.batch_size == -1:  # the official --batch-size -1
+            object.__setattr__(self, "batch_size", "auto")
+        if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or self.batch_size < 1):
+            raise bad("batch_size", "an integer >= 1, or \"auto\" (also -1) to size it from the memory estimate")
+        if self.batch_size == "auto" and self.micro_batch_size is not None:
+            raise bad("micro_batch_size", "None with batch_size='auto' (the automatic batch is the micro-batch)")
+        if not 0 <= self.margin < 1:
+            raise bad("margin", "a share of the card in [0, 1)")
+        check_activation_checkpointing(self.activation_checkpointing, "TrainConfig")
         if self.accumulate_steps is not None and self.accumulate_steps < 1:
             raise bad("accumulate_steps", "None or an integer >= 1")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
@@ -159,3 +180,155 @@ class TrainConfig:
             kwargs["loss"] = LossConfig(**loss)
         kwargs.update(overrides)
         return cls(**kwargs)
+
+
+# The speed switches that ``None`` turns on for CUDA and off for the CPU (TrainConfig and StepConfig alike).
+FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
+
+
+def check_activation_checkpointing(value: Any, owner: str) -> None:
+    """None, "backbone", "all" or a list of layer indices, else a ValueError naming ``owner``."""
+    if value is None or value in ACTIVATION_CHECKPOINTING:
+        return
+    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and i >= 0 for i in value):
+        return
+    raise ValueError(f"{owner}.activation_checkpointing={value!r}: expected None, 'backbone', 'all' "
+                     "or a list of layer indices")
+
+
+def amp_for(amp: str, device_type: str, bf16: bool) -> str:
+    """The autocast mode a step runs with: "fp16", "bf16" or "off".
+
+    "auto" is bf16 where the GPU has it (no loss scaling needed), else fp16; on the CPU the step is fp32
+    whatever is asked, as the official check_amp does (CPU autocast is slower than fp32 for convolutions).
+    """
+    if amp not in AMP_MODES:
+        raise ValueError(f"amp={amp!r}: expected one of {AMP_MODES}")
+    if device_type != "cuda" or amp == "off":
+        return "off"
+    if amp == "auto":
+        return "bf16" if bf16 else "fp16"
+    return amp
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """One training step, everything that sets its memory: what ``yolo9kit.memory`` estimates and measures
+    and what ``fit`` runs.
+
+    ``batch_size`` is the images of one forward/backward (``TrainConfig.micro_batch_size``, or its batch
+    when that is not split). ``None`` switches and ``amp="auto"`` are decided for a device by
+    :meth:`resolve`, with the rules ``fit`` uses; ``from_train_config`` builds the step of a training
+    config. The simple form is a model name: ``StepConfig("yolov9-s", 16)``.
+    """
+
+    model: Any  # a registered name ("yolov9-s"), a model yaml, or an nn.Module
+    batch_size: int = 16
+    imgsz: int = 640
+    amp: str = "auto"
+    activation_checkpointing: str | tuple[int, ...] | None = None
+    channels_last: bool | None = None
+    lean_activations: bool | None = None
+    sync_free: bool | None = None  # on: the dense loss of the sync-free step (all anchors, masked)
+    fused_optimizer: bool | None = None
+    optimizer: str = "SGD"
+    ema: bool = True
+    num_classes: int | None = None  # None: the model's own (80 for a registered name)
+    num_targets: int = 8  # boxes per image of the synthetic batch (the assigner's memory grows with them)
+    loss_fn: Callable | None = None  # (outputs, targets) -> (loss, items); None: the kit's DetectionLoss
+    device_type: str | None = None  # "cuda" or "cpu" once resolved for a device, else None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, expected: str) -> ValueError:
+            return ValueError(f"StepConfig.{name}={getattr(self, name)!r}: expected {expected}")
+
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise bad("batch_size", "an integer >= 1")
+        if self.imgsz < 32 or self.imgsz % 32:
+            raise bad("imgsz", "a multiple of 32 (the largest model stride)")
+        if self.amp not in AMP_MODES:
+            raise bad("amp", f"one of {AMP_MODES}")
+        if self.optimizer not in OPTIMIZERS:
+            raise bad("optimizer", f"one of {OPTIMIZERS}")
+        if self.num_targets < 0:
+            raise bad("num_targets", "an integer >= 0")
+        check_activation_checkpointing(self.activation_checkpointing, "StepConfig")
+        if isinstance(self.activation_checkpointing, list):  # hashable: the estimator cache is keyed by steps
+            object.__setattr__(self, "activation_checkpointing", tuple(self.activation_checkpointing))
+
+    @classmethod
+    def from_train_config(cls, config: TrainConfig, model: Any, *, world_size: int = 1, num_targets: int = 8,
+                          batch_size: int | None = None) -> StepConfig:
+        """The step ``fit`` runs for ``config``: its micro-batch (per DDP rank), size, AMP and switches.
+
+        ``batch_size`` overrides the micro-batch (needed while ``config.batch_size`` is "auto").
+        """
+        if batch_size is None:
+            if config.batch_size == "auto":
+                raise ValueError("TrainConfig.batch_size is 'auto': pass batch_size= (the batch to describe)")
+            batch_size = config.micro_batch_size or max(1, config.batch_size // world_size)
+        return cls(model=model, batch_size=batch_size, imgsz=config.imgsz, amp=config.amp,
+                   activation_checkpointing=config.activation_checkpointing, channels_last=config.channels_last,
+                   lean_activations=config.lean_activations, sync_free=config.sync_free,
+                   fused_optimizer=config.fused_optimizer, optimizer=config.optimizer, ema=config.ema,
+                   num_classes=getattr(model, "nc", None), num_targets=num_targets)
+
+    def resolve(self, device: Any = None, *, bf16: bool | None = None) -> StepConfig:
+        """This step as it runs on ``device`` (None: the first CUDA device, else the CPU): "auto" AMP and
+        every ``None`` switch decided as ``fit`` decides them there (on for CUDA, off for the CPU).
+
+        ``bf16``: whether the GPU has bf16 (default: ask the local CUDA device; a GPU without one: True).
+        Values already set are kept, so resolving twice changes nothing.
+        """
+        device_type = _device_type(device)
+        if bf16 is None:
+            bf16 = _local_bf16() if device_type == "cuda" else False
+        switches = {name: (device_type == "cuda") if getattr(self, name) is None else bool(getattr(self, name))
+                    for name in FAST_SWITCHES}
+        return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16), device_type=device_type,
+                                   **switches)
+
+    @property
+    def model_name(self) -> str:
+        if isinstance(self.model, (str, Path)):
+            return Path(str(self.model)).stem if str(self.model).endswith((".yaml", ".yml", ".pt")) else str(self.model)
+        return str(getattr(self.model, "name", None) or type(self.model).__name__)
+
+    @property
+    def label(self) -> str:
+        """A short name of the setting, e.g. ``fp16 channels_last lean ckpt=all 640px`` (curves, tables)."""
+        parts = [self.amp]
+        parts += [name for name, on in (("channels_last", self.channels_last), ("lean", self.lean_activations))
+                  if on]
+        if self.activation_checkpointing is not None:
+            value = self.activation_checkpointing
+            parts.append(f"ckpt={value if isinstance(value, str) else ','.join(map(str, value))}")
+        parts.append(f"{self.imgsz}px")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for JSON (the model by name, the loss by its name)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["model"] = self.model_name
+        if self.loss_fn is not None:
+            out["loss_fn"] = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
+        if isinstance(self.activation_checkpointing, tuple):
+            out["activation_checkpointing"] = list(self.activation_checkpointing)
+        return out
+
+
+def _device_type(device: Any) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, int):
+        return "cuda"
+    text = str(device)
+    return torch.device(f"cuda:{text}" if text.isdigit() else text).type
+
+
+def _local_bf16() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from yolo9kit.cli.flags import renamed
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("data", help="make-shapes, check, convert-coco")
@@ -12,7 +14,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     mk.add_argument("--out", required=True, help="output folder")
     mk.add_argument("--n-train", type=int, default=256)
     mk.add_argument("--n-val", type=int, default=64)
-    mk.add_argument("--image-size", type=int, default=320, help="square side in pixels")
+    mk.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=320,
+                    help="square side in pixels")
+    renamed(mk, "--image-size", "--imgsz", "imgsz", type=int)
     mk.add_argument("--num-classes", type=int, default=4)
     mk.add_argument("--seed", type=int, default=0)
     mk.set_defaults(func=run_make_shapes)
@@ -34,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_make_shapes(args: argparse.Namespace) -> int:
     from yolo9kit.data import make_shapes
 
-    path = make_shapes(args.out, n_train=args.n_train, n_val=args.n_val, image_size=args.image_size,
+    path = make_shapes(args.out, n_train=args.n_train, n_val=args.n_val, imgsz=args.imgsz,
                        num_classes=args.num_classes, seed=args.seed)
     print(f"data set written: {path}")
     return 0

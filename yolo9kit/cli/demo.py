@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="build, save/reload, make data, train, validate and predict end to end")
     p.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     p.add_argument("--model", default="yolov9-t", help="model to train (default: yolov9-t)")
-    p.add_argument("--img", type=int, default=160, help="image size (default: 160, CPU-friendly)")
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=160,
+                   help="image size (default: 160, CPU-friendly)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the built-in recipe)")
     p.add_argument("--n-train", type=int, default=None, help="synthetic training images (default: recipe)")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
@@ -73,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
     t = _step("3. synthetic shapes data")
     n_train = args.n_train or (32 if args.quick else 384)
     n_val = 8 if args.quick else 64
-    data_yaml = make_shapes(out / "shapes", n_train=n_train, n_val=n_val, image_size=args.img,
+    data_yaml = make_shapes(out / "shapes", n_train=n_train, n_val=n_val, imgsz=args.imgsz,
                             num_classes=NUM_CLASSES, max_objects=3, seed=0)
     print(f"{data_yaml}: {n_train} train / {n_val} val images ({time.perf_counter() - t:.1f} s)")
-    _save_batch_picture(data_yaml, out, args.img)
+    _save_batch_picture(data_yaml, out, args.imgsz)
 
     t = _step(f"4. train {args.model}")
     best = _train(args, data_yaml, out)
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from yolo9kit.validate import evaluate
 
     model = load_checkpoint(best)
-    result = evaluate(model, data_yaml, imgsz=args.img, batch_size=16, device=args.device)
+    result = evaluate(model, data_yaml, imgsz=args.imgsz, batch_size=16, device=args.device)
     print(result)
 
     _step("6. predict")
@@ -118,7 +119,7 @@ def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
 
     epochs = args.epochs or (2 if args.quick else 30)
     config = TrainConfig(
-        epochs=epochs, batch_size=16, nominal_batch_size=16, imgsz=args.img, device=args.device, workers=0,
+        epochs=epochs, batch_size=16, nominal_batch_size=16, imgsz=args.imgsz, device=args.device, workers=0,
         optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0, close_mosaic=min(5, epochs),
         hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5, "mosaic": 0.5},
         val=not args.quick, project=str(out), name="train", exist_ok=True)
@@ -135,6 +136,6 @@ def _predict_one(model, data_yaml: Path, out: Path, args: argparse.Namespace) ->
     from yolo9kit.validate import predict
 
     image = sorted(load_data_config(data_yaml).images("val"))[0]
-    results = predict(model, image, imgsz=args.img, device=args.device, save_dir=out / "predict")
+    results = predict(model, image, imgsz=args.imgsz, device=args.device, save_dir=out / "predict")
     print(results[0].to_frame().to_string(index=False))
     print(f"annotated image in {out / 'predict'}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from yolo9kit.cli.flags import renamed
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -13,7 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "below the official thop figures, which also count BatchNorm and pooling.")
     p.add_argument("names", nargs="*", help="models to list (default: all registered models)")
     p.add_argument("--imgsz", type=int, default=640, help="image side the GFLOPs are reported for (default 640)")
-    p.add_argument("--classes", type=int, default=80, help="number of classes (default 80)")
+    p.add_argument("--num-classes", type=int, default=80, help="number of classes (default 80)")
+    renamed(p, "--classes", "--num-classes", "num_classes", type=int)
     p.set_defaults(func=run)
 
 
@@ -24,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown model(s) {unknown}; registered: {', '.join(list_models())}")
         return 2
-    table = model_table(args.names or None, imgsz=args.imgsz, num_classes=args.classes)
+    table = model_table(args.names or None, imgsz=args.imgsz, num_classes=args.num_classes)
     print(table.to_string(index=False, formatters={
         "parameters": "{:,}".format, "deploy_parameters": "{:,}".format,
         "gflops": "{:.1f}".format, "deploy_gflops": "{:.1f}".format}))

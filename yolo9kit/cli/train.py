@@ -1,9 +1,10 @@
 """``python -m yolo9kit train``: train a model (official flag names where they make sense).
 
-    python -m yolo9kit train --data data.yaml --model yolov9-s --batch 16 --epochs 100 --img 640
-    python -m yolo9kit train --data data.yaml --model yolov9-c --weights yolov9-c.pt --batch 8
+    python -m yolo9kit train --data data.yaml --model yolov9-s --batch-size 16 --epochs 100 --imgsz 640
+    python -m yolo9kit train --data data.yaml --model yolov9-c --batch-size auto   # sized from the estimate
+    python -m yolo9kit train --data data.yaml --model yolov9-c --weights yolov9-c.pt --batch-size 8
     python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt
-    torchrun --nproc_per_node 2 -m yolo9kit train --data data.yaml --model yolov9-s --batch 64 --sync-bn
+    torchrun --nproc_per_node 2 -m yolo9kit train --data data.yaml --model yolov9-s --batch-size 64 --sync-bn
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+
+from yolo9kit.cli.flags import activation_checkpointing, renamed
 
 LOGGER = logging.getLogger(__name__)
 
@@ -28,11 +31,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", "--cfg", default="yolov9-t",
                    help="model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from")
     p.add_argument("--weights", default="", help="official or kit .pt: same-name same-shape tensors are transferred")
-    p.add_argument("--batch", "--batch-size", dest="batch", type=int, default=16, help="images per batch (all GPUs)")
-    p.add_argument("--accumulate", type=int, default=None, help="batches per optimizer step (default round(64/batch))")
-    p.add_argument("--micro-batch", type=int, default=None, help="split each batch into micro-batches of this size")
+    p.add_argument("--batch-size", "--batch", dest="batch_size", type=_batch_size, default=16,
+                   help="images per batch (all GPUs), or auto (also -1): the largest that the memory estimate fits "
+                        "into the GPU (--gpu, --margin), with accumulation to the nominal 64")
+    p.add_argument("--gpu", default=None, help='--batch-size auto: size for this card (e.g. "RTX 4090"; default: '
+                   "the training device, on the CPU its RAM)")
+    p.add_argument("--margin", type=float, default=0.10, help="--batch-size auto: share of the card kept free (0.10)")
+    p.add_argument("--accumulate-steps", type=int, default=None,
+                   help="batches per optimizer step (default max(round(64 / batch), 1))")
+    renamed(p, "--accumulate", "--accumulate-steps", "accumulate_steps", type=int)
+    p.add_argument("--micro-batch-size", type=int, default=None,
+                   help="split each batch into micro-batches of this size")
+    renamed(p, "--micro-batch", "--micro-batch-size", "micro_batch_size", type=int)
     p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--img", "--imgsz", "--img-size", dest="imgsz", type=int, default=640)
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=640)
+    p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
+                   help="recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3")
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
     p.add_argument("--close-mosaic", type=int, default=0, help="mosaic off for the last N epochs")
     p.add_argument("--cache", nargs="?", const="ram", default=None, help="ram (default when given) or disk")
@@ -74,11 +88,25 @@ def run(args: argparse.Namespace) -> int:
         data = args.data
         model = model_for_data(args.model, data, args.weights)
     result = fit(model, data, config)
+    if ddp.current().is_main and result.auto_batch is not None:
+        print(result.auto_batch)
     if ddp.current().is_main and result.save_dir:
         state = "interrupted" if result.interrupted else "done"
         print(f"{state}: {result.epochs_completed} epochs, best fitness {result.best_fitness:.4f} "
               f"(epoch {result.best_epoch}); weights in {result.save_dir / 'weights'}")
     return 0
+
+
+def _batch_size(text: str) -> int | str:
+    if text.lower() in ("auto", "-1"):
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of images, or auto (also -1)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected at least 1 image, or auto (also -1)")
+    return value
 
 
 def config_from_args(args: argparse.Namespace):
@@ -89,7 +117,9 @@ def config_from_args(args: argparse.Namespace):
                 else "fixed" if args.fixed_lr else "linear")
     train_keys, augment, loss = _read_hyp(args.hyp)
     return TrainConfig(
-        epochs=args.epochs, batch_size=args.batch, accumulate_steps=args.accumulate, micro_batch_size=args.micro_batch,
+        epochs=args.epochs, batch_size=args.batch_size, gpu=args.gpu, margin=args.margin,
+        activation_checkpointing=args.activation_checkpointing, accumulate_steps=args.accumulate_steps,
+        micro_batch_size=args.micro_batch_size,
         imgsz=args.imgsz, amp=args.amp, optimizer=args.optimizer, schedule=schedule, close_mosaic=args.close_mosaic,
         hyp=augment or None, loss=loss, cache=args.cache, workers=args.workers, seed=args.seed, device=args.device,
         val=not args.noval, project=args.project, name=args.name, exist_ok=args.exist_ok, sync_bn=args.sync_bn,

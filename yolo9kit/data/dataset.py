@@ -32,7 +32,7 @@ class SampleKey(NamedTuple):
     mosaic: bool = True
 
 
-def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, image_size: int, stride: int = 32,
+def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, imgsz: int, stride: int = 32,
                       pad: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Aspect-ratio order and per-batch (h, w) shapes for rectangular batches (official rect, spec 6.5).
 
@@ -51,7 +51,7 @@ def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, image_size: int, st
             shapes[b] = [hi, 1]
         elif lo > 1:
             shapes[b] = [1, 1 / lo]
-    return order, (np.ceil(shapes * image_size / stride + pad).astype(int) * stride)
+    return order, (np.ceil(shapes * imgsz / stride + pad).astype(int) * stride)
 
 
 class YOLODataset(Dataset):
@@ -60,7 +60,7 @@ class YOLODataset(Dataset):
     Args:
         data: data.yaml path, dict or DataConfig.
         split: train / val / test.
-        image_size: training size in pixels (long side of each loaded image).
+        imgsz: training size in pixels (long side of each loaded image).
         augment: official training augmentation (mosaic, mixup, affine, HSV, flips).
         hyp: augmentation hyper-parameters (dict with official keys, or :class:`Hyp`); default hyp.scratch-high.
         rect: rectangular batches of ``batch_size`` (images sorted by aspect ratio, mosaic off).
@@ -82,13 +82,13 @@ class YOLODataset(Dataset):
         mosaic: whether the mosaic path is on (see :func:`yolo9kit.data.set_mosaic`).
     """
 
-    def __init__(self, data: str | Path | dict | DataConfig, split: str = "train", image_size: int = 640,
+    def __init__(self, data: str | Path | dict | DataConfig, split: str = "train", imgsz: int = 640,
                  augment: bool = False, hyp: dict | A.Hyp | None = None, rect: bool = False, batch_size: int = 16,
                  stride: int = 32, pad: float = 0.0, cache: str | bool | None = None, min_items: int = 0,
                  single_cls: bool = False, seed: int = 0, use_label_cache: bool = True,
                  cache_budget: float = 0.5):
         self.config = load_data_config(data)
-        self.split, self.image_size, self.augment, self.rect, self.seed = split, image_size, augment, rect, seed
+        self.split, self.image_size, self.augment, self.rect, self.seed = split, imgsz, augment, rect, seed
         self.hyp = A.Hyp.from_dict(hyp)
         self.names, self.nc = list(self.config.names), self.config.nc
         records = scan_images(self.config.images(split), self.config.sources[split], self.nc, use_label_cache,
@@ -113,22 +113,22 @@ class YOLODataset(Dataset):
         self.colour_on_device = False
         self.batch_shapes = None
         if rect:
-            order, self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, image_size, stride, pad)
+            order, self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, imgsz, stride, pad)
             self.im_files = [self.im_files[i] for i in order]
             self.labels = [self.labels[i] for i in order]
             self.segments = [self.segments[i] for i in order]
             self.shapes = self.shapes[order]
             self.batch_index = np.arange(len(order)) // batch_size
-        self.nominal = np.array([resized_size(w, h, image_size) for w, h in self.shapes], np.int64)  # (w, h)
+        self.nominal = np.array([resized_size(w, h, imgsz) for w, h in self.shapes], np.int64)  # (w, h)
         self.images = None
         if cache not in (None, False, True, "auto", "ram", "disk"):
             raise ValueError(f"cache must be None, False, 'auto', 'ram' (True) or 'disk', got {cache!r}")
         if cache == "disk":
             label_cache = cache_path(self.config.sources[split], [r.lb_file for r in records])
-            self.images = open_disk_cache(disk_cache_path(label_cache, image_size, augment), self.im_files,
-                                          [tuple(int(v) for v in s) for s in self.shapes], image_size, augment)
+            self.images = open_disk_cache(disk_cache_path(label_cache, imgsz, augment), self.im_files,
+                                          [tuple(int(v) for v in s) for s in self.shapes], imgsz, augment)
         elif cache:
-            self.images = cache_images(self.im_files, [tuple(s) for s in self.shapes], image_size, augment,
+            self.images = cache_images(self.im_files, [tuple(s) for s in self.shapes], imgsz, augment,
                                        cache_budget, required=cache == "ram" or cache is True)
 
     def __len__(self) -> int:

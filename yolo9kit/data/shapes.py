@@ -11,10 +11,13 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import yaml
+
+from yolo9kit.env import warn_renamed
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +112,15 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
     return image, labels
 
 
-def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, image_size: int | tuple[int, int] = 320,
-                num_classes: int = 4, seed: int = 0, max_objects: int = 6, overwrite: bool = False) -> Path:
+def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: int | tuple[int, int] = 320,
+                num_classes: int = 4, seed: int = 0, max_objects: int = 6, overwrite: bool = False,
+                **renamed: Any) -> Path:
     """Write the synthetic shapes data set (JPEG images, YOLO labels, data.yaml) under ``root``.
 
     Args:
         root: output folder; ``images/{train,val}``, ``labels/{train,val}`` and ``data.yaml`` are written there.
         n_train, n_val: number of images per split.
-        image_size: square side in pixels, or ``(width, height)``.
+        imgsz: square side in pixels, or ``(width, height)``.
         num_classes: 1 to 8 shape classes (rectangle, ellipse, triangle, star, cross, hexagon, diamond, ring).
         seed: the same seed (and arguments) gives byte-identical files.
         max_objects: at most this many objects per image (at least one).
@@ -125,11 +129,16 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, image_siz
     Returns:
         Path of the written ``data.yaml``.
     """
+    if "image_size" in renamed:
+        warn_renamed("make_shapes(image_size=...)", "make_shapes(imgsz=...)")
+        imgsz = renamed.pop("image_size")
+    if renamed:
+        raise TypeError(f"make_shapes() got unexpected keyword arguments {sorted(renamed)}")
     if not 1 <= num_classes <= len(SHAPE_NAMES):
         raise ValueError(f"num_classes must be between 1 and {len(SHAPE_NAMES)}, got {num_classes}")
-    width, height = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    width, height = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     if min(width, height) < 32:
-        raise ValueError(f"image_size must be at least 32 pixels, got {image_size}")
+        raise ValueError(f"imgsz must be at least 32 pixels, got {imgsz}")
     root = Path(root)
     params = {"n_train": n_train, "n_val": n_val, "width": width, "height": height, "num_classes": num_classes,
               "seed": seed, "max_objects": max_objects, "version": 1}

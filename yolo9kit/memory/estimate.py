@@ -2,6 +2,9 @@
 
 How (each step's assumptions are in its module):
 
+0. The step is a ``StepConfig`` resolved for the card (``StepConfig.resolve``: "auto" AMP and the
+   ``None`` switches decided as ``fit`` decides them on CUDA), so the estimate describes the step ``fit``
+   would run there.
 1. The kit's step (``trace.traced_step``: forward and loss under autocast, backward, clip, SGD,
    EMA) runs on ``meta`` tensors, which carry shapes, dtypes and strides but no data, under a
    ``StorageTracker`` that records every storage by category and over time (``tracker``), with the
@@ -22,16 +25,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
 
+from yolo9kit.config import StepConfig
 from yolo9kit.memory.calibration import calibration_for
 from yolo9kit.memory.extrapolate import StepMemoryModel
-from yolo9kit.memory.gpus import GPUSpec, resolve_gpu
+from yolo9kit.memory.gpus import GPUSpec, target_gpu
 from yolo9kit.memory.report import MemoryReport
-from yolo9kit.memory.step import AMP_DTYPES, build_meta_trainer, normalise_amp, resolve_model
+from yolo9kit.memory.step import as_step, build_meta_trainer, num_classes_of, resolve_model
 from yolo9kit.memory.throughput import ThroughputModel
 
 LOGGER = logging.getLogger(__name__)
@@ -40,68 +46,84 @@ LOGGER = logging.getLogger(__name__)
 # Assumed allowance at the peak until a measured calibration gives the real figure.
 DEFAULT_WORKSPACE_BYTES = 64 << 20
 TRACE_BATCHES = (1, 2)
+_AMP_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "off": None}
+_CACHE_SIZE = 8  # traced steps kept (a trace takes seconds to a minute; an explorer revisits settings)
+_cache: OrderedDict[StepConfig, StepEstimator] = OrderedDict()
 
 
-def estimate(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str = "fp16",
-             checkpoint: Any = None, channels_last: bool = False, steps: int = 3, warmup: int = 1,
-             device: str = "cuda", num_targets: int = 8, *, gpu: str | int | GPUSpec | None = "H100",
-             num_classes: int = 80, loss_fn: Any = None, optimizer: str = "SGD", lean: bool = False) -> MemoryReport:
-    """Predict, on the CPU, what ``measure`` would report for one training step on ``gpu``.
+def estimate(step: StepConfig | str | nn.Module, batch_size: int | None = None, *,
+             gpu: str | int | GPUSpec | None = None, **changes: Any) -> MemoryReport:
+    """Predict, on any machine, what ``measure`` would report for one training step on ``gpu``.
 
-    Takes ``measure``'s arguments (``steps``, ``warmup`` and ``device`` are accepted and unused: the
-    estimate traces one steady-state step) plus ``gpu``: a name from ``GPUS`` ("T4", "RTX 4090",
-    "A100-40GB", "H100", ...), a capacity in bytes, or None. ``loss_fn`` replaces the kit's
-    ``DetectionLoss`` (a callable ``(outputs, targets) -> (loss, items)`` for real tensors). ``lean``:
-    the lean BatchNorm+SiLU of ``yolo9kit.models.lean`` (what ``fit`` uses on CUDA, with channels_last).
+    Args:
+        step: the step (a ``StepConfig``), or a model name / module for the step ``fit`` would run with
+            it. ``changes`` are ``StepConfig`` fields to change: ``estimate("yolov9-c", 16, imgsz=512,
+            activation_checkpointing="all")``.
+        batch_size: images per forward/backward (default: the step's).
+        gpu: the card (a name from ``GPUS``, a capacity in bytes, a ``GPUSpec``); None: this machine's
+            CUDA card, else ``DEFAULT_GPU``. The step is resolved for it ("auto" AMP is bf16 where it has
+            bf16, and the CUDA switches are on unless the step turns them off).
 
     Returns:
-        MemoryReport with ``source="estimated"``, the breakdown at the peak, the reserved peak from the
+        MemoryReport with ``method="estimated"``, the breakdown at the peak, the reserved peak from the
         allocator model (or the GPU's measured calibration) and a modelled step time.
     """
-    return estimate_curve(model, [batch_size], imgsz=imgsz, amp=amp, checkpoint=checkpoint,
-                          channels_last=channels_last, num_targets=num_targets, gpu=gpu,
-                          num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer, lean=lean)[0]
+    step = as_step(step, batch_size, changes, caller="estimate")
+    spec = target_gpu(gpu)
+    return estimator_for(step, spec).reports([step.batch_size], spec)[0]
 
 
-def trace_model(model: str | nn.Module, *, imgsz: int, amp: str, checkpoint: Any, channels_last: bool,
-                num_targets: int, num_classes: int, loss_fn: Any = None, optimizer: str = "SGD",
-                lean: bool = False) -> tuple[StepMemoryModel, float, str]:
-    """Trace the step at the two ``TRACE_BATCHES`` -> (memory model, forward GFLOPs per image, name)."""
+def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
+    """The traced step of ``step`` resolved for ``spec`` (kept for the next call with the same step, when
+    the model is given by name: a module may change between calls)."""
+    resolved = step.resolve(spec.device_type, bf16=spec.bf16)
+    if not isinstance(step.model, str):
+        return StepEstimator(resolved)
+    key = replace(resolved, batch_size=1)  # the trace does not depend on the batch
+    if key in _cache:
+        _cache.move_to_end(key)
+        return _cache[key]
+    est = _cache[key] = StepEstimator(resolved)
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return est
+
+
+def trace_model(step: StepConfig) -> tuple[StepMemoryModel, float]:
+    """Trace the resolved step at the two ``TRACE_BATCHES`` -> (memory model, forward GFLOPs per image)."""
+    import torch
+
     from yolo9kit.memory.trace import trace_meta_step
 
-    amp = normalise_amp(amp)
-    if imgsz % 32:
-        raise ValueError(f"imgsz={imgsz}: must be a multiple of 32 (the largest stride)")
-    real, name = resolve_model(model, num_classes, checkpoint, copy_model=False)
-    nc = int(getattr(real, "nc", num_classes))
+    real = resolve_model(step, copy_model=False)
     t0 = time.perf_counter()
-    trainer, loss_fn = build_meta_trainer(real, amp=amp, channels_last=channels_last, loss_fn=loss_fn,
-                                          optimizer=optimizer, checkpoint=checkpoint, lean=lean)
+    trainer, loss_fn = build_meta_trainer(real, step)
     LOGGER.debug("meta copy, EMA and optimizer state in %.1f s", time.perf_counter() - t0)
+    amp_dtype = getattr(torch, _AMP_DTYPES[step.amp]) if _AMP_DTYPES[step.amp] else None
     traces, gflops = [], 0.0
     for i, b in enumerate(TRACE_BATCHES):
-        trace, gflops = trace_meta_step(trainer, loss_fn, batch_size=b, imgsz=imgsz, num_targets=num_targets,
-                                        num_classes=nc, amp_dtype=AMP_DTYPES[amp], optimizer=i == 0)
+        trace, gflops = trace_meta_step(trainer, loss_fn, batch_size=b, imgsz=step.imgsz, num_targets=step.num_targets,
+                                        num_classes=num_classes_of(step, real), amp_dtype=amp_dtype, optimizer=i == 0)
         traces.append(trace)
         LOGGER.debug("traced batch %d in %.1f s", b, time.perf_counter() - t0)
-    return StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES), gflops, name
+    return StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES), gflops
 
 
 class StepEstimator:
-    """The step of one model and setting, traced once; ``reports`` answers for any batch sizes and GPU."""
+    """One step, traced once; ``reports`` answers for any batch sizes and GPU.
 
-    def __init__(self, model: str | nn.Module, *, imgsz: int = 640, amp: str = "fp16", checkpoint: Any = None,
-                 channels_last: bool = False, num_targets: int = 8, num_classes: int = 80, loss_fn: Any = None,
-                 optimizer: str = "SGD", lean: bool = False) -> None:
+    ``step`` is resolved for CUDA first when it is not yet (bf16 assumed for "auto"; ``estimator_for``
+    resolves for a given card).
+    """
+
+    def __init__(self, step: StepConfig | str | nn.Module, **changes: Any) -> None:
         t0 = time.perf_counter()
-        self.imgsz, self.amp, self.checkpoint = imgsz, normalise_amp(amp), checkpoint
-        self.channels_last, self.num_targets, self.lean = channels_last, num_targets, lean
-        self.memory, self.gflops, self.name = trace_model(
-            model, imgsz=imgsz, amp=self.amp, checkpoint=checkpoint, channels_last=channels_last,
-            num_targets=num_targets, num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer, lean=lean)
+        step = as_step(step, None, changes, caller="StepEstimator")
+        self.step = step if step.device_type else step.resolve("cuda", bf16=True)
+        self.memory, self.gflops = trace_model(self.step)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
-        LOGGER.info("traced %s (%s, %d px) in %.1f s", self.name, self.amp, imgsz, self.trace_seconds)
+        LOGGER.info("traced %s (%s) in %.1f s", self.step.model_name, self.step.label, self.trace_seconds)
 
     def _reserved_overheads(self, batch_sizes: Sequence[int]) -> dict[int, int]:
         """Allocator-model overhead at the fixed anchors 1, 8, 64, 512, ... that bracket the batch sizes
@@ -118,31 +140,17 @@ class StepEstimator:
     @property
     def train_gflops_per_image(self) -> float:
         """Forward + backward (2x forward) + recompute when checkpointing, from the traced convolutions."""
-        return self.gflops * (4.0 if self.checkpoint else 3.0)
+        return self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
 
-    def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = "H100",
+    def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = None,
                 throughput: ThroughputModel | None = None) -> list[MemoryReport]:
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
-        spec = resolve_gpu(gpu)
-        cal = calibration_for(spec.name, self.amp) if spec is not None else None
-        overheads = self._reserved_overheads(batch_sizes) if cal is None else {}
+        spec = target_gpu(gpu)
+        cal = calibration_for(spec.name, self.step.amp) if spec.device_type == "cuda" else None
+        overheads = self._reserved_overheads(batch_sizes) if cal is None and spec.device_type == "cuda" else {}
         throughput = throughput or ThroughputModel(**(cal or {}).get("throughput") or {})
         return [_report(self, b, spec, cal, overheads, throughput) for b in batch_sizes]
-
-
-def estimate_curve(model: str | nn.Module, batch_sizes: Sequence[int], *, imgsz: int = 640, amp: str = "fp16",
-                   checkpoint: Any = None, channels_last: bool = False, num_targets: int = 8,
-                   gpu: str | int | GPUSpec | None = "H100", num_classes: int = 80, loss_fn: Any = None,
-                   optimizer: str = "SGD", throughput: ThroughputModel | None = None,
-                   lean: bool = False) -> list[MemoryReport]:
-    """``estimate`` for many batch sizes from one pair of traces (what ``sweep`` and ``plan`` use)."""
-    if not batch_sizes or min(batch_sizes) < 1:
-        raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
-    est = StepEstimator(model, imgsz=imgsz, amp=amp, checkpoint=checkpoint, channels_last=channels_last,
-                        num_targets=num_targets, num_classes=num_classes, loss_fn=loss_fn, optimizer=optimizer,
-                        lean=lean)
-    return est.reports(batch_sizes, gpu, throughput)
 
 
 def _interpolate(points: dict[int, int], b: int) -> float:
@@ -157,11 +165,14 @@ def _interpolate(points: dict[int, int], b: int) -> float:
     return points[xs[-1]]
 
 
-def _report(est: StepEstimator, b: int, spec: GPUSpec | None, cal: dict | None, overheads: dict[int, int],
+def _report(est: StepEstimator, b: int, spec: GPUSpec, cal: dict | None, overheads: dict[int, int],
             throughput: ThroughputModel) -> MemoryReport:
     traced, breakdown = est.memory.peak(b)
     notes = []
-    if cal is None:
+    if spec.device_type != "cuda":  # host memory: no caching allocator model, no CUDA context
+        allocated = reserved = traced
+        notes.append("host memory of the traced step (no CUDA allocator on the CPU)")
+    elif cal is None:
         workspace = DEFAULT_WORKSPACE_BYTES
         breakdown["workspace_other"] += workspace
         allocated = traced + workspace
@@ -175,17 +186,11 @@ def _report(est: StepEstimator, b: int, spec: GPUSpec | None, cal: dict | None, 
         breakdown["workspace_other"] += allocated - traced
         reserved = max(allocated, int(a_res * traced + b_res))
         notes.append("allocated and reserved from the measured calibration of this GPU")
-    if spec is not None and est.amp == "bf16" and not spec.bf16:
+    if est.step.amp == "bf16" and not spec.bf16:
         notes.append(f"{spec.name} has no native bf16: training there would use fp16 or emulated bf16")
-    context = (cal or {}).get("context_bytes") or (spec.context_bytes if spec else 0)
-    step_s = images_s = None
-    if spec is not None:
-        step_s = throughput.step_s(spec, b, 1, est.train_gflops_per_image, est.amp)
-        images_s = b / step_s
-    return MemoryReport(model=est.name, batch_size=b, imgsz=est.imgsz, amp=est.amp, checkpoint=est.checkpoint,
-                        channels_last=est.channels_last, lean=est.lean, source="estimated",
-                        device=f"{spec.name if spec else 'any GPU'} (estimated on CPU)",
-                        peak_allocated=allocated, peak_reserved=reserved, breakdown=breakdown,
-                        step_time_s=step_s, images_per_s=images_s, context_bytes=int(context),
-                        num_targets=est.num_targets, gpu_total_bytes=spec.total_bytes if spec else None,
-                        notes=notes)
+    context = (cal or {}).get("context_bytes") or spec.context_bytes
+    step_s = throughput.step_s(spec, b, 1, est.train_gflops_per_image, est.step.amp)
+    return MemoryReport(step=replace(est.step, batch_size=b), method="estimated",
+                        device=spec.name, peak_allocated=allocated, peak_reserved=reserved,
+                        breakdown=breakdown, step_time_s=step_s, images_per_s=b / step_s,
+                        context_bytes=int(context), gpu_total_bytes=spec.total_bytes, notes=notes)

@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MIB = 1 << 20
+# The card a memory estimate or a plan is for when none is named and this machine has no CUDA device: the
+# common 24 GB single card of the people this kit is for.
+DEFAULT_GPU = "RTX 4090"
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class GPUSpec:
     tflops_fp16: float
     bandwidth_gbs: float
     context_bytes: int = 512 * MIB
+    device_type: str = "cuda"  # "cpu" for the host memory a CPU run is sized against (``host_memory``)
 
 
 def _gpu(name: str, mib: int, bf16: bool, tflops: float, bw: float) -> GPUSpec:
@@ -90,3 +94,24 @@ def gpu_from_device(index: int = 0) -> GPUSpec:
         return GPUSpec(props.name, props.total_memory, bf16, 312.0, 1555.0)
     return GPUSpec(known.name, props.total_memory, bf16, known.tflops_fp16, known.bandwidth_gbs,
                    known.context_bytes)
+
+
+def target_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec:
+    """The card a memory figure is for: ``gpu`` resolved, or when None this machine's CUDA device, else
+    ``DEFAULT_GPU``. The one meaning of ``gpu=None`` across the memory tools and the widgets."""
+    if gpu is not None:
+        return resolve_gpu(gpu)
+    import torch
+
+    return gpu_from_device(torch.cuda.current_device()) if torch.cuda.is_available() else resolve_gpu(DEFAULT_GPU)
+
+
+def host_memory() -> GPUSpec:
+    """The RAM this process can use now, as the capacity a CPU training step must fit in."""
+    from yolo9kit.env import ram_available_bytes
+
+    available = ram_available_bytes()
+    if available is None:
+        raise RuntimeError("cannot tell how much RAM is available on this machine (no /proc/meminfo): "
+                           "give TrainConfig(batch_size=...) explicitly")
+    return GPUSpec("CPU RAM", available, False, 1.0, 50.0, context_bytes=0, device_type="cpu")

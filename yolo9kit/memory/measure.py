@@ -11,10 +11,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolo9kit.config import StepConfig
+from yolo9kit.env import warn_renamed
 from yolo9kit.memory.extrapolate import _live_matrix
 from yolo9kit.memory.gpus import gpu_from_device
 from yolo9kit.memory.report import MemoryReport
-from yolo9kit.memory.step import build_real_trainer, normalise_amp, resolve_model, synthetic_batch
+from yolo9kit.memory.step import as_step, build_real_trainer, num_classes_of, resolve_model, synthetic_batch
 from yolo9kit.memory.tracker import CATEGORIES
 
 LOGGER = logging.getLogger(__name__)
@@ -27,8 +29,8 @@ def require_cuda(device: str | torch.device) -> torch.device:
         raise RuntimeError(
             f"measure() runs real training steps on a CUDA device, but device={str(device)!r} and "
             f"torch.cuda.is_available() is {torch.cuda.is_available()}. On this machine use "
-            "yolo9kit.memory.estimate(model, batch_size, ..., gpu='RTX 4090') to predict the same report "
-            "on the CPU, or sweep(...), which falls back to the estimate by itself.")
+            "yolo9kit.memory.estimate(step, gpu='RTX 4090') to predict the same report on any machine, "
+            "trace(step) for the real step on the CPU, or sweep(...), which falls back to the estimate.")
     return dev
 
 
@@ -40,47 +42,52 @@ def free_cuda() -> None:
         torch.cuda.empty_cache()
 
 
-def measure(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str = "fp16",
-            checkpoint: Any = None, channels_last: bool = False, steps: int = 3, warmup: int = 1,
-            device: str | torch.device = "cuda", num_targets: int = 8, *, num_classes: int = 80,
-            loss_fn: Any = None, optimizer: str = "SGD", breakdown: bool = True, lean: bool = False) -> MemoryReport:
-    """Measure ``warmup + steps`` real training steps (``yolo9kit.train.train_step``: forward, loss with
-    ``num_targets`` boxes per image, backward, clip, optimizer, EMA) at ``batch_size`` on CUDA.
+def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *,
+            device: str | torch.device | None = None, repeats: int = 3, warmup_repeats: int = 1,
+            breakdown: bool = True, **changes: Any) -> MemoryReport:
+    """Measure ``warmup_repeats + repeats`` real training steps of ``step`` on a CUDA device
+    (``yolo9kit.train.train_step``: forward, loss with ``num_targets`` boxes per image, backward, clip,
+    optimizer, EMA), the step resolved for that device as ``fit`` would run it there.
 
     Each call is isolated: it works on its own copy of the model, collects garbage and empties the
     cache first, subtracts what earlier cells still hold, resets the peak counters after the warm-up
     and frees everything before returning, so calling it twice gives the same answer.
 
     Args:
-        model: a registered name ("yolov9-s") or a model (copied, never modified).
-        lean: the lean BatchNorm+SiLU (``yolo9kit.models.lean``; on by default in ``fit`` on CUDA).
+        step: a ``StepConfig``, or a model name / module (then its default step); ``changes`` are
+            ``StepConfig`` fields to change (``measure("yolov9-s", 32, amp="fp16")``).
+        batch_size: images per forward/backward (default: the step's).
+        device: the CUDA device (None: the first one).
         breakdown: run one more step under the storage tracker to split the peak into categories
             (costs one slow step; the difference to the CUDA counter goes to ``workspace_other``).
 
     Returns:
-        MemoryReport with ``source="measured"``: peaks of ``torch.cuda.max_memory_allocated`` /
+        MemoryReport with ``method="measured"``: peaks of ``torch.cuda.max_memory_allocated`` /
         ``max_memory_reserved`` over the timed steps (minus what was held before), median step time.
 
     Raises:
         RuntimeError: without CUDA (use ``estimate``). torch.cuda.OutOfMemoryError propagates after
         everything was freed, so the caller can go on.
     """
-    dev = require_cuda(device)
-    amp = normalise_amp(amp)
+    _renamed_counts(changes)
+    repeats = changes.pop("repeats", repeats)
+    warmup_repeats = changes.pop("warmup_repeats", warmup_repeats)
+    step = as_step(step, batch_size, changes, caller="measure")
+    dev = require_cuda("cuda" if device is None else device)
+    step = step.resolve(dev)
     free_cuda()
     held_allocated = torch.cuda.memory_allocated(dev)
     held_reserved = torch.cuda.memory_reserved(dev)
     if held_allocated:
         LOGGER.info("%.2f GiB is still allocated by earlier work; it is subtracted from the peaks",
                     held_allocated / 2**30)
-    module, name = resolve_model(model, num_classes, checkpoint)
+    module = resolve_model(step)
     trainer = None
     try:
-        trainer = build_real_trainer(module, amp=amp, channels_last=channels_last, device=dev, loss_fn=loss_fn,
-                                     optimizer=optimizer, lean=lean)
+        trainer = build_real_trainer(module, step, dev)
         trainer.oom_backoff = False  # an out-of-memory must surface, not halve the micro-batch
-        images, targets = synthetic_batch(batch_size, imgsz, num_targets, int(getattr(module, "nc", num_classes)))
-        times = _run_steps(trainer, images, targets, steps, warmup, dev)
+        images, targets = synthetic_batch(step.batch_size, step.imgsz, step.num_targets, num_classes_of(step, module))
+        times = _run_steps(trainer, images, targets, repeats, warmup_repeats, dev)
         peak_allocated = torch.cuda.max_memory_allocated(dev) - held_allocated
         peak_reserved = torch.cuda.max_memory_reserved(dev) - held_reserved
         parts = _tracked_breakdown(trainer, images, targets, peak_allocated) if breakdown else \
@@ -93,24 +100,63 @@ def measure(model: str | nn.Module, batch_size: int, imgsz: int = 640, amp: str 
     free, total = torch.cuda.mem_get_info(dev)
     # what the card holds beyond this process's cache: the CUDA context (and any other process)
     context = max(0, total - free - torch.cuda.memory_reserved(dev))
-    return MemoryReport(model=name, batch_size=batch_size, imgsz=imgsz, amp=amp, checkpoint=checkpoint,
-                        channels_last=channels_last, lean=lean, source="measured", device=spec.name,
-                        peak_allocated=int(peak_allocated), peak_reserved=int(peak_reserved), breakdown=parts,
-                        step_time_s=step_s, images_per_s=batch_size / step_s, context_bytes=int(context),
-                        num_targets=num_targets, gpu_total_bytes=spec.total_bytes,
-                        notes=[f"torch {torch.__version__}, median of {steps} steps after {warmup} warm-up, "
-                               f"cudnn.benchmark={torch.backends.cudnn.benchmark}"])
+    return MemoryReport(step=step, method="measured", device=spec.name, peak_allocated=int(peak_allocated),
+                        peak_reserved=int(peak_reserved), breakdown=parts, step_time_s=step_s,
+                        images_per_s=step.batch_size / step_s, context_bytes=int(context),
+                        gpu_total_bytes=spec.total_bytes,
+                        notes=[f"torch {torch.__version__}, median of {repeats} steps after {warmup_repeats} "
+                               f"warm-up, cudnn.benchmark={torch.backends.cudnn.benchmark}"])
 
 
-def _run_steps(trainer, images, targets, steps: int, warmup: int, dev: torch.device) -> list[float]:
+def trace(step: StepConfig | str | nn.Module, batch_size: int | None = None, **changes: Any) -> MemoryReport:
+    """Run one real training step of ``step`` on the CPU under the storage tracker and report its peak.
+
+    The step is resolved for the CPU (what ``fit`` runs there: fp32, the plain layout, unless the step
+    sets a switch). This is the CPU counterpart of ``measure``: real tensors, real loss, the bytes every
+    storage holds and when, but no CUDA allocator (``peak_reserved`` equals ``peak_allocated``). Works on
+    a copy of the model; one warm-up step first creates the optimizer state, as in a running training.
+
+    Returns:
+        MemoryReport with ``method="traced"`` (the step's wall time on this CPU as ``step_time_s``).
+    """
+    from yolo9kit.memory.trace import trace_real_step
     from yolo9kit.train.step import train_step
 
-    for _ in range(warmup):
+    step = as_step(step, batch_size, changes, caller="trace").resolve("cpu")
+    module = resolve_model(step)
+    trainer = build_real_trainer(module, step, torch.device("cpu"))
+    images, targets = synthetic_batch(step.batch_size, step.imgsz, step.num_targets, num_classes_of(step, module))
+    train_step(trainer, images, targets)  # steady state: momentum buffers exist, as from the second step on
+    t0 = time.perf_counter()
+    recorded = trace_real_step(trainer, images, targets, device_type="cpu")
+    seconds = time.perf_counter() - t0
+    live = _live_matrix(recorded)
+    row = live[int(live.sum(1).argmax())]
+    parts = {c: int(v) for c, v in zip(CATEGORIES, row)}
+    peak = sum(parts.values())
+    return MemoryReport(step=step, method="traced", device="CPU (traced)", peak_allocated=peak,
+                        peak_reserved=peak, breakdown=parts, step_time_s=seconds,
+                        images_per_s=step.batch_size / seconds,
+                        notes=["the real step on the CPU under the storage tracker"])
+
+
+def _renamed_counts(changes: dict[str, Any]) -> None:
+    """``steps``/``warmup`` (before StepConfig) are ``repeats``/``warmup_repeats`` now."""
+    for old, new in (("steps", "repeats"), ("warmup", "warmup_repeats")):
+        if old in changes:
+            warn_renamed(f"measure({old}=...)", f"measure({new}=...)")
+            changes[new] = changes.pop(old)
+
+
+def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev: torch.device) -> list[float]:
+    from yolo9kit.train.step import train_step
+
+    for _ in range(warmup_repeats):
         train_step(trainer, images, targets)
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     times = []
-    for _ in range(max(1, steps)):
+    for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         train_step(trainer, images, targets)
         torch.cuda.synchronize(dev)  # CPU-GPU sync point: the step is over when the GPU is done

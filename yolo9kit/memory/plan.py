@@ -1,12 +1,15 @@
 """Curves, the largest batch that fits, and batch x accumulation plans that reach the nominal batch.
 
-``sweep`` measures where a CUDA device is present and estimates otherwise (the ``source`` column says
-which); ``find_max_batch`` grows then bisects, surviving real out-of-memory errors; ``plan`` lists
-every batch x accumulation that reaches ``nominal_batch_size`` with its memory and speed.
+Every function describes one ``StepConfig`` (or a model name, then the step ``fit`` would run with it).
+``sweep`` measures where a CUDA device is present and estimates otherwise (the ``method`` column says
+which); ``find_max_batch`` grows then bisects, surviving real out-of-memory errors; ``plan`` lists the
+batch x accumulation choices that reach ``nominal_batch_size`` with their memory and speed, and picks one
+(what ``TrainConfig(batch_size="auto")`` trains with).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
@@ -18,93 +21,103 @@ import pandas as pd
 import torch
 from torch import nn
 
-from yolo9kit.memory.estimate import estimate_curve
-from yolo9kit.memory.gpus import GPUSpec, resolve_gpu
-from yolo9kit.memory.report import GIB
+from yolo9kit.config import DEFAULT_MARGIN, StepConfig, TrainConfig
+from yolo9kit.env import warn_renamed
+from yolo9kit.memory.estimate import estimator_for
+from yolo9kit.memory.gpus import GPUSpec, target_gpu
+from yolo9kit.memory.report import GIB, fmt_bytes
+from yolo9kit.memory.step import as_step
 from yolo9kit.memory.throughput import ThroughputModel
 
 LOGGER = logging.getLogger(__name__)
-
-# Head-room kept below the card's capacity: validation runs at 2x the batch in eval mode (no saved
-# activations, but its own peak), the number of objects per image changes the assigner's memory, and
-# the allocator fragments over an epoch (YOLOv5 went from 0.9 to 0.8 of the card for this reason;
-# ultralytics uses 0.6).
-DEFAULT_MARGIN = 0.10
+METHODS = ("auto", "measured", "estimated", "both")
 
 
-def _as_list(value: Any) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+def _renamed(changes: dict[str, Any], caller: str) -> None:
+    """Keyword arguments renamed when the memory tools took a StepConfig: warn once, use the new name."""
+    for old, new in (("source", "method"), ("step_fn", "trial")):
+        if old in changes:
+            warn_renamed(f"{caller}({old}=...)", f"{caller}({new}=...)")
+            changes[new] = changes.pop(old)
 
 
-def _use_measure(source: str, device: str | None) -> bool:
-    if source not in ("auto", "measured", "estimated", "both"):
-        raise ValueError(f"source={source!r}: expected 'auto', 'measured', 'estimated' or 'both'")
-    has_cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
-    if source in ("measured", "both") and not has_cuda:
+def _use_measure(method: str, device: Any) -> bool:
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: expected one of {METHODS}")
+    has_cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda")
+                                              or str(device).isdigit())
+    if method in ("measured", "both") and not has_cuda:
         from yolo9kit.memory.measure import require_cuda
 
         require_cuda(device or "cuda")
-    return source in ("measured", "both") or (source == "auto" and has_cuda)
+    return method in ("measured", "both") or (method == "auto" and has_cuda)
 
 
-def sweep(model: str | nn.Module, batch_sizes: Sequence[int], imgsz: int | Sequence[int] = 640,
-          amp: str | Sequence[str] = "fp16", checkpoint: Any = None, channels_last: bool | Sequence[bool] = False,
-          *, gpu: str | int | GPUSpec | None = None, num_targets: int = 8, source: str = "auto",
-          device: str | None = None, steps: int = 3, warmup: int = 1, **kwargs: Any) -> pd.DataFrame:
-    """Memory (and speed) against batch size, one row per (setting, batch size).
+def batch_grid(low: int, high: int) -> list[int]:
+    """Batch sizes for a curve over [low, high]: the ends, powers of two and 1.5x powers of two (~2 per octave)."""
+    if low < 1 or high < low:
+        raise ValueError(f"batch range ({low}, {high}): expected 1 <= low <= high")
+    grid = {low, high}
+    k = 1
+    while k <= high:
+        grid.update(b for b in (k, k + k // 2) if low <= b <= high)
+        k *= 2
+    return sorted(grid)
 
-    ``imgsz``, ``amp``, ``checkpoint`` (a list of settings such as ``[None, "all"]``; a list of ints is
-    one setting, the layer indices) and ``channels_last`` may be lists: every combination becomes a
-    curve, labelled in the ``setting`` column.
+
+def _curves(step: StepConfig | str | nn.Module | Sequence, changes: dict[str, Any], caller: str) -> list[StepConfig]:
+    """One step per curve: a list of steps, or every combination of the changes given as lists
+    (``amp=["fp16", "bf16"]``; a list of layer indices for ``activation_checkpointing`` is one setting)."""
+    if isinstance(step, (list, tuple)):
+        return [as_step(s, None, changes, caller=caller) for s in step]
+    several = {k: v for k, v in changes.items() if isinstance(v, (list, tuple))
+               and not (k == "activation_checkpointing" and all(isinstance(i, int) for i in v))}
+    single = {k: v for k, v in changes.items() if k not in several}
+    combos = itertools.product(*several.values()) if several else [()]
+    return [as_step(step, None, {**single, **dict(zip(several, combo))}, caller=caller) for combo in combos]
+
+
+def sweep(step: StepConfig | str | nn.Module | Sequence[StepConfig], batch_sizes: Sequence[int], *,
+          gpu: str | int | GPUSpec | None = None, method: str = "auto", device: str | None = None,
+          **changes: Any) -> pd.DataFrame:
+    """Memory (and speed) against batch size, one row per (step, batch size).
+
+    ``step`` may be a list of steps, and any ``StepConfig`` field given in ``changes`` as a list makes one
+    curve per value (``sweep("yolov9-s", [8, 16, 32], amp=["fp16", "bf16"])``), labelled in ``setting``.
 
     Args:
-        source: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both" (measured
+        method: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both" (measured
             points and estimated lines, for ``plots.memory_vs_batch``).
-        gpu: the card the estimate is for (default: the local one when measuring, else "H100").
+        gpu: the card the estimate is for (None: this machine's CUDA card, else ``DEFAULT_GPU``).
 
     Returns:
-        DataFrame with the ``MemoryReport.as_row`` columns plus ``setting`` and ``oom`` (a measured
-        batch that ran out of memory: its memory columns are NaN).
+        DataFrame with the ``MemoryReport.as_row`` columns plus ``oom`` (a measured batch that ran out of
+        memory: its memory columns are NaN).
     """
-    measured = _use_measure(source, device)
+    _renamed(changes, "sweep")
+    measured = _use_measure(method, device)
+    spec = target_gpu(gpu)
     rows = []
-    # a list of settings ([None, "all"]) makes curves; a list of ints is one setting (layer indices)
-    several = isinstance(checkpoint, list) and not all(isinstance(c, int) for c in checkpoint)
-    checkpoints = checkpoint if several else [checkpoint]
-    for size, amp_, ckpt, cl in itertools.product(_as_list(imgsz), _as_list(amp), checkpoints, _as_list(channels_last)):
-        setting = f"{amp_} ckpt={ckpt or 'none'}{' cl' if cl else ''}{' lean' if kwargs.get('lean') else ''} {size}px"
-        if source in ("estimated", "both") or not measured:
-            target = gpu if gpu is not None else (_local_gpu() if measured else "H100")
-            for r in estimate_curve(model, list(batch_sizes), imgsz=size, amp=amp_, checkpoint=ckpt,
-                                    channels_last=cl, num_targets=num_targets, gpu=target, **kwargs):
-                rows.append({**r.as_row(), "setting": setting, "oom": False})
+    for one in _curves(step, changes, "sweep"):
+        if method in ("estimated", "both") or not measured:
+            rows += [{**r.as_row(), "oom": False} for r in estimator_for(one, spec).reports(list(batch_sizes), spec)]
         if measured:
-            rows.extend({**row, "setting": setting} for row in
-                        _measured_rows(model, batch_sizes, size, amp_, ckpt, cl, num_targets, device, steps,
-                                       warmup, kwargs))
+            rows += _measured_rows(one, batch_sizes, device)
     return pd.DataFrame(rows)
 
 
-def _local_gpu() -> GPUSpec:
-    from yolo9kit.memory.gpus import gpu_from_device
-
-    return gpu_from_device(torch.cuda.current_device())
-
-
-def _measured_rows(model, batch_sizes, imgsz, amp, checkpoint, channels_last, num_targets, device, steps, warmup,
-                   kwargs) -> list[dict]:
+def _measured_rows(step: StepConfig, batch_sizes: Sequence[int], device: Any) -> list[dict]:
     from yolo9kit.memory.measure import measure
 
     rows = []
     for b in batch_sizes:
         try:
-            r = measure(model, b, imgsz=imgsz, amp=amp, checkpoint=checkpoint, channels_last=channels_last,
-                        steps=steps, warmup=warmup, device=device or "cuda", num_targets=num_targets, **kwargs)
-            rows.append({**r.as_row(), "oom": False})
+            rows.append({**measure(step, b, device=device).as_row(), "oom": False})
         except torch.cuda.OutOfMemoryError:
             _free_after_oom()
-            rows.append({"model": str(model), "batch_size": b, "imgsz": imgsz, "amp": amp, "source": "measured",
-                         "checkpoint": str(checkpoint or "none"), "channels_last": channels_last, "oom": True})
+            resolved = dataclasses.replace(step, batch_size=b).resolve(device or "cuda")
+            rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.imgsz,
+                         "amp": resolved.amp, "setting": resolved.label, "method": "measured", "oom": True})
     return rows
 
 
@@ -128,11 +141,10 @@ class BatchSearch:
         return f"largest batch: {self.batch_size} ({self.reason})"
 
 
-def find_max_batch(model: str | nn.Module | None = None, imgsz: int = 640, amp: str = "fp16", checkpoint: Any = None,
-                   channels_last: bool = False, *, gpu: str | int | GPUSpec | None = None,
-                   margin: float = DEFAULT_MARGIN, max_batch: int = 1024, start: int = 1,
-                   num_targets: int = 8, source: str = "auto", device: str | None = None,
-                   step_fn: Callable[[int], int | None] | None = None, **kwargs: Any) -> BatchSearch:
+def find_max_batch(step: StepConfig | str | nn.Module | None = None, *, gpu: str | int | GPUSpec | None = None,
+                   margin: float = DEFAULT_MARGIN, max_batch: int = 1024, start: int = 1, method: str = "auto",
+                   device: str | None = None, trial: Callable[[int], int | None] | None = None,
+                   **changes: Any) -> BatchSearch:
     """The largest batch size whose step runs and stays under ``(1 - margin)`` of the card.
 
     Grows the batch by doubling from ``start`` until a trial fails, then bisects between the last
@@ -141,112 +153,127 @@ def find_max_batch(model: str | nn.Module | None = None, imgsz: int = 640, amp: 
     process can go on training) or when its memory exceeds the budget.
 
     Args:
-        model: name or module; not needed when ``step_fn`` is given.
-        gpu: card to fit (default: the local CUDA device; required when estimating).
+        step: the step (or a model name); not needed when ``trial`` is given.
+        gpu: the card to fit (None: this machine's CUDA card, else ``DEFAULT_GPU``).
         margin: share of the card kept free for validation (2x batch, eval mode), more objects per image
             and fragmentation over an epoch (default 0.10).
-        step_fn: ``step_fn(batch_size) -> bytes used or None`` replaces the built-in trial (measure on
-            CUDA, estimate otherwise); it may raise ``torch.cuda.OutOfMemoryError``.
+        method: "auto" measures on CUDA and estimates otherwise; "measured" or "estimated".
+        trial: ``trial(batch_size) -> bytes used or None`` replaces the built-in trial; it may raise
+            ``torch.cuda.OutOfMemoryError``.
 
     Returns:
         BatchSearch with the batch, the budget, every trial and the reason for the answer.
     """
-    spec = resolve_gpu(gpu) if gpu is not None else (_local_gpu() if torch.cuda.is_available() else None)
-    budget = int(spec.total_bytes * (1 - margin)) if spec is not None else None
-    if step_fn is None:
-        if model is None:
-            raise ValueError("find_max_batch needs a model (or a step_fn)")
-        step_fn = _default_trial(model, imgsz, amp, checkpoint, channels_last, num_targets, source, device,
-                                 spec, kwargs)
+    _renamed(changes, "find_max_batch")
+    trial = changes.pop("trial", trial)
+    method = changes.pop("method", method)
+    if trial is None and step is None:
+        raise ValueError("find_max_batch needs a step (or a model name), or a trial function")
+    spec = target_gpu(gpu)
+    budget = int(spec.total_bytes * (1 - margin))
+    if trial is None:
+        trial = _default_trial(as_step(step, None, changes, caller="find_max_batch"), method, device, spec)
     trials: list[dict] = []
 
     def ok(b: int) -> bool:
         oom = False
         try:
-            used = step_fn(b)
+            used = trial(b)
         except torch.cuda.OutOfMemoryError:
             used, oom = None, True
         if oom:  # outside the except block: the traceback and the tensors it holds are gone
             _free_after_oom()
             trials.append({"batch_size": b, "ok": False, "bytes": None, "reason": "out of memory"})
             return False
-        fits = budget is None or used is None or used <= budget
-        trials.append({"batch_size": b, "ok": fits, "bytes": used,
-                       "reason": "fits" if fits else "over the budget"})
+        fits = used is None or used <= budget
+        trials.append({"batch_size": b, "ok": fits, "bytes": used, "reason": "fits" if fits else "over the budget"})
         return fits
 
-    lo, hi = 0, None
-    b = max(1, start)
+    lo, hi, b = 0, None, max(1, start)
     while b <= max_batch:
         if ok(b):
             lo, b = b, b * 2
         else:
             hi = b
             break
-    if hi is None:
-        hi = max_batch + 1
+    hi = max_batch + 1 if hi is None else hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    where = f"{budget / GIB:.2f} GiB = {1 - margin:.0%} of {spec.name}" if spec is not None else "no capacity given"
-    if lo == 0:
-        reason = f"batch {max(1, start)} already fails ({where})"
-    elif lo >= max_batch:
-        reason = f"reached max_batch={max_batch} ({where})"
-    else:
-        reason = f"batch {lo + 1} fails ({where}); margin {margin:.0%} kept for validation and object-count spikes"
-    return BatchSearch(lo, budget, margin, trials, reason)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return BatchSearch(lo, budget, margin, trials, _search_reason(lo, max(1, start), max_batch, trials, budget,
+                                                                  margin, spec))
 
 
-def _default_trial(model, imgsz, amp, checkpoint, channels_last, num_targets, source, device, spec, kwargs):
-    if _use_measure(source, device):
+def _search_reason(lo: int, start: int, max_batch: int, trials: list[dict], budget: int, margin: float,
+                   spec: GPUSpec) -> str:
+    where = f"a budget of {fmt_bytes(budget)}, {1 - margin:.0%} of the {fmt_bytes(spec.total_bytes)} of {spec.name}"
+    if lo >= max_batch:
+        return f"reached max_batch={max_batch} within {where}"
+    first_fail = next((t for t in trials if t["batch_size"] == (lo + 1 if lo else start)), None)
+    needs = f" needs {fmt_bytes(first_fail['bytes'])}" if first_fail and first_fail["bytes"] else \
+        " runs out of memory"
+    failing = lo + 1 if lo else start
+    return f"batch {failing}{needs}, over {where}"
+
+
+def _default_trial(step: StepConfig, method: str, device: Any, spec: GPUSpec) -> Callable[[int], int]:
+    if _use_measure(method, device):
         from yolo9kit.memory.measure import measure
 
-        def trial(b: int) -> int:
-            r = measure(model, b, imgsz=imgsz, amp=amp, checkpoint=checkpoint, channels_last=channels_last,
-                        device=device or "cuda", num_targets=num_targets, breakdown=False, **kwargs)
-            return r.device_bytes
-        return trial
-    if spec is None:
-        raise ValueError("find_max_batch without CUDA estimates: say for which card, e.g. gpu='RTX 4090'")
-    from yolo9kit.memory.estimate import StepEstimator
-
-    est = StepEstimator(model, imgsz=imgsz, amp=amp, checkpoint=checkpoint, channels_last=channels_last,
-                        num_targets=num_targets, **kwargs)
-
-    def trial(b: int) -> int:
-        return est.reports([b], spec)[0].device_bytes
-    return trial
+        return lambda b: measure(step, b, device=device, breakdown=False).device_bytes
+    est = estimator_for(step, spec)
+    return lambda b: est.reports([b], spec)[0].device_bytes
 
 
 @dataclass
 class BatchPlan:
-    """``table``: one row per batch x accumulation; ``recommended``: the chosen row; ``reason``: why."""
+    """What ``plan`` found: ``table`` (one row per batch x accumulation), ``recommended`` (the chosen row,
+    None when nothing fits), ``reason`` (why), ``largest_batch`` (the largest batch that fits), and the step
+    and card it is for. ``train_config`` turns the recommendation into a ``TrainConfig``."""
 
     table: pd.DataFrame
     recommended: dict | None
     reason: str
+    step: StepConfig
+    gpu: GPUSpec
+    nominal_batch_size: int
+    margin: float
+    largest_batch: int
 
     def __str__(self) -> str:
         cols = ["batch_size", "accumulate", "effective_batch", "device_gib", "fits", "step_s", "images_per_s"]
         return f"{self.table[cols].to_string(index=False)}\n{self.reason}"
 
+    def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
+        """``base`` (default ``TrainConfig()``) training the planned step: the recommended batch, the nominal
+        batch, and the step's image size, AMP, activation checkpointing and switches (as the step gave them,
+        so ``fit`` decides the undecided ones for its device as the plan did for the card)."""
+        if self.recommended is None:
+            raise ValueError(f"nothing to train: {self.reason}")
+        s = self.step
+        return dataclasses.replace(
+            base or TrainConfig(), batch_size=int(self.recommended["batch_size"]),
+            nominal_batch_size=self.nominal_batch_size, imgsz=s.imgsz, amp=s.amp,
+            activation_checkpointing=None if s.activation_checkpointing is None else
+            (s.activation_checkpointing if isinstance(s.activation_checkpointing, str) else
+             list(s.activation_checkpointing)),
+            channels_last=s.channels_last, lean_activations=s.lean_activations, sync_free=s.sync_free,
+            fused_optimizer=s.fused_optimizer, optimizer=s.optimizer, ema=s.ema)
 
-def plan(model: str | nn.Module, nominal_batch_size: int = 64, *, gpu: str | int | GPUSpec | None = None,
-         imgsz: int = 640, amp: str = "fp16", checkpoint: Any = None, channels_last: bool = False,
-         num_targets: int = 8, margin: float = DEFAULT_MARGIN, source: str = "auto",
-         throughput: ThroughputModel | None = None, **kwargs: Any) -> BatchPlan:
-    """Every batch x accumulation that reaches ``nominal_batch_size``, its memory and speed, and a choice.
 
-    Candidates are the divisors of the nominal batch (exactly nominal images per optimizer step) with
-    ``accumulate = nominal / batch``, the kit's and the official rule ``max(round(nominal / batch), 1)``.
-    Memory is measured on the local CUDA card (``source="auto"`` with CUDA) or estimated for ``gpu``.
-    Speed: the throughput model (``throughput.ThroughputModel``): each micro-step pays a fixed
-    launch cost and a per-image cost, each optimizer step a fixed cost; a measured step time replaces
-    the modelled one for the micro-step when memory was measured.
+def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,
+         gpu: str | int | GPUSpec | None = None, margin: float = DEFAULT_MARGIN, method: str = "auto",
+         device: str | None = None, throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:
+    """Batch x accumulation choices that reach ``nominal_batch_size``, their memory and speed, and a choice.
+
+    Candidates: every divisor of the nominal batch (exactly nominal images per optimizer step), and the
+    largest batch that fits when it is not one of them. Each trains with the accumulation of the official
+    rule ``max(round(nominal / batch), 1)``, which is what ``fit`` applies (so a batch of 24 for a nominal
+    64 accumulates 3: 72 images per step, with the weight decay scaled by 72/64 as officially).
+    Memory is measured on the local CUDA card (``method="auto"`` with CUDA) or estimated for ``gpu``.
+    Speed: the throughput model (``throughput.ThroughputModel``): each micro-step pays a fixed launch cost
+    and a per-image cost, each optimizer step a fixed cost; a measured step time replaces the modelled
+    one for the micro-step when memory was measured.
 
     The recommendation is the fitting row (device bytes under ``(1 - margin)`` of the card) with the
     most images per second, which is the largest batch that fits: accumulation does not save compute,
@@ -254,48 +281,52 @@ def plan(model: str | nn.Module, nominal_batch_size: int = 64, *, gpu: str | int
     """
     if nominal_batch_size < 1:
         raise ValueError(f"nominal_batch_size={nominal_batch_size}: must be >= 1")
-    measured = _use_measure(source, kwargs.get("device"))
-    spec = resolve_gpu(gpu) if gpu is not None else (_local_gpu() if measured else resolve_gpu("H100"))
+    _renamed(changes, "plan")
+    method = changes.pop("method", method)
+    step = as_step(step, None, changes, caller="plan")
+    measured = _use_measure(method, device)
+    spec = target_gpu(gpu)
     budget = int(spec.total_bytes * (1 - margin))
-    batches = [b for b in range(1, nominal_batch_size + 1) if nominal_batch_size % b == 0]
+    search = find_max_batch(step, gpu=spec, margin=margin, max_batch=nominal_batch_size,
+                            method="measured" if measured else "estimated", device=device)
+    batches = sorted({b for b in range(1, nominal_batch_size + 1) if nominal_batch_size % b == 0}
+                     | ({search.batch_size} if search.batch_size else set()))
     throughput = throughput or ThroughputModel()
     if measured:
-        df = sweep(model, batches, imgsz=imgsz, amp=amp, checkpoint=checkpoint, channels_last=channels_last,
-                   num_targets=num_targets, source="measured", **kwargs)
+        df = sweep(step, batches, method="measured", device=device)
         gflops = None
     else:
-        from yolo9kit.memory.estimate import StepEstimator
-
-        est = StepEstimator(model, imgsz=imgsz, amp=amp, checkpoint=checkpoint, channels_last=channels_last,
-                            num_targets=num_targets, **{k: v for k, v in kwargs.items() if k != "device"})
+        est = estimator_for(step, spec)
         df = pd.DataFrame([{**r.as_row(), "oom": False} for r in est.reports(batches, spec)])
         gflops = est.train_gflops_per_image
-    rows = []
-    for row in df.to_dict("records"):
-        b = int(row["batch_size"])
-        acc = nominal_batch_size // b
-        oom = bool(row.get("oom"))
-        device_bytes = None if oom else int(row["device_bytes"])
-        if gflops is not None:
-            step_s = throughput.step_s(spec, b, acc, gflops, row["amp"])
-        elif not oom:  # measured: micro-step time = measured step - optimizer overhead
-            step_s = acc * max(row["step_time_s"] - throughput.optimizer_overhead_s, 1e-6) \
-                + throughput.optimizer_overhead_s
-        else:
-            step_s = float("nan")
-        rows.append({"batch_size": b, "accumulate": acc, "effective_batch": b * acc, "device_bytes": device_bytes,
-                     "device_gib": None if oom else device_bytes / GIB,
-                     "fits": (not oom) and device_bytes <= budget, "step_s": step_s,
-                     "images_per_s": b * acc / step_s, "source": row["source"]})
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame([_plan_row(row, nominal_batch_size, budget, spec, gflops, throughput)
+                          for row in df.to_dict("records")])
     fitting = table[table["fits"]]
     if fitting.empty:
-        return BatchPlan(table, None, f"nothing fits in {budget / GIB:.1f} GiB ({1 - margin:.0%} of {spec.name}): "
-                                      "try checkpoint='all', a smaller imgsz or a smaller model")
+        reason = (f"nothing fits in {fmt_bytes(budget)} ({1 - margin:.0%} of {spec.name}): try "
+                  "activation_checkpointing='all', a smaller imgsz or a smaller model")
+        return BatchPlan(table, None, reason, step, spec, nominal_batch_size, margin, search.batch_size)
     best = fitting.loc[fitting["images_per_s"].idxmax()].to_dict()
     reason = (f"recommended: batch {best['batch_size']} x accumulate {best['accumulate']} = "
               f"{best['effective_batch']} images per optimizer step, {best['device_gib']:.1f} GiB of "
               f"{spec.total_bytes / GIB:.1f} GiB ({spec.name}, {margin:.0%} kept free), about "
               f"{best['images_per_s']:.0f} img/s: the fastest option that fits (fewer micro-steps, "
               "less fixed cost per image)")
-    return BatchPlan(table, best, reason)
+    return BatchPlan(table, best, reason, step, spec, nominal_batch_size, margin, search.batch_size)
+
+
+def _plan_row(row: dict, nominal: int, budget: int, spec: GPUSpec, gflops: float | None,
+              throughput: ThroughputModel) -> dict:
+    b = int(row["batch_size"])
+    acc = max(round(nominal / b), 1)  # the official rule, as fit applies it
+    oom = bool(row.get("oom"))
+    device_bytes = None if oom else int(row["device_bytes"])
+    if gflops is not None:
+        step_s = throughput.step_s(spec, b, acc, gflops, row["amp"])
+    elif not oom:  # measured: micro-step time = measured step - optimizer overhead
+        step_s = acc * max(row["step_time_s"] - throughput.optimizer_overhead_s, 1e-6) + throughput.optimizer_overhead_s
+    else:
+        step_s = float("nan")
+    return {"batch_size": b, "accumulate": acc, "effective_batch": b * acc, "device_bytes": device_bytes,
+            "device_gib": None if oom else device_bytes / GIB, "fits": (not oom) and device_bytes <= budget,
+            "step_s": step_s, "images_per_s": b * acc / step_s, "method": row["method"]}

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from yolo9kit.config import StepConfig
 from yolo9kit.memory.tracker import CATEGORIES
 
 GIB = 1 << 30
@@ -20,9 +21,10 @@ def fmt_bytes(nbytes: float) -> str:
 
 @dataclass
 class MemoryReport:
-    """Peak memory and speed of one training step (optimizer update) at one batch size.
+    """Peak memory and speed of one training step (optimizer update) of ``step``, measured or estimated.
 
-    All sizes are bytes. ``breakdown`` splits ``peak_allocated`` at the moment of the peak into
+    ``step`` is the resolved ``StepConfig`` the figures describe (its ``batch_size`` is the batch). All
+    sizes are bytes. ``breakdown`` splits ``peak_allocated`` at the moment of the peak into
     ``CATEGORIES`` and sums to it exactly:
 
     * weights: parameters and buffers, plus autocast's low-precision copies of the weights;
@@ -36,16 +38,12 @@ class MemoryReport:
 
     ``peak_reserved`` is what the CUDA caching allocator holds (allocated plus cached blocks and
     rounding), the number that runs out first; ``context_bytes`` is the CUDA context outside PyTorch's
-    counters (nvidia-smi shows reserved + context). ``source`` is "measured" or "estimated".
+    counters (nvidia-smi shows reserved + context). ``method`` is "measured" (CUDA counters),
+    "estimated" (traced on shape-only tensors, any machine) or "traced" (the real step on the CPU, traced).
     """
 
-    model: str
-    batch_size: int
-    imgsz: int
-    amp: str
-    checkpoint: Any
-    channels_last: bool
-    source: str
+    step: StepConfig
+    method: str
     device: str
     peak_allocated: int
     peak_reserved: int
@@ -53,15 +51,21 @@ class MemoryReport:
     step_time_s: float | None = None
     images_per_s: float | None = None
     context_bytes: int = 0
-    num_targets: int = 8
     gpu_total_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
-    lean: bool = False  # the lean BatchNorm+SiLU of yolo9kit.models.lean
 
     def __post_init__(self) -> None:
         missing = [c for c in CATEGORIES if c not in self.breakdown]
         if missing:
             raise ValueError(f"MemoryReport breakdown lacks {missing}; expected the keys {CATEGORIES}")
+
+    @property
+    def model(self) -> str:
+        return self.step.model_name
+
+    @property
+    def batch_size(self) -> int:
+        return self.step.batch_size
 
     @property
     def device_bytes(self) -> int:
@@ -74,9 +78,19 @@ class MemoryReport:
         return None if self.gpu_total_bytes is None else self.device_bytes <= self.gpu_total_bytes
 
     def as_row(self) -> dict[str, Any]:
-        """A flat dict (one DataFrame row): settings, bytes, GiB columns for reading, breakdown."""
-        row = {k: v for k, v in asdict(self).items() if k not in ("breakdown", "notes")}
-        row["checkpoint"] = "none" if self.checkpoint is None else str(self.checkpoint)
+        """A flat dict (one DataFrame row): the step's settings, bytes, GiB columns for reading, breakdown."""
+        step = self.step
+        row: dict[str, Any] = {
+            "model": step.model_name, "batch_size": step.batch_size, "imgsz": step.imgsz, "amp": step.amp,
+            "activation_checkpointing": "none" if step.activation_checkpointing is None
+            else str(step.activation_checkpointing),
+            "channels_last": step.channels_last, "lean_activations": step.lean_activations,
+            "sync_free": step.sync_free, "setting": step.label, "method": self.method, "device": self.device,
+            "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
+            "step_time_s": self.step_time_s, "images_per_s": self.images_per_s,
+            "context_bytes": self.context_bytes, "num_targets": step.num_targets,
+            "gpu_total_bytes": self.gpu_total_bytes,
+        }
         row.update({f"{c}_bytes": self.breakdown[c] for c in CATEGORIES})
         row["device_bytes"] = self.device_bytes
         row["fits"] = self.fits
@@ -86,14 +100,14 @@ class MemoryReport:
         return row
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["step"] = self.step.to_dict()
+        return out
 
     def __str__(self) -> str:
         speed = "" if self.step_time_s is None else \
             f", {self.step_time_s * 1000:.0f} ms/step, {self.images_per_s:.1f} img/s"
-        head = (f"{self.model} batch {self.batch_size} @ {self.imgsz} amp={self.amp} checkpoint={self.checkpoint} "
-                f"channels_last={self.channels_last}{' lean' if self.lean else ''} ({self.source} on {self.device}): "
-                f"peak allocated "
-                f"{fmt_bytes(self.peak_allocated)}, reserved {fmt_bytes(self.peak_reserved)}{speed}")
+        head = (f"{self.model} batch {self.batch_size}, {self.step.label}, {self.method} for {self.device}: "
+                f"peak allocated {fmt_bytes(self.peak_allocated)}, reserved {fmt_bytes(self.peak_reserved)}{speed}")
         parts = [f"  {c:16s} {fmt_bytes(self.breakdown[c]):>12s}" for c in CATEGORIES]
         return "\n".join([head, *parts])

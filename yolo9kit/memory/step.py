@@ -1,5 +1,6 @@
-"""The training step the memory tools run: the kit's own ``Trainer`` (optimizer groups, GradScaler,
-gradient clipping, EMA), built for a real device or for ``meta`` tensors, and a synthetic batch.
+"""The training step the memory tools run: a ``StepConfig`` made into the kit's own ``Trainer``
+(optimizer groups, GradScaler, gradient clipping, EMA) by ``yolo9kit.train.step.build_trainer``, for a real
+device or for ``meta`` tensors, and a synthetic batch.
 
 ``measure`` runs ``yolo9kit.train.train_step`` itself. ``estimate`` cannot: the step checks that the
 loss is finite (a data-dependent branch) and slices targets with a boolean mask, neither of which a
@@ -11,64 +12,77 @@ forward and loss in the autocast region, backward) and then calls the kit's ``op
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.env import warn_renamed
 from yolo9kit.models.lean import set_lean
 
-AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
+_STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
+# keyword arguments of the memory functions before StepConfig, and their names now
+_RENAMED = {"checkpoint": "activation_checkpointing", "lean": "lean_activations"}
 
 
-def normalise_amp(amp: str | bool | None) -> str:
-    """"fp16" | "bf16" | "off" (None/False -> "off", True -> "fp16")."""
-    if amp is None or amp is False:
-        return "off"
-    if amp is True:
-        return "fp16"
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"amp={amp!r}: expected 'fp16', 'bf16' or 'off'")
-    return amp
+def as_step(step: StepConfig | str | nn.Module, batch_size: int | None = None,
+            changes: Mapping[str, Any] | None = None, *, caller: str) -> StepConfig:
+    """The ``StepConfig`` a memory function describes: ``step`` itself, or the default step of a model name
+    or module, with ``batch_size`` and the field ``changes`` (``imgsz=320, amp="fp16"``, ...) applied."""
+    changes = dict(changes or {})
+    for old, new in _RENAMED.items():
+        if old in changes:
+            warn_renamed(f"{caller}({old}=...)", f"{caller}({new}=...)")
+            changes[new] = changes.pop(old)
+    unknown = sorted(set(changes) - _STEP_FIELDS)
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword arguments {unknown}; the step's settings are the "
+                        f"fields of yolo9kit.config.StepConfig: {sorted(_STEP_FIELDS - {'device_type'})}")
+    if not isinstance(step, StepConfig):
+        if not isinstance(step, (str, nn.Module)):
+            raise TypeError(f"{caller}(): step must be a StepConfig, a registered model name (e.g. 'yolov9-s') "
+                            f"or an nn.Module, got {type(step).__name__}")
+        step = StepConfig(step)
+    if batch_size is not None:
+        changes["batch_size"] = batch_size
+    return dataclasses.replace(step, **changes) if changes else step
 
 
 @functools.lru_cache(maxsize=2)
-def _built_model(name: str, num_classes: int) -> nn.Module:
+def _built_model(name: str, num_classes: int | None) -> nn.Module:
     """A freshly initialised CPU model, kept for the next estimate (callers deep-copy it)."""
     from yolo9kit.models import create_model
 
     return create_model(name, num_classes)
 
 
-def resolve_model(model: str | nn.Module, num_classes: int, checkpoint: Any, *, copy_model: bool = True
-                  ) -> tuple[nn.Module, str]:
-    """(a model in train mode with ``checkpoint`` applied, its display name).
+def resolve_model(step: StepConfig, *, copy_model: bool = True) -> nn.Module:
+    """The step's model in train mode (the caller's module is copied, never modified).
 
-    ``copy_model=False`` returns the shared built model (or the caller's) untouched: for read-only use
-    (``to_meta`` copies the structure; ``apply_checkpoint`` is then applied to that copy).
+    ``copy_model=False`` returns the shared built model (or the caller's) untouched, for read-only use
+    (``to_meta`` copies the structure).
     """
-    if isinstance(model, str):
-        module, name = _built_model(model, num_classes), model
-    elif isinstance(model, nn.Module):
-        module, name = model, getattr(model, "name", type(model).__name__)
-    else:
-        raise TypeError(f"model must be a registered name (e.g. 'yolov9-s') or an nn.Module, got {type(model)}")
-    if not copy_model:
-        return module, name
-    module = copy.deepcopy(module)
-    apply_checkpoint(module, checkpoint, name)
-    return module.train(), name
+    module = _built_model(str(step.model), step.num_classes) if isinstance(step.model, str) else step.model
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"StepConfig.model must be a registered name (e.g. 'yolov9-s') or an nn.Module, "
+                        f"got {type(step.model).__name__}")
+    return copy.deepcopy(module).train() if copy_model else module
 
 
-def apply_checkpoint(module: nn.Module, checkpoint: Any, name: str) -> None:
-    """``module.set_activation_checkpointing(checkpoint)``, with a clear error for models without it."""
-    if checkpoint is None:
-        return
-    if not hasattr(module, "set_activation_checkpointing"):
-        raise ValueError(f"checkpoint={checkpoint!r} needs a model with set_activation_checkpointing(); "
-                         f"{name} has none")
-    module.set_activation_checkpointing(checkpoint)
+def num_classes_of(step: StepConfig, model: nn.Module) -> int:
+    return int(getattr(model, "nc", None) or step.num_classes or 80)
+
+
+def train_config(step: StepConfig, **overrides: Any) -> TrainConfig:
+    """The TrainConfig whose step (``yolo9kit.train.step.describe_step``) is ``step``."""
+    return TrainConfig(batch_size=step.batch_size, imgsz=step.imgsz, amp=step.amp,
+                       activation_checkpointing=step.activation_checkpointing, channels_last=step.channels_last,
+                       lean_activations=step.lean_activations, sync_free=step.sync_free,
+                       fused_optimizer=step.fused_optimizer, optimizer=step.optimizer, ema=step.ema, **overrides)
 
 
 def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
@@ -83,13 +97,6 @@ def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: 
     wh = 0.05 + 0.3 * torch.rand(n, 2, generator=g)
     cxcy = wh / 2 + (1 - wh) * torch.rand(n, 2, generator=g)
     return images, torch.cat([index[:, None], cls[:, None], cxcy, wh], 1)
-
-
-def train_config(amp: str, channels_last: bool, batch_size: int = 16, lean: bool = False, **overrides: Any):
-    from yolo9kit.config import TrainConfig
-
-    return TrainConfig(batch_size=batch_size, amp=amp, channels_last=channels_last, lean_activations=lean,
-                       **overrides)
 
 
 def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
@@ -123,38 +130,44 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def build_meta_trainer(real_model: nn.Module, *, amp: str, channels_last: bool, loss_fn: Any = None,
-                       optimizer: str = "SGD", checkpoint: Any = None, lean: bool = False):
-    """The kit's Trainer (optimizer groups, EMA, clipping) over a ``meta`` copy of ``real_model``.
+def build_meta_trainer(real_model: nn.Module, step: StepConfig):
+    """The kit's Trainer (optimizer groups, EMA, clipping) over a ``meta`` copy of ``real_model``, for the
+    resolved ``step`` (channels_last, lean activations, activation checkpointing, optimizer, EMA).
 
-    ``real_model`` is only read. ``loss_fn`` (default ``DetectionLoss(real_model, dense=True)``) stays on the real
-    model: the trace runs it for real (see ``trace``). Returns (trainer, loss_fn).
+    ``real_model`` is only read. The loss (``step.loss_fn``, default ``DetectionLoss(real_model,
+    dense=step.sync_free)``) stays on the real model: the trace runs it for real (see ``trace``). The
+    optimizer uses the ``foreach`` kernels (the fused ones do not run on ``meta`` tensors; they keep no
+    more state). Returns (trainer, loss_fn).
     """
     from yolo9kit.train.ema import ModelEMA
     from yolo9kit.train.optim import build_optimizer
     from yolo9kit.train.step import Trainer
 
+    loss_fn = step.loss_fn
     if loss_fn is None:
         from yolo9kit.loss import DetectionLoss
 
-        loss_fn = DetectionLoss(real_model, dense=True)  # as the sync-free step on CUDA (fit's default)
-    config = train_config(amp, channels_last, optimizer=optimizer)
-    model = to_meta(real_model, channels_last).train()
-    set_lean(model, lean)
-    apply_checkpoint(model, checkpoint, getattr(real_model, "name", type(real_model).__name__))
-    ema = ModelEMA(model, config.ema_decay, config.ema_tau)
+        loss_fn = DetectionLoss(real_model, dense=bool(step.sync_free))
+    config = train_config(step)
+    model = to_meta(real_model, bool(step.channels_last)).train()
+    set_lean(model, bool(step.lean_activations))
+    if step.activation_checkpointing is not None:
+        if not hasattr(model, "set_activation_checkpointing"):
+            raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
+                             f"set_activation_checkpointing(); {step.model_name} has none")
+        model.set_activation_checkpointing(step.activation_checkpointing)
+    ema = ModelEMA(model, config.ema_decay, config.ema_tau) if step.ema else None
     opt = build_optimizer(model, config)
     prime_optimizer(model, opt)
     trainer = Trainer(model=model, loss_fn=loss_fn, optimizer=opt,
                       scaler=torch.amp.GradScaler("cpu", enabled=False), ema=ema, device=torch.device("meta"),
-                      amp_dtype=None, grad_clip=config.grad_clip, channels_last=channels_last)
+                      amp_dtype=None, grad_clip=config.grad_clip, channels_last=bool(step.channels_last),
+                      step=step)
     return trainer, loss_fn
 
 
-def build_real_trainer(model: nn.Module, *, amp: str, channels_last: bool, device: torch.device,
-                       loss_fn: Any = None, optimizer: str = "SGD", lean: bool = False):
-    """The kit's own ``build_trainer`` (what ``fit`` uses) for ``model`` on ``device``."""
+def build_real_trainer(model: nn.Module, step: StepConfig, device: torch.device):
+    """The kit's own ``build_trainer`` (what ``fit`` uses) for ``model`` and ``step`` on ``device``."""
     from yolo9kit.train.step import build_trainer
 
-    config = train_config(amp, channels_last, lean=lean, optimizer=optimizer, device=str(device))
-    return build_trainer(model, config, loss_fn=loss_fn, device=device)
+    return build_trainer(model, train_config(step, device=str(device)), loss_fn=step.loss_fn, device=device)

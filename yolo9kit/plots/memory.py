@@ -25,7 +25,7 @@ def _axes(ax, figsize):
 
 
 def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes", margin: float | None = None):
-    """Peak memory against batch size, one curve per ``setting`` of a ``memory.sweep`` DataFrame.
+    """Peak memory against batch size, one curve per ``setting`` (step) of a ``memory.sweep`` DataFrame.
 
     Estimated rows are drawn as lines, measured rows as points on the same colour, so measured points
     sit against predicted lines. ``gpu`` (a name, bytes or GPUSpec; default: the rows'
@@ -47,9 +47,9 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes"
     for setting, color in zip(settings, colors):
         part = df if setting is None else df[df["setting"] == setting]
         label = setting or "peak"
-        est = part[part["source"] == "estimated"].sort_values("batch_size")
+        est = part[part["method"] == "estimated"].sort_values("batch_size")
         oom_mask = part["oom"].fillna(False).astype(bool) if "oom" in part else False
-        meas = part[(part["source"] == "measured") & ~oom_mask]
+        meas = part[(part["method"] == "measured") & ~oom_mask]
         if len(est):
             ax.plot(est["batch_size"], est[value] / GIB, "-", color=color, label=f"{label} (estimated)")
         if len(meas):
@@ -88,7 +88,8 @@ def memory_breakdown(reports, ax=None, *, labels: Sequence[str] | None = None):
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
     fig, ax = _axes(ax, (max(4.0, 1.1 * len(reports) + 3), 4.5))
     labels = list(labels) if labels is not None else \
-        [f"{r.model}\nb{r.batch_size} {r.amp}{' ckpt' if r.checkpoint else ''}\n{r.source}" for r in reports]
+        [f"{r.model}\nb{r.batch_size} {r.step.amp}{' ckpt' if r.step.activation_checkpointing else ''}\n{r.method}"
+         for r in reports]
     x = list(range(len(reports)))
     bottom = [0.0] * len(reports)
     for cat in CATEGORIES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from yolo9kit.config import TrainConfig
+from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.loop import EpochStats, train_one_epoch
@@ -28,7 +29,7 @@ from yolo9kit.train.state import (
     save_training_checkpoint,
     seed_everything,
 )
-from yolo9kit.train.step import Trainer, build_trainer, resolve_amp, resolve_device
+from yolo9kit.train.step import Trainer, build_trainer, resolve_device
 
 LOGGER = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class FitResult:
     nonfinite_steps: int = 0
     oom_events: int = 0
     micro_batch_size: int | None = None
+    step: StepConfig | None = None  # the step the run trained with (resolved for its device)
+    auto_batch: Any = None  # batch_size="auto": the memory.autobatch.AutoBatch record (also auto_batch.json)
 
     @property
     def last(self) -> Path | None:
@@ -73,6 +76,7 @@ class _Run:
     validate_fn: ValidateFn | None
     extra: dict[str, Any]
     results: list[dict] = field(default_factory=list)
+    auto_batch: Any = None  # memory.autobatch.AutoBatch when the batch was chosen from the estimate
 
 
 def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: TrainConfig, *,
@@ -105,6 +109,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.device)
     ckpt, run_dir = _prepare_run(config, dist)
+    config, auto_batch = _size_batch(config, model, device, dist, ckpt)
     seed_everything(config.seed + dist.rank)
     model.to(device)
     model = ddp.wrap_model(model, dist, device, config.sync_bn)
@@ -114,9 +119,11 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         train_loader = _make_loader(data, "train", config, dist, device)
     if validate_fn is None and data is not None and dist.is_main:
         validate_fn = _default_validate(data, val_loader or _make_loader(data, "val", config, dist), config,
-                                        half=resolve_amp(config.amp, device) is not None)
+                                        device=device, half=trainer.step.amp != "off")
     extra = {"data": str(data) if isinstance(data, (str, Path)) else None}
-    run = _Run(config, trainer, progress, dist, run_dir, validate_fn, extra)
+    run = _Run(config, trainer, progress, dist, run_dir, validate_fn, extra, auto_batch=auto_batch)
+    if auto_batch is not None and run_dir is not None:
+        auto_batch.save(run_dir)
     if ckpt:
         run.results = list(ckpt.get("results", []))
         restore_rng(ckpt["rng"])  # last, so that nothing of the set-up consumes the restored states
@@ -124,7 +131,21 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     interrupted = _epochs(run, train_loader)
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, run_dir, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted, run.results,
-                     trainer.optimizer_steps, progress.nonfinite_total, trainer.oom_events, trainer.micro_batch_size)
+                     trainer.optimizer_steps, progress.nonfinite_total, trainer.oom_events, trainer.micro_batch_size,
+                     trainer.step, auto_batch)
+
+
+def _size_batch(config: TrainConfig, model: nn.Module, device: torch.device, dist: ddp.DistInfo,
+                ckpt: dict | None) -> tuple[TrainConfig, Any]:
+    """``batch_size="auto"``: the planned batch (``yolo9kit.memory.autobatch``); a resumed run keeps the
+    batch it started with (the data order depends on it)."""
+    if config.batch_size != "auto":
+        return config, None
+    if ckpt is not None and isinstance(ckpt.get("train_config", {}).get("batch_size"), int):
+        return dataclasses.replace(config, batch_size=ckpt["train_config"]["batch_size"]), None
+    from yolo9kit.memory.autobatch import choose_batch
+
+    return choose_batch(config, unwrap(model), device, dist.world_size)
 
 
 def _check_classes(model: nn.Module, data) -> None:
@@ -154,6 +175,7 @@ def _epochs(run: _Run, loader: Iterable) -> bool:
                                     start_batch=progress.ni - epoch * nb, on_step=_callback(config, "on_step", run),
                                     show=run.dist.is_main and config.progress_bar, run_dir=run.run_dir)
             in_epoch = False
+            _record_measured_peak(run, stats)
             progress.epoch, progress.ni = epoch + 1, (epoch + 1) * nb
             if _end_epoch(run, epoch, stats):
                 break
@@ -166,6 +188,17 @@ def _epochs(run: _Run, loader: Iterable) -> bool:
             _save(run, "last.pt", rng_epoch_start if in_epoch else None)
         return True
     return False
+
+
+def _record_measured_peak(run: _Run, stats: EpochStats) -> None:
+    """batch_size="auto" on CUDA: the peak of the first epoch's steps beside the prediction (auto_batch.json)."""
+    auto, device = run.auto_batch, run.trainer.device
+    if auto is None or auto.measured_peak_allocated is not None or device.type != "cuda":
+        return
+    auto.measured_peak_allocated = int(stats.peak_memory_bytes)
+    auto.measured_peak_reserved = int(torch.cuda.max_memory_reserved(device))
+    if run.run_dir is not None:
+        auto.save(run.run_dir)
 
 
 def _end_epoch(run: _Run, epoch: int, stats: EpochStats) -> bool:
@@ -277,11 +310,11 @@ def _set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
         set_mosaic(loader, False)
 
 
-def _default_validate(data, loader, config: TrainConfig, half: bool) -> ValidateFn:
+def _default_validate(data, loader, config: TrainConfig, device: torch.device, half: bool) -> ValidateFn:
     def validate(model: nn.Module) -> dict[str, float]:
         from yolo9kit.validate import evaluate
 
-        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half)
+        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device)
         return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
                 "fitness": float(r.fitness)}
 

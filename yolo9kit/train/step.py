@@ -3,6 +3,7 @@
 ``fit`` drives these functions; memory profiling calls ``train_step`` to measure exactly the kit's step::
 
     trainer = build_trainer(model, TrainConfig(batch_size=16, amp="fp16"))
+    trainer.step                                       # what it runs: StepConfig, as the memory tools see it
     out = train_step(trainer, images_uint8, targets)   # one optimizer update over the whole batch
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from yolo9kit.config import TrainConfig
+from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import resolve_device
 from yolo9kit.models.lean import set_lean
 from yolo9kit.train.ema import ModelEMA, unwrap
@@ -55,70 +56,66 @@ class Trainer:
     oom_events: int = 0
     phase: str = "idle"  # "forward" or "backward" while a micro-step runs (the OOM back-off reads it)
     buffer_backup: list[torch.Tensor] = field(default_factory=list, repr=False)  # BN stats before a micro-step
+    step: StepConfig | None = None  # the resolved step this trainer runs (see describe_step)
 
 
-def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype for ``amp`` on ``device``: None (off), torch.float16 or torch.bfloat16.
-
-    "auto" picks bf16 when the GPU supports it (no loss scaling needed), else fp16; on CPU AMP is off
-    whatever is asked, as in the official check_amp (CPU autocast is slower than fp32 for convolutions).
-    """
-    if device.type != "cuda" or amp == "off":
-        return None
-    if amp == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[amp]
+# autocast dtype of each resolved ``amp`` mode
+AMP_DTYPES: dict[str, torch.dtype | None] = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
 
 
-def fast_settings(config: TrainConfig, device: torch.device) -> dict[str, bool]:
-    """The speed switches for ``device``: each config value, or where it is None, on for CUDA only."""
-    cuda = device.type == "cuda"
-    return {name: cuda if getattr(config, name) is None else bool(getattr(config, name))
-            for name in ("channels_last", "sync_free", "fused_optimizer", "lean_activations")}
+def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1) -> StepConfig:
+    """The step ``build_trainer`` runs for ``config`` on ``device``: ``StepConfig.from_train_config`` resolved
+    there ("auto" AMP and the ``None`` switches decided by ``StepConfig.resolve``). The memory tools describe
+    the same object, so an estimate and a run agree on what the step is."""
+    return StepConfig.from_train_config(config, unwrap(model), world_size=world_size).resolve(device)
 
 
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
                   device: torch.device | None = None, world_size: int = 1) -> Trainer:
-    """Optimizer (official groups), GradScaler and EMA for ``model`` on ``device``.
+    """Optimizer (official groups), GradScaler and EMA for ``model`` on ``device``, for the step
+    :func:`describe_step` gives (kept as ``trainer.step``).
 
     ``model`` is moved to the device; pass an already DDP-wrapped model for multi-GPU (the EMA copies
     the module inside). ``loss_fn`` defaults to ``yolo9kit.loss.DetectionLoss(model, config.loss)``.
 
-    On CUDA the defaults are the fast ones (see :func:`fast_settings`): channels_last weights and inputs,
-    cudnn autotuning, a fused optimizer, a step without host-device synchronisation, and the lean
-    BatchNorm+SiLU (``yolo9kit.models.lean``: about a quarter less activation memory). The scaler is
-    on for fp16 (loss scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to
-    skip a non-finite step on the device.
+    On CUDA the defaults are the fast ones: channels_last weights and inputs, cudnn autotuning, a fused
+    optimizer, a step without host-device synchronisation, and the lean BatchNorm+SiLU
+    (``yolo9kit.models.lean``: about a quarter less activation memory). The scaler is on for fp16 (loss
+    scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to skip a non-finite
+    step on the device.
     """
     device = device or resolve_device(config.device)
-    fast = fast_settings(config, device)
+    step = describe_step(config, model, device, world_size)
     model.to(device)
-    if fast["channels_last"]:
+    if step.channels_last:
         model.to(memory_format=torch.channels_last)
-    set_lean(unwrap(model), fast["lean_activations"])
+    set_lean(unwrap(model), step.lean_activations)
+    if step.activation_checkpointing is not None:
+        unwrap(model).set_activation_checkpointing(step.activation_checkpointing)
     if device.type == "cuda" and config.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True  # autotune convolutions for the (fixed) training shapes
     if loss_fn is None:
         from yolo9kit.loss import DetectionLoss
 
-        loss_fn = DetectionLoss(unwrap(model), config.loss, dense=fast["sync_free"])
-    amp_dtype = resolve_amp(config.amp, device)
+        loss_fn = DetectionLoss(unwrap(model), config.loss, dense=step.sync_free)
+    amp_dtype = AMP_DTYPES[step.amp]
     if amp_dtype == torch.float16:
         scaler = torch.amp.GradScaler(device.type)
-    elif fast["sync_free"]:  # scale 1 that never grows: only the device-side skip of non-finite steps
+    elif step.sync_free:  # scale 1 that never grows: only the device-side skip of non-finite steps
         scaler = torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=2**30)
     else:
         scaler = torch.amp.GradScaler(device.type, enabled=False)
-    ema = ModelEMA(model, config.ema_decay, config.ema_tau) if config.ema else None
-    optimizer = build_optimizer(unwrap(model), config, fused=fast["fused_optimizer"])
+    ema = ModelEMA(model, config.ema_decay, config.ema_tau) if step.ema else None
+    optimizer = build_optimizer(unwrap(model), config, fused=step.fused_optimizer)
     compiled = None
     if config.compile:
         mode = config.compile if isinstance(config.compile, str) else None
         compiled = torch.compile(model, mode=mode)
     return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler,
                    ema=ema, device=device, amp_dtype=amp_dtype, grad_clip=config.grad_clip,
-                   world_size=world_size, channels_last=fast["channels_last"], sync_free=fast["sync_free"],
-                   compiled=compiled, micro_batch_size=config.micro_batch_size, oom_backoff=config.oom_backoff)
+                   world_size=world_size, channels_last=step.channels_last, sync_free=step.sync_free,
+                   compiled=compiled, micro_batch_size=config.micro_batch_size, oom_backoff=config.oom_backoff,
+                   step=step)
 
 
 def to_input(images: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
