@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+from yolo9kit.config import StepConfig
 from yolo9kit.memory import CATEGORIES, GPUS, MemoryReport, VramSampler, export_snapshot, resolve_gpu
 from yolo9kit.memory.calibration import calibration_for, fit_line, packaged_calibrations, read_calibration
 
@@ -19,11 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 
 
-def report(b: int, source: str = "estimated") -> MemoryReport:
+def report(b: int, method: str = "estimated") -> MemoryReport:
     parts = dict.fromkeys(CATEGORIES, 10 << 20)
     parts["activations"] = b * (100 << 20)
     total = sum(parts.values())
-    return MemoryReport("toy", b, 640, "fp16", None, False, source, "T4", total, int(total * 1.05), parts,
+    step = StepConfig("toy", b, amp="fp16", channels_last=False, lean_activations=False)
+    return MemoryReport(step, method, "T4", total, int(total * 1.05), parts,
                         step_time_s=0.1, images_per_s=b / 0.1, context_bytes=256 << 20,
                         gpu_total_bytes=GPUS["T4"].total_bytes)
 
@@ -43,15 +45,15 @@ def test_memory_vs_batch_and_breakdown_plots_return_figures():
 
     from yolo9kit.plots import memory_breakdown, memory_vs_batch, vram_trace
 
-    rows = [{**report(b).as_row(), "setting": "fp16", "oom": False} for b in (1, 8, 32)]
-    rows += [{**report(b, "measured").as_row(), "setting": "fp16", "oom": False} for b in (8, 32)]
-    rows.append({"batch_size": 64, "source": "measured", "setting": "fp16", "oom": True})
+    rows = [{**report(b).as_row(), "oom": False} for b in (1, 8, 32)]
+    rows += [{**report(b, "measured").as_row(), "oom": False} for b in (8, 32)]
+    rows.append({"batch_size": 64, "method": "measured", "setting": "fp16 640px", "oom": True})
     df = pd.DataFrame(rows)
     fig = memory_vs_batch(df, gpu="T4", margin=0.1)
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "fp16 (estimated)" in labels and "fp16 (measured)" in labels and any("out of memory" in s for s in labels)
+    assert "fp16 640px (estimated)" in labels and "fp16 640px (measured)" in labels and any("out of memory" in s for s in labels)
     assert isinstance(memory_breakdown([report(8), report(16)]), Figure)
     assert isinstance(memory_breakdown(report(8)), Figure)
     sampler = VramSampler()
@@ -105,12 +107,15 @@ def test_profile_cli_parses_and_rejects_unknown_gpu(capsys):
 
     parser = argparse.ArgumentParser()
     profile.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["profile", "--model", "yolov9-t", "--batch", "8", "16", "--amp", "fp16", "bf16",
-                              "--gpu", "GTX 9999", "--checkpoint", "all", "--nominal-batch", "64"])
-    assert args.batch == [8, 16] and args.amp == ["fp16", "bf16"] and args.nominal_batch == 64
+    args = parser.parse_args(["profile", "--model", "yolov9-t", "--batch-size", "8", "16", "--amp", "fp16", "bf16",
+                              "--gpu", "GTX 9999", "--activation-checkpointing", "1,2,3", "--nominal-batch-size", "64"])
+    assert args.batch_size == [8, 16] and args.amp == ["fp16", "bf16"] and args.nominal_batch_size == 64
+    assert args.activation_checkpointing == [1, 2, 3] and args.channels_last is None
     assert profile.run(args) == 2
     assert "unknown GPU" in capsys.readouterr().out
-    assert profile._checkpoint("1,2,3") == [1, 2, 3] and profile._checkpoint("all") == "all"
+    with pytest.warns(FutureWarning, match="--checkpoint is now --activation-checkpointing"):
+        old = parser.parse_args(["profile", "--checkpoint", "all", "--nominal-batch", "32", "--no-lean-activations"])
+    assert old.activation_checkpointing == "all" and old.nominal_batch_size == 32 and old.lean_activations is False
 
 
 @pytest.mark.slow
@@ -119,8 +124,8 @@ def test_profile_cli_prints_sweep_and_plan(capsys):
 
     parser = argparse.ArgumentParser()
     profile.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["profile", "--model", "gelan-t", "--img", "64", "--batch", "1", "2", "--gpu", "T4",
-                              "--nominal-batch", "4", "--source", "estimated"])
+    args = parser.parse_args(["profile", "--model", "gelan-t", "--imgsz", "64", "--batch-size", "1", "2", "--gpu",
+                              "T4", "--nominal-batch-size", "4", "--method", "estimated"])
     assert profile.run(args) == 0
     out = capsys.readouterr().out
     assert "peak_reserved_gib" in out and "recommended: batch 4 x accumulate 1" in out
@@ -143,9 +148,11 @@ def test_estimate_of_the_lean_step_keeps_less_activation_memory():
     """The kit's CUDA default step (channels_last, lean BatchNorm+SiLU) against the plain step."""
     from yolo9kit import memory
 
-    plain = memory.estimate("yolov9-t", 8, imgsz=320, amp="fp16", gpu="H200")
-    lean = memory.estimate("yolov9-t", 8, imgsz=320, amp="fp16", gpu="H200", channels_last=True, lean=True)
-    assert lean.lean and not plain.lean and "lean" in str(lean)
+    plain = memory.estimate("yolov9-t", 8, imgsz=320, amp="fp16", gpu="H200", channels_last=False,
+                            lean_activations=False)
+    lean = memory.estimate("yolov9-t", 8, imgsz=320, amp="fp16", gpu="H200")  # fit's default step on CUDA
+    assert lean.step.lean_activations and lean.step.channels_last and not plain.step.lean_activations
+    assert "lean" in str(lean)
     ratio = lean.breakdown["activations"] / plain.breakdown["activations"]
     assert 0.6 < ratio < 0.85, ratio  # measured 0.78 at 640 and batch 64
     assert lean.peak_allocated < plain.peak_allocated

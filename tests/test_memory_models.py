@@ -16,7 +16,7 @@ BATCHES = list(range(1, 129))
 @pytest.mark.parametrize("name", list_models())
 def test_every_model_estimates_batches_1_to_128(name):
     t0 = time.perf_counter()
-    est = StepEstimator(name, imgsz=256, amp="fp16")
+    est = StepEstimator(name, imgsz=256, amp="fp16")  # fit's CUDA step: channels_last, lean, dense loss
     reports = est.reports(BATCHES, gpu="A100-80GB")
     print(f"{name}: curve of {len(BATCHES)} batch sizes in {time.perf_counter() - t0:.1f} s")  # timing: info only
     peaks = [r.peak_allocated for r in reports]
@@ -37,7 +37,7 @@ def test_every_model_estimates_batches_1_to_128(name):
 @pytest.mark.slow
 def test_switches_change_the_curve_as_expected():
     base = StepEstimator("yolov9-t", imgsz=128, amp="fp16")
-    ckpt = StepEstimator("yolov9-t", imgsz=128, amp="fp16", checkpoint="all")
+    ckpt = StepEstimator("yolov9-t", imgsz=128, amp="fp16", activation_checkpointing="all")
     fp32 = StepEstimator("yolov9-t", imgsz=128, amp="off")
     big = StepEstimator("yolov9-t", imgsz=256, amp="fp16")
     act = {k: e.memory.peak(32)[1]["activations"] for k, e in
@@ -49,25 +49,50 @@ def test_switches_change_the_curve_as_expected():
 
 
 @pytest.mark.slow
-def test_yolov9_t_meta_trace_equals_real_cpu_step():
-    """The estimate's accounting against the same step executed for real on the CPU (yolov9-t, 64 px,
-    no AMP): every category at the peak, byte for byte except the loss (its masks depend on values)."""
+@pytest.mark.parametrize("switches", ["plain", "cuda defaults"])
+def test_the_described_step_is_the_step_fit_builds(switches):
+    """The step ``describe_step`` gives for a TrainConfig and a device is the step ``build_trainer`` (what
+    ``fit`` calls) builds: the same switches on the trainer and the model, and the estimate's traced memory
+    equals the built trainer's real step on the CPU, every category at the peak byte for byte except the
+    loss (its masks depend on values; to the 512-byte rounding of a few tiny storages). "cuda defaults": channels_last, lean activations, the sync-free
+    dense loss and the fused optimizer forced on the CPU, as CUDA turns them on."""
+    import dataclasses
+
     import torch
 
+    from yolo9kit.config import TrainConfig
     from yolo9kit.memory.extrapolate import _live_matrix
-    from yolo9kit.memory.step import build_real_trainer, prime_optimizer, resolve_model, synthetic_batch
+    from yolo9kit.memory.step import synthetic_batch
     from yolo9kit.memory.trace import trace_real_step
     from yolo9kit.memory.tracker import CATEGORIES
+    from yolo9kit.models import create_model
+    from yolo9kit.train.step import build_trainer, describe_step, train_step
 
-    est = StepEstimator("yolov9-t", imgsz=64, amp="off", num_targets=4)
+    on = switches == "cuda defaults"
+    config = TrainConfig(batch_size=2, imgsz=64, amp="off", device="cpu", channels_last=on, lean_activations=on,
+                         sync_free=on, fused_optimizer=on)
+    cpu = torch.device("cpu")
+    step = describe_step(config, create_model("yolov9-t"), cpu)
+    assert (step.channels_last, step.lean_activations, step.sync_free, step.fused_optimizer) == (on,) * 4
+    est = StepEstimator(dataclasses.replace(step, model="yolov9-t", num_targets=4, num_classes=80))
     for b in (2, 4):
-        peak, parts = est.memory.peak(b)
-        model, _ = resolve_model("yolov9-t", 80, None)
-        trainer = build_real_trainer(model, amp="off", channels_last=False, device=torch.device("cpu"))
-        prime_optimizer(trainer.model, trainer.optimizer)
+        torch.manual_seed(0)
+        model = create_model("yolov9-t")
+        trainer = build_trainer(model, dataclasses.replace(config, batch_size=b), device=cpu)
+        assert trainer.step == dataclasses.replace(step, batch_size=b, model=model)
+        assert trainer.loss_fn.dense == on and trainer.sync_free == on and trainer.channels_last == on
+        assert model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last) == on
+        assert any(getattr(m, "lean", False) for m in model.modules()) == on
+        assert trainer.optimizer.defaults.get("fused") in ((True,) if on else (False, None))
+        for group in trainer.optimizer.param_groups:  # the multi-tensor kernels, CUDA's default (as the estimate)
+            group["foreach"] = not group.get("fused")
         images, targets = synthetic_batch(b, 64, 4, 80)
+        train_step(trainer, images, targets)  # steady state: the optimizer's momentum exists, as in the estimate
         live = _live_matrix(trace_real_step(trainer, images, targets, device_type="cuda"))
         real = dict(zip(CATEGORIES, live[int(live.sum(1).argmax())].tolist()))
+        peak, parts = est.memory.peak(b)
         for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):
-            assert parts[cat] == real[cat], (b, cat)
+            # exact but for the 512-byte rounding of a few tiny per-channel storages, which the linear
+            # extrapolation from batches 1 and 2 cannot follow
+            assert abs(parts[cat] - real[cat]) <= 4 * 512, (b, cat, parts[cat], real[cat])
         assert peak == pytest.approx(sum(real.values()), rel=0.01)

@@ -130,6 +130,22 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+class FusedStandIn:
+    """A fused optimizer's step on ``meta`` tensors, where the fused kernels do not exist: it allocates
+    nothing (one kernel per group updates weights and state in place), so the stand-in's step does nothing.
+    The state it holds was made by the optimizer it wraps (``prime_optimizer``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.param_groups, self.state = optimizer.param_groups, optimizer.state
+
+    def step(self, closure: Any = None) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
 def build_meta_trainer(real_model: nn.Module, step: StepConfig):
     """The kit's Trainer (optimizer groups, EMA, clipping) over a ``meta`` copy of ``real_model``, for the
     resolved ``step`` (channels_last, lean activations, activation checkpointing, optimizer, EMA).
@@ -159,6 +175,8 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
     ema = ModelEMA(model, config.ema_decay, config.ema_tau) if step.ema else None
     opt = build_optimizer(model, config)
     prime_optimizer(model, opt)
+    if step.fused_optimizer:
+        opt = FusedStandIn(opt)
     trainer = Trainer(model=model, loss_fn=loss_fn, optimizer=opt,
                       scaler=torch.amp.GradScaler("cpu", enabled=False), ema=ema, device=torch.device("meta"),
                       amp_dtype=None, grad_clip=config.grad_clip, channels_last=bool(step.channels_last),
