@@ -189,7 +189,7 @@ def test_augmentation_hyp_scales_hsv_and_keeps_other_keys():
 # -- memory explorer -------------------------------------------------------------------------------
 
 def test_batch_grid_covers_the_range_with_about_two_points_per_octave():
-    from yolo9kit.widgets.memory import batch_grid
+    from yolo9kit.memory import batch_grid
 
     assert batch_grid(1, 16) == [1, 2, 3, 4, 6, 8, 12, 16]
     assert batch_grid(5, 20) == [5, 6, 8, 12, 16, 20]
@@ -199,17 +199,27 @@ def test_batch_grid_covers_the_range_with_about_two_points_per_octave():
 
 
 @pytest.mark.slow
-@needs("yolo9kit.memory", "StepEstimator", "find_max_batch")
-def test_memory_explorer_redraws_for_a_new_batch_range_and_gpu():
+def test_memory_explorer_draws_the_package_figures_and_its_plan_is_memory_plan():
+    from yolo9kit import memory
     from yolo9kit.widgets import memory_explorer, output_png
 
     app = memory_explorer("yolov9-t", imgsz=64, batch_range=(1, 8), gpu="T4", num_classes=3, max_batch=64,
-                          measure=False)
-    assert set(app.controls) == {"model", "imgsz", "batch", "precision", "checkpointing", "gpu", "source"}
+                          method="estimated", nominal_batch_size=16)
+    assert set(app.controls) == {"model", "imgsz", "batch", "amp", "activation_checkpointing", "switches", "gpu",
+                                 "method"}
+    step = app.state["step"]
+    assert (step.model, step.imgsz, step.amp, step.num_classes) == ("yolov9-t", 64, "auto", 3)
     assert app.state["frame"]["batch_size"].tolist() == [1, 2, 3, 4, 6, 8]
     first = output_png(app.outputs["curve"])
     assert "Largest batch on T4: 64" in app.outputs["plan"].value  # a 64 px step is tiny: max_batch caps it
-    assert "batch 64 x accumulate 1 = 64" in app.outputs["plan"].value
+
+    # the explorer's plan is memory.plan's for the same step and card
+    expected = memory.plan(step, 16, gpu="T4", method="estimated")
+    shown = app.state["plan"]
+    assert shown.recommended == expected.recommended and shown.table.equals(expected.table)
+    best = expected.recommended
+    assert f"batch {best['batch_size']} x accumulate {best['accumulate']} = {best['effective_batch']}" \
+        in app.outputs["plan"].value
 
     app.controls["batch"].value = (4, 32)
     frame = app.state["frame"]
@@ -221,3 +231,5 @@ def test_memory_explorer_redraws_for_a_new_batch_range_and_gpu():
     app.controls["gpu"].value = "RTX 3060"
     assert "RTX 3060" in app.figures["curve"].axes[0].get_title()
     assert "Largest batch on RTX 3060" in app.outputs["plan"].value
+    app.controls["switches"].value = "off (official layout)"
+    assert app.state["step"].channels_last is False and app.state["report"].step.lean_activations is False
