@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from yolo9kit.models.lean import set_lean
+from yolo9kit.models.layers import set_lean
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
 
