@@ -17,7 +17,7 @@ import torch
 
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.models import create_model
-from yolo9kit.models.lean import set_lean
+from yolo9kit.models.layers import set_lean
 
 
 def one_pass(model, x, targets):

@@ -54,7 +54,8 @@ def test_the_described_step_is_the_step_fit_builds(switches):
     """The step ``describe_step`` gives for a TrainConfig and a device is the step ``build_trainer`` (what
     ``fit`` calls) builds: the same switches on the trainer and the model, and the estimate's traced memory
     equals the built trainer's real step on the CPU, every category at the peak byte for byte except the
-    loss (its masks depend on values; to the 512-byte rounding of a few tiny storages). "cuda defaults": channels_last, lean activations, the sync-free
+    loss (its masks depend on values; to the 512-byte rounding of a few tiny storages). "cuda defaults":
+    channels_last, lean activations, the sync-free
     dense loss and the fused optimizer forced on the CPU, as CUDA turns them on."""
     import dataclasses
 

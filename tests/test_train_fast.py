@@ -169,7 +169,7 @@ def test_config_round_trip_keeps_the_new_switches():
 
 def test_lean_batchnorm_silu_keeps_less_for_backward_and_gives_the_same_gradients():
     from yolo9kit.loss import DetectionLoss
-    from yolo9kit.models.lean import set_lean
+    from yolo9kit.models.layers import set_lean
 
     torch.manual_seed(0)
     base = create_model("yolov9-t", num_classes=4).train()

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "make_shapes": "yolo9kit.data",
     "create_dataloader": "yolo9kit.data",
     "DetectionLoss": "yolo9kit.loss",
-    "LossConfig": "yolo9kit.loss",
+    "LossConfig": "yolo9kit.config",
     "TrainConfig": "yolo9kit.config",
     "fit": "yolo9kit.train",
     "predict": "yolo9kit.validate",
@@ -62,10 +62,10 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-    from yolo9kit.config import TrainConfig
+    from yolo9kit.config import LossConfig, TrainConfig
     from yolo9kit.data import create_dataloader, make_shapes
     from yolo9kit.env import checks
-    from yolo9kit.loss import DetectionLoss, LossConfig
+    from yolo9kit.loss import DetectionLoss
     from yolo9kit.models import (
         DualOutput,
         create_model,

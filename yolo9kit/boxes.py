@@ -34,16 +34,6 @@ def cxcywh_to_xyxy(boxes: Array) -> Array:
     return out
 
 
-def xyxy_to_cxcywh(boxes: Array) -> Array:
-    """Convert (..., 4) corner boxes to centre/size. Works on tensors and arrays."""
-    out = _empty_like(boxes)
-    out[..., 0] = (boxes[..., 0] + boxes[..., 2]) / 2
-    out[..., 1] = (boxes[..., 1] + boxes[..., 3]) / 2
-    out[..., 2] = boxes[..., 2] - boxes[..., 0]
-    out[..., 3] = boxes[..., 3] - boxes[..., 1]
-    return out
-
-
 def box_area(boxes_xyxy: torch.Tensor) -> torch.Tensor:
     """Areas of (..., 4) xyxy boxes."""
     return (boxes_xyxy[..., 2] - boxes_xyxy[..., 0]) * (boxes_xyxy[..., 3] - boxes_xyxy[..., 1])

@@ -2,7 +2,8 @@
 
 ``TrainConfig`` holds everything ``yolo9kit.train.fit`` needs besides the model and the data. The
 hyper-parameter defaults are those of the official ``hyp.scratch-high.yaml`` (lr0 0.01, momentum 0.937,
-...); the loss gains live in ``yolo9kit.loss.LossConfig`` and are passed through ``TrainConfig.loss``.
+...); the loss gains are a ``LossConfig``, passed through ``TrainConfig.loss`` (``yolo9kit.loss`` re-exports
+it beside the loss it configures).
 """
 
 from __future__ import annotations
@@ -30,6 +31,37 @@ DEFAULT_AUGMENT_HYP: dict[str, float] = {
     "shear": 0.0, "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.15,
     "copy_paste": 0.3,
 }
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Loss settings. Defaults are the official values.
+
+    The official ``ComputeLoss`` hard-codes the gains and the auxiliary weight in its ``__call__``
+    (``loss[0] *= 7.5``, ``loss[1] *= 0.5``, ``loss[2] *= 1.5``, ``*= 0.25`` for the aux head) and
+    ignores the identically valued ``box`` / ``cls`` / ``dfl`` keys of ``hyp.scratch-high.yaml``;
+    it builds the assigner with topk 10, alpha 0.5, beta 6.0 (overridable there only through the
+    environment variables ``YOLOM``/``YOLOA``/``YOLOB``). Here they are plain fields.
+    """
+
+    box_gain: float = 7.5  # weight of the CIoU box loss
+    cls_gain: float = 0.5  # weight of the BCE class loss
+    dfl_gain: float = 1.5  # weight of the distribution focal loss
+    aux_weight: float = 0.25  # the auxiliary (PGI) head's share; the main head counts 1
+    topk: int = 10  # candidate anchors per GT in the assigner
+    alpha: float = 0.5  # class-score exponent of the alignment metric
+    beta: float = 6.0  # CIoU exponent of the alignment metric
+    eps: float = 1e-9  # assigner in-box margin and normalisation epsilon
+    cls_pos_weight: float = 1.0  # BCE pos_weight (hyp cls_pw)
+    # Most (image, GT, anchor) pairs the assigner works on at once. The official assigner peaks at
+    # ~100 bytes per pair for the whole batch (4 GB for 16 images of 640 with 300 objects each); ours
+    # at ~25 bytes per pair of a chunk, so this default bounds it near 250 MB however crowded the
+    # images (docs/loss.md has the measurements). None: the whole batch at once.
+    max_assign_chunk: int | None = 8_388_608
+
+    def replace(self, **changes: Any) -> LossConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -91,7 +123,7 @@ class TrainConfig:
     grad_clip: float = 10.0  # max total grad norm after unscaling (official constant); 0 disables
     close_mosaic: int = 0  # turn mosaic off for the last N epochs
     hyp: Mapping[str, float] | None = None  # augmentation dict for the data layer; None = official defaults
-    loss: Any = None  # yolo9kit.loss.LossConfig or None (official gains)
+    loss: LossConfig | None = None  # None: the official gains
     cache: str | None = None  # None | "ram" | "disk"
     workers: int | None = None  # loader processes; None: min(CPUs, batch, 8) (official rule)
     seed: int = 0
@@ -174,8 +206,6 @@ class TrainConfig:
         kwargs = {k: v for k, v in values.items() if k in names}
         loss = kwargs.get("loss")
         if isinstance(loss, Mapping):
-            from yolo9kit.loss import LossConfig
-
             loss = {k: v for k, v in loss.items() if k != "__dataclass__"}
             kwargs["loss"] = LossConfig(**loss)
         kwargs.update(overrides)

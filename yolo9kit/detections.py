@@ -98,7 +98,7 @@ class Prediction:
         """Matplotlib figure of the image with its boxes (returns the figure; shows inline in Jupyter)."""
         from matplotlib.patches import Rectangle
 
-        from yolo9kit.plots.metrics import new_figure
+        from yolo9kit.figure import new_figure
 
         if ax is None:
             h0, w0 = self.orig_shape

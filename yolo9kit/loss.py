@@ -3,7 +3,8 @@ with the dual (auxiliary + main) combination.
 
 Matches the official ``utils/loss_tal_dual.py ComputeLoss`` (yolov9 models, two heads) and
 ``utils/loss_tal.py ComputeLoss`` (gelan models, one head) on their training-mode outputs. The constants
-the official code hard-codes are fields of :class:`LossConfig`; ``docs/loss.md`` explains the loss.
+the official code hard-codes are fields of :class:`LossConfig` (defined with the other settings in
+:mod:`yolo9kit.config`); ``docs/loss.md`` explains the loss.
 
 Usage::
 
@@ -14,9 +15,7 @@ Usage::
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -24,40 +23,10 @@ import torch.nn.functional as F
 
 from yolo9kit.assigner import TaskAlignedAssigner
 from yolo9kit.boxes import bbox_ciou, cxcywh_to_xyxy, ltrb_to_xyxy, make_anchors, xyxy_to_ltrb
+from yolo9kit.config import LossConfig  # re-exported: yolo9kit.loss.LossConfig
 from yolo9kit.env import to_device_async
 
 __all__ = ["DetectionLoss", "LossConfig", "HeadTargets"]
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Loss settings. Defaults are the official values.
-
-    The official ``ComputeLoss`` hard-codes the gains and the auxiliary weight in its ``__call__``
-    (``loss[0] *= 7.5``, ``loss[1] *= 0.5``, ``loss[2] *= 1.5``, ``*= 0.25`` for the aux head) and
-    ignores the identically valued ``box`` / ``cls`` / ``dfl`` keys of ``hyp.scratch-high.yaml``;
-    it builds the assigner with topk 10, alpha 0.5, beta 6.0 (overridable there only through the
-    environment variables ``YOLOM``/``YOLOA``/``YOLOB``). Here they are plain fields.
-    """
-
-    box_gain: float = 7.5  # weight of the CIoU box loss
-    cls_gain: float = 0.5  # weight of the BCE class loss
-    dfl_gain: float = 1.5  # weight of the distribution focal loss
-    aux_weight: float = 0.25  # the auxiliary (PGI) head's share; the main head counts 1
-    topk: int = 10  # candidate anchors per GT in the assigner
-    alpha: float = 0.5  # class-score exponent of the alignment metric
-    beta: float = 6.0  # CIoU exponent of the alignment metric
-    eps: float = 1e-9  # assigner in-box margin and normalisation epsilon
-    cls_pos_weight: float = 1.0  # BCE pos_weight (hyp cls_pw)
-    # Most (image, GT, anchor) pairs the assigner works on at once. The official assigner peaks at
-    # ~100 bytes per pair for the whole batch (4 GB for 16 images of 640 with 300 objects each); ours
-    # at ~25 bytes per pair of a chunk, so this default bounds it near 250 MB however crowded the
-    # images (docs/loss.md has the measurements). None: the whole batch at once.
-    max_assign_chunk: int | None = 8_388_608
-
-    def replace(self, **changes: Any) -> LossConfig:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 class HeadTargets(NamedTuple):

@@ -234,7 +234,3 @@ class ConfusionMatrix:
         tp = self.matrix.diagonal()
         fp = self.matrix.sum(1) - tp
         return tp[:-1], fp[:-1]
-
-    def normalized(self) -> np.ndarray:
-        """Column-normalised matrix (each true class sums to 1), as plotted."""
-        return self.matrix / (self.matrix.sum(0).reshape(1, -1) + 1e-9)

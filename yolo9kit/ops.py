@@ -28,7 +28,7 @@ MAX_WH = 7680
 # At most this many candidates (highest scores) enter torchvision.ops.nms: bounds its O(n^2) cost.
 MAX_NMS = 30000
 
-__all__ = ["MAX_NMS", "MAX_WH", "clip_boxes", "letterbox", "non_max_suppression", "scale_boxes"]
+__all__ = ["MAX_NMS", "MAX_WH", "letterbox", "non_max_suppression", "scale_boxes"]
 
 
 def non_max_suppression(
@@ -105,11 +105,6 @@ def non_max_suppression(
                            "detections (raise conf_thres or lower max_det)", time_limit, index + 1, batch_size)
             break
     return output
-
-
-def clip_boxes(boxes_xyxy: torch.Tensor | np.ndarray, shape_hw: tuple[int, int]):
-    """Clip (N, 4+) xyxy boxes in place to an image of shape (h, w); returns the same object."""
-    return clip_boxes_xyxy(boxes_xyxy, tuple(shape_hw[:2]))
 
 
 def scale_boxes(

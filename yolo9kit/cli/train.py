@@ -147,7 +147,7 @@ def _read_hyp(path: str | None) -> tuple[dict, dict, object]:
     gains = {_HYP_LOSS_KEYS[k]: float(v) for k, v in values.items() if k in _HYP_LOSS_KEYS}
     loss = None
     if gains:
-        from yolo9kit.loss import LossConfig
+        from yolo9kit.config import LossConfig
 
         loss = LossConfig(**gains)
     return train, augment, loss

@@ -14,10 +14,7 @@ from dataclasses import asdict, dataclass
 import cv2
 import numpy as np
 
-from yolo9kit.data.letterbox import PAD_VALUE
 from yolo9kit.data.polygons import transform_polygon_boxes
-
-BORDER = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
 
 
 @dataclass(frozen=True)

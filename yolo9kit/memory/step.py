@@ -22,7 +22,7 @@ from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import warn_renamed
-from yolo9kit.models.lean import set_lean
+from yolo9kit.models.layers import set_lean
 
 _STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
 # keyword arguments of the memory functions before StepConfig, and their names now

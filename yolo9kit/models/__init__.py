@@ -83,6 +83,32 @@ def create_model(name_or_yaml: str | Path | dict, num_classes: int | None = None
     return model
 
 
+def model_table(names: list[str] | None = None, imgsz: int = 640, num_classes: int = 80):
+    """The model zoo as a DataFrame: name, parameters, GFLOPs at ``imgsz`` and the deploy (fused gelan) model.
+
+    Columns: ``name``, ``parameters``, ``gflops``, ``deploy_parameters``, ``deploy_gflops``. FLOPs are
+    counted on a 64x64 input and scaled (see :mod:`yolo9kit.models.flops`). Builds every model on the CPU
+    (a few seconds each for the large ones).
+    """
+    import pandas as pd
+
+    from yolo9kit.models.deploy import to_deploy
+    from yolo9kit.models.flops import count_flops
+
+    rows = []
+    for name in names or list_models():
+        model = create_model(name, num_classes)
+        deployed = to_deploy(model)
+        rows.append({
+            "name": name,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "gflops": round(count_flops(model, imgsz), 2),
+            "deploy_parameters": sum(p.numel() for p in deployed.parameters()),
+            "deploy_gflops": round(count_flops(deployed, imgsz), 2),
+        })
+    return pd.DataFrame(rows)
+
+
 def __getattr__(name: str):  # heavier helpers import on first use
     if name in ("to_deploy", "fuse"):
         from yolo9kit.models import deploy
@@ -92,8 +118,8 @@ def __getattr__(name: str):  # heavier helpers import on first use
         from yolo9kit.models.official import load_official_checkpoint
 
         return load_official_checkpoint
-    if name in ("count_flops", "model_table"):
-        from yolo9kit.models import flops
+    if name == "count_flops":
+        from yolo9kit.models.flops import count_flops
 
-        return getattr(flops, name)
+        return count_flops
     raise AttributeError(f"module 'yolo9kit.models' has no attribute {name!r}")

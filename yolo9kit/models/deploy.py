@@ -16,38 +16,11 @@ import weakref
 import torch
 from torch import nn
 
-from yolo9kit.models.layers import Conv, RepConvN
+from yolo9kit.models.layers import fuse_layers
 from yolo9kit.models.model import DetectionModel
 
 LOGGER = logging.getLogger(__name__)
 _HEAD_RENAMES = {"cv4": "cv2", "cv5": "cv3", "dfl2": "dfl"}
-
-
-def conv_bn_weights(m: Conv) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weight and bias of the single conv equal to ``m.bn(m.conv(x))`` (spec 3.1 fusion formula).
-
-    W' = W * gamma / sqrt(var + eps) per output channel; b' = beta + (b - mean) * gamma / sqrt(var + eps).
-    """
-    w = m.conv.weight
-    b = m.conv.bias if m.conv.bias is not None else torch.zeros(w.shape[0], device=w.device, dtype=w.dtype)
-    if m.bn is None:
-        return w, b
-    scale = m.bn.weight / torch.sqrt(m.bn.running_var + m.bn.eps)
-    return w * scale.view(-1, 1, 1, 1), m.bn.bias + (b - m.bn.running_mean) * scale
-
-
-@torch.no_grad()
-def _fold_conv(m: Conv) -> None:
-    if m.bn is None:
-        return
-    w, b = conv_bn_weights(m)
-    src = m.conv
-    conv = nn.Conv2d(src.in_channels, src.out_channels, src.kernel_size, src.stride, src.padding,
-                     dilation=src.dilation, groups=src.groups, bias=True).to(device=w.device, dtype=w.dtype)
-    conv.weight.copy_(w)
-    conv.bias.copy_(b)
-    conv.requires_grad_(False)
-    m.conv, m.bn = conv, None
 
 
 @torch.no_grad()
@@ -57,16 +30,9 @@ def fuse(model: nn.Module) -> nn.Module:
     Matches the official ``DetectionModel.fuse()``. The result is for inference only (no BatchNorm left
     to train). Works on any module tree built from these layers. Returns ``model``.
     """
-    model.eval()
-    for m in list(model.modules()):
-        if isinstance(m, RepConvN) and not hasattr(m, "conv"):
-            m.collapse()
-    for m in list(model.modules()):
-        if isinstance(m, Conv):
-            _fold_conv(m)
     if isinstance(model, DetectionModel):
-        model.fused = True
-    return model
+        return model.fuse()
+    return fuse_layers(model)
 
 
 def _main_dependencies(rows: list, head_inputs: list[int]) -> set[int]:

@@ -1,4 +1,4 @@
-"""FLOP counting and the model-zoo table.
+"""FLOP counting (the figures of :func:`yolo9kit.models.model_table`).
 
 Method: :class:`torch.utils.flop_counter.FlopCounterMode` counts the floating-point operations of the
 convolutions and matrix products of one eval-mode forward pass (a multiply-add counts as 2 FLOPs) on a
@@ -11,13 +11,9 @@ BatchNorm, pooling and activations, so our figures are about 1% lower than the o
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
-
-LOGGER = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -42,30 +38,3 @@ def count_flops(model: nn.Module, imgsz: int = 640, probe_size: int = 64) -> flo
     finally:
         model.train(was_training)
     return counter.get_total_flops() / 1e9 * (imgsz / probe_size) ** 2
-
-
-def model_table(names: list[str] | None = None, imgsz: int = 640, num_classes: int = 80):
-    """The model zoo as a DataFrame: name, parameters, GFLOPs at ``imgsz`` and the deploy (fused gelan) model.
-
-    Columns: ``name``, ``parameters``, ``gflops``, ``deploy_parameters``, ``deploy_gflops``. FLOPs are
-    counted on a 64x64 input and scaled (see the module docstring). Builds every model on the CPU
-    (a few seconds each for the large ones).
-    """
-    import pandas as pd
-
-    from yolo9kit.models import create_model, list_models
-    from yolo9kit.models.deploy import to_deploy
-
-    rows = []
-    for name in names or list_models():
-        model = create_model(name, num_classes)
-        deployed = to_deploy(model)
-        rows.append({
-            "name": name,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "gflops": round(count_flops(model, imgsz), 2),
-            "deploy_parameters": sum(p.numel() for p in deployed.parameters()),
-            "deploy_gflops": round(count_flops(deployed, imgsz), 2),
-        })
-        LOGGER.debug("counted %s", name)
-    return pd.DataFrame(rows)

@@ -3,6 +3,9 @@
 Every block is described in the reference specification, section 3 (3.1-3.11). Attribute names such
 as ``cv1``/``cv2`` are kept because they are the state_dict keys of official checkpoints
 (``model.4.cv2.0.m.0.cv1.conv1.conv.weight``); each class says what its parts are.
+
+The blocks' own switches live here too: :func:`fuse_layers` folds BatchNorm into the convs for inference,
+:func:`set_lean` turns on the lean BatchNorm+SiLU of :mod:`yolo9kit.models.lean` for training.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ def autopad(k: int, p: int | None = None, d: int = 1) -> int:
 class Conv(nn.Module):
     """Conv2d (no bias) -> BatchNorm2d -> SiLU. ``act=False`` gives no activation.
 
-    Keys: ``conv.weight``, ``bn.*``. After :func:`fuse_conv_bn` the ``bn`` is gone and ``conv`` has a bias.
-    ``lean`` (set by :func:`yolo9kit.models.lean.set_lean`): in training, BatchNorm + SiLU keep one activation
+    Keys: ``conv.weight``, ``bn.*``. After :func:`fuse_layers` the ``bn`` is gone and ``conv`` has a bias.
+    ``lean`` (set by :func:`set_lean`): in training, BatchNorm + SiLU keep one activation
     for backward instead of two.
     """
 
@@ -100,7 +103,7 @@ class RepConvN(nn.Module):
     3x3 ``conv`` for inference (the official ``fuse_convs``).
     """
 
-    lean = False  # see yolo9kit.models.lean.set_lean
+    lean = False  # see set_lean
 
     def __init__(self, c1: int, c2: int, k: int = 3, s: int = 1, p: int = 1, g: int = 1, d: int = 1,
                  act: bool | nn.Module = True):
@@ -121,8 +124,6 @@ class RepConvN(nn.Module):
     @torch.no_grad()
     def collapse(self) -> None:
         """Fold both branches (and their BatchNorms) into one 3x3 ``conv`` with bias; in place."""
-        from yolo9kit.models.deploy import conv_bn_weights
-
         w3, b3 = conv_bn_weights(self.conv1)
         w1, b1 = conv_bn_weights(self.conv2)
         src = self.conv1.conv
@@ -134,6 +135,70 @@ class RepConvN(nn.Module):
         conv.bias.requires_grad_(False)
         self.conv = conv
         del self.conv1, self.conv2
+
+
+def conv_bn_weights(m: Conv) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias of the single conv equal to ``m.bn(m.conv(x))`` (spec 3.1 fusion formula).
+
+    W' = W * gamma / sqrt(var + eps) per output channel; b' = beta + (b - mean) * gamma / sqrt(var + eps).
+    """
+    w = m.conv.weight
+    b = m.conv.bias if m.conv.bias is not None else torch.zeros(w.shape[0], device=w.device, dtype=w.dtype)
+    if m.bn is None:
+        return w, b
+    scale = m.bn.weight / torch.sqrt(m.bn.running_var + m.bn.eps)
+    return w * scale.view(-1, 1, 1, 1), m.bn.bias + (b - m.bn.running_mean) * scale
+
+
+@torch.no_grad()
+def _fold_conv(m: Conv) -> None:
+    if m.bn is None:
+        return
+    w, b = conv_bn_weights(m)
+    src = m.conv
+    conv = nn.Conv2d(src.in_channels, src.out_channels, src.kernel_size, src.stride, src.padding,
+                     dilation=src.dilation, groups=src.groups, bias=True).to(device=w.device, dtype=w.dtype)
+    conv.weight.copy_(w)
+    conv.bias.copy_(b)
+    conv.requires_grad_(False)
+    m.conv, m.bn = conv, None
+
+
+@torch.no_grad()
+def fuse_layers(model: nn.Module) -> nn.Module:
+    """Fold every BatchNorm into its conv and collapse every RepConvN of a module tree, in place; eval mode.
+
+    The layer work of :func:`yolo9kit.models.fuse` (which also marks a DetectionModel as fused). Returns
+    ``model``.
+    """
+    model.eval()
+    for m in list(model.modules()):
+        if isinstance(m, RepConvN) and not hasattr(m, "conv"):
+            m.collapse()
+    for m in list(model.modules()):
+        if isinstance(m, Conv):
+            _fold_conv(m)
+    return model
+
+
+def _lean_eligible(bn: nn.Module | None, act: nn.Module) -> bool:
+    """A plain affine BatchNorm2d with running statistics followed by SiLU (not SyncBatchNorm)."""
+    return (type(bn) is nn.BatchNorm2d and bn.affine and bn.track_running_stats and isinstance(act, nn.SiLU))
+
+
+def set_lean(model: nn.Module, enabled: bool = True) -> int:
+    """Switch the lean BatchNorm+SiLU (:mod:`yolo9kit.models.lean`) on or off in every eligible ``Conv`` and
+    ``RepConvN`` of ``model``; returns how many modules it applies to."""
+    count = 0
+    for m in model.modules():
+        if isinstance(m, Conv) and _lean_eligible(m.bn, m.act):
+            m.lean = enabled
+            count += 1
+        elif isinstance(m, RepConvN) and hasattr(m, "conv1") and _lean_eligible(m.conv1.bn, m.act) and \
+                _lean_eligible(m.conv2.bn, m.act):
+            m.lean = enabled
+            count += 1
+    return count
 
 
 class RepNBottleneck(nn.Module):

@@ -7,8 +7,9 @@ convolution's output and the per-channel batch statistics, and recomputes the Ba
 backward (one element-wise pass). :class:`BatchNorm2SiLU` does the same for RepConvN's
 ``silu(bn1(conv3x3(x)) + bn2(conv1x1(x)))``, which would otherwise also keep the sum. Forward values,
 running statistics and gradients are those of the plain modules (the same kernels; the recomputed
-normalisation may round differently in the last bit). ``set_lean(model, True)`` switches every eligible
-module of a model; the trainer does it on CUDA by default (``TrainConfig.lean_activations``).
+normalisation may round differently in the last bit). ``yolo9kit.models.layers.set_lean(model, True)``
+switches every eligible module of a model; the trainer does it on CUDA by default
+(``TrainConfig.lean_activations``).
 """
 
 from __future__ import annotations
@@ -91,25 +92,3 @@ def lean_bn_silu(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
     """``silu(bn(x))`` in training mode through :class:`BatchNormSiLU`, with BatchNorm2d's bookkeeping
     (``num_batches_tracked``, the cumulative average when ``momentum`` is None)."""
     return BatchNormSiLU.apply(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, _momentum(bn), bn.eps)
-
-
-def eligible(bn: nn.Module | None, act: nn.Module) -> bool:
-    """A plain affine BatchNorm2d with running statistics followed by SiLU (not SyncBatchNorm)."""
-    return (type(bn) is nn.BatchNorm2d and bn.affine and bn.track_running_stats and isinstance(act, nn.SiLU))
-
-
-def set_lean(model: nn.Module, enabled: bool = True) -> int:
-    """Switch the lean BatchNorm+SiLU on or off in every eligible ``Conv`` and ``RepConvN`` of ``model``;
-    returns how many modules it applies to."""
-    from yolo9kit.models.layers import Conv, RepConvN
-
-    count = 0
-    for m in model.modules():
-        if isinstance(m, Conv) and eligible(m.bn, m.act):
-            m.lean = enabled
-            count += 1
-        elif isinstance(m, RepConvN) and hasattr(m, "conv1") and eligible(m.conv1.bn, m.act) and \
-                eligible(m.conv2.bn, m.act):
-            m.lean = enabled
-            count += 1
-    return count

@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from yolo9kit.models.builder import ACTIVATIONS, PROBE_SIZE, LayerTableError, parse_model
 from yolo9kit.models.heads import DDetect, DualOutput
-from yolo9kit.models.layers import Conv, RepConvN
+from yolo9kit.models.layers import Conv, RepConvN, fuse_layers
 
 LOGGER = logging.getLogger(__name__)
 
@@ -30,7 +30,10 @@ class DetectionModel(nn.Module):
         nc, names: number of classes and their names. stride: (3,) float buffer [8, 16, 32].
         head: the last layer (DDetect or DualDDetect). is_dual: True for YOLOv9 (PGI auxiliary head).
         save: indices of layers whose outputs later layers read.
+        fused: True after :meth:`fuse` (recorded in checkpoints).
     """
+
+    fused = False
 
     def __init__(self, cfg: dict, *, nc: int | None = None, names: list[str] | None = None,
                  source: str = "model yaml", name: str | None = None, probe: bool = True):
@@ -172,9 +175,9 @@ class DetectionModel(nn.Module):
 
     def fuse(self) -> DetectionModel:
         """Fold BatchNorm into convs and collapse RepConvN, in place (inference only); returns self."""
-        from yolo9kit.models.deploy import fuse
-
-        return fuse(self)
+        fuse_layers(self)
+        self.fused = True
+        return self
 
 
 def _recompute_contexts(module: nn.Module):

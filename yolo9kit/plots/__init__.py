@@ -1,9 +1,47 @@
 """Matplotlib plots. Every function takes ``ax=None`` (or ``fig=None``) and returns the figure; none
-calls ``plt.show()``, so a notebook shows it inline and a script can ``savefig`` it."""
+calls ``plt.show()``, so a notebook shows it inline and a script can ``savefig`` it.
+
+The names below are imported on first use: validation imports ``yolo9kit.plots.metrics``, and that must not
+load the plots of training runs and memory (which read ``yolo9kit.train`` and ``yolo9kit.memory``).
+"""
 
 from __future__ import annotations
 
-from yolo9kit.plots.batch import show_batch  # noqa: F401
-from yolo9kit.plots.memory import memory_breakdown, memory_vs_batch, vram_trace  # noqa: F401
-from yolo9kit.plots.metrics import plot_confusion_matrix, plot_metric_curve, plot_pr_curve, plot_validation  # noqa: F401
-from yolo9kit.plots.train import plot_results, plot_schedule  # noqa: F401
+import importlib
+from typing import TYPE_CHECKING
+
+# public name -> module that defines it
+_EXPORTS = {
+    "show_batch": "yolo9kit.plots.batch",
+    "memory_breakdown": "yolo9kit.plots.memory",
+    "memory_vs_batch": "yolo9kit.plots.memory",
+    "vram_trace": "yolo9kit.plots.memory",
+    "plot_confusion_matrix": "yolo9kit.plots.metrics",
+    "plot_metric_curve": "yolo9kit.plots.metrics",
+    "plot_pr_curve": "yolo9kit.plots.metrics",
+    "plot_validation": "yolo9kit.plots.metrics",
+    "plot_results": "yolo9kit.plots.train",
+    "plot_schedule": "yolo9kit.plots.train",
+}
+
+__all__ = ["memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_metric_curve", "plot_pr_curve",
+           "plot_results", "plot_schedule", "plot_validation", "show_batch", "vram_trace"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'yolo9kit.plots' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from yolo9kit.plots.batch import show_batch
+    from yolo9kit.plots.memory import memory_breakdown, memory_vs_batch, vram_trace
+    from yolo9kit.plots.metrics import plot_confusion_matrix, plot_metric_curve, plot_pr_curve, plot_validation
+    from yolo9kit.plots.train import plot_results, plot_schedule

@@ -7,30 +7,15 @@ itself as PNG when it is the last value of a notebook cell).
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 import numpy as np
-from matplotlib.figure import Figure
 
-__all__ = ["InlineFigure", "new_figure", "plot_confusion_matrix", "plot_metric_curve", "plot_pr_curve",
-           "plot_validation"]
+from yolo9kit.figure import new_figure
+
+__all__ = ["plot_confusion_matrix", "plot_metric_curve", "plot_pr_curve", "plot_validation"]
 
 _MAX_LEGEND_CLASSES = 20  # beyond this, per-class curves are grey and unlabelled
-
-
-class InlineFigure(Figure):
-    """A matplotlib Figure that Jupyter displays as PNG without pyplot (and so without a second copy)."""
-
-    def _repr_png_(self) -> bytes:
-        buffer = io.BytesIO()
-        self.savefig(buffer, format="png", dpi=100)
-        return buffer.getvalue()
-
-
-def new_figure(figsize: tuple[float, float]) -> InlineFigure:
-    """A figure outside pyplot's registry: it is freed like any object and never shown twice."""
-    return InlineFigure(figsize=figsize, layout="tight")
 
 
 def _axes(ax, figsize):

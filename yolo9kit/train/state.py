@@ -22,14 +22,13 @@ LOGGER = logging.getLogger(__name__)
 class Progress:
     """Where training stands. ``ni`` counts loader batches since the start (official ``ni``).
 
-    ``epoch`` is the epoch being trained (or the next one, once ``epoch_complete``); ``last_opt_step``
-    is the ``ni`` of the last optimizer step (official, starts at -1).
+    ``epoch`` is the epoch being trained; ``last_opt_step`` is the ``ni`` of the last optimizer step
+    (official, starts at -1).
     """
 
     epoch: int = 0
     ni: int = 0
     last_opt_step: int = -1
-    epoch_complete: bool = False
     best_fitness: float = 0.0
     best_epoch: int = -1
     nonfinite_in_row: int = 0
@@ -151,10 +150,5 @@ def restore_training_state(ckpt: dict, trainer: Trainer) -> Progress:
     trainer.micro_batch_size = ckpt.get("micro_batch_size", trainer.micro_batch_size)
     trainer.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
     return Progress.from_dict(ckpt["progress"])
-
-
-def epoch_checkpoint_name(epoch: int) -> str:
-    """``epoch{n}.pt`` (official save-period naming)."""
-    return f"epoch{epoch}.pt"
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import resolve_device
-from yolo9kit.models.lean import set_lean
+from yolo9kit.models.layers import set_lean
 from yolo9kit.train.ema import ModelEMA, unwrap
 from yolo9kit.train.guards import free_memory, halve_micro_batch, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer

@@ -1,0 +1,28 @@
+"""Matplotlib figures that a notebook shows inline without pyplot.
+
+The result types (:class:`yolo9kit.detections.Prediction`) and the plots share this helper, so it sits below
+both: a figure built here is not in pyplot's registry, so it is freed like any object, never shown twice, and
+it renders itself as PNG when it is the last value of a notebook cell.
+"""
+
+from __future__ import annotations
+
+import io
+
+from matplotlib.figure import Figure
+
+__all__ = ["InlineFigure", "new_figure"]
+
+
+class InlineFigure(Figure):
+    """A matplotlib Figure that Jupyter displays as PNG without pyplot (and so without a second copy)."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=100)
+        return buffer.getvalue()
+
+
+def new_figure(figsize: tuple[float, float]) -> InlineFigure:
+    """A figure outside pyplot's registry: it is freed like any object and never shown twice."""
+    return InlineFigure(figsize=figsize, layout="tight")
