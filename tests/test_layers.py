@@ -33,10 +33,16 @@ LAYERS: list[tuple[str, list[str]]] = [
                                     "yolo9kit.plots.metrics", "yolo9kit.plots.batch"]),
     # validation of a model on a dataset
     ("evaluation", ["yolo9kit.validate"]),
-    # the training loop and its parts
-    ("training", ["yolo9kit.train"]),
-    # prediction on images, and the memory tools that model a training step
-    ("inference and memory tools", ["yolo9kit.prediction", "yolo9kit.memory"]),
+    # one training step: micro-steps, the optimizer step, its optimizer groups and schedules, the EMA
+    ("training step", ["yolo9kit.train.step", "yolo9kit.train.optim", "yolo9kit.train.ema",
+                       "yolo9kit.train.guards"]),
+    # the memory tools: they describe, estimate and measure that step
+    ("memory tools", ["yolo9kit.memory"]),
+    # the training run: fit, the epoch loop, checkpoints, DDP (an automatic batch is planned with the memory
+    # tools before the first step)
+    ("training run", ["yolo9kit.train"]),
+    # prediction on images and videos: nothing below it imports it
+    ("inference", ["yolo9kit.prediction"]),
     # figures of training runs and memory, and the plots package that re-exports every figure
     ("plots of training and memory", ["yolo9kit.plots.memory", "yolo9kit.plots.train", "yolo9kit.plots"]),
     # notebook widgets

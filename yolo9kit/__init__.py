@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "DetectionLoss": "yolo9kit.loss",
     "LossConfig": "yolo9kit.config",
     "TrainConfig": "yolo9kit.config",
+    "StepConfig": "yolo9kit.config",
     "fit": "yolo9kit.train",
     "predict": "yolo9kit.validate",
     "evaluate": "yolo9kit.validate",

@@ -29,6 +29,6 @@ from yolo9kit.memory.tracker import CATEGORIES
 
 __all__ = [
     "CATEGORIES", "DEFAULT_GPU", "DEFAULT_MARGIN", "GPUS", "BatchPlan", "BatchSearch", "GPUSpec", "MemoryReport",
-    "StepConfig", "StepEstimator", "VramSampler", "batch_grid", "estimate", "export_snapshot", "find_max_batch", "fmt_bytes",
-    "measure", "plan", "resolve_gpu", "sweep", "target_gpu", "trace",
+    "StepConfig", "StepEstimator", "VramSampler", "batch_grid", "estimate", "export_snapshot", "find_max_batch",
+    "fmt_bytes", "measure", "plan", "resolve_gpu", "sweep", "target_gpu", "trace",
 ]

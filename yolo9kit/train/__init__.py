@@ -1,29 +1,83 @@
 """Training: ``fit`` (the whole run), ``train_one_epoch``, ``train_step`` (one optimizer update, reused by
-memory profiling) and their building blocks (optimizer groups, schedules, warmup, EMA, checkpoints)."""
+memory profiling) and their building blocks (optimizer groups, schedules, warmup, EMA, checkpoints).
+
+The names below are imported on first use: the memory tools import the training step
+(``yolo9kit.train.step``), and that must not load the training run (``fit`` plans an automatic batch with
+the memory tools, so it sits above them).
+"""
 
 from __future__ import annotations
 
-from yolo9kit.config import TrainConfig
-from yolo9kit.train.ema import ModelEMA
-from yolo9kit.train.fit import FitResult, fit
-from yolo9kit.train.guards import NonFiniteLossError, OutOfMemoryAtMinimumError
-from yolo9kit.train.loop import EpochStats, train_one_epoch
-from yolo9kit.train.optim import (
-                                  base_accumulate,
-                                  build_optimizer,
-                                  lr_factor,
-                                  param_groups,
-                                  scaled_weight_decay,
-                                  step_settings,
-                                  warmup_steps,
-)
-from yolo9kit.train.records import read_results
-from yolo9kit.train.step import Trainer, build_trainer, micro_step, optimizer_step, run_batch, train_step
-from yolo9kit.train.weights import model_for_data, transfer_weights
+import importlib
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "EpochStats", "FitResult", "ModelEMA", "NonFiniteLossError", "OutOfMemoryAtMinimumError", "TrainConfig",
-    "Trainer", "base_accumulate", "build_optimizer", "build_trainer", "fit", "lr_factor", "micro_step",
-    "optimizer_step", "param_groups", "read_results", "run_batch", "scaled_weight_decay", "step_settings",
-    "train_one_epoch", "train_step", "transfer_weights", "model_for_data", "warmup_steps",
-]
+# public name -> module that defines it
+_EXPORTS = {
+    "TrainConfig": "yolo9kit.config",
+    "ModelEMA": "yolo9kit.train.ema",
+    "FitResult": "yolo9kit.train.fit",
+    "fit": "yolo9kit.train.fit",
+    "NonFiniteLossError": "yolo9kit.train.guards",
+    "OutOfMemoryAtMinimumError": "yolo9kit.train.guards",
+    "EpochStats": "yolo9kit.train.loop",
+    "train_one_epoch": "yolo9kit.train.loop",
+    "base_accumulate": "yolo9kit.train.optim",
+    "build_optimizer": "yolo9kit.train.optim",
+    "lr_factor": "yolo9kit.train.optim",
+    "param_groups": "yolo9kit.train.optim",
+    "scaled_weight_decay": "yolo9kit.train.optim",
+    "step_settings": "yolo9kit.train.optim",
+    "warmup_steps": "yolo9kit.train.optim",
+    "read_results": "yolo9kit.train.records",
+    "Trainer": "yolo9kit.train.step",
+    "build_trainer": "yolo9kit.train.step",
+    "describe_step": "yolo9kit.train.step",
+    "micro_step": "yolo9kit.train.step",
+    "optimizer_step": "yolo9kit.train.step",
+    "run_batch": "yolo9kit.train.step",
+    "train_step": "yolo9kit.train.step",
+    "model_for_data": "yolo9kit.train.weights",
+    "transfer_weights": "yolo9kit.train.weights",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'yolo9kit.train' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from yolo9kit.config import TrainConfig
+    from yolo9kit.train.ema import ModelEMA
+    from yolo9kit.train.fit import FitResult, fit
+    from yolo9kit.train.guards import NonFiniteLossError, OutOfMemoryAtMinimumError
+    from yolo9kit.train.loop import EpochStats, train_one_epoch
+    from yolo9kit.train.optim import (
+        base_accumulate,
+        build_optimizer,
+        lr_factor,
+        param_groups,
+        scaled_weight_decay,
+        step_settings,
+        warmup_steps,
+    )
+    from yolo9kit.train.records import read_results
+    from yolo9kit.train.step import (
+        Trainer,
+        build_trainer,
+        describe_step,
+        micro_step,
+        optimizer_step,
+        run_batch,
+        train_step,
+    )
+    from yolo9kit.train.weights import model_for_data, transfer_weights
