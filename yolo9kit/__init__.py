@@ -63,7 +63,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-    from yolo9kit.config import LossConfig, TrainConfig
+    from yolo9kit.config import LossConfig, StepConfig, TrainConfig
     from yolo9kit.data import create_dataloader, make_shapes
     from yolo9kit.env import checks
     from yolo9kit.loss import DetectionLoss
