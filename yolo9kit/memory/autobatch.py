@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,15 +76,18 @@ def sizing_target(config: TrainConfig, device: torch.device) -> GPUSpec:
     return host_memory()
 
 
-def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1
-                 ) -> tuple[TrainConfig, AutoBatch]:
+def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1, *,
+                 loss_fn: Callable | None = None) -> tuple[TrainConfig, AutoBatch]:
     """``config`` with ``batch_size="auto"`` replaced by the planned batch, and the record of the choice.
+
+    ``model`` is only read; ``loss_fn`` is the run's loss when it is not the kit's ``DetectionLoss``.
 
     Raises:
         RuntimeError: not even batch 1 fits (the message says what to change).
     """
     spec = sizing_target(config, device)
-    step = StepConfig.from_train_config(config, model, world_size=world_size, batch_size=1)
+    step = dataclasses.replace(StepConfig.from_train_config(config, model, world_size=world_size, batch_size=1),
+                               loss_fn=loss_fn)
     chosen = plan(step, config.nominal_batch_size, gpu=spec, margin=config.margin, method="estimated")
     if chosen.recommended is None:
         raise RuntimeError(f"batch_size='auto' for {step.model_name} at {config.imgsz} px: {chosen.reason}")

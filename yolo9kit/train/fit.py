@@ -109,7 +109,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.device)
     ckpt, run_dir = _prepare_run(config, dist)
-    config, auto_batch = _size_batch(config, model, device, dist, ckpt)
+    config, auto_batch = _size_batch(config, model, device, dist, ckpt, loss_fn)
     seed_everything(config.seed + dist.rank)
     model.to(device)
     model = ddp.wrap_model(model, dist, device, config.sync_bn)
@@ -136,7 +136,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
 
 
 def _size_batch(config: TrainConfig, model: nn.Module, device: torch.device, dist: ddp.DistInfo,
-                ckpt: dict | None) -> tuple[TrainConfig, Any]:
+                ckpt: dict | None, loss_fn: Callable | None) -> tuple[TrainConfig, Any]:
     """``batch_size="auto"``: the planned batch (``yolo9kit.memory.autobatch``); a resumed run keeps the
     batch it started with (the data order depends on it)."""
     if config.batch_size != "auto":
@@ -145,7 +145,7 @@ def _size_batch(config: TrainConfig, model: nn.Module, device: torch.device, dis
         return dataclasses.replace(config, batch_size=ckpt["train_config"]["batch_size"]), None
     from yolo9kit.memory.autobatch import choose_batch
 
-    return choose_batch(config, unwrap(model), device, dist.world_size)
+    return choose_batch(config, unwrap(model), device, dist.world_size, loss_fn=loss_fn)
 
 
 def _check_classes(model: nn.Module, data) -> None:
