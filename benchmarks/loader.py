@@ -40,10 +40,11 @@ def time_loader(loader, warmup: int, batches: int) -> float:
 def ours(data_yaml: Path, workers: int, args, colour_left: bool = False) -> float:
     """The kit's loader; ``colour_left``: the HSV jitter is left for the training device (the CUDA default),
     so the loader's CPU work is timed without it (its device cost is timed by ``device_jitter_ms``)."""
+    from yolo9kit.config import LoaderConfig
     from yolo9kit.data import create_dataloader
 
     loader = create_dataloader(data_yaml, "train", imgsz=args.imgsz, batch_size=args.batch_size, workers=workers,
-                               cache=args.cache_mode, seed=0, pin_memory=False)
+                               cache=args.cache_mode, seed=0, options=LoaderConfig(pin_memory=False))
     loader.dataset.colour_on_device = colour_left  # set before the first pass: workers copy the dataset then
     return time_loader(loader, args.warmup, args.batches)
 

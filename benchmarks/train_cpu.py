@@ -105,7 +105,8 @@ def _fit_validating_every(fit, model, data, config, every: int):
         counter["epoch"] += 1
         if counter["epoch"] % every and counter["epoch"] != config.epochs:
             return {}
-        r = evaluate(ema_model, data, dataloader=loader, imgsz=config.imgsz, progress=False)
+        device = next(ema_model.parameters()).device  # where it trains (evaluate's None would pick CUDA)
+        r = evaluate(ema_model, data, dataloader=loader, imgsz=config.imgsz, device=device, progress=False)
         return {"precision": r.mp, "recall": r.mr, "map50": r.map50, "map": r.map, "fitness": r.fitness}
 
     from dataclasses import replace

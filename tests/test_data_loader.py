@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from yolo9kit.config import LoaderConfig
 from yolo9kit.data import create_dataloader, make_shapes, preprocess_images, set_mosaic
 from yolo9kit.data.loader import KeySampler
 
@@ -84,9 +85,10 @@ def test_ram_cache_gives_identical_batches(shapes_yaml):
 
 def test_ram_cache_that_does_not_fit_is_a_clear_error(shapes_yaml):
     with pytest.raises(MemoryError, match="needs .* GiB but only"):
-        create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0, cache="ram", cache_budget=1e-12)
+        create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0, cache="ram",
+                          options=LoaderConfig(cache_budget=1e-12))
     loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0, cache=None,
-                               cache_budget=1e-12)
+                               options=LoaderConfig(cache_budget=1e-12))
     assert loader.dataset.images is None  # auto: silently not cached
 
 

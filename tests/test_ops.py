@@ -9,9 +9,9 @@ import torch
 from yolo9kit.ops import non_max_suppression, scale_boxes
 
 GOLDEN_NMS_CASES = {
-    "nms_val_0.001_0.7_multilabel_300": dict(conf_thres=0.001, iou_thres=0.7, multi_label=True, max_det=300),
-    "nms_detect_0.25_0.45_1000": dict(conf_thres=0.25, iou_thres=0.45, max_det=1000),
-    "nms_detect_agnostic": dict(conf_thres=0.25, iou_thres=0.45, max_det=1000, agnostic=True),
+    "nms_val_0.001_0.7_multilabel_300": dict(conf=0.001, iou=0.7, multi_label=True, max_det=300),
+    "nms_detect_0.25_0.45_1000": dict(conf=0.25, iou=0.45, max_det=1000),
+    "nms_detect_agnostic": dict(conf=0.25, iou=0.45, max_det=1000, agnostic=True),
 }
 
 
@@ -74,10 +74,10 @@ def test_nms_nothing_above_threshold_gives_empty_rows():
 
 def test_nms_rejects_bad_thresholds_and_shapes():
     pred = _random_prediction()
-    with pytest.raises(ValueError, match="conf_thres"):
-        non_max_suppression(pred, conf_thres=1.5)
-    with pytest.raises(ValueError, match="iou_thres"):
-        non_max_suppression(pred, iou_thres=-0.1)
+    with pytest.raises(ValueError, match=r"conf=1.5 is outside"):
+        non_max_suppression(pred, conf=1.5)
+    with pytest.raises(ValueError, match=r"iou=-0.1 is outside"):
+        non_max_suppression(pred, iou=-0.1)
     with pytest.raises(ValueError, match=r"\(B, 4\+nc, A\)"):
         non_max_suppression(pred[0])
 

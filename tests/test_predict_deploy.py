@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolo9kit.config import NMSConfig
 from yolo9kit.models import create_model
 from yolo9kit.models.deploy import deploy_for_inference
 from yolo9kit.prediction import predict
@@ -25,8 +26,8 @@ def _model():
 def test_deployed_prediction_equals_plain_prediction():
     model = _model()
     image = np.random.default_rng(0).integers(0, 255, (96, 128, 3), dtype=np.uint8)
-    plain = predict(model, image, imgsz=128, conf=0.5, deploy=False, device="cpu")[0]
-    fast = predict(model, image, imgsz=128, conf=0.5, deploy=True, device="cpu")[0]
+    plain = predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5), deploy=False, device="cpu")[0]
+    fast = predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5), deploy=True, device="cpu")[0]
     assert len(plain.boxes) > 0 and len(plain.boxes) == len(fast.boxes)
     np.testing.assert_allclose(fast.scores, plain.scores, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fast.boxes, plain.boxes, atol=1.0)  # boxes are rounded to whole pixels
@@ -54,8 +55,8 @@ def test_batched_prediction_equals_one_image_at_a_time(tmp_path):
     for i in range(4):
         cv2.imwrite(str(tmp_path / f"im{i}.png"), rng.integers(0, 255, (128, 128, 3), dtype=np.uint8))
     (tmp_path / "im1b.png").write_bytes(b"not an image")
-    one = predict(model, tmp_path, imgsz=128, conf=0.5, device="cpu")
-    three = predict(model, tmp_path, imgsz=128, conf=0.5, device="cpu", batch_size=3)
+    one = predict(model, tmp_path, imgsz=128, nms=NMSConfig(conf=0.5), device="cpu")
+    three = predict(model, tmp_path, imgsz=128, nms=NMSConfig(conf=0.5), device="cpu", batch_size=3)
     assert [r.path for r in three] == [r.path for r in one] and len(three) == 4
     assert [Path(p).name for p, _ in three.skipped] == ["im1b.png"] and "decode" in three.skipped[0][1]
     for a, b in zip(one, three):

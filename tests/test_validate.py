@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from yolo9kit.config import NMSConfig, SaveConfig
 from yolo9kit.models import DualOutput, create_model
 from yolo9kit.prediction import predict
 from yolo9kit.validate import compare_heads, evaluate
@@ -195,7 +196,7 @@ def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
 def test_random_model_without_detections_gives_zero_metrics(dataset):
     data, batches = dataset
     model = create_model("gelan-t", num_classes=2)
-    result = evaluate(model, data, dataloader=batches, device="cpu", conf=0.5, progress=False)
+    result = evaluate(model, data, dataloader=batches, device="cpu", nms=NMSConfig(conf=0.5), progress=False)
     assert result.map == 0 and result.instances == 3 and model.training  # mode restored
     # every labelled class still gets its row, with zeros (the official table would print none)
     assert list(result.per_class["instances"]) == [1, 2] and (result.per_class["mAP50"] == 0).all()
@@ -211,7 +212,8 @@ def test_predict_writes_labels_that_parse_back(dataset, tmp_path):
     model.outputs = [model.outputs[0]]
     out = tmp_path / "detect"
     image = str(data.parent / "images" / "val" / "000001.png")
-    results = predict(model, image, imgsz=96, conf=0.5, device="cpu", save_dir=out, save_txt=True, save_conf=True)
+    results = predict(model, image, imgsz=96, nms=NMSConfig(conf=0.5), device="cpu",
+                      save=SaveConfig(out, txt=True, conf=True))
     (result,) = results
     assert result.boxes.tolist() == [[10, 10, 40, 40], [50, 20, 90, 30]]  # back in original pixels
     assert result.classes.tolist() == [0, 1] and result.orig_shape == (64, 96)

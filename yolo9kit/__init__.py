@@ -24,14 +24,18 @@ _EXPORTS: dict[str, str] = {
     "save_checkpoint": "yolo9kit.checkpoint",
     "load_checkpoint": "yolo9kit.checkpoint",
     "read_checkpoint": "yolo9kit.checkpoint",
+    "load_model": "yolo9kit.checkpoint",
     "make_shapes": "yolo9kit.data",
     "create_dataloader": "yolo9kit.data",
     "DetectionLoss": "yolo9kit.loss",
     "LossConfig": "yolo9kit.config",
     "TrainConfig": "yolo9kit.config",
     "StepConfig": "yolo9kit.config",
+    "NMSConfig": "yolo9kit.config",
+    "SaveConfig": "yolo9kit.config",
+    "LoaderConfig": "yolo9kit.config",
     "fit": "yolo9kit.train",
-    "predict": "yolo9kit.validate",
+    "predict": "yolo9kit.prediction",
     "evaluate": "yolo9kit.validate",
     "compare_heads": "yolo9kit.validate",
 }
@@ -62,8 +66,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from yolo9kit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-    from yolo9kit.config import LossConfig, StepConfig, TrainConfig
+    from yolo9kit.checkpoint import load_checkpoint, load_model, read_checkpoint, save_checkpoint
+    from yolo9kit.config import LoaderConfig, LossConfig, NMSConfig, SaveConfig, StepConfig, TrainConfig
     from yolo9kit.data import create_dataloader, make_shapes
     from yolo9kit.env import checks
     from yolo9kit.loss import DetectionLoss
@@ -76,5 +80,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         model_table,
         to_deploy,
     )
+    from yolo9kit.prediction import predict
     from yolo9kit.train import fit
-    from yolo9kit.validate import compare_heads, evaluate, predict
+    from yolo9kit.validate import compare_heads, evaluate

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torchvision
 
+from yolo9kit._renamed import renamed_keywords
 from yolo9kit.boxes import clip_boxes_xyxy, cxcywh_to_xyxy
 from yolo9kit.data.letterbox import letterbox  # re-exported: inference code needs one import
 
@@ -31,10 +32,11 @@ MAX_NMS = 30000
 __all__ = ["MAX_NMS", "MAX_WH", "letterbox", "non_max_suppression", "scale_boxes"]
 
 
+@renamed_keywords("non_max_suppression", conf_thres="conf", iou_thres="iou")
 def non_max_suppression(
     prediction: torch.Tensor | Sequence[torch.Tensor],
-    conf_thres: float = 0.25,
-    iou_thres: float = 0.45,
+    conf: float = 0.25,
+    iou: float = 0.45,
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
     multi_label: bool = False,
@@ -44,7 +46,7 @@ def non_max_suppression(
     """Confidence filter + class-aware NMS, per image.
 
     Matches the official ``utils/general.py non_max_suppression`` (no masks, no a-priori labels,
-    merge-NMS off): candidates need a class score ``> conf_thres``; with ``multi_label`` (only when
+    merge-NMS off): candidates need a class score ``> conf``; with ``multi_label`` (only when
     nc > 1) every (anchor, class) pair above the threshold becomes a row, otherwise the best class
     only; rows are sorted by score (at most 30000 kept), offset by ``class * 7680`` (0 when
     ``agnostic``) and passed to ``torchvision.ops.nms``; the first ``max_det`` survive. If the loop
@@ -54,11 +56,11 @@ def non_max_suppression(
     Args:
         prediction: decoded head output (B, 4+nc, A): cx, cy, w, h in input pixels, then class
             scores in [0, 1]. A list/tuple means (decoded, raw) and its element 0 is used.
-        conf_thres: minimum class score (strictly greater), in [0, 1].
-        iou_thres: IoU above which the lower-scored box of the same class is suppressed, in [0, 1].
+        conf: minimum class score (strictly greater), in [0, 1] (official ``conf_thres``).
+        iou: IoU above which the lower-scored box of the same class is suppressed, in [0, 1] (``iou_thres``).
         classes: keep only these class indices (None keeps all).
         agnostic: suppress across classes.
-        multi_label: one row per (box, class) above ``conf_thres`` (validation setting).
+        multi_label: one row per (box, class) above ``conf`` (validation setting).
         max_det: maximum rows per image.
         time_limit_s: stop after this many seconds (None: the official ``2.5 + 0.05 * B``).
 
@@ -68,15 +70,15 @@ def non_max_suppression(
     """
     if isinstance(prediction, (list, tuple)):
         prediction = prediction[0]
-    if not 0 <= conf_thres <= 1:
-        raise ValueError(f"conf_thres={conf_thres} is outside [0, 1]; pass a score threshold such as 0.25")
-    if not 0 <= iou_thres <= 1:
-        raise ValueError(f"iou_thres={iou_thres} is outside [0, 1]; pass an IoU threshold such as 0.45")
+    if not 0 <= conf <= 1:
+        raise ValueError(f"conf={conf} is outside [0, 1]; pass a score threshold such as 0.25")
+    if not 0 <= iou <= 1:
+        raise ValueError(f"iou={iou} is outside [0, 1]; pass an IoU threshold such as 0.45")
     if prediction.ndim != 3 or prediction.shape[1] < 5:
         raise ValueError(f"prediction must be (B, 4+nc, A) with nc >= 1, got shape {tuple(prediction.shape)}")
 
     batch_size, nc = prediction.shape[0], prediction.shape[1] - 4
-    candidates = prediction[:, 4:].amax(1) > conf_thres  # (B, A)
+    candidates = prediction[:, 4:].amax(1) > conf  # (B, A)
     multi_label = multi_label and nc > 1
     time_limit = 2.5 + 0.05 * batch_size if time_limit_s is None else time_limit_s
     start = time.time()
@@ -87,22 +89,22 @@ def non_max_suppression(
             continue
         boxes_xyxy, scores = cxcywh_to_xyxy(rows[:, :4]), rows[:, 4:]
         if multi_label:
-            anchor, cls = (scores > conf_thres).nonzero(as_tuple=False).T
+            anchor, cls = (scores > conf).nonzero(as_tuple=False).T
             rows = torch.cat((boxes_xyxy[anchor], rows[anchor, 4 + cls, None], cls[:, None].float()), 1)
         else:
-            conf, cls = scores.max(1, keepdim=True)
-            rows = torch.cat((boxes_xyxy, conf, cls.float()), 1)[conf.view(-1) > conf_thres]
+            best, cls = scores.max(1, keepdim=True)
+            rows = torch.cat((boxes_xyxy, best, cls.float()), 1)[best.view(-1) > conf]
         if classes is not None:
             rows = rows[(rows[:, 5:6] == torch.tensor(classes, device=rows.device)).any(1)]
         if not rows.shape[0]:
             continue
         rows = rows[rows[:, 4].argsort(descending=True)[:MAX_NMS]]
         offsets = rows[:, 5:6] * (0 if agnostic else MAX_WH)
-        keep = torchvision.ops.nms(rows[:, :4] + offsets, rows[:, 4], iou_thres)[:max_det]
+        keep = torchvision.ops.nms(rows[:, :4] + offsets, rows[:, 4], iou)[:max_det]
         output[index] = rows[keep]
         if time.time() - start > time_limit:
             LOGGER.warning("NMS time limit %.3fs exceeded after image %d of %d; the remaining images get no "
-                           "detections (raise conf_thres or lower max_det)", time_limit, index + 1, batch_size)
+                           "detections (raise conf or lower max_det)", time_limit, index + 1, batch_size)
             break
     return output
 

@@ -6,90 +6,30 @@ pixels) in a :class:`Predictions` list that also holds the per-image timings and
 
 from __future__ import annotations
 
-import copy
 import glob
 import logging
 import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
 import torch
 
+from yolo9kit._renamed import NMS_KEYWORDS, SAVE_KEYWORDS, renamed_keywords
+from yolo9kit.checkpoint import load_model
+from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
 from yolo9kit.env import resolve_device
+from yolo9kit.models.inference import prepare_model, resolve_half, select_head
 from yolo9kit.ops import letterbox, non_max_suppression, scale_boxes
 
 LOGGER = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
 
-__all__ = ["SPEED_COLUMNS", "Prediction", "Predictions", "load_model", "predict", "prepare_model", "resolve_device",
-           "select_head", "speed_line"]
-
-
-def load_model(weights: Any):
-    """A DetectionModel from a model object, a kit checkpoint, an official .pt, or a model name.
-
-    A kit checkpoint uses its EMA weights when present; an official file is loaded without its code.
-    A registered model name (``yolov9-t``) builds a randomly initialised model, for smoke tests only.
-    """
-    if isinstance(weights, torch.nn.Module):
-        return weights
-    path = Path(str(weights))
-    if path.is_file():
-        from yolo9kit.checkpoint import CheckpointError, load_checkpoint
-        from yolo9kit.models import load_official_checkpoint
-
-        try:
-            return load_checkpoint(path)
-        except CheckpointError as kit_error:
-            try:
-                return load_official_checkpoint(path)
-            except Exception as official_error:
-                raise ValueError(f"{path}: neither a yolo9kit checkpoint ({kit_error}) nor an official YOLOv9 "
-                                 f"checkpoint ({official_error})") from official_error
-    from yolo9kit.models import create_model, list_models
-
-    if str(weights) in list_models():
-        LOGGER.warning("%s: no weights file given, using a randomly initialised model", weights)
-        return create_model(str(weights))
-    raise FileNotFoundError(f"weights {weights} not found: pass a checkpoint path or one of {', '.join(list_models())}")
-
-
-def prepare_model(model: torch.nn.Module, device: torch.device, half: bool, deploy: bool = False,
-                  head: str = "main") -> torch.nn.Module:
-    """The model on ``device`` in FP16 (``half``) or FP32, in eval mode; ``deploy`` fuses it for speed.
-
-    Casting happens on a copy: casting in place would round the caller's weights (the trainer's EMA
-    model, for instance) to FP16 for good. The caller restores ``model.train(...)`` when it is the same.
-    """
-    if deploy and hasattr(model, "yaml"):
-        from yolo9kit.models.deploy import deploy_for_inference
-
-        model = deploy_for_inference(model, head)
-    dtype = torch.float16 if half else torch.float32
-    first = next(model.parameters(), None)
-    if first is not None and first.dtype != dtype:
-        model = copy.deepcopy(model).to(dtype)
-    return model.to(device).eval()
-
-
-def select_head(output, head: str = "main") -> torch.Tensor:
-    """The decoded (B, 4+nc, A) prediction of ``head`` ("main" or "aux") from an eval-mode forward."""
-    if head not in ("main", "aux"):
-        raise ValueError(f"head must be 'main' or 'aux', got {head!r}")
-    if isinstance(output, torch.Tensor):
-        if head == "aux":
-            raise ValueError("this model has a single head (GELAN); head='aux' needs a dual-head YOLOv9 model")
-        return output
-    chosen = getattr(output, head)
-    if chosen is None:
-        raise ValueError("this model has no auxiliary head (GELAN / converted); use head='main'")
-    return chosen
+__all__ = ["IMAGE_SUFFIXES", "SPEED_COLUMNS", "Prediction", "Predictions", "predict", "speed_line"]
 
 
 def _expand_sources(source) -> list[str | np.ndarray]:
@@ -141,69 +81,73 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
+@renamed_keywords("predict", {"nms": NMSConfig(), "save": SaveConfig()}, **NMS_KEYWORDS, **SAVE_KEYWORDS)
 @torch.no_grad()
-def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25, iou: float = 0.45,
-            max_det: int = 1000, classes: Sequence[int] | None = None, agnostic: bool = False,
-            half: bool | None = None, device: str | torch.device | None = None, save_dir: str | Path | None = None,
-            save_txt: bool = False, save_conf: bool = False, save_images: bool = True, head: str = "main",
-            deploy: bool = True, line_width: int | None = None, batch_size: int = 1,
-            compile: bool = False) -> Predictions:
+def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig | None = None,
+            save: SaveConfig | None = None, half: str | bool = "auto", device: str | torch.device | None = None,
+            head: str = "main", batch_size: int = 1, deploy: bool = True, compile: bool | str = False) -> Predictions:
     """Detect objects in images, as the official ``detect_dual.py`` (batch 1 by default).
 
     Each image is read as BGR, letterboxed to ``imgsz`` with the minimal stride-multiple rectangle,
     run through the model; the ``head`` output (the main head by default, as detect_dual.py; GELAN
     models have only that) goes through class-aware NMS with one class per box, and boxes are scaled
-    back to the original image and rounded.
+    back to the original image and rounded. The caller's model is never moved or cast (see
+    :func:`~yolo9kit.models.inference.prepare_model`); its train/eval mode is restored.
 
     Args:
-        model: a DetectionModel, or anything :func:`load_model` accepts (checkpoint path, model name).
+        model: a DetectionModel, or anything :func:`~yolo9kit.checkpoint.load_model` accepts (checkpoint path,
+            model name).
         source: image file, folder (its image files, sorted), glob pattern, BGR numpy image (as
             ``cv2.imread`` gives), or a list of these.
         imgsz: inference size (int or (h, w)), rounded up to a multiple of the model stride.
-        conf, iou, max_det, classes, agnostic: NMS settings (see :func:`yolo9kit.ops.non_max_suppression`).
-        half: FP16 model and inputs; None: on CUDA yes (where the model also runs channels_last), on CPU no.
-        device: None picks CUDA when available.
-        save_dir: when given, annotated images (``save_images``) and, with ``save_txt``,
-            ``labels/<stem>.txt`` lines ``cls cx cy w h [conf]`` are written there.
-        head: "main" or "aux". line_width: box line width in saved images (None: scaled to the image).
-        deploy: run the deployed equivalent (auxiliary branch dropped, Conv+BN fused; built once per
-            weights version and cached); the outputs are those of the model within float rounding.
+        nms: an :class:`~yolo9kit.config.NMSConfig`; its unset fields (and None) take
+            :data:`~yolo9kit.config.PREDICT_NMS`: conf 0.25, iou 0.45, max_det 1000, as detect_dual.py.
+        save: a :class:`~yolo9kit.config.SaveConfig` saying what to write (annotated images, label txt files)
+            and where; None writes nothing.
+        half: FP16 model and inputs: "auto" on CUDA (where the model also runs channels_last), not on the CPU;
+            True or False.
+        device: None: the first CUDA device when there is one, else the CPU.
+        head: "main" or "aux".
         batch_size: images per forward pass. Above 1 every image is letterboxed to the full ``imgsz``
             (one shape for the batch, as in validation) instead of its minimal rectangle; each image's
             speed row holds its share of the batch's time.
-        compile: run the model through ``torch.compile`` (pays off over many images of one shape; the first
-            batch then takes seconds to minutes).
+        deploy: run the deployed equivalent (auxiliary branch dropped, Conv+BN fused; built once per
+            weights version and cached); the outputs are those of the model within float rounding.
+        compile: run the model through ``torch.compile`` (True or a mode; pays off over many images of one
+            shape; the first batch then takes seconds to minutes).
 
     Returns:
         :class:`Predictions` (unreadable inputs are in ``.skipped`` with the reason, not raised).
 
     Raises:
         FileNotFoundError: a named file, folder or pattern does not exist / matches nothing.
-        ValueError: a folder without images, or batch_size < 1.
+        ValueError: a folder without images, batch_size < 1, or a ``half`` value other than the three.
     """
     import pandas as pd
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    nms = (nms or NMSConfig()).filled(PREDICT_NMS)
+    save = save or SaveConfig()
     items = _expand_sources(source)
     model = load_model(model)
     device = resolve_device(device)
-    half = device.type == "cuda" if half is None else half
+    half = resolve_half(half, device)
     was_training, caller_model = model.training, model
     model = prepare_model(model, device, half, deploy=deploy, head=head)
     memory_format = torch.channels_last if device.type == "cuda" and model is not caller_model else \
         torch.contiguous_format  # never change the layout of the caller's own model
     if memory_format is torch.channels_last:
         model = model.to(memory_format=memory_format)
-    forward = torch.compile(model) if compile else model
+    forward = torch.compile(model, mode=compile if isinstance(compile, str) else None) if compile else model
     stride = max(int(model.stride.max()), 32)
     imgsz = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)
     if input_size != imgsz:
         LOGGER.warning("imgsz %s is not a multiple of the stride %d: using %s", imgsz, stride, input_size)
-    save_dir = Path(save_dir) if save_dir is not None else None
+    save_dir = Path(save.save_dir) if save.save_dir is not None else None
     if save_dir is not None:
-        (save_dir / "labels" if save_txt else save_dir).mkdir(parents=True, exist_ok=True)
+        (save_dir / "labels" if save.txt else save_dir).mkdir(parents=True, exist_ok=True)
     if device.type == "cuda":  # warm-up: the first call pays for cuDNN autotuning and allocations
         forward(torch.zeros(batch_size, 3, *input_size, device=device, dtype=torch.half if half else torch.float))
 
@@ -221,11 +165,10 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
                 chw = np.ascontiguousarray(letterboxed.transpose((2, 0, 1))[::-1])  # HWC BGR -> CHW RGB
                 pending.append((index, image, path, chw, time.perf_counter() - t0))
             if pending and (len(pending) == batch_size or index == len(items) - 1):
-                batch_results = _run_batch(model, forward, pending, device, half, memory_format, head,
-                                           (conf, iou, classes, agnostic, max_det))
+                batch_results = _run_batch(model, forward, pending, device, half, memory_format, head, nms)
                 for (i, *_), (result, speed) in zip(pending, batch_results):
                     if save_dir is not None:
-                        _write_outputs(result, save_dir, i, save_txt, save_conf, save_images, line_width)
+                        _write_outputs(result, save_dir, i, save)
                     results.append(result)
                     rows.append({"path": result.path or f"array #{i}", **speed})
                 pending = []
@@ -236,9 +179,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, conf: float = 0.25,
 
 
 def _run_batch(model, forward, pending: list, device: torch.device, half: bool, memory_format, head: str,
-               nms: tuple) -> list[tuple[Prediction, dict]]:
+               nms: NMSConfig) -> list[tuple[Prediction, dict]]:
     """One forward pass over the letterboxed images of ``pending``; per image its Prediction and speed row."""
-    conf, iou, classes, agnostic, max_det = nms
     n = len(pending)
     t1 = _sync(device)
     x = torch.from_numpy(np.stack([chw for *_, chw, _ in pending])).to(device)
@@ -246,7 +188,7 @@ def _run_batch(model, forward, pending: list, device: torch.device, half: bool, 
     t2 = _sync(device)
     prediction = select_head(forward(x), head)
     t3 = _sync(device)
-    dets = non_max_suppression(prediction, conf, iou, classes, agnostic, max_det=max_det)
+    dets = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic, max_det=nms.max_det)
     t4 = _sync(device)
     out = []
     for (index, image, path, _, load_s), det in zip(pending, dets):
@@ -262,11 +204,10 @@ def _run_batch(model, forward, pending: list, device: torch.device, half: bool, 
     return out
 
 
-def _write_outputs(result: Prediction, save_dir: Path, index: int, save_txt: bool, save_conf: bool,
-                   save_images: bool, line_width: int | None) -> None:
+def _write_outputs(result: Prediction, save_dir: Path, index: int, save: SaveConfig) -> None:
     stem = Path(result.path).stem if result.path else f"image{index}"
-    if save_txt:
+    if save.txt:
         with open(save_dir / "labels" / f"{stem}.txt", "a") as f:  # appends, as the official code
-            f.writelines(line + "\n" for line in result.label_lines(save_conf))
-    if save_images:
-        result.save(save_dir / (Path(result.path).name if result.path else f"{stem}.jpg"), line_width)
+            f.writelines(line + "\n" for line in result.label_lines(save.conf))
+    if save.images:
+        result.save(save_dir / (Path(result.path).name if result.path else f"{stem}.jpg"), save.line_width)

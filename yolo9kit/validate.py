@@ -2,8 +2,8 @@
 matching, 101-point AP; plus an optional COCOeval of the same predictions.
 
 ``evaluate(model, "data.yaml")`` returns a :class:`ValResult`; ``compare_heads`` evaluates the main
-and auxiliary heads of a YOLOv9 model on the same batches. Prediction lives in
-:mod:`yolo9kit.prediction` and is re-exported here.
+and auxiliary heads of a YOLOv9 model on the same batches. Prediction on image files lives in
+:mod:`yolo9kit.prediction`, which builds on this layer, not the other way round.
 """
 
 from __future__ import annotations
@@ -18,23 +18,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolo9kit._renamed import NMS_KEYWORDS, renamed_keywords
 from yolo9kit.boxes import cxcywh_to_xyxy
+from yolo9kit.checkpoint import load_model
+from yolo9kit.config import VAL_NMS, NMSConfig
+from yolo9kit.detections import speed_line
+from yolo9kit.env import resolve_device
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
+from yolo9kit.models.inference import prepare_model, resolve_half, select_head
 from yolo9kit.ops import non_max_suppression, scale_boxes
-from yolo9kit.prediction import (
-    Prediction,
-    Predictions,
-    load_model,
-    predict,
-    prepare_model,
-    resolve_device,
-    select_head,
-    speed_line,
-)
 
 LOGGER = logging.getLogger(__name__)
 
-__all__ = ["Prediction", "Predictions", "ValResult", "compare_heads", "evaluate", "predict"]
+__all__ = ["ValResult", "compare_heads", "evaluate"]
 
 
 @dataclass
@@ -121,9 +117,10 @@ def _data_names(data, loader) -> tuple[list[str], Any]:
     return list(names.values()) if isinstance(names, dict) else list(names), config
 
 
+@renamed_keywords("evaluate", {"nms": NMSConfig()}, **{k: NMS_KEYWORDS[k] for k in ("conf", "iou", "max_det")})
 @torch.no_grad()
-def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size: int = 32, conf: float = 0.001,
-             iou: float = 0.7, max_det: int = 300, head: str = "main", dataloader=None, half: bool = False,
+def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_size: int = 32,
+             nms: NMSConfig | None = None, head: str = "main", dataloader=None, half: str | bool = "auto",
              device: str | torch.device | None = None, plots: bool = False, save_dir: str | Path | None = None,
              coco: bool = False, coco_gt: str | Path | dict | None = None, single_cls: bool = False,
              workers: int | None = None, progress: bool = True) -> ValResult:
@@ -134,30 +131,39 @@ def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size:
     original images; matching at IoU 0.50:0.95 (:func:`~yolo9kit.metrics.match_predictions`);
     AP per class with 101-point interpolation (:func:`~yolo9kit.metrics.ap_per_class`).
 
+    The caller's model is never moved or cast: when ``device`` or ``half`` differ from its own, a copy
+    is evaluated (:func:`~yolo9kit.models.inference.prepare_model`); its train/eval mode is restored.
+
     Args:
-        model: DetectionModel (or a checkpoint path / model name, see :func:`~yolo9kit.prediction.load_model`).
-            Its training/eval mode is restored afterwards.
+        model: DetectionModel (or a checkpoint path / model name, see :func:`~yolo9kit.checkpoint.load_model`).
         data: data.yaml path or dict (not needed when ``dataloader`` is given, except for COCO detection).
         split: "val", "test" or "train". imgsz, batch_size, workers: loader settings.
-        conf, iou, max_det: NMS settings. head: "main" (default, as val_dual.py) or "aux".
+        nms: an :class:`~yolo9kit.config.NMSConfig`; its unset fields (and None) take
+            :data:`~yolo9kit.config.VAL_NMS`: conf 0.001, iou 0.7, max_det 300, as val_dual.py. ``classes``
+            keeps only those classes' detections (the others then score 0); ``single_cls`` implies ``agnostic``.
+        head: "main" (default, as val_dual.py) or "aux".
         dataloader: reuse a loader yielding (images uint8 (B,3,H,W), targets (N,6), paths, shapes).
-        half: FP16 forward (the trainer passes its AMP setting). device: None = the model's device.
+        half: FP16 forward: "auto" on CUDA, not on the CPU; True or False (the trainer passes its AMP
+            setting). The official standalone ``val_dual.py`` runs FP32 unless ``--half``: pass False to
+            reproduce its numbers exactly (FP16 rounding can move them slightly).
+        device: None: the first CUDA device when there is one, else the CPU (not the model's device).
         plots: build the confusion matrix, PR, F1, P and R figures (``.figures``), saved as PNG in
             ``save_dir`` when given.
         coco: also write COCO-format predictions (``save_dir/predictions.json``) and score them with
             pycocotools against ``coco_gt`` (JSON path or dict); without it COCO data uses
             ``<data path>/annotations/instances_val2017.json`` and other data is converted from the labels.
         single_cls: treat every class as one (class-agnostic NMS, predicted classes set to 0).
+        progress: a progress bar over the batches.
 
     Raises:
         ValueError: the model's number of classes differs from the data's.
     """
     if head not in ("main", "aux"):
         raise ValueError(f"head must be 'main' or 'aux', got {head!r}")
+    nms = (nms or NMSConfig()).filled(VAL_NMS)
     model = load_model(model)
-    if device is None:
-        device = next(model.parameters()).device
     device = resolve_device(device)
+    half = resolve_half(half, device)
     if dataloader is None:
         if data is None:
             raise ValueError("evaluate needs data= (a data.yaml path or dict) or dataloader=")
@@ -179,7 +185,7 @@ def evaluate(model, data=None, split: str = "val", imgsz: int = 640, batch_size:
     model = prepare_model(model, device, half)
     state = _Accumulator(len(names), coco, class_map, imgsz=imgsz)
     try:
-        _run_batches(model, dataloader, device, half, head, conf, iou, max_det, single_cls, state, progress)
+        _run_batches(model, dataloader, device, half, head, nms, single_cls, state, progress)
     finally:
         caller_model.train(was_training)
     return _finish(state, names, head, plots, save_dir, coco, coco_gt, config, class_map)
@@ -208,7 +214,7 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _run_batches(model, loader, device, half, head, conf, iou, max_det, single_cls, state, progress) -> None:
+def _run_batches(model, loader, device, half, head, nms: NMSConfig, single_cls, state, progress) -> None:
     from tqdm.auto import tqdm
 
     for images, targets, paths, shapes in tqdm(loader, desc=f"validate ({head} head)", disable=not progress,
@@ -224,8 +230,8 @@ def _run_batches(model, loader, device, half, head, conf, iou, max_det, single_c
         t2 = _sync(device)
         scale = torch.tensor((1, 1, width, height, width, height), device=device)
         targets = targets * scale  # boxes to input pixels; a new tensor, the loader's batch stays untouched
-        detections = non_max_suppression(prediction, conf, iou, multi_label=True, agnostic=single_cls,
-                                         max_det=max_det)
+        detections = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic or single_cls,
+                                         multi_label=True, max_det=nms.max_det)
         t3 = _sync(device)
         state.times += (t1 - t0, t2 - t1, t3 - t2)
         for si, pred in enumerate(detections):
@@ -356,9 +362,8 @@ def compare_heads(model, data=None, dataloader=None, **kwargs):
     if dataloader is None:
         if data is None:
             raise ValueError("compare_heads needs data= or dataloader=")
-        dataloader = _build_loader(data, kwargs.pop("split", "val"), kwargs.pop("imgsz", 640),
-                                   kwargs.pop("batch_size", 32), kwargs.pop("workers", None),
-                                   kwargs.get("single_cls", False))
+        dataloader = _build_loader(data, kwargs.get("split", "val"), kwargs.get("imgsz", 640),
+                                   kwargs.get("batch_size", 32), kwargs.get("workers"), kwargs.get("single_cls", False))
     rows = {head: evaluate(model, data, dataloader=dataloader, head=head, **kwargs).to_dict()
             for head in ("main", "aux")}
     return pd.DataFrame.from_dict(rows, orient="index")

@@ -132,10 +132,11 @@ def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
 
 
 def _predict_one(model, data_yaml: Path, out: Path, args: argparse.Namespace) -> None:
+    from yolo9kit.config import SaveConfig
     from yolo9kit.data import load_data_config
-    from yolo9kit.validate import predict
+    from yolo9kit.prediction import predict
 
     image = sorted(load_data_config(data_yaml).images("val"))[0]
-    results = predict(model, image, imgsz=args.imgsz, device=args.device, save_dir=out / "predict")
+    results = predict(model, image, imgsz=args.imgsz, device=args.device, save=SaveConfig(out / "predict"))
     print(results[0].to_frame().to_string(index=False))
     print(f"annotated image in {out / 'predict'}")

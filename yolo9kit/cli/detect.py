@@ -28,8 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--project", default="runs/detect", help="parent folder of the run folder")
     p.add_argument("--name", default="exp", help="run folder name (exp, exp2, ... unless --exist-ok)")
     p.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
-    p.add_argument("--half", action=argparse.BooleanOptionalAction, default=None,
-                   help="FP16 model and inputs (default: on CUDA yes, on CPU no)")
+    p.add_argument("--half", action=argparse.BooleanOptionalAction, default="auto",
+                   help="FP16 model and inputs (default: on CUDA, off on the CPU)")
     p.add_argument("--batch-size", type=int, default=1, help="images per forward pass (above 1: full-size letterbox)")
     p.add_argument("--line-thickness", type=int, default=3, help="box line width in pixels")
     p.add_argument("--head", choices=("main", "aux"), default="main", help="which head of a YOLOv9 model")
@@ -48,16 +48,19 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from yolo9kit.config import NMSConfig, SaveConfig
     from yolo9kit.prediction import SPEED_COLUMNS, predict
 
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)
     save_dir.mkdir(parents=True, exist_ok=True)
+    nms = NMSConfig(conf=args.conf_thres, iou=args.iou_thres, max_det=args.max_det, classes=args.classes,
+                    agnostic=args.agnostic_nms)
+    save = SaveConfig(save_dir, txt=args.save_txt, conf=args.save_conf, images=not args.nosave,
+                      line_width=args.line_thickness)
     results = predict(args.weights, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz,
-                      conf=args.conf_thres, iou=args.iou_thres, max_det=args.max_det, classes=args.classes,
-                      agnostic=args.agnostic_nms, half=args.half, device=args.device or None, save_dir=save_dir,
-                      save_txt=args.save_txt, save_conf=args.save_conf, save_images=not args.nosave,
-                      head=args.head, line_width=args.line_thickness, batch_size=args.batch_size)
+                      nms=nms, save=save, half=args.half, device=args.device or None, head=args.head,
+                      batch_size=args.batch_size)
     total = len(results) + len(results.skipped)
     for i, result in enumerate(results, 1):
         print(f"image {i}/{total} {result.path or 'array'}: {result.summary()}{result.speed['inference_ms']:.1f}ms")

@@ -25,7 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="", help="cuda device (0) or cpu; default: CUDA when available")
     p.add_argument("--workers", type=int, default=8, help="data loader workers (default 8)")
     p.add_argument("--single-cls", action="store_true", help="treat all classes as one")
-    p.add_argument("--half", action="store_true", help="FP16 inference")
+    p.add_argument("--half", action=argparse.BooleanOptionalAction, default="auto",
+                   help="FP16 inference (default: on CUDA, off on the CPU; --no-half for the official FP32)")
     p.add_argument("--save-json", action="store_true", help="COCO predictions JSON + pycocotools COCOeval")
     p.add_argument("--coco-gt", default=None, help="COCO ground-truth JSON (default: converted from the labels)")
     p.add_argument("--no-plots", action="store_true", help="skip the confusion matrix and curves")
@@ -39,18 +40,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from yolo9kit.checkpoint import load_model
     from yolo9kit.cli.detect import increment_path
-    from yolo9kit.prediction import load_model
+    from yolo9kit.config import NMSConfig
     from yolo9kit.validate import compare_heads, evaluate
 
     speed_task = args.task == "speed"
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)
     save_dir.mkdir(parents=True, exist_ok=True)
     model = load_model(args.weights)
-    settings = dict(split="val" if speed_task else args.task, imgsz=args.imgsz, batch_size=args.batch_size,
-                    conf=0.25 if speed_task else args.conf_thres, iou=0.45 if speed_task else args.iou_thres,
-                    max_det=args.max_det, half=args.half, device=args.device or None, single_cls=args.single_cls,
-                    workers=args.workers)
+    nms = NMSConfig(conf=0.25 if speed_task else args.conf_thres, iou=0.45 if speed_task else args.iou_thres,
+                    max_det=args.max_det)  # the official speed task times the detect thresholds
+    settings = dict(split="val" if speed_task else args.task, imgsz=args.imgsz, batch_size=args.batch_size, nms=nms,
+                    half=args.half, device=args.device or None, single_cls=args.single_cls, workers=args.workers)
     if args.head == "both":
         table = compare_heads(model, args.data, **settings)
         print(table.to_string(float_format="%.4f"))

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
+from yolo9kit._renamed import Into, Then, renamed_keywords
+from yolo9kit.config import LoaderConfig
 from yolo9kit.data.colour import hsv_jitter
 from yolo9kit.data.dataset import SampleKey, YOLODataset
 from yolo9kit.data.sources import DataConfig
@@ -145,14 +147,18 @@ def default_workers(batch_size: int) -> int:
     return min((os.cpu_count() or 1) // gpus, batch_size if batch_size > 1 else 0, 8)
 
 
+@renamed_keywords("create_dataloader", {"options": LoaderConfig()},
+                  pin_memory=Into("options", "pin_memory"), prefetch_factor=Into("options", "prefetch_factor"),
+                  cache_budget=Into("options", "cache_budget"),
+                  close_mosaic=Then("yolo9kit.data.set_mosaic(loader, False) after create_dataloader(...)",
+                                    lambda loader, close: set_mosaic(loader, not close)))
 def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split: str = "train",
-                      imgsz: int = 640, batch_size: int = 16, augment: bool | None = None,
+                      imgsz: int = 640, batch_size: int = 16, *, augment: bool | None = None,
                       workers: int | None = None, rect: bool | None = None, shuffle: bool | None = None,
                       seed: int = 0, cache: str | bool | None = None, hyp: dict | None = None,
-                      close_mosaic: bool = False, distributed: bool = False, stride: int = 32,
-                      pad: float | None = None, min_items: int = 0, single_cls: bool = False,
-                      pin_memory: bool | None = None, prefetch_factor: int = 4,
-                      cache_budget: float = 0.5, colour_device: str | torch.device | None = None) -> YOLOLoader:
+                      distributed: bool = False, stride: int = 32, pad: float | None = None, min_items: int = 0,
+                      single_cls: bool = False, colour_device: str | torch.device | None = None,
+                      options: LoaderConfig | None = None) -> YOLOLoader:
     """A loader of ``(images uint8 (B, 3, H, W) RGB, targets (N, 6), paths, shapes)``.
 
     Args:
@@ -166,20 +172,21 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         shuffle: default True for train (False with rect).
         seed: the same seed gives the same batches, whatever the number of workers.
         cache: "ram" (or True) decodes all images once into RAM and fails with the numbers when they do not
-            fit; None caches only when they fit in ``cache_budget`` of the available RAM; False never;
+            fit; None caches only when they fit in ``options.cache_budget`` of the available RAM; False never;
             "disk" decodes them once into a memory-mapped file beside the label cache (data sets larger
             than RAM; rebuilt when an image changes).
         hyp: augmentation hyper-parameters (dict, official keys); default hyp.scratch-high.
-        close_mosaic: start with mosaic off (it can be switched any time with :func:`set_mosaic`).
         distributed: split the samples over torch.distributed ranks (multi-GPU).
         pad: rect padding in strides; default 0.5 for validation, 0.0 for training.
-        pin_memory: default True when CUDA is available.
-        prefetch_factor: batches each worker prepares ahead.
         colour_device: run the HSV colour jitter there (batched, in torch: ``yolo9kit.data.colour``) instead
             of in the CPU workers; the batches' images then come out on that device. Pays on a GPU (the
             jitter is about a third of the CPU work of a cached mosaic batch); on a CPU it is slower than
             OpenCV. The same gains are drawn either way; pixels agree within one level.
+        options: a :class:`~yolo9kit.config.LoaderConfig`: pinned memory (default: when CUDA is available),
+            batches prefetched per worker (4), the RAM share the automatic cache may take (0.5). They change
+            speed and memory, never the batches. Mosaic starts on; :func:`set_mosaic` switches it.
     """
+    options = options or LoaderConfig()
     train = split == "train"
     augment = train if augment is None else augment
     rect = (not train) if rect is None else rect
@@ -189,7 +196,8 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         pad = (0.0 if train else 0.5) if pad is None else pad
         dataset = YOLODataset(data, split, imgsz, augment=augment, hyp=hyp, rect=rect, batch_size=batch_size,
                               stride=stride, pad=pad, cache=cache if cache is not None else "auto",
-                              min_items=min_items, single_cls=single_cls, seed=seed, cache_budget=cache_budget)
+                              min_items=min_items, single_cls=single_cls, seed=seed,
+                              cache_budget=options.cache_budget)
     shuffle = (train and not dataset.rect) if shuffle is None else (shuffle and not dataset.rect)
     batch_size = min(batch_size, len(dataset))
     workers = default_workers(batch_size) if workers is None else workers
@@ -197,12 +205,13 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
     if distributed:
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     sampler = KeySampler(len(dataset), shuffle, seed, rank, world, dataset=dataset)
-    set_mosaic(dataset, not close_mosaic)
+    set_mosaic(dataset, True)
     colour_device = torch.device(colour_device) if colour_device is not None else None
     dataset.colour_on_device = colour_device is not None and dataset.augment
+    pin_memory = torch.cuda.is_available() if options.pin_memory is None else options.pin_memory
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                        collate_fn=collate, pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-                        persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None,
+                        collate_fn=collate, pin_memory=pin_memory, persistent_workers=workers > 0,
+                        prefetch_factor=options.prefetch_factor if workers > 0 else None,
                         worker_init_fn=_worker_init if workers > 0 else None, drop_last=False)
     return YOLOLoader(dataset, loader, sampler, colour_device)
 

@@ -27,9 +27,9 @@ def model_for_data(spec: str, data, weights: str = ""):
     A checkpoint given as the model keeps its weights when its classes match the data; otherwise (and for
     ``weights``) the tensors with the same name and shape are copied into a fresh model ("Transferred N/M").
     """
+    from yolo9kit.checkpoint import load_model
     from yolo9kit.data import load_data_config
     from yolo9kit.models import create_model
-    from yolo9kit.prediction import load_model
 
     data_config = load_data_config(data)
     nc, names = data_config.nc, list(data_config.names)

@@ -2,7 +2,7 @@
 
 The model runs once per (image, IoU threshold, head) at a very low confidence and the result is
 cached; the confidence slider then only filters boxes (instant), the IoU slider re-runs NMS through
-``yolo9kit.prediction.predict`` (one forward pass for the shown image).
+``yolo9kit.predict`` (one forward pass for the shown image).
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
     """Image slider, confidence and IoU sliders (and a head switch for dual-head models) over ``predict``.
 
     Args:
-        model: a DetectionModel (or anything ``yolo9kit.prediction.load_model`` accepts).
+        model: a DetectionModel (or anything ``yolo9kit.load_model`` accepts: a checkpoint, a model name).
         source: an image folder, one image path, or a list of paths / BGR arrays.
-        imgsz: inference size. conf, iou: starting thresholds. head: "main" or "aux".
-        device: None picks CUDA when available.
+        imgsz: inference size. conf, iou: starting thresholds of the sliders. head: "main" or "aux".
+        device: None: the first CUDA device when there is one, else the CPU.
 
     Returns:
         WidgetApp with controls ``image``, ``conf``, ``iou`` (and ``head`` for dual-head models),
@@ -60,7 +60,9 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
     """
     import ipywidgets as w
 
-    from yolo9kit.prediction import load_model, predict
+    from yolo9kit.checkpoint import load_model
+    from yolo9kit.config import NMSConfig
+    from yolo9kit.prediction import predict
 
     model = load_model(model)
     images = _image_list(source)
@@ -81,8 +83,8 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
         key = (index, round(controls["iou"].value, 4), chosen_head)
         try:
             if key not in cache:
-                cache[key] = predict(model, images[index], imgsz=imgsz, conf=CONF_FLOOR, iou=key[1],
-                                     head=chosen_head, device=device, save_images=False)[0]
+                cache[key] = predict(model, images[index], imgsz=imgsz, nms=NMSConfig(conf=CONF_FLOOR, iou=key[1]),
+                                     head=chosen_head, device=device)[0]
         except (OSError, ValueError, RuntimeError) as error:
             show_error(outputs["image"], f"cannot predict on image {index}: {error}")
             return
