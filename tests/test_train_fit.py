@@ -63,7 +63,7 @@ def test_fit_writes_run_folder(tmp_path):
     assert (run / "weights" / "last.pt").is_file() and (run / "weights" / "best.pt").is_file()
     rows = list(csv.DictReader(open(run / "results.csv")))
     assert list(rows[0]) == RESULTS_COLUMNS and [r["epoch"] for r in rows] == ["0", "1"]
-    assert float(rows[1]["peak_vram_bytes"]) == 0 and float(rows[1]["images_per_s"]) > 0
+    assert rows[1]["peak_vram_bytes"] == "" and float(rows[1]["images_per_s"]) > 0  # VRAM: CUDA only
     ckpt = read_checkpoint(run / "weights" / "last.pt")
     for key in ("model", "ema", "optimizer", "scaler", "scheduler", "rng", "progress", "train_config"):
         assert key in ckpt, key

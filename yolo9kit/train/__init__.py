@@ -17,13 +17,14 @@ from yolo9kit.train.optim import (
                                   step_settings,
                                   warmup_steps,
 )
-from yolo9kit.train.records import read_results
+from yolo9kit.train.records import EpochRecord, StepRecord, read_results
 from yolo9kit.train.step import Trainer, build_trainer, micro_step, optimizer_step, run_batch, train_step
 from yolo9kit.train.weights import model_for_data, transfer_weights
 
 __all__ = [
-    "EpochStats", "FitResult", "ModelEMA", "NonFiniteLossError", "OutOfMemoryAtMinimumError", "TrainConfig",
-    "Trainer", "base_accumulate", "build_optimizer", "build_trainer", "fit", "lr_factor", "micro_step",
-    "optimizer_step", "param_groups", "read_results", "run_batch", "scaled_weight_decay", "step_settings",
-    "train_one_epoch", "train_step", "transfer_weights", "model_for_data", "warmup_steps",
+    "EpochRecord", "EpochStats", "FitResult", "ModelEMA", "NonFiniteLossError", "OutOfMemoryAtMinimumError",
+    "StepRecord", "TrainConfig", "Trainer", "base_accumulate", "build_optimizer", "build_trainer", "fit",
+    "lr_factor", "micro_step", "optimizer_step", "param_groups", "read_results", "run_batch",
+    "scaled_weight_decay", "step_settings", "train_one_epoch", "train_step", "transfer_weights", "model_for_data",
+    "warmup_steps",
 ]

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from yolo9kit.config import TrainConfig
 from yolo9kit.train.guards import NonFiniteLossError
 from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
-from yolo9kit.train.records import bar_text, device_memory_bytes, reset_peak_memory
+from yolo9kit.train.records import bar_text, device_memory_bytes, peak_memory_bytes, reset_peak_memory
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import Trainer, optimizer_step, run_batch
 
@@ -27,12 +27,13 @@ LOGGER = logging.getLogger(__name__)
 
 @dataclass
 class EpochStats:
-    """Mean loss items [box, cls, dfl] over the epoch's batches, images seen (this rank), time, peak memory."""
+    """Mean loss items [box, cls, dfl] over the epoch's batches, images seen (this rank), time, peak memory
+    (CUDA bytes; None on other devices) and the learning rate of each parameter group at the end."""
 
     mean_items: torch.Tensor
     images: int
     seconds: float
-    peak_memory_bytes: int
+    peak_memory_bytes: int | None
     lrs: tuple[float, float, float]
 
 
@@ -148,7 +149,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     progress.oom_events = trainer.oom_events
     lrs = tuple(float(g["lr"]) for g in trainer.optimizer.param_groups)
     return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start,
-                      device_memory_bytes(trainer.device, peak=True), lrs)
+                      peak_memory_bytes(trainer.device), lrs)
 
 
 def _skip_nonfinite(trainer: Trainer, progress: Progress, config: TrainConfig, run_dir: Path | None,
