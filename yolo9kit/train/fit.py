@@ -191,7 +191,7 @@ def _end_epoch(run: _Run, epoch: int, stats: EpochStats) -> bool:
                 _save(run, f"epoch{epoch}.pt", rng)
         callback = _callback(config, "on_epoch_end", run)
         if callback:
-            callback(record.row())
+            callback(record)
         stop = progress.best_epoch >= 0 and epoch - progress.best_epoch >= config.patience
         if stop:
             LOGGER.info("early stop: no better fitness for %d epochs (best epoch %d)", config.patience,
