@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from yolo9kit.config import TrainConfig
     from yolo9kit.data import make_shapes
     from yolo9kit.models import create_model
-    from yolo9kit.train import fit
+    from yolo9kit.train import EpochRecord, fit
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -62,15 +62,13 @@ def main(argv=None) -> int:
                        num_classes=args.classes, max_objects=args.max_objects)
     torch.manual_seed(0)
     model = create_model(args.model, num_classes=args.classes)
-    state = {"start": start, "epoch_rows": []}
 
-    def on_epoch_end(row: dict) -> None:
-        state["epoch_rows"].append(row)
+    def on_epoch_end(record: EpochRecord) -> None:
         minutes = (time.perf_counter() - start) / 60
-        map50, map5095 = row["metrics/mAP50"], row["metrics/mAP50-95"]
-        val = f"{map50:8.3f} {map5095:8.3f}" if map50 is not None else " " * 17
-        print(f"{row['epoch'] + 1:5d} {row['train/box_loss']:8.3f} {row['train/cls_loss']:8.3f} "
-              f"{row['train/dfl_loss']:8.3f} {val} {row['images_per_s']:7.1f} {minutes:7.1f}", flush=True)
+        map50 = record.map50
+        val = f"{map50:8.3f} {record.map50_95:8.3f}" if map50 is not None else " " * 17
+        print(f"{record.epoch + 1:5d} {record.box_loss:8.3f} {record.cls_loss:8.3f} "
+              f"{record.dfl_loss:8.3f} {val} {record.images_per_s:7.1f} {minutes:7.1f}", flush=True)
         if (map50 is not None and map50 >= args.target) or minutes >= args.minutes:
             raise KeyboardInterrupt  # fit saves last.pt and returns what was trained
 

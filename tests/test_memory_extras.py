@@ -59,13 +59,15 @@ def test_memory_vs_batch_and_breakdown_plots_return_figures():
     assert isinstance(memory_breakdown(report(8)), Figure)
     sampler = VramSampler()
     for i in range(3):
-        sampler({"step": i})
+        sampler()
     assert isinstance(vram_trace(sampler, gpu="T4"), Figure)
 
 
 def test_vram_sampler_is_a_noop_without_cuda():
     sampler = VramSampler()
-    row = sampler({"ni": 5})
+    from types import SimpleNamespace
+
+    row = sampler(SimpleNamespace(ni=5))  # what it reads of a StepRecord
     assert row["step"] == 5 and list(sampler.frame().columns) == ["step", "allocated", "reserved", "max_allocated"]
     if not torch.cuda.is_available():
         assert not sampler.available and row["allocated"] == 0

@@ -141,8 +141,8 @@ def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses():
         with pytest.raises(NonFiniteLossError, match="batch 6"):
             train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=len(batches), warmup=0,
                             on_step=records.append, show=False)
-        assert [r["batch"] for r in records] == [0, 1, 2, 3], name  # batches 4, 5, 6 were non-finite
-        seen[name] = [r["box_loss"] for r in records]
+        assert [r.batch_index for r in records] == [0, 1, 2, 3], name  # batches 4, 5, 6 were non-finite
+        seen[name] = [r.box_loss for r in records]
     assert seen["sync-free"] == pytest.approx(seen["plain"], rel=1e-5)
 
 

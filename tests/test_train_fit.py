@@ -12,7 +12,7 @@ from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import NonFiniteLossError, fit
+from yolo9kit.train import EpochRecord, NonFiniteLossError, StepRecord, fit
 from yolo9kit.train.records import RESULTS_COLUMNS
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -43,7 +43,7 @@ class _StopAt:
     def __init__(self, n):
         self.n, self.calls = n, 0
 
-    def __call__(self, metrics):
+    def __call__(self, record):
         self.calls += 1
         if self.calls == self.n:
             raise KeyboardInterrupt
@@ -63,7 +63,7 @@ def test_fit_writes_run_folder(tmp_path):
     assert (run / "weights" / "last.pt").is_file() and (run / "weights" / "best.pt").is_file()
     rows = list(csv.DictReader(open(run / "results.csv")))
     assert list(rows[0]) == RESULTS_COLUMNS and [r["epoch"] for r in rows] == ["0", "1"]
-    assert float(rows[1]["peak_vram_bytes"]) == 0 and float(rows[1]["images_per_s"]) > 0
+    assert rows[1]["peak_vram_bytes"] == "" and float(rows[1]["images_per_s"]) > 0  # VRAM: CUDA only
     ckpt = read_checkpoint(run / "weights" / "last.pt")
     for key in ("model", "ema", "optimizer", "scaler", "scheduler", "rng", "progress", "train_config"):
         assert key in ckpt, key
@@ -72,6 +72,38 @@ def test_fit_writes_run_folder(tmp_path):
     # 5 batches, accumulate 2 (ramped from 1 over 3 warmup batches): steps at ni 0, 1, 3, 5, 7, 9
     assert result.optimizer_steps == 6
     assert _fit(_config(tmp_path)).save_dir == tmp_path / "runs" / "exp2"  # incremented, not overwritten
+
+
+def test_callbacks_get_step_and_epoch_records_and_the_epoch_record_is_the_results_row(tmp_path):
+    steps, epochs = [], []
+    result = _fit(_config(tmp_path, callbacks={"on_step": steps.append, "on_epoch_end": epochs.append}))
+    assert all(type(r) is StepRecord for r in steps) and all(type(r) is EpochRecord for r in epochs)
+    assert [(r.epoch, r.batch_index, r.ni) for r in steps] == [(e, i, 5 * e + i) for e in (0, 1) for i in range(5)]
+    assert [r.optimizer_steps for r in steps] == [1, 2, 2, 3, 3, 4, 4, 5, 5, 6]  # steps at ni 0, 1, 3, 5, 7, 9
+    assert [r.accumulate_steps for r in steps] == [1, 1, 2, 2, 2, 2, 2, 2, 2, 2]  # ramped over 3 warmup batches
+    for r in steps:
+        assert r.box_loss > 0 and r.cls_loss == r.dfl_loss == 0  # toy_loss reports [mean, 0, 0]
+        assert r.lr_norm_weight == r.lr_weight  # both warm up from 0 (official)
+        assert r.micro_batch_size == 2 and r.images_per_s > 0 and r.memory_bytes is None  # CPU: not measured
+    # warmup over 3 batches: biases from warmup_bias_lr (0.1) down to lr0 (0.05), weights from 0 up to lr0
+    assert [r.lr_bias for r in steps[:4]] == pytest.approx([0.1, 0.1 - 0.05 / 3, 0.1 - 0.1 / 3, 0.05])
+    assert [r.lr_weight for r in steps[:4]] == pytest.approx([0.0, 0.05 / 3, 0.1 / 3, 0.05])
+    assert steps[0].momentum == pytest.approx(0.8) and steps[3].momentum == pytest.approx(0.937)
+    last = steps[4]  # the running means and learning rates of an epoch's last batch are the epoch's
+    assert (last.box_loss, last.lr_bias, last.lr_weight, last.lr_norm_weight) == pytest.approx(
+        (epochs[0].box_loss, epochs[0].lr_bias, epochs[0].lr_weight, epochs[0].lr_norm_weight))
+    assert [r.epoch for r in epochs] == [0, 1] and epochs[1].map50 == pytest.approx(_validate(result.ema)["map50"])
+    assert epochs[0].peak_vram_bytes is None and epochs[0].epoch_s > 0
+    assert [r.row() for r in epochs] == result.results
+    lines = list(csv.DictReader(open(result.save_dir / "results.csv")))
+    for record, line in zip(epochs, lines, strict=True):
+        row = record.row()
+        assert list(row) == RESULTS_COLUMNS
+        for column, value in row.items():
+            if value is None:
+                assert line[column] == "", column
+            else:
+                assert float(line[column]) == pytest.approx(value, rel=1e-5), column
 
 
 def test_resume_at_epoch_boundary_is_exact(tmp_path):

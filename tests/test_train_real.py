@@ -37,7 +37,7 @@ def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):
     (same data order and augmentation, since the loaders draw from (seed, epoch, index))."""
     straight = fit(_model(), shapes64, _config(tmp_path, name="straight"))
 
-    def stop(metrics):
+    def stop(record):
         raise KeyboardInterrupt
 
     stopped = fit(_model(), shapes64, _config(tmp_path, name="stopped", callbacks={"on_epoch_end": stop}))

@@ -29,11 +29,24 @@ def needs(module: str, *names: str):
 
 # -- training dashboard ----------------------------------------------------------------------------
 
-def _step(i: int, **extra) -> dict:
-    """What ``train_one_epoch`` passes to ``on_step`` (a subset of its keys)."""
-    return {"ni": i, "step": i // 2, "epoch": 0, "box_loss": 3.0 - 0.1 * i, "cls_loss": 2.0, "dfl_loss": 1.5,
-            "lr": (0.01 * i, 0.01, 0.01), "accumulate": 2, "memory_bytes": 1024**3 * (1 + i),
-            "images_per_s": 10.0 + i, **extra}
+def _step(i: int, **changes):
+    """The ``StepRecord`` that ``train_one_epoch`` would pass to ``on_step`` at batch ``ni = i``."""
+    from yolo9kit.train import StepRecord
+
+    values = dict(epoch=0, batch_index=i, ni=i, optimizer_steps=i // 2, box_loss=3.0 - 0.1 * i, cls_loss=2.0,
+                  dfl_loss=1.5, lr_bias=0.01 * i, lr_weight=0.01, lr_norm_weight=0.01, momentum=0.9,
+                  accumulate_steps=2, micro_batch_size=4, memory_bytes=1024**3 * (1 + i), images_per_s=10.0 + i)
+    return StepRecord(**{**values, **changes})
+
+
+def _epoch(epoch: int, **changes):
+    """An ``EpochRecord`` of an epoch that was not validated, unless ``changes`` say otherwise."""
+    from yolo9kit.train import EpochRecord
+
+    values = dict(epoch=epoch, box_loss=2.5, cls_loss=2.0, dfl_loss=1.5, lr_bias=0.01, lr_weight=0.01,
+                  lr_norm_weight=0.01, precision=None, recall=None, map50=None, map50_95=None, fitness=None,
+                  peak_vram_bytes=None, images_per_s=12.5, epoch_s=4.0)
+    return EpochRecord(**{**values, **changes})
 
 
 def test_dashboard_records_steps_and_redraws_with_the_new_values():
@@ -44,14 +57,17 @@ def test_dashboard_records_steps_and_redraws_with_the_new_values():
     first = dash.figure
     dash.on_step(_step(2))
     assert dash.redraws == 2 and dash.figure is not first
+    assert dash.history == [_step(1), _step(2)]  # the records themselves
     ax_loss, ax_lr, ax_mem, ax_speed = dash.figure.axes
     box = [line for line in ax_loss.lines if line.get_label() == "box"][0]
     assert list(box.get_ydata()) == pytest.approx([2.9, 2.8])
     lines = {line.get_label(): list(line.get_ydata()) for line in ax_lr.lines}
     assert lines["biases"] == pytest.approx([0.01, 0.02]) and lines["weights"] == pytest.approx([0.01, 0.01])
     assert list(ax_mem.lines[0].get_ydata()) == pytest.approx([2.0, 3.0])  # GiB
+    assert list(ax_speed.lines[0].get_ydata()) == pytest.approx([11.0, 12.0])
     assert list(box.get_xdata()) == [1, 2]  # x is the batch index ni, not the repeating optimizer step
     assert "batch 2" in dash.figure._suptitle.get_text() and "12.0 img/s" in dash.status_text()
+    assert "peak VRAM 3.00 GiB" in dash.status_text() and not ax_mem.texts
 
 
 def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
@@ -61,22 +77,46 @@ def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
     for i in range(1, 6):
         dash.on_step(_step(i))
     assert dash.redraws == 1 and len(dash.history) == 5
-    dash.on_epoch_end({"epoch": 0, "metrics/mAP50": 0.5, "train/box_loss": 2.5, "lr/pg0": 0.01})
-    assert dash.redraws == 2
-    assert list(dash.epoch_table().columns) == ["epoch", "metrics/mAP50", "train/box_loss"]
+    dash.on_epoch_end(_epoch(0, map50=0.5, map50_95=0.25, precision=0.6, recall=0.4, fitness=0.275))
+    assert dash.redraws == 2 and dash.epochs[-1].map50 == 0.5
+    assert list(dash.epoch_table().columns) == ["epoch", "box_loss", "cls_loss", "dfl_loss", "precision", "recall",
+                                                "map50", "map50_95", "images_per_s", "epoch_s"]
     assert "<td>0.5</td>" in dash.status_html()
     assert len(dash.figure.axes[0].lines[0].get_xdata()) == 5
 
 
-def test_dashboard_marks_series_the_trainer_did_not_report():
+def test_dashboard_table_leaves_out_metrics_of_epochs_not_validated():
+    from yolo9kit.widgets import train_dashboard
+
+    dash = train_dashboard(show=False)
+    dash.on_epoch_end(_epoch(0))
+    assert list(dash.epoch_table().columns) == ["epoch", "box_loss", "cls_loss", "dfl_loss", "images_per_s",
+                                                "epoch_s"]
+    dash.on_epoch_end(_epoch(1, map50=0.5))
+    assert dash.epoch_table()["map50"].tolist()[1] == 0.5
+
+
+def test_dashboard_says_vram_is_cuda_only_when_trained_elsewhere():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
-    dash.on_step({"ni": 0, "box_loss": 1.0, "cls_loss": 1.0, "dfl_loss": 1.0, "lr": 0.01, "memory_bytes": 0})  # CPU
-    assert dash.history[0]["step"] == 0
-    texts = [t.get_text() for t in dash.figure.axes[2].texts]
-    assert texts == ["not reported"]
+    dash.on_step(_step(0, memory_bytes=None))  # what a CPU run reports
+    dash.on_step(_step(1, memory_bytes=None))
+    ax_mem = dash.figure.axes[2]
+    assert [t.get_text() for t in ax_mem.texts] == ["VRAM is measured on CUDA only"]
+    assert dash.series("memory_bytes") == ([], [])
+    assert "VRAM is measured on CUDA only" in dash.status_text()
     assert set(dash.callbacks) == {"on_step", "on_epoch_end"}
+
+
+def test_dashboard_series_are_record_fields():
+    from yolo9kit.widgets import train_dashboard
+
+    dash = train_dashboard(min_interval_s=3600.0, show=False)
+    dash.on_step(_step(0))
+    assert dash.series("lr_norm_weight") == ([0], [0.01])
+    with pytest.raises(AttributeError, match="box"):
+        dash.series("box")  # no alternative spellings: the field is box_loss
 
 
 def test_dashboard_interrupts_once_at_the_requested_batch():
@@ -88,9 +128,9 @@ def test_dashboard_interrupts_once_at_the_requested_batch():
         dash.on_step(_step(3))
     dash.on_step(_step(2, box_loss=9.0))  # the resumed run restarts the accumulation window at batch 2
     dash.on_step(_step(3))
-    assert [r["step"] for r in dash.history] == [2, 3, 2, 3] and dash.interrupt_at is None
+    assert [r.ni for r in dash.history] == [2, 3, 2, 3] and dash.interrupt_at is None
     assert dash.resumes == [2]
-    assert dash.series("box") == ([2, 3], [9.0, pytest.approx(2.7)])  # latest value per batch, in order
+    assert dash.series("box_loss") == ([2, 3], [9.0, pytest.approx(2.7)])  # latest value per batch, in order
 
 
 def test_output_png_round_trip():

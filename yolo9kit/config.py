@@ -140,8 +140,8 @@ class TrainConfig:
     progress_bar: bool = True  # tqdm bar per epoch (rank 0)
     patience: int = 100  # stop after this many epochs without a better fitness
     save_period: int = -1  # also save epoch{n}.pt every n epochs when > 0
-    # {"on_step": f, "on_epoch_end": g}: called with a dict of metrics (rank 0 only). Not saved.
-    callbacks: Mapping[str, Callable[[dict], None]] | None = field(default=None, compare=False)
+    # {"on_step": f(StepRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
+    callbacks: Mapping[str, Callable[[Any], None]] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:

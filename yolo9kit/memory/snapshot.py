@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,7 @@ class VramSampler:
     """Per-step VRAM trace: call it once per step (it is a valid ``on_step`` training callback).
 
     Each call records ``torch.cuda.memory_allocated`` / ``memory_reserved`` / ``max_memory_allocated``
-    (bytes) with the step number taken from the callback's metrics (``step``, ``ni`` or ``iteration``)
-    or counted. Without CUDA it records zeros and ``available`` is False, so a dashboard can use it on
+    (bytes) with the batch index of the callback's ``StepRecord`` (``ni``), or a count when called without one. Without CUDA it records zeros and ``available`` is False, so a dashboard can use it on
     any machine.
     """
 
@@ -62,9 +61,8 @@ class VramSampler:
         self.device = device if device is not None else (torch.cuda.current_device() if self.available else None)
         self.rows: list[dict[str, float]] = []
 
-    def __call__(self, metrics: Mapping[str, Any] | None = None) -> dict[str, float]:
-        metrics = metrics or {}
-        step = next((metrics[k] for k in ("step", "ni", "iteration") if k in metrics), len(self.rows))
+    def __call__(self, record: Any = None) -> dict[str, float]:
+        step = len(self.rows) if record is None else int(record.ni)
         if self.available:
             row = {"step": step, "allocated": torch.cuda.memory_allocated(self.device),
                    "reserved": torch.cuda.memory_reserved(self.device),

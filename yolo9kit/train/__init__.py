@@ -29,6 +29,8 @@ _EXPORTS = {
     "step_settings": "yolo9kit.train.optim",
     "warmup_steps": "yolo9kit.train.optim",
     "read_results": "yolo9kit.train.records",
+    "StepRecord": "yolo9kit.train.records",
+    "EpochRecord": "yolo9kit.train.records",
     "Trainer": "yolo9kit.train.step",
     "build_trainer": "yolo9kit.train.step",
     "describe_step": "yolo9kit.train.step",
@@ -70,7 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         step_settings,
         warmup_steps,
     )
-    from yolo9kit.train.records import read_results
+    from yolo9kit.train.records import EpochRecord, StepRecord, read_results
     from yolo9kit.train.step import (
         Trainer,
         build_trainer,

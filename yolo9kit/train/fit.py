@@ -17,7 +17,7 @@ from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_steps
-from yolo9kit.train.records import append_results
+from yolo9kit.train.records import EpochRecord, append_results
 from yolo9kit.train.state import (
     Progress,
     capture_rng,
@@ -208,14 +208,14 @@ def _end_epoch(run: _Run, epoch: int, stats: EpochStats) -> bool:
     if dist.is_main:
         final = epoch + 1 == config.epochs
         metrics = dict(run.validate_fn(_eval_model(run.trainer))) if run.validate_fn and (config.val or final) else {}
-        row = _results_row(epoch, stats, metrics, dist.world_size)
-        run.results.append(row)
+        record = EpochRecord.from_stats(epoch, stats, metrics, dist.world_size)
+        run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
         fitness = metrics.get("fitness")
         is_best = fitness is not None and fitness >= progress.best_fitness
         if is_best:
             progress.best_fitness, progress.best_epoch = float(fitness), epoch
         if run.run_dir:
-            append_results(run.run_dir / "results.csv", row)
+            append_results(run.run_dir / "results.csv", record)
             rng = capture_rng()
             _save(run, "last.pt", rng)
             if is_best:
@@ -224,24 +224,12 @@ def _end_epoch(run: _Run, epoch: int, stats: EpochStats) -> bool:
                 _save(run, f"epoch{epoch}.pt", rng)
         callback = _callback(config, "on_epoch_end", run)
         if callback:
-            callback(dict(row))
+            callback(record)
         stop = progress.best_epoch >= 0 and epoch - progress.best_epoch >= config.patience
         if stop:
             LOGGER.info("early stop: no better fitness for %d epochs (best epoch %d)", config.patience,
                         progress.best_epoch)
     return bool(ddp.broadcast_object(stop, dist))
-
-
-def _results_row(epoch: int, stats: EpochStats, metrics: Mapping[str, float], world_size: int) -> dict:
-    box, cls, dfl = (float(v) for v in stats.mean_items)
-    return {
-        "epoch": epoch, "train/box_loss": box, "train/cls_loss": cls, "train/dfl_loss": dfl,
-        "lr/pg0": stats.lrs[0], "lr/pg1": stats.lrs[1], "lr/pg2": stats.lrs[2],
-        "metrics/precision": metrics.get("precision"), "metrics/recall": metrics.get("recall"),
-        "metrics/mAP50": metrics.get("map50"), "metrics/mAP50-95": metrics.get("map"),
-        "fitness": metrics.get("fitness"), "peak_vram_bytes": stats.peak_memory_bytes,
-        "images_per_s": stats.images * world_size / max(stats.seconds, 1e-9), "epoch_s": stats.seconds,
-    }
 
 
 def _save(run: _Run, name: str, rng: dict | None) -> None:
@@ -254,7 +242,7 @@ def _eval_model(trainer: Trainer) -> nn.Module:
     return trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)
 
 
-def _callback(config: TrainConfig, name: str, run: _Run) -> Callable[[dict], None] | None:
+def _callback(config: TrainConfig, name: str, run: _Run) -> Callable[[Any], None] | None:
     return (config.callbacks or {}).get(name) if run.dist.is_main else None
 
 

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from yolo9kit.config import TrainConfig
 from yolo9kit.train.guards import NonFiniteLossError
 from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
-from yolo9kit.train.records import bar_text, device_memory_bytes, reset_peak_memory
+from yolo9kit.train.records import StepRecord, bar_text, device_memory_bytes, peak_memory_bytes, reset_peak_memory
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import Trainer, optimizer_step, run_batch
 
@@ -27,12 +27,13 @@ LOGGER = logging.getLogger(__name__)
 
 @dataclass
 class EpochStats:
-    """Mean loss items [box, cls, dfl] over the epoch's batches, images seen (this rank), time, peak memory."""
+    """Mean loss items [box, cls, dfl] over the epoch's batches, images seen (this rank), time, peak memory
+    (CUDA bytes; None on other devices) and the learning rate of each parameter group at the end."""
 
     mean_items: torch.Tensor
     images: int
     seconds: float
-    peak_memory_bytes: int
+    peak_memory_bytes: int | None
     lrs: tuple[float, float, float]
 
 
@@ -53,7 +54,7 @@ class _EpochLog:
     """Running means, images/s, the progress bar and ``on_step`` for the batches of one epoch."""
 
     def __init__(self, trainer: Trainer, config: TrainConfig, progress: Progress, run_dir: Path | None, bar,
-                 on_step: Callable[[dict], None] | None, show: bool):
+                 on_step: Callable[[StepRecord], None] | None, show: bool):
         self.trainer, self.config, self.progress, self.run_dir = trainer, config, progress, run_dir
         self.bar, self.on_step, self.show = bar, on_step, show
         self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
@@ -90,16 +91,18 @@ class _EpochLog:
             memory = device_memory_bytes(trainer.device)
             self.bar.set_postfix_str(bar_text(mean, memory, speed, settings.accumulate, entry.micro), refresh=False)
         if self.on_step is not None:
-            self.on_step({"epoch": self.progress.epoch, "batch": entry.batch, "ni": entry.ni,
-                          "step": trainer.optimizer_steps, "box_loss": float(mean[0]), "cls_loss": float(mean[1]),
-                          "dfl_loss": float(mean[2]), "lr": settings.lrs, "momentum": settings.momentum,
-                          "accumulate": settings.accumulate, "micro_batch_size": entry.micro,
-                          "images_per_s": speed, "memory_bytes": device_memory_bytes(trainer.device)})
+            lr_bias, lr_weight, lr_norm_weight = (float(lr) for lr in settings.lrs)
+            self.on_step(StepRecord(
+                epoch=self.progress.epoch, batch_index=entry.batch, ni=entry.ni,
+                optimizer_steps=trainer.optimizer_steps, box_loss=float(mean[0]), cls_loss=float(mean[1]),
+                dfl_loss=float(mean[2]), lr_bias=lr_bias, lr_weight=lr_weight, lr_norm_weight=lr_norm_weight,
+                momentum=float(settings.momentum), accumulate_steps=settings.accumulate, micro_batch_size=entry.micro,
+                memory_bytes=peak_memory_bytes(trainer.device), images_per_s=speed))
 
 
 def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, progress: Progress, *,
                     batches_per_epoch: int, warmup: int, start_batch: int = 0,
-                    on_step: Callable[[dict], None] | None = None, show: bool = True,
+                    on_step: Callable[[StepRecord], None] | None = None, show: bool = True,
                     run_dir: Path | None = None) -> EpochStats:
     """Train ``progress.epoch`` over ``loader`` batches ``(images uint8 (B,3,H,W), targets (N,6), ...)``.
 
@@ -112,6 +115,8 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     every ``config.log_interval`` batches and at the end of the epoch; a non-finite batch is then
     counted and named in the log, its step having been skipped on the device (the accumulation window
     it belonged to is lost, as in the plain step).
+
+    ``on_step`` receives a ``StepRecord`` for each trained batch (sync-free: in groups, at each read-back).
 
     Raises:
         NonFiniteLossError: after ``config.max_nonfinite_steps`` non-finite losses in a row.
@@ -148,7 +153,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     progress.oom_events = trainer.oom_events
     lrs = tuple(float(g["lr"]) for g in trainer.optimizer.param_groups)
     return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start,
-                      device_memory_bytes(trainer.device, peak=True), lrs)
+                      peak_memory_bytes(trainer.device), lrs)
 
 
 def _skip_nonfinite(trainer: Trainer, progress: Progress, config: TrainConfig, run_dir: Path | None,

@@ -1,11 +1,18 @@
-"""What a run writes besides checkpoints: results.csv, and the numbers shown on the progress bar."""
+"""What a run reports: the per-batch ``StepRecord`` and per-epoch ``EpochRecord`` given to the callbacks,
+results.csv (written from the ``EpochRecord``), and the numbers shown on the progress bar."""
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from yolo9kit.train.loop import EpochStats
 
 RESULTS_COLUMNS = [
     "epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
@@ -14,14 +21,124 @@ RESULTS_COLUMNS = [
 ]
 
 
-def append_results(path: Path, row: dict) -> None:
-    """Append one epoch to ``results.csv`` (header written when the file is new)."""
+@dataclass(frozen=True)
+class StepRecord:
+    """What ``on_step`` receives after each trained loader batch (rank 0; skipped non-finite batches are not
+    reported). Sync-free, the records of ``log_interval`` batches arrive together, in batch order.
+
+    The learning rates are those of the official parameter groups (results.csv ``lr/pg0``, ``pg1``, ``pg2``).
+
+    Attributes:
+        epoch: the epoch, counted from 0.
+        batch_index: the loader batch within the epoch, counted from 0.
+        ni: the integrated batch index, ``batch_index + epoch * batches_per_epoch`` (the x axis of a run;
+            a resumed run repeats the batches of the accumulation window it was interrupted in).
+        optimizer_steps: optimizer updates made since the run started (including this batch's, if any).
+        box_loss, cls_loss, dfl_loss: running means over the epoch's trained batches of the loss terms
+            (after the gains, per image as in the official ``loss_items``).
+        lr_bias: learning rate of the biases (group 0, no weight decay).
+        lr_weight: learning rate of the decayed weights (group 1).
+        lr_norm_weight: learning rate of the normalisation-layer weights (group 2, no weight decay).
+        momentum: SGD momentum (Adam's beta1) used for this batch.
+        accumulate_steps: loader batches per optimizer step in effect for this batch (ramps up in warmup).
+        micro_batch_size: images per forward/backward (the whole batch unless it was split).
+        memory_bytes: peak allocated CUDA memory since the epoch started, bytes; None when training on
+            another device (VRAM is measured on CUDA only).
+        images_per_s: training images per second since the epoch started, all ranks together.
+    """
+
+    epoch: int
+    batch_index: int
+    ni: int
+    optimizer_steps: int
+    box_loss: float
+    cls_loss: float
+    dfl_loss: float
+    lr_bias: float
+    lr_weight: float
+    lr_norm_weight: float
+    momentum: float
+    accumulate_steps: int
+    micro_batch_size: int
+    memory_bytes: int | None
+    images_per_s: float
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """What ``on_epoch_end`` receives after each epoch (rank 0): one results.csv row, see ``row()``.
+
+    Attributes:
+        epoch: the epoch, counted from 0.
+        box_loss, cls_loss, dfl_loss: means over the epoch's trained batches of the loss terms.
+        lr_bias, lr_weight, lr_norm_weight: learning rates of the parameter groups at the end of the epoch
+            (results.csv ``lr/pg0``, ``lr/pg1``, ``lr/pg2``).
+        precision, recall, map50, map50_95: validation of the EMA (mAP at IoU 0.5 and 0.5:0.95); None when
+            the epoch was not validated.
+        fitness: the score best.pt is chosen by (by default ``0.1 * map50 + 0.9 * map50_95``); None when not
+            validated.
+        peak_vram_bytes: peak allocated CUDA memory during the epoch's training, bytes; None when training on
+            another device (VRAM is measured on CUDA only).
+        images_per_s: training images per second over the epoch, all ranks together.
+        epoch_s: seconds of training in the epoch (validation and checkpoints excluded).
+    """
+
+    epoch: int
+    box_loss: float
+    cls_loss: float
+    dfl_loss: float
+    lr_bias: float
+    lr_weight: float
+    lr_norm_weight: float
+    precision: float | None
+    recall: float | None
+    map50: float | None
+    map50_95: float | None
+    fitness: float | None
+    peak_vram_bytes: int | None
+    images_per_s: float
+    epoch_s: float
+
+    @classmethod
+    def from_stats(cls, epoch: int, stats: EpochStats, metrics: Mapping[str, float],
+                   world_size: int = 1) -> EpochRecord:
+        """The record of ``epoch`` from the loop's ``EpochStats`` and the validation ``metrics`` (keys
+        ``precision, recall, map50, map, fitness``; empty when not validated). ``stats.images`` counts this
+        rank's images, so the throughput is scaled by ``world_size``."""
+        box, cls_, dfl = (float(v) for v in stats.mean_items)
+        lr_bias, lr_weight, lr_norm_weight = (float(lr) for lr in stats.lrs)
+        return cls(epoch=epoch, box_loss=box, cls_loss=cls_, dfl_loss=dfl, lr_bias=lr_bias, lr_weight=lr_weight,
+                   lr_norm_weight=lr_norm_weight, precision=_number(metrics, "precision"),
+                   recall=_number(metrics, "recall"), map50=_number(metrics, "map50"),
+                   map50_95=_number(metrics, "map"), fitness=_number(metrics, "fitness"),
+                   peak_vram_bytes=stats.peak_memory_bytes,
+                   images_per_s=stats.images * world_size / max(stats.seconds, 1e-9), epoch_s=stats.seconds)
+
+    def row(self) -> dict[str, float | int | None]:
+        """The results.csv row: ``RESULTS_COLUMNS`` (the official column names, then the kit's) to values."""
+        return {
+            "epoch": self.epoch, "train/box_loss": self.box_loss, "train/cls_loss": self.cls_loss,
+            "train/dfl_loss": self.dfl_loss, "lr/pg0": self.lr_bias, "lr/pg1": self.lr_weight,
+            "lr/pg2": self.lr_norm_weight, "metrics/precision": self.precision, "metrics/recall": self.recall,
+            "metrics/mAP50": self.map50, "metrics/mAP50-95": self.map50_95, "fitness": self.fitness,
+            "peak_vram_bytes": self.peak_vram_bytes, "images_per_s": self.images_per_s, "epoch_s": self.epoch_s,
+        }
+
+
+def append_results(path: Path, record: EpochRecord) -> None:
+    """Append one epoch to ``results.csv`` (header written when the file is new; None as an empty cell)."""
     new = not path.exists()
+    row = record.row()
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS)
         if new:
             writer.writeheader()
-        writer.writerow({k: _fmt(row.get(k)) for k in RESULTS_COLUMNS})
+        writer.writerow({k: _fmt(row[k]) for k in RESULTS_COLUMNS})
+
+
+def _number(metrics: Mapping[str, float], key: str) -> float | None:
+    value = metrics.get(key)
+    return None if value is None else float(value)  # numpy or tensor scalars from a custom validate_fn
 
 
 def _fmt(value) -> object:
@@ -43,6 +160,11 @@ def device_memory_bytes(device: torch.device, peak: bool = False) -> int:
     if device.type != "cuda":
         return 0
     return int(torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device))
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    """Peak allocated bytes on a CUDA device since the last reset; None on other devices (not measured)."""
+    return device_memory_bytes(device, peak=True) if device.type == "cuda" else None
 
 
 def reset_peak_memory(device: torch.device) -> None:

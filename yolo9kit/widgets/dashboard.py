@@ -1,48 +1,27 @@
 """``train_dashboard()``: live training plots for ``yolo9kit.train.fit``.
 
-The dashboard is a callback object: ``TrainConfig(callbacks=dash.callbacks)``. Each optimizer step it
-records the losses, the learning rate, the peak VRAM and the throughput, and redraws one figure in
-place through a display handle (``display(..., display_id=True)`` then ``handle.update(...)``): one
-image in the cell, no ``clear_output`` flicker, nothing left over when the notebook is saved.
+The dashboard is a pair of callbacks: ``TrainConfig(callbacks=dash.callbacks)``. ``fit`` hands it a
+``StepRecord`` after each trained batch and an ``EpochRecord`` after each epoch (``yolo9kit.train.records``);
+it keeps them and redraws one figure (losses, learning rates, peak VRAM, throughput) in place through a
+display handle (``display(..., display_id=True)`` then ``handle.update(...)``): one image in the cell, no
+``clear_output`` flicker, nothing left over when the notebook is saved. It computes nothing about training.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from yolo9kit.widgets._common import figure_png, format_bytes
 
-# The trainer's metric names, with the older/alternative spellings accepted for each series.
-_SERIES: dict[str, tuple[str, ...]] = {
-    "box": ("box_loss", "box", "train/box_loss"),
-    "cls": ("cls_loss", "cls", "train/cls_loss"),
-    "dfl": ("dfl_loss", "dfl", "train/dfl_loss"),
-    "accumulate": ("accumulate",),
-    "lr": ("lr", "lr0", "learning_rate"),
-    "memory_bytes": ("memory_bytes", "vram_bytes", "max_memory_allocated", "peak_memory_bytes", "gpu_mem_bytes"),
-    "images_per_s": ("images_per_s", "img_per_s", "throughput", "images_per_second"),
-}
-# x axis: the integrated batch index (``ni``); "step" (optimizer updates) repeats while accumulating.
-_EPOCH_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
-                  "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "images_per_s", "epoch_s", "map50")
-_STEP_KEYS = ("ni", "global_step", "iteration", "step")
+if TYPE_CHECKING:
+    from yolo9kit.train.records import EpochRecord, StepRecord
 
-
-def _pick(metrics: Mapping[str, Any], names: tuple[str, ...]) -> float | None:
-    for name in names:
-        value = metrics.get(name)
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):  # e.g. one learning rate per parameter group: show the first
-            value = value[0] if value else None
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            continue
-    return None
+# The EpochRecord fields in the table under the plots (the learning rates are plotted per batch instead).
+_TABLE_FIELDS = ("epoch", "box_loss", "cls_loss", "dfl_loss", "precision", "recall", "map50", "map50_95",
+                 "images_per_s", "epoch_s")
+_NO_VRAM = "VRAM is measured on CUDA only"
 
 
 @dataclass
@@ -50,10 +29,10 @@ class TrainDashboard:
     """Live plots of a training run; pass ``dash.callbacks`` to ``TrainConfig(callbacks=...)``.
 
     Attributes:
-        history: one dict per loader batch: ``step`` (the integrated batch index ``ni``), ``epoch`` and
-            the series in ``_SERIES`` that the trainer reported (running mean losses, learning rate,
-            batches per optimizer step, VRAM in bytes, images per second).
-        epochs: one dict per finished epoch as the trainer reported it (the results.csv row).
+        history: the ``StepRecord`` of every trained batch, in the order received (a resumed run repeats
+            the batches of its interrupted accumulation window).
+        epochs: the ``EpochRecord`` of every finished epoch.
+        resumes: integrated batch indices ``ni`` at which a resumed run started again (dotted lines).
         min_interval_s: redraw at most this often (drawing costs ~0.1 s); the last step is always drawn
             by ``on_epoch_end``.
         interrupt_at: raise ``KeyboardInterrupt`` once this batch index is reached, exactly what the
@@ -64,9 +43,9 @@ class TrainDashboard:
     title: str = "training"
     min_interval_s: float = 1.0
     interrupt_at: int | None = None
-    history: list[dict[str, float]] = field(default_factory=list)
-    resumes: list[float] = field(default_factory=list)  # batch indices where a resumed run started
-    epochs: list[dict[str, Any]] = field(default_factory=list)
+    history: list[StepRecord] = field(default_factory=list)
+    resumes: list[int] = field(default_factory=list)
+    epochs: list[EpochRecord] = field(default_factory=list)
     figure: Any = None
     redraws: int = 0
     _handle: Any = None
@@ -78,31 +57,19 @@ class TrainDashboard:
         return {"on_step": self.on_step, "on_epoch_end": self.on_epoch_end}
 
     # -- callbacks -------------------------------------------------------------------------------
-    def on_step(self, metrics: Mapping[str, Any]) -> None:
-        index = _pick(metrics, _STEP_KEYS)
-        row: dict[str, float] = {"step": float(len(self.history) if index is None else index)}
-        epoch = _pick(metrics, ("epoch",))
-        if epoch is not None:
-            row["epoch"] = epoch
-        for name, aliases in _SERIES.items():
-            value = _pick(metrics, aliases)
-            if value is not None and not (name == "memory_bytes" and value <= 0):  # 0: no GPU to measure
-                row[name] = value
-        lrs = metrics.get("lr")
-        if isinstance(lrs, (list, tuple)) and len(lrs) == 3:  # official groups: biases, weights, norm weights
-            row["lr_bias"], row["lr"] = float(lrs[0]), float(lrs[1])
-        if self.history and row["step"] <= self.history[-1]["step"]:
-            self.resumes.append(row["step"])  # a resumed run repeats the unfinished accumulation window
-        self.history.append(row)
-        if self.interrupt_at is not None and row["step"] >= self.interrupt_at:
+    def on_step(self, record: StepRecord) -> None:
+        if self.history and record.ni <= self.history[-1].ni:
+            self.resumes.append(record.ni)  # a resumed run repeats the unfinished accumulation window
+        self.history.append(record)
+        if self.interrupt_at is not None and record.ni >= self.interrupt_at:
             self.interrupt_at = None  # once: the resumed run must not stop again
             self.update()
-            raise KeyboardInterrupt(f"dashboard: stop requested at batch {int(row['step'])}")
+            raise KeyboardInterrupt(f"dashboard: stop requested at batch {record.ni}")
         if time.monotonic() - self._last_draw >= self.min_interval_s:
             self.update()
 
-    def on_epoch_end(self, metrics: Mapping[str, Any]) -> None:
-        self.epochs.append(dict(metrics))
+    def on_epoch_end(self, record: EpochRecord) -> None:
+        self.epochs.append(record)
         self.update()
 
     # -- drawing ---------------------------------------------------------------------------------
@@ -130,49 +97,42 @@ class TrainDashboard:
 
             self._text_handle.update(HTML(self.status_html()))
 
-    def series(self, name: str) -> tuple[list[float], list[float]]:
-        """(steps, values) of one series in step order; a step seen twice (resume) keeps its latest value."""
-        points = {r["step"]: r[name] for r in self.history if name in r}
-        steps = sorted(points)
+    def series(self, name: str) -> tuple[list[int], list[float]]:
+        """(ni, values) of one ``StepRecord`` field in batch order; a batch seen twice (resume) keeps its latest
+        value; batches where the field is None (``memory_bytes`` off CUDA) are left out."""
+        points = {r.ni: getattr(r, name) for r in self.history}
+        steps = sorted(k for k, v in points.items() if v is not None)
         return steps, [points[k] for k in steps]
 
     def draw(self):
         """A 2x2 figure: losses, learning rates, VRAM, images/s against the batch index (dotted: resumed)."""
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         fig, axes = plt.subplots(2, 2, figsize=(10, 6), constrained_layout=True)
         ax_loss, ax_lr, ax_mem, ax_speed = axes.flat
-        for name in ("box", "cls", "dfl"):
-            x, y = self.series(name)
-            if x:
-                ax_loss.plot(x, y, label=name)
-        if ax_loss.lines:
-            ax_loss.legend(loc="upper right")
-        ax_loss.set_title("loss (running mean over the epoch)")
-        x, y = self.series("lr_bias")
-        if x:
-            ax_lr.plot(x, y, label="biases", ls="--")
-        for ax, name, title, scale in (
-            (ax_lr, "lr", "learning rate", 1.0),
-            (ax_mem, "memory_bytes", "peak VRAM (GiB)", 1024**-3),
-            (ax_speed, "images_per_s", "images / s", 1.0),
+        # The norm weights follow the weights' schedule (both warm up from 0): their line would hide under it.
+        for ax, names, labels in (
+            (ax_loss, ("box_loss", "cls_loss", "dfl_loss"), ("box", "cls", "dfl")),
+            (ax_lr, ("lr_bias", "lr_weight"), ("biases", "weights")),
         ):
-            x, y = self.series(name)
-            if x:
-                ax.plot(x, [v * scale for v in y])
-            else:
-                ax.text(0.5, 0.5, "not reported", ha="center", va="center", transform=ax.transAxes, color="gray")
-            ax.set_title(title)
-        if len(ax_lr.lines) == 2:
-            ax_lr.lines[1].set_label("weights")
-            ax_lr.legend(loc="upper right")
-        from matplotlib.ticker import MaxNLocator
-
+            for name, label in zip(names, labels):
+                ax.plot(*self.series(name), label=label, ls="--" if name == "lr_bias" else "-")
+            ax.legend(loc="upper right")
+        ax_loss.set_title("loss (running mean over the epoch)")
+        ax_lr.set_title("learning rate")
+        x, y = self.series("memory_bytes")
+        ax_mem.plot(x, [v / 1024**3 for v in y])
+        if self.history and not x:
+            ax_mem.text(0.5, 0.5, _NO_VRAM, ha="center", va="center", transform=ax_mem.transAxes, color="gray")
+        ax_mem.set_title("peak VRAM in the epoch (GiB)")
+        ax_speed.plot(*self.series("images_per_s"))
+        ax_speed.set_title("images / s")
         for ax in axes.flat:
             ax.set_xlabel("batch")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            for step in self.resumes:
-                ax.axvline(step, color="gray", ls=":", lw=1)
+            for ni in self.resumes:
+                ax.axvline(ni, color="gray", ls=":", lw=1)
         fig.suptitle(f"{self.title}: {self.status_text()}")
         return fig
 
@@ -180,21 +140,16 @@ class TrainDashboard:
         if not self.history:
             return "no step yet"
         last = self.history[-1]
-        parts = [f"batch {int(last['step'])}"]
-        if "epoch" in last:
-            parts.append(f"epoch {int(last['epoch'])}")
-        if "memory_bytes" in last:
-            parts.append(f"peak VRAM {format_bytes(last['memory_bytes'])}")
-        if "images_per_s" in last:
-            parts.append(f"{last['images_per_s']:.1f} img/s")
-        return ", ".join(parts)
+        memory = _NO_VRAM if last.memory_bytes is None else f"peak VRAM {format_bytes(last.memory_bytes)}"
+        return f"batch {last.ni}, epoch {last.epoch}, {memory}, {last.images_per_s:.1f} img/s"
 
     def epoch_table(self):
-        """The finished epochs as a DataFrame (the trainer's results rows, numeric columns)."""
+        """The finished epochs as a DataFrame of ``EpochRecord`` fields (columns never filled, such as the
+        metrics of a run that was not validated, are left out)."""
         import pandas as pd
 
-        frame = pd.DataFrame(self.epochs)
-        return frame[[c for c in frame.columns if c in _EPOCH_COLUMNS]] if len(frame) else frame
+        rows = [{name: getattr(r, name) for name in _TABLE_FIELDS} for r in self.epochs]
+        return pd.DataFrame(rows, columns=list(_TABLE_FIELDS)).dropna(axis=1, how="all")
 
     def status_html(self) -> str:
         import html
@@ -215,7 +170,7 @@ def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, int
         show: display it in the current cell now (False in scripts and tests).
 
     Returns:
-        The ``TrainDashboard``; ``.history`` holds what it plotted, ``.figure`` the last figure.
+        The ``TrainDashboard``; ``.history`` and ``.epochs`` hold the records it drew, ``.figure`` the last figure.
     """
     dash = TrainDashboard(title=title, min_interval_s=min_interval_s, interrupt_at=interrupt_at)
     if show:
