@@ -58,7 +58,7 @@ def test_memory_vs_batch_and_breakdown_plots_return_figures():
     assert isinstance(memory_breakdown([report(8), report(16)]), Figure)
     assert isinstance(memory_breakdown(report(8)), Figure)
     sampler = VramSampler()
-    for i in range(3):
+    for _ in range(3):
         sampler()
     assert isinstance(vram_trace(sampler, gpu="T4"), Figure)
 
