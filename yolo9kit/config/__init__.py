@@ -1,0 +1,30 @@
+"""Settings as data: frozen dataclasses with the official defaults and why they are what they are.
+
+* ``TrainConfig`` (``config.train``): everything ``yolo9kit.train.fit`` needs besides the model and the data,
+  with the official ``hyp.scratch-high.yaml`` defaults; ``LossConfig``, the loss gains it carries.
+* ``StepConfig`` (``config.step``): one training step, what the memory tools describe and ``fit`` runs.
+* ``NMSConfig``, ``SaveConfig``, ``LoaderConfig`` (``config.inference``): prediction, validation, loading.
+"""
+
+from __future__ import annotations
+
+from yolo9kit.config.inference import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
+from yolo9kit.config.step import FAST_SWITCHES, StepConfig, amp_for
+from yolo9kit.config.train import (
+    ACTIVATION_CHECKPOINTING,
+    AMP_MODES,
+    CALLBACK_NAMES,
+    DEFAULT_AUGMENT_HYP,
+    DEFAULT_MARGIN,
+    OPTIMIZERS,
+    SCHEDULES,
+    LossConfig,
+    TrainConfig,
+    check_activation_checkpointing,
+)
+
+__all__ = [
+    "ACTIVATION_CHECKPOINTING", "AMP_MODES", "CALLBACK_NAMES", "DEFAULT_AUGMENT_HYP", "DEFAULT_MARGIN",
+    "FAST_SWITCHES", "OPTIMIZERS", "PREDICT_NMS", "SCHEDULES", "VAL_NMS", "LoaderConfig", "LossConfig",
+    "NMSConfig", "SaveConfig", "StepConfig", "TrainConfig", "amp_for", "check_activation_checkpointing",
+]

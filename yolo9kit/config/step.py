@@ -1,0 +1,159 @@
+"""``StepConfig``: one training step, as the memory tools describe it and ``fit`` runs it.
+
+Built from a ``TrainConfig`` with the rules ``fit`` applies on a device (``StepConfig.from_train_config``,
+``StepConfig.resolve``), so an estimate, a measurement and a training run agree on what the step is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from yolo9kit.config.train import AMP_MODES, OPTIMIZERS, TrainConfig, check_activation_checkpointing
+
+# The speed switches that ``None`` turns on for CUDA and off for the CPU (TrainConfig and StepConfig alike).
+FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
+
+
+def amp_for(amp: str, device_type: str, bf16: bool) -> str:
+    """The autocast mode a step runs with: "fp16", "bf16" or "off".
+
+    "auto" is bf16 where the GPU has it (no loss scaling needed), else fp16; on the CPU the step is fp32
+    whatever is asked, as the official check_amp does (CPU autocast is slower than fp32 for convolutions).
+    """
+    if amp not in AMP_MODES:
+        raise ValueError(f"amp={amp!r}: expected one of {AMP_MODES}")
+    if device_type != "cuda" or amp == "off":
+        return "off"
+    if amp == "auto":
+        return "bf16" if bf16 else "fp16"
+    return amp
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """One training step, everything that sets its memory: what ``yolo9kit.memory`` estimates and measures
+    and what ``fit`` runs.
+
+    ``batch_size`` is the images of one forward/backward (``TrainConfig.micro_batch_size``, or its batch
+    when that is not split). ``None`` switches and ``amp="auto"`` are decided for a device by
+    :meth:`resolve`, with the rules ``fit`` uses; ``from_train_config`` builds the step of a training
+    config. The simple form is a model name: ``StepConfig("yolov9-s", 16)``.
+    """
+
+    model: Any  # a registered name ("yolov9-s"), a model yaml, or an nn.Module
+    batch_size: int = 16
+    imgsz: int = 640
+    amp: str = "auto"
+    activation_checkpointing: str | tuple[int, ...] | None = None
+    channels_last: bool | None = None
+    lean_activations: bool | None = None
+    sync_free: bool | None = None  # on: the dense loss of the sync-free step (all anchors, masked)
+    fused_optimizer: bool | None = None
+    optimizer: str = "SGD"
+    ema: bool = True
+    num_classes: int | None = None  # None: the model's own (80 for a registered name)
+    num_targets: int = 8  # boxes per image of the synthetic batch (the assigner's memory grows with them)
+    loss_fn: Callable | None = None  # (outputs, targets) -> (loss, items); None: the kit's DetectionLoss
+    device_type: str | None = None  # "cuda" or "cpu" once resolved for a device, else None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, expected: str) -> ValueError:
+            return ValueError(f"StepConfig.{name}={getattr(self, name)!r}: expected {expected}")
+
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise bad("batch_size", "an integer >= 1")
+        if self.imgsz < 32 or self.imgsz % 32:
+            raise bad("imgsz", "a multiple of 32 (the largest model stride)")
+        if self.amp not in AMP_MODES:
+            raise bad("amp", f"one of {AMP_MODES}")
+        if self.optimizer not in OPTIMIZERS:
+            raise bad("optimizer", f"one of {OPTIMIZERS}")
+        if self.num_targets < 0:
+            raise bad("num_targets", "an integer >= 0")
+        check_activation_checkpointing(self.activation_checkpointing, "StepConfig")
+        if isinstance(self.activation_checkpointing, list):  # hashable: the estimator cache is keyed by steps
+            object.__setattr__(self, "activation_checkpointing", tuple(self.activation_checkpointing))
+
+    @classmethod
+    def from_train_config(cls, config: TrainConfig, model: Any, *, world_size: int = 1, num_targets: int = 8,
+                          batch_size: int | None = None) -> StepConfig:
+        """The step ``fit`` runs for ``config``: its micro-batch (per DDP rank), size, AMP and switches.
+
+        ``batch_size`` overrides the micro-batch (needed while ``config.batch_size`` is "auto").
+        """
+        if batch_size is None:
+            if config.batch_size == "auto":
+                raise ValueError("TrainConfig.batch_size is 'auto': pass batch_size= (the batch to describe)")
+            batch_size = config.micro_batch_size or max(1, config.batch_size // world_size)
+        return cls(model=model, batch_size=batch_size, imgsz=config.imgsz, amp=config.amp,
+                   activation_checkpointing=config.activation_checkpointing, channels_last=config.channels_last,
+                   lean_activations=config.lean_activations, sync_free=config.sync_free,
+                   fused_optimizer=config.fused_optimizer, optimizer=config.optimizer, ema=config.ema,
+                   num_classes=getattr(model, "nc", None), num_targets=num_targets)
+
+    def resolve(self, device: Any = None, *, bf16: bool | None = None) -> StepConfig:
+        """This step as it runs on ``device`` (None: the first CUDA device, else the CPU): "auto" AMP and
+        every ``None`` switch decided as ``fit`` decides them there (on for CUDA, off for the CPU).
+
+        ``bf16``: whether the GPU has bf16 (default: ask the local CUDA device; a GPU without one: True).
+        Values already set are kept, so resolving twice changes nothing.
+        """
+        device_type = _device_type(device)
+        if bf16 is None:
+            bf16 = _local_bf16() if device_type == "cuda" else False
+        switches = {name: (device_type == "cuda") if getattr(self, name) is None else bool(getattr(self, name))
+                    for name in FAST_SWITCHES}
+        return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16), device_type=device_type,
+                                   **switches)
+
+    @property
+    def model_name(self) -> str:
+        if isinstance(self.model, (str, Path)):
+            return Path(str(self.model)).stem if str(self.model).endswith((".yaml", ".yml", ".pt")) else str(self.model)
+        return str(getattr(self.model, "name", None) or type(self.model).__name__)
+
+    @property
+    def label(self) -> str:
+        """A short name of the setting, e.g. ``fp16 channels_last lean ckpt=all 640px`` (curves, tables)."""
+        parts = [self.amp]
+        parts += [name for name, on in (("channels_last", self.channels_last), ("lean", self.lean_activations))
+                  if on]
+        if self.activation_checkpointing is not None:
+            value = self.activation_checkpointing
+            parts.append(f"ckpt={value if isinstance(value, str) else ','.join(map(str, value))}")
+        parts.append(f"{self.imgsz}px")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for JSON (the model by name, the loss by its name)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["model"] = self.model_name
+        if self.loss_fn is not None:
+            out["loss_fn"] = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
+        if isinstance(self.activation_checkpointing, tuple):
+            out["activation_checkpointing"] = list(self.activation_checkpointing)
+        return out
+
+
+def _device_type(device: Any) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, int):
+        return "cuda"
+    text = str(device)
+    return torch.device(f"cuda:{text}" if text.isdigit() else text).type
+
+
+def _local_bf16() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+# ---- inference, validation and loader settings ------------------------------------------------------------
