@@ -156,7 +156,7 @@ def test_prepare_model_never_moves_or_casts_the_callers_model(model):
 
 @pytest.fixture()
 def shapes(tmp_path):
-    return make_shapes(tmp_path / "shapes", n_train=2, n_val=3, image_size=64, num_classes=3, seed=0)
+    return make_shapes(tmp_path / "shapes", n_train=2, n_val=3, imgsz=64, num_classes=3, seed=0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="device=None means the CPU only on a machine without CUDA")

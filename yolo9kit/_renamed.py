@@ -14,8 +14,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-# (function, old keyword) pairs already warned about: one warning each per process is enough to act on.
-_WARNED: set[tuple[str, str]] = set()
+# old spellings already warned about: one warning each per process is enough to act on.
+_WARNED: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +34,18 @@ class Then:
     apply: Callable[[Any, Any], None]
 
 
-def warn_once(function: str, old: str, new: str, stacklevel: int = 3) -> None:
-    """Warn (once per ``function`` and ``old``) that ``function(old=...)`` is now spelled ``new``."""
-    if (function, old) in _WARNED:
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn, once per process and ``old`` spelling, that ``old`` (a keyword or a command-line flag) is now
+    spelled ``new``."""
+    if old in _WARNED:
         return
-    _WARNED.add((function, old))
-    warnings.warn(f"{function}({old}=...) is now {new}; the old spelling will be removed", FutureWarning,
-                  stacklevel=stacklevel)
+    _WARNED.add(old)
+    warnings.warn(f"{old} is now {new}; the old spelling will be removed", FutureWarning, stacklevel=stacklevel)
+
+
+def warn_once(function: str, old: str, new: str, stacklevel: int = 4) -> None:
+    """Warn (once per ``function`` and ``old``) that ``function(old=...)`` is now spelled ``new``."""
+    warn_renamed(f"{function}({old}=...)", new, stacklevel=stacklevel)
 
 
 def _spelling(function: str, old: str, target: str | Into | Then, defaults: Mapping[str, Any]) -> str:

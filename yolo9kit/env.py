@@ -188,20 +188,6 @@ def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
-_WARNED: set[str] = set()
-
-
-def warn_renamed(old: str, new: str) -> None:
-    """A FutureWarning, once per process and old name, that ``old`` is now spelled ``new`` (renamed keyword
-    arguments and flags keep working for a while; docs/glossary.md lists the names)."""
-    if old in _WARNED:
-        return
-    _WARNED.add(old)
-    import warnings
-
-    warnings.warn(f"{old} is now {new}; the old name will go away", FutureWarning, stacklevel=3)
-
-
 def ram_available_bytes() -> int | None:
     """Memory the OS can give this process now (MemAvailable on Linux), or None when unknown."""
     return _memory()[1]

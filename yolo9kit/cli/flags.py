@@ -14,7 +14,7 @@ class Renamed(argparse.Action):
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        from yolo9kit.env import warn_renamed
+        from yolo9kit._renamed import warn_renamed
 
         warn_renamed(option_string, self.new)
         setattr(namespace, self.dest, values if self.nargs != 0 else self.const)

@@ -11,13 +11,12 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
 import yaml
 
-from yolo9kit.env import warn_renamed
+from yolo9kit._renamed import renamed_keywords
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +111,9 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
     return image, labels
 
 
+@renamed_keywords("make_shapes", image_size="imgsz")
 def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: int | tuple[int, int] = 320,
-                num_classes: int = 4, seed: int = 0, max_objects: int = 6, overwrite: bool = False,
-                **renamed: Any) -> Path:
+                num_classes: int = 4, seed: int = 0, max_objects: int = 6, overwrite: bool = False) -> Path:
     """Write the synthetic shapes data set (JPEG images, YOLO labels, data.yaml) under ``root``.
 
     Args:
@@ -129,11 +128,6 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
     Returns:
         Path of the written ``data.yaml``.
     """
-    if "image_size" in renamed:
-        warn_renamed("make_shapes(image_size=...)", "make_shapes(imgsz=...)")
-        imgsz = renamed.pop("image_size")
-    if renamed:
-        raise TypeError(f"make_shapes() got unexpected keyword arguments {sorted(renamed)}")
     if not 1 <= num_classes <= len(SHAPE_NAMES):
         raise ValueError(f"num_classes must be between 1 and {len(SHAPE_NAMES)}, got {num_classes}")
     width, height = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)

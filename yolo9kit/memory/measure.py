@@ -12,11 +12,17 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig
-from yolo9kit.env import warn_renamed
 from yolo9kit.memory.extrapolate import _live_matrix
 from yolo9kit.memory.gpus import gpu_from_device
 from yolo9kit.memory.report import MemoryReport
-from yolo9kit.memory.step import as_step, build_real_trainer, num_classes_of, resolve_model, synthetic_batch
+from yolo9kit.memory.step import (
+    as_step,
+    build_real_trainer,
+    num_classes_of,
+    renamed_step_keywords,
+    resolve_model,
+    synthetic_batch,
+)
 from yolo9kit.memory.tracker import CATEGORIES
 
 LOGGER = logging.getLogger(__name__)
@@ -42,6 +48,7 @@ def free_cuda() -> None:
         torch.cuda.empty_cache()
 
 
+@renamed_step_keywords("measure", steps="repeats", warmup="warmup_repeats")
 def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *,
             device: str | torch.device | None = None, repeats: int = 3, warmup_repeats: int = 1,
             breakdown: bool = True, **changes: Any) -> MemoryReport:
@@ -69,9 +76,6 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
         RuntimeError: without CUDA (use ``estimate``). torch.cuda.OutOfMemoryError propagates after
         everything was freed, so the caller can go on.
     """
-    _renamed_counts(changes)
-    repeats = changes.pop("repeats", repeats)
-    warmup_repeats = changes.pop("warmup_repeats", warmup_repeats)
     step = as_step(step, batch_size, changes, caller="measure")
     dev = require_cuda("cuda" if device is None else device)
     step = step.resolve(dev)
@@ -108,6 +112,7 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
                                f"warm-up, cudnn.benchmark={torch.backends.cudnn.benchmark}"])
 
 
+@renamed_step_keywords("trace")
 def trace(step: StepConfig | str | nn.Module, batch_size: int | None = None, **changes: Any) -> MemoryReport:
     """Run one real training step of ``step`` on the CPU under the storage tracker and report its peak.
 
@@ -138,14 +143,6 @@ def trace(step: StepConfig | str | nn.Module, batch_size: int | None = None, **c
                         peak_reserved=peak, breakdown=parts, step_time_s=seconds,
                         images_per_s=step.batch_size / seconds,
                         notes=["the real step on the CPU under the storage tracker"])
-
-
-def _renamed_counts(changes: dict[str, Any]) -> None:
-    """``steps``/``warmup`` (before StepConfig) are ``repeats``/``warmup_repeats`` now."""
-    for old, new in (("steps", "repeats"), ("warmup", "warmup_repeats")):
-        if old in changes:
-            warn_renamed(f"measure({old}=...)", f"measure({new}=...)")
-            changes[new] = changes.pop(old)
 
 
 def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev: torch.device) -> list[float]:

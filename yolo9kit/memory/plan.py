@@ -22,23 +22,14 @@ import torch
 from torch import nn
 
 from yolo9kit.config import DEFAULT_MARGIN, StepConfig, TrainConfig
-from yolo9kit.env import warn_renamed
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, target_gpu
 from yolo9kit.memory.report import GIB, fmt_bytes
-from yolo9kit.memory.step import as_step
+from yolo9kit.memory.step import as_step, renamed_step_keywords
 from yolo9kit.memory.throughput import ThroughputModel
 
 LOGGER = logging.getLogger(__name__)
 METHODS = ("auto", "measured", "estimated", "both")
-
-
-def _renamed(changes: dict[str, Any], caller: str) -> None:
-    """Keyword arguments renamed when the memory tools took a StepConfig: warn once, use the new name."""
-    for old, new in (("source", "method"), ("step_fn", "trial")):
-        if old in changes:
-            warn_renamed(f"{caller}({old}=...)", f"{caller}({new}=...)")
-            changes[new] = changes.pop(old)
 
 
 def _use_measure(method: str, device: Any) -> bool:
@@ -77,6 +68,7 @@ def _curves(step: StepConfig | str | nn.Module | Sequence, changes: dict[str, An
     return [as_step(step, None, {**single, **dict(zip(several, combo))}, caller=caller) for combo in combos]
 
 
+@renamed_step_keywords("sweep", source="method")
 def sweep(step: StepConfig | str | nn.Module | Sequence[StepConfig], batch_sizes: Sequence[int], *,
           gpu: str | int | GPUSpec | None = None, method: str = "auto", device: str | None = None,
           **changes: Any) -> pd.DataFrame:
@@ -94,7 +86,6 @@ def sweep(step: StepConfig | str | nn.Module | Sequence[StepConfig], batch_sizes
         DataFrame with the ``MemoryReport.as_row`` columns plus ``oom`` (a measured batch that ran out of
         memory: its memory columns are NaN).
     """
-    _renamed(changes, "sweep")
     measured = _use_measure(method, device)
     spec = target_gpu(gpu)
     rows = []
@@ -141,6 +132,7 @@ class BatchSearch:
         return f"largest batch: {self.batch_size} ({self.reason})"
 
 
+@renamed_step_keywords("find_max_batch", source="method", step_fn="trial")
 def find_max_batch(step: StepConfig | str | nn.Module | None = None, *, gpu: str | int | GPUSpec | None = None,
                    margin: float = DEFAULT_MARGIN, max_batch: int = 1024, start: int = 1, method: str = "auto",
                    device: str | None = None, trial: Callable[[int], int | None] | None = None,
@@ -164,9 +156,6 @@ def find_max_batch(step: StepConfig | str | nn.Module | None = None, *, gpu: str
     Returns:
         BatchSearch with the batch, the budget, every trial and the reason for the answer.
     """
-    _renamed(changes, "find_max_batch")
-    trial = changes.pop("trial", trial)
-    method = changes.pop("method", method)
     if trial is None and step is None:
         raise ValueError("find_max_batch needs a step (or a model name), or a trial function")
     spec = target_gpu(gpu)
@@ -261,6 +250,7 @@ class BatchPlan:
             fused_optimizer=s.fused_optimizer, optimizer=s.optimizer, ema=s.ema)
 
 
+@renamed_step_keywords("plan", source="method")
 def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,
          gpu: str | int | GPUSpec | None = None, margin: float = DEFAULT_MARGIN, method: str = "auto",
          device: str | None = None, throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:
@@ -281,8 +271,6 @@ def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,
     """
     if nominal_batch_size < 1:
         raise ValueError(f"nominal_batch_size={nominal_batch_size}: must be >= 1")
-    _renamed(changes, "plan")
-    method = changes.pop("method", method)
     step = as_step(step, None, changes, caller="plan")
     measured = _use_measure(method, device)
     spec = target_gpu(gpu)

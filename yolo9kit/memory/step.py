@@ -20,13 +20,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolo9kit._renamed import renamed_keywords
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.env import warn_renamed
 from yolo9kit.models.layers import set_lean
 
 _STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
-# keyword arguments of the memory functions before StepConfig, and their names now
-_RENAMED = {"checkpoint": "activation_checkpointing", "lean": "lean_activations"}
+
+
+def renamed_step_keywords(function: str, **more: str):
+    """The memory functions' keywords before StepConfig, still accepted with a warning naming the new one."""
+    return renamed_keywords(function, checkpoint="activation_checkpointing", lean="lean_activations", **more)
 
 
 def as_step(step: StepConfig | str | nn.Module, batch_size: int | None = None,
@@ -34,10 +37,6 @@ def as_step(step: StepConfig | str | nn.Module, batch_size: int | None = None,
     """The ``StepConfig`` a memory function describes: ``step`` itself, or the default step of a model name
     or module, with ``batch_size`` and the field ``changes`` (``imgsz=320, amp="fp16"``, ...) applied."""
     changes = dict(changes or {})
-    for old, new in _RENAMED.items():
-        if old in changes:
-            warn_renamed(f"{caller}({old}=...)", f"{caller}({new}=...)")
-            changes[new] = changes.pop(old)
     unknown = sorted(set(changes) - _STEP_FIELDS)
     if unknown:
         raise TypeError(f"{caller}() got unexpected keyword arguments {unknown}; the step's settings are the "
