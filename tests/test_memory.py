@@ -346,4 +346,5 @@ def test_old_keywords_warn_once_and_still_work():
     import inspect
 
     for fn in (estimate, measure, sweep, find_max_batch, plan):
-        assert not {"checkpoint", "lean", "source", "step_fn", "steps", "warmup"} & set(inspect.signature(fn).parameters)
+        old_names = {"checkpoint", "lean", "source", "step_fn", "steps", "warmup"}
+        assert not old_names & set(inspect.signature(fn).parameters), fn
