@@ -113,7 +113,7 @@ def test_state_dict_layout_equals_official(name):
 
 
 def test_num_classes_and_names():
-    model = create_model("gelan-t", names={0: "cat", 1: "dog"}, checkpoint="backbone")
+    model = create_model("gelan-t", names={0: "cat", 1: "dog"}, activation_checkpointing="backbone")
     assert model.activation_checkpointing == list(range(9))
     assert model.nc == 2 and model.names == ["cat", "dog"] and model.head.no == 66
     assert model.yaml["nc"] == 2

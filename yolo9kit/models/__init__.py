@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from yolo9kit._renamed import renamed_keywords
 from yolo9kit.models.builder import MODULES, LayerTableError, make_divisible, parse_model
 from yolo9kit.models.heads import DFL, DDetect, DualDDetect, DualOutput
 from yolo9kit.models.model import DetectionModel
@@ -55,8 +56,10 @@ def load_model_config(name_or_yaml: str | Path | dict) -> tuple[dict, str, str]:
                      "a path to a model .yaml (official format) or a dict of one")
 
 
+@renamed_keywords("create_model", checkpoint="activation_checkpointing")
 def create_model(name_or_yaml: str | Path | dict, num_classes: int | None = None, *,
-                 names: list[str] | dict[int, str] | None = None, checkpoint: Any = None) -> DetectionModel:
+                 names: list[str] | dict[int, str] | None = None,
+                 activation_checkpointing: Any = None) -> DetectionModel:
     """Build a freshly initialised YOLOv9 / GELAN model (training mode, fp32, CPU).
 
     Args:
@@ -64,7 +67,7 @@ def create_model(name_or_yaml: str | Path | dict, num_classes: int | None = None
         num_classes: number of classes; default ``len(names)`` when names are given, else the yaml's
             ``nc`` (80 for the registered models).
         names: class names (list, or dict index -> name as in data yamls).
-        checkpoint: activation checkpointing: None, "all", "backbone" or layer indices
+        activation_checkpointing: None, "all", "backbone" or layer indices to recompute in backward
             (see :meth:`DetectionModel.set_activation_checkpointing`).
 
     Returns:
@@ -78,8 +81,8 @@ def create_model(name_or_yaml: str | Path | dict, num_classes: int | None = None
     if names is not None and len(names) != num_classes:
         raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
     model = DetectionModel(cfg, nc=num_classes, names=names, source=source, name=display)
-    if checkpoint is not None:
-        model.set_activation_checkpointing(checkpoint)
+    if activation_checkpointing is not None:
+        model.set_activation_checkpointing(activation_checkpointing)
     return model
 
 

@@ -159,12 +159,13 @@ class DetectionModel(nn.Module):
         elif layers == "backbone":
             chosen = [i for i in with_params if i < len(self.yaml["backbone"])]
         elif isinstance(layers, str):
-            raise ValueError(f"checkpoint={layers!r}: expected None, 'all', 'backbone' or a list of layer indices")
+            raise ValueError(f"activation_checkpointing={layers!r}: expected None, 'all', 'backbone' or a list of "
+                             "layer indices")
         else:
             chosen = sorted({int(i) for i in layers})
             bad = [i for i in chosen if not 0 <= i < len(self.model)]
             if bad:
-                raise ValueError(f"checkpoint layers {bad} out of range: "
+                raise ValueError(f"activation_checkpointing layers {bad} out of range: "
                                  f"{self.name} has layers 0..{len(self.model) - 1}")
         self._checkpoint_layers = frozenset(chosen)
         return chosen

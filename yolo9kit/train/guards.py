@@ -51,7 +51,7 @@ def halve_micro_batch(micro_batch: int, error: BaseException) -> int:
     if micro_batch <= 1:
         raise OutOfMemoryAtMinimumError(
             "out of memory with a micro-batch of 1 image: use a smaller model or image size, "
-            "amp='fp16'/'bf16', or activation checkpointing (create_model(..., checkpoint='all'))"
+            "amp='fp16'/'bf16', or activation checkpointing (TrainConfig(activation_checkpointing='all'))"
         ) from error
     new = micro_batch // 2
     LOGGER.warning("out of memory at micro-batch %d: retrying this batch as micro-batches of %d "

@@ -53,17 +53,17 @@ def scaled_weight_decay(config: TrainConfig) -> float:
     return config.weight_decay * config.batch_size * base_accumulate(config) / config.nominal_batch_size
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool = False) -> torch.optim.Optimizer:
     """The official three groups [biases, decayed weights, norm weights] with lr0 and scaled decay.
 
     SGD: momentum, nesterov=True. Adam: betas (momentum, 0.999). AdamW: betas (momentum, 0.999),
     amsgrad=True, decoupled decay on group 1 only. Matches ``smart_optimizer`` in the official utils.
-    ``fused``: torch's fused implementation (one kernel group for all tensors, and the GradScaler's
+    ``fused_optimizer``: torch's fused implementation (one kernel group for all tensors, and the GradScaler's
     skip of a non-finite step happens on the device); the same update up to float rounding.
     """
     biases, decayed, norm_weights = param_groups(model)
     lr, decay = config.lr0, scaled_weight_decay(config)
-    kw = {"fused": True} if fused else {}
+    kw = {"fused": True} if fused_optimizer else {}
     if config.optimizer == "SGD":
         opt = torch.optim.SGD(biases, lr=lr, momentum=config.momentum, nesterov=True, **kw)
     elif config.optimizer == "Adam":

@@ -106,7 +106,7 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     else:
         scaler = torch.amp.GradScaler(device.type, enabled=False)
     ema = ModelEMA(model, config.ema_decay, config.ema_tau) if step.ema else None
-    optimizer = build_optimizer(unwrap(model), config, fused=step.fused_optimizer)
+    optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer)
     compiled = None
     if config.compile:
         mode = config.compile if isinstance(config.compile, str) else None

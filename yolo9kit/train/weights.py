@@ -21,7 +21,7 @@ def transfer_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     return len(match), len(own)
 
 
-def model_for_data(spec: str, data, weights: str = ""):
+def model_for_data(model: str, data, weights: str = ""):
     """The model to train on ``data``: built from a name/yaml (or a checkpoint's config), with ``weights`` transferred.
 
     A checkpoint given as the model keeps its weights when its classes match the data; otherwise (and for
@@ -33,15 +33,15 @@ def model_for_data(spec: str, data, weights: str = ""):
 
     data_config = load_data_config(data)
     nc, names = data_config.nc, list(data_config.names)
-    if str(spec).endswith(".pt"):
-        source = load_model(spec)
+    if str(model).endswith(".pt"):
+        source = load_model(model)
         if source.nc == nc and not weights:
             source.names = names
             return source.train()
-        model = create_model(source.yaml, num_classes=nc, names=names)
-        transfer_weights(model, source.state_dict())
+        built = create_model(source.yaml, num_classes=nc, names=names)
+        transfer_weights(built, source.state_dict())
     else:
-        model = create_model(spec, num_classes=nc, names=names)
+        built = create_model(model, num_classes=nc, names=names)
     if weights:
-        transfer_weights(model, load_model(weights).state_dict())
-    return model.train()
+        transfer_weights(built, load_model(weights).state_dict())
+    return built.train()
