@@ -26,7 +26,7 @@ from yolo9kit.memory.autocast_sim import CudaAutocastEmulation
 from yolo9kit.memory.extrapolate import _live_matrix
 from yolo9kit.memory.measure import fit_to_total
 from yolo9kit.memory.step import build_real_trainer, prime_optimizer, synthetic_batch
-from yolo9kit.memory.trace import trace_real_step
+from yolo9kit.memory.steptrace import trace_real_step
 
 GIB = 1 << 30
 
@@ -135,7 +135,7 @@ def test_activations_equal_saved_tensors_of_real_forward():
 
 def test_extrapolated_peak_equals_direct_trace_at_larger_batch():
     from yolo9kit.memory.step import build_meta_trainer
-    from yolo9kit.memory.trace import trace_meta_step
+    from yolo9kit.memory.steptrace import trace_meta_step
 
     est = toy_estimator()
     trainer, loss_fn = build_meta_trainer(ToyDetector(), toy_step().resolve("cuda"))

@@ -64,7 +64,7 @@ def test_the_described_step_is_the_step_fit_builds(switches):
     from yolo9kit.config import TrainConfig
     from yolo9kit.memory.extrapolate import _live_matrix
     from yolo9kit.memory.step import synthetic_batch
-    from yolo9kit.memory.trace import trace_real_step
+    from yolo9kit.memory.steptrace import trace_real_step
     from yolo9kit.memory.tracker import CATEGORIES
     from yolo9kit.models import create_model
     from yolo9kit.train.step import build_trainer, describe_step, train_step

@@ -83,3 +83,26 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     assert path.read_bytes() == tracked, f"running {path.name} modified the tracked file"
+
+
+def _imported_names(source: str) -> list[str]:
+    """Dotted names a cell imports (``from a.b import c`` -> ``a.b.c``); IPython magics are skipped."""
+    import ast
+
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    names = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_imports_only_public_names(path):
+    """Notebooks show what a user can write: no private module or name of the package (``_common``, ``_x``)."""
+    private = [name for cell in _read(path).cells if cell.cell_type == "code"
+               for name in _imported_names(cell.source)
+               if name.startswith("yolo9kit") and any(part.startswith("_") for part in name.split("."))]
+    assert not private, f"{path.name} imports private names: {private}"

@@ -16,7 +16,7 @@ Assumptions, stated once:
   pass (``torch.utils.checkpoint`` re-enters autocast, and checks that the recomputed tensors have
   the dtypes of the first pass). So the emulation stays on through backward, without the weight cache
   (each recompute is its own autocast region); backward formulas run in C++ and never reach a
-  function mode, so only recomputed forward code is affected. ``trace.traced_step`` starts backward
+  function mode, so only recomputed forward code is affected. ``steptrace.traced_step`` starts backward
   through the autograd engine directly, because a function mode is switched off while it handles a
   ``Tensor.backward`` call.
 * float32 ops (exp, log, pow, softmax, sum, BCE-with-logits, ...) compute in fp32. Reductions with a

@@ -5,10 +5,10 @@ How (each step's assumptions are in its module):
 0. The step is a ``StepConfig`` resolved for the card (``StepConfig.resolve``: "auto" AMP and the
    ``None`` switches decided as ``fit`` decides them on CUDA), so the estimate describes the step ``fit``
    would run there.
-1. The kit's step (``trace.traced_step``: forward and loss under autocast, backward, clip, SGD,
+1. The kit's step (``steptrace.traced_step``: forward and loss under autocast, backward, clip, SGD,
    EMA) runs on ``meta`` tensors, which carry shapes, dtypes and strides but no data, under a
    ``StorageTracker`` that records every storage by category and over time (``tracker``), with the
-   CUDA autocast policy applied by ``autocast_sim`` and the real loss bridged in (``trace``).
+   CUDA autocast policy applied by ``autocast_sim`` and the real loss bridged in (``steptrace``).
 2. That is done at two small batch sizes; every storage is linear in the batch, so the live bytes
    at every moment of the step, and their peak, follow for any batch (``extrapolate``).
 3. Peak reserved = peak allocated + a cuDNN workspace allowance + what the caching-allocator model
@@ -94,7 +94,7 @@ def trace_model(step: StepConfig) -> tuple[StepMemoryModel, float]:
     """Trace the resolved step at the two ``TRACE_BATCHES`` -> (memory model, forward GFLOPs per image)."""
     import torch
 
-    from yolo9kit.memory.trace import trace_meta_step
+    from yolo9kit.memory.steptrace import trace_meta_step
 
     real = resolve_model(step, copy_model=False)
     t0 = time.perf_counter()

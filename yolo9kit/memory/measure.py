@@ -124,7 +124,7 @@ def trace(step: StepConfig | str | nn.Module, batch_size: int | None = None, **c
     Returns:
         MemoryReport with ``method="traced"`` (the step's wall time on this CPU as ``step_time_s``).
     """
-    from yolo9kit.memory.trace import trace_real_step
+    from yolo9kit.memory.steptrace import trace_real_step
     from yolo9kit.train.step import train_step
 
     step = as_step(step, batch_size, changes, caller="trace").resolve("cpu")
@@ -163,7 +163,7 @@ def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev:
 
 def _tracked_breakdown(trainer, images, targets, peak_allocated: int) -> dict[str, int]:
     """Categories at the tracked peak of one more step; the rest of the CUDA peak is workspace_other."""
-    from yolo9kit.memory.trace import trace_real_step
+    from yolo9kit.memory.steptrace import trace_real_step
 
     trace = trace_real_step(trainer, images, targets, device_type="cuda")
     live = _live_matrix(trace)

@@ -150,7 +150,7 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
     resolved ``step`` (channels_last, lean activations, activation checkpointing, optimizer, EMA).
 
     ``real_model`` is only read. The loss (``step.loss_fn``, default ``DetectionLoss(real_model,
-    dense=step.sync_free)``) stays on the real model: the trace runs it for real (see ``trace``). The
+    dense=step.sync_free)``) stays on the real model: the trace runs it for real (see ``steptrace``). The
     optimizer uses the ``foreach`` kernels (the fused ones do not run on ``meta`` tensors; they keep no
     more state). Returns (trainer, loss_fn).
     """
