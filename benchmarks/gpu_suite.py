@@ -28,6 +28,7 @@ Parts (each row is written to ``suite.json`` and ``suite.md`` under ``--out`` as
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import platform
@@ -158,12 +159,10 @@ def _estimate_gib(model_name: str, batch: int, trainer, args, device) -> float |
     from yolo9kit.memory import StepEstimator
     from yolo9kit.memory.gpus import gpu_from_device
 
-    amp = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(trainer.amp_dtype, "off")
-    lean = any(getattr(m, "lean", False) for m in trainer.model.modules())
-    key = (model_name, amp, trainer.channels_last, lean, args.imgsz)
+    step = dataclasses.replace(trainer.step, model=model_name, num_classes=None)  # the step the trainer runs
+    key = dataclasses.replace(step, batch_size=1)
     if key not in _ESTIMATORS:
-        _ESTIMATORS[key] = StepEstimator(model_name, imgsz=args.imgsz, amp=amp, channels_last=trainer.channels_last,
-                                         lean=lean)
+        _ESTIMATORS[key] = StepEstimator(step)
     gpu = gpu_from_device(device.index or 0) if device.type == "cuda" else None
     return _ESTIMATORS[key].reports([batch], gpu)[0].peak_allocated / 2**30
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from yolo9kit.memory import StepEstimator, measure
+from yolo9kit.memory import StepConfig, StepEstimator, measure
 from yolo9kit.memory.calibration import FORMAT, fit_line
 from yolo9kit.memory.gpus import gpu_from_device, resolve_gpu
 
@@ -44,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=["yolov9-t", "yolov9-s", "yolov9-c"])
     p.add_argument("--batches", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    p.add_argument("--img", type=int, default=640)
+    p.add_argument("--imgsz", "--img", dest="imgsz", type=int, default=640)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", default="runs/memory_gpu")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, estimate only (tests the script)")
@@ -54,13 +54,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_point(est: StepEstimator, model: str, b: int, amp: str, ckpt, args, gpu, measure_it: bool) -> dict:
     report = est.reports([b], gpu)[0]
     traced, _ = est.memory.peak(b)
-    row = {"model": model, "batch_size": b, "imgsz": args.img, "amp": amp, "checkpoint": ckpt,
+    row = {"model": model, "batch_size": b, "imgsz": args.imgsz, "amp": amp, "activation_checkpointing": ckpt,
+           "step": est.step.label,
            "estimated_traced_bytes": int(traced), "estimated_peak_allocated": report.peak_allocated,
            "estimated_peak_reserved": report.peak_reserved, "estimated_step_s": report.step_time_s}
     if not measure_it:
         return row
     try:
-        m = measure(model, b, imgsz=args.img, amp=amp, checkpoint=ckpt, steps=args.steps)
+        m = measure(est.step, b, repeats=args.steps)  # the same step, resolved for this card
     except torch.cuda.OutOfMemoryError:
         return {**row, "oom": True}
     tracked_share = 1 - m.breakdown["workspace_other"] / max(m.peak_allocated, 1)
@@ -104,15 +105,15 @@ def checks(rows: list[dict]) -> dict:
         out["min_named_share"] = min(r["named_share"] for r in measured)
     cost = []
     for r in measured:
-        if r["checkpoint"]:
+        if r["activation_checkpointing"]:
             base = next((q for q in measured if q["model"] == r["model"] and q["batch_size"] == r["batch_size"]
-                         and q["amp"] == r["amp"] and not q["checkpoint"]), None)
+                         and q["amp"] == r["amp"] and not q["activation_checkpointing"]), None)
             if base:
                 cost.append({"model": r["model"], "batch_size": r["batch_size"],
                              "time_ratio": r["measured_step_s"] / base["measured_step_s"],
                              "memory_ratio": r["measured_peak_reserved"] / base["measured_peak_reserved"]})
     out["checkpoint_cost"] = cost
-    c64 = next((r for r in rows if r["model"] == "yolov9-c" and r["batch_size"] == 64 and r["checkpoint"]
+    c64 = next((r for r in rows if r["model"] == "yolov9-c" and r["batch_size"] == 64 and r["activation_checkpointing"]
                 and r["imgsz"] == 640), None)
     if c64 is not None:
         used = c64.get("measured_peak_reserved", c64["estimated_peak_reserved"]) + (c64.get("context_bytes") or 0)
@@ -137,7 +138,7 @@ def markdown(rows: list[dict]) -> str:
         step = r.get("measured_step_s") or r.get("estimated_step_s") or math.nan
         ips = r.get("measured_images_per_s") or r["batch_size"] / step
         measured = _gib(r, "measured_peak_allocated") or ("OOM" if r.get("oom") else "")
-        lines.append(f"| {r['model']} | {r['batch_size']} | {r['amp']} | {r['checkpoint'] or ''} | "
+        lines.append(f"| {r['model']} | {r['batch_size']} | {r['amp']} | {r['activation_checkpointing'] or ''} | "
                      f"{_gib(r, 'estimated_peak_allocated')} | {measured} | {_ratio(r, 'ratio_allocated')} | "
                      f"{_gib(r, 'estimated_peak_reserved')} | {_gib(r, 'measured_peak_reserved')} | "
                      f"{_ratio(r, 'ratio_reserved')} | {step * 1000:.0f} | {ips:.1f} |")
@@ -147,7 +148,7 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.smoke:
-        args.models, args.batches, args.img = args.models[:1], [1, 2], 64
+        args.models, args.batches, args.imgsz = args.models[:1], [1, 2], 64
         args.settings = ["fp16", "fp16+ckpt"]
     on_gpu = torch.cuda.is_available() and not args.smoke
     if not on_gpu and not args.smoke:
@@ -160,7 +161,8 @@ def main(argv=None) -> int:
     for model in args.models:
         for setting in args.settings:
             amp, ckpt = SETTINGS[setting]
-            est = StepEstimator(model, imgsz=args.img, amp=amp, checkpoint=ckpt)
+            # fit's default step on CUDA (channels_last, lean activations, sync-free loss) at this AMP
+            est = StepEstimator(StepConfig(model, imgsz=args.imgsz, amp=amp, activation_checkpointing=ckpt))
             print(f"{model} {setting}: traced in {est.trace_seconds:.1f} s", flush=True)
             for b in args.batches:
                 rows.append(run_point(est, model, b, amp, ckpt, args, gpu, on_gpu))

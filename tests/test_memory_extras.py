@@ -141,7 +141,7 @@ def test_benchmark_smoke_mode_writes_outputs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((tmp_path / "memory_gpu.json").read_text())
     assert data["meta"]["smoke"] and data["summary"]["points"] == 4
-    assert {r["checkpoint"] for r in data["rows"]} == {None, "all"}
+    assert {r["activation_checkpointing"] for r in data["rows"]} == {None, "all"}
     assert "| yolov9-t | 1 | fp16 |" in (tmp_path / "memory_gpu.md").read_text()
     cal = read_calibration(tmp_path / "calibration-RTX_4090-smoke.json")
     assert cal["smoke"] and cal["kind"] == "measured" and cal["fits"] == {}
