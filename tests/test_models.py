@@ -262,7 +262,7 @@ def test_models_cli_prints_the_table(capsys):
 
     parser = argparse.ArgumentParser()
     models_cli.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["models", "gelan-t", "--classes", "80"])
+    args = parser.parse_args(["models", "gelan-t", "--num-classes", "80"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "gelan-t" in out and "2,442,640" in out and "2,407,632" in out and " 9.9 " in out
