@@ -25,7 +25,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -ra -m "not slow and not browser" tests
 
+# saveState: a saved notebook keeps its widgets' state, so it reopens with the figures instead of
+# "Error displaying widget: model not found" (notebooks/overrides.json, JupyterLab's settings overrides)
 lab: $(STAMP)
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp notebooks/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	$(VENV)/bin/jupyter lab notebooks/
 
 lint: $(STAMP)

@@ -53,3 +53,13 @@ def test_top_level_functions_are_not_shadowed_by_modules():
             "print(callable(yolo9kit.predict), callable(yolo9kit.evaluate), callable(yolo9kit.fit))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True", "True"]
+
+
+def test_lab_saves_widget_state():
+    """`make lab` installs the JupyterLab override that keeps widget state in saved notebooks."""
+    import json
+
+    overrides = json.loads((REPO / "notebooks" / "overrides.json").read_text())
+    assert overrides["@jupyter-widgets/jupyterlab-manager:plugin"]["saveState"] is True
+    makefile = (REPO / "Makefile").read_text()
+    assert "notebooks/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json" in makefile

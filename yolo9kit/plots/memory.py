@@ -61,9 +61,11 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes"
     if capacity:
         name = spec.name if spec is not None else "GPU"
         ax.axhline(capacity / GIB, color="k", lw=1)
-        top = max(ax.get_ylim()[1], capacity / GIB * 1.15)
+        # the card's capacity sets the scale: a curve far above it would flatten the part that matters
+        top = min(max(ax.get_ylim()[1], capacity / GIB * 1.15), capacity / GIB * 1.35)
         ax.axhspan(capacity / GIB, top, color="#d62728", alpha=0.12, label=f"out of memory ({name})")
         ax.set_ylim(0, top)
+        _note_clipped(ax, df, value, top)
         if margin:
             ax.axhline(capacity * (1 - margin) / GIB, color="k", ls="--", lw=0.8, label=f"{1 - margin:.0%} budget")
     ax.set_xlabel("batch size (images per micro-step)")
@@ -72,6 +74,15 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes"
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def _note_clipped(ax, df, value: str, top_gib: float) -> None:
+    """Say where a curve leaves the plot (its largest batch and memory) instead of stretching the axis."""
+    values = df[value].dropna() / GIB if value in df else []
+    if len(values) and values.max() > top_gib:
+        row = df.loc[(df[value] / GIB).idxmax()]
+        ax.text(0.98, 0.97, f"up to {row[value] / GIB:.0f} GiB at batch {int(row['batch_size'])} (off scale)",
+                transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#a00")
 
 
 def _capacity(df) -> int | None:
@@ -96,7 +107,8 @@ def memory_breakdown(reports, ax=None, *, labels: Sequence[str] | None = None):
         heights = [r.breakdown[cat] / GIB for r in reports]
         ax.bar(x, heights, bottom=bottom, color=_COLORS[cat], label=cat.replace("_", " "), width=0.6)
         bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.plot(x, [r.peak_reserved / GIB for r in reports], "_", color="k", markersize=30, mew=2, label="reserved peak")
+    ax.hlines([r.peak_reserved / GIB for r in reports], [i - 0.3 for i in x], [i + 0.3 for i in x], color="k", lw=2,
+              label="reserved peak")
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("GiB at the peak")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

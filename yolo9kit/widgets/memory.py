@@ -85,10 +85,11 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
     ckpt_label = next(label for label, value in CHECKPOINTING.items() if value == activation_checkpointing)
     controls: dict[str, Any] = {
         "model": w.Dropdown(options=list_models(), value=model, description="model"),
+        # wide sliders: a 1-512 batch range on a ~100 px track moves five batches per pixel
         "imgsz": w.IntSlider(value=imgsz, min=imgsz_range[0], max=imgsz_range[1], step=32, description="image size",
-                             continuous_update=False),
+                             continuous_update=False, layout=w.Layout(width="420px")),
         "batch": w.IntRangeSlider(value=batch_range, min=1, max=max_batch, description="batch sizes",
-                                  continuous_update=False),
+                                  continuous_update=False, layout=w.Layout(width="420px")),
         "amp": w.ToggleButtons(options=list(AMP_LABELS), value=amp_label, description="amp"),
         "activation_checkpointing": w.Dropdown(options=list(CHECKPOINTING), value=ckpt_label,
                                                description="act. checkpointing"),
