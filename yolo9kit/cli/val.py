@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
     from yolo9kit.validate import compare_heads, evaluate
 
     speed_task = args.task == "speed"
+    model = load_model(args.weights)  # first: a wrong --weights leaves no empty run folder behind
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)
     save_dir.mkdir(parents=True, exist_ok=True)
-    model = load_model(args.weights)
     nms = NMSConfig(conf=0.25 if speed_task else args.conf_thres, iou=0.45 if speed_task else args.iou_thres,
                     max_det=args.max_det)  # the official speed task times the detect thresholds
     settings = dict(split="val" if speed_task else args.task, imgsz=args.imgsz, batch_size=args.batch_size, nms=nms,
