@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -336,3 +337,20 @@ def test_the_shell_sees_one_line_and_exit_code_2():
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert _one_error_line(done.stderr).startswith("python -m yolo9kit train: error: argument --device: 'banana'")
+
+
+def test_device_flag_is_checked_against_the_machine(monkeypatch):
+    """The CUDA branches, on any machine: one card is pretended."""
+    import argparse
+
+    import torch
+
+    from yolo9kit.cli.flags import device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert [device(d) for d in ("0", "cuda", "cuda:0", "cpu", "")] == ["0", "cuda", "cuda:0", "cpu", ""]
+    for text, expected in (("1", "has 1 CUDA device(s), 0..0"), ("cuda:3", "has 1 CUDA device(s)"),
+                           ("gpu", "expected cpu, cuda"), ("meta", "expected cpu, cuda")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(expected)):
+            device(text)
