@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from yolo9kit.data import YOLODataset, check, create_dataloader
+from yolo9kit.data import DataError, YOLODataset, check, create_dataloader
 
 GOOD_LABEL = "0 0.5 0.5 0.4 0.4\n"
 
@@ -95,7 +95,9 @@ def test_every_image_problem_is_named_with_its_reason(bad_data):
 
 
 def test_good_files_still_load_and_bad_ones_are_left_out(bad_data):
-    ds = YOLODataset(bad_data, "train", imgsz=64)
+    with pytest.raises(DataError, match="class id 5"):  # a train split this damaged refuses by default
+        YOLODataset(bad_data, "train", imgsz=64)
+    ds = YOLODataset(bad_data, "train", imgsz=64, allow_bad_labels=True)
     names = sorted(Path(f).stem for f in ds.im_files)
     assert names == sorted(["good_a", "good_b", "missing_label", "zero_size", "duplicates", "empty", "polygon"])
     labels = dict(zip((Path(f).stem for f in ds.im_files), ds.labels))
@@ -103,7 +105,7 @@ def test_good_files_still_load_and_bad_ones_are_left_out(bad_data):
     np.testing.assert_allclose(labels["zero_size"], [[1, 0.3, 0.3, 0.2, 0.2]])
     np.testing.assert_allclose(labels["duplicates"], [[0, 0.5, 0.5, 0.4, 0.4], [1, 0.2, 0.2, 0.1, 0.1]])
     np.testing.assert_allclose(labels["polygon"], [[1, 0.3, 0.35, 0.4, 0.5]], atol=1e-6)
-    loader = create_dataloader(bad_data, "train", imgsz=64, batch_size=4, workers=0)
+    loader = create_dataloader(bad_data, "train", imgsz=64, batch_size=4, workers=0, allow_bad_labels=True)
     assert sum(len(b[0]) for b in loader) == 7
 
 

@@ -98,9 +98,10 @@ class ValResult:
 def _build_loader(data, split: str, imgsz: int, batch_size: int, workers: int | None, single_cls: bool = False):
     from yolo9kit.data import create_dataloader
 
-    # rectangular batches padded by half a stride, no augmentation, no shuffle: as val_dual.py
+    # rectangular batches padded by half a stride, no augmentation, no shuffle: as val_dual.py. Validation
+    # scores what it can read, also of a train split whose labels would refuse to train (allow_bad_labels).
     return create_dataloader(data, split, imgsz=imgsz, batch_size=batch_size, augment=False, rect=True,
-                             shuffle=False, pad=0.5, workers=workers, single_cls=single_cls)
+                             shuffle=False, pad=0.5, workers=workers, single_cls=single_cls, allow_bad_labels=True)
 
 
 def _data_names(data, loader) -> tuple[list[str], Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from yolo9kit.cli.flags import renamed
+from yolo9kit.cli.flags import image_size, non_negative_int, positive_int, renamed
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -12,12 +12,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="data_verb", metavar="ACTION")
     mk = verbs.add_parser("make-shapes", help="write the synthetic shapes data set")
     mk.add_argument("--out", required=True, help="output folder")
-    mk.add_argument("--n-train", type=int, default=256)
-    mk.add_argument("--n-val", type=int, default=64)
-    mk.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=320,
+    mk.add_argument("--n-train", type=positive_int, default=256)
+    mk.add_argument("--n-val", type=non_negative_int, default=64)
+    mk.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=image_size, default=320,
                     help="square side in pixels")
-    renamed(mk, "--image-size", "--imgsz", "imgsz", type=int)
-    mk.add_argument("--num-classes", type=int, default=4)
+    renamed(mk, "--image-size", "--imgsz", "imgsz", type=image_size)
+    mk.add_argument("--num-classes", type=positive_int, default=4)
     mk.add_argument("--seed", type=int, default=0)
     mk.set_defaults(func=run_make_shapes)
     ck = verbs.add_parser("check", help="check images and labels; exit code 1 when files had to be skipped, "

@@ -15,6 +15,8 @@ import argparse
 import time
 from pathlib import Path
 
+from yolo9kit.cli.flags import device, positive_int, train_image_size
+
 NUM_CLASSES = 3
 
 
@@ -22,11 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="build, save/reload, make data, train, validate and predict end to end")
     p.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     p.add_argument("--model", default="yolov9-t", help="model to train (default: yolov9-t)")
-    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=160,
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=train_image_size, default=160,
                    help="image size (default: 160, CPU-friendly)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the built-in recipe)")
-    p.add_argument("--n-train", type=int, default=None, help="synthetic training images (default: recipe)")
-    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    p.add_argument("--epochs", type=positive_int, default=None, help="training epochs (default: the built-in recipe)")
+    p.add_argument("--n-train", type=positive_int, default=None, help="synthetic training images (default: recipe)")
+    p.add_argument("--device", type=device, default=None, help="cuda, cpu, ... (default: cuda when available)")
     p.add_argument("--quick", action="store_true", help="a one-minute smoke run: tiny data, one short epoch")
     p.set_defaults(func=run)
 

@@ -10,28 +10,32 @@ import argparse
 import json
 from pathlib import Path
 
+from yolo9kit.cli.flags import device, image_size, non_negative_int, positive_int, share
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("detect", help="detect objects in images (detect_dual.py flags)")
     p.add_argument("--weights", required=True, help="kit checkpoint, official .pt, or a model name (random weights)")
     p.add_argument("--source", required=True, nargs="+", help="image files, folders or glob patterns")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, nargs="+", default=[640], help="h [w] (default 640)")
-    p.add_argument("--conf-thres", type=float, default=0.25, help="confidence threshold (default 0.25)")
-    p.add_argument("--iou-thres", type=float, default=0.45, help="NMS IoU threshold (default 0.45)")
-    p.add_argument("--max-det", type=int, default=1000, help="maximum detections per image (default 1000)")
-    p.add_argument("--device", default="", help="cuda device (0) or cpu; default: CUDA when available")
+    p.add_argument("--imgsz", "--img", "--img-size", type=image_size, nargs="+", default=[640],
+                   help="h [w] (default 640)")
+    p.add_argument("--conf-thres", type=share, default=0.25, help="confidence threshold (default 0.25)")
+    p.add_argument("--iou-thres", type=share, default=0.45, help="NMS IoU threshold (default 0.45)")
+    p.add_argument("--max-det", type=positive_int, default=1000, help="maximum detections per image (default 1000)")
+    p.add_argument("--device", type=device, default="", help="cuda device (0) or cpu; default: CUDA when available")
     p.add_argument("--save-txt", action="store_true", help="write labels/<stem>.txt (cls cx cy w h)")
     p.add_argument("--save-conf", action="store_true", help="add the confidence to --save-txt lines")
     p.add_argument("--nosave", action="store_true", help="do not write annotated images")
-    p.add_argument("--classes", type=int, nargs="+", help="keep only these class ids")
+    p.add_argument("--classes", type=non_negative_int, nargs="+", help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     p.add_argument("--project", default="runs/detect", help="parent folder of the run folder")
     p.add_argument("--name", default="exp", help="run folder name (exp, exp2, ... unless --exist-ok)")
     p.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
     p.add_argument("--half", action=argparse.BooleanOptionalAction, default="auto",
                    help="FP16 model and inputs (default: on CUDA, off on the CPU)")
-    p.add_argument("--batch-size", type=int, default=1, help="images per forward pass (above 1: full-size letterbox)")
-    p.add_argument("--line-thickness", type=int, default=3, help="box line width in pixels")
+    p.add_argument("--batch-size", type=positive_int, default=1,
+                   help="images per forward pass (above 1: full-size letterbox)")
+    p.add_argument("--line-thickness", type=positive_int, default=3, help="box line width in pixels")
     p.add_argument("--head", choices=("main", "aux"), default="main", help="which head of a YOLOv9 model")
     p.set_defaults(func=run)
 
@@ -51,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
     from yolo9kit.config import NMSConfig, SaveConfig
     from yolo9kit.prediction import SPEED_COLUMNS, predict
 
-    imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz[:2]
+    if len(args.imgsz) > 2:
+        raise ValueError(f"--imgsz: expected one size or h w, got {len(args.imgsz)} values {args.imgsz}")
+    imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)
     save_dir.mkdir(parents=True, exist_ok=True)
     nms = NMSConfig(conf=args.conf_thres, iou=args.iou_thres, max_det=args.max_det, classes=args.classes,

@@ -41,7 +41,7 @@ def activation_checkpointing(text: str | None) -> str | list[int] | None:
 def add_step_flags(p: argparse.ArgumentParser, *, several: bool = False) -> None:
     """The step's image size, AMP, activation checkpointing and speed switches (StepConfig/TrainConfig)."""
     nargs = "+" if several else None
-    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=640,
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=train_image_size, default=640,
                    help="image size, a multiple of 32 (default 640)")
     p.add_argument("--amp", nargs=nargs, default=["auto"] if several else "auto",
                    choices=["auto", "fp16", "bf16", "off"],
@@ -55,3 +55,105 @@ def add_step_flags(p: argparse.ArgumentParser, *, several: bool = False) -> None
         p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
                        help=f"{what} (default: on for CUDA, off on the CPU)")
     renamed(p, "--lean", "--lean-activations", "lean_activations", nargs=0, const=True)
+
+
+# ---- argument types: every value is checked while the command line is parsed, before any work starts ----
+
+def _int(text: str, expected: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (batch sizes, epochs, counts)."""
+    value = _int(text, "an integer >= 1")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (loader workers, epochs without mosaic, patience)."""
+    value = _int(text, "an integer >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 0")
+    return value
+
+
+def image_size(text: str) -> int:
+    """An inference image side in pixels (>= 1; rounded up to a multiple of the model stride)."""
+    value = _int(text, "an image side in pixels, e.g. 640")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected an image side in pixels >= 1, e.g. 640")
+    return value
+
+
+def train_image_size(text: str) -> int:
+    """A training image side: a multiple of 32 (the largest model stride)."""
+    value = _int(text, "a multiple of 32, e.g. 640")
+    if value < 32 or value % 32:
+        raise argparse.ArgumentTypeError(f"{value}: expected a multiple of 32 (the largest model stride), e.g. 640")
+    return value
+
+
+def _float(text: str, expected: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+    if value != value:  # NaN passes every comparison below
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+    return value
+
+
+def share(text: str) -> float:
+    """A number in [0, 1] (confidence and IoU thresholds)."""
+    value = _float(text, "a number in [0, 1]")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected a number in [0, 1]")
+    return value
+
+
+def share_below_one(text: str) -> float:
+    """A number in [0, 1) (the share of a card kept free)."""
+    value = _float(text, "a number in [0, 1)")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected a number in [0, 1), e.g. 0.10")
+    return value
+
+
+def cache_mode(text: str) -> str:
+    """``ram`` or ``disk`` (train --cache)."""
+    if text not in ("ram", "disk"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ram or disk")
+    return text
+
+
+def device(text: str) -> str:
+    """``cpu``, ``cuda``, ``cuda:N`` or a GPU index ``N``, checked against this machine; returned as given
+    ("" stays "": the default device)."""
+    spec = text.strip().lower()
+    if not spec:
+        return text
+    if "," in spec:
+        raise argparse.ArgumentTypeError(f"{text!r}: one device only (cpu, 0, cuda:1); for several GPUs start "
+                                         "the command with torchrun --nproc_per_node N")
+    import torch
+
+    try:
+        dev = torch.device(f"cuda:{spec}" if spec.isdigit() else spec)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected cpu, cuda, cuda:N or a GPU index N (e.g. 0)")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s), 0..{count - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine; use --device cpu")
+    return text

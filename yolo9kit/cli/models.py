@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from yolo9kit.cli.flags import renamed
+from yolo9kit.cli.flags import image_size, positive_int, renamed
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -14,8 +14,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "torch.utils.flop_counter on a 64x64 input and scaled by (imgsz/64)^2; they are about 1% "
                     "below the official thop figures, which also count BatchNorm and pooling.")
     p.add_argument("names", nargs="*", help="models to list (default: all registered models)")
-    p.add_argument("--imgsz", type=int, default=640, help="image side the GFLOPs are reported for (default 640)")
-    p.add_argument("--num-classes", type=int, default=80, help="number of classes (default 80)")
+    p.add_argument("--imgsz", type=image_size, default=640, help="image side the GFLOPs are reported for (default 640)")
+    p.add_argument("--num-classes", type=positive_int, default=80, help="number of classes (default 80)")
     renamed(p, "--classes", "--num-classes", "num_classes", type=int)
     p.set_defaults(func=run)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from yolo9kit.cli.flags import add_step_flags, renamed
+from yolo9kit.cli.flags import add_step_flags, non_negative_int, positive_int, renamed, share_below_one
 
 _COLUMNS = ["setting", "batch_size", "method", "peak_allocated_gib", "peak_reserved_gib", "device_gib", "fits",
             "images_per_s"]
@@ -21,16 +21,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("profile", help="GPU memory per batch size (measured or estimated) and a batch plan",
                               description=__doc__.splitlines()[0])
     p.add_argument("--model", default="yolov9-s", help="registered model name (default yolov9-s)")
-    p.add_argument("--batch-size", "--batch", dest="batch_size", type=int, nargs="+", default=[8, 16, 32, 64],
+    p.add_argument("--batch-size", "--batch", dest="batch_size", type=positive_int, nargs="+", default=[8, 16, 32, 64],
                    help="batch sizes (default 8 16 32 64)")
     add_step_flags(p, several=True)
     p.add_argument("--gpu", default=None, help='GPU to estimate for, e.g. "RTX 4090", "T4", "A100-40GB" '
                    "(default: the local CUDA card, else RTX 4090)")
-    p.add_argument("--num-targets", type=int, default=8, help="boxes per image in the synthetic batch (default 8)")
-    p.add_argument("--nominal-batch-size", type=int, default=None,
+    p.add_argument("--num-targets", type=non_negative_int, default=8,
+                   help="boxes per image in the synthetic batch (default 8)")
+    p.add_argument("--nominal-batch-size", type=positive_int, default=None,
                    help="also plan batch x accumulation for this many images per optimizer step (e.g. 64)")
-    renamed(p, "--nominal-batch", "--nominal-batch-size", "nominal_batch_size", type=int)
-    p.add_argument("--margin", type=float, default=0.10, help="share of the card kept free (default 0.10)")
+    renamed(p, "--nominal-batch", "--nominal-batch-size", "nominal_batch_size", type=positive_int)
+    p.add_argument("--margin", type=share_below_one, default=0.10, help="share of the card kept free (default 0.10)")
     p.add_argument("--method", default="auto", choices=["auto", "measured", "estimated", "both"],
                    help="measure (CUDA), estimate, or auto (default)")
     renamed(p, "--source", "--method", "method", choices=["auto", "measured", "estimated", "both"])

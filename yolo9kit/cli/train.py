@@ -13,7 +13,16 @@ import argparse
 import logging
 from pathlib import Path
 
-from yolo9kit.cli.flags import activation_checkpointing, renamed
+from yolo9kit.cli.flags import (
+    activation_checkpointing,
+    cache_mode,
+    device,
+    non_negative_int,
+    positive_int,
+    renamed,
+    share_below_one,
+    train_image_size,
+)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -36,21 +45,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "into the GPU (--gpu, --margin), with accumulation to the nominal 64")
     p.add_argument("--gpu", default=None, help='--batch-size auto: size for this card (e.g. "RTX 4090"; default: '
                    "the training device, on the CPU its RAM)")
-    p.add_argument("--margin", type=float, default=0.10, help="--batch-size auto: share of the card kept free (0.10)")
-    p.add_argument("--accumulate-steps", type=int, default=None,
+    p.add_argument("--margin", type=share_below_one, default=0.10,
+                   help="--batch-size auto: share of the card kept free (0.10)")
+    p.add_argument("--accumulate-steps", type=positive_int, default=None,
                    help="batches per optimizer step (default max(round(64 / batch), 1))")
-    renamed(p, "--accumulate", "--accumulate-steps", "accumulate_steps", type=int)
-    p.add_argument("--micro-batch-size", type=int, default=None,
+    renamed(p, "--accumulate", "--accumulate-steps", "accumulate_steps", type=positive_int)
+    p.add_argument("--micro-batch-size", type=positive_int, default=None,
                    help="split each batch into micro-batches of this size")
-    renamed(p, "--micro-batch", "--micro-batch-size", "micro_batch_size", type=int)
-    p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=640)
+    renamed(p, "--micro-batch", "--micro-batch-size", "micro_batch_size", type=positive_int)
+    p.add_argument("--epochs", type=positive_int, default=100)
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=train_image_size, default=640)
     p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
                    help="recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3")
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
-    p.add_argument("--close-mosaic", type=int, default=0, help="mosaic off for the last N epochs")
-    p.add_argument("--cache", nargs="?", const="ram", default=None, help="ram (default when given) or disk")
-    p.add_argument("--workers", type=int, default=None, help="loader processes (default min(CPUs, batch, 8))")
+    p.add_argument("--close-mosaic", type=non_negative_int, default=0, help="mosaic off for the last N epochs")
+    p.add_argument("--cache", type=cache_mode, nargs="?", const="ram", default=None,
+                   help="ram (default when given) or disk")
+    p.add_argument("--workers", type=non_negative_int, default=None,
+                   help="loader processes (default min(CPUs, batch, 8))")
     p.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default="auto")
     p.add_argument("--optimizer", choices=["SGD", "Adam", "AdamW"], default="SGD")
     sched = p.add_mutually_exclusive_group()
@@ -58,13 +70,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sched.add_argument("--flat-cos-lr", action="store_true", help="flat, then cosine")
     sched.add_argument("--fixed-lr", action="store_true", help="constant LR")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="cpu, 0, cuda:1 (default: first GPU, else CPU)")
+    p.add_argument("--device", type=device, default=None, help="cpu, 0, cuda:1 (default: first GPU, else CPU)")
     p.add_argument("--project", default="runs/train")
     p.add_argument("--name", default="exp")
     p.add_argument("--exist-ok", action="store_true")
     p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the newest run, or this last.pt")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm (DDP only)")
-    p.add_argument("--patience", type=int, default=100)
+    p.add_argument("--patience", type=non_negative_int, default=100)
     p.add_argument("--noval", action="store_true", help="validate only after the last epoch")
     p.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE",
                    help="torch.compile the forward (optionally a mode: reduce-overhead, max-autotune)")

@@ -125,6 +125,11 @@ class TrainConfig:
     hyp: Mapping[str, float] | None = None  # augmentation dict for the data layer; None = official defaults
     loss: LossConfig | None = None  # None: the official gains
     cache: str | None = None  # None | "ram" | "disk"
+    # Train even when the training labels use class ids `names` does not name, hold no box at all, or lose
+    # more than a tenth of the labelled images to errors. Off: such data stops the run before the first
+    # step with a DataError naming the data.yaml, the counts and the class ids (yolo9kit.data.guard), as the
+    # official code stops on the first two, instead of training a model of what happened to be left.
+    allow_bad_labels: bool = False
     workers: int | None = None  # loader processes; None: min(CPUs, batch, 8) (official rule)
     seed: int = 0
     device: str | None = None  # None: first CUDA device, else CPU
@@ -177,6 +182,31 @@ class TrainConfig:
         unknown = set(self.callbacks or {}) - set(CALLBACK_NAMES)
         if unknown:
             raise bad("callbacks", f"a dict with keys among {CALLBACK_NAMES}, got {sorted(unknown)}")
+        self._check_ranges(bad)
+
+    def _check_ranges(self, bad: Callable[[str, str], ValueError]) -> None:
+        """Hyper-parameters and counts outside their ranges, and options that contradict each other: refused
+        here, before any work, rather than as a NaN loss or a division by zero epochs later."""
+        if isinstance(self.batch_size, int) and (self.micro_batch_size or 0) > self.batch_size:
+            raise bad("micro_batch_size", f"at most batch_size={self.batch_size} (a batch is split into micro-batches)")
+        minimum = {"lr0": (0, False), "lrf": (0, True), "weight_decay": (0, True), "warmup_epochs": (0, True),
+                   "warmup_bias_lr": (0, True), "grad_clip": (0, True), "ema_tau": (0, False)}
+        for name, (low, inclusive) in minimum.items():
+            value = getattr(self, name)
+            if not (value >= low if inclusive else value > low):
+                raise bad(name, f"a number {'>=' if inclusive else '>'} {low}")
+        for name in ("momentum", "warmup_momentum", "ema_decay"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise bad(name, "a number in [0, 1]")
+        for name in ("nominal_batch_size", "val_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise bad(name, "an integer >= 1")
+        for name in ("close_mosaic", "patience", "workers", "warmup_min_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise bad(name, "an integer >= 0")
+        if self.cache not in (None, False, True, "ram", "disk", "auto"):
+            raise bad("cache", "None, 'ram' or 'disk'")
+        check_augment_hyp(self.augment_hyp, "TrainConfig.hyp")
 
     @property
     def augment_hyp(self) -> dict[str, float]:
@@ -210,6 +240,22 @@ class TrainConfig:
             kwargs["loss"] = LossConfig(**loss)
         kwargs.update(overrides)
         return cls(**kwargs)
+
+
+# augmentation keys that are probabilities; the others are gains and ranges, >= 0
+_AUGMENT_PROBABILITIES = ("flipud", "fliplr", "mosaic", "mixup", "copy_paste")
+
+
+def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
+    """Augmentation hyper-parameters in range (probabilities in [0, 1], gains >= 0), else a ValueError naming
+    ``owner`` and the key."""
+    for key, value in values.items():
+        if key not in DEFAULT_AUGMENT_HYP:
+            continue
+        probability = key in _AUGMENT_PROBABILITIES
+        if not (0 <= value <= 1 if probability else value >= 0):
+            raise ValueError(f"{owner}[{key!r}]={value!r}: expected "
+                             f"{'a probability in [0, 1]' if probability else 'a number >= 0'}")
 
 
 def check_activation_checkpointing(value: Any, owner: str) -> None:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import cv2
 import numpy as np
 
+from yolo9kit.config.train import check_augment_hyp
 from yolo9kit.data.polygons import transform_polygon_boxes
 
 
@@ -34,6 +35,9 @@ class Hyp:
     mosaic: float = 1.0  # probability, while mosaic is enabled
     mixup: float = 0.15  # probability, inside the mosaic path only
     copy_paste: float = 0.3  # probability per polygon; acts only on polygon labels, inside mosaics
+
+    def __post_init__(self) -> None:
+        check_augment_hyp(asdict(self), "Hyp")
 
     @classmethod
     def from_dict(cls, hyp: dict | Hyp | None) -> Hyp:

@@ -19,11 +19,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from yolo9kit.data.labels import ImageRecord, check_image_label
-from yolo9kit.data.report import DatasetReport, Problem
-from yolo9kit.data.sources import label_path
+from yolo9kit.data.report import WARNING, DatasetReport, Problem
+from yolo9kit.data.sources import label_path, orphan_label_files
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: unnamed class ids per image
 CACHE_SUFFIX = ".yolo9kit.cache"
 
 
@@ -58,6 +58,7 @@ def save_cache(path: Path, records: list[ImageRecord], file_hash: str, nc: int) 
         "version": CACHE_VERSION, "hash": file_hash, "nc": nc,
         "im_files": [r.im_file for r in records], "lb_files": [r.lb_file for r in records],
         "sizes": [list(r.size) for r in records], "n_duplicates": [r.n_duplicates for r in records],
+        "unnamed_classes": [list(r.unnamed_classes) for r in records],
         "problems": [[p.file, p.reason, p.severity, i] for i, r in enumerate(records) for p in r.problems],
     }
     arrays = {
@@ -98,6 +99,8 @@ def load_cache(path: Path, file_hash: str, nc: int) -> list[ImageRecord] | None:
                                                                  labels, meta["n_duplicates"]))]
     for file, reason, severity, i in meta["problems"]:
         records[i].problems.append(Problem(file, reason, severity))
+    for record, ids in zip(records, meta["unnamed_classes"]):
+        record.unnamed_classes = tuple(ids)
     return records
 
 
@@ -122,7 +125,8 @@ def scan_images(im_files: list[Path], sources: list[Path], nc: int, use_cache: b
     return records
 
 
-def build_report(split: str, records: list[ImageRecord]) -> DatasetReport:
+def build_report(split: str, records: list[ImageRecord], sources: list[Path] | None = None) -> DatasetReport:
+    """Counts and problems of a scanned split; with ``sources``, label files without an image too (warnings)."""
     report = DatasetReport(split=split, n_images=len(records))
     for r in records:
         report.problems += r.problems
@@ -136,4 +140,7 @@ def build_report(split: str, records: list[ImageRecord]) -> DatasetReport:
             report.n_labelled += 1
         else:
             report.n_background += 1
+    orphans = orphan_label_files(sources, [r.lb_file for r in records]) if sources else []
+    report.n_orphan_labels = len(orphans)
+    report.problems += [Problem(f, "label file with no image: not used", WARNING) for f in orphans]
     return report

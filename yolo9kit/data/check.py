@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from yolo9kit.data.cache import build_report, scan_images
+from yolo9kit.data.guard import DataError
 from yolo9kit.data.report import DatasetReport
 from yolo9kit.data.sources import DataConfig, load_data_config
 
@@ -20,8 +21,17 @@ def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache:
         use_cache: reuse (and write) the label cache.
 
     Returns:
-        DatasetReport; ``report.to_frame()`` has one row per problem (file, severity, reason).
+        DatasetReport; ``report.to_frame()`` has one row per problem (file, severity, reason), label files
+        without an image included.
+
+    Raises:
+        DataError: the split has no image at all (a wrong path in the data.yaml, or an empty folder).
     """
     config = load_data_config(data)
-    records = scan_images(config.images(split), config.sources[split], config.nc, use_cache, desc=f"checking {split}")
-    return build_report(split, records)
+    images = config.images(split)
+    if not images:
+        raise DataError(f"{config.yaml_file or 'the data config'}: the {split} split has no images in "
+                        f"{', '.join(map(str, config.sources[split]))}; put images there (folders are searched "
+                        f"recursively) or fix its {split}: entry")
+    records = scan_images(images, config.sources[split], config.nc, use_cache, desc=f"checking {split}")
+    return build_report(split, records, config.sources[split])

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 from yolo9kit.data import augment as A
 from yolo9kit.data.cache import build_report, cache_path, scan_images
 from yolo9kit.data.disk_cache import disk_cache_path, open_disk_cache
+from yolo9kit.data.guard import check_command, refuse_bad_labels
 from yolo9kit.data.images import cache_images, load_resized, read_bgr, reduce_factor, resized_size
 from yolo9kit.data.letterbox import PAD_VALUE, letterbox
 from yolo9kit.data.polygons import copy_paste
@@ -54,6 +55,18 @@ def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, imgsz: int, stride:
     return order, (np.ceil(shapes * imgsz / stride + pad).astype(int) * stride)
 
 
+def _disk_or_ram(path: Path, paths: list[str], sizes: list[tuple[int, int]], imgsz: int, augment: bool,
+                 cache_budget: float):
+    """cache="disk", or the RAM cache (none when RAM is short) with a warning when its folder cannot be written."""
+    try:
+        return open_disk_cache(path, paths, sizes, imgsz, augment)
+    except OSError as e:  # read-only data, a full disk: the run goes on, as with the label cache
+        log.warning("cache='disk': cannot write the image cache in %s (%s); caching the images in RAM instead "
+                    "when they fit in %.0f%% of the available memory (else no cache)", path.parent, e,
+                    100 * cache_budget)
+        return cache_images(paths, sizes, imgsz, augment, cache_budget, required=False)
+
+
 class YOLODataset(Dataset):
     """A checked YOLO-format split with official-semantics augmentation.
 
@@ -68,10 +81,15 @@ class YOLODataset(Dataset):
         cache: "ram"/True decode every image once into RAM (MemoryError when it does not fit in
             ``cache_budget`` of the available RAM); "auto" the same but silently skipped when it does not fit;
             None/False read the files every time; "disk" decodes every image once into one memory-mapped file
-            beside the label cache (``yolo9kit.data.disk_cache``), for data sets larger than RAM.
+            beside the label cache (``yolo9kit.data.disk_cache``), for data sets larger than RAM; when that
+            folder cannot be written (read-only data, a full disk) it warns and caches in RAM as "auto".
         min_items: drop images with fewer boxes. single_cls: every class becomes 0.
         seed: augmentation draws depend only on (seed, epoch, index).
         use_label_cache: reuse and write the label cache.
+        allow_bad_labels: open a ``train`` split even when its labels use class ids ``names`` does not
+            name, hold no box at all, or lose more than a tenth of the labelled images to errors
+            (``yolo9kit.data.guard``); by default such a split raises :class:`~yolo9kit.data.guard.DataError`.
+            Other splits are never refused.
 
     Attributes:
         im_files: image paths (str), in sample order (aspect-ratio order with ``rect``).
@@ -86,20 +104,23 @@ class YOLODataset(Dataset):
                  augment: bool = False, hyp: dict | A.Hyp | None = None, rect: bool = False, batch_size: int = 16,
                  stride: int = 32, pad: float = 0.0, cache: str | bool | None = None, min_items: int = 0,
                  single_cls: bool = False, seed: int = 0, use_label_cache: bool = True,
-                 cache_budget: float = 0.5):
+                 cache_budget: float = 0.5, allow_bad_labels: bool = False):
         self.config = load_data_config(data)
         self.split, self.image_size, self.augment, self.rect, self.seed = split, imgsz, augment, rect, seed
         self.hyp = A.Hyp.from_dict(hyp)
         self.names, self.nc = list(self.config.names), self.config.nc
         records = scan_images(self.config.images(split), self.config.sources[split], self.nc, use_label_cache,
                               desc=f"checking {split}")
-        self.report: DatasetReport = build_report(split, records)
+        self.report: DatasetReport = build_report(split, records, self.config.sources[split])
         if any(p.severity != "info" for p in self.report.problems):
-            log.warning("%s (see .report or `python -m yolo9kit data check`)", self.report.summary())
+            log.warning("%s: `%s` lists them (in Python: the dataset's .report)", self.report.summary(),
+                        check_command(self.config, split))
+        if split == "train" and not allow_bad_labels:
+            refuse_bad_labels(self.config, split, self.report, records)
         records = [r for r in records if r.usable and len(r.labels) >= min_items]
         if not records:
             raise ValueError(f"no usable image in the {split} split of {self.config.yaml_file or self.config.path}: "
-                             f"{self.report.summary()}; run `python -m yolo9kit data check` for the reasons")
+                             f"{self.report.summary()}; `{check_command(self.config, split)}` gives the reasons")
         self.im_files = [r.im_file for r in records]
         self.labels = [r.labels.copy() for r in records]
         self.segments = [r.segments for r in records]  # per image: one (k, 2) polygon per row, or []
@@ -125,8 +146,8 @@ class YOLODataset(Dataset):
             raise ValueError(f"cache must be None, False, 'auto', 'ram' (True) or 'disk', got {cache!r}")
         if cache == "disk":
             label_cache = cache_path(self.config.sources[split], [r.lb_file for r in records])
-            self.images = open_disk_cache(disk_cache_path(label_cache, imgsz, augment), self.im_files,
-                                          [tuple(int(v) for v in s) for s in self.shapes], imgsz, augment)
+            self.images = _disk_or_ram(disk_cache_path(label_cache, imgsz, augment), self.im_files,
+                                       [tuple(int(v) for v in s) for s in self.shapes], imgsz, augment, cache_budget)
         elif cache:
             self.images = cache_images(self.im_files, [tuple(s) for s in self.shapes], imgsz, augment,
                                        cache_budget, required=cache == "ram" or cache is True)

@@ -32,8 +32,8 @@ def read_bgr(path: str, reduce: int = 1) -> np.ndarray:
     flag = _REDUCED[reduce] if reduce > 1 and path.lower().endswith(_JPEG) else cv2.IMREAD_COLOR
     image = cv2.imread(path, flag)
     if image is None:
-        raise FileNotFoundError(f"cannot read image {path}: the file is missing or no longer decodes; "
-                                f"run yolo9kit.data.check on the data set")
+        raise FileNotFoundError(f"cannot read image {path}: the file is missing or no longer decodes since the data "
+                                f"set was checked; `python -m yolo9kit data check DATA --no-cache` checks it again")
     return image
 
 

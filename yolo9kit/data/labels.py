@@ -1,6 +1,11 @@
 """Per-image checks: can the image be read, and is its label file valid (spec 6.3)?
 
 Each image is checked once; the result (labels, size, problems) goes to the label cache.
+
+A JPEG with bytes after its end-of-image marker (some cameras and editors append data) is kept with a
+warning: OpenCV and PIL stop decoding at the marker, so the pixels are those of the image, and the file is
+never rewritten. (The official loader re-saves such a file in place at quality 100, which changes the
+user's file and, by re-encoding, its pixels.) A JPEG that ends before its marker is truncated: an error.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class ImageRecord:
         segments: polygons (k, 2) normalised, one per label row, when the file held polygons (else []).
         problems: findings for this image.
         n_duplicates: duplicate rows removed.
+        unnamed_classes: class ids of the label file that ``names`` does not name (>= nc); the image is
+            left out, and a training split with any of them refuses to open (``yolo9kit.data.guard``).
     """
 
     im_file: str
@@ -39,6 +46,7 @@ class ImageRecord:
     segments: list[np.ndarray] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     n_duplicates: int = 0
+    unnamed_classes: tuple[int, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -55,28 +63,48 @@ def exif_size(image: Image.Image) -> tuple[int, int]:
     return (h, w) if orientation in _TRANSPOSED_ORIENTATIONS else (w, h)
 
 
-def _check_image(path: str) -> tuple[tuple[int, int], str | None]:
-    """Size and error reason (None when fine)."""
+def _jpeg_trailing_bytes(path: str) -> int | None:
+    """Bytes after the end-of-image marker of a JPEG that does not end with one; None when it has no marker
+    before its end or when the image does not decode completely (a truncated file)."""
+    data = Path(path).read_bytes()  # only for the rare JPEG that does not end with its marker
+    end = data.rfind(b"\xff\xd9")
+    if end < 0:
+        return None
+    try:
+        with Image.open(path) as im:
+            im.load()  # a truncated scan raises here, even when an EXIF thumbnail holds an end marker
+    except Exception:  # PIL raises many types for damaged data
+        return None
+    return len(data) - end - 2
+
+
+def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
+    """Size, error reason (None when fine) and a warning (None when nothing is odd)."""
     if not os.path.isfile(path):
-        return (0, 0), "image file not found"
+        return (0, 0), "image file not found", None
+    note = None
     with open(path, "rb") as f:
         head = f.read(2)
         f.seek(-2, 2) if os.path.getsize(path) >= 4 else None
         tail = f.read(2)
     if head == b"\xff\xd8" and tail != b"\xff\xd9":
-        return (0, 0), "corrupt or truncated JPEG (no end-of-image marker)"
+        trailing = _jpeg_trailing_bytes(path)
+        if trailing is None:
+            return (0, 0), "corrupt or truncated JPEG (no end-of-image marker)", None
+        note = (f"{trailing} bytes after the JPEG end-of-image marker: ignored when decoding "
+                f"(the file is left as it is)")
     try:
         with Image.open(path) as im:
             im.verify()
         with Image.open(path) as im:
             size, fmt = exif_size(im), im.format
     except Exception as e:  # PIL raises many types for unreadable files
-        return (0, 0), f"unreadable image ({type(e).__name__}: {e})"
+        return (0, 0), f"unreadable image ({type(e).__name__}: {e})", None
     if fmt not in PIL_FORMATS:
-        return size, f"unsupported image format {fmt}"
+        return size, f"unsupported image format {fmt}", None
     if size[0] < MIN_IMAGE_SIDE or size[1] < MIN_IMAGE_SIDE:
-        return size, f"image too small ({size[0]}x{size[1]} px, need at least {MIN_IMAGE_SIDE} on each side)"
-    return size, None
+        return size, f"image too small ({size[0]}x{size[1]} px, need at least {MIN_IMAGE_SIDE} on each side)", None
+    return size, None, note
 
 
 def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.ndarray], str | None]:
@@ -113,6 +141,19 @@ def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.nda
     return np.array(boxes, np.float32).reshape(-1, 5), segments, None
 
 
+def _unnamed_classes(rows: list[list[str]], nc: int) -> tuple[int, ...]:
+    """Whole-number class ids >= ``nc`` in the first column (what a short ``names`` list leaves unnamed)."""
+    ids = set()
+    for row in rows:
+        try:
+            value = float(row[0])
+        except ValueError:
+            continue
+        if np.isfinite(value) and value == int(value) and value >= nc:
+            ids.add(int(value))
+    return tuple(sorted(ids))
+
+
 def _is_float(text: str) -> bool:
     try:
         float(text)
@@ -125,10 +166,12 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     """Check one image and its label file; never raises for bad content (the record holds the problems)."""
     im_file, lb_file = str(im_file), str(lb_file)
     rec = ImageRecord(im_file, lb_file)
-    rec.size, reason = _check_image(im_file)
+    rec.size, reason, note = _check_image(im_file)
     if reason:
         rec.problems.append(Problem(im_file, reason, ERROR))
         return rec
+    if note:
+        rec.problems.append(Problem(im_file, note, WARNING))
     if not os.path.isfile(lb_file):
         rec.problems.append(Problem(im_file, f"no label file ({lb_file}): used as a background image", WARNING))
         return rec
@@ -144,6 +187,7 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     boxes, segments, reason = _parse_rows(rows, nc)
     if reason:
         rec.problems.append(Problem(lb_file, reason, ERROR))
+        rec.unnamed_classes = _unnamed_classes(rows, nc)
         return rec
     if segments:
         rec.problems.append(Problem(lb_file, f"{len(segments)} polygons read as their bounding boxes", INFO))

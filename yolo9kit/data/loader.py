@@ -158,7 +158,7 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
                       seed: int = 0, cache: str | bool | None = None, hyp: dict | None = None,
                       distributed: bool = False, stride: int = 32, pad: float | None = None, min_items: int = 0,
                       single_cls: bool = False, colour_device: str | torch.device | None = None,
-                      options: LoaderConfig | None = None) -> YOLOLoader:
+                      options: LoaderConfig | None = None, allow_bad_labels: bool = False) -> YOLOLoader:
     """A loader of ``(images uint8 (B, 3, H, W) RGB, targets (N, 6), paths, shapes)``.
 
     Args:
@@ -185,6 +185,8 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         options: a :class:`~yolo9kit.config.LoaderConfig`: pinned memory (default: when CUDA is available),
             batches prefetched per worker (4), the RAM share the automatic cache may take (0.5). They change
             speed and memory, never the batches. Mosaic starts on; :func:`set_mosaic` switches it.
+        allow_bad_labels: open a ``train`` split whose labels use unnamed class ids, hold no box, or lose
+            more than a tenth of the labelled images to errors (by default a ``DataError`` says which and why).
     """
     options = options or LoaderConfig()
     train = split == "train"
@@ -197,7 +199,7 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         dataset = YOLODataset(data, split, imgsz, augment=augment, hyp=hyp, rect=rect, batch_size=batch_size,
                               stride=stride, pad=pad, cache=cache if cache is not None else "auto",
                               min_items=min_items, single_cls=single_cls, seed=seed,
-                              cache_budget=options.cache_budget)
+                              cache_budget=options.cache_budget, allow_bad_labels=allow_bad_labels)
     shuffle = (train and not dataset.rect) if shuffle is None else (shuffle and not dataset.rect)
     batch_size = min(batch_size, len(dataset))
     workers = default_workers(batch_size) if workers is None else workers

@@ -31,6 +31,7 @@ class DatasetReport:
         n_skipped: images left out because of an error.
         n_instances: boxes kept.
         n_duplicates_removed: duplicate label rows dropped.
+        n_orphan_labels: label files (in the split's ``labels`` folders) with no image: not used.
         problems: every finding, in file order.
     """
 
@@ -42,6 +43,7 @@ class DatasetReport:
     n_skipped: int = 0
     n_instances: int = 0
     n_duplicates_removed: int = 0
+    n_orphan_labels: int = 0
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -55,7 +57,7 @@ class DatasetReport:
 
     def counts(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in ("n_images", "n_usable", "n_labelled", "n_background", "n_skipped",
-                                             "n_instances", "n_duplicates_removed")}
+                                             "n_instances", "n_duplicates_removed", "n_orphan_labels")}
 
     def to_frame(self):
         """One row per problem: columns file, severity, reason (a pandas DataFrame)."""
@@ -65,9 +67,10 @@ class DatasetReport:
                             columns=["file", "severity", "reason"])
 
     def summary(self) -> str:
+        orphans = f", {self.n_orphan_labels} label files without an image" if self.n_orphan_labels else ""
         return (f"{self.split}: {self.n_images} images, {self.n_usable} usable ({self.n_labelled} labelled, "
                 f"{self.n_background} background), {self.n_skipped} skipped, {self.n_instances} boxes, "
-                f"{self.n_duplicates_removed} duplicate rows removed, {len(self.problems)} problems")
+                f"{self.n_duplicates_removed} duplicate rows removed{orphans}, {len(self.problems)} problems")
 
     def __str__(self) -> str:
         lines = [self.summary()]

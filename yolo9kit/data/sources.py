@@ -156,3 +156,25 @@ def label_path(image_path: str | os.PathLike) -> Path:
         head, _, tail = s.rpartition(a)
         s = head + b + tail
     return Path(os.path.splitext(s)[0] + ".txt")
+
+
+def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]:
+    """Label files under the ``labels`` twin of each image folder of ``sources`` that no image has.
+
+    Only folder sources are searched (recursively, as their images are): a ``.txt`` list or a glob may
+    share its label folder with other splits, whose labels are not orphans; a folder whose path has no
+    ``images`` part keeps its labels beside the images, among other text files. ``classes.txt`` (written
+    by labelImg) is not a label file.
+    """
+    expected = {os.path.normpath(f) for f in label_files}
+    orphans: set[str] = set()
+    for src in sources:
+        if any(ch in str(src) for ch in "*?[") or not src.is_dir():
+            continue
+        folder = label_path(src / "image.jpg").parent
+        if folder == src or not folder.is_dir():
+            continue
+        for dirpath, _, files in os.walk(folder, followlinks=True):
+            orphans |= {path for path in (os.path.normpath(os.path.join(dirpath, f)) for f in files
+                                          if f.endswith(".txt") and f != "classes.txt") if path not in expected}
+    return sorted(orphans)

@@ -277,7 +277,7 @@ def _make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo, devi
         return create_dataloader(data, "train", imgsz=config.imgsz, batch_size=config.batch_size // dist.world_size,
                                  augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
                                  seed=config.seed, distributed=dist.distributed,  # same seed: ranks split one order
-                                 colour_device=device if on_device else None)
+                                 colour_device=device if on_device else None, allow_bad_labels=config.allow_bad_labels)
     return create_dataloader(data, split, imgsz=config.imgsz,
                              batch_size=config.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
                              augment=False, workers=config.workers, cache=config.cache)
