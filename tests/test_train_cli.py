@@ -22,7 +22,8 @@ def test_flags_to_config(tmp_path):
     hyp = tmp_path / "hyp.yaml"
     hyp.write_text("lr0: 0.02\nmomentum: 0.9\nmosaic: 0.5\nbox: 5.0\nobj: 0.7\n")
     args = _parse(["--data", "d.yaml", "--batch-size", "24", "--img", "320", "--cos-lr", "--hyp", str(hyp),
-                   "--close-mosaic", "3", "--cache", "--amp", "bf16", "--optimizer", "AdamW", "--accumulate-steps", "2"])
+                   "--close-mosaic", "3", "--cache", "--amp", "bf16", "--optimizer", "AdamW",
+                   "--accumulate-steps", "2"])
     config = train_cli.config_from_args(args)
     assert (config.batch_size, config.imgsz, config.schedule, config.close_mosaic) == (24, 320, "cosine", 3)
     assert (config.cache, config.amp, config.optimizer, config.accumulate_steps) == ("ram", "bf16", "AdamW", 2)

@@ -98,6 +98,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train; exit status 0 when the run finished, 130 when interrupted (SIGINT, Ctrl-C), 143 (SIGTERM)."""
     from yolo9kit.train import ddp, fit
+    from yolo9kit.train.state import seed_everything
     from yolo9kit.train.weights import model_for_data
 
     ddp.init_from_env()
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("train: --data is required (a data.yaml), unless --resume")
         config = config_from_args(args)
         data = args.data
+        seed_everything(config.seed)  # the initial weights follow --seed (official: init_seeds before the model)
         model = model_for_data(_value(args, "model"), data, args.weights or "")
     result = fit(model, data, config)
     main = ddp.current().is_main
@@ -209,7 +211,7 @@ def _resume_setup(args: argparse.Namespace):
         raise SystemExit(f"train --resume {path}: {', '.join(refused)} cannot change in the middle of a run; leave "
                          f"them out (only {', '.join('--' + k.replace('_', '-') for k in RESUME_CHANGES)} and --noval, "
                          f"--plain-step may change), or start a new run from its weights: train --weights {path} ...")
-    changes = {k: getattr(args, k) for k in RESUME_CHANGES if getattr(args, k) not in (None, False)}
+    changes = {k: getattr(args, k) for k in RESUME_CHANGES if _given(getattr(args, k))}
     changes.update({"val": False} if args.noval else {}, **(_PLAIN if args.plain_step else {}))
     config = TrainConfig.from_dict(saved, resume=str(path), **changes)
     cfg = check_model_config(ckpt, path, ckpt["model"])
@@ -220,9 +222,14 @@ def _resume_setup(args: argparse.Namespace):
     return model, data, config
 
 
+def _given(value) -> bool:
+    """A flag was given: not its parser default (None, or False for a switch); 0 counts as given."""
+    return value is not None and value is not False
+
+
 def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict) -> list[str]:
     """``--flag value (the run's: x)`` for each given flag of ``RESUME_FIXED`` that differs from the run."""
-    given = {k: getattr(args, k) for k in RESUME_FIXED if k != "schedule" and getattr(args, k) not in (None, False)}
+    given = {k: getattr(args, k) for k in RESUME_FIXED if k != "schedule" and _given(getattr(args, k))}
     if _schedule(args):
         given["schedule"] = _schedule(args)
     runs = {**saved, "model": model_config.get("name")}
