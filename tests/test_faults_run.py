@@ -250,6 +250,42 @@ def test_sigint_inside_an_accumulation_window_saves_last_and_resumes_exactly_wit
     _same_weights(straight, resumed)
 
 
+def test_a_signal_during_validation_saves_the_epoch_without_metrics(tmp_path):
+    """Validation has no batch to stop at: the signal stops it at once, and the trained epoch is kept."""
+    calls = []
+
+    def validate_then_ctrl_c(model):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return _validate(model)
+
+    torch.manual_seed(3)
+    result = fit(ToyNet(batchnorm=True), None, _config(tmp_path), loss_fn=toy_loss, train_loader=make_batches(5, 2),
+                 validate_fn=validate_then_ctrl_c)
+    assert result.interrupted_by == "SIGINT" and result.epochs_completed == 1
+    rows = list(csv.DictReader(open(result.save_dir / "results.csv")))
+    assert [r["epoch"] for r in rows] == ["0"] and rows[0]["fitness"] == "" and float(rows[0]["train/box_loss"]) > 0
+    assert read_checkpoint(result.last)["progress"]["epoch"] == 1 and not result.best.exists()
+
+
+def test_a_signal_while_checkpoints_are_written_waits_for_them(tmp_path, monkeypatch):
+    """Ctrl-C while best.pt of epoch 0 is written: best.pt, last.pt and the row are all written, then the run
+    stops."""
+    save = fit_module.save_training_checkpoint
+
+    def save_and_ctrl_c(path, *args, **kwargs):
+        if path.name == "best.pt":
+            os.kill(os.getpid(), signal.SIGINT)
+        return save(path, *args, **kwargs)
+
+    monkeypatch.setattr(fit_module, "save_training_checkpoint", save_and_ctrl_c)
+    result = _fit(_config(tmp_path, epochs=3))
+    assert result.interrupted_by == "SIGINT" and result.epochs_completed == 1
+    assert _epochs_in_csv(result.save_dir) == ["0"]
+    assert read_checkpoint(result.best)["progress"]["epoch"] == read_checkpoint(result.last)["progress"]["epoch"] == 1
+
+
 def test_a_planned_stop_from_a_callback_is_a_normal_return(tmp_path):
     def stop(record):
         raise KeyboardInterrupt("dashboard: stop requested")
@@ -334,6 +370,16 @@ def test_the_data_path_is_recorded_absolute_and_resume_works_from_another_folder
     assert more.epochs_completed == 2 and read_checkpoint(more.last)["data"] == recorded
 
 
+def test_resume_with_another_model_is_a_short_error(tmp_path):
+    first = _fit(_config(tmp_path, epochs=1))
+    torch.manual_seed(3)
+    with pytest.raises(ValueError, match=r"another model than the one to train \(0 tensors missing, 0 unexpected, "
+                                         r"\d+ of another shape, e\.g\. \S+\)") as info:
+        fit(ToyNet(batchnorm=True, channels=16), None, _config(tmp_path, epochs=2, resume=str(first.last)),
+            loss_fn=toy_loss, train_loader=make_batches(5, 2), validate_fn=_validate)
+    assert len(str(info.value)) < 400
+
+
 def test_a_run_that_fails_before_its_first_save_leaves_no_folder(tmp_path):
     def broken_loss(outputs, targets):
         raise ValueError("the loss could not be computed")
@@ -392,3 +438,15 @@ def test_sigterm_to_the_cli_saves_last_exits_143_and_resumes_exactly(tmp_path):
     for entry in ("model", "ema"):
         for k, v in a[entry].items():
             assert torch.equal(b[entry][k], v), (entry, k)
+
+
+def test_every_test_named_in_docs_faults_exists():
+    """docs/faults.md names the test of each case: each must be a test function of that file."""
+    import re
+
+    text = (REPO / "docs" / "faults.md").read_text()
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", text)
+    assert len(named) >= 20
+    missing = [f"{path}::{name}" for path, name in named
+               if not re.search(rf"^def {name}\(", (REPO / path).read_text(), re.MULTILINE)]
+    assert not missing, missing

@@ -145,7 +145,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         check_classes(model, data)
         run = _set_up(model, data, config, folder, loss_fn, validate_fn)
         if train_loader is None:
-            train_loader = make_loader(data, "train", config, dist, run.trainer.device)
+            train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
         if run.validate_fn is None and data is not None and dist.is_main:
             run.validate_fn = default_validate(data, val_loader or make_loader(data, "val", run.config, dist),
                                                 run.config, device=run.trainer.device,
