@@ -219,17 +219,18 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                                            on_step=_callback(config, "on_step", run),
                                            show=run.dist.is_main and config.progress_bar, run_dir=run.run_dir,
                                            interrupt=signals.pending)
+                at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 _record_measured_peak(run, at.stats)
-                at.phase = "validating"
                 with signals.raising():  # validation has no batch to stop at: a signal stops it at once
                     at.metrics = _validate(run, epoch)
                 at.phase = "committing"  # signals wait until the epoch's files are written
                 record = _commit(run, at, nb)
                 at.phase = "committed"
+                stop = _after_epoch(run, epoch, record)
                 if signals.received:
                     LOGGER.warning("%s: stopped after epoch %d, saved in last.pt", signals.received, epoch)
                     return signals.received
-                if _after_epoch(run, epoch, record):
+                if stop:
                     break
         except KeyboardInterrupt as e:
             reason = e.reason if isinstance(e, Interrupted) else "KeyboardInterrupt"

@@ -156,11 +156,11 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     window = _WindowStart(trainer)
     try:
         for i, (images, targets, *_) in enumerate(bar):
-            if i < start_batch:
-                continue  # resumed inside this epoch: already trained
             reason = interrupt() if interrupt is not None else None
             if reason is not None:
                 raise Interrupted(reason)
+            if i < start_batch:
+                continue  # resumed inside this epoch: already trained
             progress.ni = ni = i + nb * epoch
             settings = step_settings(config, ni, epoch, warmup)
             apply_settings(trainer.optimizer, settings)
