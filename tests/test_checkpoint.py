@@ -107,3 +107,91 @@ def test_interrupted_write_keeps_previous_file(model, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert path.read_bytes() == before and read_checkpoint(path)["epoch"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def _data_offset(path, member):
+    """Where the bytes of a zip member start (torch.save stores tensors uncompressed)."""
+    import struct
+    import zipfile
+
+    info = zipfile.ZipFile(path).getinfo(member)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        header = f.read(30)
+    name_length, extra_length = struct.unpack("<HH", header[26:30])
+    return info.header_offset + 30 + name_length + extra_length, info.file_size
+
+
+def test_a_flipped_byte_in_the_weights_is_reported_not_used(model, tmp_path):
+    import zipfile
+
+    path = save_checkpoint(tmp_path / "last.pt", model, ema=model.state_dict())
+    assert read_checkpoint(path)["checksum"]["sha256"].keys() == {"model", "ema"}
+    largest = max((i for i in zipfile.ZipFile(path).infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    start, size = _data_offset(path, largest.filename)
+    data = bytearray(path.read_bytes())
+    data[start + size // 2] ^= 0x10  # one bit of one float: still a readable file
+    (tmp_path / "damaged.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"damaged\.pt: the '(model|ema)' weights do not match the checksum"):
+        load_checkpoint(tmp_path / "damaged.pt")
+
+
+def test_checkpoints_without_a_checksum_still_load(model, tmp_path):
+    ckpt = read_checkpoint(save_checkpoint(tmp_path / "new.pt", model))
+    del ckpt["checksum"]  # as written before checksums existed
+    torch.save(ckpt, tmp_path / "old.pt")
+    loaded = load_checkpoint(tmp_path / "old.pt")
+    assert torch.equal(loaded.model[0].conv.weight, model.model[0].conv.weight)
+
+
+def _with_config(model, tmp_path, name, change):
+    ckpt = read_checkpoint(save_checkpoint(tmp_path / "ok.pt", model))
+    change(ckpt["model_config"])
+    torch.save(ckpt, tmp_path / name)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["yaml"]["backbone"].__setitem__(1, [-1, 100, "Conv", [32, 3, 2]]), "100 repeats"),
+    (lambda c: c["yaml"]["backbone"].__setitem__(1, [-1, 1, "Conv", [10**9, 3, 2]]), "layer widths up to"),
+    (lambda c: c["yaml"].__setitem__("width_multiple", 5.0), r"width_multiple=5\.0"),
+    (lambda c: c.update(nc=200_000, names=["x"] * 3), "nc=200000"),
+    (lambda c: c["yaml"].__setitem__("backbone", c["yaml"]["backbone"] * 50), "layer rows"),
+    (lambda c: c["yaml"]["head"][0][3].__setitem__(0, 256), "do not match the stored model_config"),
+])
+def test_a_model_config_past_the_bounds_is_refused_before_anything_is_allocated(model, tmp_path, monkeypatch,
+                                                                                   change, message):
+    """A damaged or hostile model_config (a huge model, or one that does not fit the weights) is refused
+    with a clear error; no model is built off the meta device before that."""
+    from yolo9kit.models.model import DetectionModel
+
+    path = _with_config(model, tmp_path, "big.pt", change)
+    built = []
+    init = DetectionModel.__init__
+
+    def recording_init(self, *args, **kwargs):
+        built.append(str(torch.get_default_device()))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(DetectionModel, "__init__", recording_init)
+    with pytest.raises(CheckpointError, match=f"big.pt: .*{message}"):
+        load_checkpoint(path)
+    assert all(device == "meta" for device in built), built
+
+
+def test_a_save_checks_the_free_space_first(model, tmp_path, monkeypatch):
+    import collections
+    import shutil
+
+    from yolo9kit.files import DiskFullError
+
+    path = save_checkpoint(tmp_path / "w" / "last.pt", model, epoch=1)
+    before = path.read_bytes()
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(DiskFullError, match=r"saving last\.pt needs about .* MB in .*w, which has 4\.1 kB free"):
+        save_checkpoint(path, model, epoch=2)
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["last.pt"]
+    with pytest.raises(DiskFullError):
+        save_checkpoint(tmp_path / "new" / "weights" / "last.pt", model)
+    assert not (tmp_path / "new").exists()  # nothing created either

@@ -1,6 +1,6 @@
 """Bad data is refused or repaired before training, and every command-line error is one line and an exit code.
 
-Each case is a row of docs/faults-data-cli.md. The data sets are the 64-pixel shapes set (4 training
+Each case is a row of docs/faults.md. The data sets are the 64-pixel shapes set (4 training
 images, 2 validation images, 2 classes).
 """
 

@@ -21,8 +21,10 @@ PACKAGE = "yolo9kit"
 # Bottom to top. A module may import from its own layer and the layers below it. The longest matching
 # prefix decides a module's layer; the bare package name matches only the top-level __init__.
 LAYERS: list[tuple[str, list[str]]] = [
-    # helpers with no kit dependencies: environment, box formats, COCO ids, the inline matplotlib figure
-    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure", "yolo9kit._renamed"]),
+    # helpers with no kit dependencies: environment, box formats, COCO ids, the inline matplotlib figure,
+    # crash-safe file writes
+    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure", "yolo9kit._renamed",
+              "yolo9kit.files"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),
     # the networks, the datasets and the tensor maths both sides share

@@ -4,18 +4,22 @@ Layout (``"format": "yolo9kit"``, ``"version": 1``)::
 
     {"format": "yolo9kit", "version": 1,
      "model": state_dict, "model_config": {"yaml": {...}, "nc": int, "names": [...], "name": str, "fused": bool},
+     "checksum": {"sha256": {"model": hex, "ema": hex}},   # of the weights, verified on every read
      **extra}            # e.g. "ema": state_dict, "optimizer": optimizer.state_dict(), "epoch": int
 
 Everything is tensors, dicts, lists, numbers and strings, so ``torch.load(weights_only=True)`` reads it
-and loading never executes code from the file. Writes are atomic (temporary file + ``os.replace``): an
-interrupted save leaves the previous file intact.
+and loading never executes code from the file. Writes are atomic (temporary file, fsync, ``os.replace``):
+an interrupted save leaves the previous file intact; a save checks the free space first and fails with
+``DiskFullError`` before writing anything. Reading verifies the weights against the stored checksum (files
+written before the checksum existed load without that check) and a model is rebuilt from ``model_config``
+only after its size is bounded and its shapes, built on the meta device, match the stored weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
-import os
 import pickle
 import zipfile
 from pathlib import Path, PurePath
@@ -24,11 +28,33 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolo9kit.files import (
+    DiskFullError,
+    check_free_space,
+    free_bytes,
+    is_out_of_space,
+    replace_durably,
+    temporary_path,
+)
+
 LOGGER = logging.getLogger(__name__)
 
 FORMAT = "yolo9kit"
 VERSION = 1
-_RESERVED = {"format", "version", "model", "model_config"}
+_RESERVED = {"format", "version", "model", "model_config", "checksum"}
+_CHECKSUMMED = ("model", "ema")  # the weights; the optimizer state is not what a damaged file would mislead with
+# What a torch.save zip adds to the tensor bytes: a header and a directory entry per tensor (~200 B), the
+# pickled structure, and the plain entries (results rows, random states): 1 MiB covers a long run's rows.
+_PER_TENSOR_BYTES = 512
+_FIXED_BYTES = 1 << 20
+# Bounds on a checkpoint's model_config, checked before anything is built. The largest official model
+# (yolov9-e) has 50 layers, repeats of 1 (3 with depth_multiple 1), layer widths up to 1024 before the width
+# multiple; LVIS has 1203 classes. A file past these asks for something no YOLOv9 is (or is damaged).
+MAX_LAYERS = 400
+MAX_REPEATS = 64
+MAX_MULTIPLE = 4.0  # depth_multiple and width_multiple
+MAX_CHANNELS = 16384  # any integer argument of a layer row (widths, hidden widths, kernel sizes)
+MAX_CLASSES = 100_000
 
 
 class CheckpointError(ValueError):
@@ -67,26 +93,88 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra: Any) -> P
 
     Returns:
         The path written.
+
+    Raises:
+        DiskFullError: the folder has less free space than the checkpoint needs (checked before writing,
+            and reported the same way when the disk fills during the write); the old file is intact.
     """
     clash = _RESERVED & extra.keys()
     if clash:
         raise ValueError(f"save_checkpoint: {sorted(clash)} are reserved keys")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     config = {"yaml": model.yaml, "nc": int(model.nc), "names": list(model.names),
               "name": str(getattr(model, "name", "model")), "fused": bool(getattr(model, "fused", False))}
     payload = {"format": FORMAT, "version": VERSION, "model": model.state_dict(),
                "model_config": _plain(config, "model_config")}
     payload.update({k: _plain(v, k) for k, v in extra.items()})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    payload["checksum"] = {"sha256": {k: weights_digest(payload[k]) for k in _CHECKSUMMED if k in payload}}
+    needed = estimate_checkpoint_bytes(payload)
+    check_free_space(path.parent, needed, f"saving {path.name}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_path(path)
     try:
         torch.save(payload, tmp)
-        os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old or the new file
+        replace_durably(tmp, path)  # atomic on POSIX and Windows: readers see the old or the new file
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as "RuntimeError: ... unexpected pos"
+        tmp.unlink(missing_ok=True)
+        free = free_bytes(path.parent)
+        if _out_of_space(e, free, needed):
+            raise DiskFullError(path.parent, needed, free, f"saving {path.name}") from e
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
     LOGGER.debug("saved checkpoint %s", path)
     return path
+
+
+def _out_of_space(error: BaseException, free: int | None, needed: int) -> bool:
+    """A failed write that a full disk explains: ENOSPC, or torch's writer failing with little room left (the
+    space the partial file took is free again when this is asked, hence the factor 2)."""
+    if is_out_of_space(error):
+        return True
+    text = str(error)
+    torch_write = isinstance(error, RuntimeError) and ("unexpected pos" in text or "failed writing" in text)
+    return torch_write and (free is None or free < 2 * needed)
+
+
+def _tensors(value: Any, where: str = ""):
+    """(key path, tensor) of every tensor in nested dicts/lists, dict keys in sorted order."""
+    if isinstance(value, torch.Tensor):
+        yield where, value
+    elif isinstance(value, dict):
+        for k in sorted(value, key=str):
+            yield from _tensors(value[k], f"{where}/{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _tensors(v, f"{where}/{i}")
+
+
+def weights_digest(entry: Any) -> str:
+    """SHA-256 of the names, dtypes, shapes and bytes of the tensors in ``entry`` (a state_dict)."""
+    h = hashlib.sha256()
+    for where, t in _tensors(entry):
+        t = t.detach()
+        h.update(f"{where}:{t.dtype}:{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def estimate_checkpoint_bytes(payload: Any) -> int:
+    """Bytes ``torch.save`` will need for ``payload``: its tensors plus the zip and pickle overhead."""
+    tensors = [t for _, t in _tensors(payload)]
+    return sum(t.numel() * t.element_size() for t in tensors) + _PER_TENSOR_BYTES * len(tensors) + _FIXED_BYTES
+
+
+def _verify_checksum(ckpt: dict, path: Path) -> None:
+    """Compare the weights with the checksum written with them (a file without one is not checked)."""
+    stored = ckpt.get("checksum", {}).get("sha256", {}) if isinstance(ckpt.get("checksum"), dict) else {}
+    for name, digest in stored.items():
+        if name in ckpt and weights_digest(ckpt[name]) != digest:
+            raise CheckpointError(f"{path}: the {name!r} weights do not match the checksum written with them: the "
+                                  "file is damaged (changed on disk or in a copy); use another copy or checkpoint "
+                                  "(e.g. last.pt, best.pt or an epoch<n>.pt of the run)")
 
 
 def _looks_official(path: Path) -> bool:
@@ -124,7 +212,82 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict:
     if ckpt.get("version", 0) > VERSION:
         raise CheckpointError(f"{path}: checkpoint version {ckpt['version']} is newer than this yolo9kit "
                               f"understands ({VERSION}); upgrade yolo9kit")
+    _verify_checksum(ckpt, path)
     return ckpt
+
+
+def check_model_config(ckpt: dict, path: str | Path, weights: dict) -> dict:
+    """The checkpoint's ``model_config``, once it is known to build a model of sane size whose tensors have the
+    names and shapes of ``weights``; nothing is allocated before (the shapes come from a meta-device build).
+
+    Raises:
+        CheckpointError: a config past the bounds (``MAX_LAYERS``, ``MAX_REPEATS``, ``MAX_MULTIPLE``,
+            ``MAX_CHANNELS``, ``MAX_CLASSES``) or one whose model does not match the stored weights.
+    """
+    from yolo9kit.models.model import DetectionModel
+
+    cfg = ckpt.get("model_config")
+    problem = _config_problem(cfg) or (None if isinstance(weights, dict) else "comes without a weights dict")
+    if problem:
+        raise CheckpointError(f"{path}: model_config {problem}; the file is damaged or not a model this kit "
+                              "builds: use another checkpoint")
+    try:
+        with torch.device("meta"):  # shapes only: no memory is allocated, whatever the config asks for
+            shell = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], probe=False,
+                                   source=f"{path} (model_config)")
+            if cfg.get("fused"):
+                shell.fuse()
+    except Exception as e:  # noqa: BLE001 - a damaged config fails in many ways inside the builder
+        raise CheckpointError(f"{path}: model_config cannot be built: {e}") from e
+    expected = {k: tuple(v.shape) for k, v in shell.state_dict().items()}
+    stored = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    missing, unexpected = sorted(expected.keys() - stored.keys()), sorted(stored.keys() - expected.keys())
+    reshaped = sorted(k for k in expected.keys() & stored.keys() if expected[k] != stored[k])
+    if missing or unexpected or reshaped:
+        example = ", ".join([*(f"{k} missing" for k in missing[:2]), *(f"{k} unexpected" for k in unexpected[:2]),
+                             *(f"{k} {stored[k]} not {expected[k]}" for k in reshaped[:2])])
+        raise CheckpointError(f"{path}: the weights do not match the stored model_config ({len(missing)} missing, "
+                              f"{len(unexpected)} unexpected, {len(reshaped)} of another shape: {example}); the file "
+                              "is damaged or was written by other code")
+    return cfg
+
+
+def _config_problem(cfg: Any) -> str | None:
+    """What is wrong with a model_config before it is built (None: within the bounds)."""
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("yaml"), dict):
+        return "is missing or has no 'yaml' layer table"
+    nc, names, table = cfg.get("nc"), cfg.get("names"), cfg["yaml"]
+    if not isinstance(nc, int) or not 1 <= nc <= MAX_CLASSES:
+        return f"nc={nc!r}: expected 1 to {MAX_CLASSES} classes"
+    if not isinstance(names, list) or len(names) != nc:
+        return f"names: expected a list of {nc} class names"
+    rows = [*(table.get("backbone") or []), *(table.get("head") or [])]
+    if not 1 <= len(rows) <= MAX_LAYERS:
+        return f"has {len(rows)} layer rows: expected 1 to {MAX_LAYERS}"
+    for key in ("depth_multiple", "width_multiple"):
+        value = table.get(key, 1.0)
+        if not isinstance(value, (int, float)) or not 0 < value <= MAX_MULTIPLE:
+            return f"{key}={value!r}: expected a number in (0, {MAX_MULTIPLE}]"
+    for i, row in enumerate(rows):
+        if not (isinstance(row, (list, tuple)) and len(row) == 4):
+            return f"layer {i} {row!r}: expected [from, repeats, module, args]"
+        n, depth = row[1], table.get("depth_multiple", 1.0)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or round(n * depth) > MAX_REPEATS:
+            return f"layer {i}: {n!r} repeats (times depth_multiple): expected 1 to {MAX_REPEATS}"
+        widths = [abs(v) for v in _ints(row[3])]
+        if widths and max(widths) * max(table.get("width_multiple", 1.0), 1.0) > MAX_CHANNELS:
+            return f"layer {i}: argument {max(widths)}: expected layer widths up to {MAX_CHANNELS}"
+    return None
+
+
+def _ints(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [i for v in value for i in _ints(v)]
+    return []
 
 
 def _ema_state(entry: Any) -> dict | None:
@@ -143,12 +306,12 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", use_ema: bool =
     from yolo9kit.models.model import DetectionModel
 
     ckpt = read_checkpoint(path, map_location)
-    cfg = ckpt["model_config"]
+    ema = _ema_state(ckpt.get("ema")) if use_ema else None
+    cfg = check_model_config(ckpt, path, ema if ema is not None else ckpt["model"])
     model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"),
                            source=f"{path} (model_config)")
     if cfg.get("fused"):
         model.fuse()
-    ema = _ema_state(ckpt.get("ema")) if use_ema else None
     try:
         model.load_state_dict(ema if ema is not None else ckpt["model"], strict=True)
     except RuntimeError as e:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from pathlib import Path
 
@@ -33,19 +34,35 @@ _HYP_LOSS_KEYS = {"box": "box_gain", "cls": "cls_gain", "dfl": "dfl_gain", "cls_
 _HYP_IGNORED = {"obj", "obj_pw", "iou_t", "anchor_t", "fl_gamma", "label_smoothing"}
 
 
+# The defaults of the flags a resume checks: None in the parser means "not given", so that a flag given on
+# resume is seen even when its value equals the default.
+DEFAULTS = {"model": "yolov9-t", "batch_size": 16, "margin": 0.10, "epochs": 100, "imgsz": 640, "close_mosaic": 0,
+            "amp": "auto", "optimizer": "SGD", "seed": 0, "name": "exp", "patience": 100}
+# Flags a resumed run takes: how long it trains, when it stops early, where and how fast it runs.
+RESUME_CHANGES = ("epochs", "patience", "device", "workers", "cache", "compile", "activation_checkpointing")
+# Flags that fix the run's model, data order, schedule or folder: refused on resume when they differ from it.
+RESUME_FIXED = {"model": "--model", "weights": "--weights", "batch_size": "--batch-size", "gpu": "--gpu",
+                "margin": "--margin", "accumulate_steps": "--accumulate-steps",
+                "micro_batch_size": "--micro-batch-size",
+                "imgsz": "--imgsz", "hyp": "--hyp", "close_mosaic": "--close-mosaic", "amp": "--amp",
+                "optimizer": "--optimizer", "schedule": "--cos-lr/--flat-cos-lr/--fixed-lr", "seed": "--seed",
+                "name": "--name", "exist_ok": "--exist-ok", "sync_bn": "--sync-bn"}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("train", help="train a YOLOv9/GELAN model (AMP, accumulation, EMA, resume, DDP)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="data.yaml")
-    p.add_argument("--model", "--cfg", default="yolov9-t",
-                   help="model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from")
-    p.add_argument("--weights", default="", help="official or kit .pt: same-name same-shape tensors are transferred")
-    p.add_argument("--batch-size", "--batch", dest="batch_size", type=_batch_size, default=16,
-                   help="images per batch (all GPUs), or auto (also -1): the largest that the memory estimate fits "
-                        "into the GPU (--gpu, --margin), with accumulation to the nominal 64")
+    p.add_argument("--model", "--cfg", default=None,
+                   help="model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from (default "
+                        "yolov9-t)")
+    p.add_argument("--weights", default=None, help="official or kit .pt: same-name same-shape tensors are transferred")
+    p.add_argument("--batch-size", "--batch", dest="batch_size", type=_batch_size, default=None,
+                   help="images per batch (all GPUs; default 16), or auto (also -1): the largest that the memory "
+                        "estimate fits into the GPU (--gpu, --margin), with accumulation to the nominal 64")
     p.add_argument("--gpu", default=None, help='--batch-size auto: size for this card (e.g. "RTX 4090"; default: '
                    "the training device, on the CPU its RAM)")
-    p.add_argument("--margin", type=share_below_one, default=0.10,
+    p.add_argument("--margin", type=share_below_one, default=None,
                    help="--batch-size auto: share of the card kept free (0.10)")
     p.add_argument("--accumulate-steps", type=positive_int, default=None,
                    help="batches per optimizer step (default max(round(64 / batch), 1))")
@@ -53,31 +70,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batch-size", type=positive_int, default=None,
                    help="split each batch into micro-batches of this size")
     renamed(p, "--micro-batch", "--micro-batch-size", "micro_batch_size", type=positive_int)
-    p.add_argument("--epochs", type=positive_int, default=100)
-    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=train_image_size, default=640)
+    p.add_argument("--epochs", type=positive_int, default=None,
+                   help="epochs to train (default 100); with --resume, a larger number extends the run")
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=train_image_size, default=None,
+                   help="image size, a multiple of 32 (default 640)")
     p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
                    help="recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3")
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
-    p.add_argument("--close-mosaic", type=non_negative_int, default=0, help="mosaic off for the last N epochs")
+    p.add_argument("--close-mosaic", type=non_negative_int, default=None,
+                   help="mosaic off for the last N epochs (default 0)")
     p.add_argument("--cache", type=cache_mode, nargs="?", const="ram", default=None,
                    help="ram (default when given) or disk")
     p.add_argument("--workers", type=non_negative_int, default=None,
                    help="loader processes (default min(CPUs, batch, 8))")
-    p.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default="auto")
-    p.add_argument("--optimizer", choices=["SGD", "Adam", "AdamW"], default="SGD")
+    p.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default=None,
+                   help="mixed precision (default auto)")
+    p.add_argument("--optimizer", choices=["SGD", "Adam", "AdamW"], default=None, help="default SGD")
     sched = p.add_mutually_exclusive_group()
     sched.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
     sched.add_argument("--flat-cos-lr", action="store_true", help="flat, then cosine")
     sched.add_argument("--fixed-lr", action="store_true", help="constant LR")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="default 0")
     p.add_argument("--device", type=device, default=None, help="cpu, 0, cuda:1 (default: first GPU, else CPU)")
     p.add_argument("--project", default="runs/train")
-    p.add_argument("--name", default="exp")
+    p.add_argument("--name", default=None, help="run folder name under --project (default exp)")
     p.add_argument("--exist-ok", action="store_true")
-    p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the newest run, or this last.pt")
+    p.add_argument("--resume", nargs="?", const=True, default=False,
+                   help="resume the newest run, or this run folder / last.pt (its settings; --epochs may extend it)")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm (DDP only)")
-    p.add_argument("--patience", type=non_negative_int, default=100)
+    p.add_argument("--patience", type=non_negative_int, default=None,
+                   help="stop after N epochs without a better fitness (100)")
     p.add_argument("--noval", action="store_true", help="validate only after the last epoch")
+    p.add_argument("--allow-bad-labels", action="store_true",
+                   help="train even when labels use unnamed classes, no image has a box, or many labelled images "
+                        "would be dropped (refused by default, before the first step)")
     p.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE",
                    help="torch.compile the forward (optionally a mode: reduce-overhead, max-autotune)")
     p.add_argument("--plain-step", action="store_true",
@@ -87,7 +113,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train; exit status 0 when the run finished, 130 when interrupted (SIGINT, Ctrl-C), 143 (SIGTERM)."""
     from yolo9kit.train import ddp, fit
+    from yolo9kit.train.state import seed_everything
     from yolo9kit.train.weights import model_for_data
 
     ddp.init_from_env()
@@ -98,15 +126,27 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("train: --data is required (a data.yaml), unless --resume")
         config = config_from_args(args)
         data = args.data
-        model = model_for_data(args.model, data, args.weights)
+        seed_everything(config.seed)  # the initial weights follow --seed (official: init_seeds before the model)
+        model = model_for_data(_value(args, "model"), data, args.weights or "")
     result = fit(model, data, config)
-    if ddp.current().is_main and result.auto_batch is not None:
+    main = ddp.current().is_main
+    if main and result.auto_batch is not None:
         print(result.auto_batch)
-    if ddp.current().is_main and result.save_dir:
-        state = "interrupted" if result.interrupted else "done"
+    if main and result.save_dir:
+        state = f"interrupted by {result.interrupted_by}" if result.interrupted else "done"
         print(f"{state}: {result.epochs_completed} epochs, best fitness {result.best_fitness:.4f} "
               f"(epoch {result.best_epoch}); weights in {result.save_dir / 'weights'}")
+        if result.interrupted:
+            print(f"last.pt saved; continue with: python -m yolo9kit train --resume {result.save_dir}")
+    if result.interrupted:
+        return 143 if result.interrupted_by == "SIGTERM" else 130  # 128 + the signal, as a shell reports it
     return 0
+
+
+def _value(args: argparse.Namespace, name: str):
+    """A flag's value, or its default when it was not given."""
+    value = getattr(args, name)
+    return DEFAULTS[name] if value is None else value
 
 
 def _batch_size(text: str) -> int | str:
@@ -125,17 +165,23 @@ def config_from_args(args: argparse.Namespace):
     """TrainConfig from the flags (and the --hyp yaml)."""
     from yolo9kit.config import TrainConfig
 
-    schedule = ("cosine" if args.cos_lr else "flat-cosine" if args.flat_cos_lr
-                else "fixed" if args.fixed_lr else "linear")
     train_keys, augment, loss = _read_hyp(args.hyp)
+    v = functools.partial(_value, args)
     return TrainConfig(
-        epochs=args.epochs, batch_size=args.batch_size, gpu=args.gpu, margin=args.margin,
+        epochs=v("epochs"), batch_size=v("batch_size"), gpu=args.gpu, margin=v("margin"),
         activation_checkpointing=args.activation_checkpointing, accumulate_steps=args.accumulate_steps,
-        micro_batch_size=args.micro_batch_size,
-        imgsz=args.imgsz, amp=args.amp, optimizer=args.optimizer, schedule=schedule, close_mosaic=args.close_mosaic,
-        hyp=augment or None, loss=loss, cache=args.cache, workers=args.workers, seed=args.seed, device=args.device,
-        val=not args.noval, project=args.project, name=args.name, exist_ok=args.exist_ok, sync_bn=args.sync_bn,
-        patience=args.patience, compile=args.compile, **(_PLAIN if args.plain_step else {}), **train_keys)
+        micro_batch_size=args.micro_batch_size, imgsz=v("imgsz"), amp=v("amp"), optimizer=v("optimizer"),
+        schedule=_schedule(args) or "linear", close_mosaic=v("close_mosaic"), hyp=augment or None, loss=loss,
+        cache=args.cache, workers=args.workers, seed=v("seed"), device=args.device, val=not args.noval,
+        project=args.project, name=v("name"), exist_ok=args.exist_ok, sync_bn=args.sync_bn, patience=v("patience"),
+        compile=args.compile, allow_bad_labels=args.allow_bad_labels, **(_PLAIN if args.plain_step else {}),
+        **train_keys)
+
+
+def _schedule(args: argparse.Namespace) -> str | None:
+    """The schedule the flags ask for (None: no schedule flag, the linear default)."""
+    return ("cosine" if args.cos_lr else "flat-cosine" if args.flat_cos_lr else "fixed" if args.fixed_lr
+            else None)
 
 
 _PLAIN = {"channels_last": False, "lean_activations": False, "sync_free": False, "fused_optimizer": False,
@@ -166,8 +212,9 @@ def _read_hyp(path: str | None) -> tuple[dict, dict, object]:
 
 
 def _resume_setup(args: argparse.Namespace):
-    """Model, data and config of the run to resume (options come from its checkpoint, as officially)."""
-    from yolo9kit.checkpoint import read_checkpoint
+    """Model, data and config of the run to resume: its checkpoint's settings, with the flags a resume may change
+    (``RESUME_CHANGES``); a flag that would change the run (``RESUME_FIXED``) is refused, naming it."""
+    from yolo9kit.checkpoint import check_model_config, read_checkpoint
     from yolo9kit.config import TrainConfig
     from yolo9kit.models.model import DetectionModel
     from yolo9kit.train.state import find_resume_checkpoint
@@ -176,10 +223,37 @@ def _resume_setup(args: argparse.Namespace):
     ckpt = read_checkpoint(path)
     if "train_config" not in ckpt:
         raise SystemExit(f"train: {path} has no training state; start a new run with --weights {path}")
-    config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path))
-    cfg = ckpt["model_config"]
+    saved = ckpt["train_config"]
+    refused = _refused_on_resume(args, saved, ckpt["model_config"])
+    if refused:
+        raise SystemExit(f"train --resume {path}: {', '.join(refused)} cannot change in the middle of a run; leave "
+                         f"them out (only {', '.join('--' + k.replace('_', '-') for k in RESUME_CHANGES)} and --noval, "
+                         f"--plain-step may change), or start a new run from its weights: train --weights {path} ...")
+    changes = {k: getattr(args, k) for k in RESUME_CHANGES if _given(getattr(args, k))}
+    changes.update({"val": False} if args.noval else {}, **(_PLAIN if args.plain_step else {}))
+    config = TrainConfig.from_dict(saved, resume=str(path), **changes)
+    cfg = check_model_config(ckpt, path, ckpt["model"])
     model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"))
     data = args.data or ckpt.get("data")
     if not data:
         raise SystemExit(f"train: {path} does not record its data; pass --data")
     return model, data, config
+
+
+def _given(value) -> bool:
+    """A flag was given: not its parser default (None, or False for a switch); 0 counts as given."""
+    return value is not None and value is not False
+
+
+def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict) -> list[str]:
+    """``--flag value (the run's: x)`` for each given flag of ``RESUME_FIXED`` that differs from the run."""
+    given = {k: getattr(args, k) for k in RESUME_FIXED if k != "schedule" and _given(getattr(args, k))}
+    if _schedule(args):
+        given["schedule"] = _schedule(args)
+    runs = {**saved, "model": model_config.get("name")}
+    refused = []
+    for key, value in given.items():
+        if key not in runs or runs[key] != value:
+            theirs = f" (the run's: {runs[key]})" if key in runs else ""
+            refused.append(f"{RESUME_FIXED[key]} {value}{theirs}" if value is not True else RESUME_FIXED[key])
+    return refused

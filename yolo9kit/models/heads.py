@@ -138,7 +138,9 @@ class DDetect(nn.Module):
     @torch.no_grad()
     def initialize_biases(self) -> None:
         """Box logits bias 1.0; class bias ln(5 / nc / (640 / stride)^2) (official prior: ~5 objects per
-        640 image). Needs ``stride`` set."""
+        640 image). Needs ``stride`` set. On the meta device (a shape-only build) there is nothing to set."""
+        if self.stride.is_meta:
+            return
         for box, cls, _ in self._groups():
             for a, b, s in zip(box, cls, self.stride.tolist()):
                 a[-1].bias.fill_(1.0)

@@ -17,6 +17,7 @@ _EXPORTS = {
     "ModelEMA": "yolo9kit.train.ema",
     "FitResult": "yolo9kit.train.fit",
     "fit": "yolo9kit.train.fit",
+    "DiskFullError": "yolo9kit.files",
     "NonFiniteLossError": "yolo9kit.train.guards",
     "OutOfMemoryAtMinimumError": "yolo9kit.train.guards",
     "EpochStats": "yolo9kit.train.loop",
@@ -59,6 +60,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.config import TrainConfig
+    from yolo9kit.files import DiskFullError
     from yolo9kit.train.ema import ModelEMA
     from yolo9kit.train.fit import FitResult, fit
     from yolo9kit.train.guards import NonFiniteLossError, OutOfMemoryAtMinimumError

@@ -1,4 +1,10 @@
-"""``fit``: set-up, the epoch loop, validation of the EMA, checkpoints, resume and interrupts."""
+"""``fit``: set-up, the epoch loop, validation of the EMA, checkpoints, resume and interrupts.
+
+Nothing is lost at any instant: the end of an epoch is written in an order that no crash breaks
+(``_commit``: best.pt, epoch<n>.pt, last.pt as the commit point, then the results.csv row); SIGTERM and
+SIGINT stop at the next batch and save last.pt (``StopSignals``); each epoch starts only when the disk has
+room for the checkpoints it ends with. The run folder's bookkeeping is in ``yolo9kit.train.rundir``.
+"""
 
 from __future__ import annotations
 
@@ -15,25 +21,31 @@ from torch import nn
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
+from yolo9kit.train.guards import Interrupted, StopSignals
+from yolo9kit.train.inputs import ValidateFn, check_classes, default_validate, make_loader, set_epoch_data
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_steps
 from yolo9kit.train.records import EpochRecord, append_results
+from yolo9kit.train.rundir import (
+    RunFolder,
+    check_resume,
+    check_space_for_epoch,
+    close_failed,
+    data_record,
+    open_run,
+    resume_data,
+)
 from yolo9kit.train.state import (
     Progress,
     capture_rng,
-    find_resume_checkpoint,
-    increment_path,
     restore_rng,
     restore_training_state,
-    run_dir_of,
     save_training_checkpoint,
     seed_everything,
 )
 from yolo9kit.train.step import Trainer, build_trainer, resolve_device
 
 LOGGER = logging.getLogger(__name__)
-
-ValidateFn = Callable[[nn.Module], Mapping[str, float]]
 
 
 @dataclass
@@ -54,6 +66,10 @@ class FitResult:
     micro_batch_size: int | None = None
     step: StepConfig | None = None  # the step the run trained with (resolved for its device)
     auto_batch: Any = None  # batch_size="auto": the memory.autobatch.AutoBatch record (also auto_batch.json)
+    # What stopped the run before its last epoch: "SIGINT" or "SIGTERM" (last.pt saved; the CLI exits 130 or
+    # 143), or "KeyboardInterrupt" raised by code, e.g. a callback's planned stop. None: it ran to the end
+    # (or stopped on patience).
+    interrupted_by: str | None = None
 
     @property
     def last(self) -> Path | None:
@@ -79,6 +95,17 @@ class _Run:
     auto_batch: Any = None  # memory.autobatch.AutoBatch when the batch was chosen from the estimate
 
 
+@dataclass
+class _Position:
+    """Where the epoch loop is: what an interrupt has to save."""
+
+    phase: str = "training"  # "training", "validating", "committing" (writing the epoch's files), "committed"
+    epoch: int = 0
+    rng_epoch_start: dict | None = None
+    stats: EpochStats | None = None
+    metrics: dict = field(default_factory=dict)
+
+
 def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: TrainConfig, *,
         loss_fn: Callable | None = None, train_loader: Iterable | None = None,
         val_loader: Iterable | None = None, validate_fn: ValidateFn | None = None) -> FitResult:
@@ -87,52 +114,77 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     Args:
         model: a ``DetectionModel`` (any nn.Module with a matching ``loss_fn`` works), or a model name /
             yaml / checkpoint path, built for the data's classes (``yolo9kit.train.weights.model_for_data``).
-        data: data.yaml path or dict; may be None when both loaders (and ``validate_fn``) are given.
-        config: the TrainConfig. ``config.resume`` continues a run from its ``last.pt``.
+        data: data.yaml path or dict; may be None when both loaders (and ``validate_fn``) are given, or when
+            resuming (the run's recorded data.yaml).
+        config: the TrainConfig. ``config.resume`` continues a run from its ``last.pt``; the settings that
+            cannot change mid-run must be the run's (``rundir.FIXED_ON_RESUME``), a larger ``epochs`` extends it.
         loss_fn: ``(outputs, targets) -> (loss, loss_items (3,))``; default ``DetectionLoss(model, config.loss)``.
         train_loader / val_loader: ready loaders (default: built by ``yolo9kit.data.create_dataloader``).
         validate_fn: ``ema_model -> {"precision", "recall", "map50", "map", "fitness"}``; default
             ``yolo9kit.validate.evaluate`` on the val loader.
 
     Returns:
-        FitResult; the run folder holds weights/last.pt, weights/best.pt and results.csv.
+        FitResult; the run folder holds weights/last.pt, weights/best.pt and results.csv. A run stopped by
+        SIGINT/SIGTERM or a ``KeyboardInterrupt`` returns with ``interrupted_by`` set, after saving last.pt.
 
     Raises:
         NonFiniteLossError: too many non-finite losses in a row (the last good last.pt is kept).
+        DiskFullError: no room for the next checkpoints (checked before each epoch and each save).
+        ValueError: a resume that changes what cannot change (named in the message).
     """
-    if isinstance(model, (str, Path)):
-        from yolo9kit.train.weights import model_for_data
+    dist = ddp.current()
+    folder = open_run(config, dist)
+    try:
+        if folder.ckpt is not None:
+            data = resume_data(data, folder)
+            check_resume(config, folder)
+        if isinstance(model, (str, Path)):
+            from yolo9kit.train.weights import model_for_data
 
-        model = model_for_data(str(model), data)
-    _check_classes(model, data)
+            model = model_for_data(str(model), data)
+        check_classes(model, data)
+        run = _set_up(model, data, config, folder, loss_fn, validate_fn)
+        if train_loader is None:
+            train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
+        if run.validate_fn is None and data is not None and dist.is_main:
+            run.validate_fn = default_validate(data, val_loader or make_loader(data, "val", run.config, dist),
+                                                run.config, device=run.trainer.device,
+                                                half=run.trainer.step.amp != "off")
+        if folder.ckpt:
+            restore_rng(folder.ckpt["rng"])  # last, so that nothing of the set-up consumes the restored states
+            LOGGER.info("resuming %s at epoch %d, batch %d", folder.path, run.progress.epoch, run.progress.ni)
+        interrupted_by = _epochs(run, train_loader)
+    except BaseException:
+        close_failed(folder)
+        raise
+    trainer, progress = run.trainer, run.progress
+    return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, folder.path, progress.epoch,
+                     progress.best_fitness, progress.best_epoch, interrupted=interrupted_by is not None,
+                     results=run.results, optimizer_steps=trainer.optimizer_steps,
+                     nonfinite_steps=progress.nonfinite_total, oom_events=trainer.oom_events,
+                     micro_batch_size=trainer.micro_batch_size, step=trainer.step, auto_batch=run.auto_batch,
+                     interrupted_by=interrupted_by)
+
+
+def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss_fn: Callable | None,
+            validate_fn: ValidateFn | None) -> _Run:
+    """The device, the batch, the trainer (restored when resuming) and the run record."""
     dist = ddp.current()
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.device)
-    ckpt, run_dir = _prepare_run(config, dist)
-    config, auto_batch = _size_batch(config, model, device, dist, ckpt, loss_fn)
+    config, auto_batch = _size_batch(config, model, device, dist, folder.ckpt, loss_fn)
     seed_everything(config.seed + dist.rank)
     model.to(device)
     model = ddp.wrap_model(model, dist, device, config.sync_bn)
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
-    progress = restore_training_state(ckpt, trainer) if ckpt else Progress()
-    if train_loader is None:
-        train_loader = _make_loader(data, "train", config, dist, device)
-    if validate_fn is None and data is not None and dist.is_main:
-        validate_fn = _default_validate(data, val_loader or _make_loader(data, "val", config, dist), config,
-                                        device=device, half=trainer.step.amp != "off")
-    extra = {"data": str(data) if isinstance(data, (str, Path)) else None}
-    run = _Run(config, trainer, progress, dist, run_dir, validate_fn, extra, auto_batch=auto_batch)
-    if auto_batch is not None and run_dir is not None:
-        auto_batch.save(run_dir)
-    if ckpt:
-        run.results = list(ckpt.get("results", []))
-        restore_rng(ckpt["rng"])  # last, so that nothing of the set-up consumes the restored states
-        LOGGER.info("resuming %s at epoch %d, batch %d", run_dir, progress.epoch, progress.ni)
-    interrupted = _epochs(run, train_loader)
-    return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, run_dir, progress.epoch,
-                     progress.best_fitness, progress.best_epoch, interrupted, run.results,
-                     trainer.optimizer_steps, progress.nonfinite_total, trainer.oom_events, trainer.micro_batch_size,
-                     trainer.step, auto_batch)
+    progress = restore_training_state(folder.ckpt, trainer) if folder.ckpt else Progress()
+    run = _Run(config, trainer, progress, dist, folder.path, validate_fn, {"data": data_record(data)},
+               auto_batch=auto_batch)
+    if folder.ckpt:
+        run.results = list(folder.ckpt.get("results", []))
+    if auto_batch is not None and folder.path is not None:
+        auto_batch.save(folder.path)
+    return run
 
 
 def _size_batch(config: TrainConfig, model: nn.Module, device: torch.device, dist: ddp.DistInfo,
@@ -148,46 +200,72 @@ def _size_batch(config: TrainConfig, model: nn.Module, device: torch.device, dis
     return choose_batch(config, unwrap(model), device, dist.world_size, loss_fn=loss_fn)
 
 
-def _check_classes(model: nn.Module, data) -> None:
-    """The model must predict as many classes as the data has (official: an assert on the largest label)."""
-    if data is None or not hasattr(model, "nc"):
-        return
-    from yolo9kit.data import load_data_config
-
-    names = load_data_config(data).names
-    if int(model.nc) != len(names):
-        raise ValueError(f"the model predicts {model.nc} classes but {data} has {len(names)} ({names[:5]}...): "
-                         f"build it with create_model(name, num_classes={len(names)}) or pass the model name to fit")
-
-
-def _epochs(run: _Run, loader: Iterable) -> bool:
-    """The epoch loop; returns True when stopped by KeyboardInterrupt (after saving last.pt)."""
-    config, progress, trainer = run.config, run.progress, run.trainer
+def _epochs(run: _Run, loader: Iterable) -> str | None:
+    """The epoch loop; returns what interrupted it (``FitResult.interrupted_by``), None when it ran out."""
+    config, progress = run.config, run.progress
     nb = len(loader)  # type: ignore[arg-type]
     warmup = warmup_steps(config, nb)
-    rng_epoch_start, in_epoch = None, False
-    try:
-        for epoch in range(progress.epoch, config.epochs):
-            progress.epoch = epoch
-            _set_epoch_data(loader, config, epoch)
-            rng_epoch_start, in_epoch = capture_rng(), True
-            stats = train_one_epoch(trainer, loader, config, progress, batches_per_epoch=nb, warmup=warmup,
-                                    start_batch=progress.ni - epoch * nb, on_step=_callback(config, "on_step", run),
-                                    show=run.dist.is_main and config.progress_bar, run_dir=run.run_dir)
-            in_epoch = False
-            _record_measured_peak(run, stats)
-            progress.epoch, progress.ni = epoch + 1, (epoch + 1) * nb
-            if _end_epoch(run, epoch, stats):
-                break
-    except KeyboardInterrupt:
-        if in_epoch:  # resume restarts the unfinished accumulation window with the epoch's data order
-            progress.ni = max(progress.last_opt_step + 1, progress.epoch * nb)
-        LOGGER.warning("interrupted at epoch %d batch %d: saving last.pt", progress.epoch,
+    at = _Position(epoch=progress.epoch)
+    with StopSignals(install=not run.dist.distributed) as signals:
+        try:
+            for epoch in range(progress.epoch, config.epochs):
+                at = _Position("training", epoch)
+                progress.epoch = epoch
+                _check_space(run, epoch)
+                set_epoch_data(loader, config, epoch)
+                at.rng_epoch_start = capture_rng()
+                at.stats = train_one_epoch(run.trainer, loader, config, progress, batches_per_epoch=nb,
+                                           warmup=warmup, start_batch=progress.ni - epoch * nb,
+                                           on_step=_callback(config, "on_step", run),
+                                           show=run.dist.is_main and config.progress_bar, run_dir=run.run_dir,
+                                           interrupt=signals.pending)
+                at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
+                _record_measured_peak(run, at.stats)
+                with signals.raising():  # validation has no batch to stop at: a signal stops it at once
+                    at.metrics = _validate(run, epoch)
+                at.phase = "committing"  # signals wait until the epoch's files are written
+                record = _commit(run, at, nb)
+                at.phase = "committed"
+                stop = _after_epoch(run, epoch, record)
+                if signals.received:
+                    LOGGER.warning("%s: stopped after epoch %d, saved in last.pt", signals.received, epoch)
+                    return signals.received
+                if stop:
+                    break
+        except KeyboardInterrupt as e:
+            reason = e.reason if isinstance(e, Interrupted) else "KeyboardInterrupt"
+            _save_interrupted(run, at, nb, reason)
+            return reason
+    return None
+
+
+def _save_interrupted(run: _Run, at: _Position, nb: int, reason: str) -> None:
+    """Save what an interrupt at ``at`` leaves: inside an epoch, last.pt at the start of its unfinished
+    accumulation window (where resume continues, with the epoch's random state); during validation, the
+    trained epoch without its metrics; while committing, the epoch again (the writes are idempotent)."""
+    progress = run.progress
+    if at.phase == "committed":  # a callback's planned stop: last.pt already holds this epoch
+        return
+    if at.phase == "training":
+        progress.ni = max(progress.last_opt_step + 1, progress.epoch * nb)
+        LOGGER.warning("%s at epoch %d batch %d: saving last.pt", reason, progress.epoch,
                        progress.ni - progress.epoch * nb)
         if run.dist.is_main and run.run_dir:
-            _save(run, "last.pt", rng_epoch_start if in_epoch else None)
-        return True
-    return False
+            _save(run, "last.pt", at.rng_epoch_start)
+        return
+    if at.phase == "validating":
+        LOGGER.warning("%s during the validation of epoch %d: saving the epoch without its metrics", reason,
+                       at.epoch)
+        at.metrics = {}
+    _commit(run, at, nb)
+
+
+def _validate(run: _Run, epoch: int) -> dict[str, float]:
+    """The EMA's metrics (every epoch with ``config.val``, always after the last one); {} when not validated."""
+    final = epoch + 1 == run.config.epochs
+    if run.dist.is_main and run.validate_fn and (run.config.val or final):
+        return dict(run.validate_fn(_eval_model(run.trainer)))
+    return {}
 
 
 def _record_measured_peak(run: _Run, stats: EpochStats) -> None:
@@ -201,27 +279,55 @@ def _record_measured_peak(run: _Run, stats: EpochStats) -> None:
         auto.save(run.run_dir)
 
 
-def _end_epoch(run: _Run, epoch: int, stats: EpochStats) -> bool:
-    """Validate the EMA, log results.csv, save last/best, call on_epoch_end; True = stop early."""
+def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
+    """Record the trained epoch ``at.epoch`` in an order that no crash can break.
+
+    1. the new state in memory (progress, the results row, the best fitness);
+    2. best.pt when the EMA is at least as good as before: before last.pt, which records that fitness, so a
+       crash between the two never leaves a last.pt that believes in a best.pt that was not written;
+    3. epoch<n>.pt (``save_period``);
+    4. last.pt, the commit point: a resume starts from what it records;
+    5. the results.csv row: a resume rewrites results.csv from last.pt, so a crash before the row (or
+       after it, before last.pt) leaves no missing or doubled epoch.
+
+    Each file is written atomically after a free-space check (``save_checkpoint``).
+    """
+    config, progress, epoch = run.config, run.progress, at.epoch
+    record = EpochRecord.from_stats(epoch, at.stats, at.metrics, run.dist.world_size)
+    progress.epoch, progress.ni = epoch + 1, (epoch + 1) * nb
+    if not run.dist.is_main:
+        return record
+    if not run.results or run.results[-1]["epoch"] != epoch:
+        run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
+    fitness = at.metrics.get("fitness")
+    is_best = fitness is not None and fitness >= progress.best_fitness
+    if is_best:
+        progress.best_fitness, progress.best_epoch = float(fitness), epoch
+    if run.run_dir:
+        rng = capture_rng()
+        for name in _epoch_files(config, epoch, is_best):
+            _save(run, name, rng)
+        append_results(run.run_dir / "results.csv", record)
+    return record
+
+
+def _epoch_files(config: TrainConfig, epoch: int, best: bool) -> list[str]:
+    """The checkpoints an epoch ends with, in the order they are written (last.pt last: the commit point)."""
+    period = config.save_period > 0 and (epoch + 1) % config.save_period == 0
+    return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
+
+
+def _check_space(run: _Run, epoch: int) -> None:
+    """Before an epoch: room for the checkpoints it may end with, so that a full disk does not cost an epoch."""
+    if run.dist.is_main and run.run_dir:
+        check_space_for_epoch(run.run_dir, run.trainer, _epoch_files(run.config, epoch, run.validate_fn is not None))
+
+
+def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:
+    """``on_epoch_end``, then early stopping on ``patience``; True = stop (all ranks agree)."""
     config, progress, dist = run.config, run.progress, run.dist
     stop = False
     if dist.is_main:
-        final = epoch + 1 == config.epochs
-        metrics = dict(run.validate_fn(_eval_model(run.trainer))) if run.validate_fn and (config.val or final) else {}
-        record = EpochRecord.from_stats(epoch, stats, metrics, dist.world_size)
-        run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
-        fitness = metrics.get("fitness")
-        is_best = fitness is not None and fitness >= progress.best_fitness
-        if is_best:
-            progress.best_fitness, progress.best_epoch = float(fitness), epoch
-        if run.run_dir:
-            append_results(run.run_dir / "results.csv", record)
-            rng = capture_rng()
-            _save(run, "last.pt", rng)
-            if is_best:
-                _save(run, "best.pt", rng)
-            if config.save_period > 0 and (epoch + 1) % config.save_period == 0:
-                _save(run, f"epoch{epoch}.pt", rng)
         callback = _callback(config, "on_epoch_end", run)
         if callback:
             callback(record)
@@ -244,66 +350,3 @@ def _eval_model(trainer: Trainer) -> nn.Module:
 
 def _callback(config: TrainConfig, name: str, run: _Run) -> Callable[[Any], None] | None:
     return (config.callbacks or {}).get(name) if run.dist.is_main else None
-
-
-def _prepare_run(config: TrainConfig, dist: ddp.DistInfo) -> tuple[dict | None, Path | None]:
-    """Checkpoint to resume (or None) and the run folder (rank 0 creates it; others get None)."""
-    ckpt = None
-    if config.resume:
-        from yolo9kit.checkpoint import read_checkpoint
-
-        path = find_resume_checkpoint(config.resume, config.project)
-        ckpt = read_checkpoint(path)
-        run_dir = run_dir_of(path)
-    else:
-        run_dir = increment_path(Path(config.project) / config.name, config.exist_ok) if dist.is_main else None
-        run_dir = ddp.broadcast_object(run_dir, dist)
-    if dist.is_main:
-        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-        LOGGER.info("run folder %s", run_dir)
-    return ckpt, run_dir if dist.is_main else None
-
-
-def _make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo, device: torch.device | None = None):
-    """Loaders of ``yolo9kit.data``: train = augmented, shuffled, per-rank batch; val = rect, 2 x batch.
-
-    The training loader applies the HSV colour jitter on ``device`` when ``config.colour_on_device``
-    (default: when it is a CUDA device)."""
-    from yolo9kit.data import create_dataloader
-
-    if split == "train":
-        on_device = config.colour_on_device
-        on_device = (device is not None and device.type == "cuda") if on_device is None else on_device
-        return create_dataloader(data, "train", imgsz=config.imgsz, batch_size=config.batch_size // dist.world_size,
-                                 augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
-                                 seed=config.seed, distributed=dist.distributed,  # same seed: ranks split one order
-                                 colour_device=device if on_device else None, allow_bad_labels=config.allow_bad_labels)
-    return create_dataloader(data, split, imgsz=config.imgsz,
-                             batch_size=config.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
-                             augment=False, workers=config.workers, cache=config.cache)
-
-
-def _set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
-    """DistributedSampler epoch; mosaic off for the last ``close_mosaic`` epochs (>= so a resumed run also closes)."""
-    sampler = getattr(loader, "sampler", None)
-    if hasattr(loader, "set_epoch"):  # yolo9kit loaders: order and augmentation depend on (seed, epoch) only
-        loader.set_epoch(epoch)
-    elif hasattr(sampler, "set_epoch"):  # a plain DataLoader with a DistributedSampler
-        sampler.set_epoch(epoch)
-    if config.close_mosaic and epoch >= config.epochs - config.close_mosaic and hasattr(loader, "dataset"):
-        from yolo9kit.data import set_mosaic
-
-        if getattr(loader.dataset, "mosaic", True):
-            LOGGER.info("closing mosaic for the last %d epochs", config.close_mosaic)
-        set_mosaic(loader, False)
-
-
-def _default_validate(data, loader, config: TrainConfig, device: torch.device, half: bool) -> ValidateFn:
-    def validate(model: nn.Module) -> dict[str, float]:
-        from yolo9kit.validate import evaluate
-
-        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device)
-        return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
-                "fitness": float(r.fitness)}
-
-    return validate

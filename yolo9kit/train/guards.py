@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -57,3 +61,69 @@ def halve_micro_batch(micro_batch: int, error: BaseException) -> int:
     LOGGER.warning("out of memory at micro-batch %d: retrying this batch as micro-batches of %d "
                    "(accumulation x2, same images per optimizer step)", micro_batch, new)
     return new
+
+
+class Interrupted(KeyboardInterrupt):
+    """A ``KeyboardInterrupt`` raised for a stop signal; ``reason`` names it (``"SIGINT"``, ``"SIGTERM"``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason} received")
+        self.reason = reason
+
+
+class StopSignals:
+    """SIGTERM (schedulers, ``docker stop``, a closed terminal), and SIGINT (Ctrl-C, the notebook's stop) when
+    Python's own handler is in place, turned into a stop at a safe point.
+
+    By default a signal is only recorded in ``received``: the training loop asks ``pending()`` before each
+    batch and the run stops there, and a checkpoint being written is finished first. Inside ``raising()``
+    (validation, which has no such point) it raises ``Interrupted`` at once. A second signal while stopping
+    is logged and ignored, so the checkpoint of the first one is written whole (SIGKILL still ends the
+    process at once). Handlers are installed on ``__enter__`` on the main thread only, where no other
+    handler was set, and the previous ones restored on ``__exit__``.
+    """
+
+    def __init__(self, install: bool = True) -> None:
+        self.received: str | None = None
+        self.install = install  # False: leave the handlers alone (DDP: the ranks must stop at the same batch)
+        self._raising = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if not self.install or threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set there; Python delivers signals there anyway
+        for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+            if signal.getsignal(sig) is default:  # a handler of the application's own stays in charge
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            LOGGER.warning("%s: already stopping for %s, saving first (SIGKILL ends the process at once)", name,
+                           self.received)
+            return
+        self.received = name
+        if self._raising:
+            raise Interrupted(name)
+        LOGGER.warning("%s received: stopping at the next batch (after the checkpoint being written)", name)
+
+    def pending(self) -> str | None:
+        """The signal received so far (None: carry on)."""
+        return self.received
+
+    @contextlib.contextmanager
+    def raising(self) -> Iterator[None]:
+        """A signal raises ``Interrupted`` right away inside this block (one received before raises on entry)."""
+        if self.received is not None:
+            raise Interrupted(self.received)
+        self._raising = True
+        try:
+            yield
+        finally:
+            self._raising = False

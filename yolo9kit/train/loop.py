@@ -16,7 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.train.guards import NonFiniteLossError
+from yolo9kit.train.ema import unwrap
+from yolo9kit.train.guards import Interrupted, NonFiniteLossError
 from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
 from yolo9kit.train.records import StepRecord, bar_text, device_memory_bytes, peak_memory_bytes, reset_peak_memory
 from yolo9kit.train.state import Progress
@@ -100,10 +101,31 @@ class _EpochLog:
                 memory_bytes=peak_memory_bytes(trainer.device), images_per_s=speed))
 
 
+class _WindowStart:
+    """The model's buffers (BatchNorm running statistics) as they were when the accumulation window began.
+
+    An interrupted epoch resumes at the start of its unfinished window and redoes its forward passes; putting
+    these back first keeps them from counting twice, so a resume inside an epoch is exact with BatchNorm too.
+    Copying them costs a few small kernels per optimizer step (about two floats per channel).
+    """
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.buffers = list(unwrap(trainer.model).buffers())
+        self.saved = [b.clone() for b in self.buffers]
+
+    def take(self) -> None:
+        if self.buffers:
+            torch._foreach_copy_(self.saved, self.buffers)
+
+    def restore(self) -> None:
+        if self.buffers:
+            torch._foreach_copy_(self.buffers, self.saved)
+
+
 def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, progress: Progress, *,
                     batches_per_epoch: int, warmup: int, start_batch: int = 0,
                     on_step: Callable[[StepRecord], None] | None = None, show: bool = True,
-                    run_dir: Path | None = None) -> EpochStats:
+                    run_dir: Path | None = None, interrupt: Callable[[], str | None] | None = None) -> EpochStats:
     """Train ``progress.epoch`` over ``loader`` batches ``(images uint8 (B,3,H,W), targets (N,6), ...)``.
 
     Accumulation follows the official rule: an optimizer step happens at batch ``ni`` when
@@ -118,6 +140,10 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
 
     ``on_step`` receives a ``StepRecord`` for each trained batch (sync-free: in groups, at each read-back).
 
+    ``interrupt`` is asked before each batch; a reason (e.g. ``"SIGTERM"``) stops the epoch there with
+    ``Interrupted``. On any ``KeyboardInterrupt`` the BatchNorm running statistics are put back to the start
+    of the unfinished accumulation window, where a resume continues.
+
     Raises:
         NonFiniteLossError: after ``config.max_nonfinite_steps`` non-finite losses in a row.
     """
@@ -127,28 +153,39 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     epoch, nb = progress.epoch, batches_per_epoch
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not show, leave=True)
     log = _EpochLog(trainer, config, progress, run_dir, bar, on_step, show)
-    for i, (images, targets, *_) in enumerate(bar):
-        if i < start_batch:
-            continue  # resumed inside this epoch: already trained
-        progress.ni = ni = i + nb * epoch
-        settings = step_settings(config, ni, epoch, warmup)
-        apply_settings(trainer.optimizer, settings)
-        step_due = ni - progress.last_opt_step >= settings.accumulate
+    window = _WindowStart(trainer)
+    try:
+        for i, (images, targets, *_) in enumerate(bar):
+            reason = interrupt() if interrupt is not None else None
+            if reason is not None:
+                raise Interrupted(reason)
+            if i < start_batch:
+                continue  # resumed inside this epoch: already trained
+            progress.ni = ni = i + nb * epoch
+            settings = step_settings(config, ni, epoch, warmup)
+            apply_settings(trainer.optimizer, settings)
+            step_due = ni - progress.last_opt_step >= settings.accumulate
 
-        result = run_batch(trainer, images, targets, sync=step_due)  # micro-steps: forward, loss, backward
-        if result.grads_lost:
-            LOGGER.warning("out of memory during backward: gradients accumulated since the last step were dropped")
-        if not result.finite:
-            log.flush()  # earlier batches first, so that the count of non-finite losses in a row is right
-            _skip_nonfinite(trainer, progress, config, run_dir, batch=i)
-            continue
-        if step_due:
-            optimizer_step(trainer)  # unscale, clip 10, step, zero grads, EMA update
-            progress.last_opt_step = ni
-        finite = result.finite_flag if result.finite_flag is not None else True
-        log.add(_Logged(i, ni, images.shape[0], result.loss_items, finite, settings,
-                        trainer.micro_batch_size or images.shape[0]))
-    log.flush()
+            result = run_batch(trainer, images, targets, sync=step_due)  # micro-steps: forward, loss, backward
+            if result.grads_lost:
+                LOGGER.warning("out of memory during backward: gradients accumulated since the last step were "
+                               "dropped")
+            if not result.finite:
+                log.flush()  # earlier batches first, so that the count of non-finite losses in a row is right
+                _skip_nonfinite(trainer, progress, config, run_dir, batch=i)
+                window.take()
+                continue
+            if step_due:
+                optimizer_step(trainer)  # unscale, clip 10, step, zero grads, EMA update
+                progress.last_opt_step = ni
+                window.take()
+            finite = result.finite_flag if result.finite_flag is not None else True
+            log.add(_Logged(i, ni, images.shape[0], result.loss_items, finite, settings,
+                            trainer.micro_batch_size or images.shape[0]))
+        log.flush()
+    except KeyboardInterrupt:
+        window.restore()
+        raise
     bar.close()
     progress.oom_events = trainer.oom_events
     lrs = tuple(float(g["lr"]) for g in trainer.optimizer.param_groups)

@@ -4,12 +4,16 @@ results.csv (written from the ``EpochRecord``), and the numbers shown on the pro
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping
+import io
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from yolo9kit.files import DiskFullError, check_free_space, free_bytes, is_out_of_space, write_text_atomically
 
 if TYPE_CHECKING:
     from yolo9kit.train.loop import EpochStats
@@ -126,14 +130,48 @@ class EpochRecord:
 
 
 def append_results(path: Path, record: EpochRecord) -> None:
-    """Append one epoch to ``results.csv`` (header written when the file is new; None as an empty cell)."""
+    """Append one epoch to ``results.csv`` (header written when the file is new; None as an empty cell).
+
+    The row goes out in one write; when it fails (a full disk, an interrupt) the file is cut back to what it
+    was, so it is never left empty or ending in half a row.
+
+    Raises:
+        DiskFullError: not enough space for the row (checked first, or reported by the write).
+    """
     new = not path.exists()
-    row = record.row()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS)
+    text = _csv_text([record.row()], header=new)
+    check_free_space(path.parent, len(text.encode()) + 4096, f"appending epoch {record.epoch} to {path.name}")
+    size = 0 if new else path.stat().st_size
+    try:
+        with open(path, "a", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException as e:
         if new:
-            writer.writeheader()
-        writer.writerow({k: _fmt(row[k]) for k in RESULTS_COLUMNS})
+            path.unlink(missing_ok=True)
+        elif path.stat().st_size != size:
+            os.truncate(path, size)
+        if is_out_of_space(e):
+            raise DiskFullError(path.parent, len(text.encode()), free_bytes(path.parent),
+                                f"appending epoch {record.epoch} to {path.name}") from e
+        raise
+
+
+def write_results(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
+    """Replace ``results.csv`` with ``rows`` (``EpochRecord.row()`` dicts; missing columns empty), atomically:
+    a resumed run writes the rows its checkpoint recorded, dropping those of epochs it did not keep."""
+    write_text_atomically(path, _csv_text(rows, header=True))
+
+
+def _csv_text(rows: Sequence[Mapping[str, object]], header: bool) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=RESULTS_COLUMNS)
+    if header:
+        writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _fmt(row.get(k)) for k in RESULTS_COLUMNS})
+    return out.getvalue()
 
 
 def _number(metrics: Mapping[str, float], key: str) -> float | None:

@@ -123,6 +123,23 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
     }
 
 
+def checkpoint_bytes(trainer: Trainer) -> int:
+    """About the size of a training checkpoint of ``trainer``, in bytes: model, EMA and optimizer state (before
+    the first step, SGD momentum is one copy of the parameters and Adam's moments two), plus the file's
+    overhead (``yolo9kit.checkpoint.estimate_checkpoint_bytes``)."""
+    from yolo9kit.checkpoint import estimate_checkpoint_bytes
+
+    model = unwrap(trainer.model)
+    parts: list = [model.state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
+    optimizer = trainer.optimizer
+    if optimizer.state:
+        parts.append(optimizer.state_dict()["state"])
+    else:
+        copies = 2 if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) else 1
+        parts += [[p for group in optimizer.param_groups for p in group["params"]]] * copies
+    return estimate_checkpoint_bytes(parts)
+
+
 def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, config_dict: dict,
                              rng: dict | None = None, extra: dict | None = None) -> Path:
     """Write ``path`` atomically through ``yolo9kit.checkpoint.save_checkpoint`` (temp file + rename)."""
@@ -141,7 +158,7 @@ def restore_training_state(ckpt: dict, trainer: Trainer) -> Progress:
     if "progress" not in ckpt or "optimizer" not in ckpt:
         raise ValueError("this checkpoint has no training state (a stripped or foreign file): "
                          "start a new run from it with --weights instead of --resume")
-    unwrap(trainer.model).load_state_dict(ckpt["model"])
+    _load_model_weights(unwrap(trainer.model), ckpt["model"])
     if trainer.ema is not None and ckpt.get("ema") is not None:
         trainer.ema.ema.load_state_dict(ckpt["ema"])
         trainer.ema.updates = int(ckpt.get("ema_updates", 0))
@@ -152,3 +169,16 @@ def restore_training_state(ckpt: dict, trainer: Trainer) -> Progress:
     return Progress.from_dict(ckpt["progress"])
 
 
+
+
+def _load_model_weights(model: torch.nn.Module, weights: dict) -> None:
+    """``load_state_dict`` with a short message when the checkpoint is of another architecture."""
+    own = model.state_dict()
+    missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
+    reshaped = sorted(k for k in own.keys() & weights.keys() if own[k].shape != weights[k].shape)
+    if missing or unexpected or reshaped:
+        example = (missing or unexpected or reshaped)[0]
+        raise ValueError(f"resume: the checkpoint holds another model than the one to train ({len(missing)} tensors "
+                         f"missing, {len(unexpected)} unexpected, {len(reshaped)} of another shape, e.g. {example}); "
+                         "resume with the run's model (the CLI rebuilds it from the checkpoint)")
+    model.load_state_dict(weights)

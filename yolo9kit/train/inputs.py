@@ -1,0 +1,75 @@
+"""What ``fit`` reads: the loaders of ``yolo9kit.data``, each epoch's data settings, the default validation of
+the EMA, and the check that the model predicts the data's classes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.train import ddp
+
+LOGGER = logging.getLogger(__name__)
+
+ValidateFn = Callable[[nn.Module], Mapping[str, float]]
+
+
+def check_classes(model: nn.Module, data) -> None:
+    """The model must predict as many classes as the data has (official: an assert on the largest label)."""
+    if data is None or not hasattr(model, "nc"):
+        return
+    from yolo9kit.data import load_data_config
+
+    names = load_data_config(data).names
+    if int(model.nc) != len(names):
+        raise ValueError(f"the model predicts {model.nc} classes but {data} has {len(names)} ({names[:5]}...): "
+                         f"build it with create_model(name, num_classes={len(names)}) or pass the model name to fit")
+
+
+def make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo, device: torch.device | None = None):
+    """Loaders of ``yolo9kit.data``: train = augmented, shuffled, per-rank batch; val = rect, 2 x batch.
+
+    The training loader applies the HSV colour jitter on ``device`` when ``config.colour_on_device``
+    (default: when it is a CUDA device)."""
+    from yolo9kit.data import create_dataloader
+
+    if split == "train":
+        on_device = config.colour_on_device
+        on_device = (device is not None and device.type == "cuda") if on_device is None else on_device
+        return create_dataloader(data, "train", imgsz=config.imgsz, batch_size=config.batch_size // dist.world_size,
+                                 augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
+                                 seed=config.seed, distributed=dist.distributed,  # same seed: ranks split one order
+                                 colour_device=device if on_device else None,
+                                 allow_bad_labels=config.allow_bad_labels)
+    return create_dataloader(data, split, imgsz=config.imgsz,
+                             batch_size=config.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
+                             augment=False, workers=config.workers, cache=config.cache)
+
+
+def set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
+    """DistributedSampler epoch; mosaic off for the last ``close_mosaic`` epochs (>= so a resumed run also closes)."""
+    sampler = getattr(loader, "sampler", None)
+    if hasattr(loader, "set_epoch"):  # yolo9kit loaders: order and augmentation depend on (seed, epoch) only
+        loader.set_epoch(epoch)
+    elif hasattr(sampler, "set_epoch"):  # a plain DataLoader with a DistributedSampler
+        sampler.set_epoch(epoch)
+    if config.close_mosaic and epoch >= config.epochs - config.close_mosaic and hasattr(loader, "dataset"):
+        from yolo9kit.data import set_mosaic
+
+        if getattr(loader.dataset, "mosaic", True):
+            LOGGER.info("closing mosaic for the last %d epochs", config.close_mosaic)
+        set_mosaic(loader, False)
+
+
+def default_validate(data, loader, config: TrainConfig, device: torch.device, half: bool) -> ValidateFn:
+    def validate(model: nn.Module) -> dict[str, float]:
+        from yolo9kit.validate import evaluate
+
+        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device)
+        return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
+                "fitness": float(r.fitness)}
+
+    return validate

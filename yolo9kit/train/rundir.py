@@ -1,0 +1,173 @@
+"""The run folder: where a run starts or resumes, what a resume may change, the leftovers of killed writes,
+and room on the disk for an epoch's checkpoints.
+
+A run folder holds ``weights/`` (created at the first save), ``results.csv`` and ``auto_batch.json``. Its
+``weights/last.pt`` is the commit point of an epoch: ``results.csv`` holds the rows of the epochs that
+last.pt records, and a resumed run rewrites it from the rows stored in last.pt, so that a crash at any
+instant never leaves an epoch twice or a row of an epoch that was not kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.files import check_free_space, remove_stale_temporaries
+from yolo9kit.train import ddp
+from yolo9kit.train.records import write_results
+from yolo9kit.train.state import checkpoint_bytes, find_resume_checkpoint, increment_path, run_dir_of
+from yolo9kit.train.step import Trainer
+
+LOGGER = logging.getLogger(__name__)
+
+# TrainConfig fields a resumed run keeps: they decide the data order, the schedule, the loss or what is
+# trained, so a change would silently give a run that is neither the old one nor a new one. The others
+# (epochs, patience, device, workers, cache, validation, the speed and memory switches) may change.
+FIXED_ON_RESUME = (
+    "batch_size", "nominal_batch_size", "accumulate_steps", "accumulate_warmup", "micro_batch_size", "imgsz",
+    "amp", "optimizer", "lr0", "lrf", "momentum", "weight_decay", "schedule", "warmup_epochs", "warmup_min_steps",
+    "warmup_momentum", "warmup_bias_lr", "ema", "ema_decay", "ema_tau", "grad_clip", "close_mosaic", "hyp",
+    "loss", "seed", "sync_bn",
+)
+# Room for a results.csv row, auto_batch.json and the file system's own blocks, besides the checkpoints.
+_SMALL_FILES_BYTES = 1 << 20
+
+
+@dataclass
+class RunFolder:
+    """Where a run writes. ``path`` is None on the ranks that do not write (DDP rank > 0)."""
+
+    path: Path | None
+    ckpt: dict | None = None  # the checkpoint resumed from
+    checkpoint: Path | None = None  # its file
+    new: bool = False  # made by this run: removed again when the run fails before writing into it
+
+
+def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
+    """The checkpoint to resume (or None) and the run folder; rank 0 creates it (``weights/`` comes with the
+    first save, so a run that fails early leaves no empty weights folder).
+
+    On rank 0 the temporary files of killed saves are removed, and a resumed run's ``results.csv`` is
+    rewritten from the rows its last.pt recorded.
+    """
+    if config.resume:
+        from yolo9kit.checkpoint import read_checkpoint
+
+        path = find_resume_checkpoint(config.resume, config.project)
+        run = RunFolder(run_dir_of(path), read_checkpoint(path), path)
+    else:
+        run_dir = increment_path(Path(config.project) / config.name, config.exist_ok) if dist.is_main else None
+        run = RunFolder(ddp.broadcast_object(run_dir, dist))
+    if not dist.is_main:
+        return RunFolder(None, run.ckpt, run.checkpoint)
+    run.new = not run.path.exists()
+    run.path.mkdir(parents=True, exist_ok=True)
+    for folder in (run.path, run.path / "weights"):
+        remove_stale_temporaries(folder)
+    if run.ckpt is not None:
+        _reconcile_results(run.path / "results.csv", run.ckpt)
+    LOGGER.info("run folder %s", run.path)
+    return run
+
+
+def _reconcile_results(path: Path, ckpt: dict) -> None:
+    """results.csv := the rows last.pt recorded (a crash after a row and before last.pt leaves one too many)."""
+    rows = ckpt.get("results")
+    if rows is None or (not rows and not path.exists()):  # a checkpoint of an older kit: nothing to go by
+        return
+    before = _count_rows(path)
+    write_results(path, rows)
+    if before is not None and before != len(rows):
+        LOGGER.warning("%s: %d rows, the checkpoint records %d epochs: rewritten from the checkpoint", path, before,
+                       len(rows))
+
+
+def _count_rows(path: Path) -> int | None:
+    try:
+        return max(len(path.read_text().splitlines()) - 1, 0)
+    except OSError:
+        return None
+
+
+def close_failed(run: RunFolder) -> None:
+    """After a failed run: remove an empty ``weights/``, and the run folder when this run made it and it is empty."""
+    if run.path is None:
+        return
+    for folder in (run.path / "weights", run.path if run.new else None):
+        try:
+            if folder is not None and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        except OSError:  # not ours to insist on: the error that ended the run matters more
+            pass
+
+
+def check_resume(config: TrainConfig, run: RunFolder) -> None:
+    """Refuse a resumed run whose ``config`` changes what cannot change mid-run (``FIXED_ON_RESUME``); accept
+    a new ``epochs`` of at least the epochs done.
+
+    A larger ``epochs`` extends the run, also a finished one: the learning rate then follows the schedule of
+    the new total from the epoch reached (official train_dual.py evaluates its LambdaLR from ``epochs`` the
+    same way, so the rate jumps to the new curve), and ``close_mosaic`` counts from the new end.
+
+    Raises:
+        ValueError: the changed fields (old and new values) or an ``epochs`` below the epochs done.
+    """
+    ckpt, path = run.ckpt or {}, run.checkpoint
+    saved = ckpt.get("train_config", {})
+    ours = config.to_dict()
+    changed = [f"{k} {saved[k]!r} -> {ours[k]!r}" for k in FIXED_ON_RESUME
+               if k in saved and not (k == "batch_size" and ours[k] == "auto") and ours[k] != saved[k]]
+    if changed:
+        raise ValueError(f"resume {path}: {', '.join(changed)}: these cannot change in the middle of a run; "
+                         "resume with the run's settings (TrainConfig.from_dict(read_checkpoint(path)"
+                         "['train_config'], resume=path, epochs=...)) or start a new run from its weights")
+    done = int(ckpt.get("progress", {}).get("epoch", 0))
+    if config.epochs < done:
+        raise ValueError(f"resume {path}: epochs={config.epochs}, but the run has trained {done} epochs already; "
+                         f"pass epochs of at least {done} (more to train further)")
+    if config.epochs == done:
+        LOGGER.info("%s: all %d epochs are trained, nothing to resume; pass a larger epochs to train more", path,
+                    done)
+    elif config.epochs != saved.get("epochs", config.epochs):
+        LOGGER.info("%s: training to %d epochs instead of %d; the learning rate follows the schedule of %d epochs "
+                    "from epoch %d", path, config.epochs, saved["epochs"], config.epochs, done)
+
+
+def resume_data(data: Any, run: RunFolder) -> Any:
+    """The data of a resumed run: the recorded one when ``data`` is None; a path must name the recorded file
+    (moved data is accepted when the recorded file is gone).
+
+    Raises:
+        ValueError: another data.yaml than the run's.
+    """
+    recorded = (run.ckpt or {}).get("data")
+    if data is None or recorded is None or not isinstance(data, (str, Path)):
+        return recorded if data is None else data
+    if Path(recorded).exists() and Path(data).resolve() != Path(recorded).resolve():
+        raise ValueError(f"resume {run.checkpoint}: the run trains on {recorded}, not {data}: the data cannot "
+                         "change in the middle of a run (leave it out, or start a new run from the weights)")
+    return data
+
+
+def data_record(data: Any) -> str | None:
+    """The data path a checkpoint records: absolute, so that a resume works from any folder."""
+    return str(Path(data).resolve()) if isinstance(data, (str, Path)) else None
+
+
+def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> None:
+    """Before training an epoch: is there room for the checkpoints it ends with (``names``, written in that
+    order, each through a temporary file)? The peak is one temporary file plus the files new so far.
+
+    Raises:
+        DiskFullError: naming the folder and the space needed; nothing has been written.
+    """
+    weights = run_dir / "weights"
+    size = checkpoint_bytes(trainer)
+    new_before_last = sum(not (weights / name).exists() for name in names[:-1])
+    needed = size * (1 + new_before_last) + _SMALL_FILES_BYTES
+    check_free_space(weights, needed, f"the checkpoints of the next epoch ({', '.join(names)}, "
+                     f"about {size / 1e6:.3g} MB each)")
+
