@@ -250,9 +250,11 @@ class TrainDashboard:
                       "(the resume button, or `await dash.resume()`).")
         else:
             self.note(f"finished: {job.result.epochs_completed} epochs; weights in {job.result.save_dir}/weights")
-        job.done.set()
-        self._set_buttons()
-        self.update()
+        try:
+            self.update()
+        finally:
+            job.done.set()  # last: a waiter may let the interpreter exit, which must not find this thread drawing
+            self._set_buttons()
 
     async def _wait(self, job: _Job) -> FitResult:
         """Await the job without blocking the kernel; Kernel > Interrupt (a cancelled cell) stops it cleanly."""
@@ -266,6 +268,7 @@ class TrainDashboard:
                 task = asyncio.current_task()
                 if task is not None and hasattr(task, "uncancel"):
                     task.uncancel()
+        job.thread.join(timeout=10)  # it only returns now; joined so that no thread outlives its run
         if job.error is not None:
             raise job.error
         return job.result
