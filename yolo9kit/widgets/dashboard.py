@@ -147,7 +147,8 @@ class TrainDashboard:
     @property
     def running(self) -> bool:
         """True while a run started by ``fit``, ``resume`` or the resume button is training."""
-        return self._job is not None and not self._job.done.is_set()
+        job = self._job
+        return job is not None and job.result is None and job.error is None and not job.done.is_set()
 
     def request_stop(self) -> None:
         """What the stop button does: the next trained batch raises ``KeyboardInterrupt`` inside ``fit``."""
@@ -180,10 +181,8 @@ class TrainDashboard:
         """
         job = self._job
         if job is not None and job.resume:  # the resume button's run: wait for it, or return how it finished
-            if self.running:
+            if not job.done.is_set() or (job.error is None and not job.result.interrupted):
                 return await self._wait(job)
-            if job.error is None and not job.result.interrupted:
-                return job.result
         return await self._wait(self._start(self._resume_job()))
 
     def resume_in_background(self) -> None:
@@ -251,10 +250,10 @@ class TrainDashboard:
         else:
             self.note(f"finished: {job.result.epochs_completed} epochs; weights in {job.result.save_dir}/weights")
         try:
+            self._set_buttons()
             self.update()
         finally:
             job.done.set()  # last: a waiter may let the interpreter exit, which must not find this thread drawing
-            self._set_buttons()
 
     async def _wait(self, job: _Job) -> FitResult:
         """Await the job without blocking the kernel; Kernel > Interrupt (a cancelled cell) stops it cleanly."""
@@ -318,7 +317,7 @@ class TrainDashboard:
         running = self.running
         job = self._job
         self._widgets["stop"].disabled = not running
-        stopped = job is not None and job.done.is_set() and job.result is not None and job.result.interrupted
+        stopped = not running and job is not None and job.result is not None and job.result.interrupted
         self._widgets["resume"].disabled = running or not stopped
 
     def update(self) -> None:
@@ -350,7 +349,7 @@ class TrainDashboard:
         if not self.history:
             return "running: waiting for the first batch" if self.running else "no batch trained yet"
         last = self.history[-1]
-        epochs = f" of 0-{self._epochs_total - 1}" if self._epochs_total else ""
+        epochs = f" (epochs 0-{self._epochs_total - 1})" if self._epochs_total else ""
         what, _, values = self.memory_series()
         label = "peak VRAM" if what.startswith("peak VRAM") else "process memory"
         memory = f"{label} {format_bytes(values[-1])}" if values else NO_VRAM
