@@ -74,6 +74,11 @@ def _write_settings(settings_dir: Path) -> None:
     apputils = settings_dir / "@jupyterlab" / "apputils-extension"
     apputils.mkdir(parents=True)
     (apputils / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    # Every cell stays rendered: with windowing, cells scrolled out of view lose their prompt and outputs,
+    # and the test reads both.
+    notebook = settings_dir / "@jupyterlab" / "notebook-extension"
+    notebook.mkdir(parents=True)
+    (notebook / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -161,12 +166,15 @@ def shots(tmp_path_factory):
         print(f"\nbrowser screenshots copied to {Path(target).resolve()}")
 
 
-def _shutdown_kernels(base: str) -> None:
-    """Delete every session of the server: the next notebook starts on a CPU and a memory left free."""
-    with urllib.request.urlopen(f"{base}/api/sessions", timeout=10) as response:
-        sessions = json.load(response)
+def _shutdown_kernels(base: str, page) -> None:
+    """Delete every session of the server: the next notebook starts on a CPU and a memory left free.
+    The server wants the page's XSRF cookie echoed in a header on a DELETE."""
+    xsrf = next((c["value"] for c in page.context.cookies() if c["name"] == "_xsrf"), "")
+    headers = {"X-XSRFToken": xsrf, "Cookie": f"_xsrf={xsrf}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/sessions", headers=headers), timeout=10) as r:
+        sessions = json.load(r)
     for session in sessions:
-        request = urllib.request.Request(f"{base}/api/sessions/{session['id']}", method="DELETE")
+        request = urllib.request.Request(f"{base}/api/sessions/{session['id']}", method="DELETE", headers=headers)
         urllib.request.urlopen(request, timeout=30).close()
 
 
@@ -389,7 +397,7 @@ def test_notebook_runs_all_in_jupyterlab_and_its_widgets_respond(name, lab_serve
         unchecked = [reason for interact in interactions if (reason := interact(page, shots, name))]
         assert page.locator(STDERR).count() == 0, f"{name}: touching the widgets wrote to stderr"
     finally:
+        _shutdown_kernels(lab_url, page)
         page.close()
-        _shutdown_kernels(lab_url)
     if unchecked:
         pytest.skip("; ".join(unchecked))

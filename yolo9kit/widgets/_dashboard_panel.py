@@ -90,11 +90,14 @@ def table_html(table) -> str:
     """The epoch table for the panel: small, as wide as its content, scrolling rather than cut off."""
     if not len(table):
         return ""
-    body = table.to_html(index=False, border=0, na_rep="-", float_format=lambda v: f"{v:g}")
-    body = body.replace("<table", "<table style='font-size:90%; width:auto'", 1)
+    body = table.to_html(index=False, border=0, na_rep="-", float_format=lambda v: f"{v:g}",
+                         classes="yolo9kit-epochs")
+    style = ("<style>.yolo9kit-epochs {font-size: 90%; width: auto; border-collapse: collapse}"
+             ".yolo9kit-epochs th, .yolo9kit-epochs td {padding: 1px 10px; text-align: right}"
+             ".yolo9kit-epochs thead th {border-bottom: 1px solid #999}</style>")
     note = ("finished epochs (epochs and batches count from 0; losses: means over the epoch; "
             "P, R, mAP: validation of the EMA)")
-    return f"<div style='max-width:100%; overflow-x:auto'><div>{note}</div>{body}</div>"
+    return f"<div style='max-width:100%; overflow-x:auto'>{style}<div>{note}</div>{body}</div>"
 
 
 def format_seconds(seconds: float) -> str:

@@ -113,6 +113,7 @@ class TrainDashboard:
     _widgets: dict[str, Any] | None = None
     _job: _Job | None = None
     _epochs_total: int | None = None
+    _resume_pending: bool = False  # a resumed run started here: mark its first batch
     _last_draw: float = float("-inf")
 
     def __repr__(self) -> str:
@@ -124,8 +125,10 @@ class TrainDashboard:
 
     # -- callbacks (called by fit, in its thread) ------------------------------------------------
     def on_step(self, record: StepRecord) -> None:
-        if self.history and record.ni <= self.history[-1].ni:
-            self.resumes.append(record.ni)  # a resumed run repeats the unfinished accumulation window
+        resumed = self._resume_pending or (self.history and record.ni <= self.history[-1].ni)
+        if resumed:  # the first batch of a resumed run (which may repeat the unfinished accumulation window)
+            self.resumes.append(record.ni)
+            self._resume_pending = False
         self.history.append(record)
         if record.memory_bytes is None:
             rss = process_memory_bytes()
@@ -211,6 +214,7 @@ class TrainDashboard:
         if self.running:
             raise RuntimeError("a run is already training in this dashboard: press stop or wait for it")
         self.stop_requested, self._job, self._epochs_total = False, job, job.config.epochs
+        self._resume_pending = job.resume and bool(self.history)
         context = contextvars.copy_context()  # outputs of the thread go to the cell that started it
         job.thread = threading.Thread(target=context.run, args=(self._work, job), name="yolo9kit-fit", daemon=True)
         self._set_buttons()
