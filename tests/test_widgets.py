@@ -217,6 +217,93 @@ def test_dashboard_stop_button_stops_fit_and_resume_button_finishes_the_run(tmp_
     assert dash.messages[-1].startswith("warning: nothing to resume: the last run finished all 2 epochs")
 
 
+_KERNEL_SETUP = """
+from train_toys import ToyNet, make_batches, toy_loss
+from yolo9kit.config import TrainConfig
+from yolo9kit.widgets import train_dashboard
+dash = train_dashboard("toy", min_interval_s=0.0, show=False)
+config = TrainConfig(epochs=1000, batch_size=2, amp="off", device="cpu", warmup_epochs=0.0, project="runs", name="k")
+run = dict(loss_fn=toy_loss, train_loader=make_batches(5, 2), validate_fn=lambda model: {"fitness": 0.0})
+print(dash.controls["stop"].model_id)
+"""
+
+
+class _Kernel:
+    """A real ipykernel driven over its protocol, as JupyterLab drives it."""
+
+    def __init__(self, cwd):
+        import os
+
+        from conftest import REPO
+        from jupyter_client.manager import start_new_kernel
+
+        path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+        self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=str(cwd),
+                                                     env={**os.environ, "PYTHONPATH": path})
+
+    def reply(self, msg_id, timeout=240):
+        """The execute_reply of ``msg_id`` (replies to other requests are skipped)."""
+        while True:
+            msg = self.client.get_shell_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg["content"]
+
+    def wait_for_iopub(self, predicate, timeout=240):
+        """Read IOPub until a message satisfies ``predicate``; returns the stream text seen on the way."""
+        import time
+
+        text, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["msg_type"] == "stream":
+                text.append(msg["content"]["text"])
+            if predicate(msg):
+                return "".join(text)
+        raise AssertionError(f"no such IOPub message within {timeout} s; streams: {''.join(text)}")
+
+    def training(self):
+        """Wait until the dashboard's status line says it trains (its widget state update on IOPub)."""
+        def drawn(msg):
+            state = msg["content"].get("data", {}).get("state", {}) if msg["msg_type"] == "comm_msg" else {}
+            return "training: epoch" in str(state.get("value", ""))
+
+        self.wait_for_iopub(drawn)
+
+
+@pytest.mark.slow
+def test_dashboard_stop_works_while_the_training_cell_runs_in_a_real_kernel(tmp_path):
+    """The point of ``await dash.fit``: the kernel handles the stop click (and Kernel > Interrupt) while the cell
+    that trains is still running, and a cell queued behind it (Run All) runs after it, in order."""
+    pytest.importorskip("jupyter_client")
+    kernel = _Kernel(tmp_path)
+    try:
+        client = kernel.client
+        setup = client.execute(_KERNEL_SETUP)
+        stop_id = kernel.wait_for_iopub(lambda m: m["msg_type"] == "stream").strip().splitlines()[-1]
+        assert kernel.reply(setup)["status"] == "ok"
+
+        train = client.execute("first = await dash.fit(ToyNet(), None, config, **run)")
+        queued = client.execute("print('queued cell:', first.interrupted, dash.messages[-1])")
+        kernel.training()
+        click = {"comm_id": stop_id, "data": {"method": "custom", "content": {"event": "click"}}}
+        client.shell_channel.send(client.session.msg("comm_msg", click))  # what the button's view sends
+        assert kernel.reply(train)["status"] == "ok"
+        assert kernel.reply(queued)["status"] == "ok"
+        printed = kernel.wait_for_iopub(lambda m: m["msg_type"] == "stream" and "queued" in m["content"]["text"])
+        assert "queued cell: True stopped after batch" in printed
+
+        resumed = client.execute("second = await dash.resume()")
+        kernel.training()
+        kernel.manager.interrupt_kernel()  # Kernel > Interrupt: the same clean stop, no traceback
+        assert kernel.reply(resumed)["status"] == "ok"
+        check = client.execute("print('resumed:', second.interrupted, second.last.is_file(), len(dash.resumes))")
+        assert kernel.reply(check)["status"] == "ok"
+        assert "resumed: True True 1" in kernel.wait_for_iopub(
+            lambda m: m["msg_type"] == "stream" and "resumed" in m["content"]["text"])
+    finally:
+        kernel.manager.shutdown_kernel(now=True)
+
+
 def test_output_png_round_trip():
     import ipywidgets as w
     import matplotlib.pyplot as plt
