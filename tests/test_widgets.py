@@ -64,24 +64,40 @@ def test_dashboard_records_steps_and_redraws_with_the_new_values():
     lines = {line.get_label(): list(line.get_ydata()) for line in ax_lr.lines}
     assert lines["biases"] == pytest.approx([0.01, 0.02]) and lines["weights"] == pytest.approx([0.01, 0.01])
     assert list(ax_mem.lines[0].get_ydata()) == pytest.approx([2.0, 3.0])  # GiB
+    assert ax_mem.get_title() == "peak VRAM in the epoch (GiB)" and not ax_mem.texts
     assert list(ax_speed.lines[0].get_ydata()) == pytest.approx([11.0, 12.0])
     assert list(box.get_xdata()) == [1, 2]  # x is the batch index ni, not the repeating optimizer step
-    assert "batch 2" in dash.figure._suptitle.get_text() and "12.0 img/s" in dash.status_text()
-    assert "peak VRAM 3.00 GiB" in dash.status_text() and not ax_mem.texts
+    assert "batch 2" in dash.status_text() and "12.0 img/s" in dash.status_text()
+    assert "peak VRAM 3.00 GiB" in dash.status_text()
+
+
+def test_dashboard_shows_the_first_batch_as_a_point_in_every_panel():
+    from yolo9kit.widgets import train_dashboard
+
+    dash = train_dashboard(min_interval_s=0.0, show=False)
+    dash.on_step(_step(0))
+    for ax in dash.figure.axes:
+        assert ax.lines, ax.get_title()
+        for line in ax.lines:  # one point is no line: a marker has to show it
+            assert len(line.get_xdata()) == 1 and line.get_marker() == "o", ax.get_title()
 
 
 def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
     from yolo9kit.widgets import train_dashboard
+    from yolo9kit.widgets._dashboard_panel import table_html
 
     dash = train_dashboard(min_interval_s=3600.0, show=False)
     for i in range(1, 6):
         dash.on_step(_step(i))
     assert dash.redraws == 1 and len(dash.history) == 5
-    dash.on_epoch_end(_epoch(0, map50=0.5, map50_95=0.25, precision=0.6, recall=0.4, fitness=0.275))
+    dash.on_epoch_end(_epoch(0, map50=0.5, map50_95=0.25, precision=0.6, recall=0.4, fitness=0.275,
+                             peak_vram_bytes=3 * 1024**3, epoch_s=75.0))
     assert dash.redraws == 2 and dash.epochs[-1].map50 == 0.5
-    assert list(dash.epoch_table().columns) == ["epoch", "box_loss", "cls_loss", "dfl_loss", "precision", "recall",
-                                                "map50", "map50_95", "images_per_s", "epoch_s"]
-    assert "<td>0.5</td>" in dash.status_html()
+    table = dash.epoch_table()
+    assert list(table.columns) == ["epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s", "time",
+                                   "peak VRAM"]
+    assert table.iloc[0]["time"] == "1 min 15 s" and table.iloc[0]["peak VRAM"] == "3.00 GiB"  # readable units
+    assert "<td>0.5</td>" in table_html(table) and "overflow-x:auto" in table_html(table)
     assert len(dash.figure.axes[0].lines[0].get_xdata()) == 5
 
 
@@ -90,22 +106,26 @@ def test_dashboard_table_leaves_out_metrics_of_epochs_not_validated():
 
     dash = train_dashboard(show=False)
     dash.on_epoch_end(_epoch(0))
-    assert list(dash.epoch_table().columns) == ["epoch", "box_loss", "cls_loss", "dfl_loss", "images_per_s",
-                                                "epoch_s"]
+    assert list(dash.epoch_table().columns) == ["epoch", "box", "cls", "dfl", "img/s", "time"]
     dash.on_epoch_end(_epoch(1, map50=0.5))
-    assert dash.epoch_table()["map50"].tolist()[1] == 0.5
+    assert dash.epoch_table()["mAP50"].tolist()[1] == 0.5
 
 
-def test_dashboard_says_vram_is_cuda_only_when_trained_elsewhere():
+def test_dashboard_shows_process_memory_when_trained_off_cuda():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
     dash.on_step(_step(0, memory_bytes=None))  # what a CPU run reports
     dash.on_step(_step(1, memory_bytes=None))
     ax_mem = dash.figure.axes[2]
-    assert [t.get_text() for t in ax_mem.texts] == ["VRAM is measured on CUDA only"]
     assert dash.series("memory_bytes") == ([], [])
-    assert "VRAM is measured on CUDA only" in dash.status_text()
+    assert sorted(dash.process_memory) == [0, 1] and min(dash.process_memory.values()) > 10 * 1024**2
+    assert ax_mem.get_title() in ("process memory, resident set (MiB)", "process memory, resident set (GiB)")
+    assert len(ax_mem.lines[0].get_xdata()) == 2  # not an empty axis
+    assert [t.get_text() for t in ax_mem.texts] == ["VRAM is measured on CUDA only"]
+    assert "process memory" in dash.status_text()
+    dash.on_epoch_end(_epoch(0))
+    assert dash.epoch_table()["peak RSS"].iloc[0].endswith("iB")
     assert set(dash.callbacks) == {"on_step", "on_epoch_end"}
 
 
@@ -131,6 +151,157 @@ def test_dashboard_interrupts_once_at_the_requested_batch():
     assert [r.ni for r in dash.history] == [2, 3, 2, 3] and dash.interrupt_at is None
     assert dash.resumes == [2]
     assert dash.series("box_loss") == ([2, 3], [9.0, pytest.approx(2.7)])  # latest value per batch, in order
+
+
+def test_dashboard_panel_has_buttons_plot_and_table():
+    from yolo9kit.widgets import output_png, train_dashboard
+
+    dash = train_dashboard(show=False)
+    stop, resume = dash.controls["stop"], dash.controls["resume"]
+    assert (stop.description, resume.description) == ("stop", "resume")
+    assert stop.disabled and resume.disabled  # nothing runs, nothing to resume
+    stop.click()  # a click with no run is ignored: it must not stop the next run at its first batch
+    assert not dash.stop_requested
+    assert output_png(dash._widgets["plot"]) is not None  # the empty panels, before the first batch
+    dash.on_step(_step(0))
+    dash.on_epoch_end(_epoch(0))
+    assert "<table" in dash._widgets["table"].value and "batch 0" in dash._widgets["status"].value
+
+
+def _toy_run(tmp_path, dash, on_step=None, epochs=2):
+    """``dash.fit`` on the toy model of the fit tests: 5 batches of 2 images per epoch, no data folder."""
+    import asyncio
+
+    import torch
+    from train_toys import ToyNet, make_batches, toy_loss
+
+    from yolo9kit.config import TrainConfig
+
+    torch.manual_seed(0)
+    config = TrainConfig(epochs=epochs, batch_size=2, accumulate_steps=2, amp="off", device="cpu",
+                         warmup_epochs=0.0, warmup_min_steps=3, project=str(tmp_path / "runs"), name="dash",
+                         callbacks={"on_step": on_step} if on_step else None)
+    return asyncio.run(dash.fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(5, 2),
+                                validate_fn=lambda model: {"map50": 0.5, "map": 0.25, "fitness": 0.275}))
+
+
+@pytest.mark.slow
+def test_dashboard_stop_button_stops_fit_and_resume_button_finishes_the_run(tmp_path, capfd):
+    import asyncio
+
+    from yolo9kit.widgets import train_dashboard
+
+    dash = train_dashboard(min_interval_s=3600.0, show=False)
+    seen = []
+
+    def press_stop_at_third_batch(record):  # a user's own callback, kept beside the dashboard's
+        seen.append(record.ni)
+        if len(seen) == 3:
+            dash.controls["stop"].click()  # what the kernel does when the click arrives during training
+
+    first = _toy_run(tmp_path, dash, press_stop_at_third_batch)
+    assert first.interrupted and first.last.is_file() and [r.ni for r in dash.history] == [0, 1, 2]
+    assert dash.controls["stop"].disabled and not dash.controls["resume"].disabled
+    assert any(m.startswith("stopped after batch 2") and str(first.last) in m for m in dash.messages)
+    assert not [m for m in dash.messages if m.startswith("warning")]  # a requested stop is no warning
+    assert "interrupted" not in capfd.readouterr().err  # fit's log record went to the panel, not to stderr
+
+    dash.controls["resume"].click()  # starts the resumed run in the background and returns
+    assert dash.running or dash.result is not first
+    second = asyncio.run(dash.resume())  # waits for the button's run instead of starting another
+    assert not second.interrupted and second.epochs_completed == 2 and second.save_dir == first.save_dir
+    assert set(r.ni for r in dash.history) == set(range(10)) and dash.resumes == [2]
+    assert dash.controls["resume"].disabled and len(dash.epochs) == 2
+    assert asyncio.run(dash.resume()) is second  # the run is complete: resume returns it, trains nothing
+    dash.controls["resume"].click()
+    assert dash.messages[-1].startswith("warning: nothing to resume: the last run finished all 2 epochs")
+
+
+_KERNEL_SETUP = """
+from train_toys import ToyNet, make_batches, toy_loss
+from yolo9kit.config import TrainConfig
+from yolo9kit.widgets import train_dashboard
+dash = train_dashboard("toy", min_interval_s=0.0, show=False)
+config = TrainConfig(epochs=1000, batch_size=2, amp="off", device="cpu", warmup_epochs=0.0, project="runs", name="k")
+run = dict(loss_fn=toy_loss, train_loader=make_batches(5, 2), validate_fn=lambda model: {"fitness": 0.0})
+print(dash.controls["stop"].model_id)
+"""
+
+
+class _Kernel:
+    """A real ipykernel driven over its protocol, as JupyterLab drives it."""
+
+    def __init__(self, cwd):
+        import os
+
+        from conftest import REPO
+        from jupyter_client.manager import start_new_kernel
+
+        path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+        self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=str(cwd),
+                                                     env={**os.environ, "PYTHONPATH": path})
+
+    def reply(self, msg_id, timeout=240):
+        """The execute_reply of ``msg_id`` (replies to other requests are skipped)."""
+        while True:
+            msg = self.client.get_shell_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg["content"]
+
+    def wait_for_iopub(self, predicate, timeout=240):
+        """Read IOPub until a message satisfies ``predicate``; returns the stream text seen on the way."""
+        import time
+
+        text, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["msg_type"] == "stream":
+                text.append(msg["content"]["text"])
+            if predicate(msg):
+                return "".join(text)
+        raise AssertionError(f"no such IOPub message within {timeout} s; streams: {''.join(text)}")
+
+    def training(self):
+        """Wait until the dashboard's status line says it trains (its widget state update on IOPub)."""
+        def drawn(msg):
+            state = msg["content"].get("data", {}).get("state", {}) if msg["msg_type"] == "comm_msg" else {}
+            return "training: epoch" in str(state.get("value", ""))
+
+        self.wait_for_iopub(drawn)
+
+
+@pytest.mark.slow
+def test_dashboard_stop_works_while_the_training_cell_runs_in_a_real_kernel(tmp_path):
+    """The point of ``await dash.fit``: the kernel handles the stop click (and Kernel > Interrupt) while the cell
+    that trains is still running, and a cell queued behind it (Run All) runs after it, in order."""
+    pytest.importorskip("jupyter_client")
+    kernel = _Kernel(tmp_path)
+    try:
+        client = kernel.client
+        setup = client.execute(_KERNEL_SETUP)
+        stop_id = kernel.wait_for_iopub(lambda m: m["msg_type"] == "stream").strip().splitlines()[-1]
+        assert kernel.reply(setup)["status"] == "ok"
+
+        train = client.execute("first = await dash.fit(ToyNet(), None, config, **run)")
+        queued = client.execute("print('queued cell:', first.interrupted, dash.messages[-1])")
+        kernel.training()
+        click = {"comm_id": stop_id, "data": {"method": "custom", "content": {"event": "click"}}}
+        client.shell_channel.send(client.session.msg("comm_msg", click))  # what the button's view sends
+        assert kernel.reply(train)["status"] == "ok"
+        assert kernel.reply(queued)["status"] == "ok"
+        printed = kernel.wait_for_iopub(lambda m: m["msg_type"] == "stream" and "queued" in m["content"]["text"])
+        assert "queued cell: True stopped after batch" in printed
+
+        resumed = client.execute("second = await dash.resume()")
+        kernel.training()
+        kernel.manager.interrupt_kernel()  # Kernel > Interrupt: the same clean stop, no traceback
+        assert kernel.reply(resumed)["status"] == "ok"
+        check = client.execute("print('resumed:', second.interrupted, second.last.is_file(), len(dash.resumes))")
+        assert kernel.reply(check)["status"] == "ok"
+        assert "resumed: True True 1" in kernel.wait_for_iopub(
+            lambda m: m["msg_type"] == "stream" and "resumed" in m["content"]["text"])
+    finally:
+        kernel.manager.shutdown_kernel(now=True)
 
 
 def test_output_png_round_trip():

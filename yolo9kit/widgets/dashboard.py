@@ -1,43 +1,101 @@
-"""``train_dashboard()``: live training plots for ``yolo9kit.train.fit``.
+"""``train_dashboard()``: live training plots for ``yolo9kit.train.fit``, with stop and resume buttons.
 
-The dashboard is a pair of callbacks: ``TrainConfig(callbacks=dash.callbacks)``. ``fit`` hands it a
-``StepRecord`` after each trained batch and an ``EpochRecord`` after each epoch (``yolo9kit.train.records``);
-it keeps them and redraws one figure (losses, learning rates, peak VRAM, throughput) in place through a
-display handle (``display(..., display_id=True)`` then ``handle.update(...)``): one image in the cell, no
-``clear_output`` flicker, nothing left over when the notebook is saved. It computes nothing about training.
+The dashboard is a pair of callbacks (``dash.callbacks``: ``on_step`` after each trained batch, ``on_epoch_end``
+after each epoch, see ``yolo9kit.train.records``) and one ipywidgets panel: stop and resume buttons, a status
+line, four plots (losses, learning rates, memory, images/s), the table of finished epochs and a message line.
+It computes nothing about training.
+
+Why the run goes through ``await dash.fit(...)``: a notebook cell that runs ``fit`` keeps the kernel busy, and
+the kernel reads a button click only when it is free, so a stop button inside a plain ``fit(...)`` cell acts
+after training has ended. ``dash.fit`` runs ``fit`` in a worker thread while the cell awaits it; an awaiting
+cell lets ipykernel (7.4 and later) handle widget messages, so a click reaches the dashboard during training
+while the next cells of a "Run All" still wait their turn. The stop button makes the next ``on_step`` raise
+``KeyboardInterrupt``, which ``fit`` turns into a saved last.pt and a normal return with ``interrupted=True``;
+Kernel > Interrupt does the same. With an older ipykernel the click is read only after the cell: use
+Kernel > Interrupt there. The resume button continues the stopped run from its last.pt in the background (the
+kernel stays free, the stop button keeps working); ``await dash.resume()`` in a later cell does the same, or
+waits for the run the button started. Plain ``fit(..., TrainConfig(callbacks=dash.callbacks))`` still draws,
+without live buttons.
+
+While a run goes through the dashboard, the log records of ``yolo9kit`` from its thread are shown in the
+message line (a planned stop reads as a message, not as a red stderr box) and fit's own progress bar is off.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import dataclasses
+import html
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from yolo9kit.widgets._common import figure_png, format_bytes
+from yolo9kit.widgets._common import format_bytes, show_figure
+from yolo9kit.widgets._dashboard_panel import (
+    MAX_MESSAGES,
+    NO_VRAM,
+    build_widgets,
+    draw_dashboard,
+    epoch_table,
+    messages_html,
+    process_memory_bytes,
+    table_html,
+)
 
 if TYPE_CHECKING:
+    from yolo9kit.train import FitResult
     from yolo9kit.train.records import EpochRecord, StepRecord
 
-# The EpochRecord fields in the table under the plots (the learning rates are plotted per batch instead).
-_TABLE_FIELDS = ("epoch", "box_loss", "cls_loss", "dfl_loss", "precision", "recall", "map50", "map50_95",
-                 "images_per_s", "epoch_s")
-_NO_VRAM = "VRAM is measured on CUDA only"
-
-
 @dataclass
+class _Job:
+    """One ``fit`` call in a worker thread: what it was called with and how it ended."""
+
+    model: Any
+    data: Any
+    config: Any
+    kwargs: dict[str, Any]
+    resume: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    result: FitResult | None = None
+    error: BaseException | None = None
+
+
+class _LogToDashboard(logging.Handler):
+    """Shows the job thread's ``yolo9kit`` records in the message line; records of other threads go where
+    logging would have sent them without this handler (its last-resort stderr handler)."""
+
+    def __init__(self, dash: TrainDashboard, thread_id: int | None):
+        super().__init__(logging.INFO)
+        self.dash, self.thread_id = dash, thread_id
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread_id:
+            planned = self.dash.stop_requested  # the interrupt warning of a requested stop is no warning
+            self.dash.note(record.getMessage(), warning=record.levelno >= logging.WARNING and not planned)
+        elif not logging.getLogger().handlers and record.levelno >= logging.lastResort.level:
+            logging.lastResort.handle(record)
+
+
+@dataclass(repr=False)
 class TrainDashboard:
-    """Live plots of a training run; pass ``dash.callbacks`` to ``TrainConfig(callbacks=...)``.
+    """Live plots of a training run with stop and resume buttons; ``await dash.fit(model, data, config)``.
 
     Attributes:
         history: the ``StepRecord`` of every trained batch, in the order received (a resumed run repeats
             the batches of its interrupted accumulation window).
         epochs: the ``EpochRecord`` of every finished epoch.
         resumes: integrated batch indices ``ni`` at which a resumed run started again (dotted lines).
-        min_interval_s: redraw at most this often (drawing costs ~0.1 s); the last step is always drawn
-            by ``on_epoch_end``.
-        interrupt_at: raise ``KeyboardInterrupt`` once this batch index is reached, exactly what the
-            notebook's stop button (Kernel > Interrupt) does; ``fit`` then saves last.pt and returns
-            with ``interrupted=True``. Used to demonstrate stop-and-resume; None never interrupts.
+        process_memory: ``ni`` -> resident set size of the process in bytes, sampled at batches trained off
+            CUDA (``StepRecord.memory_bytes`` is None there): the memory panel of a CPU run.
+        min_interval_s: redraw at most this often (drawing costs ~0.1 s); epoch ends always redraw.
+        interrupt_at: stop once this batch index is reached, as the stop button would (used to demonstrate
+            stop-and-resume in a run nobody watches); None never stops.
+        result: the ``FitResult`` of the last run that went through ``fit`` or ``resume``.
+        messages: the message lines shown under the plots (log records of the run, stop and finish notes).
     """
 
     title: str = "training"
@@ -46,23 +104,39 @@ class TrainDashboard:
     history: list[StepRecord] = field(default_factory=list)
     resumes: list[int] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
+    process_memory: dict[int, int] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+    result: FitResult | None = None
     figure: Any = None
     redraws: int = 0
-    _handle: Any = None
-    _text_handle: Any = None
+    stop_requested: bool = False
+    _widgets: dict[str, Any] | None = None
+    _job: _Job | None = None
+    _epochs_total: int | None = None
+    _resume_pending: bool = False  # a resumed run started here: mark its first batch
     _last_draw: float = float("-inf")
+
+    def __repr__(self) -> str:
+        return f"TrainDashboard({self.title!r}, {len(self.history)} batches, {len(self.epochs)} epochs)"
 
     @property
     def callbacks(self) -> dict[str, Any]:
         return {"on_step": self.on_step, "on_epoch_end": self.on_epoch_end}
 
-    # -- callbacks -------------------------------------------------------------------------------
+    # -- callbacks (called by fit, in its thread) ------------------------------------------------
     def on_step(self, record: StepRecord) -> None:
-        if self.history and record.ni <= self.history[-1].ni:
-            self.resumes.append(record.ni)  # a resumed run repeats the unfinished accumulation window
+        resumed = self._resume_pending or (self.history and record.ni <= self.history[-1].ni)
+        if resumed:  # the first batch of a resumed run (which may repeat the unfinished accumulation window)
+            self.resumes.append(record.ni)
+            self._resume_pending = False
         self.history.append(record)
-        if self.interrupt_at is not None and record.ni >= self.interrupt_at:
-            self.interrupt_at = None  # once: the resumed run must not stop again
+        if record.memory_bytes is None:
+            rss = process_memory_bytes()
+            if rss is not None:
+                self.process_memory[record.ni] = rss
+        planned = self.interrupt_at is not None and record.ni >= self.interrupt_at
+        if planned or (self.stop_requested and self.running):
+            self.interrupt_at, self.stop_requested = None, True  # once: the resumed run must not stop again
             self.update()
             raise KeyboardInterrupt(f"dashboard: stop requested at batch {record.ni}")
         if time.monotonic() - self._last_draw >= self.min_interval_s:
@@ -72,30 +146,193 @@ class TrainDashboard:
         self.epochs.append(record)
         self.update()
 
-    # -- drawing ---------------------------------------------------------------------------------
-    def show(self) -> TrainDashboard:
-        """Put the (empty) figure and the status line in the notebook cell; later draws update them."""
-        from IPython.display import HTML, display
+    # -- runs --------------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """True while a run started by ``fit``, ``resume`` or the resume button is training."""
+        job = self._job
+        return job is not None and job.result is None and job.error is None and not job.done.is_set()
 
-        self._handle = display({"text/plain": "waiting for the first step"}, raw=True, display_id=True)
-        self._text_handle = display(HTML(self.status_html()), display_id=True)
-        return self
+    def request_stop(self) -> None:
+        """What the stop button does: the next trained batch raises ``KeyboardInterrupt`` inside ``fit``."""
+        if self.running:
+            self.stop_requested = True
+            self.note("stop requested: training ends after the current batch and saves last.pt")
+
+    async def fit(self, model, data, config, **kwargs) -> FitResult:
+        """``yolo9kit.train.fit(model, data, config, **kwargs)`` in a worker thread, drawn live here.
+
+        The cell awaits it (``first = await dash.fit(...)``) so that the stop button works while it trains.
+        The dashboard's callbacks are added to ``config.callbacks`` (callbacks already there are called too)
+        and fit's progress bar is turned off (the dashboard shows the progress).
+
+        Returns:
+            fit's ``FitResult``; ``interrupted=True`` after the stop button, ``interrupt_at`` or
+            Kernel > Interrupt (last.pt is then saved and ``resume`` continues from it).
+        """
+        return await self._wait(self._start(_Job(model, data, config, dict(kwargs), resume=False)))
+
+    async def resume(self) -> FitResult:
+        """Continue the last stopped run from its last.pt (the resume button does the same in the background).
+
+        Waits for the resumed run when the resume button has already started it, and returns its result
+        when it has already finished.
+
+        Raises:
+            RuntimeError: no stopped run to continue (none started here, the last one finished or failed,
+                or the first run is still training).
+        """
+        job = self._job
+        if job is not None and job.resume:  # the resume button's run: wait for it, or return how it finished
+            if not job.done.is_set() or (job.error is None and not job.result.interrupted):
+                return await self._wait(job)
+        return await self._wait(self._start(self._resume_job()))
+
+    def resume_in_background(self) -> None:
+        """The resume button: start the resumed run and return at once (the kernel stays free for stop)."""
+        try:
+            self._start(self._resume_job())
+        except RuntimeError as error:
+            self.note(str(error), warning=True)
+
+    def _resume_job(self) -> _Job:
+        job = self._job
+        if job is None:
+            raise RuntimeError("nothing to resume: start a run with `await dash.fit(model, data, config)` first")
+        if self.running:
+            raise RuntimeError("the run is still training: press stop (or wait for it) before resuming")
+        if job.error is not None or job.result is None:
+            raise RuntimeError(f"the last run failed ({job.error!r}): fix the cause, then resume it with "
+                               "fit(model, data, dataclasses.replace(config, resume='<run folder>'))")
+        if not job.result.interrupted:
+            raise RuntimeError(f"nothing to resume: the last run finished all {job.result.epochs_completed} "
+                               f"epochs ({job.result.save_dir})")
+        config = dataclasses.replace(job.config, resume=str(job.result.last))
+        return _Job(job.model, job.data, config, job.kwargs, resume=True)
+
+    def _start(self, job: _Job) -> _Job:
+        if self.running:
+            raise RuntimeError("a run is already training in this dashboard: press stop or wait for it")
+        self.stop_requested, self._job, self._epochs_total = False, job, job.config.epochs
+        self._resume_pending = job.resume and bool(self.history)
+        context = contextvars.copy_context()  # outputs of the thread go to the cell that started it
+        job.thread = threading.Thread(target=context.run, args=(self._work, job), name="yolo9kit-fit", daemon=True)
+        self._set_buttons()
+        job.thread.start()
+        return job
+
+    def _work(self, job: _Job) -> None:
+        """The worker thread: fit with the dashboard's callbacks, its log records shown here."""
+        from yolo9kit.train import fit
+
+        config = dataclasses.replace(job.config, callbacks=self._merged_callbacks(job.config.callbacks),
+                                     progress_bar=False)
+        logger, handler = logging.getLogger("yolo9kit"), _LogToDashboard(self, threading.get_ident())
+        level = logger.level
+        logger.addHandler(handler)
+        if level == logging.NOTSET or level > logging.INFO:
+            logger.setLevel(logging.INFO)  # show "run folder ...", "resuming ..." in the message line
+        try:
+            job.result = fit(job.model, job.data, config, **job.kwargs)
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting cell, which raises it
+            job.error = error
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        if job.result is not None:
+            self.result = job.result
+        if job.error is not None:
+            self.note(f"training failed: {job.error!r}", warning=True)
+        elif job.result.interrupted:
+            last = self.history[-1] if self.history else None
+            where = f"after batch {last.ni} (epoch {last.epoch})" if last else "before the first batch"
+            self.note(f"stopped {where}; last.pt saved: {job.result.last}. Resume continues from it "
+                      "(the resume button, or `await dash.resume()`).")
+        else:
+            self.note(f"finished: {job.result.epochs_completed} epochs; weights in {job.result.save_dir}/weights")
+        try:
+            self._set_buttons()
+            self.update()
+        finally:
+            job.done.set()  # last: a waiter may let the interpreter exit, which must not find this thread drawing
+
+    async def _wait(self, job: _Job) -> FitResult:
+        """Await the job without blocking the kernel; Kernel > Interrupt (a cancelled cell) stops it cleanly."""
+        while not job.done.is_set():
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                if self.stop_requested:
+                    raise  # a second interrupt: stop waiting (the run still ends at its next batch)
+                self.request_stop()
+                task = asyncio.current_task()
+                if task is not None and hasattr(task, "uncancel"):
+                    task.uncancel()
+        job.thread.join(timeout=10)  # it only returns now; joined so that no thread outlives its run
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _merged_callbacks(self, callbacks) -> dict[str, Any]:
+        """``callbacks`` plus the dashboard's; a different callback under the same name is called first."""
+        merged = dict(callbacks or {})
+        for name, own in self.callbacks.items():
+            other = merged.get(name)
+            merged[name] = own if other is None or other == own else _chain(other, own)
+        return merged
+
+    # -- the panel ---------------------------------------------------------------------------------
+    @property
+    def container(self):
+        """The ipywidgets panel (built on first use); display it, or call ``show()``."""
+        if self._widgets is None:
+            self._widgets = build_widgets(self)
+            self._set_buttons()
+            self.update()
+        return self._widgets["container"]
+
+    @property
+    def controls(self) -> dict[str, Any]:
+        """``stop`` and ``resume``: the buttons (``.click()`` drives them from code)."""
+        _ = self.container  # builds the widgets on first use
+        return {name: self._widgets[name] for name in ("stop", "resume")}
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.container._repr_mimebundle_(**kwargs)
+
+    def show(self) -> None:
+        """Put the panel in the current cell; every place it is shown follows the same run."""
+        from IPython.display import display
+
+        display(self.container)
+
+    def note(self, text: str, warning: bool = False) -> None:
+        """Add a line to the message area (``warning``: in orange, still not an error box)."""
+        self.messages.append(("warning: " if warning else "") + text)
+        if self._widgets is not None:
+            self._widgets["messages"].value = messages_html(self.messages[-MAX_MESSAGES:])
+
+    def _set_buttons(self) -> None:
+        if self._widgets is None:
+            return
+        running = self.running
+        job = self._job
+        self._widgets["stop"].disabled = not running
+        stopped = not running and job is not None and job.result is not None and job.result.interrupted
+        self._widgets["resume"].disabled = running or not stopped
 
     def update(self) -> None:
-        """Redraw the figure from ``history`` and push it to the display handle (if shown)."""
+        """Redraw the plots, the status line and the table from what the callbacks received."""
         self._last_draw = time.monotonic()
-        self.figure = self.draw()
+        self.figure = draw_dashboard(self)
         self.redraws += 1
-        if self._handle is not None:
-            self._handle.update({"image/png": figure_png(self.figure), "text/plain": self.status_text()}, raw=True)
-        else:
-            import matplotlib.pyplot as plt
-
-            plt.close(self.figure)
-        if self._text_handle is not None:
-            from IPython.display import HTML
-
-            self._text_handle.update(HTML(self.status_html()))
+        if self._widgets is not None:
+            show_figure(self._widgets["plot"], self.figure)
+            self._widgets["status"].value = f"<b>{html.escape(self.status_text())}</b>"
+            self._widgets["table"].value = table_html(epoch_table(self))
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
         """(ni, values) of one ``StepRecord`` field in batch order; a batch seen twice (resume) keeps its latest
@@ -104,70 +341,47 @@ class TrainDashboard:
         steps = sorted(k for k, v in points.items() if v is not None)
         return steps, [points[k] for k in steps]
 
-    def draw(self):
-        """A 2x2 figure: losses, learning rates, VRAM, images/s against the batch index (dotted: resumed)."""
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-
-        fig, axes = plt.subplots(2, 2, figsize=(10, 6), constrained_layout=True)
-        ax_loss, ax_lr, ax_mem, ax_speed = axes.flat
-        # The norm weights follow the weights' schedule (both warm up from 0): their line would hide under it.
-        for ax, names, labels in (
-            (ax_loss, ("box_loss", "cls_loss", "dfl_loss"), ("box", "cls", "dfl")),
-            (ax_lr, ("lr_bias", "lr_weight"), ("biases", "weights")),
-        ):
-            for name, label in zip(names, labels):
-                ax.plot(*self.series(name), label=label, ls="--" if name == "lr_bias" else "-")
-            ax.legend(loc="upper right")
-        ax_loss.set_title("loss (running mean over the epoch)")
-        ax_lr.set_title("learning rate")
+    def memory_series(self) -> tuple[str, list[int], list[int]]:
+        """(what, ni, bytes): the peak VRAM of the epoch on CUDA, else the process's resident set size."""
         x, y = self.series("memory_bytes")
-        ax_mem.plot(x, [v / 1024**3 for v in y])
-        if self.history and not x:
-            ax_mem.text(0.5, 0.5, _NO_VRAM, ha="center", va="center", transform=ax_mem.transAxes, color="gray")
-        ax_mem.set_title("peak VRAM in the epoch (GiB)")
-        ax_speed.plot(*self.series("images_per_s"))
-        ax_speed.set_title("images / s")
-        for ax in axes.flat:
-            ax.set_xlabel("batch")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            for ni in self.resumes:
-                ax.axvline(ni, color="gray", ls=":", lw=1)
-        fig.suptitle(f"{self.title}: {self.status_text()}")
-        return fig
+        if x:
+            return "peak VRAM in the epoch", x, y
+        steps = sorted(self.process_memory)
+        return "process memory, resident set", steps, [self.process_memory[k] for k in steps]
 
     def status_text(self) -> str:
         if not self.history:
-            return "no step yet"
+            return "running: waiting for the first batch" if self.running else "no batch trained yet"
         last = self.history[-1]
-        memory = _NO_VRAM if last.memory_bytes is None else f"peak VRAM {format_bytes(last.memory_bytes)}"
-        return f"batch {last.ni}, epoch {last.epoch}, {memory}, {last.images_per_s:.1f} img/s"
+        epochs = f" (epochs 0-{self._epochs_total - 1})" if self._epochs_total else ""
+        what, _, values = self.memory_series()
+        label = "peak VRAM" if what.startswith("peak VRAM") else "process memory"
+        memory = f"{label} {format_bytes(values[-1])}" if values else NO_VRAM
+        state = "training" if self.running else "stopped" if self.result and self.result.interrupted else "idle"
+        return f"{state}: epoch {last.epoch}{epochs}, batch {last.ni}, {last.images_per_s:.1f} img/s, {memory}"
 
     def epoch_table(self):
-        """The finished epochs as a DataFrame of ``EpochRecord`` fields (columns never filled, such as the
-        metrics of a run that was not validated, are left out)."""
-        import pandas as pd
+        """The finished epochs as a compact DataFrame: losses, metrics (when validated), img/s, time, memory."""
+        return epoch_table(self)
 
-        rows = [{name: getattr(r, name) for name in _TABLE_FIELDS} for r in self.epochs]
-        return pd.DataFrame(rows, columns=list(_TABLE_FIELDS)).dropna(axis=1, how="all")
 
-    def status_html(self) -> str:
-        import html
+def _chain(first, second):
+    def both(record):
+        first(record)
+        second(record)
 
-        table = self.epoch_table()
-        body = table.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0) if len(table) else ""
-        return f"<div><b>{html.escape(self.status_text())}</b>{body}</div>"
+    return both
 
 
 def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, interrupt_at: int | None = None,
                     show: bool = True) -> TrainDashboard:
-    """A live dashboard for ``fit``: ``fit(model, data, TrainConfig(callbacks=train_dashboard().callbacks))``.
+    """A live dashboard for ``fit``: ``dash = train_dashboard(); result = await dash.fit(model, data, config)``.
 
     Args:
         title: shown above the plots.
         min_interval_s: redraw at most this often during an epoch (each redraw renders a PNG).
         interrupt_at: stop training at this batch index as the stop button would (see ``TrainDashboard``).
-        show: display it in the current cell now (False in scripts and tests).
+        show: display the panel in the current cell now (False in scripts and tests).
 
     Returns:
         The ``TrainDashboard``; ``.history`` and ``.epochs`` hold the records it drew, ``.figure`` the last figure.
