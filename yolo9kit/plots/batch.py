@@ -8,7 +8,7 @@ import numpy as np
 
 
 def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_images: int = 16, ax=None, fig=None,
-               ncols: int | None = None, tile_inches: float = 3.0):
+               ncols: int | None = None, tile_inches: float = 3.0, title: str | None = None):
     """Draw the images of a loader batch with their boxes.
 
     Args:
@@ -18,6 +18,7 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
         max_images: draw at most this many images.
         ax: a single axes to draw a mosaic of the images into; or ``fig`` to add a grid of axes to.
         ncols: columns of the grid (default: about the square root).
+        title: a title above the grid (laid out with the images, so it never covers them).
 
     Returns:
         The matplotlib Figure.
@@ -65,5 +66,7 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
     else:
         ax.set_xlim(0, ncols * w)
         ax.set_ylim(nrows * h, 0)
-    fig.tight_layout()
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()  # after the title: the grid makes room for it
     return fig

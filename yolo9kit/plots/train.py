@@ -42,8 +42,11 @@ def plot_results(results: Any, fig=None):
     axes[1, 0].set(title="learning rate (end of epoch)", xlabel="epoch")
     axes[1, 1].plot(x, df["images_per_s"], marker=".")
     axes[1, 1].set(title="training images / s", xlabel="epoch")
-    for ax in axes.flat[:3]:
-        if ax.get_legend_handles_labels()[0]:
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes.flat:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        if ax is not axes[1, 1] and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

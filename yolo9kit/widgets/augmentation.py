@@ -73,9 +73,9 @@ def augmentation_viewer(data, *, imgsz: int = 320, batch_size: int = 4, seed: in
             show_error(outputs["batch"], f"cannot load a training batch: {error}")
             return
         names = getattr(loader.dataset, "names", None)
-        fig = show_batch(batch, names=names, max_images=batch_size)
-        fig.suptitle(f"mosaic {used['mosaic']:.2f}, mixup {used['mixup']:.2f}, HSV x{values['hsv']:.1f}, "
-                     f"scale {used['scale']:.2f}, seed {controls['seed'].value}")
+        fig = show_batch(batch, names=names, max_images=batch_size,
+                         title=f"mosaic {used['mosaic']:.2f}, mixup {used['mixup']:.2f}, HSV x{values['hsv']:.1f}, "
+                               f"scale {used['scale']:.2f}, seed {controls['seed'].value}")
         app.figures["batch"], app.state["hyp"], app.state["batch"] = fig, used, batch
         show_figure(outputs["batch"], fig)
         outputs["text"].value = f"{len(batch[1])} boxes in {len(batch[0])} images of {tuple(batch[0].shape[2:])} px"
