@@ -47,12 +47,13 @@ class Prediction:
                              "name": [self.names[int(c)] for c in self.classes]})
 
     def summary(self) -> str:
-        """``640x480 4 persons, 1 bus, `` as the official per-image line (network input size first)."""
-        text = f"{self.input_shape[0]:g}x{self.input_shape[1]:g} "
-        for c in np.unique(self.classes):
-            n = int((self.classes == c).sum())
-            text += f"{n} {self.names[int(c)]}{'s' * (n > 1)}, "
-        return text if len(self) else text + "(no detections), "
+        """``640x480: 4 persons, 1 bus``: the network input size (h x w), then the count of each class found.
+
+        The official per-image line without its trailing comma; ``640x480: (no detections)`` when empty.
+        """
+        counts = [f"{n} {self.names[int(c)]}{'s' * (n > 1)}"
+                  for c, n in zip(*np.unique(self.classes, return_counts=True))]
+        return f"{self.input_shape[0]:g}x{self.input_shape[1]:g}: {', '.join(counts) or '(no detections)'}"
 
     def label_lines(self, save_conf: bool = False) -> list[str]:
         """YOLO label lines ``cls cx cy w h [conf]`` normalised by the original size, printed with %g."""
