@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--train", type=int, default=768, help="training images generated at --imgsz")
     p.add_argument("--train-small", type=int, default=256, help=f"training images generated at {SMALL_SIDE} px")
     p.add_argument("--val", type=int, default=128, help="validation images (each size)")
-    p.add_argument("--epochs", type=int, default=40)
+    p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--device", default="cpu", help="cpu (the measured run), cuda, ...")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (1: steadier on a busy machine; the measured run used 1)")
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     trained = load_checkpoint(best)  # the EMA weights
     out = _save_half(trained, Path(args.out), {"imgsz": args.imgsz, "epochs": result.epochs_completed,
                                                "train_images": [args.train, args.train_small],
-                                               "command": " ".join(["python", *sys.argv])})
+                                               "command": _command(sys.argv)})
     scores = _score(out, data, val_small, args)
     _save_half(load_checkpoint(out), out, {**_extras(out), "map50": scores})
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
@@ -115,6 +115,18 @@ def _data(work: Path, args: argparse.Namespace) -> tuple[dict, dict]:
     val_small = {"path": str(work), "train": str(small_val / "images/val"), "val": str(small_val / "images/val"),
                  "names": names}
     return data, val_small
+
+
+def _command(argv: list[str]) -> str:
+    """The command line as run, without ``--work``: a scratch folder of one machine, not part of the recipe."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("--work="):
+            skip = False
+            continue
+        skip = arg == "--work"
+        kept += [] if skip else [arg]
+    return " ".join(["python", *kept])
 
 
 def _save_half(model, path: Path, extras: dict) -> Path:
