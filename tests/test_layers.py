@@ -31,8 +31,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("models and data", ["yolo9kit.models", "yolo9kit.data", "yolo9kit.metrics", "yolo9kit.ops",
                          "yolo9kit.assigner"]),
     # what training and inference produce and store, and the figures of those result types
-    ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.detections",
-                                    "yolo9kit.plots.metrics", "yolo9kit.plots.batch"]),
+    # (and the weights that ship with the kit, loaded through the checkpoint module)
+    ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.pretrained",
+                                    "yolo9kit.detections", "yolo9kit.plots.metrics", "yolo9kit.plots.batch"]),
     # validation of a model on a dataset
     ("evaluation", ["yolo9kit.validate"]),
     # one training step: micro-steps, the optimizer step, its optimizer groups and schedules, the EMA

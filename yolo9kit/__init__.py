@@ -38,12 +38,13 @@ _EXPORTS: dict[str, str] = {
     "predict": "yolo9kit.prediction",
     "evaluate": "yolo9kit.validate",
     "compare_heads": "yolo9kit.validate",
+    "shapes_model": "yolo9kit.pretrained",
 }
 
 # sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
 _SUBMODULES = {
     "assigner", "boxes", "checkpoint", "cli", "coco", "config", "data", "env", "loss", "memory", "metrics", "models",
-    "ops", "plots", "prediction", "train", "validate", "widgets",
+    "ops", "plots", "prediction", "pretrained", "train", "validate", "widgets",
 }
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
@@ -81,5 +82,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         to_deploy,
     )
     from yolo9kit.prediction import predict
+    from yolo9kit.pretrained import shapes_model
     from yolo9kit.train import fit
     from yolo9kit.validate import compare_heads, evaluate

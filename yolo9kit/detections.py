@@ -47,12 +47,13 @@ class Prediction:
                              "name": [self.names[int(c)] for c in self.classes]})
 
     def summary(self) -> str:
-        """``640x480 4 persons, 1 bus, `` as the official per-image line (network input size first)."""
-        text = f"{self.input_shape[0]:g}x{self.input_shape[1]:g} "
-        for c in np.unique(self.classes):
-            n = int((self.classes == c).sum())
-            text += f"{n} {self.names[int(c)]}{'s' * (n > 1)}, "
-        return text if len(self) else text + "(no detections), "
+        """``640x480: 4 persons, 1 bus``: the network input size (h x w), then the count of each class found.
+
+        The official per-image line without its trailing comma; ``640x480: (no detections)`` when empty.
+        """
+        counts = [f"{n} {self.names[c]}{'s' * (n > 1)}"
+                  for c, n in zip(*(a.tolist() for a in np.unique(self.classes, return_counts=True)))]
+        return f"{self.input_shape[0]:g}x{self.input_shape[1]:g}: {', '.join(counts) or '(no detections)'}"
 
     def label_lines(self, save_conf: bool = False) -> list[str]:
         """YOLO label lines ``cls cx cy w h [conf]`` normalised by the original size, printed with %g."""
@@ -102,7 +103,7 @@ class Prediction:
 
         if ax is None:
             h0, w0 = self.orig_shape
-            ax = new_figure((8, 8 * h0 / max(w0, 1))).add_subplot()
+            ax = new_figure((6, 6 * h0 / max(w0, 1))).add_subplot()
         fig = ax.figure
         ax.imshow(self._bgr()[..., ::-1])
         for (x1, y1, x2, y2), conf, cls in zip(self.boxes.tolist(), self.scores, self.classes):
@@ -111,7 +112,7 @@ class Prediction:
             ax.text(x1, y1, f"{self.names[int(cls)]} {conf:.2f}", color="white", fontsize=8, va="bottom",
                     bbox=dict(facecolor=color, edgecolor="none", pad=1))
         ax.set_axis_off()
-        ax.set_title(Path(self.path).name if self.path else "image")
+        ax.set_title(f"{Path(self.path).name if self.path else 'image'}, input {self.summary()}", fontsize=10)
         return fig
 
     def save(self, path: str | Path, line_width: int | None = None) -> Path:

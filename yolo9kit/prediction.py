@@ -199,7 +199,8 @@ def _run_batch(model, forward, pending: list, device: torch.device, half: bool, 
         result = Prediction(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), list(model.names),
                             tuple(image.shape[:2]), tuple(x.shape[2:]), path, speed,
                             image if path is None else None)
-        LOGGER.debug("image %d %s: %s%.1fms", index + 1, path or "array", result.summary(), speed["inference_ms"])
+        if LOGGER.isEnabledFor(logging.DEBUG):
+            LOGGER.debug("image %d %s: %s, %.1fms", index + 1, path or "array", result.summary(), speed["inference_ms"])
         out.append((result, speed))
     return out
 

@@ -112,21 +112,29 @@ def _save_batch_picture(data_yaml: Path, out: Path, imgsz: int) -> None:
     print(f"an augmented training batch: {out / 'train_batch.png'}")
 
 
-def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
-    """A CPU-friendly recipe: small images, one optimizer step per batch (nominal batch = batch), AdamW,
-    short warmup, mosaic closed for the last epochs. On a GPU the same recipe runs in seconds."""
+def recipe(epochs: int, imgsz: int, device: str | None, project: Path, validate: bool = True):
+    """The demo's CPU-friendly training recipe as a ``TrainConfig`` (also used to make the shipped shapes model).
+
+    Small images, one optimizer step per batch (nominal batch = batch: 4x more updates per image than the
+    official 64, which a short from-scratch run needs), AdamW (learns several times faster than the official
+    SGD in a run this short, see docs/benchmarks.md), a one-epoch warmup, mosaic on half the images and
+    closed for the last epochs. On a GPU the same recipe runs in seconds.
+    """
     from yolo9kit.config import TrainConfig
+
+    return TrainConfig(
+        epochs=epochs, batch_size=16, nominal_batch_size=16, imgsz=imgsz, device=device, workers=0,
+        optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0, close_mosaic=min(5, epochs),
+        hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5, "mosaic": 0.5},
+        val=validate, project=str(project), name="train", exist_ok=True)
+
+
+def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
+    from yolo9kit.data import load_data_config
     from yolo9kit.models import create_model
     from yolo9kit.train import fit
 
-    epochs = args.epochs or (2 if args.quick else 30)
-    config = TrainConfig(
-        epochs=epochs, batch_size=16, nominal_batch_size=16, imgsz=args.imgsz, device=args.device, workers=0,
-        optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0, close_mosaic=min(5, epochs),
-        hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5, "mosaic": 0.5},
-        val=not args.quick, project=str(out), name="train", exist_ok=True)
-    from yolo9kit.data import load_data_config
-
+    config = recipe(args.epochs or (2 if args.quick else 30), args.imgsz, args.device, out, validate=not args.quick)
     model = create_model(args.model, names=load_data_config(data_yaml).names)
     result = fit(model, data_yaml, config)
     print(f"trained {result.epochs_completed} epochs; weights in {result.save_dir}")

@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
                       batch_size=args.batch_size)
     total = len(results) + len(results.skipped)
     for i, result in enumerate(results, 1):
-        print(f"image {i}/{total} {result.path or 'array'}: {result.summary()}{result.speed['inference_ms']:.1f}ms")
+        print(f"image {i}/{total} {result.path or 'array'}: {_official_counts(result)}"
+              f"{result.speed['inference_ms']:.1f}ms")
     for source, reason in results.skipped:
         print(f"skipped {source}: {reason}")
     print(results.speed_line())
@@ -81,3 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if args.save_txt:
         print(f"{len(list((save_dir / 'labels').glob('*.txt')))} labels saved to {save_dir / 'labels'}")
     return 0 if len(results) else 1
+
+
+def _official_counts(result) -> str:
+    """``640x480 4 persons, 1 bus, `` as detect_dual.py prints it (``Prediction.summary`` is the readable form)."""
+    text, _, counts = result.summary().partition(": ")
+    counts = "" if counts == "(no detections)" else counts
+    return f"{text} {counts}, " if counts else f"{text} (no detections), "

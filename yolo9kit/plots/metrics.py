@@ -69,11 +69,17 @@ def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
     """Precision-recall curve at IoU 0.5 per class and their mean, with mAP@0.5 in the legend.
 
     Args:
-        ap_result: :class:`yolo9kit.metrics.APResult`.
+        ap_result: :class:`yolo9kit.metrics.APResult`; None (a validation without any true positive) draws
+            the empty axes with that said in the middle, so the figure a notebook promises is always there.
         names: names of ``ap_result.classes`` in order (or of every class, indexed by class id).
         ax: axes to draw on.
     """
     fig, ax = _axes(ax, (9, 6))
+    if ap_result is None:
+        ax.text(0.5, 0.5, "no true positive at any confidence:\nno precision-recall curve (mAP 0)",
+                ha="center", va="center", transform=ax.transAxes)
+        _finish(ax, "Recall", "Precision", "Precision-Recall Curve")
+        return fig
     px, curves, ap = ap_result.px, ap_result.pr_curve, ap_result.ap
     labels = _class_labels(ap_result, names)
     if 0 < len(curves) <= _MAX_LEGEND_CLASSES:
@@ -116,10 +122,14 @@ def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), 
 
 
 def plot_validation(confusion, ap_result, names: Sequence[str] = ()) -> dict:
-    """The five official validation plots as a dict of figures keyed by their official file names."""
-    figures = {"confusion_matrix.png": plot_confusion_matrix(confusion, names)}
+    """The five official validation plots as a dict of figures keyed by their official file names.
+
+    Without any true positive (``ap_result`` None) the confusion matrix and an empty PR curve saying so; the
+    F1, P and R curves are left out (there is nothing to draw against confidence).
+    """
+    figures = {"confusion_matrix.png": plot_confusion_matrix(confusion, names),
+               "PR_curve.png": plot_pr_curve(ap_result, names)}
     if ap_result is not None:
-        figures["PR_curve.png"] = plot_pr_curve(ap_result, names)
         for metric, stem in (("f1", "F1"), ("p", "P"), ("r", "R")):
             figures[f"{stem}_curve.png"] = plot_metric_curve(ap_result, metric, names)
     return figures

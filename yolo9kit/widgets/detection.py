@@ -17,6 +17,8 @@ from yolo9kit.widgets._common import WidgetApp, html_table, show_error, show_fig
 # Predictions below this confidence are never shown; caching at this floor lets the confidence slider
 # work without running the model again.
 CONF_FLOOR = 0.001
+# The picture's width, inches: it sits beside the detections table in one row of a notebook.
+FIGURE_WIDTH_IN = 5.0
 
 
 def _image_list(source: str | Path | Sequence[Any]) -> list[Any]:
@@ -62,13 +64,16 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
 
     from yolo9kit.checkpoint import load_model
     from yolo9kit.config import NMSConfig
+    from yolo9kit.figure import new_figure
     from yolo9kit.prediction import predict
 
     model = load_model(model)
     images = _image_list(source)
     controls: dict[str, Any] = {
         "image": w.IntSlider(value=0, min=0, max=len(images) - 1, description="image", continuous_update=False),
-        "conf": w.FloatSlider(value=conf, min=CONF_FLOOR, max=1.0, step=0.01, description="confidence",
+        # min 0, not CONF_FLOOR: on a 0.01 grid from 0 every two-decimal value (0.25) is a stop, so the
+        # browser does not snap the starting value to 0.251 and disagree with the caller's conf
+        "conf": w.FloatSlider(value=conf, min=0.0, max=1.0, step=0.01, description="confidence",
                               continuous_update=False, readout_format=".2f"),
         "iou": w.FloatSlider(value=iou, min=0.05, max=0.95, step=0.05, description="NMS IoU",
                              continuous_update=False, readout_format=".2f"),
@@ -89,9 +94,11 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
             show_error(outputs["image"], f"cannot predict on image {index}: {error}")
             return
         shown = filter_confidence(cache[key], controls["conf"].value)
-        fig = shown.plot()
-        fig.axes[0].set_title(f"{_name(images[index], index)}: {len(shown)} boxes "
-                              f"(conf >= {controls['conf'].value:.2f}, IoU {key[1]:.2f}, {chosen_head} head)")
+        h0, w0 = shown.orig_shape
+        fig = shown.plot(new_figure((FIGURE_WIDTH_IN, FIGURE_WIDTH_IN * h0 / max(w0, 1))).add_subplot())
+        fig.axes[0].set_title(f"{_name(images[index], index)}: {len(shown)} boxes\n"
+                              f"(conf >= {controls['conf'].value:.2f}, IoU {key[1]:.2f}, {chosen_head} head)",
+                              fontsize=10)
         app.figures["image"], app.state["prediction"] = fig, shown
         show_figure(outputs["image"], fig)
         frame = shown.to_frame().round(1)
