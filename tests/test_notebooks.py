@@ -59,6 +59,9 @@ def test_notebook_is_committed_clean_and_follows_the_layout(path):
     assert len(tagged) == 1, f"{path.name}: expected exactly one cell tagged 'parameters'"
     assert "SMOKE" in tagged[0].source, f"{path.name}: the parameters cell must define the SMOKE setting"
     assert "assert " in code[-1].source, f"{path.name}: the last cell must assert what the notebook showed"
+    intro = nb.cells[0].source if nb.cells[0].cell_type == "markdown" else ""
+    assert "**Run time**" in intro and "Smoke mode" in intro, (
+        f"{path.name}: the first (markdown) cell must state the measured run time in default and smoke mode")
 
 
 @pytest.mark.slow
