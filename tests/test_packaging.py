@@ -3,10 +3,14 @@ README's test command."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import tomllib
 import yaml
 from conftest import REPO
@@ -63,3 +67,48 @@ def test_lab_saves_widget_state():
     assert overrides["@jupyter-widgets/jupyterlab-manager:plugin"]["saveState"] is True
     makefile = (REPO / "Makefile").read_text()
     assert "notebooks/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json" in makefile
+
+
+@pytest.mark.slow
+def test_installs_from_a_built_wheel_with_its_data_files(tmp_path):
+    """A wheel (not the editable checkout) carries the layer tables, the calibration and the shipped model;
+    `python -m yolo9kit checks` and notebook 00 (smoke mode) run from that install alone."""
+    import zipfile
+
+    src = tmp_path / "src"  # build from a copy, so the checkout gets no build/ or egg-info of the wheel's
+    shutil.copytree(REPO / "yolo9kit", src / "yolo9kit", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = next((tmp_path / "dist").glob("yolo9kit-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for folder, suffix in (("models/cfg/", ".yaml"), ("memory_calibration/", ".json"), ("pretrained/", ".pt")):
+        assert any(n.startswith(f"yolo9kit/{folder}") and n.endswith(suffix) for n in names), (
+            f"{wheel.name} has no yolo9kit/{folder}*{suffix}")
+
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                                str(wheel)], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    # The wheel's folder first on the path: it shadows the editable install of the checkout.
+    env = {**os.environ, "PYTHONPATH": str(site), "YOLO9KIT_SMOKE": "1", "MPLBACKEND": "Agg"}
+    run_dir = tmp_path / "elsewhere"
+    run_dir.mkdir()
+    where = subprocess.run([sys.executable, "-c", "import yolo9kit; print(yolo9kit.__file__)"], cwd=run_dir,
+                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).is_relative_to(site), f"imported {where}, not the wheel's install in {site}"
+    checks = subprocess.run([sys.executable, "-m", "yolo9kit", "checks"], cwd=run_dir, env=env,
+                            capture_output=True, text=True)
+    assert f"package data ({site / 'yolo9kit'})" in checks.stdout, checks.stdout + checks.stderr
+    assert "PROBLEM: no " not in checks.stdout, checks.stdout
+
+    notebook = run_dir / "00_tour.ipynb"
+    shutil.copy(REPO / "notebooks" / "00_tour.ipynb", notebook)
+    ran = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                          "--ExecutePreprocessor.timeout=600", "--output", "ran.ipynb", str(notebook)],
+                         cwd=run_dir, env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    text = (run_dir / "ran.ipynb").read_text()
+    assert str(site / "yolo9kit") in text, "the notebook's checks() cell did not report the wheel's install"

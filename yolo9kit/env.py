@@ -9,6 +9,15 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
+
+# The data files a wheel must carry: (folder inside the package, pattern, what needs them). A missing
+# folder means an install that dropped its package data (for example a wheel built without it).
+PACKAGE_DATA = (
+    ("models/cfg", "*.yaml", "the model layer tables (build_model)"),
+    ("memory_calibration", "*.json", "the memory calibration (memory.estimate)"),
+    ("pretrained", "*.pt", "the shipped shapes model (shapes_model)"),
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,8 @@ class EnvReport:
     ram_available_bytes: int | None = None
     packages: dict[str, str | None] = field(default_factory=dict)
     widgets_extension: str = "unknown"  # "enabled", "disabled", "not installed", "unknown"
+    package_data: dict[str, int] = field(default_factory=dict)  # folder -> number of data files found
+    location: str = ""  # where the package was imported from (an editable checkout or site-packages)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -53,6 +64,8 @@ class EnvReport:
         lines.append(f"CPU cores: {self.cpu_cores}  RAM: {ram} total, {free} available")
         lines.append("packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()))
         lines.append(f"JupyterLab widget extension: {self.widgets_extension}")
+        lines.append(f"package data ({self.location}): "
+                     + ", ".join(f"{k} {v} file(s)" for k, v in self.package_data.items()))
         lines.extend(f"PROBLEM: {p}" for p in self.problems)
         return "\n".join(lines)
 
@@ -65,6 +78,18 @@ def _version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _package_data(problems: list[str]) -> dict[str, int]:
+    """Count the installed data files of each ``PACKAGE_DATA`` folder; a missing kind is a problem."""
+    root = Path(__file__).resolve().parent
+    found: dict[str, int] = {}
+    for folder, pattern, used_by in PACKAGE_DATA:
+        found[folder] = len(list((root / folder).glob(pattern)))
+        if not found[folder]:
+            problems.append(f"no {pattern} files in {root / folder}: {used_by} will fail; "
+                            "reinstall yolo9kit from a wheel or checkout that includes its package data")
+    return found
 
 
 def _memory() -> tuple[int | None, int | None]:
@@ -134,6 +159,7 @@ def checks(verbose: bool = True, widgets: bool = True) -> EnvReport:
             f"JupyterLab widget extension is {state}: sliders will show as text. "
             "Install `jupyterlab_widgets` (it is in the `notebooks` extra) and restart JupyterLab"
         )
+    package_data = _package_data(problems)
     total, available = _memory()
     report = EnvReport(
         python=platform.python_version(),
@@ -150,6 +176,8 @@ def checks(verbose: bool = True, widgets: bool = True) -> EnvReport:
         packages={name: _version(name) for name in
                   ("numpy", "opencv-python-headless", "pandas", "matplotlib", "jupyterlab", "ipywidgets")},
         widgets_extension=state,
+        package_data=package_data,
+        location=str(Path(__file__).resolve().parent),
         problems=problems,
     )
     if verbose:

@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("checks", help="versions, CUDA, GPUs, CPU, RAM, JupyterLab widgets")
+    p = subparsers.add_parser("checks", help="versions, CUDA, GPUs, CPU, RAM, JupyterLab widgets, package data")
     p.set_defaults(func=run)
 
 
