@@ -138,9 +138,9 @@ def _save_half(model, path: Path, extras: dict) -> Path:
 
 
 def _extras(path: Path) -> dict:
-    from yolo9kit.checkpoint import read_checkpoint
+    from yolo9kit.checkpoint import RESERVED_KEYS, read_checkpoint
 
-    return {k: v for k, v in read_checkpoint(path).items() if k not in ("format", "version", "model", "model_config")}
+    return {k: v for k, v in read_checkpoint(path).items() if k not in RESERVED_KEYS}
 
 
 def _score(path: Path, data: dict, val_small: dict, args: argparse.Namespace) -> dict[str, float]:

@@ -41,7 +41,7 @@ LOGGER = logging.getLogger(__name__)
 
 FORMAT = "yolo9kit"
 VERSION = 1
-_RESERVED = {"format", "version", "model", "model_config", "checksum"}
+RESERVED_KEYS = frozenset({"format", "version", "model", "model_config", "checksum"})  # written by save_checkpoint
 _CHECKSUMMED = ("model", "ema")  # the weights; the optimizer state is not what a damaged file would mislead with
 # What a torch.save zip adds to the tensor bytes: a header and a directory entry per tensor (~200 B), the
 # pickled structure, and the plain entries (results rows, random states): 1 MiB covers a long run's rows.
@@ -89,7 +89,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra: Any) -> P
         path: destination file; its folder is created.
         model: the model whose state_dict and config are stored.
         **extra: further plain entries, e.g. ``ema=ema_model.state_dict()``, ``optimizer=opt.state_dict()``,
-            ``epoch=3``. Keys format/version/model/model_config are reserved.
+            ``epoch=3``. The keys in ``RESERVED_KEYS`` (format, version, model, model_config, checksum) are reserved.
 
     Returns:
         The path written.
@@ -98,7 +98,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra: Any) -> P
         DiskFullError: the folder has less free space than the checkpoint needs (checked before writing,
             and reported the same way when the disk fills during the write); the old file is intact.
     """
-    clash = _RESERVED & extra.keys()
+    clash = RESERVED_KEYS & extra.keys()
     if clash:
         raise ValueError(f"save_checkpoint: {sorted(clash)} are reserved keys")
     path = Path(path)
