@@ -1,7 +1,7 @@
 """Freezing layers for fine-tuning, as the official ``train_dual.py --freeze``.
 
-The official flag takes one number N (the first N layers: ``--freeze 10`` is the backbone of the yolov9-c/e
-yamls, whose ``backbone:`` section has 10 rows) or several layer indices (``--freeze 0 1 2``), and sets
+The official flag takes one number N (the first N layers: ``--freeze 10`` is the backbone of the yolov9-c
+yaml, whose ``backbone:`` section has 10 rows) or several layer indices (``--freeze 0 1 2``), and sets
 ``requires_grad = False`` on every parameter whose name contains ``model.{i}.``; for a DetectionModel's names
 (``model.<i>.<rest>``) that is the parameters of layer ``i``. Its default, ``[0]``, freezes nothing. It never
 sets ``requires_grad`` back to True, so the DFL head's fixed convolution (built with ``requires_grad=False``)
@@ -73,13 +73,13 @@ def freeze_layers(model: nn.Module, freeze: Freeze) -> list[str]:
     if not indices:
         return []
     prefixes = tuple(f"model.{i}." for i in indices)
-    names = []
+    names, values = [], 0
     for name, p in model.named_parameters():
         if name.startswith(prefixes):
             p.requires_grad_(False)
             names.append(name)
-    LOGGER.info("freezing layers %s: %d parameter tensors, %d values", _ranges(indices), len(names),
-                sum(p.numel() for n_, p in model.named_parameters() if n_ in set(names)))
+            values += p.numel()
+    LOGGER.info("freezing layers %s: %d parameter tensors, %d values", _ranges(indices), len(names), values)
     return names
 
 
