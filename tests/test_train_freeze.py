@@ -197,3 +197,55 @@ def test_fine_tuning_a_checkpoint_with_the_backbone_frozen(tmp_path):
     assert result.results[-1]["metrics/mAP50"] is not None  # the last epoch was validated
     r = evaluate(result.best or result.last, data, imgsz=64, batch_size=2, device="cpu", workers=0)
     assert 0.0 <= r.map50 <= 1.0
+
+
+class _Layered(torch.nn.Module):
+    """Conv -> SiLU -> conv in ``self.model`` (the layer list freezing reads), no BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv2d(8, 4, 1))
+        self.nc, self.names, self.yaml = 1, ["thing"], {"toy": True}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+def _ddp_worker(rank, init_file, project, out_file):
+    import torch.distributed as dist
+    from train_toys import make_batches, rebatch, toy_loss
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        batches = [rebatch([(im, tg, None, None)], 2)[rank] for im, tg, *_ in make_batches(3, 4)]
+        config = TrainConfig(epochs=2, batch_size=4, accumulate_steps=1, amp="off", device="cpu", warmup_epochs=0.0,
+                             warmup_min_steps=0, lr0=0.05, freeze=1, project=str(project), progress_bar=False)
+        result = fit(_Layered(), None, config, loss_fn=toy_loss, train_loader=batches)
+        gathered = [None] * 2
+        dist.all_gather_object(gathered, {k: v.detach().clone() for k, v in result.model.state_dict().items()})
+        if rank == 0:
+            torch.save({"ranks": gathered, "steps": result.optimizer_steps}, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_trains_with_frozen_layers(tmp_path):
+    """fit freezes before wrapping the model in DDP: DDP's reducer then expects no gradient for the frozen layer
+    (frozen after wrapping, the second step fails waiting for it). Both ranks keep it as it was."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    out_file = tmp_path / "ddp.pt"
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), tmp_path / "runs", str(out_file)), nprocs=2, join=True)
+    out = torch.load(out_file, weights_only=False)
+    torch.manual_seed(0)
+    start = _Layered().state_dict()
+    assert out["steps"] == 6
+    for k, v in start.items():
+        assert torch.equal(out["ranks"][0][k], out["ranks"][1][k]), k
+        assert torch.equal(out["ranks"][0][k], v) == k.startswith("model.0."), k
