@@ -38,6 +38,39 @@ def activation_checkpointing(text: str | None) -> str | list[int] | None:
             f"{text!r}: expected none, all, backbone or comma-separated layer indices (e.g. 1,2,3)") from None
 
 
+def freeze_token(text: str) -> int | str:
+    """One word of ``--freeze``: ``backbone``, ``none`` or a layer number >= 0."""
+    if text.lower() in ("backbone", "none"):
+        return text.lower()
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected backbone, a number of first layers (10), or layer "
+                                         "indices (0 1 2)")
+    return value
+
+
+def freeze(tokens: list[int | str] | None) -> int | str | list[int] | None:
+    """``--freeze`` words -> ``TrainConfig.freeze``, as the official flag: one number N is the first N layers,
+    several are layer indices; ``backbone`` the model yaml's backbone rows; ``none`` (or 0) nothing."""
+    if not tokens or tokens == ["none"]:
+        return None
+    if tokens == ["backbone"]:
+        return "backbone"
+    if any(isinstance(t, str) for t in tokens):
+        raise SystemExit(f"--freeze {' '.join(map(str, tokens))}: backbone and none stand alone; give one of them, "
+                         "a number of first layers, or layer indices")
+    return tokens[0] if len(tokens) == 1 else list(tokens)
+
+
+def add_freeze_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--freeze", nargs="+", type=freeze_token, default=None, metavar="LAYERS",
+                   help="layers that do not train (fine-tuning): N for the first N layers (official: 10 is the "
+                        "yolov9-c backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)")
+
+
 def add_step_flags(p: argparse.ArgumentParser, *, several: bool = False) -> None:
     """The step's image size, AMP, activation checkpointing and speed switches (StepConfig/TrainConfig)."""
     nargs = "+" if several else None
@@ -50,6 +83,7 @@ def add_step_flags(p: argparse.ArgumentParser, *, several: bool = False) -> None
     p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
                    help="recompute layers in backward: none, backbone, all, or layer indices 1,2,3")
     renamed(p, "--checkpoint", "--activation-checkpointing", "activation_checkpointing", type=activation_checkpointing)
+    add_freeze_flag(p)
     for name, what in (("channels-last", "NHWC weights and inputs"),
                        ("lean-activations", "BatchNorm+SiLU keep one activation for backward")):
         p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from yolo9kit.cli.flags import add_step_flags, non_negative_int, positive_int, renamed, share_below_one
+from yolo9kit.cli.flags import add_step_flags, freeze, non_negative_int, positive_int, renamed, share_below_one
 
 _COLUMNS = ["setting", "batch_size", "method", "peak_allocated_gib", "peak_reserved_gib", "device_gib", "fits",
             "images_per_s"]
@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}")
         return 2
     steps = [StepConfig(args.model, imgsz=args.imgsz, amp=amp, activation_checkpointing=args.activation_checkpointing,
-                        channels_last=args.channels_last, lean_activations=args.lean_activations,
-                        num_targets=args.num_targets) for amp in args.amp]
+                        freeze=freeze(args.freeze), channels_last=args.channels_last,
+                        lean_activations=args.lean_activations, num_targets=args.num_targets) for amp in args.amp]
     df = sweep(steps, args.batch_size, gpu=gpu, method=args.method)
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.2f}".format):
         print(df[[c for c in _COLUMNS if c in df.columns]].to_string(index=False))

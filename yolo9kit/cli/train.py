@@ -3,6 +3,7 @@
     python -m yolo9kit train --data data.yaml --model yolov9-s --batch-size 16 --epochs 100 --imgsz 640
     python -m yolo9kit train --data data.yaml --model yolov9-c --batch-size auto   # sized from the estimate
     python -m yolo9kit train --data data.yaml --model yolov9-c --weights yolov9-c.pt --batch-size 8
+    python -m yolo9kit train --data data.yaml --model yolov9-c.pt --freeze backbone --rect   # fine-tune
     python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt
     torchrun --nproc_per_node 2 -m yolo9kit train --data data.yaml --model yolov9-s --batch-size 64 --sync-bn
 """
@@ -16,8 +17,10 @@ from pathlib import Path
 
 from yolo9kit.cli.flags import (
     activation_checkpointing,
+    add_freeze_flag,
     cache_mode,
     device,
+    freeze,
     non_negative_int,
     positive_int,
     renamed,
@@ -37,16 +40,20 @@ _HYP_IGNORED = {"obj", "obj_pw", "iou_t", "anchor_t", "fl_gamma", "label_smoothi
 # The defaults of the flags a resume checks: None in the parser means "not given", so that a flag given on
 # resume is seen even when its value equals the default.
 DEFAULTS = {"model": "yolov9-t", "batch_size": 16, "margin": 0.10, "epochs": 100, "imgsz": 640, "close_mosaic": 0,
-            "amp": "auto", "optimizer": "SGD", "seed": 0, "name": "exp", "patience": 100}
+            "amp": "auto", "optimizer": "SGD", "seed": 0, "name": "exp", "patience": 100, "min_items": 0,
+            "label_smoothing": 0.0, "save_period": -1}
 # Flags a resumed run takes: how long it trains, when it stops early, where and how fast it runs.
-RESUME_CHANGES = ("epochs", "patience", "device", "workers", "cache", "compile", "activation_checkpointing")
+RESUME_CHANGES = ("epochs", "patience", "device", "workers", "cache", "compile", "activation_checkpointing",
+                  "save_period")
 # Flags that fix the run's model, data order, schedule or folder: refused on resume when they differ from it.
 RESUME_FIXED = {"model": "--model", "weights": "--weights", "batch_size": "--batch-size", "gpu": "--gpu",
                 "margin": "--margin", "accumulate_steps": "--accumulate-steps",
                 "micro_batch_size": "--micro-batch-size",
                 "imgsz": "--imgsz", "hyp": "--hyp", "close_mosaic": "--close-mosaic", "amp": "--amp",
                 "optimizer": "--optimizer", "schedule": "--cos-lr/--flat-cos-lr/--fixed-lr", "seed": "--seed",
-                "name": "--name", "exist_ok": "--exist-ok", "sync_bn": "--sync-bn"}
+                "name": "--name", "exist_ok": "--exist-ok", "sync_bn": "--sync-bn", "freeze": "--freeze",
+                "rect": "--rect", "multi_scale": "--multi-scale", "single_cls": "--single-cls",
+                "min_items": "--min-items", "label_smoothing": "--label-smoothing"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -76,6 +83,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="image size, a multiple of 32 (default 640)")
     p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
                    help="recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3")
+    add_freeze_flag(p)
+    p.add_argument("--rect", action="store_true",
+                   help="rectangular training batches (images sorted by aspect ratio; no mosaic, no shuffling)")
+    p.add_argument("--multi-scale", action="store_true",
+                   help="resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz")
+    p.add_argument("--single-cls", action="store_true", help="train multi-class data as one class")
+    p.add_argument("--min-items", type=non_negative_int, default=None,
+                   help="drop training images with fewer labelled boxes (default 0)")
+    p.add_argument("--label-smoothing", type=_epsilon, default=None,
+                   help="official flag, accepted for official commands: the official dual loss never applies it "
+                        "(default 0.0)")
+    p.add_argument("--save-period", type=int, default=None,
+                   help="also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; default -1: off)")
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
     p.add_argument("--close-mosaic", type=non_negative_int, default=None,
                    help="mosaic off for the last N epochs (default 0)")
@@ -127,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         data = args.data
         seed_everything(config.seed)  # the initial weights follow --seed (official: init_seeds before the model)
-        model = model_for_data(_value(args, "model"), data, args.weights or "")
+        model = model_for_data(_value(args, "model"), data, args.weights or "", single_cls=config.single_cls)
     result = fit(model, data, config)
     main = ddp.current().is_main
     if main and result.auto_batch is not None:
@@ -161,6 +181,16 @@ def _batch_size(text: str) -> int | str:
     return value
 
 
+def _epsilon(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an epsilon in [0, 1) (e.g. 0.1)")
+    return value
+
+
 def config_from_args(args: argparse.Namespace):
     """TrainConfig from the flags (and the --hyp yaml)."""
     from yolo9kit.config import TrainConfig
@@ -174,7 +204,9 @@ def config_from_args(args: argparse.Namespace):
         schedule=_schedule(args) or "linear", close_mosaic=v("close_mosaic"), hyp=augment or None, loss=loss,
         cache=args.cache, workers=args.workers, seed=v("seed"), device=args.device, val=not args.noval,
         project=args.project, name=v("name"), exist_ok=args.exist_ok, sync_bn=args.sync_bn, patience=v("patience"),
-        compile=args.compile, allow_bad_labels=args.allow_bad_labels, **(_PLAIN if args.plain_step else {}),
+        compile=args.compile, allow_bad_labels=args.allow_bad_labels, freeze=freeze(args.freeze), rect=args.rect,
+        multi_scale=args.multi_scale, single_cls=args.single_cls, min_items=v("min_items"),
+        label_smoothing=v("label_smoothing"), save_period=v("save_period"), **(_PLAIN if args.plain_step else {}),
         **train_keys)
 
 
@@ -250,6 +282,8 @@ def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict
     given = {k: getattr(args, k) for k in RESUME_FIXED if k != "schedule" and _given(getattr(args, k))}
     if _schedule(args):
         given["schedule"] = _schedule(args)
+    if "freeze" in given:  # the words as TrainConfig stores them (a list of indices, as in the checkpoint)
+        given["freeze"] = freeze(given["freeze"])
     runs = {**saved, "model": model_config.get("name")}
     refused = []
     for key, value in given.items():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo9kit.config.train import AMP_MODES, OPTIMIZERS, TrainConfig, check_activation_checkpointing
+from yolo9kit.config.train import AMP_MODES, OPTIMIZERS, TrainConfig, check_activation_checkpointing, check_freeze
 
 # The speed switches that ``None`` turns on for CUDA and off for the CPU (TrainConfig and StepConfig alike).
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
@@ -49,6 +49,9 @@ class StepConfig:
     imgsz: int = 640
     amp: str = "auto"
     activation_checkpointing: str | tuple[int, ...] | None = None
+    # Frozen layers (TrainConfig.freeze): their parameters get no gradient, no optimizer state, no EMA update,
+    # and autograd keeps no activation that only their gradients would need.
+    freeze: int | str | tuple[int, ...] | None = None
     channels_last: bool | None = None
     lean_activations: bool | None = None
     sync_free: bool | None = None  # on: the dense loss of the sync-free step (all anchors, masked)
@@ -77,20 +80,25 @@ class StepConfig:
         check_activation_checkpointing(self.activation_checkpointing, "StepConfig")
         if isinstance(self.activation_checkpointing, list):  # hashable: the estimator cache is keyed by steps
             object.__setattr__(self, "activation_checkpointing", tuple(self.activation_checkpointing))
+        object.__setattr__(self, "freeze", check_freeze(self.freeze, "StepConfig"))
 
     @classmethod
     def from_train_config(cls, config: TrainConfig, model: Any, *, world_size: int = 1, num_targets: int = 8,
                           batch_size: int | None = None) -> StepConfig:
         """The step ``fit`` runs for ``config``: its micro-batch (per DDP rank), size, AMP and switches.
 
-        ``batch_size`` overrides the micro-batch (needed while ``config.batch_size`` is "auto").
+        ``batch_size`` overrides the micro-batch (needed while ``config.batch_size`` is "auto"). With
+        ``multi_scale`` the step is the one at the largest size a batch can get (``multi_scale_range``): its
+        memory is the peak of the run.
         """
         if batch_size is None:
             if config.batch_size == "auto":
                 raise ValueError("TrainConfig.batch_size is 'auto': pass batch_size= (the batch to describe)")
             batch_size = config.micro_batch_size or max(1, config.batch_size // world_size)
-        return cls(model=model, batch_size=batch_size, imgsz=config.imgsz, amp=config.amp,
-                   activation_checkpointing=config.activation_checkpointing, channels_last=config.channels_last,
+        imgsz = multi_scale_range(config.imgsz)[1] if config.multi_scale else config.imgsz
+        return cls(model=model, batch_size=batch_size, imgsz=imgsz, amp=config.amp,
+                   activation_checkpointing=config.activation_checkpointing, freeze=config.freeze,
+                   channels_last=config.channels_last,
                    lean_activations=config.lean_activations, sync_free=config.sync_free,
                    fused_optimizer=config.fused_optimizer, optimizer=config.optimizer, ema=config.ema,
                    num_classes=getattr(model, "nc", None), num_targets=num_targets)
@@ -125,6 +133,9 @@ class StepConfig:
         if self.activation_checkpointing is not None:
             value = self.activation_checkpointing
             parts.append(f"ckpt={value if isinstance(value, str) else ','.join(map(str, value))}")
+        if self.freeze is not None:
+            value = self.freeze
+            parts.append(f"freeze={value if not isinstance(value, tuple) else ','.join(map(str, value))}")
         parts.append(f"{self.imgsz}px")
         return " ".join(parts)
 
@@ -134,9 +145,16 @@ class StepConfig:
         out["model"] = self.model_name
         if self.loss_fn is not None:
             out["loss_fn"] = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
-        if isinstance(self.activation_checkpointing, tuple):
-            out["activation_checkpointing"] = list(self.activation_checkpointing)
+        for name in ("activation_checkpointing", "freeze"):
+            if isinstance(out[name], tuple):
+                out[name] = list(out[name])
         return out
+
+
+def multi_scale_range(imgsz: int, stride: int = 32) -> tuple[int, int]:
+    """Smallest and largest image side of a multi-scale batch (official train_dual.py ``--multi-scale``):
+    ``randrange(0.5 * imgsz, 1.5 * imgsz + stride) // stride * stride``, at least one stride."""
+    return max(int(imgsz * 0.5) // stride * stride, stride), (int(imgsz * 1.5) + stride - 1) // stride * stride
 
 
 def _device_type(device: Any) -> str:

@@ -9,7 +9,7 @@ it beside the loss it configures).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ DEFAULT_MARGIN = 0.10
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 CALLBACK_NAMES = ("on_step", "on_epoch_end")
+# What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
+Freeze = int | str | Sequence[int] | None
 
 # Augmentation hyper-parameters of the official hyp.scratch-high.yaml (passed to the data layer).
 DEFAULT_AUGMENT_HYP: dict[str, float] = {
@@ -93,6 +95,11 @@ class TrainConfig:
     # Recompute these layers in backward instead of keeping their activations: None, "backbone", "all" or a
     # list of layer indices (DetectionModel.set_activation_checkpointing). Saves memory, costs a forward.
     activation_checkpointing: str | list[int] | None = None
+    # Fine-tuning: layers whose parameters do not train (official --freeze): None or 0 nothing, an int N the
+    # first N layers, "backbone" the model yaml's backbone rows, or a list of layer indices (stored as a
+    # tuple). Frozen parameters get no gradient, no optimizer state and no EMA update, and the memory
+    # estimate of the step counts none of them (yolo9kit.models.freeze has the rules).
+    freeze: int | str | tuple[int, ...] | None = None
     # "auto": bf16 where the GPU supports it, else fp16; always "off" on CPU (autocast on CPU is slow).
     amp: str = "auto"
     # Speed switches; None means on for CUDA, off on the CPU (StepConfig.resolve decides, for fit and memory).
@@ -122,6 +129,17 @@ class TrainConfig:
     ema_tau: float = 2000.0  # EMA decay ramps as decay * (1 - exp(-updates / tau))
     grad_clip: float = 10.0  # max total grad norm after unscaling (official constant); 0 disables
     close_mosaic: int = 0  # turn mosaic off for the last N epochs
+    # Official data options of train_dual.py. rect: training batches of images sorted by aspect ratio, each
+    # batch letterboxed to its own shape (official batch shapes, pad 0), no mosaic and no shuffling.
+    rect: bool = False
+    # Each batch resized to a random multiple of the model stride in [0.5, 1.5] x imgsz (official rule; the
+    # memory estimate describes the step at the largest size).
+    multi_scale: bool = False
+    single_cls: bool = False  # every class becomes class 0 ("item"); the model predicts one class
+    min_items: int = 0  # drop training images with fewer labelled boxes than this (official --min-items)
+    # Official --label-smoothing: the official dual loss computes its smoothed BCE targets and never uses
+    # them, so it changes nothing there and nothing here (kept so that official commands run; fit warns).
+    label_smoothing: float = 0.0
     hyp: Mapping[str, float] | None = None  # augmentation dict for the data layer; None = official defaults
     loss: LossConfig | None = None  # None: the official gains
     cache: str | None = None  # None | "ram" | "disk"
@@ -163,6 +181,7 @@ class TrainConfig:
         if not 0 <= self.margin < 1:
             raise bad("margin", "a share of the card in [0, 1)")
         check_activation_checkpointing(self.activation_checkpointing, "TrainConfig")
+        object.__setattr__(self, "freeze", check_freeze(self.freeze, "TrainConfig"))
         if self.accumulate_steps is not None and self.accumulate_steps < 1:
             raise bad("accumulate_steps", "None or an integer >= 1")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
@@ -201,7 +220,9 @@ class TrainConfig:
         for name in ("nominal_batch_size", "val_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise bad(name, "an integer >= 1")
-        for name in ("close_mosaic", "patience", "workers", "warmup_min_steps"):
+        if not 0 <= self.label_smoothing < 1:
+            raise bad("label_smoothing", "an epsilon in [0, 1)")
+        for name in ("close_mosaic", "patience", "workers", "warmup_min_steps", "min_items"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise bad(name, "an integer >= 0")
         if self.cache not in (None, False, True, "ram", "disk", "auto"):
@@ -226,6 +247,8 @@ class TrainConfig:
                 value = dict(value)
             elif isinstance(value, Path):
                 value = str(value)
+            elif isinstance(value, tuple):  # freeze indices: a list in checkpoints and YAML
+                value = list(value)
             out[f.name] = value
         return out
 
@@ -256,6 +279,23 @@ def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
         if not (0 <= value <= 1 if probability else value >= 0):
             raise ValueError(f"{owner}[{key!r}]={value!r}: expected "
                              f"{'a probability in [0, 1]' if probability else 'a number >= 0'}")
+
+
+def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | None:
+    """The freeze setting in its stored form (a list becomes a tuple), else a ValueError naming ``owner``.
+
+    None or 0 (stored as None): nothing; an int N: the first N layers; "backbone"; a non-empty list of layer
+    indices >= 0.
+    """
+    if value is None or value == "backbone":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value or None  # 0, the official default, freezes nothing
+    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and not isinstance(i, bool)
+                                                          and i >= 0 for i in value):
+        return tuple(value)
+    raise ValueError(f"{owner}.freeze={value!r}: expected None, a number of first layers (int >= 0), "
+                     "'backbone' or a non-empty list of layer indices >= 0")
 
 
 def check_activation_checkpointing(value: Any, owner: str) -> None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from yolo9kit._renamed import renamed_keywords
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
 
 _STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
@@ -79,7 +80,8 @@ def num_classes_of(step: StepConfig, model: nn.Module) -> int:
 def train_config(step: StepConfig, **overrides: Any) -> TrainConfig:
     """The TrainConfig whose step (``yolo9kit.train.step.describe_step``) is ``step``."""
     return TrainConfig(batch_size=step.batch_size, imgsz=step.imgsz, amp=step.amp,
-                       activation_checkpointing=step.activation_checkpointing, channels_last=step.channels_last,
+                       activation_checkpointing=step.activation_checkpointing, freeze=step.freeze,
+                       channels_last=step.channels_last,
                        lean_activations=step.lean_activations, sync_free=step.sync_free,
                        fused_optimizer=step.fused_optimizer, optimizer=step.optimizer, ema=step.ema, **overrides)
 
@@ -147,7 +149,8 @@ class FusedStandIn:
 
 def build_meta_trainer(real_model: nn.Module, step: StepConfig):
     """The kit's Trainer (optimizer groups, EMA, clipping) over a ``meta`` copy of ``real_model``, for the
-    resolved ``step`` (channels_last, lean activations, activation checkpointing, optimizer, EMA).
+    resolved ``step`` (frozen layers, channels_last, lean activations, activation checkpointing, optimizer,
+    EMA).
 
     ``real_model`` is only read. The loss (``step.loss_fn``, default ``DetectionLoss(real_model,
     dense=step.sync_free)``) stays on the real model: the trace runs it for real (see ``steptrace``). The
@@ -165,6 +168,7 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
         loss_fn = DetectionLoss(real_model, dense=bool(step.sync_free))
     config = train_config(step)
     model = to_meta(real_model, bool(step.channels_last)).train()
+    freeze_layers(model, step.freeze)  # before the EMA and the optimizer, as build_trainer does
     set_lean(model, bool(step.lean_activations))
     if step.activation_checkpointing is not None:
         if not hasattr(model, "set_activation_checkpointing"):

@@ -23,6 +23,14 @@ class ModelEMA:
     ``torch._foreach_*`` kernels over all tensors instead of a Python loop over ~1,800 tensors (the
     official loop costs ~70 ms per step on a GPU).
 
+    Frozen parameters (``requires_grad=False`` in the model: frozen layers, the DFL's fixed convolution) are
+    left out of the update when their EMA value equals the model's, checked once when the tensor lists are
+    built (after ``load_state_dict`` again). That is exact: ``d * x + (1 - d) * x`` is ``x`` in real arithmetic
+    (the official update recomputes it every step and can move it by a rounding step); the EMA copy then
+    stays bit-identical to the frozen weight. A frozen parameter whose EMA differs (an EMA loaded from
+    elsewhere) keeps being averaged, as the official code does. BatchNorm running statistics of frozen
+    layers still change (BatchNorm stays in training mode) and are always averaged.
+
     Args:
         model: the model being trained (a DDP wrapper is unwrapped). Its tensors must not be replaced
             after the EMA is built (build it after ``.to(device)`` and SyncBatchNorm conversion).
@@ -41,7 +49,8 @@ class ModelEMA:
     def _pairs(self, model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if self._pairs_of is not model:
             ema_sd, model_sd = self.ema.state_dict(), unwrap(model).state_dict()
-            keys = [k for k, v in ema_sd.items() if v.dtype.is_floating_point]
+            fixed = {k for k, p in unwrap(model).named_parameters() if not p.requires_grad and _same(ema_sd[k], p)}
+            keys = [k for k, v in ema_sd.items() if v.dtype.is_floating_point and k not in fixed]
             self._ema_tensors = [ema_sd[k] for k in keys]
             self._model_tensors = [model_sd[k].detach() for k in keys]
             self._pairs_of = model
@@ -67,3 +76,11 @@ class ModelEMA:
     def load_state_dict(self, state: dict) -> None:
         self.ema.load_state_dict(state["model"])
         self.updates = int(state["updates"])
+        self._pairs_of = None  # which frozen tensors equal the model's is decided again
+
+
+def _same(ema: torch.Tensor, param: torch.Tensor) -> bool:
+    """Bit-identical values; on ``meta`` tensors (the memory trace) a copy counts as identical."""
+    if ema.is_meta or param.is_meta:
+        return ema.shape == param.shape
+    return ema.shape == param.shape and torch.equal(ema, param.detach().to(ema.device))

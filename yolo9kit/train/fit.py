@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, StopSignals
@@ -141,8 +142,8 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         if isinstance(model, (str, Path)):
             from yolo9kit.train.weights import model_for_data
 
-            model = model_for_data(str(model), data)
-        check_classes(model, data)
+            model = model_for_data(str(model), data, single_cls=config.single_cls)
+        check_classes(model, data, single_cls=config.single_cls)
         run = _set_up(model, data, config, folder, loss_fn, validate_fn)
         if train_loader is None:
             train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
@@ -174,6 +175,10 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
                             else config.device)
     config, auto_batch = _size_batch(config, model, device, dist, folder.ckpt, loss_fn)
     seed_everything(config.seed + dist.rank)
+    freeze_layers(model, config.freeze)  # before DDP: its reducer waits for the gradients of trainable parameters
+    if config.label_smoothing:
+        LOGGER.warning("label_smoothing=%g changes nothing: the official dual loss computes smoothed BCE targets "
+                       "and never uses them, and the kit follows it (docs/training.md)", config.label_smoothing)
     model.to(device)
     model = ddp.wrap_model(model, dist, device, config.sync_bn)
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
@@ -312,8 +317,11 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
 
 
 def _epoch_files(config: TrainConfig, epoch: int, best: bool) -> list[str]:
-    """The checkpoints an epoch ends with, in the order they are written (last.pt last: the commit point)."""
-    period = config.save_period > 0 and (epoch + 1) % config.save_period == 0
+    """The checkpoints an epoch ends with, in the order they are written (last.pt last: the commit point).
+
+    ``save_period`` N > 0: epoch<e>.pt for the 0-based epochs e with e % N == 0 (0, N, 2N, ...), the official
+    rule and names (train_dual.py saves ``epoch{epoch}.pt`` when ``epoch % save_period == 0``)."""
+    period = config.save_period > 0 and epoch % config.save_period == 0
     return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
 
 

@@ -4,6 +4,8 @@ the EMA, and the check that the model predicts the data's classes."""
 from __future__ import annotations
 
 import logging
+import math
+import random
 from collections.abc import Callable, Mapping
 
 import torch
@@ -17,14 +19,18 @@ LOGGER = logging.getLogger(__name__)
 ValidateFn = Callable[[nn.Module], Mapping[str, float]]
 
 
-def check_classes(model: nn.Module, data) -> None:
-    """The model must predict as many classes as the data has (official: an assert on the largest label)."""
+def check_classes(model: nn.Module, data, single_cls: bool = False) -> None:
+    """The model must predict as many classes as the data has (official: an assert on the largest label);
+    one with ``single_cls``."""
     if data is None or not hasattr(model, "nc"):
         return
     from yolo9kit.data import load_data_config
 
     names = load_data_config(data).names
-    if int(model.nc) != len(names):
+    if single_cls and int(model.nc) != 1:
+        raise ValueError(f"single_cls: the model predicts {model.nc} classes, expected 1; build it with "
+                         "model_for_data(name, data, single_cls=True) or pass the model name to fit")
+    if not single_cls and int(model.nc) != len(names):
         raise ValueError(f"the model predicts {model.nc} classes but {data} has {len(names)} ({names[:5]}...): "
                          f"build it with create_model(name, num_classes={len(names)}) or pass the model name to fit")
 
@@ -33,7 +39,9 @@ def make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo, devic
     """Loaders of ``yolo9kit.data``: train = augmented, shuffled, per-rank batch; val = rect, 2 x batch.
 
     The training loader applies the HSV colour jitter on ``device`` when ``config.colour_on_device``
-    (default: when it is a CUDA device)."""
+    (default: when it is a CUDA device). ``config.rect`` makes its batches rectangular (aspect-ratio order,
+    official shapes with pad 0, no mosaic, no shuffling); ``min_items`` drops training images with fewer
+    boxes; ``single_cls`` makes every class 0 in both loaders (official train_dual.py)."""
     from yolo9kit.data import create_dataloader
 
     if split == "train":
@@ -43,10 +51,33 @@ def make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo, devic
                                  augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
                                  seed=config.seed, distributed=dist.distributed,  # same seed: ranks split one order
                                  colour_device=device if on_device else None,
-                                 allow_bad_labels=config.allow_bad_labels)
+                                 allow_bad_labels=config.allow_bad_labels, rect=config.rect,
+                                 min_items=config.min_items, single_cls=config.single_cls)
     return create_dataloader(data, split, imgsz=config.imgsz,
                              batch_size=config.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
-                             augment=False, workers=config.workers, cache=config.cache)
+                             augment=False, workers=config.workers, cache=config.cache, single_cls=config.single_cls)
+
+
+def multi_scale_shape(shape_hw: tuple[int, int], imgsz: int, stride: int, rng: random.Random
+                      ) -> tuple[int, int] | None:
+    """The (h, w) a batch of ``shape_hw`` is resized to in multi-scale training, or None when it stays.
+
+    Official train_dual.py ``--multi-scale``: ``sz = randrange(0.5 * imgsz, 1.5 * imgsz + gs) // gs * gs``,
+    ``sf = sz / max(h, w)``, and when ``sf != 1`` the new shape ``ceil(x * sf / gs) * gs`` per side. The side
+    is at least one stride (the official code refuses an imgsz below two strides instead).
+    """
+    size = max(rng.randrange(int(imgsz * 0.5), int(imgsz * 1.5) + stride) // stride * stride, stride)
+    factor = size / max(shape_hw)
+    if factor == 1:
+        return None
+    h, w = (math.ceil(x * factor / stride) * stride for x in shape_hw)
+    return h, w
+
+
+def multi_scale_rng(seed: int, ni: int) -> random.Random:
+    """The generator of batch ``ni``'s size: a function of (seed, ni) only, so a resumed run draws the same
+    sizes (the official code draws from the global ``random`` state)."""
+    return random.Random(f"multi-scale {seed} {ni}")
 
 
 def set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
@@ -68,7 +99,8 @@ def default_validate(data, loader, config: TrainConfig, device: torch.device, ha
     def validate(model: nn.Module) -> dict[str, float]:
         from yolo9kit.validate import evaluate
 
-        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device)
+        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device,
+                     single_cls=config.single_cls)
         return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
                 "fitness": float(r.fitness)}
 

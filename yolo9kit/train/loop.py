@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from yolo9kit.config import TrainConfig
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
+from yolo9kit.train.inputs import multi_scale_rng, multi_scale_shape
 from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
 from yolo9kit.train.records import StepRecord, bar_text, device_memory_bytes, peak_memory_bytes, reset_peak_memory
 from yolo9kit.train.state import Progress
@@ -139,6 +140,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     it belonged to is lost, as in the plain step).
 
     ``on_step`` receives a ``StepRecord`` for each trained batch (sync-free: in groups, at each read-back).
+    With ``config.multi_scale`` each batch is resized to a random size (``inputs.multi_scale_shape``).
 
     ``interrupt`` is asked before each batch; a reason (e.g. ``"SIGTERM"``) stops the epoch there with
     ``Interrupted``. On any ``KeyboardInterrupt`` the BatchNorm running statistics are put back to the start
@@ -154,6 +156,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not show, leave=True)
     log = _EpochLog(trainer, config, progress, run_dir, bar, on_step, show)
     window = _WindowStart(trainer)
+    stride = max(int(getattr(unwrap(trainer.model), "stride", torch.tensor([32])).max()), 32)  # official gs
     try:
         for i, (images, targets, *_) in enumerate(bar):
             reason = interrupt() if interrupt is not None else None
@@ -166,7 +169,11 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
             apply_settings(trainer.optimizer, settings)
             step_due = ni - progress.last_opt_step >= settings.accumulate
 
-            result = run_batch(trainer, images, targets, sync=step_due)  # micro-steps: forward, loss, backward
+            size = None
+            if config.multi_scale:  # one random size per batch, all its micro-steps alike
+                rng = multi_scale_rng(config.seed, ni)
+                size = multi_scale_shape(tuple(images.shape[2:]), config.imgsz, stride, rng)
+            result = run_batch(trainer, images, targets, sync=step_due, imgsz=size)  # forward, loss, backward
             if result.grads_lost:
                 LOGGER.warning("out of memory during backward: gradients accumulated since the last step were "
                                "dropped")

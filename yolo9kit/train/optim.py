@@ -19,16 +19,21 @@ from yolo9kit.config import TrainConfig
 _NORM_TYPES = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
 
 
-def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+def param_groups(model: nn.Module, trainable_only: bool = False
+                 ) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
     """Split parameters as the official ``smart_optimizer``: (biases, decayed weights, norm weights).
 
     Walks every module's own parameters: ``bias`` -> group 0 (no decay); ``weight`` of a
     normalisation layer -> group 2 (no decay); anything else -> group 1 (decayed). For yolov9-t this
-    gives 303 / 305 / 291 tensors. Frozen parameters are included (they simply get no gradient).
+    gives 303 / 305 / 291 tensors. Parameters with ``requires_grad=False`` are included as in the official
+    code (they get no gradient, so the optimizer skips them) unless ``trainable_only``: then they are left
+    out, and the optimizer holds no state for them (frozen layers).
     """
     biases, decayed, norm_weights = [], [], []
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
+            if trainable_only and not p.requires_grad:
+                continue
             if name == "bias":
                 biases.append(p)
             elif name == "weight" and isinstance(module, _NORM_TYPES):
@@ -60,8 +65,13 @@ def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool
     amsgrad=True, decoupled decay on group 1 only. Matches ``smart_optimizer`` in the official utils.
     ``fused_optimizer``: torch's fused implementation (one kernel group for all tensors, and the GradScaler's
     skip of a non-finite step happens on the device); the same update up to float rounding.
+
+    With ``config.freeze`` the groups hold only the parameters that train: a parameter without a gradient is
+    skipped by every torch optimizer (no decay, no momentum), so leaving it out changes no update and keeps
+    no state. Without it the groups are the official ones (the DFL's fixed convolution included), so the
+    optimizer state of runs started before freezing existed still loads.
     """
-    biases, decayed, norm_weights = param_groups(model)
+    biases, decayed, norm_weights = param_groups(model, trainable_only=config.freeze is not None)
     lr, decay = config.lr0, scaled_weight_decay(config)
     kw = {"fused": True} if fused_optimizer else {}
     if config.optimizer == "SGD":

@@ -30,7 +30,7 @@ FIXED_ON_RESUME = (
     "batch_size", "nominal_batch_size", "accumulate_steps", "accumulate_warmup", "micro_batch_size", "imgsz",
     "amp", "optimizer", "lr0", "lrf", "momentum", "weight_decay", "schedule", "warmup_epochs", "warmup_min_steps",
     "warmup_momentum", "warmup_bias_lr", "ema", "ema_decay", "ema_tau", "grad_clip", "close_mosaic", "hyp",
-    "loss", "seed", "sync_bn",
+    "loss", "seed", "sync_bn", "freeze", "rect", "multi_scale", "single_cls", "min_items", "label_smoothing",
 )
 # Room for a results.csv row, auto_batch.json and the file system's own blocks, besides the checkpoints.
 _SMALL_FILES_BYTES = 1 << 20

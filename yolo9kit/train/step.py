@@ -19,6 +19,7 @@ from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import resolve_device
+from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
 from yolo9kit.train.ema import ModelEMA, unwrap
 from yolo9kit.train.guards import free_memory, halve_micro_batch, is_out_of_memory
@@ -76,7 +77,9 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     :func:`describe_step` gives (kept as ``trainer.step``).
 
     ``model`` is moved to the device; pass an already DDP-wrapped model for multi-GPU (the EMA copies
-    the module inside). ``loss_fn`` defaults to ``yolo9kit.loss.DetectionLoss(model, config.loss)``.
+    the module inside; freeze its layers before wrapping it, as ``fit`` does). The layers of
+    ``config.freeze`` are frozen first, so the optimizer and the EMA leave them out. ``loss_fn`` defaults
+    to ``yolo9kit.loss.DetectionLoss(model, config.loss)``.
 
     On CUDA the defaults are the fast ones: channels_last weights and inputs, cudnn autotuning, a fused
     optimizer, a step without host-device synchronisation, and the lean BatchNorm+SiLU
@@ -86,6 +89,7 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     """
     device = device or resolve_device(config.device)
     step = describe_step(config, model, device, world_size)
+    freeze_layers(unwrap(model), step.freeze)  # fit freezes before a DDP wrapper is made; here again is a no-op
     model.to(device)
     if step.channels_last:
         model.to(memory_format=torch.channels_last)
@@ -132,15 +136,16 @@ def slice_batch(images: torch.Tensor, targets: torch.Tensor, start: int, end: in
     return images[start:end], part
 
 
-def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
-               sync: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, sync: bool = True,
+               imgsz: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Forward, loss and backward of one micro-batch; gradients are added to ``.grad``.
 
     The loss is the sum-type loss of the loss function (mean over the micro-batch times its size), so
     gradients of consecutive micro-steps simply add up: no division by the number of micro-steps
     (official semantics). Under DDP the loss is multiplied by the world size because DDP averages
     gradients over ranks, and gradients are all-reduced only when ``sync`` (the last micro-step before
-    an optimizer step).
+    an optimizer step). ``imgsz`` (h, w): the float images are resized there first (bilinear, the official
+    multi-scale step; targets are normalised and stay as they are).
 
     Returns:
         (loss, loss_items) detached; None when the loss is not finite in a single process (then nothing
@@ -154,6 +159,8 @@ def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
     with model.no_sync() if no_sync else contextlib.nullcontext():
         trainer.phase = "forward"
         x = to_input(images, trainer.device, trainer.channels_last)
+        if imgsz is not None and tuple(x.shape[2:]) != tuple(imgsz):
+            x = nn.functional.interpolate(x, size=tuple(imgsz), mode="bilinear", align_corners=False)
         with torch.autocast(trainer.device.type, dtype=trainer.amp_dtype or torch.float32,
                             enabled=trainer.amp_dtype is not None):
             outputs = (model if trainer.compiled is None else trainer.compiled)(x)
@@ -207,8 +214,10 @@ class BatchResult:
     finite_flag: torch.Tensor | None = None
 
 
-def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, sync: bool = True) -> BatchResult:
-    """Forward/backward one loader batch as micro-batches of ``trainer.micro_batch_size`` images.
+def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, sync: bool = True,
+              imgsz: tuple[int, int] | None = None) -> BatchResult:
+    """Forward/backward one loader batch as micro-batches of ``trainer.micro_batch_size`` images (resized to
+    ``imgsz`` (h, w) when given: multi-scale training).
 
     Out of memory (when ``oom_backoff``): the tensors are dropped, memory freed, the micro-batch halved
     (so the micro-steps per optimizer step double and the images per step stay the same) and the
@@ -232,7 +241,7 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
         if buffers:  # BatchNorm running stats before this micro-step, restored if it runs out of memory
             torch._foreach_copy_(trainer.buffer_backup, buffers)  # a few small kernels: ~2 floats per channel
         try:
-            out = micro_step(trainer, part_images, part_targets, sync=sync and end == size)
+            out = micro_step(trainer, part_images, part_targets, sync=sync and end == size, imgsz=imgsz)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
             if not (trainer.oom_backoff and is_out_of_memory(error)):
                 raise

@@ -21,11 +21,12 @@ def transfer_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     return len(match), len(own)
 
 
-def model_for_data(model: str, data, weights: str = ""):
+def model_for_data(model: str, data, weights: str = "", single_cls: bool = False):
     """The model to train on ``data``: built from a name/yaml (or a checkpoint's config), with ``weights`` transferred.
 
     A checkpoint given as the model keeps its weights when its classes match the data; otherwise (and for
     ``weights``) the tensors with the same name and shape are copied into a fresh model ("Transferred N/M").
+    ``single_cls``: one class, named "item" unless the data has a single name (official train_dual.py).
     """
     from yolo9kit.checkpoint import load_model
     from yolo9kit.data import load_data_config
@@ -33,6 +34,8 @@ def model_for_data(model: str, data, weights: str = ""):
 
     data_config = load_data_config(data)
     nc, names = data_config.nc, list(data_config.names)
+    if single_cls:
+        nc, names = 1, (names if len(names) == 1 else ["item"])
     if str(model).endswith(".pt"):
         source = load_model(model)
         if source.nc == nc and not weights:
