@@ -154,7 +154,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
         _check(report, wrapper, settings)
     else:
         report.note = "check switched off"
-    LOGGER.info("exported %s", report.summary())
+    LOGGER.debug("exported %s", report.summary())
     return report
 
 
@@ -164,6 +164,7 @@ def _parameters(fn) -> set[str]:
     return set(inspect.signature(fn).parameters)
 
 
+@torch.no_grad()
 def _check(report: ExportReport, wrapper: torch.nn.Module, settings: ExportConfig) -> None:
     """Run the file in ONNX Runtime on a random batch (2 when the batch is dynamic) and compare with PyTorch."""
     try:
