@@ -102,7 +102,7 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
         elif path.is_dir():
             files = _media_in(path)
             if not files:
-                raise ValueError(f"no images or videos found in folder {text} (looked for "
+                raise ValueError(f"no images found in folder {text}, nor videos (looked for "
                                  f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))})")
             out += files
         elif path.is_file() and path.suffix.lower() == LIST_SUFFIX:
