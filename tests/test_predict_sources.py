@@ -154,3 +154,23 @@ def test_detect_cli_on_a_video(clip, tmp_path, capsys):
     assert speed["video_frames"] == 3 and speed["images"] == 0
     assert [row["frame"] for row in speed["per_image"]] == [1, 3, 5]
     assert len(_decoded_frames(tmp_path / "exp" / "clip.mp4")) == 3
+
+
+@pytest.mark.slow
+def test_a_run_stopped_mid_video_leaves_a_playable_video_of_the_frames_done(model, clip, tmp_path, monkeypatch):
+    import yolo9kit.prediction as prediction
+
+    calls = []
+    run_batch = prediction._run_batch
+
+    def stop_at_the_third_frame(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return run_batch(*args, **kwargs)
+
+    monkeypatch.setattr(prediction, "_run_batch", stop_at_the_third_frame)
+    with pytest.raises(KeyboardInterrupt):
+        predict(model, clip, imgsz=SHAPES_IMGSZ, device="cpu", save=SaveConfig(tmp_path))
+    written = _decoded_frames(tmp_path / "clip.mp4")
+    assert len(written) == 2 and written[0].shape == (HEIGHT, WIDTH, 3)
