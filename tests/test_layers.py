@@ -44,8 +44,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # the training run: fit, the epoch loop, checkpoints, DDP (an automatic batch is planned with the memory
     # tools before the first step)
     ("training run", ["yolo9kit.train"]),
-    # prediction on images and videos: nothing below it imports it
-    ("inference", ["yolo9kit.prediction"]),
+    # prediction on images and videos, and the deployed model as an ONNX file: nothing below imports them
+    ("inference", ["yolo9kit.prediction", "yolo9kit.export_onnx"]),
     # figures of training runs and memory, and the plots package that re-exports every figure
     ("plots of training and memory", ["yolo9kit.plots.memory", "yolo9kit.plots.train", "yolo9kit.plots"]),
     # notebook widgets

@@ -34,8 +34,10 @@ _EXPORTS: dict[str, str] = {
     "NMSConfig": "yolo9kit.config",
     "SaveConfig": "yolo9kit.config",
     "LoaderConfig": "yolo9kit.config",
+    "ExportConfig": "yolo9kit.config",
     "fit": "yolo9kit.train",
     "predict": "yolo9kit.prediction",
+    "export": "yolo9kit.export_onnx",
     "evaluate": "yolo9kit.validate",
     "compare_heads": "yolo9kit.validate",
     "shapes_model": "yolo9kit.pretrained",
@@ -43,8 +45,8 @@ _EXPORTS: dict[str, str] = {
 
 # sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
 _SUBMODULES = {
-    "assigner", "boxes", "checkpoint", "cli", "coco", "config", "data", "env", "loss", "memory", "metrics", "models",
-    "ops", "plots", "prediction", "pretrained", "train", "validate", "widgets",
+    "assigner", "boxes", "checkpoint", "cli", "coco", "config", "data", "env", "export_onnx", "loss", "memory",
+    "metrics", "models", "ops", "plots", "prediction", "pretrained", "train", "validate", "widgets",
 }
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
@@ -68,9 +70,18 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.checkpoint import load_checkpoint, load_model, read_checkpoint, save_checkpoint
-    from yolo9kit.config import LoaderConfig, LossConfig, NMSConfig, SaveConfig, StepConfig, TrainConfig
+    from yolo9kit.config import (
+        ExportConfig,
+        LoaderConfig,
+        LossConfig,
+        NMSConfig,
+        SaveConfig,
+        StepConfig,
+        TrainConfig,
+    )
     from yolo9kit.data import create_dataloader, make_shapes
     from yolo9kit.env import checks
+    from yolo9kit.export_onnx import export
     from yolo9kit.loss import DetectionLoss
     from yolo9kit.models import (
         DualOutput,

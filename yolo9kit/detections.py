@@ -22,7 +22,8 @@ class Prediction:
         boxes: (n, 4) float32 xyxy, rounded to whole pixels (as detect_dual.py).
         scores: (n,) float32 confidences. classes: (n,) int64 class ids.
         names: class names of the model. orig_shape: (h0, w0). input_shape: (h, w) fed to the network.
-        path: the image file, or None for an array source. speed: milliseconds per stage.
+        path: the image or video file, or None for an array source. speed: milliseconds per stage.
+        frame: the frame's 0-based index in the video ``path``, None for an image.
     """
 
     boxes: np.ndarray
@@ -34,6 +35,7 @@ class Prediction:
     path: str | None = None
     speed: dict[str, float] = field(default_factory=dict)
     image: np.ndarray | None = field(default=None, repr=False)  # BGR, kept only for array sources
+    frame: int | None = None
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -70,9 +72,15 @@ class Prediction:
     def _bgr(self) -> np.ndarray:
         if self.image is not None:
             return self.image
-        image = cv2.imread(str(self.path)) if self.path else None
+        if self.frame is not None and self.path:
+            from yolo9kit.data.media import read_frame
+
+            image = read_frame(str(self.path), self.frame)  # a video frame is not kept in memory: decode it again
+        else:
+            image = cv2.imread(str(self.path)) if self.path else None
         if image is None:
-            raise FileNotFoundError(f"cannot re-read {self.path} to draw it")
+            where = f"frame {self.frame} of {self.path}" if self.frame is not None else self.path
+            raise FileNotFoundError(f"cannot re-read {where} to draw it")
         return image
 
     def annotated(self, line_width: int | None = None) -> np.ndarray:
@@ -112,7 +120,9 @@ class Prediction:
             ax.text(x1, y1, f"{self.names[int(cls)]} {conf:.2f}", color="white", fontsize=8, va="bottom",
                     bbox=dict(facecolor=color, edgecolor="none", pad=1))
         ax.set_axis_off()
-        ax.set_title(f"{Path(self.path).name if self.path else 'image'}, input {self.summary()}", fontsize=10)
+        name = Path(self.path).name if self.path else "image"
+        name += f" frame {self.frame}" if self.frame is not None else ""
+        ax.set_title(f"{name}, input {self.summary()}", fontsize=10)
         return fig
 
     def save(self, path: str | Path, line_width: int | None = None) -> Path:
@@ -128,7 +138,8 @@ class Predictions(list):
     """List of :class:`Prediction` with the run's timings and skipped inputs.
 
     Attributes:
-        speed: DataFrame, one row per image: path, load_ms (read + letterbox), preprocess_ms,
+        speed: DataFrame, one row per image or video frame: path, frame (only when a video was read: the
+            frame's index, None for images), load_ms (read or decode + letterbox), preprocess_ms,
             inference_ms, nms_ms (the last three are what the official Speed line averages).
         skipped: (source, reason) for inputs that could not be read.
         imgsz: (h, w) requested size. save_dir: where outputs were written, or None.
@@ -139,10 +150,12 @@ class Predictions(list):
         self.speed, self.skipped, self.imgsz, self.save_dir = speed, list(skipped), imgsz, save_dir
 
     def to_frame(self):
-        """All detections as one DataFrame with a ``path`` (or image index) column."""
+        """All detections as one DataFrame with an ``image`` column (path or index) and, for videos, ``frame``."""
         import pandas as pd
 
-        frames = [p.to_frame().assign(image=p.path or i) for i, p in enumerate(self)]
+        videos = any(p.frame is not None for p in self)  # a frame column only when there are video frames
+        frames = [p.to_frame().assign(image=p.path or i, **({"frame": p.frame} if videos else {}))
+                  for i, p in enumerate(self)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
             columns=["x1", "y1", "x2", "y2", "conf", "class", "name", "image"])
 

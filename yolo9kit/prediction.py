@@ -1,12 +1,12 @@
-"""Inference on images, as the official ``detect_dual.py``: letterbox, main head, NMS, rescale.
+"""Inference on images and videos, as the official ``detect_dual.py``: letterbox, main head, NMS, rescale.
 
-``predict(model, "photos/")`` returns one :class:`Prediction` per image (boxes in original-image
-pixels) in a :class:`Predictions` list that also holds the per-image timings and the skipped files.
+``predict(model, "photos/")`` returns one :class:`Prediction` per image or video frame (boxes in
+original-image pixels) in a :class:`Predictions` list that also holds the per-image timings and the skipped
+files. Videos are decoded one frame at a time and their annotated copies written as they go.
 """
 
 from __future__ import annotations
 
-import glob
 import logging
 import math
 import time
@@ -20,6 +20,7 @@ import torch
 from yolo9kit._renamed import NMS_KEYWORDS, SAVE_KEYWORDS, renamed_keywords
 from yolo9kit.checkpoint import load_model
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
+from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
 from yolo9kit.env import resolve_device
 from yolo9kit.models.inference import prepare_model, resolve_half, select_head
@@ -29,36 +30,8 @@ LOGGER = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
 
-__all__ = ["IMAGE_SUFFIXES", "SPEED_COLUMNS", "Prediction", "Predictions", "predict", "speed_line"]
-
-
-def _expand_sources(source) -> list[str | np.ndarray]:
-    """Files (as given), folders (sorted image files inside), globs (sorted), arrays; errors name the input."""
-    items = source if isinstance(source, (list, tuple)) else [source]
-    out: list[str | np.ndarray] = []
-    for item in items:
-        if isinstance(item, np.ndarray):
-            out.append(item)
-            continue
-        text = str(item)
-        if any(ch in text for ch in "*?["):
-            matches = sorted(glob.glob(text, recursive=True))
-            if not matches:
-                raise FileNotFoundError(f"no files match the pattern {text}")
-            out += [m for m in matches if Path(m).is_file()]
-        elif Path(text).is_dir():
-            files = sorted(str(p) for p in Path(text).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            if not files:
-                raise ValueError(f"no images found in folder {text} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
-            out += files
-        elif Path(text).is_file():
-            out.append(text)
-        else:
-            raise FileNotFoundError(f"image source {text} does not exist: pass an image file, a folder, a glob "
-                                    "pattern or a numpy image")
-    if not out:
-        raise ValueError(f"no images to predict on in {source!r}")
-    return out
+__all__ = ["IMAGE_SUFFIXES", "SPEED_COLUMNS", "VIDEO_SUFFIXES", "Prediction", "Predictions", "predict",
+           "speed_line"]
 
 
 def _read(item) -> tuple[np.ndarray | None, str | None, str]:
@@ -68,7 +41,8 @@ def _read(item) -> tuple[np.ndarray | None, str | None, str]:
             return None, None, f"numpy image must be (H, W, 3) uint8 BGR, got {item.shape} {item.dtype}"
         return item, None, ""
     if Path(item).suffix.lower() not in IMAGE_SUFFIXES:
-        return None, item, f"not an image file (suffix {Path(item).suffix or 'none'}; videos are not supported)"
+        return None, item, (f"neither an image nor a video file (suffix {Path(item).suffix or 'none'}; images: "
+                            f"{', '.join(sorted(IMAGE_SUFFIXES))}; videos: {', '.join(sorted(VIDEO_SUFFIXES))})")
     image = cv2.imread(item)
     if image is None:
         return None, item, "OpenCV could not decode it (corrupt or not an image)"
@@ -85,25 +59,31 @@ def _sync(device: torch.device) -> float:
 @torch.no_grad()
 def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig | None = None,
             save: SaveConfig | None = None, half: str | bool = "auto", device: str | torch.device | None = None,
-            head: str = "main", batch_size: int = 1, deploy: bool = True, compile: bool | str = False) -> Predictions:
-    """Detect objects in images, as the official ``detect_dual.py`` (batch 1 by default).
+            head: str = "main", batch_size: int = 1, deploy: bool = True, compile: bool | str = False,
+            vid_stride: int = 1) -> Predictions:
+    """Detect objects in images and videos, as the official ``detect_dual.py`` (batch 1 by default).
 
-    Each image is read as BGR, letterboxed to ``imgsz`` with the minimal stride-multiple rectangle,
-    run through the model; the ``head`` output (the main head by default, as detect_dual.py; GELAN
-    models have only that) goes through class-aware NMS with one class per box, and boxes are scaled
+    Each image or video frame is read as BGR, letterboxed to ``imgsz`` with the minimal stride-multiple
+    rectangle, run through the model; the ``head`` output (the main head by default, as detect_dual.py;
+    GELAN models have only that) goes through class-aware NMS with one class per box, and boxes are scaled
     back to the original image and rounded. The caller's model is never moved or cast (see
     :func:`~yolo9kit.models.inference.prepare_model`); its train/eval mode is restored.
+
+    A video is decoded one frame at a time (never held in memory as a whole); with ``save`` its annotated
+    copy ``<stem>.mp4`` (mp4v, the frame size of the source) is written frame by frame and closed even when
+    the run stops early, and label files are ``labels/<stem>_<frame>.txt``.
 
     Args:
         model: a DetectionModel, or anything :func:`~yolo9kit.checkpoint.load_model` accepts (checkpoint path,
             model name).
-        source: image file, folder (its image files, sorted), glob pattern, BGR numpy image (as
-            ``cv2.imread`` gives), or a list of these.
+        source: image or video file, folder (its image and video files, sorted; not its sub-folders), glob
+            pattern, ``.txt`` file listing image or video paths one a line (relative to the list's folder),
+            BGR numpy image (as ``cv2.imread`` gives), or a list of these.
         imgsz: inference size (int or (h, w)), rounded up to a multiple of the model stride.
         nms: an :class:`~yolo9kit.config.NMSConfig`; its unset fields (and None) take
             :data:`~yolo9kit.config.PREDICT_NMS`: conf 0.25, iou 0.45, max_det 1000, as detect_dual.py.
-        save: a :class:`~yolo9kit.config.SaveConfig` saying what to write (annotated images, label txt files)
-            and where; None writes nothing.
+        save: a :class:`~yolo9kit.config.SaveConfig` saying what to write (annotated images and videos, label
+            txt files) and where; None writes nothing.
         half: FP16 model and inputs: "auto" on CUDA (where the model also runs channels_last), not on the CPU;
             True or False.
         device: None: the first CUDA device when there is one, else the CPU.
@@ -115,21 +95,27 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
             weights version and cached); the outputs are those of the model within float rounding.
         compile: run the model through ``torch.compile`` (True or a mode; pays off over many images of one
             shape; the first batch then takes seconds to minutes).
+        vid_stride: keep every k-th frame of a video (official ``--vid-stride``): frames k-1, 2k-1, ...
+            (0-based), ``frames // k`` of them; the annotated video plays at the source's fps / k, so it
+            lasts as long as the source.
 
     Returns:
-        :class:`Predictions` (unreadable inputs are in ``.skipped`` with the reason, not raised).
+        :class:`Predictions`, one per image or kept video frame (``Prediction.frame`` is the frame's index).
+        Unreadable inputs (a corrupt image or video, a file a ``.txt`` list names that does not exist) are in
+        ``.skipped`` with the reason, not raised; a video whose decoding stops early keeps the frames read.
 
     Raises:
         FileNotFoundError: a named file, folder or pattern does not exist / matches nothing.
-        ValueError: a folder without images, batch_size < 1, or a ``half`` value other than the three.
+        ValueError: a folder without images or videos, a list file naming none, batch_size or vid_stride
+            < 1, or a ``half`` value other than the three.
     """
-    import pandas as pd
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if vid_stride < 1:
+        raise ValueError(f"vid_stride must be >= 1 (keep every k-th video frame), got {vid_stride}")
     nms = (nms or NMSConfig()).filled(PREDICT_NMS)
     save = save or SaveConfig()
-    items = _expand_sources(source)
+    items, skipped = expand_sources(source)
     model = load_model(model)
     device = resolve_device(device)
     half = resolve_half(half, device)
@@ -151,31 +137,121 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     if device.type == "cuda":  # warm-up: the first call pays for cuDNN autotuning and allocations
         forward(torch.zeros(batch_size, 3, *input_size, device=device, dtype=torch.half if half else torch.float))
 
-    results, rows, skipped, pending = [], [], [], []
+    run = _Run(model, forward, device, half, memory_format, head, nms, save, save_dir)
     try:
-        for index, item in enumerate(items):
+        pending = []
+        for index, image, path, frame, read_s in _inputs(items, vid_stride, skipped, run.videos):
             t0 = time.perf_counter()
-            image, path, reason = _read(item)
-            if image is None:
-                name = path or f"array #{index}"
-                LOGGER.warning("skipping %s: %s", name, reason)
-                skipped.append((name, reason))
-            else:
-                letterboxed = letterbox(image, input_size, stride=stride, auto=batch_size == 1)[0]
-                chw = np.ascontiguousarray(letterboxed.transpose((2, 0, 1))[::-1])  # HWC BGR -> CHW RGB
-                pending.append((index, image, path, chw, time.perf_counter() - t0))
-            if pending and (len(pending) == batch_size or index == len(items) - 1):
-                batch_results = _run_batch(model, forward, pending, device, half, memory_format, head, nms)
-                for (i, *_), (result, speed) in zip(pending, batch_results):
-                    if save_dir is not None:
-                        _write_outputs(result, save_dir, i, save)
-                    results.append(result)
-                    rows.append({"path": result.path or f"array #{i}", **speed})
+            letterboxed = letterbox(image, input_size, stride=stride, auto=batch_size == 1)[0]
+            chw = np.ascontiguousarray(letterboxed.transpose((2, 0, 1))[::-1])  # HWC BGR -> CHW RGB
+            pending.append((index, image, path, frame, chw, read_s + time.perf_counter() - t0))
+            if len(pending) == batch_size:
+                run.batch(pending)
                 pending = []
+        if pending:
+            run.batch(pending)
     finally:
+        run.close()
         caller_model.train(was_training)
-    speed_frame = pd.DataFrame(rows, columns=["path", "load_ms", *SPEED_COLUMNS])
-    return Predictions(results, speed=speed_frame, skipped=skipped, imgsz=imgsz, save_dir=save_dir)
+    return Predictions(run.results, speed=run.speed_frame(), skipped=skipped, imgsz=imgsz, save_dir=save_dir)
+
+
+def _inputs(items: list, vid_stride: int, skipped: list, videos: dict):
+    """(index, BGR image, path or None, frame or None, seconds to read it) per image and kept video frame.
+
+    Unreadable inputs go to ``skipped`` with the reason; ``videos`` gets each opened video's reader (the
+    writer needs its fps). A video is decoded frame by frame as the caller asks for the next one.
+    """
+    for index, item in enumerate(items):
+        if is_video(item):
+            reader = VideoReader(str(item), vid_stride)
+            if reader.error:
+                _skip(skipped, str(item), reader.error)
+                continue
+            videos[str(item)] = reader
+            for frame, image, read_s in reader:
+                yield index, image, str(item), frame, read_s
+            if reader.frames_read == 0:
+                _skip(skipped, str(item), "no frame could be decoded (empty or corrupt video)")
+            elif reader.frames_read < reader.frame_count // vid_stride:
+                LOGGER.warning("%s: decoding stopped after %d of the %d frames its header announces; the frames "
+                               "read are kept", item, reader.frames_read, reader.frame_count // vid_stride)
+            continue
+        t0 = time.perf_counter()
+        image, path, reason = _read(item)
+        if image is None:
+            _skip(skipped, path or f"array #{index}", reason)
+            continue
+        yield index, image, path, None, time.perf_counter() - t0
+
+
+def _skip(skipped: list, name: str, reason: str) -> None:
+    LOGGER.warning("skipping %s: %s", name, reason)
+    skipped.append((name, reason))
+
+
+class _Run:
+    """The state of one ``predict`` call: results, speed rows, the open video writer."""
+
+    def __init__(self, model, forward, device, half, memory_format, head, nms, save, save_dir) -> None:
+        self.model, self.forward, self.device, self.half = model, forward, device, half
+        self.memory_format, self.head, self.nms, self.save, self.save_dir = memory_format, head, nms, save, save_dir
+        self.results: list[Prediction] = []
+        self.rows: list[dict] = []
+        self.videos: dict[str, VideoReader] = {}
+        self.writer: tuple[str, cv2.VideoWriter] | None = None
+
+    def batch(self, pending: list) -> None:
+        for (index, image, *_), (result, speed) in zip(pending, _run_batch(
+                self.model, self.forward, pending, self.device, self.half, self.memory_format, self.head, self.nms)):
+            if self.save_dir is not None:
+                self.write(result, index, image)
+            if result.frame is not None:
+                result.image = None  # a video frame is decoded again when drawn: a long video never fills the RAM
+            self.results.append(result)
+            name = result.path or f"array #{index}"
+            self.rows.append({"path": name, **speed})
+
+    def write(self, result: Prediction, index: int, image: np.ndarray) -> None:
+        if result.frame is None:
+            _write_outputs(result, self.save_dir, index, self.save)
+            return
+        stem = f"{Path(result.path).stem}_{result.frame}"
+        if self.save.txt:
+            with open(self.save_dir / "labels" / f"{stem}.txt", "a") as f:
+                f.writelines(line + "\n" for line in result.label_lines(self.save.conf))
+        if self.save.images:
+            result.image = image
+            self._writer_for(result.path, image).write(result.annotated(self.save.line_width))
+
+    def _writer_for(self, path: str, image: np.ndarray) -> cv2.VideoWriter:
+        if self.writer is not None and self.writer[0] == path:
+            return self.writer[1]
+        self.close()
+        reader = self.videos[path]
+        out = self.save_dir / f"{Path(path).stem}.mp4"  # .mp4 whatever the source format, as the official code
+        # the kept frames at fps / k: the annotated video lasts as long as the source
+        writer = cv2.VideoWriter(str(out), cv2.VideoWriter_fourcc(*"mp4v"), reader.fps / reader.vid_stride,
+                                 (image.shape[1], image.shape[0]))
+        if not writer.isOpened():
+            raise OSError(f"could not open {out} for writing an mp4v video: check that the folder is writable and "
+                          "that this OpenCV build has a video writer (opencv-python-headless has)")
+        self.writer = (path, writer)
+        return writer
+
+    def close(self) -> None:
+        """Finish the video being written (a stopped run leaves a playable file of the frames so far)."""
+        if self.writer is not None:
+            self.writer[1].release()
+            self.writer = None
+
+    def speed_frame(self):
+        import pandas as pd
+
+        frame = pd.DataFrame(self.rows, columns=["path", "load_ms", *SPEED_COLUMNS])
+        if any(result.frame is not None for result in self.results):  # None for images: JSON null, not NaN
+            frame.insert(1, "frame", pd.Series([result.frame for result in self.results], dtype=object))
+        return frame
 
 
 def _run_batch(model, forward, pending: list, device: torch.device, half: bool, memory_format, head: str,
@@ -191,16 +267,17 @@ def _run_batch(model, forward, pending: list, device: torch.device, half: bool, 
     dets = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic, max_det=nms.max_det)
     t4 = _sync(device)
     out = []
-    for (index, image, path, _, load_s), det in zip(pending, dets):
+    for (index, image, path, frame, _, load_s), det in zip(pending, dets):
         det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], image.shape).round()
         det = det.float().cpu().numpy()
         speed = {"load_ms": load_s * 1e3, "preprocess_ms": (t2 - t1) * 1e3 / n,
                  "inference_ms": (t3 - t2) * 1e3 / n, "nms_ms": (t4 - t3) * 1e3 / n}
         result = Prediction(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), list(model.names),
                             tuple(image.shape[:2]), tuple(x.shape[2:]), path, speed,
-                            image if path is None else None)
+                            image if path is None else None, frame=frame)
         if LOGGER.isEnabledFor(logging.DEBUG):
-            LOGGER.debug("image %d %s: %s, %.1fms", index + 1, path or "array", result.summary(), speed["inference_ms"])
+            where = f"{path} frame {frame}" if frame is not None else path or "array"
+            LOGGER.debug("image %d %s: %s, %.1fms", index + 1, where, result.summary(), speed["inference_ms"])
         out.append((result, speed))
     return out
 

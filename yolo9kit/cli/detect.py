@@ -1,7 +1,8 @@
-"""``python -m yolo9kit detect``: detect objects in images, as the official ``detect_dual.py``.
+"""``python -m yolo9kit detect``: detect objects in images and videos, as the official ``detect_dual.py``.
 
-Prints one line per image and the official ``Speed:`` line, writes annotated images (unless
-``--nosave``), ``labels/*.txt`` with ``--save-txt`` and ``speed.json`` into ``<project>/<name>``.
+Prints one line per image or video frame and the official ``Speed:`` line, writes annotated images and
+videos (unless ``--nosave``), ``labels/*.txt`` with ``--save-txt`` and ``speed.json`` (the per-frame timings
+included) into ``<project>/<name>``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from yolo9kit.cli.flags import device, image_size, non_negative_int, positive_in
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("detect", help="detect objects in images (detect_dual.py flags)")
+    p = subparsers.add_parser("detect", help="detect objects in images and videos (detect_dual.py flags)")
     p.add_argument("--weights", required=True, help="kit checkpoint, official .pt, or a model name (random weights)")
-    p.add_argument("--source", required=True, nargs="+", help="image files, folders or glob patterns")
+    p.add_argument("--source", required=True, nargs="+",
+                   help="image or video files, folders, glob patterns, .txt files listing images or videos")
     p.add_argument("--imgsz", "--img", "--img-size", type=image_size, nargs="+", default=[640],
                    help="h [w] (default 640)")
     p.add_argument("--conf-thres", type=share, default=0.25, help="confidence threshold (default 0.25)")
@@ -37,6 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="images per forward pass (above 1: full-size letterbox)")
     p.add_argument("--line-thickness", type=positive_int, default=3, help="box line width in pixels")
     p.add_argument("--head", choices=("main", "aux"), default="main", help="which head of a YOLOv9 model")
+    p.add_argument("--vid-stride", type=positive_int, default=1,
+                   help="keep every k-th frame of a video (default 1: every frame)")
     p.set_defaults(func=run)
 
 
@@ -66,16 +70,19 @@ def run(args: argparse.Namespace) -> int:
                       line_width=args.line_thickness)
     results = predict(args.weights, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz,
                       nms=nms, save=save, half=args.half, device=args.device or None, head=args.head,
-                      batch_size=args.batch_size)
+                      batch_size=args.batch_size, vid_stride=args.vid_stride)
     total = len(results) + len(results.skipped)
     for i, result in enumerate(results, 1):
-        print(f"image {i}/{total} {result.path or 'array'}: {_official_counts(result)}"
+        what = "image" if result.frame is None else f"video frame {result.frame}"
+        print(f"{what} {i}/{total} {result.path or 'array'}: {_official_counts(result)}"
               f"{result.speed['inference_ms']:.1f}ms")
     for source, reason in results.skipped:
         print(f"skipped {source}: {reason}")
     print(results.speed_line())
     means = {c: float(results.speed[c].mean()) if len(results.speed) else 0.0 for c in ["load_ms", *SPEED_COLUMNS]}
-    report = {"per_image_mean_ms": means, "images": len(results), "skipped": results.skipped,
+    frames = sum(result.frame is not None for result in results)
+    report = {"per_image_mean_ms": means, "images": len(results) - frames, "video_frames": frames,
+              "skipped": results.skipped,
               "shape": [1, 3, *imgsz], "per_image": results.speed.to_dict(orient="records")}
     (save_dir / "speed.json").write_text(json.dumps(report, indent=1))
     print(f"Results saved to {save_dir}")

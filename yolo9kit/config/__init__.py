@@ -4,10 +4,12 @@
   with the official ``hyp.scratch-high.yaml`` defaults; ``LossConfig``, the loss gains it carries.
 * ``StepConfig`` (``config.step``): one training step, what the memory tools describe and ``fit`` runs.
 * ``NMSConfig``, ``SaveConfig``, ``LoaderConfig`` (``config.inference``): prediction, validation, loading.
+* ``ExportConfig`` (``config.export``): the ONNX export.
 """
 
 from __future__ import annotations
 
+from yolo9kit.config.export import ExportConfig
 from yolo9kit.config.inference import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
 from yolo9kit.config.step import FAST_SWITCHES, StepConfig, amp_for
 from yolo9kit.config.train import (
@@ -25,6 +27,6 @@ from yolo9kit.config.train import (
 
 __all__ = [
     "ACTIVATION_CHECKPOINTING", "AMP_MODES", "CALLBACK_NAMES", "DEFAULT_AUGMENT_HYP", "DEFAULT_MARGIN",
-    "FAST_SWITCHES", "OPTIMIZERS", "PREDICT_NMS", "SCHEDULES", "VAL_NMS", "LoaderConfig", "LossConfig",
+    "FAST_SWITCHES", "OPTIMIZERS", "PREDICT_NMS", "SCHEDULES", "VAL_NMS", "ExportConfig", "LoaderConfig", "LossConfig",
     "NMSConfig", "SaveConfig", "StepConfig", "TrainConfig", "amp_for", "check_activation_checkpointing",
 ]
