@@ -17,7 +17,7 @@ import pytest
 from yolo9kit.cli import main
 from yolo9kit.config import SaveConfig
 from yolo9kit.data import make_shapes
-from yolo9kit.data.media import VideoReader, expand_sources
+from yolo9kit.data.media import VideoReader, expand_sources, write_video
 from yolo9kit.prediction import predict
 from yolo9kit.pretrained import SHAPES_IMGSZ, SHAPES_WEIGHTS, shapes_model
 
@@ -36,13 +36,7 @@ def clip(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("clip")
     make_shapes(root / "shapes", n_train=FRAMES, n_val=1, imgsz=(WIDTH, HEIGHT), num_classes=3, seed=3)
     images = sorted((root / "shapes" / "images" / "train").iterdir())
-    path = root / "clip.mp4"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (WIDTH, HEIGHT))
-    assert writer.isOpened()
-    for image in images:
-        writer.write(cv2.imread(str(image)))
-    writer.release()
-    return path
+    return write_video(images, root / "clip.mp4", fps=10.0)
 
 
 def _decoded_frames(path: Path) -> list[np.ndarray]:
@@ -174,3 +168,16 @@ def test_a_run_stopped_mid_video_leaves_a_playable_video_of_the_frames_done(mode
         predict(model, clip, imgsz=SHAPES_IMGSZ, device="cpu", save=SaveConfig(tmp_path))
     written = _decoded_frames(tmp_path / "clip.mp4")
     assert len(written) == 2 and written[0].shape == (HEIGHT, WIDTH, 3)
+
+
+def test_write_video_names_the_image_it_cannot_use(tmp_path):
+    make_shapes(tmp_path / "a", n_train=2, n_val=1, imgsz=(WIDTH, HEIGHT), num_classes=3, seed=3)
+    make_shapes(tmp_path / "b", n_train=1, n_val=1, imgsz=64, num_classes=3, seed=3)
+    good = sorted((tmp_path / "a" / "images" / "train").iterdir())
+    other = next((tmp_path / "b" / "images" / "train").iterdir())
+    with pytest.raises(ValueError, match=f"{other.name}: 64x64, the video is {WIDTH}x{HEIGHT}"):
+        write_video([*good, other], tmp_path / "mixed.mp4")
+    with pytest.raises(ValueError, match="no images given"):
+        write_video([], tmp_path / "none.mp4")
+    clip = write_video(good, tmp_path / "ok.mp4")
+    assert VideoReader(str(clip), 1).frame_count == len(good)

@@ -29,7 +29,7 @@ LOGGER = logging.getLogger(__name__)
 VIDEO_SUFFIXES = {".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv"}
 LIST_SUFFIX = ".txt"
 
-__all__ = ["LIST_SUFFIX", "VIDEO_SUFFIXES", "VideoReader", "expand_sources", "is_video", "read_frame"]
+__all__ = ["LIST_SUFFIX", "VIDEO_SUFFIXES", "VideoReader", "expand_sources", "is_video", "read_frame", "write_video"]
 
 
 def is_video(item) -> bool:
@@ -175,3 +175,41 @@ def read_frame(path: str, frame: int) -> np.ndarray | None:
         return image if ok else None
     finally:
         capture.release()
+
+
+def write_video(images, path: str | Path, fps: float = 10.0) -> Path:
+    """Write image files (all the size of the first) as an mp4 video, one frame each: a clip to predict on.
+
+    Args:
+        images: image paths, in frame order.
+        path: the .mp4 file to write (mp4v, lossy: the frames read back are close to, not equal to, the images).
+        fps: frames per second.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: no images, an image that cannot be read, or one of another size (each named).
+        OSError: OpenCV cannot open a writer for ``path``.
+    """
+    images, path = [str(i) for i in images], Path(path)
+    if not images:
+        raise ValueError(f"write_video({path}): no images given")
+    first = cv2.imread(images[0])
+    if first is None:
+        raise ValueError(f"{images[0]}: not a readable image")
+    height, width = first.shape[:2]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    if not writer.isOpened():
+        raise OSError(f"{path}: OpenCV could not open an mp4v video writer there")
+    try:
+        for name in images:
+            frame = cv2.imread(name)
+            if frame is None or frame.shape[:2] != (height, width):
+                raise ValueError(f"{name}: " + ("not a readable image" if frame is None else
+                                 f"{frame.shape[1]}x{frame.shape[0]}, the video is {width}x{height}"))
+            writer.write(frame)
+    finally:
+        writer.release()
+    return path
