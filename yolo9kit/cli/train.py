@@ -101,6 +101,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--patience", type=non_negative_int, default=None,
                    help="stop after N epochs without a better fitness (100)")
     p.add_argument("--noval", action="store_true", help="validate only after the last epoch")
+    p.add_argument("--no-plots", action="store_true",
+                   help="write no pictures into the run folder (labels, training batches, curves, validation plots)")
     p.add_argument("--allow-bad-labels", action="store_true",
                    help="train even when labels use unnamed classes, no image has a box, or many labelled images "
                         "would be dropped (refused by default, before the first step)")
@@ -175,6 +177,7 @@ def config_from_args(args: argparse.Namespace):
         cache=args.cache, workers=args.workers, seed=v("seed"), device=args.device, val=not args.noval,
         project=args.project, name=v("name"), exist_ok=args.exist_ok, sync_bn=args.sync_bn, patience=v("patience"),
         compile=args.compile, allow_bad_labels=args.allow_bad_labels, **(_PLAIN if args.plain_step else {}),
+        plots=not args.no_plots,
         **train_keys)
 
 
@@ -228,9 +231,11 @@ def _resume_setup(args: argparse.Namespace):
     if refused:
         raise SystemExit(f"train --resume {path}: {', '.join(refused)} cannot change in the middle of a run; leave "
                          f"them out (only {', '.join('--' + k.replace('_', '-') for k in RESUME_CHANGES)} and --noval, "
-                         f"--plain-step may change), or start a new run from its weights: train --weights {path} ...")
+                         f"--plain-step, --no-plots may change), or start a new run from its weights: "
+                         f"train --weights {path} ...")
     changes = {k: getattr(args, k) for k in RESUME_CHANGES if _given(getattr(args, k))}
     changes.update({"val": False} if args.noval else {}, **(_PLAIN if args.plain_step else {}))
+    changes.update({"plots": False} if args.no_plots else {})
     config = TrainConfig.from_dict(saved, resume=str(path), **changes)
     cfg = check_model_config(ckpt, path, ckpt["model"])
     model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"))
