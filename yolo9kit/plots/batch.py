@@ -69,7 +69,8 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
         ax.set_ylim(nrows * h, 0)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()  # after the title: the grid makes room for it
+    if fig.get_layout_engine() is None:  # a figure with its own layout (new_figure) lays out when drawn
+        fig.tight_layout()  # after the title: the grid makes room for it
     return fig
 
 
@@ -118,7 +119,8 @@ def plot_labels(labels, names: list[str] | dict[int, str] | None = None, fig=Non
     outline.set(title="box outlines about one centre", xlim=(0, 1), ylim=(1, 0), aspect="equal")
     outline.set_xticks([])
     outline.set_yticks([])
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure with its own layout (new_figure) lays out when drawn
+        fig.tight_layout()
     return fig
 
 

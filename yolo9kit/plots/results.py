@@ -54,5 +54,6 @@ def draw_results(df: Any, fig=None):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
         if ax is not axes[1, 1] and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure with its own layout (new_figure) lays out when drawn
+        fig.tight_layout()
     return fig

@@ -42,7 +42,8 @@ class RunPictures:
             before its first checkpoint, so that a failed start leaves no folder behind).
     """
 
-    def __init__(self, run_dir: Path | None, names: Sequence[str] | Mapping[int, str] | None, written: list[Path] | None = None):
+    def __init__(self, run_dir: Path | None, names: Sequence[str] | Mapping[int, str] | None,
+                 written: list[Path] | None = None):
         self.run_dir = run_dir
         if isinstance(names, Mapping):  # {id: name} as in a data.yaml
             names = [str(names[k]) for k in sorted(names)]
