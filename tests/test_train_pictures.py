@@ -145,3 +145,11 @@ def test_no_plots_flag(tmp_path):
     train_cli.add_parser(parser.add_subparsers())
     assert train_cli.config_from_args(parser.parse_args(["train", "--data", "d.yaml"])).plots is True
     assert train_cli.config_from_args(parser.parse_args(["train", "--data", "d.yaml", "--no-plots"])).plots is False
+
+
+def test_drawing_the_pictures_leaves_the_training_unchanged(tmp_path):
+    """The pictures read the batches on their way to the model and draw between epochs: same weights to the bit."""
+    quiet, drawn = _toy_fit(tmp_path, epochs=2, plots=False, name="quiet"), _toy_fit(tmp_path, epochs=2, name="drawn")
+    assert (drawn.save_dir / "train_batch0.jpg").is_file() and not (quiet.save_dir / "train_batch0.jpg").exists()
+    for key, value in quiet.model.state_dict().items():
+        assert torch.equal(drawn.model.state_dict()[key], value), key

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,13 +60,15 @@ class RunPictures:
         picture and return None (a picture is never worth a training run)."""
         if self.run_dir is None:
             return None
-        path = self.run_dir / name
+        path, figure = self.run_dir / name, None
         try:
             figure = make()
             figure.savefig(path, dpi=_DPI)
         except Exception as e:  # noqa: BLE001 - any plotting error: the picture is lost, the run is not
             LOGGER.warning("%s: picture not drawn (%s: %s); training goes on without it", path, type(e).__name__, e)
             return None
+        finally:
+            _release(figure)
         if path not in self.written:
             self.written.append(path)
         return path
@@ -114,6 +117,20 @@ class RunPictures:
         names = self.names or result.names
         for name, make in validation_figure_makers(result.confusion_matrix, result.ap_result, names).items():
             self.draw(name, make)
+
+
+def _release(figure: Any) -> None:
+    """Free a saved figure now, not at the next garbage collection (a long run draws one per epoch); one made
+    through pyplot also leaves pyplot's registry."""
+    if figure is None:
+        return
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    try:
+        if pyplot is not None and pyplot.fignum_exists(getattr(figure, "number", -1)):
+            pyplot.close(figure)
+        figure.clear()
+    except Exception:  # noqa: BLE001 - releasing is a courtesy: a figure that will not clear is left to the GC
+        pass
 
 
 class _FirstBatches:
