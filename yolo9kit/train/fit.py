@@ -228,7 +228,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 _check_space(run, epoch)
                 set_epoch_data(loader, config, epoch)
                 at.rng_epoch_start = capture_rng()
-                batches = run.pictures.batches(loader, epoch)  # the first ones drawn on the way (config.plots)
+                batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.plots)
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup, start_batch=progress.ni - epoch * nb,
                                            on_step=_callback(config, "on_step", run),
@@ -241,7 +241,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 at.phase = "committing"  # signals wait until the epoch's files are written
                 record = _commit(run, at, nb)
                 at.phase = "committed"
-                run.pictures.results(run.results)
+                run.pictures.epoch_end(run.results)  # after the commit: never in the epoch's time
                 stop = _after_epoch(run, epoch, record)
                 if signals.received:
                     LOGGER.warning("%s: stopped after epoch %d, saved in last.pt", signals.received, epoch)

@@ -1,8 +1,8 @@
 """The run folder's pictures: what a person looks at after ``fit``.
 
 - ``labels.jpg`` at the start: boxes per class, box centres and sizes of the training labels;
-- ``train_batch0.jpg`` .. ``train_batch2.jpg``: the first training batches with their boxes, as the model
-  gets them (augmented; the colour jitter is missing when it runs on the device, after the loader);
+- ``train_batch0.jpg`` .. ``train_batch2.jpg`` after the first epoch: its first batches with their boxes, as
+  the model gets them (augmented; the colour jitter is missing when it runs on the device, after the loader);
 - ``results.png`` after every epoch: the curves of results.csv;
 - after the last epoch: ``confusion_matrix.png``, ``PR_curve.png``, ``F1_curve.png``, ``P_curve.png`` and
   ``R_curve.png`` of the final validation (the EMA of the last validated epoch, from the default validation).
@@ -50,6 +50,7 @@ class RunPictures:
             names = [str(names[k]) for k in sorted(names)]
         self.names = list(names) if names is not None else None
         self.written = written if written is not None else []
+        self.pending: list[tuple[int, tuple]] = []  # (index, first images of a batch) to draw after the epoch
 
     @property
     def enabled(self) -> bool:
@@ -87,11 +88,16 @@ class RunPictures:
         self.draw(LABELS_PICTURE, make)
 
     def batches(self, loader: Iterable, epoch: int) -> Iterable:
-        """The loader to train ``epoch`` on: in the first epoch, one that draws its first batches on the way."""
+        """The loader to train ``epoch`` on: in the first epoch, one that keeps its first batches for
+        ``epoch_end`` to draw."""
         return _FirstBatches(loader, self) if self.enabled and epoch == 0 else loader
 
-    def results(self, rows: list[dict]) -> None:
-        """``results.png`` from the results.csv rows so far (``FitResult.results``)."""
+    def epoch_end(self, rows: list[dict]) -> None:
+        """After an epoch: the batch pictures kept in it (``batches``), and ``results.png`` from the results.csv
+        rows so far (``FitResult.results``)."""
+        pending, self.pending = self.pending, []
+        for i, batch in pending:
+            self.draw(f"train_batch{i}.jpg", lambda batch=batch, i=i: _batch_figure(batch, i, self))
         if not self.enabled or not rows:
             return
 
@@ -134,7 +140,9 @@ def _release(figure: Any) -> None:
 
 
 class _FirstBatches:
-    """A loader that draws its first ``BATCH_PICTURES`` batches as ``train_batch<i>.jpg`` before yielding them."""
+    """A loader that keeps a copy of its first ``BATCH_PICTURES`` batches (at most 16 images each, what a picture
+    shows) for ``RunPictures.epoch_end`` to draw: drawing them here would count in the epoch's time and images/s.
+    """
 
     def __init__(self, loader: Iterable, pictures: RunPictures):
         self.loader, self.pictures = loader, pictures
@@ -145,9 +153,23 @@ class _FirstBatches:
     def __iter__(self) -> Iterator:
         for i, batch in enumerate(self.loader):
             if i < BATCH_PICTURES:
-                self.pictures.draw(f"train_batch{i}.jpg", lambda batch=batch, i=i: _batch_figure(batch, i,
-                                                                                                 self.pictures))
+                try:
+                    self.pictures.pending.append((i, _first_images(batch, 16)))
+                except Exception as e:  # noqa: BLE001 - a batch the picture cannot read is still trained on
+                    LOGGER.warning("%s: picture not drawn (%s: %s); training goes on without it",
+                                   self.pictures.run_dir / f"train_batch{i}.jpg", type(e).__name__, e)
             yield batch
+
+
+def _first_images(batch, n: int) -> tuple:
+    """``(images[:n], their targets)`` copied: the loop may reuse or change the batch it is given."""
+    images, targets = batch[0], batch[1]
+    keep = targets[:, 0] < n
+    return _copy(images[:n]), _copy(targets[keep])
+
+
+def _copy(x):
+    return x.clone() if hasattr(x, "clone") else x.copy()
 
 
 def _batch_figure(batch, i: int, pictures: RunPictures):
