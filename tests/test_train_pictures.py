@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,22 +99,39 @@ def _toy_fit(tmp_path, **kw):
 
 
 def test_a_failing_picture_is_a_warning_naming_it_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    """The batch pictures fail to draw, results.png fails half-way through its save in the second epoch: four
+    warnings naming the files, both epochs trained and saved, and results.png of the first epoch kept whole."""
     import yolo9kit.plots.batch
+    import yolo9kit.plots.results
 
     def broken(*args, **kwargs):
         raise RuntimeError("no ink")
 
+    class HalfWritten:  # a figure whose save fills the disk half-way
+        def savefig(self, path, **kwargs):
+            Path(path).write_bytes(b"\x89PNG half")
+            raise OSError(28, "No space left on device")
+
+    curves = []
+    draw_results = yolo9kit.plots.results.draw_results
+
+    def second_fails(*args, **kwargs):
+        curves.append(len(curves))
+        return draw_results(*args, **kwargs) if len(curves) == 1 else HalfWritten()
+
     monkeypatch.setattr(yolo9kit.plots.batch, "show_batch", broken)
+    monkeypatch.setattr(yolo9kit.plots.results, "draw_results", second_fails)
     with caplog.at_level(logging.WARNING, logger="yolo9kit.train.pictures"):
         result = _toy_fit(tmp_path, epochs=2)
     assert result.epochs_completed == 2 and not result.interrupted
+    assert (result.save_dir / "weights" / "last.pt").is_file() and len(result.results) == 2
     warned = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.train.pictures"]
-    assert len(warned) == 3, warned
-    for i, message in enumerate(warned):
-        assert f"train_batch{i}.jpg" in message and "RuntimeError: no ink" in message
-    assert not any(result.save_dir.glob("train_batch*"))
-    _assert_picture(result.save_dir / "results.png")  # the other pictures are still drawn
-    assert (result.save_dir / "weights" / "last.pt").is_file()
+    assert len(warned) == 4, warned
+    for i, message in enumerate(warned[:3]):
+        assert f"train_batch{i}.jpg: picture not drawn (RuntimeError: no ink)" in message
+    assert "results.png: picture not drawn (OSError: [Errno 28] No space left on device)" in warned[3]
+    assert not any(result.save_dir.glob("train_batch*")) and not any(result.save_dir.glob(".*.tmp"))
+    _assert_picture(result.save_dir / "results.png")  # the first epoch's, whole
 
 
 def test_a_run_failing_before_its_first_checkpoint_leaves_no_pictures_behind(tmp_path):
