@@ -127,7 +127,8 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             ``yolo9kit.validate.evaluate`` on the val loader.
 
     Returns:
-        FitResult; the run folder holds weights/last.pt, weights/best.pt and results.csv. A run stopped by
+        FitResult; the run folder holds weights/last.pt, weights/best.pt, results.csv, settings.yaml and, with
+        ``config.plots``, the pictures of ``yolo9kit.train.pictures``. A run stopped by
         SIGINT/SIGTERM or a ``KeyboardInterrupt`` returns with ``interrupted_by`` set, after saving last.pt.
 
     Raises:
