@@ -33,7 +33,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # what training and inference produce and store, and the figures of those result types
     # (and the weights that ship with the kit, loaded through the checkpoint module)
     ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.pretrained",
-                                    "yolo9kit.detections", "yolo9kit.plots.metrics", "yolo9kit.plots.batch"]),
+                                    "yolo9kit.detections", "yolo9kit.plots.metrics", "yolo9kit.plots.batch",
+                                    "yolo9kit.plots.results"]),
     # validation of a model on a dataset
     ("evaluation", ["yolo9kit.validate"]),
     # one training step: micro-steps, the optimizer step, its optimizer groups and schedules, the EMA

@@ -21,6 +21,7 @@ _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 def _config(tmp_path, **kw):
     base = dict(epochs=2, batch_size=2, accumulate_steps=2, amp="off", device="cpu", warmup_epochs=0.0,
                 warmup_min_steps=3, project=str(tmp_path / "runs"), name="exp", lr0=0.05)
+    base["plots"] = False  # the pictures have their tests (test_train_pictures.py); here they would cost most of a run
     return TrainConfig(**{**base, **kw})
 
 

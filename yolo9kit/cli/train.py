@@ -121,6 +121,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--patience", type=non_negative_int, default=None,
                    help="stop after N epochs without a better fitness (100)")
     p.add_argument("--noval", action="store_true", help="validate only after the last epoch")
+    p.add_argument("--no-plots", action="store_true",
+                   help="write no pictures into the run folder (labels, training batches, curves, validation plots)")
     p.add_argument("--allow-bad-labels", action="store_true",
                    help="train even when labels use unnamed classes, no image has a box, or many labelled images "
                         "would be dropped (refused by default, before the first step)")
@@ -207,6 +209,7 @@ def config_from_args(args: argparse.Namespace):
         compile=args.compile, allow_bad_labels=args.allow_bad_labels, freeze=freeze(args.freeze), rect=args.rect,
         multi_scale=args.multi_scale, single_cls=args.single_cls, min_items=v("min_items"),
         label_smoothing=v("label_smoothing"), save_period=v("save_period"), **(_PLAIN if args.plain_step else {}),
+        plots=not args.no_plots,
         **train_keys)
 
 
@@ -260,9 +263,11 @@ def _resume_setup(args: argparse.Namespace):
     if refused:
         raise SystemExit(f"train --resume {path}: {', '.join(refused)} cannot change in the middle of a run; leave "
                          f"them out (only {', '.join('--' + k.replace('_', '-') for k in RESUME_CHANGES)} and --noval, "
-                         f"--plain-step may change), or start a new run from its weights: train --weights {path} ...")
+                         f"--plain-step, --no-plots may change), or start a new run from its weights: "
+                         f"train --weights {path} ...")
     changes = {k: getattr(args, k) for k in RESUME_CHANGES if _given(getattr(args, k))}
     changes.update({"val": False} if args.noval else {}, **(_PLAIN if args.plain_step else {}))
+    changes.update({"plots": False} if args.no_plots else {})
     config = TrainConfig.from_dict(saved, resume=str(path), **changes)
     cfg = check_model_config(ckpt, path, ckpt["model"])
     model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"))

@@ -17,6 +17,7 @@ _EXPORTS = {
     "memory_vs_batch": "yolo9kit.plots.memory",
     "vram_trace": "yolo9kit.plots.memory",
     "plot_confusion_matrix": "yolo9kit.plots.metrics",
+    "plot_labels": "yolo9kit.plots.batch",
     "plot_metric_curve": "yolo9kit.plots.metrics",
     "plot_pr_curve": "yolo9kit.plots.metrics",
     "plot_validation": "yolo9kit.plots.metrics",
@@ -24,8 +25,8 @@ _EXPORTS = {
     "plot_schedule": "yolo9kit.plots.train",
 }
 
-__all__ = ["memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_metric_curve", "plot_pr_curve",
-           "plot_results", "plot_schedule", "plot_validation", "show_batch", "vram_trace"]
+__all__ = ["memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_labels", "plot_metric_curve",
+           "plot_pr_curve", "plot_results", "plot_schedule", "plot_validation", "show_batch", "vram_trace"]
 
 
 def __getattr__(name: str):
@@ -41,7 +42,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from yolo9kit.plots.batch import show_batch
+    from yolo9kit.plots.batch import plot_labels, show_batch
     from yolo9kit.plots.memory import memory_breakdown, memory_vs_batch, vram_trace
     from yolo9kit.plots.metrics import plot_confusion_matrix, plot_metric_curve, plot_pr_curve, plot_validation
     from yolo9kit.plots.train import plot_results, plot_schedule

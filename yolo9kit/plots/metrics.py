@@ -7,13 +7,14 @@ itself as PNG when it is the last value of a notebook cell).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 
 from yolo9kit.figure import new_figure
 
-__all__ = ["plot_confusion_matrix", "plot_metric_curve", "plot_pr_curve", "plot_validation"]
+__all__ = ["plot_confusion_matrix", "plot_metric_curve", "plot_pr_curve", "plot_validation", "validation_figure_makers"]
 
 _MAX_LEGEND_CLASSES = 20  # beyond this, per-class curves are grey and unlabelled
 
@@ -127,12 +128,18 @@ def plot_validation(confusion, ap_result, names: Sequence[str] = ()) -> dict:
     Without any true positive (``ap_result`` None) the confusion matrix and an empty PR curve saying so; the
     F1, P and R curves are left out (there is nothing to draw against confidence).
     """
-    figures = {"confusion_matrix.png": plot_confusion_matrix(confusion, names),
-               "PR_curve.png": plot_pr_curve(ap_result, names)}
+    return {name: make() for name, make in validation_figure_makers(confusion, ap_result, names).items()}
+
+
+def validation_figure_makers(confusion, ap_result, names: Sequence[str] = ()) -> dict:
+    """What :func:`plot_validation` draws, one function per file name, not called yet: a caller that must not
+    fail on one picture (a training run's folder) draws and saves them one by one."""
+    makers = {"confusion_matrix.png": functools.partial(plot_confusion_matrix, confusion, names),
+              "PR_curve.png": functools.partial(plot_pr_curve, ap_result, names)}
     if ap_result is not None:
         for metric, stem in (("f1", "F1"), ("p", "P"), ("r", "R")):
-            figures[f"{stem}_curve.png"] = plot_metric_curve(ap_result, metric, names)
-    return figures
+            makers[f"{stem}_curve.png"] = functools.partial(plot_metric_curve, ap_result, metric, names)
+    return makers
 
 
 def _class_labels(ap_result, names: Sequence[str]) -> list[str]:

@@ -19,37 +19,15 @@ def plot_results(results: Any, fig=None):
     import matplotlib.pyplot as plt
     import pandas as pd
 
+    from yolo9kit.plots.results import draw_results
+
     if isinstance(results, (str, Path)):
         from yolo9kit.train.records import read_results
 
         df = read_results(results)
     else:
         df = results if isinstance(results, pd.DataFrame) else pd.DataFrame(list(results))
-    fig = fig or plt.figure(figsize=(10, 6))
-    fig.clear()
-    axes = fig.subplots(2, 2)
-    x = df["epoch"] + 1
-    for name in ("box", "cls", "dfl"):
-        axes[0, 0].plot(x, df[f"train/{name}_loss"], marker=".", label=name)
-    axes[0, 0].set(title="train loss", xlabel="epoch")
-    for col, label in (("metrics/mAP50", "mAP50"), ("metrics/mAP50-95", "mAP50-95"),
-                       ("metrics/precision", "P"), ("metrics/recall", "R")):
-        if col in df and df[col].notna().any():
-            axes[0, 1].plot(x, df[col], marker=".", label=label)
-    axes[0, 1].set(title="validation (EMA)", xlabel="epoch", ylim=(0, 1))
-    for i, label in enumerate(("bias", "weights", "norm weights")):
-        axes[1, 0].plot(x, df[f"lr/pg{i}"], label=label)
-    axes[1, 0].set(title="learning rate (end of epoch)", xlabel="epoch")
-    axes[1, 1].plot(x, df["images_per_s"], marker=".")
-    axes[1, 1].set(title="training images / s", xlabel="epoch")
-    from matplotlib.ticker import MaxNLocator
-
-    for ax in axes.flat:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
-        if ax is not axes[1, 1] and ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return draw_results(df, fig or plt.figure(figsize=(10, 6)))
 
 
 def plot_schedule(config: Any, batches_per_epoch: int, ax=None):

@@ -26,6 +26,7 @@ from yolo9kit.train.guards import Interrupted, StopSignals
 from yolo9kit.train.inputs import ValidateFn, check_classes, default_validate, make_loader, set_epoch_data
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_steps
+from yolo9kit.train.pictures import RunPictures
 from yolo9kit.train.records import EpochRecord, append_results
 from yolo9kit.train.rundir import (
     RunFolder,
@@ -35,6 +36,7 @@ from yolo9kit.train.rundir import (
     data_record,
     open_run,
     resume_data,
+    write_settings,
 )
 from yolo9kit.train.state import (
     Progress,
@@ -94,6 +96,7 @@ class _Run:
     extra: dict[str, Any]
     results: list[dict] = field(default_factory=list)
     auto_batch: Any = None  # memory.autobatch.AutoBatch when the batch was chosen from the estimate
+    pictures: RunPictures = field(default_factory=lambda: RunPictures(None, None))  # the run folder's pictures
 
 
 @dataclass
@@ -125,7 +128,8 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             ``yolo9kit.validate.evaluate`` on the val loader.
 
     Returns:
-        FitResult; the run folder holds weights/last.pt, weights/best.pt and results.csv. A run stopped by
+        FitResult; the run folder holds weights/last.pt, weights/best.pt, results.csv, settings.yaml and, with
+        ``config.plots``, the pictures of ``yolo9kit.train.pictures``. A run stopped by
         SIGINT/SIGTERM or a ``KeyboardInterrupt`` returns with ``interrupted_by`` set, after saving last.pt.
 
     Raises:
@@ -151,6 +155,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             run.validate_fn = default_validate(data, val_loader or make_loader(data, "val", run.config, dist),
                                                 run.config, device=run.trainer.device,
                                                 half=run.trainer.step.amp != "off")
+        _open_records(run, folder, data, train_loader)
         if folder.ckpt:
             restore_rng(folder.ckpt["rng"])  # last, so that nothing of the set-up consumes the restored states
             LOGGER.info("resuming %s at epoch %d, batch %d", folder.path, run.progress.epoch, run.progress.ni)
@@ -192,6 +197,16 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
     return run
 
 
+def _open_records(run: _Run, folder: RunFolder, data, loader: Iterable) -> None:
+    """settings.yaml, and with ``config.plots`` the pictures of the run (labels.jpg now, the rest as it trains)."""
+    write_settings(folder, run.config, run.trainer, data, len(loader))  # type: ignore[arg-type]
+    if run.config.plots and run.run_dir is not None:
+        names = getattr(getattr(loader, "dataset", None), "names", None) or \
+            getattr(unwrap(run.trainer.model), "names", None)
+        run.pictures = RunPictures(run.run_dir, names, folder.files)
+        run.pictures.labels(loader)
+
+
 def _size_batch(config: TrainConfig, model: nn.Module, device: torch.device, dist: ddp.DistInfo,
                 ckpt: dict | None, loss_fn: Callable | None) -> tuple[TrainConfig, Any]:
     """``batch_size="auto"``: the planned batch (``yolo9kit.memory.autobatch``); a resumed run keeps the
@@ -219,7 +234,8 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 _check_space(run, epoch)
                 set_epoch_data(loader, config, epoch)
                 at.rng_epoch_start = capture_rng()
-                at.stats = train_one_epoch(run.trainer, loader, config, progress, batches_per_epoch=nb,
+                batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.plots)
+                at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup, start_batch=progress.ni - epoch * nb,
                                            on_step=_callback(config, "on_step", run),
                                            show=run.dist.is_main and config.progress_bar, run_dir=run.run_dir,
@@ -231,12 +247,14 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 at.phase = "committing"  # signals wait until the epoch's files are written
                 record = _commit(run, at, nb)
                 at.phase = "committed"
+                run.pictures.epoch_end(run.results)  # after the commit: never in the epoch's time
                 stop = _after_epoch(run, epoch, record)
                 if signals.received:
                     LOGGER.warning("%s: stopped after epoch %d, saved in last.pt", signals.received, epoch)
                     return signals.received
                 if stop:
                     break
+            run.pictures.validation(run.validate_fn)  # the run ended (or stopped early): its last validation
         except KeyboardInterrupt as e:
             reason = e.reason if isinstance(e, Interrupted) else "KeyboardInterrupt"
             _save_interrupted(run, at, nb, reason)

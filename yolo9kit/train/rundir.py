@@ -1,7 +1,8 @@
 """The run folder: where a run starts or resumes, what a resume may change, the leftovers of killed writes,
 and room on the disk for an epoch's checkpoints.
 
-A run folder holds ``weights/`` (created at the first save), ``results.csv`` and ``auto_batch.json``. Its
+A run folder holds ``weights/`` (created at the first save), ``results.csv``, ``settings.yaml`` (the settings
+in effect, ``write_settings``), ``auto_batch.json`` and the pictures of ``yolo9kit.train.pictures``. Its
 ``weights/last.pt`` is the commit point of an epoch: ``results.csv`` holds the rows of the epochs that
 last.pt records, and a resumed run rewrites it from the rows stored in last.pt, so that a crash at any
 instant never leaves an epoch twice or a row of an epoch that was not kept.
@@ -9,8 +10,9 @@ instant never leaves an epoch twice or a row of an epoch that was not kept.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,9 @@ class RunFolder:
     ckpt: dict | None = None  # the checkpoint resumed from
     checkpoint: Path | None = None  # its file
     new: bool = False  # made by this run: removed again when the run fails before writing into it
+    # settings.yaml and the pictures this run wrote: removed with a new folder when the run fails before its
+    # first checkpoint (a failed start leaves nothing behind)
+    files: list[Path] = field(default_factory=list)
 
 
 def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
@@ -96,6 +101,10 @@ def close_failed(run: RunFolder) -> None:
     """After a failed run: remove an empty ``weights/``, and the run folder when this run made it and it is empty."""
     if run.path is None:
         return
+    weights = run.path / "weights"
+    if run.new and not (weights.is_dir() and any(weights.iterdir())):
+        for path in run.files:
+            path.unlink(missing_ok=True)
     for folder in (run.path / "weights", run.path if run.new else None):
         try:
             if folder is not None and folder.is_dir() and not any(folder.iterdir()):
@@ -171,3 +180,56 @@ def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> 
     check_free_space(weights, needed, f"the checkpoints of the next epoch ({', '.join(names)}, "
                      f"about {size / 1e6:.3g} MB each)")
 
+
+
+SETTINGS_FILE = "settings.yaml"
+
+
+def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int) -> None:
+    """``settings.yaml``: the settings the run trains with, as a person reads them back.
+
+    ``train_config`` is ``TrainConfig.to_dict()`` (an automatic batch resolved); ``step`` the training step
+    resolved for the device (amp, the speed switches); ``derived`` what the training computes from them (the
+    accumulation after warmup, the scaled weight decay, the warmup batches); ``hyp`` the augmentation and
+    ``loss`` the loss settings in effect, defaults included; ``data`` the data.yaml. Rewritten when a run
+    resumes (its settings may change there: epochs, patience, device, ...). A failed write is a warning.
+    """
+    if run.path is None:
+        return
+    import yaml
+
+    from yolo9kit.config import LossConfig
+    from yolo9kit.files import write_text_atomically
+    from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_steps
+
+    step = trainer.step.to_dict() if getattr(trainer, "step", None) is not None else None
+    settings = {
+        "train_config": config.to_dict(), "step": step,
+        "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
+                    "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
+                    "weight_decay": scaled_weight_decay(config),
+                    "warmup_batches": warmup_steps(config, batches_per_epoch)},
+        "hyp": config.augment_hyp, "loss": dataclasses.asdict(config.loss or LossConfig()),
+        "data": data if isinstance(data, dict) else data_record(data),
+    }
+    path = run.path / SETTINGS_FILE
+    try:
+        write_text_atomically(path, yaml.safe_dump(_plain(settings), sort_keys=False))
+    except OSError as e:
+        LOGGER.warning("%s: not written (%s); training goes on", path, e)
+        return
+    if path not in run.files:
+        run.files.append(path)
+
+
+def _plain(value: Any) -> Any:
+    """Numbers, strings, lists and dicts only (what ``yaml.safe_dump`` writes); anything else by its name."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    return getattr(value, "__name__", None) or str(value)
