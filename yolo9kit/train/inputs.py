@@ -99,13 +99,9 @@ def default_validate(data, loader, config: TrainConfig, device: torch.device, ha
     def validate(model: nn.Module) -> dict[str, float]:
         from yolo9kit.validate import evaluate
 
-<<<<<<< HEAD
         r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device,
                      single_cls=config.single_cls)
-=======
-        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device)
         validate.last_result = r  # the run folder's validation pictures are drawn from the last one
->>>>>>> p16-run
         return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
                 "fitness": float(r.fitness)}
 
