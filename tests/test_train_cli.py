@@ -69,6 +69,8 @@ def test_model_for_data_transfers_weights(tmp_path, caplog):
     own, src = model.state_dict(), source.state_dict()
     same = [k for k in own if own[k].shape == src[k].shape]
     assert all((own[k] == src[k]).all() for k in same) and len(same) < len(own)  # class outputs differ in shape
+    from_checkpoint = model_for_data(str(ckpt), data)  # the checkpoint as the model: rebuilt for 3 classes
+    assert from_checkpoint.nc == 3 and from_checkpoint.name == "gelan-t"  # its name kept (the memory tools use it)
 
 
 def test_plots(tmp_path):

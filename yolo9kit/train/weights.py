@@ -42,6 +42,7 @@ def model_for_data(model: str, data, weights: str = "", single_cls: bool = False
             source.names = names
             return source.train()
         built = create_model(source.yaml, num_classes=nc, names=names)
+        built.name = source.name  # the checkpoint's model ("yolov9-t"), not "custom" for a config dict
         transfer_weights(built, source.state_dict())
     else:
         built = create_model(model, num_classes=nc, names=names)
