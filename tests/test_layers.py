@@ -22,9 +22,9 @@ PACKAGE = "yolo9kit"
 # prefix decides a module's layer; the bare package name matches only the top-level __init__.
 LAYERS: list[tuple[str, list[str]]] = [
     # helpers with no kit dependencies: environment, box formats, COCO ids, the inline matplotlib figure,
-    # crash-safe file writes
+    # crash-safe file writes, the verdicts of claims checked against a stated threshold
     ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure", "yolo9kit._renamed",
-              "yolo9kit.files"]),
+              "yolo9kit.files", "yolo9kit.claims"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),
     # the networks, the datasets and the tensor maths both sides share

@@ -1,0 +1,165 @@
+"""Verdicts on claims about training, decided by a rule stated before the measurement.
+
+A ``Claim`` names what is measured, the rule a measured value must meet for the claim to hold, the
+threshold and the unit, before anything runs; ``judge`` then reads the measured values and says whether
+the claim is true, false, or undecided (some values meet the rule and some do not, so the spread of the
+measurement straddles the threshold). Because the verdict is computed, a different measurement gives a
+different verdict: notebook 07 uses this for every claim it checks.
+
+Example:
+    >>> faster = Claim("gradient accumulation is faster than a large batch",
+    ...                quantity="time per update, accumulated / one batch", rule="<", threshold=1.0, unit="x")
+    >>> judge(faster, [1.31, 1.35, 1.42]).verdict
+    'False'
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+TRUE, FALSE, UNDECIDED, NOT_CHECKED = "True", "False", "Undecided", "Not checked"
+# "between" takes (low, high), both ends included; "==" compares exactly (numbers, strings, booleans), so a
+# tolerance on a float is written as "between" instead.
+RULES = ("<", "<=", ">", ">=", "==", "between")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim and how a measurement decides it, written down before measuring.
+
+    Attributes:
+        text: the claim as it is usually stated ("AMP halves memory").
+        quantity: what is measured, in words ("peak memory of the fp16 step / the fp32 step").
+        rule: how one measured value must compare with ``threshold`` for the claim to hold: one of ``RULES``.
+        threshold: a number; ``(low, high)`` for ``"between"``; for ``"=="`` also a string or a bool.
+        unit: the unit of the quantity and the threshold ("x", "s", "share of the weights"); "" for none.
+    """
+
+    text: str
+    quantity: str
+    rule: str
+    threshold: Any
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"Claim {self.text!r}: rule {self.rule!r} is not one of {RULES}")
+        if self.rule == "between":
+            if not (isinstance(self.threshold, tuple) and len(self.threshold) == 2
+                    and all(_is_number(t) for t in self.threshold) and self.threshold[0] <= self.threshold[1]):
+                raise ValueError(f"Claim {self.text!r}: rule 'between' needs threshold=(low, high) numbers with "
+                                 f"low <= high, got {self.threshold!r}")
+        elif self.rule != "==" and not _is_number(self.threshold):
+            raise ValueError(f"Claim {self.text!r}: rule {self.rule!r} needs a number as threshold, got "
+                             f"{self.threshold!r}")
+
+    def holds(self, value: Any) -> bool:
+        """Whether one measured value meets the rule."""
+        if self.rule == "==":
+            return value == self.threshold
+        if self.rule == "between":
+            return self.threshold[0] <= value <= self.threshold[1]
+        return {"<": value < self.threshold, "<=": value <= self.threshold,
+                ">": value > self.threshold, ">=": value >= self.threshold}[self.rule]
+
+    @property
+    def condition(self) -> str:
+        """The rule in words with its threshold and unit: ``"< 1 x"``, ``"between 0.4 and 0.6"``."""
+        if self.rule == "between":
+            text = f"between {_fmt(self.threshold[0])} and {_fmt(self.threshold[1])}"
+        else:
+            text = f"{self.rule} {_fmt(self.threshold)}"
+        return f"{text} {self.unit}".rstrip()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``judge`` decided.
+
+    Attributes:
+        claim: the claim judged.
+        verdict: ``"True"`` (every value meets the rule), ``"False"`` (none does), ``"Undecided"`` (some do:
+            the spread straddles the threshold) or ``"Not checked"`` (nothing was measured).
+        summary: one sentence with the measured numbers, the rule and the verdict.
+        values: the measured values, as given.
+        holding: how many of them meet the rule.
+    """
+
+    claim: Claim
+    verdict: str
+    summary: str
+    values: tuple
+    holding: int
+
+    @property
+    def measured(self) -> str:
+        """The measurement in short: the median and range of numbers, or the distinct values otherwise."""
+        return _describe(self.values, self.claim.unit)
+
+
+def judge(claim: Claim, measured_values: Iterable[Any]) -> Verdict:
+    """Decide ``claim`` from its measured values (repeats of one measurement, or one value).
+
+    Args:
+        claim: the claim with its rule, stated before measuring.
+        measured_values: the values of ``claim.quantity``; numbers must be finite. An empty sequence means
+            the quantity could not be measured (the verdict is then ``"Not checked"``).
+
+    Returns:
+        A ``Verdict``: true when every value meets the rule, false when none does, undecided otherwise.
+
+    Raises:
+        ValueError: a number is not finite (NaN or infinite), or an ordering rule gets a value that is not
+            a number; the message names the claim and the value's position.
+    """
+    values = tuple(measured_values)
+    for i, value in enumerate(values):
+        if _is_number(value) and not math.isfinite(value):
+            raise ValueError(f"judge({claim.text!r}): measured value {i} is {value}; every value must be finite "
+                             "(check the measurement that produced it)")
+        if claim.rule != "==" and not _is_number(value):
+            raise ValueError(f"judge({claim.text!r}): measured value {i} is {value!r}; rule {claim.rule!r} "
+                             "compares numbers")
+    if not values:
+        return Verdict(claim, NOT_CHECKED, f"Not measured: {claim.quantity}; the claim is not checked (it "
+                       f"holds when the quantity is {claim.condition}).", values, 0)
+    holding = sum(bool(claim.holds(v)) for v in values)
+    verdict = TRUE if holding == len(values) else FALSE if holding == 0 else UNDECIDED
+    outcome = {TRUE: "the claim holds", FALSE: "the claim does not hold",
+               UNDECIDED: f"undecided: {holding} of {len(values)} values meet it, the spread straddles the "
+                          "threshold"}[verdict]
+    summary = (f"Measured {claim.quantity}: {_describe(values, claim.unit)}; the claim needs "
+               f"{claim.condition}: {outcome}.")
+    return Verdict(claim, verdict, summary, values, holding)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fmt(value: Any) -> str:
+    """Numbers to 3 significant digits (integers whole), anything else as text."""
+    if isinstance(value, float):
+        return f"{value:.3g}" if value != int(value) or abs(value) >= 1e4 else f"{int(value)}"
+    return str(value)
+
+
+def _describe(values: tuple, unit: str) -> str:
+    """``"median 1.35 x (1.31 to 1.42, 3 values)"``, ``"0 options"``, or the distinct values of a categorical
+    measure (strings, booleans)."""
+    suffix = f" {unit}" if unit else ""
+    if not values:
+        return "nothing measured"
+    if not all(_is_number(v) for v in values):
+        distinct = list(dict.fromkeys(_fmt(v) for v in values))
+        counts = f" ({len(values)} values)" if len(values) > 1 else ""
+        return ", ".join(distinct) + suffix + counts
+    if len(values) == 1:
+        return f"{_fmt(values[0])}{suffix}"
+    median = statistics.median(values)
+    return (f"median {_fmt(float(median))}{suffix} ({_fmt(min(values))} to {_fmt(max(values))}, "
+            f"{len(values)} values)")
