@@ -131,7 +131,8 @@ def test_val_path_is_letterbox_of_official_load_image(coloured):
 
 
 def _official_rect_shapes(wh: np.ndarray, batch_size: int, img_size: int, stride: int, pad: float) -> np.ndarray:
-    """The formula of spec 6.5, written out independently."""
+    """The rect batch shapes of the official utils/dataloaders.py LoadImagesAndLabels.__init__, written out
+    independently."""
     ar = np.sort(wh[:, 1] / wh[:, 0])
     out = []
     for start in range(0, len(ar), batch_size):
