@@ -7,9 +7,9 @@ For every object count M (all images of the batch hold M objects) it prints the 
 B x M x A, the peak memory the assigner adds over its inputs, measured in a fresh process
 (CPU: growth of the resident-set high-water mark, VmHWM, after resetting it; CUDA: max_memory_allocated), for
 
-* ``official``: the spec's (B, M, A) procedure written the way the official assigner is (float masks,
-  (B, M, A, 4) in-box deltas, ``one_hot(topk_idxs, A)`` int64, one-hot conflict resolution);
-  measured only up to ``--official-max-pairs`` pairs, then extrapolated linearly per pair;
+* ``official``: the (B, M, A) procedure of docs/loss.md written the way the official ``utils/tal/assigner.py``
+  TaskAlignedAssigner is (float masks, (B, M, A, 4) in-box deltas, ``one_hot(topk_idxs, A)`` int64, one-hot
+  conflict resolution); measured only up to ``--official-max-pairs`` pairs, then extrapolated linearly per pair;
 * ``chunked``: yolo9kit.assigner.TaskAlignedAssigner with the default ``max_assign_chunk``;
 * ``unchunked``: the same with ``max_assign_chunk=None``.
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 
 def official_pattern(scores, boxes, points, labels, gt_boxes, real, topk=10, alpha=0.5, beta=6.0, eps=1e-9):
-    """The spec's section-4 assigner with the official code's tensor shapes and dtypes."""
+    """The assigner of docs/loss.md with the tensor shapes and dtypes of the official TaskAlignedAssigner."""
     from yolo9kit.boxes import bbox_ciou
 
     b, a, c = scores.shape

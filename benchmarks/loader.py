@@ -1,8 +1,8 @@
 """Training-loader throughput: yolo9kit against the official YOLOv9 loader, side by side.
 
-    python benchmarks/loader.py [--official PATH/TO/yolov9] [--batches 20] [--workers 0 2]
+    python benchmarks/loader.py [--official PATH/TO/yolov9] [--batches 20] [--workers 0 2] [--profile-batches 10]
 
-Both loaders read the same synthetic shapes data set (default 256 JPEGs of 640x480) with the
+Both loaders read the same synthetic shapes data set (default 512 JPEGs of 640x480) with the
 hyp.scratch-high augmentations (mosaic, mixup 0.15, random affine, HSV, flips) at 640, batch 16, and are
 timed the same way: warm-up batches first (worker start-up, caches), then ``--batches`` batches.
 The official code is imported from the given checkout at run time; a few import-time incompatibilities
@@ -14,6 +14,11 @@ loader process works on one core.
 Each kit row is timed twice: as on a CPU-only machine (colour jitter in the loader, OpenCV) and with the
 colour jitter left for the training device (the CUDA default, ``colour_device``); the second times the
 loader's CPU work only, and the torch jitter's cost on this CPU is printed separately.
+
+To show why the ratio is what it is, the script also prints the JPEGs' mean size (bytes and pixels) and,
+for each cache setting, a profile of both loaders in this process without workers: milliseconds per output
+image in each stage (decode, resize, mosaic, affine, mixup, colour, flip + convert, collate; see
+``loader_stages.py``), with the JPEG decodes and decoded megapixels per output image.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def time_loader(loader, warmup: int, batches: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def ours(data_yaml: Path, workers: int, args, colour_left: bool = False) -> float:
+def kit_loader(data_yaml: Path, workers: int, args, colour_left: bool = False):
     """The kit's loader; ``colour_left``: the HSV jitter is left for the training device (the CUDA default),
     so the loader's CPU work is timed without it (its device cost is timed by ``device_jitter_ms``)."""
     from yolo9kit.config import LoaderConfig
@@ -46,7 +51,11 @@ def ours(data_yaml: Path, workers: int, args, colour_left: bool = False) -> floa
     loader = create_dataloader(data_yaml, "train", imgsz=args.imgsz, batch_size=args.batch_size, workers=workers,
                                cache=args.cache_mode, seed=0, options=LoaderConfig(pin_memory=False))
     loader.dataset.colour_on_device = colour_left  # set before the first pass: workers copy the dataset then
-    return time_loader(loader, args.warmup, args.batches)
+    return loader
+
+
+def ours(data_yaml: Path, workers: int, args, colour_left: bool = False) -> float:
+    return time_loader(kit_loader(data_yaml, workers, args, colour_left), args.warmup, args.batches)
 
 
 def device_jitter_ms(args) -> float:
@@ -77,7 +86,7 @@ def _import_official(checkout: Path):
     return dataloaders
 
 
-def official(checkout: Path, list_file: Path, workers: int, args) -> float:
+def official_loader(checkout: Path, list_file: Path, workers: int, args):
     import yaml
 
     dataloaders = _import_official(checkout)
@@ -85,7 +94,26 @@ def official(checkout: Path, list_file: Path, workers: int, args) -> float:
     loader, _ = dataloaders.create_dataloader(str(list_file), args.imgsz, args.batch_size, 32, hyp=hyp, augment=True,
                                               cache=args.cache_mode, workers=workers,
                                               shuffle=True)
-    return time_loader(loader, args.warmup, args.batches)
+    return loader
+
+
+def official(checkout: Path, list_file: Path, workers: int, args) -> float:
+    return time_loader(official_loader(checkout, list_file, workers, args), args.warmup, args.batches)
+
+
+def stage_profiles(data_yaml: Path, list_file: Path, args) -> dict[str, dict]:
+    """Per-image stage costs of each loader, in this process without workers (see loader_stages.py)."""
+    from loader_stages import profile, wrap_kit, wrap_official
+
+    rows = {}
+    for colour_left in (False, True):
+        name = "yolo9kit" + (", colour jitter on the device" if colour_left else "")
+        rows[name] = profile(lambda c=colour_left: kit_loader(data_yaml, 0, args, c), wrap_kit, args.profile_batches)
+    if args.official:
+        dataloaders = _import_official(args.official)
+        rows["official"] = profile(lambda: official_loader(args.official, list_file, 0, args),
+                                   lambda clock: wrap_official(clock, dataloaders), args.profile_batches)
+    return rows
 
 
 def main() -> None:
@@ -97,6 +125,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--profile-batches", type=int, default=10,
+                        help="batches of the per-stage profile of each loader (0: no profile)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--cache", choices=["none", "ram", "disk"], nargs="+", default=["none", "ram"],
                         help="image caching, the same on both sides: 'none' decodes every JPEG each time, 'ram' "
@@ -117,6 +147,11 @@ def main() -> None:
     list_file.write_text("".join(f"./images/train/{p.name}\n" for p in images))
     print(f"{args.n_images} images 640x480, imgsz {args.imgsz}, batch {args.batch_size}, {args.batches} batches after "
           f"{args.warmup} warm-up, {os.cpu_count()} CPUs")
+    from loader_stages import jpeg_sizes, stage_table
+
+    js = jpeg_sizes(images)
+    print(f"JPEGs: {js['files']} files, mean {js['mean_bytes'] / 1e3:.1f} kB, {js['mean_w']:.0f}x{js['mean_h']:.0f} "
+          f"pixels ({js['mean_w'] * js['mean_h'] / 1e6:.3f} Mpixel), {js['bytes_per_pixel']:.3f} bytes per pixel")
     rows = {}
     for cache in args.cache:
         args.cache_mode = False if cache == "none" else cache
@@ -139,6 +174,12 @@ def main() -> None:
         for w in args.workers:
             print(f"  {w} workers: {rows['ram', w][0] / rows['none', w][2]:.2f}x on a CPU-only machine, "
                   f"{rows['ram', w][1] / rows['none', w][2]:.2f}x with the colour jitter on a GPU")
+    if args.profile_batches:
+        for cache in args.cache:
+            args.cache_mode = False if cache == "none" else cache
+            print(f"\nPer-stage cost, cache {cache}, no workers, {args.profile_batches} batches: ms per output image "
+                  "(exclusive time of each stage; loader_stages.py says what each covers)")
+            print(stage_table(stage_profiles(data_yaml, list_file, args)), flush=True)
 
 
 if __name__ == "__main__":

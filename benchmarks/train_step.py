@@ -171,19 +171,38 @@ def accumulation_gap(args, device, images, targets) -> None:
         trainer = build_trainer(model, TrainConfig(batch_size=args.batch, micro_batch_size=micro, amp="off",
                                                    device=str(device)), device=device)
         run_batch(trainer, images, targets)
-        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).double()
+        named = [(n, p.grad.flatten()) for n, p in model.named_parameters() if p.grad is not None]
+        if not layer_of:
+            layer_of.extend((".".join(n.split(".")[:2]), g.numel()) for n, g in named)
+        return torch.cat([g for _, g in named]).double()
+
+    layer_of: list[tuple[str, int]] = []  # (layer "model.<i>", elements) of each gradient, in order
 
     k = args.accumulation_gap
     name = args.weights or args.model
     print(f"{name} {args.imgsz} px, batch {args.batch} vs {k} x {args.batch // k}, fp32, {device}")
     print("| BatchNorm | relative L2 difference | cosine similarity | norm ratio (micro / full) |")
     print("|---|---|---|---|")
+    notes = []
     for frozen in (False, True):
         full, micro = grads(None, frozen), grads(args.batch // k, frozen)
         rel = float((micro - full).norm() / full.norm())
         cos = float(torch.nn.functional.cosine_similarity(micro, full, dim=0))
         label = "running stats (frozen)" if frozen else "batch stats (training)"
         print(f"| {label} | {rel:.4f} | {cos:.5f} | {float(micro.norm() / full.norm()):.4f} |")
+        notes.append(f"{label}: gradient norm (before any clipping) {float(full.norm()):.4g}; "
+                     f"share of the squared difference by layer: {_top_layers(micro - full, layer_of)}")
+    print("\n".join(notes))
+
+
+def _top_layers(diff: torch.Tensor, layer_of: list[tuple[str, int]], n: int = 4) -> str:
+    """The ``n`` layers holding the largest share of ``||diff||^2``."""
+    shares: dict[str, float] = {}
+    for (layer, _), part in zip(layer_of, torch.split(diff**2, [k for _, k in layer_of])):
+        shares[layer] = shares.get(layer, 0.0) + float(part.sum())
+    total = sum(shares.values()) or 1.0
+    top = sorted(shares.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{name} {100 * v / total:.0f} %" for name, v in top)
 
 
 def main(argv=None) -> None:

@@ -120,7 +120,7 @@ def test_val_path_is_letterbox_of_official_load_image(coloured):
         raw = cv2.imread(path)
         h0, w0 = raw.shape[:2]
         r = 256 / max(h0, w0)
-        resized = cv2.resize(raw, (math.ceil(w0 * r), math.ceil(h0 * r)), interpolation=cv2.INTER_LINEAR)
+        resized = cv2.resize(raw, (int(w0 * r), int(h0 * r)), interpolation=cv2.INTER_LINEAR)
         from yolo9kit.data import letterbox
 
         expected, ratio, pad = letterbox(resized, tuple(ds.batch_shapes[ds.batch_index[i]]), auto=False,
@@ -131,7 +131,8 @@ def test_val_path_is_letterbox_of_official_load_image(coloured):
 
 
 def _official_rect_shapes(wh: np.ndarray, batch_size: int, img_size: int, stride: int, pad: float) -> np.ndarray:
-    """The formula of spec 6.5, written out independently."""
+    """The rect batch shapes of the official utils/dataloaders.py LoadImagesAndLabels.__init__, written out
+    independently."""
     ar = np.sort(wh[:, 1] / wh[:, 0])
     out = []
     for start in range(0, len(ar), batch_size):

@@ -1,14 +1,18 @@
-"""Grayscale, RGBA, 16-bit and EXIF-rotated images load with the right shape, colours and orientation."""
+"""Grayscale, RGBA, 16-bit and EXIF-rotated images load with the right shape, colours and orientation; validation
+decodes as the official code, training may decode large JPEGs at a reduced size."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
+import pytest
 import yaml
 from PIL import Image
 
-from yolo9kit.data import YOLODataset, check
+from yolo9kit.data import YOLODataset, check, letterbox
+from yolo9kit.data.images import load_resized
 
 
 def _write_yaml(root: Path) -> Path:
@@ -80,3 +84,45 @@ def test_modes_and_exif(tmp_path):
     block = image[2:18, 22:38]
     assert (block[..., 1] > 200).all() and (block[..., 0] < 60).all(), block.mean((0, 1))
     assert (image[60:78, 22:58, 1] < 60).all()
+
+
+def _textured_jpeg(path: Path, w: int = 600, h: int = 400) -> None:
+    """A JPEG with fine detail, so that a reduced (DCT-scaled) decode gives other pixels than a full one."""
+    rng = np.random.default_rng(0)
+    coarse = rng.integers(0, 256, (h // 8, w // 8, 3), dtype=np.uint8)
+    coarse = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC)
+    image = np.clip(coarse.astype(int) + rng.integers(-40, 41, coarse.shape), 0, 255).astype(np.uint8)
+    cv2.imwrite(str(path), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
+
+
+@pytest.mark.parametrize("cache", [None, "ram", "disk"])
+def test_validation_decodes_the_whole_jpeg_then_resizes_as_the_official_load_image(tmp_path, cache):
+    images = tmp_path / "images"
+    images.mkdir()
+    _textured_jpeg(images / "big.jpg")  # 600x400 at imgsz 128: shrunk 4.7x, where training reduces the decode
+    _label(tmp_path, "big")
+    # official LoadImagesAndLabels.load_image without augmentation: cv2.imread, then cv2.resize to
+    # (int(w0 * r), int(h0 * r)) with INTER_AREA when shrinking
+    raw = cv2.imread(str(images / "big.jpg"))
+    r = 128 / 600
+    official = cv2.resize(raw, (int(600 * r), int(400 * r)), interpolation=cv2.INTER_AREA)
+    assert official.shape[:2] == (85, 128)  # int(85.33): the official size, not 86
+    ds = YOLODataset(_write_yaml(tmp_path), "val", imgsz=128, cache=cache)
+    np.testing.assert_array_equal(np.asarray(ds.load_image(0)), official)
+    image, _, _, shapes = ds[0]
+    expected, _, pad = letterbox(official, (128, 128), auto=False, scaleup=False)
+    np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), expected[..., ::-1])
+    assert shapes[0] == (400, 600) and shapes[1][1] == pad
+
+
+def test_training_may_decode_a_large_jpeg_at_a_reduced_size(tmp_path):
+    path = str(tmp_path / "big.jpg")
+    _textured_jpeg(tmp_path / "big.jpg")
+    # 600 -> 128 shrinks by 4.7x: decoded at 1/2 (300x200, still at least twice the target), then resized
+    reduced = cv2.resize(cv2.imread(path, cv2.IMREAD_REDUCED_COLOR_2), (128, 85), interpolation=cv2.INTER_LINEAR)
+    full = cv2.resize(cv2.imread(path), (128, 85), interpolation=cv2.INTER_LINEAR)
+    train = load_resized(path, 128, augment=True)
+    np.testing.assert_array_equal(train, reduced)
+    assert not np.array_equal(train, full)  # the reduced path was taken: its pixels differ from a full decode
+    np.testing.assert_array_equal(load_resized(path, 128, augment=False),
+                                  cv2.resize(cv2.imread(path), (128, 85), interpolation=cv2.INTER_AREA))

@@ -260,7 +260,8 @@ def test_crowded_loss_chunked_equals_unchunked():
 
 
 def _reference_assign(scores, boxes, points, gt, topk=10, alpha=0.5, beta=6.0, eps=1e-9):
-    """Spec section 4 written out batched over (B, M, A), as the official assigner is; test oracle."""
+    """The assigner of docs/loss.md written out batched over (B, M, A), as the official
+    utils/tal/assigner.py TaskAlignedAssigner is; test oracle."""
     b, a, c = scores.shape
     m = gt.boxes_xyxy.shape[1]
     real = (torch.arange(m)[None] < gt.counts[:, None]).float()[..., None]  # (B, M, 1)

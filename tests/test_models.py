@@ -14,7 +14,7 @@ from conftest import fixtures_dir
 from yolo9kit.models import DualOutput, LayerTableError, create_model, list_models, load_model_config, to_deploy
 from yolo9kit.models.deploy import deploy_config
 
-# spec table 1.1 (nc = 80)
+# parameter counts of the official models/detect/*.yaml models (nc = 80)
 OFFICIAL_PARAMS = {
     "yolov9-t": 3_717_680, "yolov9-s": 9_804_512, "yolov9-m": 32_878_432, "yolov9-c": 51_182_080,
     "yolov9-e": 69_529_664, "gelan-t": 2_442_640, "gelan-s": 7_226_208, "gelan-m": 20_124_000,
@@ -199,7 +199,8 @@ def test_depth_multiple_repeats_rows():
 
 @pytest.mark.parametrize("size", list("tsmce"))
 def test_deploy_config_is_the_gelan_table(size):
-    """Tracing the main branch of yolov9-X gives exactly the gelan-X layer table (spec 1.4)."""
+    """Tracing the main branch of yolov9-X gives exactly the gelan-X layer table (the rows of the official
+    models/detect/gelan-X.yaml)."""
     dual, _, _ = load_model_config(f"yolov9-{size}")
     gelan, _, _ = load_model_config(f"gelan-{size}")
     cfg, old_to_new = deploy_config(dual)

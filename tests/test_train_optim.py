@@ -14,7 +14,8 @@ from yolo9kit.train.optim import step_settings, warmup_steps
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
-# Warmup table written out from the spec formulas by hand (not with the code under test):
+# Warmup table written out by hand from the formulas of the official train_dual.py warmup block (not with the
+# code under test):
 # batch 16 (nominal 64), 50 batches per epoch, 10 epochs, linear schedule, lr0 0.01, lrf 0.01, warmup 3 epochs
 # -> nw = max(round(3 * 50), 100) = 150. lf(e) = (1 - e/10) * 0.99 + 0.01: lf(0) 1, lf(1) 0.901, lf(2) 0.802,
 # lf(3) 0.703, lf(4) 0.604. accumulate = max(1, round(1 + 3 ni / 150)) with halves rounded to even.

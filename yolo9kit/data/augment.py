@@ -1,4 +1,5 @@
-"""Training augmentations with the official semantics (spec 6.6), written for speed.
+"""Training augmentations with the semantics of the official ``utils/dataloaders.py`` load_mosaic and
+``utils/augmentations.py`` random_perspective, box_candidates, mixup and augment_hsv, written for speed.
 
 The official pipeline builds a 2s x 2s mosaic canvas, warps it to s x s, converts to HSV and back, then
 flips. Here each source tile is warped once, straight into the s x s output, by the product of its

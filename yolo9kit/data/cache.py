@@ -1,4 +1,5 @@
-"""Scan a split once and keep the result in a label cache beside the labels (spec 6.4).
+"""Scan a split once and keep the result in a label cache beside the labels (official ``utils/dataloaders.py``
+LoadImagesAndLabels.cache_labels).
 
 The cache is an ``.npz`` of plain arrays plus one JSON string (no pickled objects), written to a temporary
 file and renamed, and it is rebuilt whenever an image or label file is added, removed, resized or touched

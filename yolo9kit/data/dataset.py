@@ -35,7 +35,8 @@ class SampleKey(NamedTuple):
 
 def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, imgsz: int, stride: int = 32,
                       pad: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Aspect-ratio order and per-batch (h, w) shapes for rectangular batches (official rect, spec 6.5).
+    """Aspect-ratio order and per-batch (h, w) shapes for rectangular batches (official ``utils/dataloaders.py``
+    LoadImagesAndLabels.__init__, its ``rect`` branch).
 
     Returns:
         (order (n,) indices sorting images by h/w, batch_shapes (n_batches, 2) int (h, w) in pixels).

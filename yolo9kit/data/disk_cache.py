@@ -25,7 +25,7 @@ from yolo9kit.data.cache import files_hash
 from yolo9kit.data.images import load_resized, resized_size
 
 log = logging.getLogger(__name__)
-DISK_CACHE_VERSION = 1
+DISK_CACHE_VERSION = 2  # 2: validation images fully decoded (1 reduced large JPEGs), official sizes
 DISK_SUFFIX = ".yolo9kit-images"
 
 

@@ -1,4 +1,5 @@
-"""Per-image checks: can the image be read, and is its label file valid (spec 6.3)?
+"""Per-image checks: can the image be read, and is its label file valid (official ``utils/dataloaders.py``
+verify_image_label)?
 
 Each image is checked once; the result (labels, size, problems) goes to the label cache.
 

@@ -1,4 +1,4 @@
-"""create_dataloader: uint8 batches, seeded and reproducible with any number of workers (spec 6.8).
+"""create_dataloader: uint8 batches, seeded and reproducible with any number of workers (docs/data.md, Loader).
 
 Design: the sampler (main process) sends :class:`SampleKey` (index, epoch, mosaic) to the workers, and
 every random draw of a sample comes from a generator seeded by (seed, epoch, index). So the batches depend

@@ -1,4 +1,5 @@
-"""Polygon (segment) labels in augmentation: re-boxing after the affine, and copy-paste (spec 6.6)."""
+"""Polygon (segment) labels in augmentation: re-boxing after the affine, and copy-paste
+(official ``utils/augmentations.py`` random_perspective and copy_paste)."""
 
 from __future__ import annotations
 

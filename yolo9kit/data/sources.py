@@ -1,4 +1,5 @@
-"""data.yaml parsing and image/label file discovery (official format, spec 6.1-6.2)."""
+"""data.yaml parsing and image/label file discovery (the official format: ``utils/general.py`` check_dataset,
+``utils/dataloaders.py`` LoadImagesAndLabels.__init__ and img2label_paths)."""
 
 from __future__ import annotations
 

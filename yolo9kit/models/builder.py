@@ -1,8 +1,8 @@
 """Build a model from an official-format layer table (the ``backbone``/``head`` rows of a model yaml).
 
-Rows are ``[from, repeats, module, args]`` (spec 1.2). Modules come from :data:`MODULES`, a plain
-registry of names; string arguments are resolved explicitly (``'nc'``, ``'None'``, ``'anchors'``), nothing
-is ``eval``-ed. Errors name the row that caused them.
+Rows are ``[from, repeats, module, args]`` (official ``models/yolo.py`` parse_model). Modules come from
+:data:`MODULES`, a plain registry of names; string arguments are resolved explicitly (``'nc'``, ``'None'``,
+``'anchors'``), nothing is ``eval``-ed. Errors name the row that caused them.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _row_label(source: str, i: int, n_backbone: int, row: Any) -> str:
 
 
 def _layer_args(cls: type, f: Any, args: list, ch: list[int], gw: float, nc: int) -> tuple[list, int | list]:
-    """Constructor args and output channels of one row (spec 1.2 rules)."""
+    """Constructor args and output channels of one row (the rules of the official ``models/yolo.py`` parse_model)."""
     if cls in CHANNEL_MODULES:
         c1, c2 = ch[f], make_divisible(args[0] * gw, 8)
         args = [c1, c2, *args[1:]]

@@ -1,6 +1,6 @@
 """Inference conversion: yolov9-X -> gelan-X (drop the PGI auxiliary branch) and Conv+BN / RepConvN fusion.
 
-The conversion reproduces the official ``tools/reparameterization.ipynb`` key renaming (spec 1.4):
+The conversion reproduces the official ``tools/reparameterization.ipynb`` key renaming:
 the main head's inputs are traced back through the layer table, the layers they need are kept and
 renumbered in order, the auxiliary layers are dropped, and the head's main branch (``cv4``/``cv5``/``dfl2``)
 becomes a single DDetect (``cv2``/``cv3``/``dfl``). For the ten registered configs this gives exactly the
@@ -55,7 +55,8 @@ def deploy_config(cfg: dict) -> tuple[dict, dict[int, int]]:
     """The single-head (gelan) config of a dual-head config and the old -> new layer index map.
 
     A Silence at layer 0 that no kept row names explicitly is dropped (gelan-m/c); the CBNet second
-    backbone of -e is kept because the main branch reads it (spec 1.4).
+    backbone of -e is kept because the main branch reads it (as in the official ``models/detect/gelan-e.yaml``
+    table).
     """
     rows = list(cfg["backbone"]) + list(cfg["head"])
     head_row = rows[-1]
@@ -95,8 +96,9 @@ def _map_from(old: int, x: int, new: int, old_to_new: dict[int, int]) -> int:
 
 def deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int, int],
                       head_old: int) -> dict[str, torch.Tensor]:
-    """Rename dual-model keys to single-head keys (spec 1.4): layer indices by ``old_to_new``; in the head
-    ``cv4``/``cv5``/``dfl2`` -> ``cv2``/``cv3``/``dfl``; everything else (aux branch) is dropped."""
+    """Rename dual-model keys to single-head keys (official ``tools/reparameterization.ipynb``): layer indices
+    by ``old_to_new``; in the head ``cv4``/``cv5``/``dfl2`` -> ``cv2``/``cv3``/``dfl``; everything else (aux
+    branch) is dropped."""
     out = {}
     for key, value in state_dict.items():
         _, idx, rest = key.split(".", 2)

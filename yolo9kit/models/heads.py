@@ -1,7 +1,8 @@
 """Detection heads: DFL decode, DDetect (GELAN, one head) and DualDDetect (YOLOv9, aux + main).
 
-Spec sections 3.12-3.13. Outputs are returned by name as :class:`DualOutput` instead of the
-official positional ``[aux, main]`` lists.
+As the official ``models/common.py`` DFL and ``models/yolo.py`` DDetect.forward and DualDDetect.forward (anchors
+and strides from ``utils/tal/anchor_generator.py`` make_anchors). Outputs are returned by name as
+:class:`DualOutput` instead of the official positional ``[aux, main]`` lists.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class DualOutput(NamedTuple):
 
 
 class DFL(nn.Module):
-    """Distribution focal decode (spec 3.12): (B, 64, A) bin logits -> (B, 4, A) expected distances.
+    """Distribution focal decode (official ``models/common.py`` DFL): (B, 64, A) bin logits -> (B, 4, A)
+    expected distances.
 
     The 64 channels are side-major (side * 16 + bin), sides ordered left, top, right, bottom. ``conv``
     is a fixed, frozen 1x1 conv with weights 0..15 that takes the expectation over the bins.
@@ -72,7 +74,7 @@ def _class_branches(ch: list[int], width: int, nc: int) -> nn.ModuleList:
 
 
 class DDetect(nn.Module):
-    """Anchor-free decoupled head of the GELAN models (spec 3.13).
+    """Anchor-free decoupled head of the GELAN models (official ``models/yolo.py`` DDetect).
 
     Attributes (official names): ``cv2`` box branches, ``cv3`` class branches, ``dfl`` decode; ``nc``,
     ``nl`` (levels), ``reg_max``, ``no`` = nc + 64 channels per anchor, ``stride`` (nl,) non-persistent buffer.
@@ -148,7 +150,7 @@ class DDetect(nn.Module):
 
 
 class DualDDetect(DDetect):
-    """YOLOv9 head with the PGI auxiliary branch (spec 3.13).
+    """YOLOv9 head with the PGI auxiliary branch (official ``models/yolo.py`` DualDDetect).
 
     Six inputs (aux P3-P5, then main P3-P5). ``cv2``/``cv3``/``dfl`` decode the auxiliary inputs,
     ``cv4``/``cv5``/``dfl2`` the main ones (the names the official checkpoints use).

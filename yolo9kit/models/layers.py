@@ -1,7 +1,7 @@
 """Building blocks of YOLOv9 / GELAN, with the official attribute names so official weights load.
 
-Every block is described in the reference specification, section 3 (3.1-3.11). Attribute names such
-as ``cv1``/``cv2`` are kept because they are the state_dict keys of official checkpoints
+Each block computes what the class of the same name in the official ``models/common.py`` computes. Attribute
+names such as ``cv1``/``cv2`` are kept because they are the state_dict keys of official checkpoints
 (``model.4.cv2.0.m.0.cv1.conv1.conv.weight``); each class says what its parts are.
 
 The blocks' own switches live here too: :func:`fuse_layers` folds BatchNorm into the convs for inference,
@@ -50,7 +50,8 @@ class Conv(nn.Module):
 
 
 class AConv(nn.Module):
-    """'Avg-conv down': 2x2 average pool (stride 1) then a 3x3 stride-2 Conv ``cv1`` (spec 3.2)."""
+    """'Avg-conv down': 2x2 average pool (stride 1) then a 3x3 stride-2 Conv ``cv1`` (official
+    ``models/common.py`` AConv)."""
 
     def __init__(self, c1: int, c2: int):
         super().__init__()
@@ -61,8 +62,8 @@ class AConv(nn.Module):
 
 
 class ADown(nn.Module):
-    """Two-path downsampling (spec 3.3): half the channels through a 3x3 stride-2 Conv ``cv1``,
-    the other half through a 3x3 stride-2 max pool and a 1x1 Conv ``cv2``; outputs concatenated."""
+    """Two-path downsampling (official ``models/common.py`` ADown): half the channels through a 3x3 stride-2
+    Conv ``cv1``, the other half through a 3x3 stride-2 max pool and a 1x1 Conv ``cv2``; outputs concatenated."""
 
     def __init__(self, c1: int, c2: int):
         super().__init__()
@@ -78,8 +79,8 @@ class ADown(nn.Module):
 
 
 class ELAN1(nn.Module):
-    """Small ELAN block of the -t/-s stems (spec 3.4): 1x1 ``cv1`` split in halves a, b; two 3x3 Convs
-    ``cv2``, ``cv3`` in series on b; 1x1 ``cv4`` over concat(a, b, y2, y3)."""
+    """Small ELAN block of the -t/-s stems (official ``models/common.py`` ELAN1): 1x1 ``cv1`` split in halves
+    a, b; two 3x3 Convs ``cv2``, ``cv3`` in series on b; 1x1 ``cv4`` over concat(a, b, y2, y3)."""
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int):
         super().__init__()
@@ -97,7 +98,8 @@ class ELAN1(nn.Module):
 
 
 class RepConvN(nn.Module):
-    """Re-parameterisable 3x3 conv (spec 3.7): SiLU(BN(3x3 conv) + BN(1x1 conv)), no identity branch.
+    """Re-parameterisable 3x3 conv (official ``models/common.py`` RepConvN): SiLU(BN(3x3 conv) + BN(1x1 conv)),
+    no identity branch.
 
     ``conv1`` is the 3x3 branch, ``conv2`` the 1x1 branch. :meth:`collapse` merges both into one biased
     3x3 ``conv`` for inference (the official ``fuse_convs``).
@@ -138,7 +140,8 @@ class RepConvN(nn.Module):
 
 
 def conv_bn_weights(m: Conv) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weight and bias of the single conv equal to ``m.bn(m.conv(x))`` (spec 3.1 fusion formula).
+    """Weight and bias of the single conv equal to ``m.bn(m.conv(x))`` (official ``utils/torch_utils.py``
+    fuse_conv_and_bn).
 
     W' = W * gamma / sqrt(var + eps) per output channel; b' = beta + (b - mean) * gamma / sqrt(var + eps).
     """
@@ -202,7 +205,8 @@ def set_lean(model: nn.Module, enabled: bool = True) -> int:
 
 
 class RepNBottleneck(nn.Module):
-    """Residual bottleneck (spec 3.7): x + cv2(cv1(x)), ``cv1`` a RepConvN, ``cv2`` a 3x3 Conv."""
+    """Residual bottleneck (official ``models/common.py`` RepNBottleneck): x + cv2(cv1(x)), ``cv1`` a RepConvN,
+    ``cv2`` a 3x3 Conv."""
 
     def __init__(self, c1: int, c2: int, shortcut: bool = True, g: int = 1, k: tuple[int, int] = (3, 3),
                  e: float = 1.0):
@@ -218,7 +222,7 @@ class RepNBottleneck(nn.Module):
 
 
 class RepNCSP(nn.Module):
-    """CSP block of n RepNBottlenecks (spec 3.6): cv3(concat(m(cv1(x)), cv2(x)))."""
+    """CSP block of n RepNBottlenecks (official ``models/common.py`` RepNCSP): cv3(concat(m(cv1(x)), cv2(x)))."""
 
     def __init__(self, c1: int, c2: int, n: int = 1, shortcut: bool = True, g: int = 1, e: float = 0.5):
         super().__init__()
@@ -233,8 +237,9 @@ class RepNCSP(nn.Module):
 
 
 class RepNCSPELAN4(nn.Module):
-    """The GELAN block (spec 3.5): 1x1 ``cv1`` split in halves a, b; ``cv2`` = RepNCSP + 3x3 Conv on b;
-    ``cv3`` = RepNCSP + 3x3 Conv on that; 1x1 ``cv4`` over concat(a, b, y2, y3). ``c5`` = RepNCSP depth."""
+    """The GELAN block (official ``models/common.py`` RepNCSPELAN4): 1x1 ``cv1`` split in halves a, b; ``cv2`` =
+    RepNCSP + 3x3 Conv on b; ``cv3`` = RepNCSP + 3x3 Conv on that; 1x1 ``cv4`` over concat(a, b, y2, y3).
+    ``c5`` = RepNCSP depth."""
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int, c5: int = 1):
         super().__init__()
@@ -263,8 +268,8 @@ class SP(nn.Module):
 
 
 class SPPELAN(nn.Module):
-    """Spatial pyramid pooling ELAN (spec 3.8): 1x1 ``cv1``, three 5x5 max pools ``cv2``-``cv4`` in
-    series, 1x1 ``cv5`` over the concatenation of all four."""
+    """Spatial pyramid pooling ELAN (official ``models/common.py`` SPPELAN): 1x1 ``cv1``, three 5x5 max pools
+    ``cv2``-``cv4`` in series, 1x1 ``cv5`` over the concatenation of all four."""
 
     def __init__(self, c1: int, c2: int, c3: int):
         super().__init__()
@@ -284,7 +289,8 @@ class SPPELAN(nn.Module):
 
 
 class CBLinear(nn.Module):
-    """Biased conv (no BN, no activation) whose output is split into pieces of widths ``c2s`` (spec 3.9).
+    """Biased conv (no BN, no activation) whose output is split into pieces of widths ``c2s`` (official
+    ``models/common.py`` CBLinear).
 
     Returns a tuple of tensors, one per entry of ``c2s``.
     """
@@ -299,7 +305,8 @@ class CBLinear(nn.Module):
 
 
 class CBFuse(nn.Module):
-    """Sum of the current map and nearest-resized pieces of earlier CBLinear outputs (spec 3.10).
+    """Sum of the current map and nearest-resized pieces of earlier CBLinear outputs (official
+    ``models/common.py`` CBFuse).
 
     Input: list ``[tuple_0, ..., tuple_k, current]``; piece ``idx[j]`` of ``tuple_j`` is used.
     """

@@ -2,8 +2,8 @@
 
 Official files pickle whole modules (``models.yolo.DetectionModel`` and ``models.common.*``). We load
 them with ``torch.load(weights_only=True)``: every official class name is allow-listed as an empty
-``nn.Module`` stand-in under its dotted name (spec 9.2, variant 2), together with a fixed list of torch
-layers and the numpy/pathlib globals training checkpoints contain. Unpickling then only restores
+``nn.Module`` stand-in under its dotted name (docs/models.md, "Official checkpoints, loaded safely"), with a
+fixed list of torch layers and the numpy/pathlib globals training checkpoints contain. Unpickling then only restores
 attributes (parameters, buffers, the ``yaml`` dict, ``names``); no class of the file's choosing runs.
 Our own model is rebuilt from the pickled ``yaml`` and the tensors are loaded strictly.
 """
