@@ -89,7 +89,7 @@ def test_foreign_file_clear_error(tmp_path):
 
 def test_official_file_gets_a_hint(official_fixture):
     with pytest.raises(CheckpointError, match="official YOLOv9 checkpoint.*load_official_checkpoint"):
-        load_checkpoint(official_fixture("gelan-t.official-release.pt"))
+        load_checkpoint(official_fixture("gelan-t-narrow.official-release.pt"))
 
 
 def test_interrupted_write_keeps_previous_file(model, tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ from yolo9kit.data.letterbox import letterbox
 
 
 def test_letterbox_equals_official_on_every_case(load_fixture):
+    """Official utils/augmentations.py letterbox: auto, fixed, stretched, no upscaling, other colour, stride."""
     cases = load_fixture("ops.parity.pt")["letterbox"]
     assert len(cases) >= 5
     for case in cases:

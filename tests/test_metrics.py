@@ -8,29 +8,43 @@ import torch
 
 from yolo9kit.metrics import ConfusionMatrix, ap_per_class, compute_ap, fitness, match_predictions
 
+AP_FIELDS = [("tp", "tp_out"), ("fp", "fp_out"), ("p", "p"), ("r", "r"), ("f1", "f1"), ("ap", "ap"),
+             ("classes", "unique_classes")]
+
 
 def test_match_predictions_equals_official_process_batch(load_fixture):
-    golden = load_fixture("yolov9-t-golden.pt")
-    correct = match_predictions(golden["metrics_detections"], golden["metrics_labels"])
+    """Official val_dual.py process_batch on 30 detections of 10 labels, at the ten IoU thresholds."""
+    case = load_fixture("ops.parity.pt")["match"]
+    correct = match_predictions(case["detections"], case["labels"])
     assert correct.dtype == torch.bool and correct.shape == (30, 10)
-    assert torch.equal(correct, golden["metrics_correct"])
+    assert case["correct"].any() and not case["correct"].all()
+    assert torch.equal(correct, case["correct"])
 
 
-def test_ap_per_class_equals_official_on_golden_matches(load_fixture):
-    golden = load_fixture("yolov9-t-golden.pt")
+def test_ap_per_class_equals_official_on_matches(load_fixture):
+    case = load_fixture("ops.parity.pt")["match"]
+    det = case["detections"]
+    result = ap_per_class(case["correct"], det[:, 4], det[:, 5], case["labels"][:, 0])
+    for field, key in AP_FIELDS:
+        np.testing.assert_allclose(getattr(result, field), case["ap"][key].numpy(), rtol=0, atol=1e-9, err_msg=field)
+
+
+def test_ap_per_class_equals_official_on_400_detections(load_fixture):
+    """Official utils/metrics.py ap_per_class, including a predicted class that no label has."""
+    case = load_fixture("ops.parity.pt")["ap_per_class"]
+    result = ap_per_class(case["tp"], case["conf"], case["pred_cls"], case["target_cls"])
+    for field, key in AP_FIELDS:
+        np.testing.assert_allclose(getattr(result, field), case[key].numpy(), rtol=0, atol=1e-9, err_msg=field)
+
+
+def test_extra_matching_and_ap_equal_official_on_golden(load_extra_fixture):
+    golden = load_extra_fixture("yolov9-t-golden.pt")
     det = golden["metrics_detections"]
+    assert torch.equal(match_predictions(det, golden["metrics_labels"]), golden["metrics_correct"])
     result = ap_per_class(golden["metrics_correct"], det[:, 4], det[:, 5], golden["metrics_labels"][:, 0])
     for field, key in [("ap", "metrics_ap"), ("p", "metrics_p"), ("r", "metrics_r"), ("tp", "metrics_tp"),
                        ("fp", "metrics_fp"), ("classes", "metrics_ap_class")]:
         np.testing.assert_allclose(getattr(result, field), golden[key].numpy(), rtol=0, atol=1e-9, err_msg=field)
-
-
-def test_ap_per_class_equals_official_on_400_detections(load_fixture):
-    case = load_fixture("ops.parity.pt")["ap_per_class"]
-    result = ap_per_class(case["tp"], case["conf"], case["pred_cls"], case["target_cls"])
-    for field, key in [("tp", "tp_out"), ("fp", "fp_out"), ("p", "p"), ("r", "r"), ("f1", "f1"), ("ap", "ap"),
-                       ("classes", "unique_classes")]:
-        np.testing.assert_allclose(getattr(result, field), case[key].numpy(), rtol=0, atol=1e-9, err_msg=field)
 
 
 def _boxes(*rows):

@@ -1,153 +1,126 @@
-"""Parity with the official YOLOv9 implementation, measured on its reference fixtures (CPU, float32):
-raw and decoded outputs, fresh initialisation, official checkpoint loading, deploy conversion."""
+"""Parity with the official YOLOv9 implementation on the committed references (tests/fixtures/official,
+docs/parity.md): for all ten models the state_dict layout, the seed-0 initial weights, the decoded outputs
+in eval mode and the raw maps in training mode (CPU, float32); official checkpoint files of both formats
+load without the official code and reproduce what the official ``attempt_load`` computes.
+
+Extra cases read the bigger references kept outside the repository when they are there.
+"""
 
 from __future__ import annotations
 
 import datetime
+import math
 import random
 import sys
 
 import pytest
 import torch
+from official_parity import SMALL, first_differing_layer, rel, run_kit
 
-from yolo9kit.models import create_model, load_official_checkpoint, to_deploy
+from yolo9kit.models import create_model, list_models, load_official_checkpoint, to_deploy
 from yolo9kit.models.official import OfficialCheckpointError
 
-TOL = 1e-4  # max abs diff / max abs value
+TOL = 1e-4  # max abs diff / max abs value; measured agreement is about 1e-6 (docs/parity.md)
+MODELS = [name if name in SMALL else pytest.param(name, marks=pytest.mark.slow) for name in list_models()]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+def test_every_model_has_a_committed_reference(official_fixture):
+    for name in list_models():
+        official_fixture(f"{name}.parity.pt")  # fails, naming the file and the command, when one is missing
 
 
-def _fp32(state_dict: dict) -> dict:
-    return {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
+def test_committed_references_stay_small():
+    """The references are committed: they stay under 8 MB in all."""
+    from conftest import FIXTURES
+
+    total = sum(p.stat().st_size for p in FIXTURES.iterdir() if p.is_file())
+    assert 0 < total < 8e6, f"tests/fixtures/official holds {total / 1e6:.1f} MB"
 
 
-def _first_differing_layer(model, x, stats) -> str:
-    """Index of the first layer whose output sum differs from the official per-layer statistics."""
-    outputs = {}
-    hooks = [m.register_forward_hook(lambda mod, _i, o: outputs.__setitem__(mod.i, o)) for m in model.model]
-    with torch.no_grad():
-        model(x)
-    for h in hooks:
-        h.remove()
-    for i, ref in sorted(stats.items()):
-        o = outputs.get(i)
-        if isinstance(o, torch.Tensor) and abs(o.double().abs().sum().item() - ref["abs_sum"]) > 1e-3 * (
-                abs(ref["abs_sum"]) + 1e-6):
-            return f"first differing layer {i}: abs_sum {o.double().abs().sum().item()} vs {ref['abs_sum']}"
-    return "no layer statistic differs"
+def _init_differs(key: str, shape: tuple, ours: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Weights and biases come from the seeded RNG: equal (1e-9). BatchNorm running statistics are float32
+    means and variances the stride probe measures over 256x256 maps: within 1e-5 of the entry's abs sum
+    plus 1e-6 per element (float32 rounding around exact zeros). Both builds run on one thread (see
+    official_parity.run_kit: in m/c/e those statistics are ill-conditioned)."""
+    if not key.endswith(("running_mean", "running_var")):
+        return not torch.allclose(ours, ref, rtol=1e-9, atol=1e-9)
+    tol = 1e-5 * float(ref[1]) + 1e-6 * math.prod(shape)
+    return bool((ours - ref).abs().max() > tol)
 
 
-@pytest.fixture(scope="module")
-def golden(load_fixture):
-    return load_fixture("yolov9-t-golden.pt")
+@pytest.mark.parametrize("name", MODELS)
+def test_layout_and_seeded_initialisation_equal_official(load_fixture, name):
+    """Same keys and shapes, parameter count and strides as the official model; with seed 0 the fresh
+    weights are the official fresh weights (same construction order, default conv init, head bias priors,
+    BN statistics of the stride probe), compared through each entry's sum and abs sum."""
+    fx, ours = load_fixture(f"{name}.parity.pt"), run_kit(name)
+    assert ours["layout"] == [(k, tuple(s)) for k, s in fx["layout"]]
+    assert ours["params"] == fx["params"] and torch.equal(ours["stride"], fx["stride"].float())
+    floats = [(k, tuple(s)) for k, s in fx["layout"] if "num_batches_tracked" not in k]
+    assert len(floats) == len(fx["init"]) == len(ours["init"])
+    differ = [k for (k, shape), a, b in zip(floats, ours["init"], fx["init"]) if _init_differs(k, shape, a, b)]
+    assert not differ, f"initial weights differ from the official seed-0 build: {differ[:5]}"
 
 
-@pytest.fixture(scope="module")
-def golden_model(golden):
-    model = create_model("yolov9-t")
-    model.load_state_dict(_fp32(golden["state_dict_fp16"]), strict=True)
-    return model
+@pytest.mark.parametrize("name", MODELS)
+def test_eval_outputs_equal_official(load_fixture, name):
+    """Decoded (B, 4 + nc, anchors) outputs of every head in eval mode (official order: aux, then main)."""
+    fx, ours = load_fixture(f"{name}.parity.pt"), run_kit(name)
+    assert len(ours["eval_out"]) == len(fx["eval_out"])
+    for got, ref in zip(ours["eval_out"], fx["eval_out"]):
+        assert got.shape == ref.shape
+        assert rel(got, ref) < TOL, first_differing_layer(ours["eval_layer_stats"], fx["eval_layer_stats"])
 
 
-def test_golden_eval_outputs(golden, golden_model):
-    model = golden_model.eval()
-    with torch.no_grad():
-        out = model(golden["input"])
-        raw = model(golden["input"], raw=True)
-    assert _rel(out.aux, golden["eval_aux"]) < TOL and _rel(out.main, golden["eval_main"]) < TOL
-    for got, ref in zip(raw.aux + raw.main, golden["eval_raw_aux"] + golden["eval_raw_main"]):
-        assert got.shape == ref.shape and _rel(got, ref) < TOL
+@pytest.mark.parametrize("name", MODELS)
+def test_train_outputs_equal_official(load_fixture, name):
+    """Raw (B, 4 * 16 + nc, H / s, W / s) maps of every head in training mode (batch statistics)."""
+    fx, ours = load_fixture(f"{name}.parity.pt"), run_kit(name)
+    dual = name.startswith("yolov9")
+    got_heads = ours["train_out"] if dual else [ours["train_out"]]
+    ref_heads = fx["train_out"] if dual else [fx["train_out"]]
+    assert len(got_heads) == len(ref_heads)
+    for got_maps, ref_maps in zip(got_heads, ref_heads):
+        assert [m.shape for m in got_maps] == [m.shape for m in ref_maps]
+        for got, ref in zip(got_maps, ref_maps):
+            assert rel(got, ref) < TOL, first_differing_layer(ours["eval_layer_stats"], fx["eval_layer_stats"])
 
 
-def test_golden_train_outputs(golden, golden_model):
-    model = golden_model.train()
-    with torch.no_grad():
-        out = model(golden["input"])
-    for got, ref in zip(out.aux + out.main, golden["train_raw_aux"] + golden["train_raw_main"]):
-        assert got.shape == ref.shape and _rel(got, ref) < TOL
+# ------------------------------------------------------------------------------------- checkpoints
+
+CHECKPOINTS = [("yolov9-t-narrow.official-release.pt", "model"), ("gelan-t-narrow.official-release.pt", "model"),
+               ("gelan-t-narrow.official-train.pt", "ema")]
 
 
-def test_golden_deploy_keeps_main_output(golden, golden_model):
-    model = golden_model.eval()
-    with torch.no_grad():
-        ref = model(golden["input"]).main
-        got = to_deploy(model)(golden["input"]).main
-    assert _rel(got, ref) < 1e-5
-
-
-@pytest.mark.parametrize("name", ["yolov9-t", "gelan-t"])
-def test_parity_fixture(load_fixture, name):
-    fx = load_fixture(f"{name}.parity.pt")
-    model = create_model(name)
-    assert sum(p.numel() for p in model.parameters()) == fx["params"]
-    assert torch.equal(model.stride, fx["stride"].float())
-    state = _fp32(fx["state_dict"])
-    model.load_state_dict(state, strict=True)
-    model.eval()
-    with torch.no_grad():
-        out = model(fx["input"])
-    ref_eval = fx["eval_out"]  # official order: aux, main
-    got_eval = [out.aux, out.main] if model.is_dual else [out.main]
-    for got, ref in zip(got_eval, ref_eval, strict=True):
-        assert _rel(got, ref) < TOL, _first_differing_layer(model, fx["input"], fx["eval_layer_stats"])
-
-    model.load_state_dict(state, strict=True)  # fresh BN statistics for the training-mode pass
-    model.train()
-    with torch.no_grad():
-        out = model(fx["input"])
-    ref_train = fx["train_out"] if model.is_dual else [fx["train_out"]]
-    got_train = [out.aux, out.main] if model.is_dual else [out.main]
-    for got_maps, ref_maps in zip(got_train, ref_train, strict=True):
-        for got, ref in zip(got_maps, ref_maps, strict=True):
-            assert _rel(got, ref) < TOL, _first_differing_layer(model.eval(), fx["input"], fx["eval_layer_stats"])
-
-
-@pytest.mark.parametrize("name", ["yolov9-t", "gelan-t"])
-def test_seeded_initialisation_equals_official(load_fixture, name):
-    """With seed 0 the fresh model has the official fresh weights: same construction order, default conv
-    init, head bias priors and probe-pass BN statistics (stored rounded to fp16)."""
-    fx = load_fixture(f"{name}.parity.pt")
-    torch.manual_seed(0)
-    ours = create_model(name).state_dict()
-    # num_batches_tracked is skipped: the fixture stores 2 where a fresh official build measures 1 (spec 3.1);
-    # with a fixed momentum the counter never enters a computation
-    differ = [k for k, v in fx["state_dict"].items()
-              if "num_batches_tracked" not in k and not torch.equal(ours[k].half(), v.half())]
-    assert not differ, differ[:5]
-
-
-@pytest.mark.parametrize("ckpt_name, parity_name, entry", [
-    ("yolov9-t.official-release.pt", "yolov9-t.parity.pt", "model"),
-    ("gelan-t.official-release.pt", "gelan-t.parity.pt", "model"),
-    ("yolov9-t.official-train.pt", "yolov9-t.parity.pt", "ema"),
-])
-def test_official_checkpoint_loads_and_reproduces_outputs(official_fixture, load_fixture, ckpt_name, parity_name,
-                                                          entry):
-    model = load_official_checkpoint(official_fixture(ckpt_name))
+@pytest.mark.parametrize("file_name, entry", CHECKPOINTS)
+def test_official_checkpoint_loads_and_reproduces_outputs(official_fixture, load_fixture, file_name, entry):
+    """Release files (official strip_optimizer) and a training file (as train_dual.py saves it) load without
+    the official code; the outputs equal the official attempt_load's (fp32, fused) on the same input."""
+    ref = load_fixture("checkpoints.parity.pt")[file_name]
+    model = load_official_checkpoint(official_fixture(file_name))
     assert not model.training and next(model.parameters()).dtype == torch.float32
-    assert model.nc == 80 and model.names[:2] == ["0", "1"] and model.checkpoint_meta["entry"] == entry
+    assert model.checkpoint_meta["entry"] == ref["entry"] == entry
+    assert model.nc == ref["nc"] == 3 and model.names == ref["names"] == ["circle", "square", "triangle"]
+    assert model.name == file_name.split(".")[0] and torch.equal(model.stride, ref["stride"].float())
     assert not any(m == "models" or m.startswith(("models.", "utils.")) for m in sys.modules)
-    fx = load_fixture(parity_name)
-    reference = create_model(parity_name.split(".")[0])
-    reference.load_state_dict(_fp32(fx["state_dict"]), strict=True)
-    reference.eval()
+    x = load_fixture("checkpoints.parity.pt")["image"].float() / 255
     with torch.no_grad():
-        got, ref = model(fx["input"]), reference(fx["input"])
-    assert _rel(got.main, ref.main) == 0.0 and _rel(got.main, fx["eval_out"][-1]) < TOL
-    if model.is_dual:
-        assert _rel(got.aux, fx["eval_out"][0]) < TOL
+        out = model(x)
+    got = [out.aux, out.main] if model.is_dual else [out.main]
+    assert len(got) == len(ref["eval_out"])
+    for g, r in zip(got, ref["eval_out"]):
+        assert torch.isfinite(r).all() and g.shape == r.shape and rel(g, r) < TOL
 
 
-def test_official_train_checkpoint_metadata(official_fixture):
-    model = load_official_checkpoint(official_fixture("yolov9-t.official-train.pt"))
-    assert model.checkpoint_meta["epoch"] == 3 and model.checkpoint_meta["best_fitness"] == pytest.approx(0.1)
+def test_official_checkpoint_metadata(load_fixture, official_fixture):
+    train = load_official_checkpoint(official_fixture("gelan-t-narrow.official-train.pt"))
+    assert train.checkpoint_meta["epoch"] == 3 and train.checkpoint_meta["best_fitness"] == pytest.approx(0.1)
+    release = load_official_checkpoint(official_fixture("yolov9-t-narrow.official-release.pt"))
+    assert release.checkpoint_meta["epoch"] == -1 and release.checkpoint_meta["best_fitness"] is None
 
 
 def test_official_checkpoint_rejects_bad_files(official_fixture, tmp_path):
-    release = official_fixture("yolov9-t.official-release.pt").read_bytes()
+    release = official_fixture("yolov9-t-narrow.official-release.pt").read_bytes()
     (tmp_path / "truncated.pt").write_bytes(release[: len(release) // 2])
     (tmp_path / "random.pt").write_bytes(random.Random(1).randbytes(4096))
     torch.save({"model": {"weight": torch.zeros(2)}}, tmp_path / "state_dict.pt")
@@ -168,3 +141,56 @@ def test_official_checkpoint_hint_for_kit_checkpoint(tmp_path):
     path = save_checkpoint(tmp_path / "kit.pt", create_model("gelan-t"))
     with pytest.raises(OfficialCheckpointError, match="yolo9kit checkpoint.*load_checkpoint"):
         load_official_checkpoint(path)
+
+
+# ------------------------------------------------------------- extra: references outside the repository
+
+def _fp32(state_dict: dict) -> dict:
+    return {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
+
+
+@pytest.fixture(scope="module")
+def golden(load_extra_fixture):
+    """yolov9-t at 160 px with randomised weights (kept outside the repository: 12 MB)."""
+    return load_extra_fixture("yolov9-t-golden.pt")
+
+
+@pytest.fixture(scope="module")
+def golden_model(golden):
+    model = create_model("yolov9-t")
+    model.load_state_dict(_fp32(golden["state_dict_fp16"]), strict=True)
+    return model
+
+
+def test_extra_golden_eval_and_train_outputs(golden, golden_model):
+    model = golden_model.eval()
+    with torch.no_grad():
+        out = model(golden["input"])
+        raw = model(golden["input"], raw=True)
+    assert rel(out.aux, golden["eval_aux"]) < TOL and rel(out.main, golden["eval_main"]) < TOL
+    for got, ref in zip(raw.aux + raw.main, golden["eval_raw_aux"] + golden["eval_raw_main"]):
+        assert got.shape == ref.shape and rel(got, ref) < TOL
+    with torch.no_grad():
+        out = golden_model.train()(golden["input"])
+    for got, ref in zip(out.aux + out.main, golden["train_raw_aux"] + golden["train_raw_main"]):
+        assert got.shape == ref.shape and rel(got, ref) < TOL
+
+
+def test_extra_golden_deploy_keeps_main_output(golden, golden_model):
+    model = golden_model.eval()
+    with torch.no_grad():
+        ref = model(golden["input"]).main
+        got = to_deploy(model)(golden["input"]).main
+    assert rel(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("file_name", ["yolov9-t.official-release.pt", "gelan-t.official-release.pt",
+                                       "yolov9-t.official-train.pt"])
+def test_extra_full_size_official_checkpoints_load(extra_fixture, file_name):
+    """Full-width (80-class) official files: they load strictly and run."""
+    model = load_official_checkpoint(extra_fixture(file_name))
+    assert model.nc == 80 and model.names[:2] == ["0", "1"]
+    with torch.no_grad():
+        out = model(torch.zeros(1, 3, 64, 64))
+    assert out.main.shape == (1, 84, 84)
+

@@ -8,24 +8,40 @@ import torch
 
 from yolo9kit.ops import non_max_suppression, scale_boxes
 
-GOLDEN_NMS_CASES = {
-    "nms_val_0.001_0.7_multilabel_300": dict(conf=0.001, iou=0.7, multi_label=True, max_det=300),
-    "nms_detect_0.25_0.45_1000": dict(conf=0.25, iou=0.45, max_det=1000),
-    "nms_detect_agnostic": dict(conf=0.25, iou=0.45, max_det=1000, agnostic=True),
-}
+OFFICIAL_NAMES = {"conf_thres": "conf", "iou_thres": "iou"}  # official keyword -> ours
 
 
-@pytest.mark.parametrize("key", sorted(GOLDEN_NMS_CASES))
+def test_nms_cases_recorded(load_fixture):
+    assert sorted(load_fixture("ops.parity.pt")["nms"]["cases"]) == [
+        "detect_0.25_0.45_1000", "detect_agnostic", "detect_classes_0_2", "val_0.001_0.7_multilabel_300"]
+
+
+@pytest.mark.parametrize("key", ["detect_0.25_0.45_1000", "detect_agnostic", "detect_classes_0_2",
+                                 "val_0.001_0.7_multilabel_300"])
 def test_nms_rows_identical_to_official(load_fixture, key):
-    golden = load_fixture("yolov9-t-golden.pt")
-    # no time limit: ~30000 multi-label candidates can take seconds on a busy CPU, and the official
-    # limit would then (correctly) leave the second image empty
-    out = non_max_suppression(golden["nms_input"], **GOLDEN_NMS_CASES[key], time_limit_s=float("inf"))
-    expected = golden[key]
+    """Official utils/general.py non_max_suppression on a (2, 10, 800) prediction of overlapping boxes:
+    the same rows in the same order, per image."""
+    nms = load_fixture("ops.parity.pt")["nms"]
+    case = nms["cases"][key]
+    kwargs = {OFFICIAL_NAMES.get(k, k): v for k, v in case["kwargs"].items()}
+    # no time limit: on a busy CPU the official limit could (correctly) cut the second image short
+    out = non_max_suppression(nms["input"], **kwargs, time_limit_s=float("inf"))
+    expected = case["out"]
     assert len(out) == len(expected)
+    assert sum(len(e) for e in expected) > 0
     for ours, theirs in zip(out, expected):
         assert ours.shape == theirs.shape
         assert torch.equal(ours, theirs)
+
+
+def test_extra_nms_rows_identical_to_official_on_golden(load_extra_fixture):
+    golden = load_extra_fixture("yolov9-t-golden.pt")
+    cases = {"nms_val_0.001_0.7_multilabel_300": dict(conf=0.001, iou=0.7, multi_label=True, max_det=300),
+             "nms_detect_0.25_0.45_1000": dict(conf=0.25, iou=0.45, max_det=1000),
+             "nms_detect_agnostic": dict(conf=0.25, iou=0.45, max_det=1000, agnostic=True)}
+    for key, kwargs in cases.items():
+        out = non_max_suppression(golden["nms_input"], **kwargs, time_limit_s=float("inf"))
+        assert all(torch.equal(o, e) for o, e in zip(out, golden[key], strict=True)), key
 
 
 def _random_prediction(seed: int = 0, batch: int = 2, nc: int = 5, anchors: int = 400) -> torch.Tensor:
@@ -120,7 +136,10 @@ def test_ops_letterbox_reexport_matches_official_cases(load_fixture):
     from yolo9kit.ops import letterbox
 
     for case in load_fixture("ops.parity.pt")["letterbox"]:
-        image, ratio, pad = letterbox(case["input"].numpy(), **case["kwargs"])
+        kwargs = dict(case["kwargs"])
+        if "scaleFill" in kwargs:  # the official keyword
+            kwargs["scale_fill"] = kwargs.pop("scaleFill")
+        image, ratio, pad = letterbox(case["input"].numpy(), **kwargs)
         assert np.array_equal(image, case["out"].numpy())
         assert tuple(ratio) == pytest.approx(tuple(case["ratio"]))
         assert tuple(pad) == pytest.approx(tuple(case["pad"]))
