@@ -160,7 +160,7 @@ class TrainConfig:
     max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
     oom_backoff: bool = True  # on CUDA out-of-memory halve the micro-batch and retry
     sync_bn: bool = False  # DDP only: convert BatchNorm to SyncBatchNorm
-    progress_bar: bool = True  # tqdm bar per epoch (rank 0)
+    progress_bar: bool = True  # tqdm bars of each epoch and its validation (rank 0)
     # The run folder's pictures (labels.jpg, train_batch0-2.jpg, results.png every epoch, the validation plots
     # at the end; yolo9kit.train.pictures). On a CPU about 0.4 s per epoch and 2 s per run (docs/training.md);
     # False for quiet or timed runs.

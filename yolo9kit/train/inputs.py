@@ -100,7 +100,7 @@ def default_validate(data, loader, config: TrainConfig, device: torch.device, ha
         from yolo9kit.validate import evaluate
 
         r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device,
-                     single_cls=config.single_cls)
+                     single_cls=config.single_cls, progress=config.progress_bar)
         validate.last_result = r  # the run folder's validation pictures are drawn from the last one
         return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
                 "fitness": float(r.fitness)}
