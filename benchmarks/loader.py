@@ -89,6 +89,11 @@ def _import_official(checkout: Path):
 def official_loader(checkout: Path, list_file: Path, workers: int, args):
     import yaml
 
+    if args.cache_mode != "disk":
+        # The official load_image reads an image's .npy (what its disk cache writes) whenever one exists,
+        # whatever the cache setting: without this, 'none' and 'ram' after a 'disk' run would time .npy reads.
+        for npy in (list_file.parent / "images" / "train").glob("*.npy"):
+            npy.unlink()
     dataloaders = _import_official(checkout)
     hyp = yaml.safe_load((checkout / "data" / "hyps" / "hyp.scratch-high.yaml").read_text())
     loader, _ = dataloaders.create_dataloader(str(list_file), args.imgsz, args.batch_size, 32, hyp=hyp, augment=True,
