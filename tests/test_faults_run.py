@@ -226,6 +226,16 @@ def _record_fields():
                 peak_vram_bytes=None, images_per_s=1.0, epoch_s=1.0)
 
 
+@pytest.fixture
+def default_sigint():
+    """These tests send SIGINT: start from Python's own handler whatever the runner inherited (a runner started
+    in the background of a non-interactive shell ignores SIGINT, and ``fit`` rightly leaves an ignored signal
+    ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 class _SignalAt:
     """on_step callback that sends this process a real signal at its n-th call."""
 
@@ -238,6 +248,7 @@ class _SignalAt:
             os.kill(os.getpid(), self.signum)
 
 
+@pytest.mark.usefixtures("default_sigint")
 def test_sigint_inside_an_accumulation_window_saves_last_and_resumes_exactly_with_batchnorm(tmp_path):
     """Ctrl-C after batch 2 of epoch 0 (inside a window: steps at ni 0, 1, 3): the run stops before the next
     batch and says why; the resumed run equals a straight one, BatchNorm running statistics included."""
@@ -251,6 +262,7 @@ def test_sigint_inside_an_accumulation_window_saves_last_and_resumes_exactly_wit
     _same_weights(straight, resumed)
 
 
+@pytest.mark.usefixtures("default_sigint")
 def test_a_signal_during_validation_saves_the_epoch_without_metrics(tmp_path):
     """Validation has no batch to stop at: the signal stops it at once, and the trained epoch is kept."""
     calls = []
@@ -270,6 +282,7 @@ def test_a_signal_during_validation_saves_the_epoch_without_metrics(tmp_path):
     assert read_checkpoint(result.last)["progress"]["epoch"] == 1 and not result.best.exists()
 
 
+@pytest.mark.usefixtures("default_sigint")
 def test_a_signal_while_checkpoints_are_written_waits_for_them(tmp_path, monkeypatch):
     """Ctrl-C while best.pt of epoch 0 is written: best.pt, last.pt and the row are all written, then the run
     stops."""
