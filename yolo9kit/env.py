@@ -188,19 +188,35 @@ def checks(verbose: bool = True, widgets: bool = True) -> EnvReport:
 def resolve_device(device: str | torch.device | None) -> torch.device:  # noqa: F821 (torch imported lazily)
     """None/"" -> the first CUDA device when available, else CPU; "0" -> cuda:0; else ``torch.device(device)``.
 
+    A CUDA device always comes back with its index: ``"cuda"`` is the current CUDA device
+    (``torch.cuda.current_device()``), so every later question about "the card" (its name, memory, bf16,
+    random state) is about the one the tensors are on, also on a machine with several GPUs.
+
     Raises:
         ValueError: a CUDA device is asked for on a machine without CUDA.
     """
     import torch
 
     if device is None or device == "":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, str) and device.isdigit():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
         device = f"cuda:{device}"
     device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device} requested but CUDA is not available; use device='cpu'")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device} requested but CUDA is not available; use device='cpu'")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def native_bf16(index: int) -> bool:
+    """Whether CUDA device ``index`` computes bf16 in hardware: compute capability 8.0 or more (Ampere and
+    newer). ``torch.cuda.is_bf16_supported()`` is not this question: by default it also counts emulation and
+    says True on a T4 or V100 (7.x), where bf16 has no tensor cores and no cuDNN engines."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
 
 
 def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:  # noqa: F821

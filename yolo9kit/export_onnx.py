@@ -35,7 +35,7 @@ import torch
 
 from yolo9kit.checkpoint import load_model
 from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
-from yolo9kit.models.inference import prepare_model, select_head
+from yolo9kit.models.inference import max_stride, prepare_model, select_head
 from yolo9kit.ops import non_max_suppression
 
 LOGGER = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     source = load_model(model)
     deployed = prepare_model(source, torch.device("cpu"), False, deploy=True, head="main")
     wrapper = _Predictions(deployed).eval()
-    stride = max(int(deployed.stride.max()), 32)
+    stride = max_stride(deployed)
     size = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     size = tuple(math.ceil(s / stride) * stride for s in size)
     path = Path(path)

@@ -71,7 +71,8 @@ class DetectionLoss:
         if model is not None:
             head = getattr(model, "head", None)
             num_classes = int(model.nc) if num_classes is None else num_classes
-            strides = model.stride if strides is None else strides
+            if strides is None:  # the head's host copy: no read from the device when the model is on a GPU
+                strides = getattr(head, "strides", None) or model.stride
             reg_max = int(getattr(head, "reg_max", 16)) if reg_max is None else reg_max
         if num_classes is None or strides is None:
             raise ValueError("DetectionLoss needs a model, or num_classes and strides "

@@ -23,7 +23,7 @@ from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
 from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
 from yolo9kit.env import resolve_device
-from yolo9kit.models.inference import prepare_model, resolve_half, select_head
+from yolo9kit.models.inference import max_stride, prepare_model, resolve_half, select_head
 from yolo9kit.ops import letterbox, non_max_suppression, scale_boxes
 
 LOGGER = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     if memory_format is torch.channels_last:
         model = model.to(memory_format=memory_format)
     forward = torch.compile(model, mode=compile if isinstance(compile, str) else None) if compile else model
-    stride = max(int(model.stride.max()), 32)
+    stride = max_stride(model)
     imgsz = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)
     if input_size != imgsz:
@@ -135,7 +135,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     if save_dir is not None:
         (save_dir / "labels" if save.txt else save_dir).mkdir(parents=True, exist_ok=True)
     if device.type == "cuda":  # warm-up: the first call pays for cuDNN autotuning and allocations
-        forward(torch.zeros(batch_size, 3, *input_size, device=device, dtype=torch.half if half else torch.float))
+        forward(_as_input(torch.zeros(batch_size, 3, *input_size, dtype=torch.uint8), device, half, memory_format))
 
     run = _Run(model, forward, device, half, memory_format, head, nms, save, save_dir)
     try:
@@ -259,8 +259,7 @@ def _run_batch(model, forward, pending: list, device: torch.device, half: bool, 
     """One forward pass over the letterboxed images of ``pending``; per image its Prediction and speed row."""
     n = len(pending)
     t1 = _sync(device)
-    x = torch.from_numpy(np.stack([chw for *_, chw, _ in pending])).to(device)
-    x = ((x.half() if half else x.float()) / 255).contiguous(memory_format=memory_format)
+    x = _as_input(torch.from_numpy(np.stack([chw for *_, chw, _ in pending])), device, half, memory_format)
     t2 = _sync(device)
     prediction = select_head(forward(x), head)
     t3 = _sync(device)
@@ -280,6 +279,13 @@ def _run_batch(model, forward, pending: list, device: torch.device, half: bool, 
             LOGGER.debug("image %d %s: %s, %.1fms", index + 1, where, result.summary(), speed["inference_ms"])
         out.append((result, speed))
     return out
+
+
+def _as_input(images: torch.Tensor, device: torch.device, half: bool, memory_format) -> torch.Tensor:
+    """uint8 (B, 3, H, W) RGB -> the model's input on ``device``: FP16 or FP32 in [0, 1], in ``memory_format``
+    (the warm-up goes through here too, so that cuDNN tunes the layout the images arrive in)."""
+    x = images.to(device)
+    return ((x.half() if half else x.float()) / 255).contiguous(memory_format=memory_format)
 
 
 def _write_outputs(result: Prediction, save_dir: Path, index: int, save: SaveConfig) -> None:

@@ -13,16 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config.train import AMP_MODES, OPTIMIZERS, TrainConfig, check_activation_checkpointing, check_freeze
+from yolo9kit.env import native_bf16
 
 # The speed switches that ``None`` turns on for CUDA and off for the CPU (TrainConfig and StepConfig alike).
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
 
 
-def amp_for(amp: str, device_type: str, bf16: bool) -> str:
+def amp_for(amp: str, device_type: str, bf16: bool, card: str = "this GPU") -> str:
     """The autocast mode a step runs with: "fp16", "bf16" or "off".
 
-    "auto" is bf16 where the GPU has it (no loss scaling needed), else fp16; on the CPU the step is fp32
-    whatever is asked, as the official check_amp does (CPU autocast is slower than fp32 for convolutions).
+    "auto" is bf16 where the GPU computes it in hardware (``bf16``: compute capability 8.0 or more; no loss
+    scaling needed), else fp16; on the CPU the step is fp32 whatever is asked, as the official check_amp does
+    (CPU autocast is slower than fp32 for convolutions).
+
+    Raises:
+        ValueError: ``amp="bf16"`` on a GPU without bf16 (a T4 or V100 would emulate it, slowly): the message
+            names ``card`` and the choices that work there.
     """
     if amp not in AMP_MODES:
         raise ValueError(f"amp={amp!r}: expected one of {AMP_MODES}")
@@ -30,6 +36,9 @@ def amp_for(amp: str, device_type: str, bf16: bool) -> str:
         return "off"
     if amp == "auto":
         return "bf16" if bf16 else "fp16"
+    if amp == "bf16" and not bf16:
+        raise ValueError(f"amp='bf16': {card} has no bf16 in hardware (it needs compute capability 8.0, Ampere "
+                         "or newer; older cards emulate it, slowly): use amp='fp16' or amp='auto' (fp16 there)")
     return amp
 
 
@@ -103,20 +112,26 @@ class StepConfig:
                    fused_optimizer=config.fused_optimizer, optimizer=config.optimizer, ema=config.ema,
                    num_classes=getattr(model, "nc", None), num_targets=num_targets)
 
-    def resolve(self, device: Any = None, *, bf16: bool | None = None) -> StepConfig:
-        """This step as it runs on ``device`` (None: the first CUDA device, else the CPU): "auto" AMP and
+    def resolve(self, device: Any = None, *, bf16: bool | None = None, card: str | None = None) -> StepConfig:
+        """This step as it runs on ``device`` (None: the current CUDA device, else the CPU): "auto" AMP and
         every ``None`` switch decided as ``fit`` decides them there (on for CUDA, off for the CPU).
 
-        ``bf16``: whether the GPU has bf16 (default: ask the local CUDA device; a GPU without one: True).
-        Values already set are kept, so resolving twice changes nothing.
+        ``bf16``: whether the GPU computes bf16 in hardware (default: ask the CUDA device named, or the current
+        one; without CUDA on this machine, False). ``card`` names it in errors. Values already set are kept,
+        so resolving twice changes nothing.
+
+        Raises:
+            ValueError: ``amp="bf16"`` where the GPU has no bf16 (see :func:`amp_for`).
         """
         device_type = _device_type(device)
         if bf16 is None:
-            bf16 = _local_bf16() if device_type == "cuda" else False
+            bf16 = _local_bf16(device) if device_type == "cuda" else False
+        if card is None and device_type == "cuda":
+            card = _local_card(device)
         switches = {name: (device_type == "cuda") if getattr(self, name) is None else bool(getattr(self, name))
                     for name in FAST_SWITCHES}
-        return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16), device_type=device_type,
-                                   **switches)
+        return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16, card or "this GPU"),
+                                   device_type=device_type, **switches)
 
     @property
     def model_name(self) -> str:
@@ -168,10 +183,28 @@ def _device_type(device: Any) -> str:
     return torch.device(f"cuda:{text}" if text.isdigit() else text).type
 
 
-def _local_bf16() -> bool:
+def _cuda_index(device: Any) -> int | None:
+    """The index of the CUDA device ``device`` names on this machine (None: no CUDA here)."""
     import torch
 
-    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if not torch.cuda.is_available():
+        return None
+    if isinstance(device, int):
+        return device
+    index = None if device is None else torch.device(f"cuda:{device}" if str(device).isdigit() else str(device)).index
+    return torch.cuda.current_device() if index is None else index
+
+
+def _local_bf16(device: Any = None) -> bool:
+    index = _cuda_index(device)
+    return index is not None and native_bf16(index)
+
+
+def _local_card(device: Any = None) -> str | None:
+    import torch
+
+    index = _cuda_index(device)
+    return None if index is None else f"{torch.cuda.get_device_name(index)} (cuda:{index})"
 
 
 # ---- inference, validation and loader settings ------------------------------------------------------------

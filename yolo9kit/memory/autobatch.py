@@ -72,7 +72,7 @@ def sizing_target(config: TrainConfig, device: torch.device) -> GPUSpec:
     if config.gpu is not None:
         return resolve_gpu(config.gpu)
     if device.type == "cuda":
-        return gpu_from_device(device.index or 0)
+        return gpu_from_device(device.index)  # None: the current CUDA device
     return host_memory()
 
 

@@ -77,7 +77,7 @@ def estimate(step: StepConfig | str | nn.Module, batch_size: int | None = None, 
 def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
     """The traced step of ``step`` resolved for ``spec`` (kept for the next call with the same step, when
     the model is given by name: a module may change between calls)."""
-    resolved = step.resolve(spec.device_type, bf16=spec.bf16)
+    resolved = step.resolve(spec.device_type, bf16=spec.bf16, card=spec.name)
     if not isinstance(step.model, str):
         return StepEstimator(resolved)
     key = replace(resolved, batch_size=1)  # the trace does not depend on the batch
@@ -188,8 +188,6 @@ def _report(est: StepEstimator, b: int, spec: GPUSpec, cal: dict | None, overhea
         breakdown["workspace_other"] += allocated - traced
         reserved = max(allocated, int(a_res * traced + b_res))
         notes.append("allocated and reserved from the measured calibration of this GPU")
-    if est.step.amp == "bf16" and not spec.bf16:
-        notes.append(f"{spec.name} has no native bf16: training there would use fp16 or emulated bf16")
     context = (cal or {}).get("context_bytes") or spec.context_bytes
     step_s = throughput.step_s(spec, b, 1, est.train_gflops_per_image, est.step.amp)
     return MemoryReport(step=replace(est.step, batch_size=b), method="estimated",

@@ -80,16 +80,20 @@ def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
                      "(e.g. gpu=24 * 2**30)")
 
 
-def gpu_from_device(index: int = 0) -> GPUSpec:
-    """The spec of a local CUDA device: table values when the name is known, its real capacity always."""
+def gpu_from_device(index: int | None = None) -> GPUSpec:
+    """The spec of local CUDA device ``index`` (None: the current one): table values when the name is known,
+    its real capacity and its bf16 (``yolo9kit.env.native_bf16``, what ``StepConfig.resolve`` asks) always."""
     import torch
 
+    from yolo9kit.env import native_bf16
+
+    index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
     try:
         known = resolve_gpu(props.name)
     except ValueError:
         known = None
-    bf16 = props.major >= 8
+    bf16 = native_bf16(index)
     if known is None:
         return GPUSpec(props.name, props.total_memory, bf16, 312.0, 1555.0)
     return GPUSpec(known.name, props.total_memory, bf16, known.tflops_fp16, known.bandwidth_gbs,
@@ -103,7 +107,7 @@ def target_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec:
         return resolve_gpu(gpu)
     import torch
 
-    return gpu_from_device(torch.cuda.current_device()) if torch.cuda.is_available() else resolve_gpu(DEFAULT_GPU)
+    return gpu_from_device() if torch.cuda.is_available() else resolve_gpu(DEFAULT_GPU)
 
 
 def host_memory() -> GPUSpec:

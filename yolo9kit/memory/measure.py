@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig
+from yolo9kit.env import resolve_device
 from yolo9kit.memory.extrapolate import _live_matrix
 from yolo9kit.memory.gpus import gpu_from_device
 from yolo9kit.memory.report import MemoryReport
@@ -24,12 +25,14 @@ from yolo9kit.memory.step import (
     synthetic_batch,
 )
 from yolo9kit.memory.tracker import CATEGORIES
+from yolo9kit.train.step import cudnn_autotune
 
 LOGGER = logging.getLogger(__name__)
 
 
 def require_cuda(device: str | torch.device) -> torch.device:
-    """``torch.device(device)`` when it is a usable CUDA device, else a RuntimeError pointing to estimate()."""
+    """``device`` with its index (``"cuda"``: the current device) when it is a usable CUDA device, else a
+    RuntimeError pointing to estimate()."""
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(
@@ -37,7 +40,7 @@ def require_cuda(device: str | torch.device) -> torch.device:
             f"torch.cuda.is_available() is {torch.cuda.is_available()}. On this machine use "
             "yolo9kit.memory.estimate(step, gpu='RTX 4090') to predict the same report on any machine, "
             "trace(step) for the real step on the CPU, or sweep(...), which falls back to the estimate.")
-    return dev
+    return resolve_device(dev)
 
 
 def free_cuda() -> None:
@@ -91,7 +94,8 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
         trainer = build_real_trainer(module, step, dev)
         trainer.oom_backoff = False  # an out-of-memory must surface, not halve the micro-batch
         images, targets = synthetic_batch(step.batch_size, step.imgsz, step.num_targets, num_classes_of(step, module))
-        times = _run_steps(trainer, images, targets, repeats, warmup_repeats, dev)
+        with cudnn_autotune(dev):  # as fit runs the step
+            times = _run_steps(trainer, images, targets, repeats, warmup_repeats, dev)
         peak_allocated = torch.cuda.max_memory_allocated(dev) - held_allocated
         peak_reserved = torch.cuda.max_memory_reserved(dev) - held_reserved
         parts = _tracked_breakdown(trainer, images, targets, peak_allocated) if breakdown else \
@@ -100,7 +104,7 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
         del trainer, module  # the model was moved to the GPU in place: drop it before emptying the cache
         free_cuda()
     step_s = statistics.median(times)
-    spec = gpu_from_device(dev.index or 0)
+    spec = gpu_from_device(dev.index)
     free, total = torch.cuda.mem_get_info(dev)
     # what the card holds beyond this process's cache: the CUDA context (and any other process)
     context = max(0, total - free - torch.cuda.memory_reserved(dev))
@@ -109,7 +113,7 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
                         images_per_s=step.batch_size / step_s, context_bytes=int(context),
                         gpu_total_bytes=spec.total_bytes,
                         notes=[f"torch {torch.__version__}, median of {repeats} steps after {warmup_repeats} "
-                               f"warm-up, cudnn.benchmark={torch.backends.cudnn.benchmark}"])
+                               "warm-up, cuDNN autotuning on"])
 
 
 @renamed_step_keywords("trace")

@@ -134,9 +134,7 @@ def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionMo
         deployed.load_state_dict(sd, strict=True)
         param = next(model.parameters())
         deployed.to(device=param.device, dtype=param.dtype)
-        deployed.stride = model.stride.clone()
-        deployed.head.stride.copy_(model.head.stride)
-        deployed._max_stride = model._max_stride
+        deployed.set_strides(model.head.strides)  # host values: no read from the device
     deployed.eval()
     return fuse(deployed) if fuse_layers else deployed
 

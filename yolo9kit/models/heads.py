@@ -78,6 +78,9 @@ class DDetect(nn.Module):
 
     Attributes (official names): ``cv2`` box branches, ``cv3`` class branches, ``dfl`` decode; ``nc``,
     ``nl`` (levels), ``reg_max``, ``no`` = nc + 64 channels per anchor, ``stride`` (nl,) non-persistent buffer.
+    ``strides``: the same values as plain floats, which the decode reads (the buffer moves to the GPU with the
+    model, and reading it there would make every eval forward wait for the device). Set both with
+    ``set_strides``.
     """
 
     is_dual = False
@@ -90,7 +93,17 @@ class DDetect(nn.Module):
         self.reg_max = REG_MAX
         self.no = self.nc + 4 * REG_MAX
         self.register_buffer("stride", torch.zeros(self.nl), persistent=False)
+        self.strides: tuple[float, ...] = (0.0,) * self.nl
         self._build(ch)
+
+    def set_strides(self, strides) -> None:
+        """The strides of the levels (floats, or a tensor on the host): the buffer and ``strides``."""
+        values = tuple(float(s) for s in (strides.tolist() if isinstance(strides, torch.Tensor) else strides))
+        if len(values) != self.nl:
+            raise ValueError(f"{len(values)} strides for a head of {self.nl} levels")
+        self.strides = values
+        if not self.stride.is_meta:
+            self.stride.copy_(torch.tensor(values, dtype=self.stride.dtype))
 
     def _build(self, ch: list[int]) -> None:
         c2, c3 = head_widths(ch[0], self.nc)
@@ -121,7 +134,7 @@ class DDetect(nn.Module):
         Matches the official DDetect/DualDDetect eval path; both heads share one set of anchors.
         """
         ref = maps.main
-        points, strides = make_anchors([tuple(m.shape[2:]) for m in ref], self.stride.tolist(), 0.5,
+        points, strides = make_anchors([tuple(m.shape[2:]) for m in ref], self.strides, 0.5,
                                        dtype=ref[0].dtype, device=ref[0].device)
         points, strides = points.T.unsqueeze(0), strides.T  # (1, 2, A), (1, A)
         dfls = [g[2] for g in self._groups()]
@@ -144,7 +157,7 @@ class DDetect(nn.Module):
         if self.stride.is_meta:
             return
         for box, cls, _ in self._groups():
-            for a, b, s in zip(box, cls, self.stride.tolist()):
+            for a, b, s in zip(box, cls, self.strides):
                 a[-1].bias.fill_(1.0)
                 b[-1].bias[: self.nc] = math.log(5 / self.nc / (640 / s) ** 2)
 

@@ -13,7 +13,17 @@ import torch
 
 HALF_VALUES = ("auto", True, False)
 
-__all__ = ["HALF_VALUES", "prepare_model", "resolve_half", "select_head"]
+__all__ = ["HALF_VALUES", "max_stride", "prepare_model", "resolve_half", "select_head"]
+
+
+def max_stride(model: torch.nn.Module) -> int:
+    """The largest stride of ``model``, at least 32 (official ``gs``): a DetectionModel's host value
+    (``max_stride``, no read from the device); another module's ``stride`` tensor (read once); else 32."""
+    value = getattr(model, "max_stride", None)
+    if value is None:
+        stride = getattr(model, "stride", None)
+        value = int(stride.max()) if isinstance(stride, torch.Tensor) else 32
+    return max(int(value), 32)
 
 
 def resolve_half(half: str | bool | None, device: torch.device) -> bool:

@@ -55,7 +55,7 @@ class DetectionModel(nn.Module):
         if probe:
             self._probe_strides()
         else:  # strides of the standard three-level heads; loaders overwrite every tensor anyway
-            self.head.stride.copy_(self.stride[: self.head.nl])
+            self.set_strides((8.0, 16.0, 32.0)[: self.head.nl])
         self.head.initialize_biases()
         for m in self.modules():  # official initialize_weights: BN eps/momentum after the probe
             if isinstance(m, nn.BatchNorm2d):
@@ -88,11 +88,22 @@ class DetectionModel(nn.Module):
         self.train()
         out = self._run(torch.zeros(1, self.ch, PROBE_SIZE, PROBE_SIZE), raw=True, label_errors=True)
         maps = out.aux if out.aux is not None else out.main
-        stride = torch.tensor([PROBE_SIZE / m.shape[-2] for m in maps])
-        self.stride = stride
-        self.head.stride.copy_(stride)
-        self._max_stride = int(stride.max())
+        self.set_strides([PROBE_SIZE / m.shape[-2] for m in maps])
         self.train(was_training)
+
+    def set_strides(self, strides) -> None:
+        """The strides of the head's levels (floats, or a tensor on the host): the ``stride`` buffers of the
+        model and of its head, and their host copies (``head.strides``, ``max_stride``), which the forward
+        and the decode read without waiting for the device."""
+        self.head.set_strides(strides)
+        values = self.head.strides
+        self.stride = torch.tensor(values, dtype=self.stride.dtype, device=self.stride.device)
+        self._max_stride = int(max(values))
+
+    @property
+    def max_stride(self) -> int:
+        """The largest stride (32), an int on the host: image sides must be multiples of it."""
+        return self._max_stride
 
     # ----------------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, raw: bool = False) -> DualOutput:

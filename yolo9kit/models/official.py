@@ -164,8 +164,7 @@ def load_official_checkpoint(path: str | Path) -> DetectionModel:
             f"{result.unexpected_keys[:3]}); the file may be from a different code version")
     stride = getattr(pickled, "stride", None)
     if isinstance(stride, torch.Tensor) and stride.numel() == model.head.nl:
-        model.stride = stride.float().clone()
-        model.head.stride.copy_(model.stride)
+        model.set_strides(stride.float())
     fitness = ckpt.get("best_fitness")
     model.checkpoint_meta = {
         "path": str(path), "entry": entry, "epoch": ckpt.get("epoch"), "date": ckpt.get("date"),

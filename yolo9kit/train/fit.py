@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, StopSignals
@@ -46,7 +45,7 @@ from yolo9kit.train.state import (
     save_training_checkpoint,
     seed_everything,
 )
-from yolo9kit.train.step import Trainer, build_trainer, resolve_device
+from yolo9kit.train.step import Trainer, build_trainer, cudnn_autotune, describe_step, place_model, resolve_device
 
 LOGGER = logging.getLogger(__name__)
 
@@ -157,7 +156,8 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
                                                 half=run.trainer.step.amp != "off")
         _open_records(run, folder, data, train_loader)
         if folder.ckpt:
-            restore_rng(folder.ckpt["rng"])  # last, so that nothing of the set-up consumes the restored states
+            # last, so that nothing of the set-up consumes the restored states
+            restore_rng(folder.ckpt["rng"], run.trainer.device)
             LOGGER.info("resuming %s at epoch %d, batch %d", folder.path, run.progress.epoch, run.progress.ni)
         interrupted_by = _epochs(run, train_loader)
     except BaseException:
@@ -180,11 +180,12 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
                             else config.device)
     config, auto_batch = _size_batch(config, model, device, dist, folder.ckpt, loss_fn)
     seed_everything(config.seed + dist.rank)
-    freeze_layers(model, config.freeze)  # before DDP: its reducer waits for the gradients of trainable parameters
     if config.label_smoothing:
         LOGGER.warning("label_smoothing=%g changes nothing: the official dual loss computes smoothed BCE targets "
                        "and never uses them, and the kit follows it (docs/training.md)", config.label_smoothing)
-    model.to(device)
+    # frozen, on the device and in the step's layout before DDP: its reducer waits for the gradients of the
+    # trainable parameters and lays out its buckets from their strides
+    place_model(model, describe_step(config, model, device, dist.world_size), device)
     model = ddp.wrap_model(model, dist, device, config.sync_bn)
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
     progress = restore_training_state(folder.ckpt, trainer) if folder.ckpt else Progress()
@@ -226,14 +227,15 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
     nb = len(loader)  # type: ignore[arg-type]
     warmup = warmup_steps(config, nb)
     at = _Position(epoch=progress.epoch)
-    with StopSignals(install=not run.dist.distributed) as signals:
+    with StopSignals(install=not run.dist.distributed) as signals, \
+            cudnn_autotune(run.trainer.device, config.cudnn_benchmark):
         try:
             for epoch in range(progress.epoch, config.epochs):
                 at = _Position("training", epoch)
                 progress.epoch = epoch
                 _check_space(run, epoch)
                 set_epoch_data(loader, config, epoch)
-                at.rng_epoch_start = capture_rng()
+                at.rng_epoch_start = capture_rng(run.trainer.device)
                 batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.plots)
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup, start_batch=progress.ni - epoch * nb,
@@ -327,7 +329,7 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
     if is_best:
         progress.best_fitness, progress.best_epoch = float(fitness), epoch
     if run.run_dir:
-        rng = capture_rng()
+        rng = capture_rng(run.trainer.device)
         for name in _epoch_files(config, epoch, is_best):
             _save(run, name, rng)
         append_results(run.run_dir / "results.csv", record)

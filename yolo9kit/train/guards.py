@@ -36,6 +36,23 @@ class OutOfMemoryAtMinimumError(RuntimeError):
     """Out of memory with a micro-batch of one image: nothing left to halve."""
 
 
+class DistributedOutOfMemoryError(RuntimeError):
+    """Out of memory under DDP in a micro-step that talks to the other ranks: it cannot be retried on one rank.
+
+    The synchronising micro-step (the last of a batch before an optimizer step) broadcasts DDP's buffers in
+    its forward and all-reduces the gradients in its backward; a rank that backed off and redid it alone
+    would call those collectives again while the other ranks wait in theirs: a hang. The run stops instead
+    (torchrun then stops the other ranks) with what to change.
+    """
+
+    def __init__(self, rank_batch: int, error: BaseException) -> None:
+        super().__init__(
+            f"out of memory under DDP in a micro-step of {rank_batch} images that synchronises with the other ranks "
+            "(buffer broadcast, gradient all-reduce): one rank cannot retry it alone without hanging the others. "
+            "Give a smaller batch_size, or micro_batch_size (every rank splits its batch the same way; the "
+            f"micro-steps before the last one back off on their own). The error was: {str(error)[:200]}")
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError`` and the generic "out of memory" RuntimeError."""
     if isinstance(error, torch.cuda.OutOfMemoryError):

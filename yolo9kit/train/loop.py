@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from yolo9kit.config import TrainConfig
+from yolo9kit.models.inference import max_stride
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
 from yolo9kit.train.inputs import multi_scale_rng, multi_scale_shape
@@ -156,7 +157,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not show, leave=True)
     log = _EpochLog(trainer, config, progress, run_dir, bar, on_step, show)
     window = _WindowStart(trainer)
-    stride = max(int(getattr(unwrap(trainer.model), "stride", torch.tensor([32])).max()), 32)  # official gs
+    stride = max_stride(unwrap(trainer.model))  # official gs
     try:
         for i, (images, targets, *_) in enumerate(bar):
             reason = interrupt() if interrupt is not None else None

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from yolo9kit.train.ema import unwrap
-from yolo9kit.train.step import Trainer
+from yolo9kit.train.step import FIXED_SCALE_GROWTH_INTERVAL, Trainer, scaler_kind
 
 LOGGER = logging.getLogger(__name__)
 
@@ -44,26 +44,40 @@ class Progress:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def capture_rng() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and (when initialised) CUDA generator states, as plain lists/tensors."""
+def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
+    """Python, NumPy, torch CPU and, on CUDA, the training device's generator states, as plain lists/tensors.
+
+    Only the state of ``device`` (the one the run trains on; None: the current CUDA device once CUDA is
+    initialised) is kept: a run resumed on a machine with fewer GPUs, or on another GPU index, restores it
+    onto its own device (``restore_rng``).
+    """
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np_state, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    elif device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
-    """Inverse of ``capture_rng``."""
+def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Inverse of ``capture_rng``: the CUDA state goes to ``device`` (None: the current CUDA device). A
+    checkpoint of an older version holds one state per visible GPU: the one of the same index is used, else
+    the first."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = dict(state["numpy"])
     np_state["state"] = {**np_state["state"], "key": np.asarray(np_state["state"]["key"], dtype=np.uint32)}
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state.get("cuda") is None or not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
+        return
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    cuda = state["cuda"]
+    if isinstance(cuda, (list, tuple)):  # one per GPU of the machine that saved it
+        cuda = cuda[index] if index < len(cuda) else cuda[0]
+    torch.cuda.set_rng_state(cuda, index)
 
 
 def seed_everything(seed: int) -> None:
@@ -112,11 +126,12 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
         "ema_updates": trainer.ema.updates if trainer.ema else 0,
         "optimizer": trainer.optimizer.state_dict(),
         "scaler": trainer.scaler.state_dict(),
+        "scaler_kind": scaler_kind(trainer.amp_dtype, trainer.sync_free),
         "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
         "progress": progress.to_dict(),
         "micro_batch_size": trainer.micro_batch_size,
         "optimizer_steps": trainer.optimizer_steps,
-        "rng": rng if rng is not None else capture_rng(),
+        "rng": rng if rng is not None else capture_rng(trainer.device),
         "train_config": config_dict,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **(extra or {}),
@@ -163,12 +178,35 @@ def restore_training_state(ckpt: dict, trainer: Trainer) -> Progress:
         trainer.ema.ema.load_state_dict(ckpt["ema"])
         trainer.ema.updates = int(ckpt.get("ema_updates", 0))
     trainer.optimizer.load_state_dict(ckpt["optimizer"])
-    trainer.scaler.load_state_dict(ckpt["scaler"])
+    _restore_scaler(trainer, ckpt.get("scaler") or {}, ckpt.get("scaler_kind"))
     trainer.micro_batch_size = ckpt.get("micro_batch_size", trainer.micro_batch_size)
     trainer.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
     return Progress.from_dict(ckpt["progress"])
 
 
+
+
+def _restore_scaler(trainer: Trainer, state: dict, saved_kind: str | None) -> None:
+    """The saved GradScaler state when it is of the kind this run uses; otherwise the run's own fresh scaler.
+
+    A kind is what the scaler does (``scaler_kind``): dynamic fp16 loss scaling, a fixed scale of 1 (the
+    sync-free step's skip of non-finite steps) or nothing. Another kind's state is never inherited: an fp16 run
+    resumed from a sync-free bf16 state would otherwise train at scale 1 with a growth interval of 2**30,
+    fp16 without loss scaling, and a disabled scaler's empty state cannot be loaded into an enabled one.
+    """
+    saved_kind = saved_kind or _kind_of_state(state)
+    kind = scaler_kind(trainer.amp_dtype, trainer.sync_free)
+    if saved_kind == kind and state:
+        trainer.scaler.load_state_dict(state)
+    elif saved_kind != kind:
+        LOGGER.info("resume: the checkpoint's loss scaler is %s, this run's is %s: it starts afresh", saved_kind, kind)
+
+
+def _kind_of_state(state: dict) -> str:
+    """The ``scaler_kind`` of a scaler state saved before the kind was recorded."""
+    if not state:
+        return "off"
+    return "fixed" if state.get("growth_interval", 0) >= FIXED_SCALE_GROWTH_INTERVAL else "dynamic"
 
 
 def _load_model_weights(model: torch.nn.Module, weights: dict) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +22,7 @@ from yolo9kit.env import resolve_device
 from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
 from yolo9kit.train.ema import ModelEMA, unwrap
-from yolo9kit.train.guards import free_memory, halve_micro_batch, is_out_of_memory
+from yolo9kit.train.guards import DistributedOutOfMemoryError, free_memory, halve_micro_batch, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
 
 LOGGER = logging.getLogger(__name__)
@@ -59,9 +59,35 @@ class Trainer:
     buffer_backup: list[torch.Tensor] = field(default_factory=list, repr=False)  # BN stats before a micro-step
     step: StepConfig | None = None  # the resolved step this trainer runs (see describe_step)
 
+    @property
+    def fixed_scale(self) -> bool:
+        """The scaler runs at a fixed scale of 1 (``scaler_kind`` "fixed")."""
+        return scaler_kind(self.amp_dtype, self.sync_free) == "fixed"
+
 
 # autocast dtype of each resolved ``amp`` mode
 AMP_DTYPES: dict[str, torch.dtype | None] = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
+
+
+# A fixed-scale scaler never grows (and optimizer_step sets its scale back to 1 after every update).
+FIXED_SCALE_GROWTH_INTERVAL = 2**30
+
+
+def scaler_kind(amp_dtype: torch.dtype | None, sync_free: bool) -> str:
+    """What the GradScaler of a step does: "dynamic" (fp16 loss scaling), "fixed" (scale 1: only the
+    device-side skip of a non-finite step, for the sync-free step without fp16) or "off"."""
+    if amp_dtype == torch.float16:
+        return "dynamic"
+    return "fixed" if sync_free else "off"
+
+
+def make_scaler(kind: str, device: torch.device) -> torch.amp.GradScaler:
+    """The GradScaler of a ``scaler_kind``."""
+    if kind == "dynamic":
+        return torch.amp.GradScaler(device.type)
+    if kind == "fixed":
+        return torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=FIXED_SCALE_GROWTH_INTERVAL)
+    return torch.amp.GradScaler(device.type, enabled=False)
 
 
 def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1) -> StepConfig:
@@ -71,44 +97,58 @@ def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, w
     return StepConfig.from_train_config(config, unwrap(model), world_size=world_size).resolve(device)
 
 
+def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> None:
+    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout (channels_last 4-D weights),
+    in one pass; nothing happens to parameters already there in that layout.
+
+    Call it before a DistributedDataParallel wrapper is made (``fit`` does): DDP lays out its gradient
+    buckets from the parameters' strides at construction, and parameters switched to channels_last after it
+    make every gradient a copy (and a warning that the strides do not match its buckets).
+    """
+    module = unwrap(model)
+    freeze_layers(module, step.freeze)
+    fmt = torch.channels_last if step.channels_last else torch.contiguous_format
+
+    def placed(p: torch.Tensor) -> bool:
+        return p.device == device and (p.dim() != 4 or p.is_contiguous(memory_format=fmt))
+
+    if all(placed(p) for p in module.parameters()) and all(b.device == device for b in module.buffers()):
+        return
+    if step.channels_last:
+        module.to(device, memory_format=torch.channels_last)
+    else:
+        module.to(device)
+
+
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
                   device: torch.device | None = None, world_size: int = 1) -> Trainer:
     """Optimizer (official groups), GradScaler and EMA for ``model`` on ``device``, for the step
     :func:`describe_step` gives (kept as ``trainer.step``).
 
-    ``model`` is moved to the device; pass an already DDP-wrapped model for multi-GPU (the EMA copies
-    the module inside; freeze its layers before wrapping it, as ``fit`` does). The layers of
+    ``model`` is moved to the device (``place_model``); pass an already DDP-wrapped model for multi-GPU (the
+    EMA copies the module inside; place it before wrapping it, as ``fit`` does). The layers of
     ``config.freeze`` are frozen first, so the optimizer and the EMA leave them out. ``loss_fn`` defaults
     to ``yolo9kit.loss.DetectionLoss(model, config.loss)``.
 
-    On CUDA the defaults are the fast ones: channels_last weights and inputs, cudnn autotuning, a fused
-    optimizer, a step without host-device synchronisation, and the lean BatchNorm+SiLU
-    (``yolo9kit.models.lean``: about a quarter less activation memory). The scaler is on for fp16 (loss
+    On CUDA the defaults are the fast ones: channels_last weights and inputs, a fused optimizer, a step
+    without host-device synchronisation, and the lean BatchNorm+SiLU (``yolo9kit.models.lean``: about a
+    quarter less activation memory); ``fit`` also switches cuDNN autotuning on for the run
+    (``cudnn_autotune``). The scaler is on for fp16 (loss
     scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to skip a non-finite
-    step on the device.
+    step on the device (``scaler_kind``).
     """
     device = device or resolve_device(config.device)
     step = describe_step(config, model, device, world_size)
-    freeze_layers(unwrap(model), step.freeze)  # fit freezes before a DDP wrapper is made; here again is a no-op
-    model.to(device)
-    if step.channels_last:
-        model.to(memory_format=torch.channels_last)
+    place_model(model, step, device)
     set_lean(unwrap(model), step.lean_activations)
     if step.activation_checkpointing is not None:
         unwrap(model).set_activation_checkpointing(step.activation_checkpointing)
-    if device.type == "cuda" and config.cudnn_benchmark:
-        torch.backends.cudnn.benchmark = True  # autotune convolutions for the (fixed) training shapes
     if loss_fn is None:
         from yolo9kit.loss import DetectionLoss
 
         loss_fn = DetectionLoss(unwrap(model), config.loss, dense=step.sync_free)
     amp_dtype = AMP_DTYPES[step.amp]
-    if amp_dtype == torch.float16:
-        scaler = torch.amp.GradScaler(device.type)
-    elif step.sync_free:  # scale 1 that never grows: only the device-side skip of non-finite steps
-        scaler = torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=2**30)
-    else:
-        scaler = torch.amp.GradScaler(device.type, enabled=False)
+    scaler = make_scaler(scaler_kind(amp_dtype, step.sync_free), device)
     ema = ModelEMA(model, config.ema_decay, config.ema_tau) if step.ema else None
     optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer)
     compiled = None
@@ -120,6 +160,20 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
                    world_size=world_size, channels_last=step.channels_last, sync_free=step.sync_free,
                    compiled=compiled, micro_batch_size=config.micro_batch_size, oom_backoff=config.oom_backoff,
                    step=step)
+
+
+@contextlib.contextmanager
+def cudnn_autotune(device: torch.device, enabled: bool = True) -> Iterator[None]:
+    """cuDNN autotuning (``torch.backends.cudnn.benchmark``) on CUDA for the block, the previous setting back
+    after it: it pays for fixed training shapes, and a global switch left on would also autotune the
+    caller's own later work (a notebook's other cells)."""
+    previous = torch.backends.cudnn.benchmark
+    if device.type == "cuda" and enabled:
+        torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
 
 
 def to_input(images: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
@@ -194,7 +248,8 @@ def optimizer_step(trainer: Trainer) -> None:
     if trainer.grad_clip > 0:
         nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=trainer.grad_clip)
     trainer.scaler.step(trainer.optimizer)  # skipped by the scaler if fp16 gradients overflowed
-    trainer.scaler.update()
+    # A fixed scale stays 1: update() would halve it after every non-finite step and never grow it back.
+    trainer.scaler.update(1.0 if trainer.fixed_scale else None)
     trainer.optimizer.zero_grad(set_to_none=True)
     if trainer.ema is not None:
         trainer.ema.update(trainer.model)
@@ -224,8 +279,9 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
     batch continues from the first image not yet back-propagated; BatchNorm running statistics are
     restored to their values before the failed micro-step. If the error came during backward,
     ``.grad`` may hold part of a backward pass, so all accumulated gradients are zeroed, the batch is
-    redone from its first image and ``grads_lost`` tells the caller. (Under DDP each rank backs off on
-    its own: gradients are synchronised once per batch, whatever the number of micro-steps.)
+    redone from its first image and ``grads_lost`` tells the caller. Under DDP a rank backs off on its own
+    only in the micro-steps that run under ``no_sync`` (no collective): an out-of-memory error in the
+    synchronising one raises ``DistributedOutOfMemoryError``, since retrying it on one rank would hang the others.
     """
     size = images.shape[0]
     done, micro_steps, grads_lost, finite = 0, 0, False, True
@@ -240,11 +296,14 @@ def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, 
         oom_error = None
         if buffers:  # BatchNorm running stats before this micro-step, restored if it runs out of memory
             torch._foreach_copy_(trainer.buffer_backup, buffers)  # a few small kernels: ~2 floats per channel
+        synchronising = sync and end == size
         try:
-            out = micro_step(trainer, part_images, part_targets, sync=sync and end == size, imgsz=imgsz)
+            out = micro_step(trainer, part_images, part_targets, sync=synchronising, imgsz=imgsz)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
             if not (trainer.oom_backoff and is_out_of_memory(error)):
                 raise
+            if trainer.world_size > 1 and synchronising:
+                raise DistributedOutOfMemoryError(end - done, error) from None
             oom_error = RuntimeError(str(error))  # keep the message, drop the traceback and its tensors
         if oom_error is not None:
             del part_images, part_targets
