@@ -127,6 +127,10 @@ class CudaTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return NotImplemented  # only the mode handles them: outside fake_cuda() they are unusable, as on a CPU
 
+    def numpy(self, *, force: bool = False):  # what torch says of a CUDA tensor
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
+                        "tensor to host memory first.")
+
     def tolist(self):  # C++ refuses tolist for subclasses; on a card it is a read-back
         _active_mode().record_sync("tolist")
         return self.inner.tolist()
@@ -253,12 +257,12 @@ class FakeCuda(FakeTensorMode):
 
 
 def _kit_frame() -> str:
-    """``path:line function`` of the innermost frame in the kit (or the test) that led here."""
-    frames = traceback.extract_stack()[:-2]
-    for wanted in ("/yolo9kit/", "/tests/"):
-        for frame in reversed(frames):
-            if wanted in frame.filename and not frame.filename.endswith("fake_cuda.py"):
-                return f"{frame.filename.rsplit(wanted, 1)[-1]}:{frame.lineno} {frame.name}"
+    """``path:line function`` of the innermost frame of the kit or of a test that led here."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        for root in ("/yolo9kit/", "/tests/"):
+            if root in frame.filename and frame.filename != __file__:
+                return f"{root.strip('/') + '/' if root == '/tests/' else ''}" \
+                       f"{frame.filename.rsplit(root, 1)[-1]}:{frame.lineno} {frame.name}"
     return "?"
 
 
@@ -382,18 +386,23 @@ def fake_cuda(card: str = "H200", *cards: str, grad_value: float = 0.0) -> Itera
     torch._C._ensureCUDADeviceGuardSet()
     swap = torch.__future__.get_swap_module_params_on_conversion()
     cache = torch.is_autocast_cache_enabled()
+    lift = torch._C._only_lift_cpu_tensors()
     with contextlib.ExitStack() as stack:
         stack.enter_context(simulated_cards(card, *cards, memory=mode.memory, sync=mode))
         stack.enter_context(mock.patch("torch.Tensor.backward", _stand_in_backward(mode)))
         # Module.to(...) swaps a parameter for its CUDA wrapper (a plain `.data =` cannot change its type)
         torch.__future__.set_swap_module_params_on_conversion(True)
         torch.set_autocast_cache_enabled(False)
+        # torch.tensor(data, device="cuda") builds on the CPU and then copies (through the mode), as
+        # FakeTensorMode arranges where CUDA is unavailable
+        torch._C._set_only_lift_cpu_tensors(True)
         try:
             with mode:
                 yield mode
         finally:
             torch.__future__.set_swap_module_params_on_conversion(swap)
             torch.set_autocast_cache_enabled(cache)
+            torch._C._set_only_lift_cpu_tensors(lift)
 
 
 def to_host(value):

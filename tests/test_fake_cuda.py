@@ -1,0 +1,319 @@
+"""The kit's CUDA paths run on fake CUDA tensors (``tests/fake_cuda.py``): no tensor crosses devices, and the
+host-device synchronisations are counted against a budget stated in each test.
+
+Budgets are per steady-state step (after one warm-up step, which makes the optimizer state and the EMA's
+one-time check of frozen tensors). The sync-free step (the CUDA default) has none. What fake CUDA cannot
+check (kernels, their speed, cuDNN per card, NCCL, real memory) is listed in docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from fake_cuda import CudaTensor, DeviceMismatchError, fake_cuda, to_host
+from train_toys import one_thread
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.env import resolve_device
+from yolo9kit.loss import DetectionLoss
+from yolo9kit.models import create_model
+from yolo9kit.train import build_trainer, train_one_epoch
+from yolo9kit.train.ema import ModelEMA
+from yolo9kit.train.state import Progress
+from yolo9kit.train.step import optimizer_step, run_batch, train_step
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_steps": 0}
+# The plain step reads back, as the official step does: per head the number of foreground anchors and the
+# boolean masks that select them in the loss, then the finiteness check and the loss items.
+PLAIN_STEP_SYNCS = 20
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return create_model("yolov9-t", num_classes=4)
+
+
+def _batches(n: int, batch: int = 2, size: int = 64, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        images = torch.randint(0, 256, (batch, 3, size, size), generator=g, dtype=torch.uint8)
+        rows = [[i, int(torch.randint(0, 4, (1,), generator=g)), 0.3 + 0.1 * i, 0.5, 0.3, 0.4] for i in range(batch)]
+        out.append((images, torch.tensor(rows, dtype=torch.float32)))
+    return out
+
+
+def _on_card(tensors, device: torch.device) -> list[str]:
+    """Names of the tensors that are not fake CUDA tensors on ``device``."""
+    return [name for name, t in tensors if not (isinstance(t, CudaTensor) and t.device == device)]
+
+
+def _check_trainer_on_card(trainer, device: torch.device) -> None:
+    module = trainer.model
+    assert not _on_card(module.named_parameters(), device)
+    assert not _on_card(module.named_buffers(), device)
+    state = [(f"{id(p)}.{k}", v) for p, s in trainer.optimizer.state.items() for k, v in s.items()
+             if isinstance(v, torch.Tensor) and v.dim() > 0]  # SGD momentum, Adam moments (steps may be host)
+    assert state and not _on_card(state, device)
+    if trainer.ema is not None:
+        assert not _on_card(trainer.ema.ema.state_dict().items(), device)
+
+
+# ---- the harness itself -----------------------------------------------------------------------------------
+
+def test_fake_tensors_say_cuda_and_keep_their_values():
+    with fake_cuda("H200"):
+        x = torch.arange(6.0).reshape(2, 3).to("cuda:0")
+        y = (x * 2).sum(0)
+        assert isinstance(y, CudaTensor) and y.device == torch.device("cuda", 0)
+        assert torch.cuda.get_device_name(0) == "NVIDIA H200" and torch.cuda.is_available()
+    assert torch.equal(to_host(y), torch.tensor([6.0, 10.0, 14.0]))
+
+
+def test_the_harness_refuses_what_a_card_refuses():
+    with fake_cuda("H200"):
+        x = torch.ones(2, 3).to("cuda:0")
+        with pytest.raises(DeviceMismatchError, match="CPU tensor of shape"):
+            x + torch.ones(2, 3)
+        x + torch.tensor(2.0)  # a 0-dim CPU scalar is allowed, as in CUDA kernels
+        x[torch.tensor([0, 1])]  # CPU indices too
+        with pytest.raises(TypeError):
+            x.numpy()  # no host view of device memory
+
+
+def test_the_harness_counts_each_host_read():
+    with fake_cuda("H200") as fake:
+        x = torch.tensor([1.0, -2.0, 3.0]).to("cuda:0")
+        reads = [lambda: x.sum().item(), lambda: bool(x[0] > 0), lambda: x.tolist(), lambda: x.cpu(),
+                 lambda: x.nonzero(), lambda: x[x > 0], lambda: torch.equal(x, x), lambda: float(x.max()),
+                 lambda: torch.cuda.synchronize()]
+        for read in reads:
+            with fake.counting() as syncs:
+                read()
+            assert len(syncs) == 1, (read, syncs)
+        with fake.counting() as syncs:  # device-side work only: queued, the host never waits
+            torch.where(x > 0, x, 0.0).topk(2)
+            x[torch.tensor([2, 0]).to("cuda:0")]
+            torch.ones(3).to("cuda:0", non_blocking=True)
+            torch.isfinite(x).all()
+        assert syncs == []
+
+
+def test_a_planted_device_mix_in_the_step_is_caught(model):
+    detection_loss = DetectionLoss(model)
+
+    def mixing_loss(outputs, targets):
+        loss, items = detection_loss(outputs, targets)
+        return loss, items + torch.zeros(3)  # the planted bug: a CPU tensor meets the device's items
+
+    with fake_cuda("H200"):
+        trainer = build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", **NO_WARMUP), loss_fn=mixing_loss)
+        with pytest.raises(DeviceMismatchError, match="at tests/test_fake_cuda.py"):
+            train_step(trainer, *_batches(1)[0])
+
+
+def test_a_planted_sync_in_the_sync_free_step_is_counted(model):
+    detection_loss = DetectionLoss(model, dense=True)
+
+    def reading_loss(outputs, targets):
+        loss, items = detection_loss(outputs, targets)
+        if float(loss.detach()) > 1e9:  # the planted bug: a host read of the loss in every micro-step
+            raise AssertionError
+        return loss, items
+
+    with fake_cuda("H200") as fake:
+        trainer = build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", **NO_WARMUP), loss_fn=reading_loss)
+        batches = _batches(3)
+        train_step(trainer, *batches[0])
+        with fake.counting() as syncs:
+            for images, targets in batches[1:]:
+                train_step(trainer, images, targets)
+    assert trainer.sync_free and len(syncs) == 2, [str(s) for s in syncs]  # the budget of 0 would fail
+    assert all(s.op == "aten._local_scalar_dense.default" and s.where.startswith("tests/test_fake_cuda.py:")
+               and s.where.endswith("reading_loss") for s in syncs)
+
+
+# ---- the training step as fit builds it for CUDA ------------------------------------------------------------
+
+def _steady_state_syncs(trainer, fake, batches) -> list:
+    train_step(trainer, *batches[0])  # warm-up: optimizer state, the EMA's one-time check of frozen tensors
+    with fake.counting() as syncs:
+        for images, targets in batches[1:]:
+            train_step(trainer, images, targets)
+    return syncs
+
+
+@pytest.mark.parametrize("amp", ["fp16", "bf16", "off"])
+@pytest.mark.parametrize("sync_free", [True, False])
+@pytest.mark.parametrize("fused", [True, False])
+def test_training_step_on_cuda_stays_on_the_card(model, amp, sync_free, fused):
+    config = TrainConfig(device="cuda", amp=amp, sync_free=sync_free, fused_optimizer=fused, **NO_WARMUP)
+    with fake_cuda("H200") as fake:
+        device = resolve_device(config.device)
+        trainer = build_trainer(copy.deepcopy(model), config, device=device)
+        syncs = _steady_state_syncs(trainer, fake, _batches(3))
+        _check_trainer_on_card(trainer, device)
+        assert trainer.step.amp == amp and trainer.channels_last and trainer.step.lean_activations
+        weight = trainer.model.model[0].conv.weight
+        assert weight.is_contiguous(memory_format=torch.channels_last)
+        assert trainer.scaler.is_enabled() == (amp == "fp16" or sync_free)
+    per_step = len(syncs) / 2
+    if sync_free and fused:
+        assert syncs == [], [str(s) for s in syncs]  # the fast default: the host never waits inside the step
+    elif sync_free:  # the unfused optimizer: GradScaler.step reads found_inf once per optimizer step
+        assert per_step == 1 and all(s.where.endswith("optimizer_step") for s in syncs), [str(s) for s in syncs]
+    else:
+        assert 0 < per_step <= PLAIN_STEP_SYNCS, [str(s) for s in syncs]
+
+
+@pytest.mark.parametrize("change", [
+    {"micro_batch_size": 1}, {"freeze": "backbone"}, {"activation_checkpointing": "all"},
+    {"lean_activations": False}, {"channels_last": False}, {"optimizer": "AdamW"}])
+def test_training_step_variants_are_sync_free_on_cuda(model, change):
+    config = TrainConfig(device="cuda", **NO_WARMUP, **change)
+    with fake_cuda("A100") as fake:
+        device = resolve_device("cuda")
+        trainer = build_trainer(copy.deepcopy(model), config, device=device)
+        syncs = _steady_state_syncs(trainer, fake, _batches(3, batch=2))
+        _check_trainer_on_card(trainer, device)
+        assert trainer.step.amp == "bf16" and trainer.sync_free
+        if "freeze" in change:
+            frozen = [p for n, p in trainer.model.named_parameters() if n.startswith("model.0.")]
+            assert frozen and all(p.grad is None and not p.requires_grad for p in frozen)
+    assert syncs == [], [str(s) for s in syncs]
+
+
+def test_an_epoch_with_multi_scale_reads_back_once_per_log_interval(model):
+    """train_one_epoch as fit runs it: multi-scale resizing on the device, the losses read back every
+    log_interval batches (two transfers each: the loss items and the finite flags) and nothing else."""
+    config = TrainConfig(device="cuda", epochs=1, multi_scale=True, imgsz=64, log_interval=2, **NO_WARMUP)
+    with fake_cuda("RTX 4090") as fake:
+        trainer = build_trainer(copy.deepcopy(model), config, device=resolve_device("cuda"))
+        batches = _batches(5)
+        train_step(trainer, *batches[0])
+        records = []
+        with fake.counting() as syncs:
+            stats = train_one_epoch(trainer, batches[1:], config, Progress(), batches_per_epoch=4, warmup=0,
+                                    show=False, on_step=records.append)
+    assert stats.images == 8 and len(records) == 4
+    assert len(syncs) == 2 * 2 and all(s.op.endswith("to the host") for s in syncs), [str(s) for s in syncs]
+
+
+def test_nonfinite_steps_keep_the_fixed_scale_of_the_sync_free_step(model):
+    """bf16 sync-free: NaN gradients make the scaler skip the step on the device, and its scale stays 1."""
+    with fake_cuda("H100", grad_value=float("nan")) as fake:
+        trainer = build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", ema=False, **NO_WARMUP),
+                                device=resolve_device("cuda"))
+        before = to_host(next(trainer.model.parameters()))
+        with fake.counting() as syncs:
+            for images, targets in _batches(3):
+                train_step(trainer, images, targets)
+        assert trainer.fixed_scale and float(to_host(trainer.scaler._scale)) == 1.0
+        assert torch.equal(to_host(next(trainer.model.parameters())), before)  # every step was skipped
+    assert syncs == []
+
+
+def test_ema_update_on_cuda_is_two_kernels_and_no_sync(model):
+    with fake_cuda("H200") as fake:
+        module = copy.deepcopy(model).to(resolve_device("cuda"), memory_format=torch.channels_last)
+        ema = ModelEMA(module)
+        ema.update(module)  # the first one checks once which frozen tensors equal the model's
+        with fake.counting() as syncs:
+            for _ in range(3):
+                ema.update(module)
+        assert not _on_card(ema.ema.state_dict().items(), torch.device("cuda", 0)) and ema.updates == 4
+    assert syncs == []
+
+
+# ---- inference and data on the device ----------------------------------------------------------------------
+
+def test_eval_forward_in_fp16_channels_last_does_not_sync(model):
+    """What validation and predict run per batch: the fused deploy model in FP16, channels_last inputs."""
+    from yolo9kit.models.inference import prepare_model
+
+    with fake_cuda("T4") as fake:
+        device = resolve_device("cuda")
+        deployed = prepare_model(model, device, half=True, deploy=True).to(memory_format=torch.channels_last)
+        x = torch.rand(2, 3, 64, 96).to(device, torch.half).contiguous(memory_format=torch.channels_last)
+        with torch.no_grad(), fake.counting() as syncs:
+            out = deployed(x).main
+        assert isinstance(out, CudaTensor) and out.dtype == torch.half and out.shape == (2, 8, 126)
+    assert syncs == [], [str(s) for s in syncs]
+    assert next(model.parameters()).device.type == "cpu"  # the caller's model is not moved
+
+
+def test_predict_on_cuda_warms_up_in_the_input_layout(model):
+    """predict's FP16 path: the warm-up and every image reach the model channels_last, as cuDNN was tuned."""
+    from yolo9kit import predict
+    from yolo9kit.models.deploy import deploy_for_inference
+
+    layouts = []
+    first_conv = deploy_for_inference(model, "main").model[0]  # the cached deployed model predict copies
+    hook = first_conv.register_forward_pre_hook(
+        lambda _module, args: layouts.append((args[0].is_contiguous(memory_format=torch.channels_last),
+                                              args[0].dtype)))
+    images = [np.full((60, 80, 3), 90, np.uint8), np.full((64, 64, 3), 200, np.uint8)]
+    try:
+        with fake_cuda("RTX 4090") as fake, fake.counting() as syncs:
+            results = predict(model, images, imgsz=64, device="cuda")
+    finally:
+        hook.remove()
+    assert len(results) == 2 and len(layouts) == 3  # the warm-up, then the two images
+    assert all(layout == (True, torch.half) for layout in layouts), layouts
+    # per image: NMS and reading its boxes back, and the synchronize calls of the speed timers
+    assert len(syncs) <= 10 * len(images), [str(s) for s in syncs]
+
+
+def test_colour_jitter_on_the_device_gives_the_cpu_pixels():
+    from yolo9kit.data.colour import hsv_jitter
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (3, 3, 16, 24), generator=g, dtype=torch.uint8)
+    gains = 1 + 0.5 * (torch.rand(3, 3, generator=g) - 0.5)
+    expected = hsv_jitter(images, gains)
+    with fake_cuda("H200") as fake:
+        device = resolve_device("cuda")
+        with fake.counting() as syncs:  # the gains stay on the host, as the loader hands them over
+            out = hsv_jitter(images.to(device), gains)
+        assert isinstance(out, CudaTensor) and out.device == device
+    assert syncs == [] and torch.equal(to_host(out), expected)
+
+
+def test_loader_hands_batches_to_the_device_and_the_step_takes_them(model, tmp_path_factory):
+    from yolo9kit.data import create_dataloader, make_shapes
+
+    data = make_shapes(tmp_path_factory.mktemp("shapes") / "shapes", n_train=4, n_val=2, imgsz=64)
+    with fake_cuda("H200") as fake:
+        device = resolve_device("cuda")
+        loader = create_dataloader(data, "train", imgsz=64, batch_size=2, workers=0, colour_device=device)
+        images, targets, *_ = next(iter(loader))
+        assert isinstance(images, CudaTensor) and images.dtype == torch.uint8 and images.device == device
+        assert not isinstance(targets, CudaTensor)  # boxes stay on the host: the loss pads them there
+        trainer = build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", imgsz=64, **NO_WARMUP),
+                                device=device)
+        run_batch(trainer, images, targets)
+        optimizer_step(trainer)
+        with fake.counting() as syncs:
+            result = run_batch(trainer, images, targets)
+            optimizer_step(trainer)
+        assert isinstance(result.loss_items, CudaTensor)
+    assert syncs == []
+
+
+def test_build_trainer_leaves_cudnn_autotuning_alone(model):
+    from yolo9kit.train.step import cudnn_autotune
+
+    previous = torch.backends.cudnn.benchmark
+    with fake_cuda("H200"):
+        build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", **NO_WARMUP))
+        assert torch.backends.cudnn.benchmark == previous
+        with pytest.raises(KeyError), cudnn_autotune(torch.device("cuda", 0)):
+            assert torch.backends.cudnn.benchmark
+            raise KeyError
+    assert torch.backends.cudnn.benchmark == previous
