@@ -8,6 +8,8 @@ process; only the order of floating-point additions differs (tolerance 1e-5 rela
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -101,3 +103,36 @@ def test_ddp_ranks_agree_to_skip_a_nonfinite_step(tmp_path):
     assert skips0 == skips1 == 1 and steps0 == steps1 == 3  # the step due at ni 2 was dropped
     for k, v in w0.items():
         assert torch.equal(v, w1[k]) and torch.isfinite(v).all(), k
+
+
+def _channels_last_worker(rank, init_file, project, out_file):
+    import warnings
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.manual_seed(0)
+        config = dataclasses.replace(_config(project, "channels_last"), channels_last=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            result = fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=_rank_batches(rank))
+        layouts = [p.is_contiguous(memory_format=torch.channels_last) for p in result.model.parameters()
+                   if p.dim() == 4]
+        gathered = [None] * WORLD
+        dist.all_gather_object(gathered, ([str(w.message) for w in seen], layouts))
+        if rank == 0:
+            torch.save(gathered, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_ddp_buckets_see_the_channels_last_layout(tmp_path):
+    """The parameters are channels_last before DDP lays out its gradient buckets: no stride warning, no copy
+    of every gradient (switched after the wrapper, DDP warns that the strides do not match its buckets)."""
+    out_file = tmp_path / "cl.pt"
+    mp.spawn(_channels_last_worker, args=(str(tmp_path / "init"), tmp_path / "runs", str(out_file)), nprocs=WORLD,
+             join=True)
+    for messages, layouts in torch.load(out_file, weights_only=False):
+        assert layouts and all(layouts)
+        assert not [m for m in messages if "strides do not match" in m], messages

@@ -48,7 +48,7 @@ DEFAULT_WORKSPACE_BYTES = 64 << 20
 TRACE_BATCHES = (1, 2)
 _AMP_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "off": None}
 _CACHE_SIZE = 8  # traced steps kept (a trace takes seconds to a minute; an explorer revisits settings)
-_cache: OrderedDict[StepConfig, StepEstimator] = OrderedDict()
+_cache: OrderedDict[tuple, StepEstimator] = OrderedDict()  # (step at batch 1, module structure or None)
 
 
 @renamed_step_keywords("estimate")
@@ -75,12 +75,11 @@ def estimate(step: StepConfig | str | nn.Module, batch_size: int | None = None, 
 
 
 def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
-    """The traced step of ``step`` resolved for ``spec`` (kept for the next call with the same step, when
-    the model is given by name: a module may change between calls)."""
+    """The traced step of ``step`` resolved for ``spec``, kept for the next call with the same step. A step of
+    a module is kept while the module's structure (its layers, parameter shapes, dtypes and which ones train)
+    stays the same: its weights do not change the memory, but a module may be edited between calls."""
     resolved = step.resolve(spec.device_type, bf16=spec.bf16, card=spec.name)
-    if not isinstance(step.model, str):
-        return StepEstimator(resolved)
-    key = replace(resolved, batch_size=1)  # the trace does not depend on the batch
+    key = (replace(resolved, batch_size=1), None if isinstance(step.model, str) else _structure(step.model))
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key]
@@ -88,6 +87,12 @@ def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
     while len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
     return est
+
+
+def _structure(module: nn.Module) -> tuple:
+    """What a trace of ``module`` depends on besides the step: its layers and its parameters' shapes."""
+    return (tuple(type(m).__name__ for m in module.modules()),
+            tuple((name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in module.named_parameters()))
 
 
 def trace_model(step: StepConfig) -> tuple[StepMemoryModel, float]:

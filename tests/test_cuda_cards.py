@@ -1,0 +1,180 @@
+"""What the kit decides on a given card, and what it resumes there, on simulated cards (tests/fake_cuda.py):
+T4 and V100 (compute capability below 8.0: no bf16), A100, RTX 4090, H100, H200.
+
+"auto" AMP, ``batch_size="auto"``, ``plan``, the estimate and ``fit``'s step must agree on every card; a run
+saved elsewhere (a CPU, another AMP mode, a machine with more GPUs) resumes on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from fake_cuda import CARDS, fake_cuda, simulated_cards
+from train_toys import ToyNet, make_batches, one_thread, toy_loss
+
+from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.env import resolve_device
+from yolo9kit.memory import estimate, plan
+from yolo9kit.memory.autobatch import choose_batch, sizing_target
+from yolo9kit.memory.estimate import estimator_for
+from yolo9kit.memory.gpus import gpu_from_device
+from yolo9kit.memory.measure import require_cuda
+from yolo9kit.models import create_model
+from yolo9kit.train import build_trainer
+from yolo9kit.train.guards import DistributedOutOfMemoryError
+from yolo9kit.train.state import Progress, capture_rng, restore_rng, restore_training_state, training_state
+from yolo9kit.train.step import describe_step, run_batch
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+NATIVE_BF16 = {"T4": False, "V100": False, "A100": True, "RTX 4090": True, "H100": True, "H200": True}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return create_model("yolov9-t", num_classes=4)
+
+
+@pytest.mark.parametrize("card", list(CARDS))
+def test_auto_amp_batch_plan_estimate_and_fit_agree_on_each_card(model, card):
+    """torch's is_bf16_supported() says True on a T4 and a V100 (it counts emulation): the kit asks the
+    compute capability, in one place, so the step fit trains and the step the memory tools size agree."""
+    expected = "bf16" if NATIVE_BF16[card] else "fp16"
+    config = TrainConfig(imgsz=64, batch_size="auto")
+    step = StepConfig(model, 8, imgsz=64)
+    with simulated_cards(card):
+        device = resolve_device("cuda")
+        fitted = describe_step(dataclasses.replace(config, batch_size=8), model, device)
+        _, auto = choose_batch(config, model, device)
+        decided = {
+            "StepConfig.resolve": step.resolve("cuda").amp,
+            "fit": fitted.amp,
+            "card spec": "bf16" if gpu_from_device().bf16 else "fp16",
+            "estimate": estimate(step).step.amp,
+            "plan": estimator_for(step, plan(step, 64, method="estimated").gpu).step.amp,
+            "batch auto": auto.step["amp"],
+        }
+    assert decided == dict.fromkeys(decided, expected), decided
+    assert auto.capacity_bytes == CARDS[card].total_memory
+
+
+@pytest.mark.parametrize("card", ["T4", "V100"])
+def test_explicit_bf16_is_refused_on_a_card_without_it(model, card):
+    with simulated_cards(card):
+        with pytest.raises(ValueError, match=rf"amp='bf16': {CARDS[card].name} \(cuda:0\) has no bf16.*amp='fp16'"):
+            StepConfig(model, 8, amp="bf16").resolve("cuda")
+        with pytest.raises(ValueError, match="has no bf16"):
+            describe_step(TrainConfig(amp="bf16"), model, resolve_device("cuda"))
+    with pytest.raises(ValueError, match=f"amp='bf16': {card}.* has no bf16"):
+        estimate(StepConfig(model, 8, imgsz=64, amp="bf16"), gpu=card)
+
+
+def test_cuda_without_an_index_is_the_current_card(model):
+    """On a machine with a T4 as cuda:0 and an H200 as the current device, "cuda" is the H200 everywhere."""
+    with simulated_cards("T4", "H200", current=1):
+        assert resolve_device("cuda") == torch.device("cuda", 1) == require_cuda("cuda")
+        assert sizing_target(TrainConfig(), torch.device("cuda")).total_bytes == CARDS["H200"].total_memory
+        assert gpu_from_device().total_bytes == CARDS["H200"].total_memory
+        assert StepConfig(model).resolve("cuda").amp == "bf16"
+        assert StepConfig(model).resolve("cuda:0").amp == "fp16"  # named, the T4
+
+
+# ---- resume on another card or machine ---------------------------------------------------------------------
+
+def _toy_trainer(**config):
+    return build_trainer(ToyNet(), TrainConfig(ema=False, **config), loss_fn=toy_loss)
+
+
+def _checkpoint(trainer) -> dict:
+    state = training_state(trainer, Progress(), {})
+    state["model"] = trainer.model.state_dict()
+    return state
+
+
+def test_a_cpu_run_resumes_on_a_gpu_with_loss_scaling():
+    """The CPU run's scaler is disabled (its state is empty); the fp16 run on the card starts its own."""
+    saved = _checkpoint(_toy_trainer(device="cpu"))
+    assert saved["scaler"] == {} and saved["scaler_kind"] == "off"
+    with fake_cuda("RTX 4090"):
+        trainer = _toy_trainer(device="cuda", amp="fp16")
+        restore_training_state(saved, trainer)
+        assert trainer.scaler.get_scale() == 2.0**16 and trainer.scaler.get_growth_interval() == 2000
+
+
+@pytest.mark.parametrize("recorded", [True, False])  # False: a checkpoint written before the kind was recorded
+def test_an_fp16_run_never_inherits_the_fixed_scale_of_a_sync_free_state(recorded):
+    with fake_cuda("H100"):
+        saved = _checkpoint(_toy_trainer(device="cuda", amp="bf16"))  # sync-free: a fixed scale of 1
+        assert saved["scaler"]["scale"] == 1.0 and saved["scaler_kind"] == "fixed"
+        if not recorded:
+            del saved["scaler_kind"]
+        fp16 = _toy_trainer(device="cuda", amp="fp16")
+        restore_training_state(saved, fp16)
+        assert fp16.scaler.get_scale() == 2.0**16 and fp16.scaler.get_growth_interval() == 2000
+
+        same = _toy_trainer(device="cuda", amp="fp16")
+        same.scaler.load_state_dict({**same.scaler.state_dict(), "scale": 1024.0})
+        kept = _toy_trainer(device="cuda", amp="fp16")
+        restore_training_state(_checkpoint(same), kept)  # the same kind: its state is kept
+        assert kept.scaler.get_scale() == 1024.0
+
+
+def test_the_cuda_random_state_resumes_on_a_machine_with_fewer_gpus():
+    with simulated_cards("H200", "H200"):
+        state = capture_rng(torch.device("cuda", 1))  # a run on the second GPU of two
+        saved = torch.cuda.get_rng_state(1)
+    assert isinstance(state["cuda"], torch.Tensor)
+    with simulated_cards("H200"):
+        restore_rng(state, torch.device("cuda", 0))
+        assert torch.equal(torch.cuda.get_rng_state(0), saved)
+        older = {**state, "cuda": [saved + 7, saved + 9]}  # one state per GPU of the saving machine
+        restore_rng(older, torch.device("cuda", 0))
+        assert torch.equal(torch.cuda.get_rng_state(0), saved + 7)
+
+
+# ---- out of memory under DDP -------------------------------------------------------------------------------
+
+class _OutOfMemoryInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def _oom_loss(on_calls: set[int]):
+    calls = {"n": 0}
+
+    def loss_fn(outputs, targets):
+        calls["n"] += 1
+        loss, items = toy_loss(outputs, targets)
+        return (_OutOfMemoryInBackward.apply(loss) if calls["n"] in on_calls else loss), items
+
+    return loss_fn
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_out_of_memory_in_the_synchronising_micro_step_of_ddp_stops(world_size):
+    """Under DDP the last micro-step of a batch all-reduces the gradients: one rank cannot redo it alone."""
+    (images, targets, *_), = make_batches(1, 4)
+    trainer = build_trainer(ToyNet(), TrainConfig(device="cpu", amp="off", ema=False, micro_batch_size=2,
+                                                  sync_free=True), loss_fn=_oom_loss({2}), world_size=world_size)
+    if world_size == 1:
+        result = run_batch(trainer, images, targets)
+        assert trainer.micro_batch_size == 1 and result.grads_lost
+        return
+    with pytest.raises(DistributedOutOfMemoryError, match="cannot retry it alone"):
+        run_batch(trainer, images, targets)
+
+
+def test_out_of_memory_in_a_no_sync_micro_step_of_ddp_backs_off():
+    (images, targets, *_), = make_batches(1, 4)
+    trainer = build_trainer(ToyNet(), TrainConfig(device="cpu", amp="off", ema=False, micro_batch_size=2,
+                                                  sync_free=True), loss_fn=_oom_loss({1}), world_size=2)
+    result = run_batch(trainer, images, targets)
+    assert trainer.micro_batch_size == 1 and result.micro_steps == 4 and trainer.oom_events == 1
