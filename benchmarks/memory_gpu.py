@@ -21,7 +21,6 @@ Writes ``memory_gpu.json`` (all rows), ``memory_gpu.md`` (a Markdown table) and
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import platform
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 
 from yolo9kit.memory import StepConfig, StepEstimator, measure
-from yolo9kit.memory.calibration import FORMAT, fit_line
+from yolo9kit.memory.calibration import calibration_from_points
 from yolo9kit.memory.gpus import gpu_from_device, resolve_gpu
 
 GIB = 1 << 30
@@ -72,27 +71,6 @@ def run_point(est: StepEstimator, model: str, b: int, amp: str, ckpt, args, gpu,
             "named_share": tracked_share,
             "ratio_allocated": m.peak_allocated / report.peak_allocated,
             "ratio_reserved": m.peak_reserved / report.peak_reserved}
-
-
-def calibration(rows: list[dict], gpu_name: str, gpu_bytes: int, smoke: bool) -> dict:
-    fits = {}
-    for amp in sorted({r["amp"] for r in rows}):
-        pts = [r for r in rows if r["amp"] == amp and r.get("measured_peak_allocated")]
-        if not pts:
-            continue
-        x = [r["estimated_traced_bytes"] for r in pts]
-        a_alloc = fit_line(x, [r["measured_peak_allocated"] for r in pts])
-        a_res = fit_line(x, [r["measured_peak_reserved"] for r in pts])
-        err = max(abs(a_res[0] * xi + a_res[1] - r["measured_peak_reserved"]) / r["measured_peak_reserved"]
-                  for xi, r in zip(x, pts))
-        fits[amp] = {"allocated": list(a_alloc), "reserved": list(a_res), "n": len(pts), "max_rel_error": err}
-    contexts = [r["context_bytes"] for r in rows if r.get("context_bytes")]
-    return {"format": FORMAT, "version": 1, "kind": "measured", "smoke": smoke, "gpu": gpu_name,
-            "gpu_total_bytes": gpu_bytes, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "step": "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch", "fits": fits,
-            "workspace_bytes": None, "context_bytes": int(sorted(contexts)[len(contexts) // 2]) if contexts else None,
-            "throughput": None, "points": rows}
 
 
 def checks(rows: list[dict]) -> dict:
@@ -172,7 +150,7 @@ def main(argv=None) -> int:
             "python": platform.python_version(), "smoke": args.smoke, "seconds": time.perf_counter() - t0}
     (out / "memory_gpu.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
     (out / "memory_gpu.md").write_text(markdown(rows))
-    cal = calibration(rows, gpu.name, gpu.total_bytes, args.smoke)
+    cal = calibration_from_points(rows, gpu.name, gpu.total_bytes, smoke=args.smoke)
     cal_name = f"calibration-{gpu.name.replace(' ', '_')}{'-smoke' if args.smoke else ''}.json"
     (out / cal_name).write_text(json.dumps(cal, indent=1))
     print(json.dumps(summary, indent=1))

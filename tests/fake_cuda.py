@@ -41,6 +41,8 @@ from __future__ import annotations
 import contextlib
 import traceback
 import unittest.mock as mock
+import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -98,13 +100,25 @@ class Sync:
 
 @dataclass
 class MemoryStats:
-    """What the patched ``torch.cuda`` memory counters answer (bytes); a test sets them."""
+    """What the patched ``torch.cuda`` memory counters answer (bytes). Under ``fake_cuda`` they follow the
+    fake CUDA tensors: ``allocated`` is the bytes of the live storages, ``peak_allocated`` its maximum since
+    ``reset_peak_memory_stats``; reserved is taken as allocated (no caching allocator here). A test of
+    ``simulated_cards`` alone may set them."""
 
     allocated: int = 0
     peak_allocated: int = 0
     reserved: int = 0
     peak_reserved: int = 0
     other_processes: int = 512 * MIB  # what mem_get_info sees used beyond this process (the CUDA context)
+
+    def add(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.reserved = self.allocated
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def reset_peak(self) -> None:
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 
 
 class CudaTensor(torch.Tensor):
@@ -160,7 +174,9 @@ class FakeCuda(FakeTensorMode):
         self.grad_value = grad_value
         self.backward_calls = 0
         self.memory = MemoryStats()
+        self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 1 warns at each sync, 2 raises
         self._pinned = WeakIdKeyDictionary()
+        self._storages: dict[int, list[int]] = {}  # data_ptr -> [wrappers alive, bytes]
 
     # ---- what a test reads ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -175,6 +191,30 @@ class FakeCuda(FakeTensorMode):
 
     def record_sync(self, op: str) -> None:
         self.syncs.append(Sync(op, _kit_frame()))
+        if self.sync_debug_mode == 1:  # what torch warns on a card in this mode
+            warnings.warn(f"called a synchronizing CUDA operation ({op})", UserWarning, stacklevel=3)
+        elif self.sync_debug_mode == 2:
+            raise RuntimeError(f"called a synchronizing CUDA operation ({op})")
+
+    def _track(self, tensor: CudaTensor) -> CudaTensor:
+        """Count the bytes of the storage behind a new fake CUDA tensor while a tensor on it is alive."""
+        inner = tensor.inner
+        ptr, nbytes = inner.untyped_storage().data_ptr(), inner.untyped_storage().nbytes()
+        entry = self._storages.setdefault(ptr, [0, nbytes])
+        if entry[0] == 0:
+            self.memory.add(nbytes)
+        entry[0] += 1
+        weakref.finalize(inner, self._release, ptr)  # not on the wrapper: Module.to swaps wrappers
+        return tensor
+
+    def _release(self, ptr: int) -> None:
+        entry = self._storages.get(ptr)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.memory.add(-entry[1])
+            del self._storages[ptr]
 
     # ---- the dispatch -----------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -205,7 +245,7 @@ class FakeCuda(FakeTensorMode):
                 return x
             if id(x) in inputs:  # an in-place op returns its argument: keep the caller's object
                 return inputs[id(x)]
-            return CudaTensor(x, device) if device is not None else x
+            return self._track(CudaTensor(x, device)) if device is not None else x
 
         return tree_map(wrap, out)
 
@@ -344,7 +384,13 @@ def simulated_cards(*names: str, current: int = 0, memory: MemoryStats | None = 
         for i, s in enumerate(states):
             rng[i] = s.clone()
 
+    def set_sync_debug_mode(debug_mode) -> None:
+        if sync is not None:
+            sync.sync_debug_mode = {"default": 0, "warn": 1, "error": 2}.get(debug_mode, debug_mode)
+
     patches = {
+        "set_sync_debug_mode": set_sync_debug_mode,
+        "get_sync_debug_mode": lambda: sync.sync_debug_mode if sync is not None else 0,
         "is_available": lambda: True,
         "device_count": lambda: len(cards),
         "current_device": lambda: state["current"],
@@ -365,7 +411,7 @@ def simulated_cards(*names: str, current: int = 0, memory: MemoryStats | None = 
         "max_memory_allocated": lambda device=None: memory.peak_allocated,
         "memory_reserved": lambda device=None: memory.reserved,
         "max_memory_reserved": lambda device=None: memory.peak_reserved,
-        "reset_peak_memory_stats": lambda device=None: None,
+        "reset_peak_memory_stats": lambda device=None: memory.reset_peak(),
         "empty_cache": lambda: None,
         "mem_get_info": lambda device=None: (
             card(device).total_memory - memory.reserved - memory.other_processes, card(device).total_memory),

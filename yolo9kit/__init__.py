@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "checks": "yolo9kit.env",
+    "checks": "yolo9kit.gpu_check",
     "create_model": "yolo9kit.models",
     "list_models": "yolo9kit.models",
     "model_table": "yolo9kit.models",
@@ -80,8 +80,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TrainConfig,
     )
     from yolo9kit.data import create_dataloader, make_shapes
-    from yolo9kit.env import checks
     from yolo9kit.export_onnx import export
+    from yolo9kit.gpu_check import checks
     from yolo9kit.loss import DetectionLoss
     from yolo9kit.models import (
         DualOutput,

@@ -1,7 +1,9 @@
-"""``checks()``: what a workshop needs to know about the machine before the first cell runs."""
+"""``environment_report()`` (what ``yolo9kit.checks()`` shows first): what a workshop needs to know about the
+machine before the first cell runs; the devices the kit resolves."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -10,6 +12,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 # The data files a wheel must carry: (folder inside the package, pattern, what needs them). A missing
 # folder means an install that dropped its package data (for example a wheel built without it).
@@ -40,13 +43,16 @@ class EnvReport:
     package_data: dict[str, int] = field(default_factory=dict)  # folder -> number of data files found
     location: str = ""  # where the package was imported from (an editable checkout or site-packages)
     problems: list[str] = field(default_factory=list)
+    gpu_check: Any = None  # yolo9kit.gpu_check.GPUCheck when asked for (checks(gpu=True)), else None
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and (self.gpu_check is None or self.gpu_check.ok)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(dataclasses.replace(self, gpu_check=None))
+        out["gpu_check"] = None if self.gpu_check is None else self.gpu_check.to_dict()
+        return out
 
     def __str__(self) -> str:
         gib = 1024**3
@@ -67,6 +73,8 @@ class EnvReport:
         lines.append(f"package data ({self.location}): "
                      + ", ".join(f"{k} {v} file(s)" for k, v in self.package_data.items()))
         lines.extend(f"PROBLEM: {p}" for p in self.problems)
+        if self.gpu_check is not None:
+            lines.append(str(self.gpu_check))
         return "\n".join(lines)
 
     def _repr_markdown_(self) -> str:  # notebooks show the same table
@@ -126,7 +134,7 @@ def _widgets_extension_state() -> str:
     return "not installed"
 
 
-def checks(verbose: bool = True, widgets: bool = True) -> EnvReport:
+def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
     """Report versions, CUDA and GPUs, CPU cores, RAM and the JupyterLab widget extension.
 
     Args:

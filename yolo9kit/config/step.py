@@ -19,7 +19,7 @@ from yolo9kit.env import native_bf16
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
 
 
-def amp_for(amp: str, device_type: str, bf16: bool, card: str = "this GPU") -> str:
+def amp_for(amp: str, device_type: str, bf16: bool, gpu_name: str = "this GPU") -> str:
     """The autocast mode a step runs with: "fp16", "bf16" or "off".
 
     "auto" is bf16 where the GPU computes it in hardware (``bf16``: compute capability 8.0 or more; no loss
@@ -28,7 +28,7 @@ def amp_for(amp: str, device_type: str, bf16: bool, card: str = "this GPU") -> s
 
     Raises:
         ValueError: ``amp="bf16"`` on a GPU without bf16 (a T4 or V100 would emulate it, slowly): the message
-            names ``card`` and the choices that work there.
+            names ``gpu_name`` and the choices that work there.
     """
     if amp not in AMP_MODES:
         raise ValueError(f"amp={amp!r}: expected one of {AMP_MODES}")
@@ -37,7 +37,7 @@ def amp_for(amp: str, device_type: str, bf16: bool, card: str = "this GPU") -> s
     if amp == "auto":
         return "bf16" if bf16 else "fp16"
     if amp == "bf16" and not bf16:
-        raise ValueError(f"amp='bf16': {card} has no bf16 in hardware (it needs compute capability 8.0, Ampere "
+        raise ValueError(f"amp='bf16': {gpu_name} has no bf16 in hardware (it needs compute capability 8.0, Ampere "
                          "or newer; older cards emulate it, slowly): use amp='fp16' or amp='auto' (fp16 there)")
     return amp
 
@@ -112,12 +112,12 @@ class StepConfig:
                    fused_optimizer=config.fused_optimizer, optimizer=config.optimizer, ema=config.ema,
                    num_classes=getattr(model, "nc", None), num_targets=num_targets)
 
-    def resolve(self, device: Any = None, *, bf16: bool | None = None, card: str | None = None) -> StepConfig:
+    def resolve(self, device: Any = None, *, bf16: bool | None = None, gpu_name: str | None = None) -> StepConfig:
         """This step as it runs on ``device`` (None: the current CUDA device, else the CPU): "auto" AMP and
         every ``None`` switch decided as ``fit`` decides them there (on for CUDA, off for the CPU).
 
         ``bf16``: whether the GPU computes bf16 in hardware (default: ask the CUDA device named, or the current
-        one; without CUDA on this machine, False). ``card`` names it in errors. Values already set are kept,
+        one; without CUDA on this machine, False). ``gpu_name`` names it in errors. Values already set are kept,
         so resolving twice changes nothing.
 
         Raises:
@@ -126,11 +126,11 @@ class StepConfig:
         device_type = _device_type(device)
         if bf16 is None:
             bf16 = _local_bf16(device) if device_type == "cuda" else False
-        if card is None and device_type == "cuda":
-            card = _local_card(device)
+        if gpu_name is None and device_type == "cuda":
+            gpu_name = _local_gpu_name(device)
         switches = {name: (device_type == "cuda") if getattr(self, name) is None else bool(getattr(self, name))
                     for name in FAST_SWITCHES}
-        return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16, card or "this GPU"),
+        return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16, gpu_name or "this GPU"),
                                    device_type=device_type, **switches)
 
     @property
@@ -200,7 +200,7 @@ def _local_bf16(device: Any = None) -> bool:
     return index is not None and native_bf16(index)
 
 
-def _local_card(device: Any = None) -> str | None:
+def _local_gpu_name(device: Any = None) -> str | None:
     import torch
 
     index = _cuda_index(device)

@@ -1,5 +1,7 @@
-"""Per-GPU calibration of the estimator, from real measurements, shipped as JSON in
-``yolo9kit/memory_calibration/``.
+"""Per-GPU calibration of the estimator, from real measurements: shipped as JSON in
+``yolo9kit/memory_calibration/``, and recorded on a user's machine by ``checks(gpu=True)`` in
+``~/.cache/yolo9kit/memory_calibration/`` (``user_calibration_dir``), which wins over a shipped one for the
+same card and AMP mode.
 
 One file per GPU and source (``benchmarks/memory_gpu.py`` writes one in this format; drop it in the
 folder). Keys::
@@ -19,6 +21,7 @@ folder). Keys::
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from functools import lru_cache
@@ -66,9 +69,28 @@ def packaged_calibrations() -> tuple[dict, ...]:
     return tuple(found)
 
 
+def user_calibration_dir() -> Path:
+    """Where this machine's own measurements are kept (``checks(gpu=True)`` writes them)."""
+    return Path.home() / ".cache" / "yolo9kit" / "memory_calibration"
+
+
+def user_calibrations() -> tuple[dict, ...]:
+    """The calibration files in ``user_calibration_dir()`` (read on each call: a check may just have written
+    one; a bad file is skipped with a warning naming it)."""
+    folder = user_calibration_dir()
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            found.append(read_calibration(path))
+        except (OSError, ValueError) as e:
+            LOGGER.warning("skipping calibration file %s: %s", path, e)
+    return tuple(found)
+
+
 def calibration_for(gpu_name: str, amp: str, calibrations: tuple[dict, ...] | None = None) -> dict | None:
-    """The measured calibration of ``gpu_name`` for ``amp``, or None (then the allocator model is used)."""
-    for cal in packaged_calibrations() if calibrations is None else calibrations:
+    """The measured calibration of ``gpu_name`` for ``amp``, or None (then the allocator model is used).
+    By default this machine's own (``user_calibrations``) first, then the shipped ones."""
+    for cal in (*user_calibrations(), *packaged_calibrations()) if calibrations is None else calibrations:
         if cal["kind"] == "measured" and not cal.get("smoke") and cal["gpu"] == gpu_name \
                 and amp in cal.get("fits", {}):
             return {**cal["fits"][amp], "workspace_bytes": cal.get("workspace_bytes"),
@@ -89,3 +111,32 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
         return 1.0, my - mx
     a = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
     return a, my - a * mx
+
+
+def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
+                            step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
+    """A calibration (kind "measured") fitted on measured points, one line per AMP mode.
+
+    Each point: ``amp``, ``estimated_traced_bytes`` (the traced peak the estimate starts from),
+    ``measured_peak_allocated``, ``measured_peak_reserved`` and optionally ``context_bytes``; points
+    without a measurement (out of memory) are left out of the fits.
+    """
+    import torch
+
+    fits = {}
+    for amp in sorted({p["amp"] for p in points}):
+        pts = [p for p in points if p["amp"] == amp and p.get("measured_peak_allocated")]
+        if not pts:
+            continue
+        x = [p["estimated_traced_bytes"] for p in pts]
+        a_alloc = fit_line(x, [p["measured_peak_allocated"] for p in pts])
+        a_res = fit_line(x, [p["measured_peak_reserved"] for p in pts])
+        err = max(abs(a_res[0] * xi + a_res[1] - p["measured_peak_reserved"]) / p["measured_peak_reserved"]
+                  for xi, p in zip(x, pts))
+        fits[amp] = {"allocated": list(a_alloc), "reserved": list(a_res), "n": len(pts), "max_rel_error": err}
+    contexts = [p["context_bytes"] for p in points if p.get("context_bytes")]
+    return {"format": FORMAT, "version": 1, "kind": "measured", "smoke": smoke, "gpu": gpu_name,
+            "gpu_total_bytes": gpu_bytes, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "step": step, "fits": fits,
+            "workspace_bytes": None, "context_bytes": int(sorted(contexts)[len(contexts) // 2]) if contexts else None,
+            "throughput": None, "points": points}

@@ -78,7 +78,7 @@ def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
     """The traced step of ``step`` resolved for ``spec``, kept for the next call with the same step. A step of
     a module is kept while the module's structure (its layers, parameter shapes, dtypes and which ones train)
     stays the same: its weights do not change the memory, but a module may be edited between calls."""
-    resolved = step.resolve(spec.device_type, bf16=spec.bf16, card=spec.name)
+    resolved = step.resolve(spec.device_type, bf16=spec.bf16, gpu_name=spec.name)
     key = (replace(resolved, batch_size=1), None if isinstance(step.model, str) else _structure(step.model))
     if key in _cache:
         _cache.move_to_end(key)
