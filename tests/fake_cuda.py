@@ -141,6 +141,9 @@ class CudaTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return NotImplemented  # only the mode handles them: outside fake_cuda() they are unusable, as on a CPU
 
+    def __reduce_ex__(self, protocol):  # torch.save: stored as the CPU tensor of its values (loads anywhere)
+        return self.inner.__reduce_ex__(protocol)
+
     def numpy(self, *, force: bool = False):  # what torch says of a CUDA tensor
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
                         "tensor to host memory first.")

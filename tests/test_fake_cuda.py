@@ -317,3 +317,30 @@ def test_build_trainer_leaves_cudnn_autotuning_alone(model):
             assert torch.backends.cudnn.benchmark
             raise KeyError
     assert torch.backends.cudnn.benchmark == previous
+
+
+def test_fit_on_cuda_end_to_end(model, tmp_path):
+    """fit as a user calls it on a card: the loader's batches jittered on the device, the sync-free step, the
+    FP16 validation of the EMA, the checkpoints (they load on a CPU), cuDNN autotuning for the run only. The
+    only syncs of the epoch's training are the read-backs of the logged losses; validation and the saves read
+    back as they must (NMS, metrics, the checkpoint's bytes)."""
+    from yolo9kit.data import make_shapes
+    from yolo9kit.train import fit
+
+    data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64)
+    autotuned = []
+    config = TrainConfig(epochs=1, batch_size=4, imgsz=64, workers=0, project=str(tmp_path / "runs"), name="cuda",
+                         plots=False, progress_bar=False, log_interval=1,
+                         callbacks={"on_step": lambda record: autotuned.append(torch.backends.cudnn.benchmark)})
+    previous = torch.backends.cudnn.benchmark
+    with fake_cuda("A100") as fake:
+        result = fit(copy.deepcopy(model), data, config)
+    assert result.epochs_completed == 1 and result.step.amp == "bf16" and result.step.sync_free
+    assert autotuned == [True, True] and torch.backends.cudnn.benchmark == previous
+    assert result.results[0]["peak_vram_bytes"] > 0  # the fake counters followed the step's tensors
+    in_step = [s for s in fake.syncs if s.where.startswith(("train/step.py", "loss.py", "assigner.py", "models/"))]
+    assert in_step == [], [str(s) for s in in_step]
+    read_backs = [s for s in fake.syncs if s.where.startswith("train/loop.py")]
+    assert len(read_backs) == 2 * 2 and all(s.where.endswith("flush") for s in read_backs)  # 2 batches, 2 each
+    saved = torch.load(result.last, map_location="cpu", weights_only=True)
+    assert all(type(v) is torch.Tensor for v in saved["model"].values())
