@@ -37,15 +37,54 @@ def test_committed_references_stay_small():
     assert 0 < total < 8e6, f"tests/fixtures/official holds {total / 1e6:.1f} MB"
 
 
+# BatchNorm running statistics of the stride probe: tolerance per entry, relative to its abs sum and per
+# element. In yolov9-e and gelan-e a few of them (downstream of CBLinear's biases) are ill-conditioned: on a
+# 2-core AMD EPYC the kit's own build misses (1e-5, 1e-6) by up to 1.7 times, whether oneDNN is on or off,
+# on one thread or two, and depending on what the process ran before (this test alone failed where the
+# suite before it passed): float32 rounding, not the construction. (1e-4, 1e-5) covers that with a margin
+# of about six; a construction error moves them by far more (tests/test_official.py
+# ::test_a_wrong_probe_fails_the_initialisation_check).
+RUNNING_STATS_TOL = (1e-4, 1e-5)
+
+
 def _init_differs(key: str, shape: tuple, ours: torch.Tensor, ref: torch.Tensor) -> bool:
     """Weights and biases come from the seeded RNG: equal (1e-9). BatchNorm running statistics are float32
-    means and variances the stride probe measures over 256x256 maps: within 1e-5 of the entry's abs sum
-    plus 1e-6 per element (float32 rounding around exact zeros). Both builds run on one thread (see
-    official_parity.run_kit: in m/c/e those statistics are ill-conditioned)."""
+    means and variances the stride probe measures over 256x256 maps: within ``RUNNING_STATS_TOL`` (relative
+    to the entry's abs sum, plus a term per element for the rounding around exact zeros). Both builds run on
+    one thread (see official_parity.run_kit: in m/c two threads move those statistics by tens of percents)."""
     if not key.endswith(("running_mean", "running_var")):
         return not torch.allclose(ours, ref, rtol=1e-9, atol=1e-9)
-    tol = 1e-5 * float(ref[1]) + 1e-6 * math.prod(shape)
+    relative, per_element = RUNNING_STATS_TOL
+    tol = relative * float(ref[1]) + per_element * math.prod(shape)
     return bool((ours - ref).abs().max() > tol)
+
+
+def test_a_wrong_probe_fails_the_initialisation_check(load_fixture, monkeypatch):
+    """The running-statistics tolerance still catches a construction error: a build whose stride probe runs
+    twice (its BatchNorm statistics updated twice, the official build updates them once) fails it."""
+    from yolo9kit.models import create_model
+    from yolo9kit.models.model import DetectionModel
+
+    fx = load_fixture("yolov9-t.parity.pt")
+    probe = DetectionModel._probe_strides
+
+    def twice(self):
+        probe(self)
+        probe(self)
+
+    monkeypatch.setattr(DetectionModel, "_probe_strides", twice)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        state = create_model("yolov9-t").state_dict()
+    finally:
+        torch.set_num_threads(threads)
+    init = [torch.tensor([float(v.double().sum()), float(v.double().abs().sum())], dtype=torch.float64)
+            for v in state.values() if v.is_floating_point()]
+    floats = [(k, tuple(s)) for k, s in fx["layout"] if "num_batches_tracked" not in k]
+    differ = [k for (k, shape), a, b in zip(floats, init, fx["init"]) if _init_differs(k, shape, a, b)]
+    assert differ and all(k.endswith(("running_mean", "running_var")) for k in differ)
 
 
 @pytest.mark.parametrize("name", MODELS)

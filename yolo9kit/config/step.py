@@ -19,11 +19,11 @@ from yolo9kit.env import native_bf16
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
 
 
-def amp_for(amp: str, device_type: str, bf16: bool, gpu_name: str = "this GPU") -> str:
+def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this GPU") -> str:
     """The autocast mode a step runs with: "fp16", "bf16" or "off".
 
     "auto" is bf16 where the GPU computes it in hardware (``bf16``: compute capability 8.0 or more; no loss
-    scaling needed), else fp16; on the CPU the step is fp32 whatever is asked, as the official check_amp does
+    scaling needed), else fp16 (also when ``bf16`` is None: not known, no such card here); on the CPU the step is fp32 whatever is asked, as the official check_amp does
     (CPU autocast is slower than fp32 for convolutions).
 
     Raises:
@@ -36,7 +36,7 @@ def amp_for(amp: str, device_type: str, bf16: bool, gpu_name: str = "this GPU") 
         return "off"
     if amp == "auto":
         return "bf16" if bf16 else "fp16"
-    if amp == "bf16" and not bf16:
+    if amp == "bf16" and bf16 is False:
         raise ValueError(f"amp='bf16': {gpu_name} has no bf16 in hardware (it needs compute capability 8.0, Ampere "
                          "or newer; older cards emulate it, slowly): use amp='fp16' or amp='auto' (fp16 there)")
     return amp
@@ -117,7 +117,7 @@ class StepConfig:
         every ``None`` switch decided as ``fit`` decides them there (on for CUDA, off for the CPU).
 
         ``bf16``: whether the GPU computes bf16 in hardware (default: ask the CUDA device named, or the current
-        one; without CUDA on this machine, False). ``gpu_name`` names it in errors. Values already set are kept,
+        one; without CUDA on this machine it is not known: "auto" is fp16, an explicit "bf16" is kept). ``gpu_name`` names it in errors. Values already set are kept,
         so resolving twice changes nothing.
 
         Raises:
@@ -195,9 +195,10 @@ def _cuda_index(device: Any) -> int | None:
     return torch.cuda.current_device() if index is None else index
 
 
-def _local_bf16(device: Any = None) -> bool:
+def _local_bf16(device: Any = None) -> bool | None:
+    """Whether the named (or current) CUDA device has bf16; None without CUDA on this machine."""
     index = _cuda_index(device)
-    return index is not None and native_bf16(index)
+    return None if index is None else native_bf16(index)
 
 
 def _local_gpu_name(device: Any = None) -> str | None:
