@@ -28,14 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo9kit.files import (
-    DiskFullError,
-    check_free_space,
-    free_bytes,
-    is_out_of_space,
-    replace_durably,
-    temporary_path,
-)
+from yolo9kit.files import write_file
 
 LOGGER = logging.getLogger(__name__)
 
@@ -82,7 +75,7 @@ def _plain(value: Any, where: str) -> Any:
                     "or strings (e.g. a state_dict() instead of a module)")
 
 
-def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra: Any) -> Path:
+def save_checkpoint(path: str | Path, model: torch.nn.Module, *, inputs: tuple = (), **extra: Any) -> Path:
     """Save ``model`` (a DetectionModel) and ``extra`` entries atomically.
 
     Args:
@@ -90,6 +83,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra: Any) -> P
         model: the model whose state_dict and config are stored.
         **extra: further plain entries, e.g. ``ema=ema_model.state_dict()``, ``optimizer=opt.state_dict()``,
             ``epoch=3``. The keys in ``RESERVED_KEYS`` (format, version, model, model_config, checksum) are reserved.
+        inputs: files the command read (the checkpoint is never written over one of them).
 
     Returns:
         The path written.
@@ -97,6 +91,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra: Any) -> P
     Raises:
         DiskFullError: the folder has less free space than the checkpoint needs (checked before writing,
             and reported the same way when the disk fills during the write); the old file is intact.
+        OwnInputError: ``path`` is one of ``inputs``.
     """
     clash = RESERVED_KEYS & extra.keys()
     if clash:
@@ -108,34 +103,10 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra: Any) -> P
                "model_config": _plain(config, "model_config")}
     payload.update({k: _plain(v, k) for k, v in extra.items()})
     payload["checksum"] = {"sha256": {k: weights_digest(payload[k]) for k in _CHECKSUMMED if k in payload}}
-    needed = estimate_checkpoint_bytes(payload)
-    check_free_space(path.parent, needed, f"saving {path.name}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    try:
-        torch.save(payload, tmp)
-        replace_durably(tmp, path)  # atomic on POSIX and Windows: readers see the old or the new file
-    except (OSError, RuntimeError) as e:  # torch reports a full disk as "RuntimeError: ... unexpected pos"
-        tmp.unlink(missing_ok=True)
-        free = free_bytes(path.parent)
-        if _out_of_space(e, free, needed):
-            raise DiskFullError(path.parent, needed, free, f"saving {path.name}") from e
-        raise
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_file(path, lambda tmp: torch.save(payload, tmp), needed=estimate_checkpoint_bytes(payload),
+               what=f"saving {path.name}", inputs=inputs)
     LOGGER.debug("saved checkpoint %s", path)
     return path
-
-
-def _out_of_space(error: BaseException, free: int | None, needed: int) -> bool:
-    """A failed write that a full disk explains: ENOSPC, or torch's writer failing with little room left (the
-    space the partial file took is free again when this is asked, hence the factor 2)."""
-    if is_out_of_space(error):
-        return True
-    text = str(error)
-    torch_write = isinstance(error, RuntimeError) and ("unexpected pos" in text or "failed writing" in text)
-    return torch_write and (free is None or free < 2 * needed)
 
 
 def _tensors(value: Any, where: str = ""):

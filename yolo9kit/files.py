@@ -1,8 +1,15 @@
-"""Files that survive crashes and full disks: free-space checks with a clear error, atomic replacement
-(temporary file, fsync, ``os.replace``), and the removal of temporary files left by killed writes.
+"""Files that survive crashes and full disks: the one way the kit writes a file (``write_file``) or a folder
+(``write_folder``), and the removal of temporary files left by killed writes.
 
-A temporary file is named ``.<name>.<pid>.tmp`` beside its destination, so that the next run in the
-folder can tell the leftovers of a killed process from a write in progress.
+Every file the kit writes (checkpoints, ONNX files, pictures, annotated videos, label files, data sets,
+caches, run records) is written beside its destination under a temporary name, flushed to the disk and then
+moved over it: a reader sees the old file or the new one, never a mix, whatever stops the write (an error,
+a signal, a power cut). The free space is checked first; an error names the path; and a command never
+writes over one of its own input files.
+
+A temporary file is named ``.<name>.<pid>.tmp`` (``.<name>.<pid>.tmp<suffix>`` where a writer needs the
+suffix, e.g. a video) beside its destination, so that the next run in the folder can tell the leftovers of
+a killed process from a write in progress.
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 LOGGER = logging.getLogger(__name__)
 
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp(\.\w+)?$")
 # Errors a write gets from a full disk or an exhausted quota.
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
@@ -72,9 +80,112 @@ def is_out_of_space(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _NO_SPACE
 
 
-def temporary_path(path: Path) -> Path:
-    """``<folder>/.<name>.<pid>.tmp``: where ``path`` is written before it replaces the old file."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def temporary_path(path: Path, keep_suffix: bool = False) -> Path:
+    """``<folder>/.<name>.<pid>.tmp``: where ``path`` is written before it replaces the old file
+    (``keep_suffix``: ``.tmp.mp4`` and the like, for writers that choose the format by the suffix)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix if keep_suffix else ''}")
+
+
+class OwnInputError(ValueError):
+    """A command was about to write over one of its own input files."""
+
+
+def refuse_own_input(path: Path, inputs: Iterable[str | Path]) -> None:
+    """Raise ``OwnInputError`` when ``path`` is (the same file as) one of ``inputs``."""
+    if not path.exists():
+        return
+    for item in inputs:
+        item = Path(item)
+        with contextlib.suppress(OSError):
+            if item.exists() and os.path.samefile(path, item):
+                raise OwnInputError(f"{path} is this command's input {item}: writing the output there would "
+                                    "destroy it; choose another output path")
+
+
+def failed_for_space(error: BaseException, free: int | None, needed: int) -> bool:
+    """A failed write that a full disk explains: ENOSPC or EDQUOT, or a writer failing with little room left
+    (torch reports a full disk as "unexpected pos"; the space the partial file took is free again when this is
+    asked, hence the factor 2)."""
+    if is_out_of_space(error):
+        return True
+    text = str(error)
+    torch_write = isinstance(error, RuntimeError) and ("unexpected pos" in text or "failed writing" in text)
+    return torch_write and (free is None or free < 2 * needed)
+
+
+def write_file(path: str | Path, write: Callable[[Path], object], *, needed: int, what: str | None = None,
+               inputs: Iterable[str | Path] = (), keep_suffix: bool = False, durable: bool = True) -> Path:
+    """Write ``path`` through ``write(temporary_path)``: the one way the kit writes a file.
+
+    Refuses to write over one of ``inputs``; checks that the folder has ``needed`` bytes free; writes the
+    temporary file beside ``path``, flushes it to the disk (``durable``; a picture need not be) and moves it
+    over ``path``. On any failure, an interrupt included, the temporary file is removed and ``path`` is as it
+    was.
+
+    Raises:
+        OwnInputError: ``path`` is one of ``inputs``.
+        DiskFullError: not enough room (checked first, or what the failed write says); names the file.
+        OSError: another write error, with the path in its message.
+    """
+    path = Path(path)
+    what = what or f"writing {path}"
+    refuse_own_input(path, inputs)
+    check_free_space(path.parent, needed, what)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_path(path, keep_suffix)
+    try:
+        write(tmp)
+        if durable:
+            replace_durably(tmp, path)
+        else:
+            os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, (OSError, RuntimeError)):
+            free = free_bytes(path.parent)
+            if failed_for_space(e, free, needed):
+                raise DiskFullError(path.parent, needed, free, what) from e
+            if isinstance(e, OSError) and str(path) not in str(e):
+                raise OSError(e.errno, f"{what}: {e.strerror or e}") from e
+        raise
+    return path
+
+
+def write_folder(path: str | Path, fill: Callable[[Path], object], *, needed: int, overwrite: bool = False,
+                 what: str | None = None) -> Path:
+    """Make the folder ``path`` by ``fill(temporary_folder)``, then move it into place in one step.
+
+    A folder that exists and is not empty is refused unless ``overwrite`` (then it is replaced only once the
+    new one is complete: an interrupted or failed ``fill`` leaves it as it was).
+
+    Raises:
+        FileExistsError: ``path`` holds files and ``overwrite`` is False (the message says how to go on).
+        DiskFullError: not enough room for ``needed`` bytes.
+    """
+    path = Path(path)
+    what = what or f"writing {path}"
+    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
+        raise FileExistsError(f"{path} already holds files; {what} would overwrite them: choose an empty or new "
+                              "folder, or pass overwrite (--overwrite) to replace it")
+    check_free_space(path.parent if path.parent.exists() else Path("."), needed, what)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, old = temporary_path(path), path.with_name(f".{path.name}.{os.getpid()}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not path.exists():
+            os.replace(old, path)
+        if is_out_of_space(e):
+            raise DiskFullError(path.parent, needed, free_bytes(path.parent), what) from e
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def replace_durably(tmp: Path, path: Path) -> None:
@@ -92,16 +203,17 @@ def replace_durably(tmp: Path, path: Path) -> None:
                 os.close(fd)
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` (temporary file + ``replace_durably``); on failure the old file stays."""
-    tmp = temporary_path(path)
-    try:
-        with open(tmp, "w", newline="") as f:
-            f.write(text)
-        replace_durably(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+def write_text_atomically(path: Path, text: str, *, inputs: Iterable[str | Path] = ()) -> None:
+    """Replace ``path`` with ``text`` through ``write_file``; on failure the old file stays."""
+    data = text.encode()
+    write_bytes_atomically(path, data, inputs=inputs)
+
+
+def write_bytes_atomically(path: Path, data: bytes, *, inputs: Iterable[str | Path] = (),
+                           durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` through ``write_file``; on failure the old file stays."""
+    write_file(path, lambda tmp: Path(tmp).write_bytes(data), needed=len(data) + 4096, inputs=inputs,
+               durable=durable)
 
 
 def _pid_alive(pid: int) -> bool:

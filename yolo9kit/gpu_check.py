@@ -172,7 +172,8 @@ def _versions() -> dict:
     from importlib import metadata
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return {"yolo9kit": metadata.version("yolo9kit"), "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn,
+    return {"yolo9kit": metadata.version("yolo9kit"), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": cudnn,
             "python": platform.python_version(), "platform": platform.platform(),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 

@@ -23,8 +23,9 @@ def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this
     """The autocast mode a step runs with: "fp16", "bf16" or "off".
 
     "auto" is bf16 where the GPU computes it in hardware (``bf16``: compute capability 8.0 or more; no loss
-    scaling needed), else fp16 (also when ``bf16`` is None: not known, no such card here); on the CPU the step is fp32 whatever is asked, as the official check_amp does
-    (CPU autocast is slower than fp32 for convolutions).
+    scaling needed), else fp16 (also when ``bf16`` is None: not known, no such card here); on the CPU the step
+    is fp32 whatever is asked, as the official check_amp does (CPU autocast is slower than fp32 for
+    convolutions).
 
     Raises:
         ValueError: ``amp="bf16"`` on a GPU without bf16 (a T4 or V100 would emulate it, slowly): the message
@@ -117,8 +118,8 @@ class StepConfig:
         every ``None`` switch decided as ``fit`` decides them there (on for CUDA, off for the CPU).
 
         ``bf16``: whether the GPU computes bf16 in hardware (default: ask the CUDA device named, or the current
-        one; without CUDA on this machine it is not known: "auto" is fp16, an explicit "bf16" is kept). ``gpu_name`` names it in errors. Values already set are kept,
-        so resolving twice changes nothing.
+        one; without CUDA on this machine it is not known: "auto" is fp16, an explicit "bf16" is kept).
+        ``gpu_name`` names it in errors. Values already set are kept, so resolving twice changes nothing.
 
         Raises:
             ValueError: ``amp="bf16"`` where the GPU has no bf16 (see :func:`amp_for`).
