@@ -145,7 +145,7 @@ def test_cache_in_unwritable_folder_only_warns(tmp_path, caplog, monkeypatch):
     def refuse(*args, **kwargs):
         raise PermissionError("read-only file system")
 
-    monkeypatch.setattr(cache.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cache, "write_file", refuse)
     report = check(yaml_path)
     assert report.n_usable == 1
     assert "could not write the label cache" in caplog.text

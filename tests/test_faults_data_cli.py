@@ -210,7 +210,7 @@ def test_disk_cache_on_read_only_data_falls_back_to_ram(shapes, caplog, monkeypa
         def refuse(*args, **kwargs):
             raise PermissionError(13, "Permission denied", str(folder))
 
-        monkeypatch.setattr(disk_cache.tempfile, "mkstemp", refuse)
+        monkeypatch.setattr(disk_cache, "write_file", refuse)
     else:
         folder.chmod(0o555)
     try:

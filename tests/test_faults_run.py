@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,29 +188,14 @@ def test_a_failed_results_append_leaves_the_file_as_it_was(tmp_path, monkeypatch
     path = result.save_dir / "results.csv"
     before = path.read_bytes()
     record = records.EpochRecord(**{**_record_fields(), "epoch": 1})
-    real_open = open
+    real_write = Path.write_bytes
 
-    class HalfWrite:
-        """A file that takes half of what is written, then reports a full disk."""
+    def half_write(self, data):
+        """The write takes half of the bytes, then the disk is full."""
+        real_write(self, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-        def __init__(self, f):
-            self.f = f
-
-        def write(self, text):
-            self.f.write(text[: len(text) // 2])
-            self.f.flush()
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-    monkeypatch.setattr(records, "open", lambda *a, **k: HalfWrite(real_open(*a, **k)), raising=False)
+    monkeypatch.setattr(Path, "write_bytes", half_write)
     with pytest.raises(OSError, match="disk full|No space"):
         records.append_results(path, record)
     assert path.read_bytes() == before

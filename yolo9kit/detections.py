@@ -11,6 +11,8 @@ import cv2
 import numpy as np
 import torch
 
+from yolo9kit.files import write_bytes_atomically
+
 SPEED_COLUMNS = ["preprocess_ms", "inference_ms", "nms_ms"]
 
 
@@ -125,12 +127,20 @@ class Prediction:
         ax.set_title(f"{name}, input {self.summary()}", fontsize=10)
         return fig
 
-    def save(self, path: str | Path, line_width: int | None = None) -> Path:
-        """Write the annotated image; the format follows the suffix."""
+    def save(self, path: str | Path, line_width: int | None = None, *, inputs: tuple = ()) -> Path:
+        """Write the annotated image (``files.write_file``: whole or not at all, never over one of ``inputs``);
+        the format follows the suffix.
+
+        Raises:
+            ValueError: the suffix is not an image format OpenCV writes.
+            DiskFullError: no room for the file.
+        """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not cv2.imwrite(str(path), self.annotated(line_width)):
-            raise OSError(f"could not write {path}: check the folder and that the suffix is an image format")
+        ok, encoded = cv2.imencode(path.suffix or ".jpg", self.annotated(line_width))
+        if not ok:
+            raise ValueError(f"cannot write {path}: {path.suffix or '(no suffix)'} is not an image format OpenCV "
+                             "writes (use .jpg or .png)")
+        write_bytes_atomically(path, encoded.tobytes(), inputs=inputs)
         return path
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import io
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ import torch
 
 from yolo9kit.checkpoint import load_model
 from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
+from yolo9kit.files import refuse_own_input, write_bytes_atomically
 from yolo9kit.models.inference import max_stride, prepare_model, select_head
 from yolo9kit.ops import non_max_suppression
 
@@ -106,7 +108,8 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     Args:
         model: a DetectionModel, or anything :func:`~yolo9kit.checkpoint.load_model` accepts (checkpoint path,
             model name). Never changed: the export works on its deployed copy, on the CPU in float32.
-        path: the .onnx file to write (its folder is made).
+        path: the .onnx file to write (its folder is made): written whole or not at all, never over the
+            weights file it exports (``files.write_file``).
         imgsz: input size (int or (h, w)), rounded up to a multiple of the model stride as ``predict`` does.
         nms: None leaves NMS to the caller (output ``predictions``); an :class:`~yolo9kit.config.NMSConfig`
             puts it in the file (output ``detections`` first), its unset fields taking
@@ -119,27 +122,31 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     Raises:
         ModuleNotFoundError: ``onnx`` is not installed (``pip install 'yolo9kit[export]'``).
         ExportCheckError: ONNX Runtime's outputs differ from PyTorch's by more than ``onnx.atol``.
+        OwnInputError: ``path`` is the weights file ``model`` names.
+        DiskFullError: no room for the file (checked before it is written; an existing file is kept).
     """
     settings = onnx or ExportConfig()
     onnx_lib = _require("onnx")
     nms = nms.filled(PREDICT_NMS) if nms is not None else None
+    path = Path(path)
+    inputs = [model] if isinstance(model, (str, Path)) else []
+    refuse_own_input(path, inputs)  # before any work: export X.pt --out X.pt would replace the weights
     source = load_model(model)
     deployed = prepare_model(source, torch.device("cpu"), False, deploy=True, head="main")
     wrapper = _Predictions(deployed).eval()
     stride = max_stride(deployed)
     size = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     size = tuple(math.ceil(s / stride) * stride for s in size)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     axes = {"images": {0: "batch"}, "predictions": {0: "batch"}} if settings.dynamic_batch else None
     # The TorchScript exporter: torch.export (the default exporter since torch 2.9) does not trace this model
     # (tested with torch 2.14). Its tracer warnings are about the input-size checks, constant for one size.
     extra = {"dynamo": False} if "dynamo" in _parameters(torch.onnx.export) else {}
+    buffer = io.BytesIO()  # built in memory: the file is written once, whole (files.write_file)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(wrapper, (torch.zeros(1, 3, *size),), str(path), input_names=["images"],
+        torch.onnx.export(wrapper, (torch.zeros(1, 3, *size),), buffer, input_names=["images"],
                           output_names=["predictions"], opset_version=settings.opset, dynamic_axes=axes, **extra)
-    proto = onnx_lib.load(str(path))
+    proto = onnx_lib.load_model_from_string(buffer.getvalue())
     if nms is not None:
         _append_nms(proto, nms, deployed.nc, settings.opset)
     metadata = {"names": json.dumps(list(deployed.names)), "stride": json.dumps([int(s) for s in deployed.stride]),
@@ -147,7 +154,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     for key, value in metadata.items():
         proto.metadata_props.add(key=key, value=value)
     onnx_lib.checker.check_model(proto)
-    onnx_lib.save(proto, str(path))
+    write_bytes_atomically(path, proto.SerializeToString(), inputs=inputs)
     report = ExportReport(path, ("batch" if settings.dynamic_batch else 1, 3, *size),
                           [o.name for o in proto.graph.output], settings.opset, nms, atol=settings.atol)
     if settings.check:

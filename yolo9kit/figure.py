@@ -11,7 +11,9 @@ import io
 
 from matplotlib.figure import Figure
 
-__all__ = ["InlineFigure", "new_figure"]
+from yolo9kit.files import write_file
+
+__all__ = ["InlineFigure", "new_figure", "save_figure"]
 
 
 class InlineFigure(Figure):
@@ -21,6 +23,16 @@ class InlineFigure(Figure):
         buffer = io.BytesIO()
         self.savefig(buffer, format="png", dpi=100)
         return buffer.getvalue()
+
+
+def save_figure(figure: Figure, path, dpi: int = 100):
+    """Write ``figure`` to ``path`` (format from the suffix) through ``files.write_file``: whole or not at all.
+    Not flushed to the disk like a checkpoint: a picture lost to a power cut is drawn again."""
+    from pathlib import Path
+
+    path = Path(path)
+    return write_file(path, lambda tmp: figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"),
+                      needed=8 << 20, what=f"saving the picture {path}", durable=False)
 
 
 def new_figure(figsize: tuple[float, float]) -> InlineFigure:

@@ -23,6 +23,7 @@ from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
 from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
 from yolo9kit.env import resolve_device
+from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
 from yolo9kit.models.inference import max_stride, prepare_model, resolve_half, select_head
 from yolo9kit.ops import letterbox, non_max_suppression, scale_boxes
 
@@ -199,7 +200,7 @@ class _Run:
         self.results: list[Prediction] = []
         self.rows: list[dict] = []
         self.videos: dict[str, VideoReader] = {}
-        self.writer: tuple[str, cv2.VideoWriter] | None = None
+        self.writer: tuple | None = None  # (source, cv2.VideoWriter, temporary file, the video's path)
 
     def batch(self, pending: list) -> None:
         for (index, image, *_), (result, speed) in zip(pending, _run_batch(
@@ -218,8 +219,7 @@ class _Run:
             return
         stem = f"{Path(result.path).stem}_{result.frame}"
         if self.save.txt:
-            with open(self.save_dir / "labels" / f"{stem}.txt", "a") as f:
-                f.writelines(line + "\n" for line in result.label_lines(self.save.conf))
+            _append_labels(self.save_dir / "labels" / f"{stem}.txt", result, self.save.conf)
         if self.save.images:
             result.image = image
             self._writer_for(result.path, image).write(result.annotated(self.save.line_width))
@@ -230,20 +230,27 @@ class _Run:
         self.close()
         reader = self.videos[path]
         out = self.save_dir / f"{Path(path).stem}.mp4"  # .mp4 whatever the source format, as the official code
+        refuse_own_input(out, [path])
+        tmp = temporary_path(out, keep_suffix=True)  # moved over ``out`` when complete (close)
         # the kept frames at fps / k: the annotated video lasts as long as the source
-        writer = cv2.VideoWriter(str(out), cv2.VideoWriter_fourcc(*"mp4v"), reader.fps / reader.vid_stride,
+        writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), reader.fps / reader.vid_stride,
                                  (image.shape[1], image.shape[0]))
         if not writer.isOpened():
             raise OSError(f"could not open {out} for writing an mp4v video: check that the folder is writable and "
                           "that this OpenCV build has a video writer (opencv-python-headless has)")
-        self.writer = (path, writer)
+        self.writer = (path, writer, tmp, out)
         return writer
 
     def close(self) -> None:
-        """Finish the video being written (a stopped run leaves a playable file of the frames so far)."""
+        """Finish the video being written and move it into place: a run stopped by an error, Ctrl-C or (from
+        the command line) SIGTERM leaves a playable file of the frames so far; a killed one leaves only its
+        temporary file (removed by the next write there), never a video without its index."""
         if self.writer is not None:
-            self.writer[1].release()
+            _, writer, tmp, out = self.writer
             self.writer = None
+            writer.release()
+            if tmp.exists():
+                replace_durably(tmp, out)
 
     def speed_frame(self):
         import pandas as pd
@@ -288,10 +295,18 @@ def _as_input(images: torch.Tensor, device: torch.device, half: bool, memory_for
     return ((x.half() if half else x.float()) / 255).contiguous(memory_format=memory_format)
 
 
+def _append_labels(path: Path, result: Prediction, conf: bool) -> None:
+    """Add the result's label lines to ``path`` (appended, as the official code does; the file is rewritten
+    whole through ``files.write_file``, never left half-written)."""
+    old = path.read_text() if path.is_file() else ""
+    write_text_atomically(path, old + "".join(line + "\n" for line in result.label_lines(conf)),
+                          inputs=[result.path] if result.path else [])
+
+
 def _write_outputs(result: Prediction, save_dir: Path, index: int, save: SaveConfig) -> None:
     stem = Path(result.path).stem if result.path else f"image{index}"
     if save.txt:
-        with open(save_dir / "labels" / f"{stem}.txt", "a") as f:  # appends, as the official code
-            f.writelines(line + "\n" for line in result.label_lines(save.conf))
+        _append_labels(save_dir / "labels" / f"{stem}.txt", result, save.conf)
     if save.images:
-        result.save(save_dir / (Path(result.path).name if result.path else f"{stem}.jpg"), save.line_width)
+        result.save(save_dir / (Path(result.path).name if result.path else f"{stem}.jpg"), save.line_width,
+                    inputs=[result.path] if result.path else ())

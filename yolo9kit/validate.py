@@ -24,6 +24,8 @@ from yolo9kit.checkpoint import load_model
 from yolo9kit.config import VAL_NMS, NMSConfig
 from yolo9kit.detections import speed_line
 from yolo9kit.env import resolve_device
+from yolo9kit.figure import save_figure
+from yolo9kit.files import write_text_atomically
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from yolo9kit.models.inference import prepare_model, resolve_half, select_head
 from yolo9kit.ops import non_max_suppression, scale_boxes
@@ -318,7 +320,7 @@ def _finish(state: _Accumulator, names, head, plots, save_dir, coco, coco_gt, co
 
         out.figures = plot_validation(state.confusion, result, names)
         for name, figure in out.figures.items() if save_dir is not None else ():
-            figure.savefig(save_dir / name, dpi=150)
+            save_figure(figure, save_dir / name, 150)
     if coco:
         out.coco_predictions = state.records
         out.coco = _cocoeval(state, names, save_dir, coco_gt, config, class_map)
@@ -329,7 +331,7 @@ def _cocoeval(state: _Accumulator, names, save_dir, coco_gt, config, class_map) 
     from yolo9kit.coco import coco_ground_truth, image_id_from_path, run_cocoeval
 
     if save_dir is not None:
-        (save_dir / "predictions.json").write_text(json.dumps(state.records))
+        write_text_atomically(save_dir / "predictions.json", json.dumps(state.records))
         LOGGER.info("COCO predictions written to %s", save_dir / "predictions.json")
     if coco_gt is None and class_map is not None and config is not None:
         candidate = config.path / "annotations" / "instances_val2017.json"
@@ -337,7 +339,7 @@ def _cocoeval(state: _Accumulator, names, save_dir, coco_gt, config, class_map) 
     if coco_gt is None:
         coco_gt = coco_ground_truth(state.gt_images, names, class_map)
         if save_dir is not None:
-            (save_dir / "ground_truth.json").write_text(json.dumps(coco_gt))
+            write_text_atomically(save_dir / "ground_truth.json", json.dumps(coco_gt))
     image_ids = [image_id_from_path(p) for p, *_ in state.gt_images]
     try:
         return run_cocoeval(coco_gt, state.records, image_ids)

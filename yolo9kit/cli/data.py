@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from yolo9kit.cli.flags import image_size, non_negative_int, positive_int, renamed
 
@@ -19,6 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     renamed(mk, "--image-size", "--imgsz", "imgsz", type=image_size)
     mk.add_argument("--num-classes", type=positive_int, default=4)
     mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--overwrite", action="store_true",
+                    help="replace what OUT holds (without it a folder with other files is refused)")
     mk.set_defaults(func=run_make_shapes)
     ck = verbs.add_parser("check", help="check images and labels; exit code 1 when files had to be skipped, "
                                         "2 when the data set cannot be read")
@@ -31,6 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     cv.add_argument("--out", required=True, help="output folder (labels/<split>/ and data.yaml)")
     cv.add_argument("--images", help="folder of the images (default OUT/images/<split>)")
     cv.add_argument("--split", default="train")
+    cv.add_argument("--overwrite", action="store_true",
+                    help="replace OUT/labels/<split> and OUT/data.yaml (without it existing ones are refused)")
     cv.set_defaults(func=run_convert_coco)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -39,7 +44,7 @@ def run_make_shapes(args: argparse.Namespace) -> int:
     from yolo9kit.data import make_shapes
 
     path = make_shapes(args.out, n_train=args.n_train, n_val=args.n_val, imgsz=args.imgsz,
-                       num_classes=args.num_classes, seed=args.seed)
+                       num_classes=args.num_classes, seed=args.seed, overwrite=args.overwrite)
     print(f"data set written: {path}")
     return 0
 
@@ -49,9 +54,8 @@ def run_check(args: argparse.Namespace) -> int:
 
     try:
         report = check(args.data, split=args.split, use_cache=not args.no_cache)
-    except (KeyError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e.args[0] if isinstance(e, KeyError) else e}")
-        return 2
+    except KeyError as e:  # a missing key of the data.yaml: its message, not its repr
+        raise ValueError(e.args[0]) from e
     print(report)
     return 0 if report.ok else 1
 
@@ -59,12 +63,11 @@ def run_check(args: argparse.Namespace) -> int:
 def run_convert_coco(args: argparse.Namespace) -> int:
     from yolo9kit.data import coco_to_yolo
 
-    try:
-        result = coco_to_yolo(args.json, args.out, images_dir=args.images, split=args.split)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}")
-        return 1
+    result = coco_to_yolo(args.json, args.out, images_dir=args.images, split=args.split, overwrite=args.overwrite)
+    for line in result.skipped:
+        print(f"dropped {line}", file=sys.stderr)
     print(f"{result.n_images} images, {result.n_boxes} boxes, {len(result.names)} classes, "
-          f"{result.n_crowd_skipped} crowd annotations skipped, {result.n_invalid_skipped} invalid boxes skipped")
+          f"{result.n_crowd_skipped} crowd annotations skipped, {result.n_invalid_skipped} boxes dropped "
+          "(zero size or outside the image; boxes partly outside were clipped)")
     print(f"data.yaml: {result.yaml_path}")
     return 0

@@ -104,11 +104,12 @@ def _save_batch_picture(data_yaml: Path, out: Path, imgsz: int) -> None:
 
     matplotlib.use("Agg")
     from yolo9kit.data import create_dataloader, load_data_config
+    from yolo9kit.figure import save_figure
     from yolo9kit.plots import show_batch
 
     loader = create_dataloader(data_yaml, "train", imgsz=imgsz, batch_size=8, augment=True, workers=0, seed=0)
     fig = show_batch(next(iter(loader)), load_data_config(data_yaml).names)
-    fig.savefig(out / "train_batch.png", dpi=80)
+    save_figure(fig, out / "train_batch.png", 80)
     print(f"an augmented training batch: {out / 'train_batch.png'}")
 
 

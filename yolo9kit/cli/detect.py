@@ -8,10 +8,15 @@ included) into ``<project>/<name>``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
+import sys
+import threading
 from pathlib import Path
 
 from yolo9kit.cli.flags import device, image_size, non_negative_int, positive_int, share
+from yolo9kit.files import write_text_atomically
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -62,15 +67,20 @@ def run(args: argparse.Namespace) -> int:
     if len(args.imgsz) > 2:
         raise ValueError(f"--imgsz: expected one size or h w, got {len(args.imgsz)} values {args.imgsz}")
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz
-    save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)
-    save_dir.mkdir(parents=True, exist_ok=True)
+    save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)  # made by predict, once it can run
     nms = NMSConfig(conf=args.conf_thres, iou=args.iou_thres, max_det=args.max_det, classes=args.classes,
                     agnostic=args.agnostic_nms)
     save = SaveConfig(save_dir, txt=args.save_txt, conf=args.save_conf, images=not args.nosave,
                       line_width=args.line_thickness)
-    results = predict(args.weights, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz,
-                      nms=nms, save=save, half=args.half, device=args.device or None, head=args.head,
-                      batch_size=args.batch_size, vid_stride=args.vid_stride)
+    try:
+        with _signals_interrupt():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the video being written is closed
+            results = predict(args.weights, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz,
+                              nms=nms, save=save, half=args.half, device=args.device or None, head=args.head,
+                              batch_size=args.batch_size, vid_stride=args.vid_stride)
+    except _Signalled as stop:
+        print(f"python -m yolo9kit detect: stopped by {stop.name}; what was written so far is in {save_dir}",
+              file=sys.stderr)
+        return 128 + stop.signum
     total = len(results) + len(results.skipped)
     for i, result in enumerate(results, 1):
         what = "image" if result.frame is None else f"video frame {result.frame}"
@@ -84,11 +94,34 @@ def run(args: argparse.Namespace) -> int:
     report = {"per_image_mean_ms": means, "images": len(results) - frames, "video_frames": frames,
               "skipped": results.skipped,
               "shape": [1, 3, *imgsz], "per_image": results.speed.to_dict(orient="records")}
-    (save_dir / "speed.json").write_text(json.dumps(report, indent=1))
+    write_text_atomically(save_dir / "speed.json", json.dumps(report, indent=1))
     print(f"Results saved to {save_dir}")
     if args.save_txt:
         print(f"{len(list((save_dir / 'labels').glob('*.txt')))} labels saved to {save_dir / 'labels'}")
     return 0 if len(results) else 1
+
+
+class _Signalled(KeyboardInterrupt):
+    def __init__(self, signum: int) -> None:
+        self.signum, self.name = signum, signal.Signals(signum).name
+        super().__init__(self.name)
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM and SIGHUP raise ``_Signalled`` in the main thread (where the default would end the process
+    without running ``finally`` blocks: an annotated mp4 would lose its index and not play)."""
+    def handler(signum, frame):
+        raise _Signalled(signum)
+
+    wanted = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    previous = {s: signal.signal(s, handler) for s in wanted} \
+        if threading.current_thread() is threading.main_thread() else {}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 def _official_counts(result) -> str:

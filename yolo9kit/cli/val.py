@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from yolo9kit.cli.flags import device, image_size, non_negative_int, positive_int, share
+from yolo9kit.files import write_text_atomically
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,8 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     speed_task = args.task == "speed"
     model = load_model(args.weights)  # first: a wrong --weights leaves no empty run folder behind
-    save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)
-    save_dir.mkdir(parents=True, exist_ok=True)
+    save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)  # made once there is a result
     nms = NMSConfig(conf=0.25 if speed_task else args.conf_thres, iou=0.45 if speed_task else args.iou_thres,
                     max_det=args.max_det)  # the official speed task times the detect thresholds
     settings = dict(split="val" if speed_task else args.task, imgsz=args.imgsz, batch_size=args.batch_size, nms=nms,
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.head == "both":
         table = compare_heads(model, args.data, **settings)
         print(table.to_string(float_format="%.4f"))
-        (save_dir / "results.json").write_text(table.to_json(orient="index", indent=1))
+        write_text_atomically(save_dir / "results.json", table.to_json(orient="index", indent=1))
         print(f"Results saved to {save_dir}")
         return 0
     result = evaluate(model, args.data, head=args.head, plots=not (args.no_plots or speed_task), save_dir=save_dir,
@@ -74,6 +74,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {name:>20s} {value:.3f}")
     record = {**result.to_dict(), "speed_ms_per_image": result.speed, "images": result.seen,
               "instances": result.instances, "head": result.head, "weights": str(args.weights)}
-    (save_dir / "results.json").write_text(json.dumps(record, indent=1))
+    write_text_atomically(save_dir / "results.json", json.dumps(record, indent=1))
     print(f"Results saved to {save_dir}")
     return 0

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tqdm.auto import tqdm
 from yolo9kit.data.labels import ImageRecord, check_image_label
 from yolo9kit.data.report import WARNING, DatasetReport, Problem
 from yolo9kit.data.sources import label_path, orphan_label_files
+from yolo9kit.files import write_file
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 2  # 2: unnamed class ids per image
@@ -70,11 +70,13 @@ def save_cache(path: Path, records: list[ImageRecord], file_hash: str, nc: int) 
         "seg_lengths": np.array([len(s) for s in segs], np.int64),
         "seg_points": np.concatenate(segs).astype(np.float32) if segs else np.zeros((0, 2), np.float32),
     }
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a path
             np.savez(f, **arrays)
-        os.replace(tmp, path)
+
+    try:
+        write_file(path, write, needed=sum(a.nbytes for a in arrays.values()) + (1 << 20),
+                   what=f"writing the label cache {path}", durable=False)
     except OSError as e:
         log.warning("could not write the label cache %s (%s); the labels will be checked again next time", path, e)
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import yaml
+
+from yolo9kit.files import write_folder, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +36,30 @@ def _require(cond: bool, json_path: Path, what: str) -> None:
 
 
 def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | Path | None = None,
-                 split: str = "train") -> CocoConversion:
+                 split: str = "train", overwrite: bool = False) -> CocoConversion:
     """Write one YOLO label file per COCO image and a data.yaml.
 
     COCO category ids (any integers) become classes 0..K-1 in increasing id order; ``bbox`` [x, y, w, h]
-    (top-left, pixels) becomes normalised ``cx cy w h``; ``iscrowd`` annotations are skipped and counted,
-    as are boxes with non-positive size. Labels go to ``out_dir/labels/<split>/<image stem>.txt`` and the
-    data.yaml points ``<split>`` (and ``val`` when split is train) at ``images_dir`` (default
-    ``out_dir/images/<split>``, where the image files are expected).
+    (top-left, pixels) becomes normalised ``cx cy w h``. A box partly outside its image is clipped to it; one
+    wholly outside, or of zero or negative size, is dropped and named in ``skipped``; ``iscrowd`` annotations
+    are skipped and counted. A non-finite number refuses the file. Labels go to
+    ``out_dir/labels/<split>/<file_name>.txt`` (the image's ``file_name`` with its sub-folders, so that
+    ``a/img1.jpg`` and ``b/img1.jpg`` keep their own labels) and the data.yaml points ``<split>`` (and ``val``
+    when split is train) at ``images_dir`` (default ``out_dir/images/<split>``, where the image files are
+    expected). The labels are written whole, or not at all (``files.write_folder``).
 
     Raises:
-        ValueError: the JSON is not valid or lacks images/annotations/categories fields; the message names
-            the file and the missing part.
+        ValueError: the JSON is not valid, lacks images/annotations/categories fields, holds a non-finite
+            number, an image of non-positive size, a ``file_name`` outside the folder (absolute or with
+            ``..``) or two images of one ``file_name``; the message names the file and the entry.
+        FileExistsError: ``out_dir/labels/<split>`` holds files or ``out_dir/data.yaml`` exists, and
+            ``overwrite`` is False.
     """
     json_path, out_dir = Path(json_path), Path(out_dir)
+    label_dir, yaml_path = out_dir / "labels" / split, out_dir / "data.yaml"
+    if not overwrite and yaml_path.exists():
+        raise FileExistsError(f"{yaml_path} exists: converting into {out_dir} would overwrite it; choose an empty "
+                              "folder or pass overwrite (--overwrite)")
     try:
         coco = json.loads(json_path.read_text())
     except json.JSONDecodeError as e:
@@ -63,7 +76,8 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{json_path}: malformed COCO annotations: a category needs 'id' and an image needs "
                          f"'id', 'file_name', 'width' and 'height' ({type(e).__name__}: {e})") from e
-    result = CocoConversion(out_dir / "data.yaml", names, [int(c["id"]) for c in cats])
+    label_files = _label_files(images, json_path)
+    result = CocoConversion(yaml_path, names, [int(c["id"]) for c in cats])
     rows = defaultdict(list)
     for k, ann in enumerate(coco["annotations"]):
         try:
@@ -73,28 +87,66 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
                              f"({type(e).__name__}: {e})") from e
         _require(image_id in images, json_path, f"annotation {k} refers to unknown image id {image_id}")
         _require(cat in cat_to_class, json_path, f"annotation {k} refers to unknown category id {cat}")
+        _require(all(math.isfinite(v) for v in (x, y, w, h)), json_path,
+                 f"annotation {k} has a non-finite bbox {[x, y, w, h]}")
         if ann.get("iscrowd", 0):
             result.n_crowd_skipped += 1
             continue
-        _, iw, ih = images[image_id]
-        if w <= 0 or h <= 0:
+        row, why = _yolo_row(cat_to_class[cat], x, y, w, h, *images[image_id][1:])
+        if row is None:
             result.n_invalid_skipped += 1
-            result.skipped.append(f"annotation {k}: non-positive box size")
+            result.skipped.append(f"annotation {k} ({images[image_id][0]}): {why}")
             continue
-        cx, cy = min(max((x + w / 2) / iw, 0.0), 1.0), min(max((y + h / 2) / ih, 0.0), 1.0)
-        rows[image_id].append(f"{cat_to_class[cat]} {cx:.6f} {cy:.6f} {min(w / iw, 1.0):.6f} {min(h / ih, 1.0):.6f}")
-    label_dir = out_dir / "labels" / split
-    label_dir.mkdir(parents=True, exist_ok=True)
-    for image_id, (file_name, _, _) in images.items():
-        (label_dir / (Path(file_name).stem + ".txt")).write_text("".join(r + "\n" for r in rows[image_id]))
-        result.n_boxes += len(rows[image_id])
+        rows[image_id].append(row)
+    for line in result.skipped:
+        log.warning("%s: %s: dropped", json_path, line)
+
+    def fill(folder: Path) -> None:
+        for image_id, relative in label_files.items():
+            target = folder / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("".join(r + "\n" for r in rows[image_id]))
+
+    write_folder(label_dir, fill, needed=sum(len(r) + 1 for rs in rows.values() for r in rs) + 4096 * len(images),
+                 overwrite=overwrite, what=f"writing the labels of {json_path.name}")
+    result.n_boxes = sum(len(rows[image_id]) for image_id in label_files)
     result.n_images = len(images)
     images_dir = Path(images_dir) if images_dir is not None else out_dir / "images" / split
     config = {"path": str(out_dir.resolve()), split: str(images_dir.resolve())}
     if split == "train":
         config["val"] = config["train"]
     config["names"] = names
-    result.yaml_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    log.info("converted %d images, %d boxes (%d crowd skipped) from %s", result.n_images, result.n_boxes,
-             result.n_crowd_skipped, json_path)
+    write_text_atomically(yaml_path, yaml.safe_dump(config, sort_keys=False), inputs=[json_path])
+    log.info("converted %d images, %d boxes (%d crowd skipped, %d dropped) from %s", result.n_images, result.n_boxes,
+             result.n_crowd_skipped, result.n_invalid_skipped, json_path)
     return result
+
+
+def _label_files(images: dict[int, tuple[str, float, float]], json_path: Path) -> dict[int, PurePosixPath]:
+    """Each image's label file, relative to the labels folder: its ``file_name`` with ``.txt``."""
+    seen: dict[PurePosixPath, int] = {}
+    out = {}
+    for image_id, (file_name, width, height) in images.items():
+        _require(math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0, json_path,
+                 f"image {image_id} ({file_name}) has a non-positive or non-finite size {width} x {height}")
+        relative = PurePosixPath(file_name.replace("\\", "/"))
+        _require(not relative.is_absolute() and ".." not in relative.parts and relative.name, json_path,
+                 f"image {image_id} has file_name {file_name!r}, which is not inside the images folder")
+        label = relative.with_suffix(".txt")
+        _require(label not in seen, json_path, f"images {seen.get(label)} and {image_id} both have the label file "
+                                               f"{label} (file names {file_name!r}): give them distinct names")
+        seen[label] = image_id
+        out[image_id] = label
+    return out
+
+
+def _yolo_row(cls: int, x: float, y: float, w: float, h: float, width: float, height: float
+              ) -> tuple[str | None, str]:
+    """The label row of a COCO box clipped to its image, or (None, why it is dropped)."""
+    if w <= 0 or h <= 0:
+        return None, f"box of size {w} x {h} (zero or negative)"
+    x1, y1, x2, y2 = max(x, 0.0), max(y, 0.0), min(x + w, width), min(y + h, height)
+    if x2 <= x1 or y2 <= y1:
+        return None, f"box [{x}, {y}, {w}, {h}] lies wholly outside the {width:g} x {height:g} image"
+    cx, cy, bw, bh = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height
+    return f"{cls} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}", ""

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 
 from yolo9kit.data.cache import files_hash
 from yolo9kit.data.images import load_resized, resized_size
+from yolo9kit.files import write_file, write_text_atomically
 
 log = logging.getLogger(__name__)
 DISK_CACHE_VERSION = 2  # 2: validation images fully decoded (1 reduced large JPEGs), official sizes
@@ -86,11 +86,11 @@ def open_disk_cache(path: Path, paths: list[str], sizes: list[tuple[int, int]], 
     if images.nbytes > free:
         raise OSError(f"cache='disk' needs {images.nbytes / 2**30:.2f} GiB for {len(paths)} images at {image_size} px "
                       f"in {path.parent}, which has {free / 2**30:.2f} GiB free: use cache=None or a smaller size")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         bar = tqdm(total=len(paths), disable=len(paths) < 1000,
                    desc=f"writing the disk image cache ({images.nbytes / 2**30:.2f} GiB)")
-        with os.fdopen(fd, "wb") as f, ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        with open(tmp, "wb") as f, ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
             for start in range(0, len(paths), 256):  # bounded: decoded images never pile up in RAM
                 part = slice(start, start + 256)
                 decoded = pool.map(lambda p, wh: load_resized(p, image_size, augment, wh), paths[part], sizes[part])
@@ -100,12 +100,8 @@ def open_disk_cache(path: Path, paths: list[str], sizes: list[tuple[int, int]], 
                     f.write(np.ascontiguousarray(image).data)
                 bar.update(len(shapes[part]))
         bar.close()
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    header_tmp = _header(path).with_name(_header(path).name + ".tmp")
-    header_tmp.write_text(json.dumps(meta))
-    os.replace(header_tmp, _header(path))
+
+    write_file(path, write, needed=images.nbytes, what=f"writing the disk image cache {path}", durable=False)
+    write_text_atomically(_header(path), json.dumps(meta))
     log.info("wrote the disk image cache %s (%.2f GiB)", path, images.nbytes / 2**30)
     return images

@@ -108,6 +108,11 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
     return size, None, note
 
 
+# how far (a share of the image side) a box may reach past an edge before it is reported: six-decimal labels
+# round cx and w to 5e-7 each; converters that clip in pixels land within a pixel of the edge
+OVERHANG = 1e-3
+
+
 def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.ndarray], str | None]:
     """Parse split label lines into (n, 5) boxes and polygons; returns an error reason instead when invalid."""
     is_polygon = any(len(r) > 6 for r in rows)  # official rule: one long row makes every row a polygon
@@ -192,6 +197,13 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
         return rec
     if segments:
         rec.problems.append(Problem(lb_file, f"{len(segments)} polygons read as their bounding boxes", INFO))
+    cx, cy, w, h = boxes[:, 1], boxes[:, 2], boxes[:, 3], boxes[:, 4]
+    overhang = (cx - w / 2 < -OVERHANG) | (cx + w / 2 > 1 + OVERHANG) | (cy - h / 2 < -OVERHANG) | \
+        (cy + h / 2 > 1 + OVERHANG)
+    if overhang.any():  # training clips the box to the image: what it learns is not the box in the file
+        rows_txt = ", ".join(str(i + 1) for i in np.flatnonzero(overhang))
+        rec.problems.append(Problem(lb_file, f"box reaches past the image edge, training clips it to the image "
+                                             f"(line {rows_txt})", WARNING))
     zero = (boxes[:, 3] <= 0) | (boxes[:, 4] <= 0)
     if zero.any():
         rows_txt = ", ".join(str(i + 1) for i in np.flatnonzero(zero))

@@ -17,6 +17,7 @@ import numpy as np
 import yaml
 
 from yolo9kit._renamed import renamed_keywords
+from yolo9kit.files import write_folder
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,14 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
     return image, labels
 
 
+def _manifest(root: Path) -> dict | None:
+    """The settings of the shapes data set in ``root`` (None: there is none)."""
+    try:
+        return json.loads((root / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 @renamed_keywords("make_shapes", image_size="imgsz")
 def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: int | tuple[int, int] = 320,
                 num_classes: int = 4, seed: int = 0, max_objects: int = 6, overwrite: bool = False) -> Path:
@@ -123,10 +132,15 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
         num_classes: 1 to 8 shape classes (rectangle, ellipse, triangle, star, cross, hexagon, diamond, ring).
         seed: the same seed (and arguments) gives byte-identical files.
         max_objects: at most this many objects per image (at least one).
-        overwrite: regenerate even when ``root`` already holds this exact data set.
+        overwrite: write even when ``root`` holds other files (they are replaced), or regenerate when it
+            already holds this exact data set. Without it a folder with other files is refused; one holding
+            another shapes data set (its manifest says so: it can be made again) is replaced with a warning.
 
     Returns:
         Path of the written ``data.yaml``.
+
+    Raises:
+        FileExistsError: ``root`` holds other files and ``overwrite`` is False.
     """
     if not 1 <= num_classes <= len(SHAPE_NAMES):
         raise ValueError(f"num_classes must be between 1 and {len(SHAPE_NAMES)}, got {num_classes}")
@@ -136,25 +150,37 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
     root = Path(root)
     params = {"n_train": n_train, "n_val": n_val, "width": width, "height": height, "num_classes": num_classes,
               "seed": seed, "max_objects": max_objects, "version": 1}
-    manifest = root / _MANIFEST
     yaml_path = root / "data.yaml"
-    if not overwrite and yaml_path.is_file() and manifest.is_file():
-        if json.loads(manifest.read_text()) == params:
-            log.info("shapes data set already present in %s", root)
-            return yaml_path
-    for split_id, (split, count) in enumerate((("train", n_train), ("val", n_val))):
-        image_dir, label_dir = root / "images" / split, root / "labels" / split
-        image_dir.mkdir(parents=True, exist_ok=True)
-        label_dir.mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            rng = np.random.default_rng([seed, split_id, i])
-            image, labels = _draw_image(rng, height, width, num_classes, max_objects)
-            cv2.imwrite(str(image_dir / f"{i:06d}.jpg"), image, [cv2.IMWRITE_JPEG_QUALITY, 92])
-            lines = "".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
-            (label_dir / f"{i:06d}.txt").write_text(lines)
-    config = {"path": ".", "train": "images/train", "val": "images/val",
-              "names": list(SHAPE_NAMES[:num_classes])}
-    yaml_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    manifest.write_text(json.dumps(params))
+    previous = _manifest(root)
+    if not overwrite and yaml_path.is_file() and previous == params:
+        log.info("shapes data set already present in %s", root)
+        return yaml_path
+    if previous is not None and not overwrite:
+        # another shapes data set: made again from its settings at any time, so it is replaced, with a word
+        log.warning("replacing the shapes data set in %s (made with %s) by one with %s", root,
+                    {k: v for k, v in previous.items() if params.get(k) != v}, {k: v for k, v in params.items()
+                                                                             if previous.get(k) != v})
+        overwrite = True
+
+    def fill(folder: Path) -> None:
+        for split_id, (split, count) in enumerate((("train", n_train), ("val", n_val))):
+            image_dir, label_dir = folder / "images" / split, folder / "labels" / split
+            image_dir.mkdir(parents=True, exist_ok=True)
+            label_dir.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                rng = np.random.default_rng([seed, split_id, i])
+                image, labels = _draw_image(rng, height, width, num_classes, max_objects)
+                if not cv2.imwrite(str(image_dir / f"{i:06d}.jpg"), image, [cv2.IMWRITE_JPEG_QUALITY, 92]):
+                    raise OSError(f"could not write {root / 'images' / split / f'{i:06d}.jpg'}")
+                lines = "".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
+                (label_dir / f"{i:06d}.txt").write_text(lines)
+        config = {"path": ".", "train": "images/train", "val": "images/val",
+                  "names": list(SHAPE_NAMES[:num_classes])}
+        (folder / "data.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (folder / _MANIFEST).write_text(json.dumps(params))
+
+    # written whole in a folder beside ``root`` and moved into place: an interrupted run leaves the old one
+    write_folder(root, fill, needed=(n_train + n_val) * (width * height // 4 + 4096), overwrite=overwrite,
+                 what="writing the shapes data set")
     log.info("wrote %d train and %d val images to %s", n_train, n_val, root)
     return yaml_path

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.files import write_text_atomically
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, gpu_from_device, host_memory, resolve_gpu
 from yolo9kit.memory.plan import plan
@@ -55,9 +56,7 @@ class AutoBatch:
 
     def save(self, run_dir: Path) -> Path:
         path = Path(run_dir) / RECORD_NAME
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(path)  # atomic: a reader never sees half a file
+        write_text_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")  # a reader never sees half
         return path
 
     def __str__(self) -> str:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from yolo9kit.files import temporary_path
+from yolo9kit.figure import save_figure
 
 LOGGER = logging.getLogger(__name__)
 
@@ -65,18 +64,13 @@ class RunPictures:
         if self.run_dir is None:
             return None
         path, figure = self.run_dir / name, None
-        tmp = temporary_path(path)
         try:
             figure = make()
-            figure.savefig(tmp, dpi=_DPI, format=path.suffix.lstrip("."))
-            # replaced in one step, so a failed save keeps the previous picture (results.png of the last epoch);
-            # not flushed to the disk like a checkpoint: a picture lost to a power cut is drawn again
-            os.replace(tmp, path)
+            save_figure(figure, path, _DPI)  # in one step: a failed save keeps the previous picture
         except Exception as e:  # noqa: BLE001 - any plotting error: the picture is lost, the run is not
             LOGGER.warning("%s: picture not drawn (%s: %s); training goes on without it", path, type(e).__name__, e)
             return None
         finally:
-            tmp.unlink(missing_ok=True)
             _release(figure)
         if path not in self.written:
             self.written.append(path)

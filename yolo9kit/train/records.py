@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from yolo9kit.files import DiskFullError, check_free_space, free_bytes, is_out_of_space, write_text_atomically
+from yolo9kit.files import write_text_atomically
 
 if TYPE_CHECKING:
     from yolo9kit.train.loop import EpochStats
@@ -132,30 +131,14 @@ class EpochRecord:
 def append_results(path: Path, record: EpochRecord) -> None:
     """Append one epoch to ``results.csv`` (header written when the file is new; None as an empty cell).
 
-    The row goes out in one write; when it fails (a full disk, an interrupt) the file is cut back to what it
-    was, so it is never left empty or ending in half a row.
+    The file is rewritten whole with the new row through ``files.write_file`` (a results file holds a few
+    hundred rows at most): a failed write (a full disk, an interrupt) leaves it as it was.
 
     Raises:
-        DiskFullError: not enough space for the row (checked first, or reported by the write).
+        DiskFullError: not enough space for the file (checked first, or reported by the write).
     """
-    new = not path.exists()
-    text = _csv_text([record.row()], header=new)
-    check_free_space(path.parent, len(text.encode()) + 4096, f"appending epoch {record.epoch} to {path.name}")
-    size = 0 if new else path.stat().st_size
-    try:
-        with open(path, "a", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException as e:
-        if new:
-            path.unlink(missing_ok=True)
-        elif path.stat().st_size != size:
-            os.truncate(path, size)
-        if is_out_of_space(e):
-            raise DiskFullError(path.parent, len(text.encode()), free_bytes(path.parent),
-                                f"appending epoch {record.epoch} to {path.name}") from e
-        raise
+    old = path.read_text() if path.is_file() else ""
+    write_text_atomically(path, old + _csv_text([record.row()], header=not old))
 
 
 def write_results(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
