@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -214,6 +215,61 @@ def write_bytes_atomically(path: Path, data: bytes, *, inputs: Iterable[str | Pa
     """Replace ``path`` with ``data`` through ``write_file``; on failure the old file stays."""
     write_file(path, lambda tmp: Path(tmp).write_bytes(data), needed=len(data) + 4096, inputs=inputs,
                durable=durable)
+
+
+class FolderInUseError(ValueError):
+    """Another live process owns the folder (a run writing into it)."""
+
+
+LOCK_NAME = ".yolo9kit.lock"
+
+
+class FolderLock:
+    """One process at a time in a folder: ``<folder>/.yolo9kit.lock`` holds the owner's pid and host.
+
+    ``acquire`` makes the lock file exclusively (``O_EXCL``); a lock of a process that is gone (same host, pid
+    not alive) is taken over with a line in the log; one of a live process refuses with ``FolderInUseError``
+    naming it. ``release`` removes the file when it is still this process's.
+    """
+
+    def __init__(self, folder: str | Path, what: str = "a run") -> None:
+        self.path = Path(folder) / LOCK_NAME
+        self.what = what
+        self.held = False
+
+    def acquire(self) -> FolderLock:
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = self._owner()
+                if owner is not None and (owner[1] != socket.gethostname() or _pid_alive(owner[0])):
+                    raise FolderInUseError(
+                        f"{self.path.parent} is in use by process {owner[0]} on {owner[1]} ({self.what}); "
+                        "choose another folder (train: another --name), or wait for it to end") from None
+                LOGGER.info("%s: taking over the lock of process %s, which is gone", self.path.parent,
+                            owner[0] if owner else "?")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            self.held = True
+            return self
+        raise FolderInUseError(f"{self.path.parent}: could not take its lock {self.path}")
+
+    def _owner(self) -> tuple[int, str] | None:
+        try:
+            pid, host = self.path.read_text().split()[:2]
+            return int(pid), host
+        except (OSError, ValueError):
+            return None  # unreadable or half written: a lock of a killed process
+
+    def release(self) -> None:
+        if self.held:
+            owner = self._owner()
+            if owner is not None and owner[0] == os.getpid():
+                self.path.unlink(missing_ok=True)
+            self.held = False
 
 
 def _pid_alive(pid: int) -> bool:

@@ -32,6 +32,7 @@ from yolo9kit.train.rundir import (
     check_resume,
     check_space_for_epoch,
     close_failed,
+    close_run,
     data_record,
     open_run,
     resume_data,
@@ -163,6 +164,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     except BaseException:
         close_failed(folder)
         raise
+    close_run(folder)
     trainer, progress = run.trainer, run.progress
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, folder.path, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted=interrupted_by is not None,
@@ -194,7 +196,7 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
     if folder.ckpt:
         run.results = list(folder.ckpt.get("results", []))
     if auto_batch is not None and folder.path is not None:
-        auto_batch.save(folder.path)
+        folder.files.append(auto_batch.save(folder.path))  # removed with the folder if the run fails early
     return run
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.files import check_free_space, remove_stale_temporaries
+from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, remove_stale_temporaries
 from yolo9kit.train import ddp
 from yolo9kit.train.records import write_results
 from yolo9kit.train.state import checkpoint_bytes, find_resume_checkpoint, increment_path, run_dir_of
@@ -46,17 +46,22 @@ class RunFolder:
     ckpt: dict | None = None  # the checkpoint resumed from
     checkpoint: Path | None = None  # its file
     new: bool = False  # made by this run: removed again when the run fails before writing into it
-    # settings.yaml and the pictures this run wrote: removed with a new folder when the run fails before its
-    # first checkpoint (a failed start leaves nothing behind)
+    # settings.yaml, auto_batch.json and the pictures this run wrote: removed with a new folder when the run
+    # fails before its first checkpoint (a failed start leaves nothing behind)
     files: list[Path] = field(default_factory=list)
+    lock: FolderLock | None = None  # held while the run writes (one process per run folder)
 
 
 def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
     """The checkpoint to resume (or None) and the run folder; rank 0 creates it (``weights/`` comes with the
-    first save, so a run that fails early leaves no empty weights folder).
+    first save, so a run that fails early leaves no empty weights folder) and holds its lock (``FolderLock``:
+    a second run into the same folder, e.g. two ``--exist-ok`` runs at once, is refused naming the first).
 
     On rank 0 the temporary files of killed saves are removed, and a resumed run's ``results.csv`` is
     rewritten from the rows its last.pt recorded.
+
+    Raises:
+        FolderInUseError: another live process writes into the run folder.
     """
     if config.resume:
         from yolo9kit.checkpoint import read_checkpoint
@@ -70,6 +75,12 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
         return RunFolder(None, run.ckpt, run.checkpoint)
     run.new = not run.path.exists()
     run.path.mkdir(parents=True, exist_ok=True)
+    try:
+        run.lock = FolderLock(run.path, "a training run").acquire()  # before anything in the folder is touched
+    except FolderInUseError:
+        if run.new:
+            run.path.rmdir()
+        raise
     for folder in (run.path, run.path / "weights"):
         remove_stale_temporaries(folder)
     if run.ckpt is not None:
@@ -97,10 +108,18 @@ def _count_rows(path: Path) -> int | None:
         return None
 
 
+def close_run(run: RunFolder) -> None:
+    """After the run, however it ended: its lock released."""
+    if run.lock is not None:
+        run.lock.release()
+
+
 def close_failed(run: RunFolder) -> None:
-    """After a failed run: remove an empty ``weights/``, and the run folder when this run made it and it is empty."""
+    """After a failed run: remove an empty ``weights/``, and the run folder when this run made it and it is empty
+    (the lock is released first: it is not a file of the run)."""
     if run.path is None:
         return
+    close_run(run)
     weights = run.path / "weights"
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
