@@ -6,6 +6,7 @@ import argparse
 import json
 
 from yolo9kit.cli import data as data_cli
+from yolo9kit.cli import main
 
 
 def _run(argv):
@@ -24,11 +25,14 @@ def test_make_shapes_check_and_convert(tmp_path, capsys):
     assert "val: 2 images, 2 usable" in capsys.readouterr().out
     (out / "labels" / "train" / "000001.txt").write_text("0 0.5 0.5 0.2\n")
     assert _run(["data", "check", str(out / "data.yaml")]) == 1
-    assert _run(["data", "check", str(out / "data.yaml"), "--split", "test"]) == 2
-    assert _run(["data", "check", str(out / "missing.yaml")]) == 2
     text = capsys.readouterr().out
     assert "000001.txt" in text and "wrong column count" in text and "error" in text
-    assert "split 'test' is not defined" in text and "missing.yaml not found" in text
+    # a data set that cannot be read: one line on stderr, exit code 2 (through the command line's main)
+    assert main(["data", "check", str(out / "data.yaml"), "--split", "test"]) == 2
+    assert main(["data", "check", str(out / "missing.yaml")]) == 2
+    captured = capsys.readouterr()
+    assert "split 'test' is not defined" in captured.err and "missing.yaml not found" in captured.err
+    assert "not defined" not in captured.out
     ann = {"images": [{"id": 1, "file_name": "000000.jpg", "width": 64, "height": 64}],
            "categories": [{"id": 5, "name": "thing"}],
            "annotations": [{"image_id": 1, "category_id": 5, "bbox": [0, 0, 32, 16]}]}
@@ -37,5 +41,5 @@ def test_make_shapes_check_and_convert(tmp_path, capsys):
     label = (tmp_path / "coco" / "labels" / "train" / "000000.txt").read_text()
     assert label == "0 0.250000 0.125000 0.500000 0.250000\n"
     (tmp_path / "b.json").write_text("{")
-    assert _run(["data", "convert-coco", str(tmp_path / "b.json"), "--out", str(tmp_path / "c")]) == 1
-    assert "not valid JSON" in capsys.readouterr().out
+    assert main(["data", "convert-coco", str(tmp_path / "b.json"), "--out", str(tmp_path / "c")]) == 2
+    assert "not valid JSON" in capsys.readouterr().err

@@ -40,14 +40,6 @@ _CHECKSUMMED = ("model", "ema")  # the weights; the optimizer state is not what 
 # pickled structure, and the plain entries (results rows, random states): 1 MiB covers a long run's rows.
 _PER_TENSOR_BYTES = 512
 _FIXED_BYTES = 1 << 20
-# Bounds on a checkpoint's model_config, checked before anything is built. The largest official model
-# (yolov9-e) has 50 layers, repeats of 1 (3 with depth_multiple 1), layer widths up to 1024 before the width
-# multiple; LVIS has 1203 classes. A file past these asks for something no YOLOv9 is (or is damaged).
-MAX_LAYERS = 400
-MAX_REPEATS = 64
-MAX_MULTIPLE = 4.0  # depth_multiple and width_multiple
-MAX_CHANNELS = 16384  # any integer argument of a layer row (widths, hidden widths, kernel sizes)
-MAX_CLASSES = 100_000
 
 
 class CheckpointError(ValueError):
@@ -169,6 +161,12 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict:
     if not zipfile.is_zipfile(path):  # torch.save writes zip archives; a cut-off one loses its directory
         raise CheckpointError(f"{path}: cannot be read (truncated, corrupted or not a PyTorch checkpoint file); "
                               "save it again or pick an earlier checkpoint")
+    from yolo9kit.models.bounds import ModelSizeError, check_archive
+
+    try:
+        check_archive(path)  # before any entry is read: a small file must not unpack to gigabytes
+    except ModelSizeError as e:
+        raise CheckpointError(str(e)) from e
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -187,14 +185,16 @@ def read_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict:
     return ckpt
 
 
-def check_model_config(ckpt: dict, path: str | Path, weights: dict) -> dict:
+def check_model_config(ckpt: dict, path: str | Path, weights: dict, max_model_bytes: int | None = None) -> dict:
     """The checkpoint's ``model_config``, once it is known to build a model of sane size whose tensors have the
-    names and shapes of ``weights``; nothing is allocated before (the shapes come from a meta-device build).
+    names and shapes of ``weights``; nothing is allocated before: the table is checked row by row, then built
+    on the meta device and its bytes compared with ``max_model_bytes`` (``yolo9kit.models.bounds``).
 
     Raises:
-        CheckpointError: a config past the bounds (``MAX_LAYERS``, ``MAX_REPEATS``, ``MAX_MULTIPLE``,
-            ``MAX_CHANNELS``, ``MAX_CLASSES``) or one whose model does not match the stored weights.
+        CheckpointError: a config past the bounds or the byte limit (``models.bounds``), or one whose model
+            does not match the stored weights.
     """
+    from yolo9kit.models.bounds import check_model_size
     from yolo9kit.models.model import DetectionModel
 
     cfg = ckpt.get("model_config")
@@ -203,13 +203,14 @@ def check_model_config(ckpt: dict, path: str | Path, weights: dict) -> dict:
         raise CheckpointError(f"{path}: model_config {problem}; the file is damaged or not a model this kit "
                               "builds: use another checkpoint")
     try:
+        check_model_size(cfg["yaml"], cfg["nc"], f"{path} (model_config)", max_model_bytes, names=cfg["names"])
         with torch.device("meta"):  # shapes only: no memory is allocated, whatever the config asks for
             shell = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], probe=False,
                                    source=f"{path} (model_config)")
             if cfg.get("fused"):
                 shell.fuse()
     except Exception as e:  # noqa: BLE001 - a damaged config fails in many ways inside the builder
-        raise CheckpointError(f"{path}: model_config cannot be built: {e}") from e
+        raise CheckpointError(f"{path}: model_config cannot be used: {e}") from e
     expected = {k: tuple(v.shape) for k, v in shell.state_dict().items()}
     stored = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
     missing, unexpected = sorted(expected.keys() - stored.keys()), sorted(stored.keys() - expected.keys())
@@ -224,41 +225,17 @@ def check_model_config(ckpt: dict, path: str | Path, weights: dict) -> dict:
 
 
 def _config_problem(cfg: Any) -> str | None:
-    """What is wrong with a model_config before it is built (None: within the bounds)."""
+    """What is wrong with a model_config before it is built (None: the table's bounds are checked next)."""
+    from yolo9kit.models.bounds import table_problem
+
     if not isinstance(cfg, dict) or not isinstance(cfg.get("yaml"), dict):
         return "is missing or has no 'yaml' layer table"
-    nc, names, table = cfg.get("nc"), cfg.get("names"), cfg["yaml"]
-    if not isinstance(nc, int) or not 1 <= nc <= MAX_CLASSES:
-        return f"nc={nc!r}: expected 1 to {MAX_CLASSES} classes"
-    if not isinstance(names, list) or len(names) != nc:
-        return f"names: expected a list of {nc} class names"
-    rows = [*(table.get("backbone") or []), *(table.get("head") or [])]
-    if not 1 <= len(rows) <= MAX_LAYERS:
-        return f"has {len(rows)} layer rows: expected 1 to {MAX_LAYERS}"
-    for key in ("depth_multiple", "width_multiple"):
-        value = table.get(key, 1.0)
-        if not isinstance(value, (int, float)) or not 0 < value <= MAX_MULTIPLE:
-            return f"{key}={value!r}: expected a number in (0, {MAX_MULTIPLE}]"
-    for i, row in enumerate(rows):
-        if not (isinstance(row, (list, tuple)) and len(row) == 4):
-            return f"layer {i} {row!r}: expected [from, repeats, module, args]"
-        n, depth = row[1], table.get("depth_multiple", 1.0)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or round(n * depth) > MAX_REPEATS:
-            return f"layer {i}: {n!r} repeats (times depth_multiple): expected 1 to {MAX_REPEATS}"
-        widths = [abs(v) for v in _ints(row[3])]
-        if widths and max(widths) * max(table.get("width_multiple", 1.0), 1.0) > MAX_CHANNELS:
-            return f"layer {i}: argument {max(widths)}: expected layer widths up to {MAX_CHANNELS}"
+    problem = table_problem(cfg["yaml"], cfg.get("nc"))
+    if problem:
+        return problem
+    if not isinstance(cfg.get("names"), list) or len(cfg["names"]) != cfg["nc"]:
+        return f"names: expected a list of {cfg['nc']} class names"
     return None
-
-
-def _ints(value: Any) -> list[int]:
-    if isinstance(value, bool):
-        return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [i for v in value for i in _ints(v)]
-    return []
 
 
 def _ema_state(entry: Any) -> dict | None:
@@ -267,8 +244,12 @@ def _ema_state(entry: Any) -> dict | None:
     return entry if isinstance(entry, dict) and entry else None
 
 
-def load_checkpoint(path: str | Path, map_location: Any = "cpu", use_ema: bool = True):
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", use_ema: bool = True,
+                    max_model_bytes: int | None = None):
     """Rebuild the model of a yolo9kit checkpoint; uses ``extra["ema"]`` when present and ``use_ema``.
+
+    ``max_model_bytes``: the limit on the model the file describes (``yolo9kit.models.bounds``, default 4 GiB),
+    checked on the meta device before anything is built.
 
     Returns:
         DetectionModel in eval mode on ``map_location``, with the saved names; ``model.checkpoint_meta``
@@ -278,7 +259,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", use_ema: bool =
 
     ckpt = read_checkpoint(path, map_location)
     ema = _ema_state(ckpt.get("ema")) if use_ema else None
-    cfg = check_model_config(ckpt, path, ema if ema is not None else ckpt["model"])
+    cfg = check_model_config(ckpt, path, ema if ema is not None else ckpt["model"], max_model_bytes)
     model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"),
                            source=f"{path} (model_config)")
     if cfg.get("fused"):
@@ -294,7 +275,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", use_ema: bool =
     return model.eval()
 
 
-def load_model(model: Any) -> torch.nn.Module:
+def load_model(model: Any, max_model_bytes: int | None = None) -> torch.nn.Module:
     """A DetectionModel from a model object, a kit checkpoint, an official .pt, or a model name.
 
     A kit checkpoint uses its EMA weights when present; an official file is loaded without its code.
@@ -302,6 +283,7 @@ def load_model(model: Any) -> torch.nn.Module:
 
     Args:
         model: a ``torch.nn.Module`` (returned as it is), a checkpoint path, or a registered model name.
+        max_model_bytes: the limit on the model a file describes (``yolo9kit.models.bounds``; default 4 GiB).
 
     Raises:
         FileNotFoundError: neither an existing file nor a registered name.
@@ -314,10 +296,12 @@ def load_model(model: Any) -> torch.nn.Module:
     path = Path(str(model))
     if path.is_file():
         try:
-            return load_checkpoint(path)
+            return load_checkpoint(path, max_model_bytes=max_model_bytes)
         except CheckpointError as kit_error:
+            if "model_config cannot be used" in str(kit_error) or "would unpack" in str(kit_error):
+                raise  # a kit checkpoint past the bounds: not an official file either
             try:
-                return load_official_checkpoint(path)
+                return load_official_checkpoint(path, max_model_bytes)
             except Exception as official_error:
                 raise ValueError(f"{path}: neither a yolo9kit checkpoint ({kit_error}) nor an official YOLOv9 "
                                  f"checkpoint ({official_error})") from official_error

@@ -15,7 +15,15 @@ import sys
 import threading
 from pathlib import Path
 
-from yolo9kit.cli.flags import device, image_size, non_negative_int, positive_int, share
+from yolo9kit.cli.flags import (
+    add_model_limit_flag,
+    device,
+    image_size,
+    model_limit,
+    non_negative_int,
+    positive_int,
+    share,
+)
 from yolo9kit.files import write_text_atomically
 
 
@@ -46,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--head", choices=("main", "aux"), default="main", help="which head of a YOLOv9 model")
     p.add_argument("--vid-stride", type=positive_int, default=1,
                    help="keep every k-th frame of a video (default 1: every frame)")
+    add_model_limit_flag(p)
     p.set_defaults(func=run)
 
 
@@ -61,6 +70,7 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from yolo9kit.checkpoint import load_model
     from yolo9kit.config import NMSConfig, SaveConfig
     from yolo9kit.prediction import SPEED_COLUMNS, predict
 
@@ -72,11 +82,13 @@ def run(args: argparse.Namespace) -> int:
                     agnostic=args.agnostic_nms)
     save = SaveConfig(save_dir, txt=args.save_txt, conf=args.save_conf, images=not args.nosave,
                       line_width=args.line_thickness)
+    model = load_model(args.weights, model_limit(args))
+    source = args.source if len(args.source) > 1 else args.source[0]
     try:
         with _signals_interrupt():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the video being written is closed
-            results = predict(args.weights, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz,
-                              nms=nms, save=save, half=args.half, device=args.device or None, head=args.head,
-                              batch_size=args.batch_size, vid_stride=args.vid_stride)
+            results = predict(model, source, imgsz=imgsz, nms=nms, save=save, half=args.half,
+                              device=args.device or None, head=args.head, batch_size=args.batch_size,
+                              vid_stride=args.vid_stride)
     except _Signalled as stop:
         print(f"python -m yolo9kit detect: stopped by {stop.name}; what was written so far is in {save_dir}",
               file=sys.stderr)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from yolo9kit.cli.flags import image_size, non_negative_int, positive_int, share
+from yolo9kit.cli.flags import add_model_limit_flag, image_size, model_limit, non_negative_int, positive_int, share
 
 NMS_FLAGS = ("conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms")
 
@@ -34,12 +34,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="run the file in ONNX Runtime and compare with PyTorch (default on)")
     p.add_argument("--atol", type=float, default=1e-2,
                    help="largest allowed |ONNX Runtime - PyTorch| in pixels / probability (default 0.01)")
+    add_model_limit_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from yolo9kit.checkpoint import load_model
     from yolo9kit.config import ExportConfig, NMSConfig
     from yolo9kit.export_onnx import export
+    from yolo9kit.files import refuse_own_input
 
     if len(args.imgsz) > 2:
         raise ValueError(f"--imgsz: expected one size or h w, got {len(args.imgsz)} values {args.imgsz}")
@@ -51,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     settings = ExportConfig(opset=args.opset, dynamic_batch=args.dynamic_batch, check=args.check, atol=args.atol)
     out = Path(args.out) if args.out else Path(f"{Path(args.weights).stem}.onnx")
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz
-    report = export(args.weights, out, imgsz=imgsz, nms=nms, onnx=settings)
+    refuse_own_input(out, [args.weights])  # before the weights are read: export X.pt --out X.pt
+    model = load_model(args.weights, model_limit(args))
+    report = export(model, out, imgsz=imgsz, nms=nms, onnx=settings)
     print(f"Wrote {report.path}: input images {report.input_shape}, outputs {', '.join(report.outputs)}, "
           f"opset {report.opset}")
     if report.checked:

@@ -191,3 +191,18 @@ def device(text: str) -> str:
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine; use --device cpu")
     return text
+
+
+def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
+    """``--max-model-gib``: the limit on the model a weights file describes (``yolo9kit.models.bounds``)."""
+    p.add_argument("--max-model-gib", type=lambda text: _float(text, "a size in GiB > 0"), default=None,
+                   help="refuse a weights file whose model takes more than this (parameters and layer outputs "
+                        "for one 256 px image; default 4): raise it for a model that really is that large")
+
+
+def model_limit(args: argparse.Namespace) -> int | None:
+    """``--max-model-gib`` in bytes (None: the default limit)."""
+    value = getattr(args, "max_model_gib", None)
+    if value is not None and value <= 0:
+        raise ValueError(f"--max-model-gib {value}: expected a size in GiB > 0")
+    return None if value is None else int(value * 2**30)

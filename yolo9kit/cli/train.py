@@ -18,9 +18,11 @@ from pathlib import Path
 from yolo9kit.cli.flags import (
     activation_checkpointing,
     add_freeze_flag,
+    add_model_limit_flag,
     cache_mode,
     device,
     freeze,
+    model_limit,
     non_negative_int,
     positive_int,
     renamed,
@@ -84,6 +86,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
                    help="recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3")
     add_freeze_flag(p)
+    add_model_limit_flag(p)
     p.add_argument("--rect", action="store_true",
                    help="rectangular training batches (images sorted by aspect ratio; no mosaic, no shuffling)")
     p.add_argument("--multi-scale", action="store_true",
@@ -149,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         data = args.data
         seed_everything(config.seed)  # the initial weights follow --seed (official: init_seeds before the model)
-        model = model_for_data(_value(args, "model"), data, args.weights or "", single_cls=config.single_cls)
+        model = model_for_data(_value(args, "model"), data, args.weights or "", single_cls=config.single_cls,
+                               max_model_bytes=model_limit(args))
     result = fit(model, data, config)
     main = ddp.current().is_main
     if main and result.auto_batch is not None:
@@ -269,7 +273,7 @@ def _resume_setup(args: argparse.Namespace):
     changes.update({"val": False} if args.noval else {}, **(_PLAIN if args.plain_step else {}))
     changes.update({"plots": False} if args.no_plots else {})
     config = TrainConfig.from_dict(saved, resume=str(path), **changes)
-    cfg = check_model_config(ckpt, path, ckpt["model"])
+    cfg = check_model_config(ckpt, path, ckpt["model"], model_limit(args))
     model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"))
     data = args.data or ckpt.get("data")
     if not data:

@@ -10,7 +10,15 @@ import argparse
 import json
 from pathlib import Path
 
-from yolo9kit.cli.flags import device, image_size, non_negative_int, positive_int, share
+from yolo9kit.cli.flags import (
+    add_model_limit_flag,
+    device,
+    image_size,
+    model_limit,
+    non_negative_int,
+    positive_int,
+    share,
+)
 from yolo9kit.files import write_text_atomically
 
 
@@ -41,6 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
     p.add_argument("--head", choices=("main", "aux", "both"), default="main",
                    help="head of a YOLOv9 model to evaluate; 'both' prints them side by side")
+    add_model_limit_flag(p)
     p.set_defaults(func=run)
 
 
@@ -51,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from yolo9kit.validate import compare_heads, evaluate
 
     speed_task = args.task == "speed"
-    model = load_model(args.weights)  # first: a wrong --weights leaves no empty run folder behind
+    model = load_model(args.weights, model_limit(args))  # first: a wrong --weights leaves no empty run folder behind
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)  # made once there is a result
     nms = NMSConfig(conf=0.25 if speed_task else args.conf_thres, iou=0.45 if speed_task else args.iou_thres,
                     max_det=args.max_det)  # the official speed task times the detect thresholds

@@ -29,6 +29,9 @@ MODULES: dict[str, type[nn.Module]] = {
 CHANNEL_MODULES = {L.Conv, L.AConv, L.ADown, L.ELAN1, L.RepNCSPELAN4, L.RepNCSP, L.RepNBottleneck, L.RepConvN,
                    L.SPPELAN}
 HEADS = (DDetect, DualDDetect)
+# blocks whose constructor takes a repeat count of their own: (position in the constructor's args, its name)
+BLOCK_REPEATS = {L.RepNCSPELAN4: (4, "c5 (RepNCSP depth)"), L.RepNCSP: (2, "n")}
+MAX_BLOCK_REPEATS = 64  # yolo9kit.models.bounds.MAX_REPEATS: official blocks repeat 1 to 3 times
 # optional top-level ``activation:`` values (the official files accept any Python expression; we accept these)
 ACTIVATIONS = {"nn.SiLU()": nn.SiLU, "nn.ReLU()": nn.ReLU, "nn.LeakyReLU(0.1)": lambda: nn.LeakyReLU(0.1),
                "nn.Hardswish()": nn.Hardswish, "nn.Identity()": nn.Identity}
@@ -72,6 +75,17 @@ def _layer_args(cls: type, f: Any, args: list, ch: list[int], gw: float, nc: int
     return args, ch[f] if isinstance(f, int) else ch[f[-1]]
 
 
+def _check_block_repeats(cls: type, ctor_args: list, label: str) -> None:
+    """A block's own repeat argument within ``MAX_BLOCK_REPEATS``: checked before the block is made (a depth of
+    thousands would take minutes and gigabytes to build, even on the meta device)."""
+    if cls not in BLOCK_REPEATS:
+        return
+    at, name = BLOCK_REPEATS[cls]
+    value = ctor_args[at] if len(ctor_args) > at else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BLOCK_REPEATS:
+        raise LayerTableError(f"{label}: {name}={value!r}: expected 1 to {MAX_BLOCK_REPEATS}")
+
+
 def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tuple[nn.Sequential, list[int]]:
     """Build the layers of an official-format model dict.
 
@@ -107,6 +121,7 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
         args = [_resolve_arg(a, cfg, nc) for a in (args or [])]
         try:
             ctor_args, c2 = _layer_args(cls, f, args, chs, gw, nc)
+            _check_block_repeats(cls, ctor_args, label)
             module = nn.Sequential(*(cls(*ctor_args) for _ in range(n))) if n > 1 else cls(*ctor_args)
         except (TypeError, ValueError, IndexError, KeyError, AssertionError, RuntimeError) as e:
             raise LayerTableError(f"{label}: cannot build {name} with args {args!r}: {e}") from e

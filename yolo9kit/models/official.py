@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from yolo9kit.models.bounds import ModelSizeError, check_archive, check_model_size
+from yolo9kit.models.builder import LayerTableError
 from yolo9kit.models.model import DetectionModel
 
 LOGGER = logging.getLogger(__name__)
@@ -98,6 +100,10 @@ def read_official_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"official checkpoint {path} not found")
+    try:
+        check_archive(path)  # before any entry is read: a small file must not unpack to gigabytes
+    except ModelSizeError as e:
+        raise OfficialCheckpointError(str(e)) from e
     allowed = safe_globals_for(path)
     try:
         with torch.serialization.safe_globals(allowed):
@@ -127,7 +133,7 @@ def _pickled_model(ckpt: dict, path: Path) -> tuple[nn.Module, str]:
     return m, key
 
 
-def load_official_checkpoint(path: str | Path) -> DetectionModel:
+def load_official_checkpoint(path: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
     """Build our model from an official YOLOv9 ``.pt`` file (release or mid-training format).
 
     The EMA weights are used when present (as the official ``attempt_load`` does), cast to fp32; class
@@ -135,13 +141,16 @@ def load_official_checkpoint(path: str | Path) -> DetectionModel:
 
     Args:
         path: official checkpoint (``yolov9-c.pt``, ``gelan-c.pt``, a ``last.pt`` from ``train_dual.py``).
+        max_model_bytes: the limit on the model its pickled yaml describes (``models.bounds``; default 4 GiB),
+            checked on the meta device before the model is built.
 
     Returns:
         DetectionModel in eval mode, fp32, on CPU. ``model.checkpoint_meta`` holds epoch, date, which entry
         was used, best_fitness.
 
     Raises:
-        OfficialCheckpointError: not an official YOLOv9 checkpoint (with the reason and what to do).
+        OfficialCheckpointError: not an official YOLOv9 checkpoint (with the reason and what to do), or one
+            whose model is past the bounds of ``models.bounds``.
     """
     path = Path(path)
     ckpt = read_official_checkpoint(path)
@@ -153,6 +162,10 @@ def load_official_checkpoint(path: str | Path) -> DetectionModel:
     nc = int(getattr(pickled, "nc", None) or cfg.get("nc", 80))
     yaml_file = getattr(pickled, "yaml_file", None)
     name = Path(str(yaml_file)).stem if yaml_file else path.stem
+    try:
+        check_model_size(cfg, nc, f"{path} (pickled yaml)", max_model_bytes)  # shapes only, nothing allocated
+    except (ModelSizeError, LayerTableError) as e:
+        raise OfficialCheckpointError(str(e)) from e
     state = {k: v.float() if v.is_floating_point() else v for k, v in pickled.state_dict().items()}
     model = DetectionModel(cfg, nc=nc, names=list(names) if names is not None else None,
                            source=f"{path} (pickled yaml)", name=name)

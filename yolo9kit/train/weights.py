@@ -21,12 +21,13 @@ def transfer_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     return len(match), len(own)
 
 
-def model_for_data(model: str, data, weights: str = "", single_cls: bool = False):
+def model_for_data(model: str, data, weights: str = "", single_cls: bool = False, max_model_bytes: int | None = None):
     """The model to train on ``data``: built from a name/yaml (or a checkpoint's config), with ``weights`` transferred.
 
     A checkpoint given as the model keeps its weights when its classes match the data; otherwise (and for
     ``weights``) the tensors with the same name and shape are copied into a fresh model ("Transferred N/M").
     ``single_cls``: one class, named "item" unless the data has a single name (official train_dual.py).
+    ``max_model_bytes``: the limit on the model a weights file describes (``yolo9kit.models.bounds``).
     """
     from yolo9kit.checkpoint import load_model
     from yolo9kit.data import load_data_config
@@ -37,7 +38,7 @@ def model_for_data(model: str, data, weights: str = "", single_cls: bool = False
     if single_cls:
         nc, names = 1, (names if len(names) == 1 else ["item"])
     if str(model).endswith(".pt"):
-        source = load_model(model)
+        source = load_model(model, max_model_bytes)
         if source.nc == nc and not weights:
             source.names = names
             return source.train()
@@ -47,5 +48,5 @@ def model_for_data(model: str, data, weights: str = "", single_cls: bool = False
     else:
         built = create_model(model, num_classes=nc, names=names)
     if weights:
-        transfer_weights(built, load_model(weights).state_dict())
+        transfer_weights(built, load_model(weights, max_model_bytes).state_dict())
     return built.train()
