@@ -21,15 +21,16 @@ from torch import nn
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
-from yolo9kit.train.guards import Interrupted, StopSignals
+from yolo9kit.train.guards import Interrupted, NonFiniteWeightsError, StopSignals
 from yolo9kit.train.inputs import ValidateFn, check_classes, default_validate, make_loader, set_epoch_data
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_steps
 from yolo9kit.train.pictures import RunPictures
-from yolo9kit.train.records import EpochRecord, append_results
+from yolo9kit.train.records import EpochRecord, append_results, metric_columns, write_results
 from yolo9kit.train.rundir import (
     RunFolder,
     check_resume,
+    check_resume_model,
     check_space_for_epoch,
     close_failed,
     close_run,
@@ -41,6 +42,7 @@ from yolo9kit.train.rundir import (
 from yolo9kit.train.state import (
     Progress,
     capture_rng,
+    nonfinite_weights,
     restore_rng,
     restore_training_state,
     save_training_checkpoint,
@@ -147,6 +149,8 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             from yolo9kit.train.weights import model_for_data
 
             model = model_for_data(str(model), data, single_cls=config.single_cls)
+        if folder.ckpt is not None:
+            check_resume_model(model, folder)
         check_classes(model, data, single_cls=config.single_cls)
         run = _set_up(model, data, config, folder, loss_fn, validate_fn)
         if train_loader is None:
@@ -190,7 +194,7 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
     place_model(model, describe_step(config, model, device, dist.world_size), device)
     model = ddp.wrap_model(model, dist, device, config.sync_bn)
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
-    progress = restore_training_state(folder.ckpt, trainer) if folder.ckpt else Progress()
+    progress = restore_training_state(folder.ckpt, trainer, folder.checkpoint) if folder.ckpt else Progress()
     run = _Run(config, trainer, progress, dist, folder.path, validate_fn, {"data": data_record(data)},
                auto_batch=auto_batch)
     if folder.ckpt:
@@ -232,6 +236,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
     with StopSignals(install=not run.dist.distributed) as signals, \
             cudnn_autotune(run.trainer.device, config.cudnn_benchmark):
         try:
+            _validate_unvalidated_end(run)
             for epoch in range(progress.epoch, config.epochs):
                 at = _Position("training", epoch)
                 progress.epoch = epoch
@@ -326,9 +331,9 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
         return record
     if not run.results or run.results[-1]["epoch"] != epoch:
         run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
-    fitness = at.metrics.get("fitness")
-    is_best = fitness is not None and fitness >= progress.best_fitness
+    is_best = _improves(at.metrics.get("fitness"), run)
     if is_best:
+        fitness = at.metrics["fitness"]
         progress.best_fitness, progress.best_epoch = float(fitness), epoch
     if run.run_dir:
         rng = capture_rng(run.trainer.device)
@@ -336,6 +341,39 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
             _save(run, name, rng)
         append_results(run.run_dir / "results.csv", record)
     return record
+
+
+def _improves(fitness: float | None, run: _Run) -> bool:
+    """Does this epoch's fitness earn best.pt? Above the best so far; equal to it when positive (official ties);
+    a fitness of 0 (nothing detected: an untrained or broken model) only when there is no best.pt yet."""
+    if fitness is None:
+        return False
+    best = run.progress.best_fitness
+    have_best = run.run_dir is not None and (run.run_dir / "weights" / "best.pt").exists()
+    return fitness > best or (fitness == best and (fitness > 0 or not have_best))
+
+
+def _validate_unvalidated_end(run: _Run) -> None:
+    """A run whose last epoch was saved without its metrics (stopped during its validation) is validated when
+    it resumes: its results row, best.pt and last.pt as a finished validation would have left them."""
+    config, progress = run.config, run.progress
+    if progress.epoch != config.epochs or not run.results or not run.dist.is_main or run.validate_fn is None:
+        return
+    last = run.results[-1]
+    if last.get("fitness") is not None or last.get("epoch") != progress.epoch - 1:
+        return
+    LOGGER.info("epoch %d was saved before its validation finished: validating it now", progress.epoch - 1)
+    metrics = dict(run.validate_fn(_eval_model(run.trainer)))
+    last.update(metric_columns(metrics))
+    files = ["last.pt"]
+    if _improves(metrics.get("fitness"), run):
+        progress.best_fitness, progress.best_epoch = float(metrics["fitness"]), progress.epoch - 1
+        files.insert(0, "best.pt")
+    if run.run_dir:
+        rng = capture_rng(run.trainer.device)
+        for name in files:
+            _save(run, name, rng)
+        write_results(run.run_dir / "results.csv", run.results)
 
 
 def _epoch_files(config: TrainConfig, epoch: int, best: bool) -> list[str]:
@@ -369,6 +407,10 @@ def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:
 
 
 def _save(run: _Run, name: str, rng: dict | None) -> None:
+    """One checkpoint of the run; never of non-finite weights (``NonFiniteWeightsError``, nothing written)."""
+    bad = nonfinite_weights(run.trainer)
+    if bad:
+        raise NonFiniteWeightsError(run.run_dir, f"epoch {run.progress.epoch - 1}, {name}", bad)
     extra = {**run.extra, "results": run.results}
     save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
                              rng=rng, extra=extra)

@@ -32,6 +32,22 @@ class NonFiniteLossError(RuntimeError):
         )
 
 
+class NonFiniteWeightsError(RuntimeError):
+    """The weights (or the EMA) hold NaN or Inf when a checkpoint is due: nothing is written.
+
+    Attributes:
+        run_dir: the run folder; its ``weights/last.pt`` is the last good checkpoint (not overwritten).
+        names: the tensors that are not finite.
+    """
+
+    def __init__(self, run_dir: Path | None, what: str, names: list[str]) -> None:
+        self.run_dir, self.names = run_dir, names
+        where = f"; the last good checkpoint is {Path(run_dir) / 'weights' / 'last.pt'}" if run_dir else ""
+        super().__init__(f"{what}: the weights hold NaN or Inf ({len(names)} tensors, e.g. {', '.join(names[:3])}): "
+                         f"not saved{where}. Lower lr0, or start afresh from a checkpoint whose optimizer state "
+                         "is finite")
+
+
 class OutOfMemoryAtMinimumError(RuntimeError):
     """Out of memory with a micro-batch of one image: nothing left to halve."""
 

@@ -128,6 +128,13 @@ class EpochRecord:
         }
 
 
+def metric_columns(metrics: Mapping[str, float]) -> dict[str, float | None]:
+    """The results.csv metric columns of validation ``metrics`` (keys precision, recall, map50, map, fitness)."""
+    return {"metrics/precision": _number(metrics, "precision"), "metrics/recall": _number(metrics, "recall"),
+            "metrics/mAP50": _number(metrics, "map50"), "metrics/mAP50-95": _number(metrics, "map"),
+            "fitness": _number(metrics, "fitness")}
+
+
 def append_results(path: Path, record: EpochRecord) -> None:
     """Append one epoch to ``results.csv`` (header written when the file is new; None as an empty cell).
 

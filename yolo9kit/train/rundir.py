@@ -164,6 +164,23 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
                     "from epoch %d", path, config.epochs, saved["epochs"], config.epochs, done)
 
 
+def check_resume_model(model: Any, run: RunFolder) -> None:
+    """The model to resume must predict the run's classes, under the run's names.
+
+    Raises:
+        ValueError: another number of classes or other names (both named).
+    """
+    saved = (run.ckpt or {}).get("model_config") or {}
+    nc, names = saved.get("nc"), saved.get("names")
+    ours_nc, ours_names = getattr(model, "nc", None), list(getattr(model, "names", []) or [])
+    if nc is not None and ours_nc is not None and int(ours_nc) != int(nc):
+        raise ValueError(f"resume {run.checkpoint}: the model predicts {ours_nc} classes, the run {nc}: resume with "
+                         "the run's model (the command line rebuilds it from the checkpoint)")
+    if names is not None and ours_names and list(names) != ours_names:
+        raise ValueError(f"resume {run.checkpoint}: the model's class names {ours_names[:5]} are not the run's "
+                         f"{list(names)[:5]}: resume with the run's model")
+
+
 def resume_data(data: Any, run: RunFolder) -> Any:
     """The data of a resumed run: the recorded one when ``data`` is None; a path must name the recorded file
     (moved data is accepted when the recorded file is gone).

@@ -165,14 +165,25 @@ def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, c
     return path
 
 
-def restore_training_state(ckpt: dict, trainer: Trainer) -> Progress:
+def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "the checkpoint") -> Progress:
     """Load model, EMA, optimizer, scaler and counters from a ``read_checkpoint`` dict into ``trainer``.
 
     RNG states are not restored here: the loop restores them right before the first batch it trains.
+
+    Raises:
+        ValueError: no training state, or one that is not finite (NaN or Inf in the weights, the EMA, the
+            optimizer state or the loss scaler: a resume would train from it); ``source`` names the file.
     """
     if "progress" not in ckpt or "optimizer" not in ckpt:
-        raise ValueError("this checkpoint has no training state (a stripped or foreign file): "
+        raise ValueError(f"{source} has no training state (a stripped or foreign file): "
                          "start a new run from it with --weights instead of --resume")
+    bad = nonfinite_entries({"model": ckpt.get("model"), "ema": ckpt.get("ema"),
+                             "optimizer": (ckpt.get("optimizer") or {}).get("state"),
+                             "scaler": {k: v for k, v in (ckpt.get("scaler") or {}).items() if k == "scale"}})
+    if bad:
+        raise ValueError(f"resume {source}: its training state is not finite ({len(bad)} entries hold NaN or Inf, "
+                         f"e.g. {', '.join(bad[:3])}): the run cannot continue from it; resume from an earlier "
+                         "checkpoint, or start a new run from its weights (--weights) if those are finite")
     _load_model_weights(unwrap(trainer.model), ckpt["model"])
     if trainer.ema is not None and ckpt.get("ema") is not None:
         trainer.ema.ema.load_state_dict(ckpt["ema"])
@@ -184,6 +195,31 @@ def restore_training_state(ckpt: dict, trainer: Trainer) -> Progress:
     return Progress.from_dict(ckpt["progress"])
 
 
+
+
+def nonfinite_entries(value: Any, where: str = "") -> list[str]:
+    """Key paths of the floating-point tensors and numbers in nested dicts/lists that are NaN or Inf."""
+    if isinstance(value, torch.Tensor):
+        return [where] if value.is_floating_point() and not bool(torch.isfinite(value).all()) else []
+    if isinstance(value, float):
+        return [] if np.isfinite(value) else [where]
+    if isinstance(value, dict):
+        return [w for k, v in value.items() for w in nonfinite_entries(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [w for i, v in enumerate(value) for w in nonfinite_entries(v, f"{where}.{i}")]
+    return []
+
+
+def nonfinite_weights(trainer: Trainer) -> list[str]:
+    """Names of the model's and the EMA's floating-point tensors that hold NaN or Inf (one read-back)."""
+    named = [(f"model.{k}", v) for k, v in unwrap(trainer.model).state_dict().items()]
+    if trainer.ema is not None:
+        named += [(f"ema.{k}", v) for k, v in trainer.ema.ema.state_dict().items()]
+    named = [(k, v) for k, v in named if v.is_floating_point() and v.numel()]
+    if not named:
+        return []
+    finite = torch.stack([torch.isfinite(v).all() for _, v in named]).cpu()  # a sync: once per checkpoint
+    return [k for (k, _), ok in zip(named, finite.tolist()) if not ok]
 
 
 def _restore_scaler(trainer: Trainer, state: dict, saved_kind: str | None) -> None:
