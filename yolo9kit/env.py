@@ -243,3 +243,76 @@ def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 def ram_available_bytes() -> int | None:
     """Memory the OS can give this process now (MemAvailable on Linux), or None when unknown."""
     return _memory()[1]
+
+
+def memory_limits(proc: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup") -> dict[str, int]:
+    """What this process may still allocate, by each limit that applies (bytes): ``"RAM"`` (MemAvailable),
+    ``"RLIMIT_AS"`` and ``"RLIMIT_DATA"`` (``ulimit -v``, ``prlimit``: the limit less what the process already
+    maps), ``"cgroup"`` (a container's or a systemd slice's memory.max, v2, or memory.limit_in_bytes, v1, less
+    its current use). Limits that are not set, or cannot be read, are left out."""
+    proc, root = Path(proc), Path(cgroup_root)
+    out: dict[str, int] = {}
+    available = _memory()[1] if proc == Path("/proc") else _meminfo(proc / "meminfo").get("MemAvailable")
+    if available is not None:
+        out["RAM"] = available
+    status = _meminfo(proc / "self" / "status")
+    try:
+        import resource
+
+        for name, used in (("RLIMIT_AS", status.get("VmSize")), ("RLIMIT_DATA", status.get("VmData"))):
+            soft, _ = resource.getrlimit(getattr(resource, name))
+            if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
+                out[name] = max(0, soft - (used or 0))
+    except (ImportError, AttributeError, OSError, ValueError):
+        pass
+    cgroup = _cgroup_room(proc, root)
+    if cgroup is not None:
+        out["cgroup"] = cgroup
+    return out
+
+
+def _meminfo(path: Path) -> dict[str, int]:
+    """``Key: value kB`` lines (/proc/meminfo, /proc/self/status) in bytes; {} when unreadable."""
+    out = {}
+    try:
+        for line in path.read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    except OSError:
+        pass
+    return out
+
+
+def _cgroup_room(proc: Path, root: Path) -> int | None:
+    """The memory left under this process's cgroup limit (v2 memory.max, or v1 memory.limit_in_bytes)."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":  # v2: limits at every level up to the root count
+            folder = root / rel
+            while True:
+                candidates.append((folder / "memory.max", folder / "memory.current"))
+                if folder == root or root not in folder.parents:
+                    break
+                folder = folder.parent
+        elif "memory" in controllers.split(","):
+            for base in (root / "memory" / rel, root / "memory"):
+                candidates.append((base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"))
+    rooms = []
+    for limit_file, usage_file in candidates:
+        try:
+            limit = limit_file.read_text().strip()
+            if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # v1 "no limit" is a huge number
+                continue
+            usage = int(usage_file.read_text().strip()) if usage_file.is_file() else 0
+            rooms.append(max(0, int(limit) - usage))
+        except (OSError, ValueError):
+            continue
+    return min(rooms) if rooms else None

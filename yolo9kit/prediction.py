@@ -40,6 +40,8 @@ def _read(item) -> tuple[np.ndarray | None, str | None, str]:
     if isinstance(item, np.ndarray):
         if item.ndim != 3 or item.shape[2] != 3 or item.dtype != np.uint8:
             return None, None, f"numpy image must be (H, W, 3) uint8 BGR, got {item.shape} {item.dtype}"
+        if item.size == 0:
+            return None, None, f"empty image ({item.shape[0]} x {item.shape[1]} pixels)"
         return item, None, ""
     if Path(item).suffix.lower() not in IMAGE_SUFFIXES:
         return None, item, (f"neither an image nor a video file (suffix {Path(item).suffix or 'none'}; images: "

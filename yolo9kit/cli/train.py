@@ -235,9 +235,21 @@ def _read_hyp(path: str | None) -> tuple[dict, dict, object]:
 
     from yolo9kit.config import DEFAULT_AUGMENT_HYP
 
-    values = yaml.safe_load(Path(path).read_text()) or {}
-    train = {k: float(v) for k, v in values.items() if k in _HYP_TRAIN_KEYS}
-    augment = {k: float(v) for k, v in values.items() if k in DEFAULT_AUGMENT_HYP}
+    try:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:  # a syntax error, or a tag such as !!python/... that safe_load refuses
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"--hyp {path}:{where}: not a plain YAML mapping ({problem}); the file holds "
+                         "'name: number' lines (official hyp.*.yaml keys)") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--hyp {path}: expected 'name: number' lines, got a {type(values).__name__}")
+    try:
+        train = {k: float(v) for k, v in values.items() if k in _HYP_TRAIN_KEYS}
+        augment = {k: float(v) for k, v in values.items() if k in DEFAULT_AUGMENT_HYP}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--hyp {path}: every value must be a number ({e})") from None
     unknown = set(values) - _HYP_TRAIN_KEYS - set(DEFAULT_AUGMENT_HYP) - set(_HYP_LOSS_KEYS) - _HYP_IGNORED
     if unknown:
         LOGGER.warning("%s: ignoring unknown keys %s", path, sorted(unknown))

@@ -174,6 +174,11 @@ class TrainConfig:
         def bad(name: str, expected: str) -> ValueError:
             return ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: expected {expected}")
 
+        for f in dataclasses.fields(self):  # whole numbers: 2.5 epochs would fail later, inside fit
+            value, optional = getattr(self, f.name), f.type == "int | None"
+            if (f.type == "int" or optional) and not (value is None and optional) and \
+                    (isinstance(value, bool) or not isinstance(value, int)):
+                raise bad(f.name, "a whole number" + (" or None" if optional else ""))
         if self.epochs < 1:
             raise bad("epochs", "an integer >= 1")
         if self.batch_size == -1:  # the official --batch-size -1

@@ -93,6 +93,10 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
         if isinstance(item, np.ndarray):
             out.append(item)
             continue
+        if type(item).__module__.startswith("torch"):  # str() of a tensor is not a path
+            raise TypeError(f"a {type(item).__name__} is not an image source: pass a BGR numpy image (H, W, 3) uint8, "
+                            "as cv2.imread gives (for an RGB CHW tensor: t.permute(1, 2, 0).flip(-1).numpy()), a "
+                            "file, folder, glob pattern or .txt list, or a list of these")
         text = str(item)
         path = Path(text).expanduser()
         if any(ch in text for ch in "*?["):

@@ -111,11 +111,15 @@ def target_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec:
 
 
 def host_memory() -> GPUSpec:
-    """The RAM this process can use now, as the capacity a CPU training step must fit in."""
-    from yolo9kit.env import ram_available_bytes
+    """The memory this process may use now, as the capacity a CPU training step must fit in: the smallest of
+    the RAM available, its rlimits (``ulimit -v``, ``prlimit``) and its cgroup's limit (a container), each less
+    what is already used (``yolo9kit.env.memory_limits``). The spec's name says which one bounds it."""
+    from yolo9kit.env import memory_limits
 
-    available = ram_available_bytes()
-    if available is None:
-        raise RuntimeError("cannot tell how much RAM is available on this machine (no /proc/meminfo): "
+    limits = memory_limits()
+    if not limits:
+        raise RuntimeError("cannot tell how much memory this process may use (no /proc/meminfo, no limits): "
                            "give TrainConfig(batch_size=...) explicitly")
-    return GPUSpec("CPU RAM", available, False, 1.0, 50.0, context_bytes=0, device_type="cpu")
+    source = min(limits, key=limits.get)
+    name = "CPU RAM" if source == "RAM" else f"CPU RAM ({source} limit)"
+    return GPUSpec(name, limits[source], False, 1.0, 50.0, context_bytes=0, device_type="cpu")

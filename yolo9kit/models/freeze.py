@@ -73,13 +73,19 @@ def freeze_layers(model: nn.Module, freeze: Freeze) -> list[str]:
     if not indices:
         return []
     prefixes = tuple(f"model.{i}." for i in indices)
-    names, values = [], 0
+    names, values, changed = [], 0, False
     for name, p in model.named_parameters():
         if name.startswith(prefixes):
+            changed |= p.requires_grad
             p.requires_grad_(False)
             names.append(name)
             values += p.numel()
-    LOGGER.info("freezing layers %s: %d parameter tensors, %d values", _ranges(indices), len(names), values)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"freeze={freeze!r} freezes every layer of {getattr(model, 'name', 'the model')} "
+                         f"({len(model.model)} layers, 0..{len(model.model) - 1}): nothing would train; freeze "
+                         "fewer (e.g. 'backbone', or the first N layers with N below the layer count)")
+    if changed:  # a second call (fit, then the trainer) changes nothing and says nothing
+        LOGGER.info("freezing layers %s: %d parameter tensors, %d values", _ranges(indices), len(names), values)
     return names
 
 

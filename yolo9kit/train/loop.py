@@ -51,7 +51,8 @@ class _Logged:
     finite: torch.Tensor | bool
     settings: StepSettings
     micro: int
-
+    boxes: int = 0  # targets in the batch
+    size: tuple[int, int] | None = None  # (h, w) the batch trained at
 
 class _EpochLog:
     """Running means, images/s, the progress bar and ``on_step`` for the batches of one epoch."""
@@ -63,12 +64,24 @@ class _EpochLog:
         self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
         self.start = time.perf_counter()
         self.pending: list[_Logged] = []
+        self.unmatched: list[_Logged] = []  # batches with boxes whose box loss was 0: no box met an anchor
 
     def add(self, entry: _Logged) -> None:
         """Log now (values on the host) or, sync-free, every ``config.log_interval`` batches."""
         self.pending.append(entry)
         if not self.trainer.sync_free or len(self.pending) >= self.config.log_interval:
             self.flush()
+
+    def warn_unmatched(self) -> None:
+        """One line per epoch when batches with boxes trained on background only (no box held an anchor)."""
+        if not self.unmatched:
+            return
+        sizes = sorted({e.size for e in self.unmatched if e.size is not None})
+        at = f" (at {', '.join(f'{h}x{w}' for h, w in sizes[:4])} px)" if sizes else ""
+        LOGGER.warning("epoch %d: %d of %d batches had boxes but none of them held an anchor%s: those batches "
+                       "trained on background only (box loss 0). The images are too small for their boxes "
+                       "(a larger imgsz, or a smaller multi-scale range)", self.progress.epoch,
+                       len(self.unmatched), self.trained, at)
 
     def flush(self) -> None:
         """Read the pending values back in one transfer and log them in order (non-finite ones counted)."""
@@ -86,6 +99,8 @@ class _EpochLog:
 
     def _log(self, entry: _Logged, row: torch.Tensor) -> None:
         trainer = self.trainer
+        if entry.boxes and float(row[0]) == 0.0:  # read back anyway: costs nothing
+            self.unmatched.append(entry)
         self.mean_items = (self.mean_items * self.trained + row) / (self.trained + 1)
         self.trained, self.images_seen = self.trained + 1, self.images_seen + entry.images
         speed = self.images_seen * trainer.world_size / max(time.perf_counter() - self.start, 1e-9)
@@ -189,8 +204,10 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
                 window.take()
             finite = result.finite_flag if result.finite_flag is not None else True
             log.add(_Logged(i, ni, images.shape[0], result.loss_items, finite, settings,
-                            trainer.micro_batch_size or images.shape[0]))
+                            trainer.micro_batch_size or images.shape[0], boxes=len(targets),
+                            size=size or tuple(images.shape[2:])))
         log.flush()
+        log.warn_unmatched()
     except KeyboardInterrupt:
         window.restore()
         raise

@@ -46,6 +46,7 @@ class RunFolder:
     ckpt: dict | None = None  # the checkpoint resumed from
     checkpoint: Path | None = None  # its file
     new: bool = False  # made by this run: removed again when the run fails before writing into it
+    made: Path | None = None  # the topmost folder this run created (the project folder too, when it was new)
     # settings.yaml, auto_batch.json and the pictures this run wrote: removed with a new folder when the run
     # fails before its first checkpoint (a failed start leaves nothing behind)
     files: list[Path] = field(default_factory=list)
@@ -74,6 +75,7 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
     if not dist.is_main:
         return RunFolder(None, run.ckpt, run.checkpoint)
     run.new = not run.path.exists()
+    run.made = _first_missing(run.path)
     run.path.mkdir(parents=True, exist_ok=True)
     try:
         run.lock = FolderLock(run.path, "a training run").acquire()  # before anything in the folder is touched
@@ -87,6 +89,16 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
         _reconcile_results(run.path / "results.csv", run.ckpt)
     LOGGER.info("run folder %s", run.path)
     return run
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of ``path`` and its parents that does not exist yet (None: it exists)."""
+    missing = None
+    for candidate in [path, *path.parents]:
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
 
 
 def _reconcile_results(path: Path, ckpt: dict) -> None:
@@ -124,9 +136,12 @@ def close_failed(run: RunFolder) -> None:
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
             path.unlink(missing_ok=True)
-    for folder in (run.path / "weights", run.path if run.new else None):
+    folders = [run.path / "weights"]
+    if run.new and run.made is not None:  # the run folder and the parents this run made (runs/train/)
+        folders += [run.path, *(p for p in run.path.parents if run.made == p or run.made in p.parents)]
+    for folder in folders:
         try:
-            if folder is not None and folder.is_dir() and not any(folder.iterdir()):
+            if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
         except OSError:  # not ours to insist on: the error that ended the run matters more
             pass
