@@ -212,3 +212,25 @@ def test_settings_refuse_fractional_counts():
             TrainConfig(**{name: 2.5})
     with pytest.raises(ValueError, match="micro_batch_size=1.5: expected a whole number or None"):
         TrainConfig(micro_batch_size=1.5)
+
+
+def test_a_run_with_batch_auto_that_fails_at_once_leaves_no_folder(tmp_path):
+    """The automatic batch's record (auto_batch.json) goes with the folder of a run that fails before its
+    first checkpoint: nothing is left behind."""
+    from yolo9kit.data import make_shapes
+    from yolo9kit.models import create_model
+
+    data = make_shapes(tmp_path / "shapes", n_train=2, n_val=1, imgsz=64)
+
+    class BrokenLoader:  # fails at the first batch, after the batch was chosen and recorded
+        def __len__(self):
+            return 1
+
+        def __iter__(self):
+            raise ValueError("the first batch could not be read")
+
+    config = _config(tmp_path, epochs=1, batch_size="auto", accumulate_steps=None, imgsz=64, workers=0)
+    with pytest.raises(ValueError, match="could not be read"):
+        fit(create_model("yolov9-t", num_classes=4), data, config, train_loader=BrokenLoader(),
+            validate_fn=lambda model: {})
+    assert not (tmp_path / "runs").exists()

@@ -10,6 +10,8 @@ from typing import Any
 import pandas as pd
 import torch
 
+from yolo9kit.files import write_file
+
 
 def _require_cuda(what: str) -> None:
     if not torch.cuda.is_available():
@@ -28,13 +30,13 @@ def record_memory_history(path: str | Path, *, max_entries: int = 100_000) -> It
     """
     _require_cuda("record_memory_history")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     torch.cuda.memory._record_memory_history(max_entries=max_entries)
     try:
         yield path
     finally:
-        try:
-            torch.cuda.memory._dump_snapshot(str(path))
+        try:  # written whole through files.write_file (a snapshot of a long run takes hundreds of MB)
+            write_file(path, lambda tmp: torch.cuda.memory._dump_snapshot(str(tmp)), needed=max_entries * 2048,
+                       what=f"writing the memory snapshot {path}")
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
 
