@@ -129,7 +129,7 @@ def test_a_failing_picture_is_a_warning_naming_it_and_training_goes_on(tmp_path,
     assert len(warned) == 4, warned
     for i, message in enumerate(warned[:3]):
         assert f"train_batch{i}.jpg: picture not drawn (RuntimeError: no ink)" in message
-    assert "results.png: picture not drawn (OSError: [Errno 28] No space left on device)" in warned[3]
+    assert "results.png: picture not drawn (DiskFullError: disk full: saving the picture" in warned[3]
     assert not any(result.save_dir.glob("train_batch*")) and not any(result.save_dir.glob(".*.tmp"))
     _assert_picture(result.save_dir / "results.png")  # the first epoch's, whole
 

@@ -54,6 +54,15 @@ class AutoBatch:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def record_measured_peak(self, device: torch.device, peak_allocated: int | None, run_dir: Path | None) -> None:
+        """On CUDA, once: the first epoch's measured peaks beside the prediction (rewrites auto_batch.json)."""
+        if self.measured_peak_allocated is not None or device.type != "cuda" or peak_allocated is None:
+            return
+        self.measured_peak_allocated = int(peak_allocated)
+        self.measured_peak_reserved = int(torch.cuda.max_memory_reserved(device))
+        if run_dir is not None:
+            self.save(run_dir)
+
     def save(self, run_dir: Path) -> Path:
         path = Path(run_dir) / RECORD_NAME
         write_text_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")  # a reader never sees half

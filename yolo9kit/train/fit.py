@@ -35,6 +35,8 @@ from yolo9kit.train.rundir import (
     close_failed,
     close_run,
     data_record,
+    earns_best,
+    epoch_files,
     open_run,
     resume_data,
     write_settings,
@@ -250,7 +252,8 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                                            show=run.dist.is_main and config.progress_bar, run_dir=run.run_dir,
                                            interrupt=signals.pending)
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
-                _record_measured_peak(run, at.stats)
+                if run.auto_batch is not None:
+                    run.auto_batch.record_measured_peak(run.trainer.device, at.stats.peak_memory_bytes, run.run_dir)
                 with signals.raising():  # validation has no batch to stop at: a signal stops it at once
                     at.metrics = _validate(run, epoch)
                 at.phase = "committing"  # signals wait until the epoch's files are written
@@ -300,17 +303,6 @@ def _validate(run: _Run, epoch: int) -> dict[str, float]:
     return {}
 
 
-def _record_measured_peak(run: _Run, stats: EpochStats) -> None:
-    """batch_size="auto" on CUDA: the peak of the first epoch's steps beside the prediction (auto_batch.json)."""
-    auto, device = run.auto_batch, run.trainer.device
-    if auto is None or auto.measured_peak_allocated is not None or device.type != "cuda":
-        return
-    auto.measured_peak_allocated = int(stats.peak_memory_bytes)
-    auto.measured_peak_reserved = int(torch.cuda.max_memory_reserved(device))
-    if run.run_dir is not None:
-        auto.save(run.run_dir)
-
-
 def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
     """Record the trained epoch ``at.epoch`` in an order that no crash can break.
 
@@ -331,26 +323,16 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
         return record
     if not run.results or run.results[-1]["epoch"] != epoch:
         run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
-    is_best = _improves(at.metrics.get("fitness"), run)
+    is_best = earns_best(at.metrics.get("fitness"), run.progress.best_fitness, run.run_dir)
     if is_best:
         fitness = at.metrics["fitness"]
         progress.best_fitness, progress.best_epoch = float(fitness), epoch
     if run.run_dir:
         rng = capture_rng(run.trainer.device)
-        for name in _epoch_files(config, epoch, is_best):
+        for name in epoch_files(config, epoch, is_best):
             _save(run, name, rng)
         append_results(run.run_dir / "results.csv", record)
     return record
-
-
-def _improves(fitness: float | None, run: _Run) -> bool:
-    """Does this epoch's fitness earn best.pt? Above the best so far; equal to it when positive (official ties);
-    a fitness of 0 (nothing detected: an untrained or broken model) only when there is no best.pt yet."""
-    if fitness is None:
-        return False
-    best = run.progress.best_fitness
-    have_best = run.run_dir is not None and (run.run_dir / "weights" / "best.pt").exists()
-    return fitness > best or (fitness == best and (fitness > 0 or not have_best))
 
 
 def _validate_unvalidated_end(run: _Run) -> None:
@@ -366,7 +348,7 @@ def _validate_unvalidated_end(run: _Run) -> None:
     metrics = dict(run.validate_fn(_eval_model(run.trainer)))
     last.update(metric_columns(metrics))
     files = ["last.pt"]
-    if _improves(metrics.get("fitness"), run):
+    if earns_best(metrics.get("fitness"), progress.best_fitness, run.run_dir):
         progress.best_fitness, progress.best_epoch = float(metrics["fitness"]), progress.epoch - 1
         files.insert(0, "best.pt")
     if run.run_dir:
@@ -376,19 +358,10 @@ def _validate_unvalidated_end(run: _Run) -> None:
         write_results(run.run_dir / "results.csv", run.results)
 
 
-def _epoch_files(config: TrainConfig, epoch: int, best: bool) -> list[str]:
-    """The checkpoints an epoch ends with, in the order they are written (last.pt last: the commit point).
-
-    ``save_period`` N > 0: epoch<e>.pt for the 0-based epochs e with e % N == 0 (0, N, 2N, ...), the official
-    rule and names (train_dual.py saves ``epoch{epoch}.pt`` when ``epoch % save_period == 0``)."""
-    period = config.save_period > 0 and epoch % config.save_period == 0
-    return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
-
-
 def _check_space(run: _Run, epoch: int) -> None:
     """Before an epoch: room for the checkpoints it may end with, so that a full disk does not cost an epoch."""
     if run.dist.is_main and run.run_dir:
-        check_space_for_epoch(run.run_dir, run.trainer, _epoch_files(run.config, epoch, run.validate_fn is not None))
+        check_space_for_epoch(run.run_dir, run.trainer, epoch_files(run.config, epoch, run.validate_fn is not None))
 
 
 def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:

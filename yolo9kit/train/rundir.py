@@ -217,6 +217,24 @@ def data_record(data: Any) -> str | None:
     return str(Path(data).resolve()) if isinstance(data, (str, Path)) else None
 
 
+def epoch_files(config: TrainConfig, epoch: int, best: bool) -> list[str]:
+    """The checkpoints an epoch ends with, in the order they are written (last.pt last: the commit point).
+
+    ``save_period`` N > 0: epoch<e>.pt for the 0-based epochs e with e % N == 0 (0, N, 2N, ...), the official
+    rule and names (train_dual.py saves ``epoch{epoch}.pt`` when ``epoch % save_period == 0``)."""
+    period = config.save_period > 0 and epoch % config.save_period == 0
+    return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
+
+
+def earns_best(fitness: float | None, best_fitness: float, run_dir: Path | None) -> bool:
+    """Does an epoch's fitness earn best.pt? Above the best so far; equal to it when positive (official ties);
+    a fitness of 0 (nothing detected: an untrained or broken model) only when there is no best.pt yet."""
+    if fitness is None:
+        return False
+    have_best = run_dir is not None and (run_dir / "weights" / "best.pt").exists()
+    return fitness > best_fitness or (fitness == best_fitness and (fitness > 0 or not have_best))
+
+
 def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> None:
     """Before training an epoch: is there room for the checkpoints it ends with (``names``, written in that
     order, each through a temporary file)? The peak is one temporary file plus the files new so far.
