@@ -19,7 +19,7 @@ def _run(argv):
 def test_make_shapes_check_and_convert(tmp_path, capsys):
     out = tmp_path / "shapes"
     assert _run(["data", "make-shapes", "--out", str(out), "--n-train", "4", "--n-val", "2",
-                 "--image-size", "64", "--num-classes", "2", "--seed", "1"]) == 0
+                 "--imgsz", "64", "--num-classes", "2", "--seed", "1"]) == 0
     assert (out / "data.yaml").is_file() and len(list((out / "images" / "val").glob("*.jpg"))) == 2
     assert _run(["data", "check", str(out / "data.yaml"), "--split", "val"]) == 0
     assert "val: 2 images, 2 usable" in capsys.readouterr().out

@@ -23,7 +23,7 @@ PACKAGE = "yolo9kit"
 LAYERS: list[tuple[str, list[str]]] = [
     # helpers with no kit dependencies: environment, box formats, COCO ids, the inline matplotlib figure,
     # crash-safe file writes, the verdicts of claims checked against a stated threshold
-    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure", "yolo9kit._renamed",
+    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure",
               "yolo9kit.files", "yolo9kit.claims"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),

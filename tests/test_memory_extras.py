@@ -116,9 +116,10 @@ def test_profile_cli_parses_and_rejects_unknown_gpu(capsys):
     assert args.activation_checkpointing == [1, 2, 3] and args.channels_last is None
     assert profile.run(args) == 2
     assert "unknown GPU" in capsys.readouterr().out
-    with pytest.warns(FutureWarning, match="--checkpoint is now --activation-checkpointing"):
-        old = parser.parse_args(["profile", "--checkpoint", "all", "--nominal-batch", "32", "--no-lean-activations"])
-    assert old.activation_checkpointing == "all" and old.nominal_batch_size == 32 and old.lean_activations is False
+    other = parser.parse_args(["profile", "--activation-checkpointing", "all", "--nominal-batch-size", "32",
+                               "--no-lean-activations"])
+    assert other.activation_checkpointing == "all" and other.nominal_batch_size == 32
+    assert other.lean_activations is False
 
 
 @pytest.mark.slow

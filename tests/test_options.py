@@ -1,19 +1,17 @@
 """Grouped settings of the widest entry points (NMSConfig, SaveConfig, LoaderConfig), the old flat keywords
-that still work with one FutureWarning each, one meaning of ``half`` and ``device=None``, and the layering
-that keeps validation and training free of the prediction module."""
+refused, one meaning of ``half`` and ``device=None``, and the layering that keeps validation and training free
+of the prediction module."""
 
 from __future__ import annotations
 
 import inspect
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from yolo9kit import _renamed
 from yolo9kit.config import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
 from yolo9kit.data import create_dataloader, make_shapes
 from yolo9kit.models import create_model
@@ -26,14 +24,6 @@ from yolo9kit.validate import evaluate
 OLD_NMS = {"conf", "iou", "max_det", "classes", "agnostic"}
 OLD_SAVE = {"save_dir", "save_txt", "save_conf", "save_images", "line_width"}
 OLD_LOADER = {"pin_memory", "prefetch_factor", "cache_budget", "close_mosaic"}
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings():
-    """Each test sees the first use of an old keyword (the warnings are once per process)."""
-    _renamed._WARNED.clear()
-    yield
-    _renamed._WARNED.clear()
 
 
 @pytest.fixture(scope="module")
@@ -82,55 +72,27 @@ def test_nms_config_fills_unset_fields_from_the_official_defaults():
         LoaderConfig(prefetch_factor=0)
 
 
-def test_grouped_predict_equals_the_old_flat_call_and_warns_once(model, image):
-    grouped = predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5, iou=0.6, max_det=20), device="cpu")[0]
-    with pytest.warns(FutureWarning) as record:
-        flat = predict(model, image, imgsz=128, conf=0.5, iou=0.6, max_det=20, device="cpu")[0]
-    _same(grouped, flat)
-    assert [str(w.message).split(";")[0] for w in record] == [  # one warning per old name, naming the new one
-        f"predict({name}=...) is now predict(nms=NMSConfig({name}=...))" for name in ("conf", "iou", "max_det")]
-    assert all(w.filename == __file__ for w in record)  # pointing at the caller's line, not the library
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a second use of the same old names stays quiet
-        again = predict(model, image, imgsz=128, conf=0.5, iou=0.6, max_det=20, device="cpu")[0]
-    _same(grouped, again)
+def test_the_old_flat_keywords_are_refused(model, image, shapes):
+    """One spelling per idea: the flat keywords the grouped settings replaced are errors, not aliases."""
+    calls = [lambda: predict(model, image, imgsz=128, conf=0.5),
+             lambda: predict(model, image, imgsz=128, save_dir="x"),
+             lambda: evaluate(model, shapes, imgsz=64, conf=0.5),
+             lambda: create_dataloader(shapes, "train", imgsz=64, pin_memory=False),
+             lambda: non_max_suppression(torch.zeros(1, 7, 1), conf_thres=0.3),
+             lambda: make_shapes("unused", image_size=64),
+             lambda: create_model("yolov9-t", checkpoint="all")]
+    for call in calls:
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            call()
 
 
-def test_old_keywords_apply_on_top_of_a_given_config(model, image):
-    expected = predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5, classes=(1,)), device="cpu")[0]
-    with pytest.warns(FutureWarning, match=r"predict\(classes=\.\.\.\)"):
-        mixed = predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5), classes=[1], device="cpu")[0]
-    assert set(mixed.classes.tolist()) <= {1}
-    np.testing.assert_array_equal(mixed.boxes, expected.boxes)
-
-
-def test_old_save_keywords_write_what_save_config_writes(model, image, tmp_path):
+def test_save_config_writes_labels_and_images(model, image, tmp_path):
     predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5), device="cpu",
             save=SaveConfig(tmp_path / "new", txt=True, conf=True, line_width=1))
-    with pytest.warns(FutureWarning) as record:
-        predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5), device="cpu", save_dir=tmp_path / "old",
-                save_txt=True, save_conf=True, line_width=1)
-    messages = {str(w.message).split(";")[0] for w in record}
-    assert "predict(save_txt=...) is now predict(save=SaveConfig(txt=...))" in messages and len(messages) == 4
-    new, old = (tmp_path / "new" / "labels" / "image0.txt"), (tmp_path / "old" / "labels" / "image0.txt")
-    assert new.read_text() == old.read_text() != ""
-    assert (tmp_path / "old" / "image0.jpg").is_file()
+    assert (tmp_path / "new" / "labels" / "image0.txt").read_text() != ""
+    assert (tmp_path / "new" / "image0.jpg").is_file()
     predict(model, image, imgsz=128, device="cpu", save=SaveConfig(tmp_path / "none", images=False))
     assert not list((tmp_path / "none").iterdir())  # images off, no txt: the folder stays empty
-
-
-def test_non_max_suppression_old_threshold_names():
-    pred = torch.rand(2, 7, 50, generator=torch.Generator().manual_seed(0)) * torch.tensor([64, 64, 16, 16, 1, 1, 1])[
-        None, :, None]
-    with pytest.warns(FutureWarning) as record:
-        old = non_max_suppression(pred, conf_thres=0.3, iou_thres=0.5)
-    assert {str(w.message).split(";")[0] for w in record} == {
-        "non_max_suppression(conf_thres=...) is now non_max_suppression(conf=...)",
-        "non_max_suppression(iou_thres=...) is now non_max_suppression(iou=...)"}
-    new = non_max_suppression(pred, conf=0.3, iou=0.5)
-    assert all(torch.equal(a, b) for a, b in zip(old, new))
-    with pytest.raises(TypeError, match="both conf_thres= and its new spelling conf="):
-        non_max_suppression(pred, conf=0.3, conf_thres=0.3)
 
 
 def test_half_auto_resolves_per_device():
@@ -167,25 +129,9 @@ def test_evaluate_device_none_on_a_cpu_machine(model, shapes):
     assert {p.device.type for p in model.parameters()} == {"cpu"}
 
 
-def test_evaluate_old_nms_keywords_warn_and_keep_the_val_defaults(model, shapes):
+def test_evaluate_takes_the_trainer_s_bool_half(model, shapes):
     loader = create_dataloader(shapes, "val", imgsz=64, batch_size=2, workers=0)
-    grouped = evaluate(model, shapes, dataloader=loader, imgsz=64, nms=NMSConfig(conf=0.5), device="cpu",
-                       progress=False)
-    with pytest.warns(FutureWarning, match=r"evaluate\(conf=\.\.\.\) is now evaluate\(nms=NMSConfig\(conf="):
-        flat = evaluate(model, shapes, dataloader=loader, imgsz=64, conf=0.5, device="cpu", progress=False)
-    assert flat.to_dict() == grouped.to_dict()
-    half_bool = evaluate(model, shapes, dataloader=loader, imgsz=64, half=False, device="cpu", progress=False)
-    assert half_bool.seen == 3  # the trainer passes a bool
-
-
-def test_old_loader_keywords_warn_and_still_work(shapes):
-    with pytest.warns(FutureWarning, match=r"create_dataloader\(pin_memory=\.\.\.\) is now "
-                                           r"create_dataloader\(options=LoaderConfig\(pin_memory=\.\.\.\)\)"):
-        loader = create_dataloader(shapes, "train", imgsz=64, batch_size=2, workers=0, pin_memory=False)
-    assert loader.loader.pin_memory is False
-    with pytest.warns(FutureWarning, match=r"set_mosaic\(loader, False\)"):
-        closed = create_dataloader(shapes, "train", imgsz=64, batch_size=2, workers=0, close_mosaic=True)
-    assert closed.dataset.mosaic is False
+    assert evaluate(model, shapes, dataloader=loader, imgsz=64, half=False, device="cpu", progress=False).seen == 3
     simple = create_dataloader(shapes, "train", imgsz=64, batch_size=2, workers=0,
                                options=LoaderConfig(pin_memory=False))
     assert simple.loader.pin_memory is False and simple.dataset.mosaic is True

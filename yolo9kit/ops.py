@@ -17,7 +17,6 @@ import numpy as np
 import torch
 import torchvision
 
-from yolo9kit._renamed import renamed_keywords
 from yolo9kit.boxes import clip_boxes_xyxy, cxcywh_to_xyxy
 from yolo9kit.data.letterbox import letterbox  # re-exported: inference code needs one import
 
@@ -32,7 +31,6 @@ MAX_NMS = 30000
 __all__ = ["MAX_NMS", "MAX_WH", "letterbox", "non_max_suppression", "scale_boxes"]
 
 
-@renamed_keywords("non_max_suppression", conf_thres="conf", iou_thres="iou")
 def non_max_suppression(
     prediction: torch.Tensor | Sequence[torch.Tensor],
     conf: float = 0.25,

@@ -17,7 +17,6 @@ import cv2
 import numpy as np
 import torch
 
-from yolo9kit._renamed import NMS_KEYWORDS, SAVE_KEYWORDS, renamed_keywords
 from yolo9kit.checkpoint import load_model
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
 from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
@@ -58,7 +57,6 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-@renamed_keywords("predict", {"nms": NMSConfig(), "save": SaveConfig()}, **NMS_KEYWORDS, **SAVE_KEYWORDS)
 @torch.no_grad()
 def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig | None = None,
             save: SaveConfig | None = None, half: str | bool = "auto", device: str | torch.device | None = None,

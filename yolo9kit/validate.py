@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo9kit._renamed import NMS_KEYWORDS, renamed_keywords
 from yolo9kit.boxes import cxcywh_to_xyxy
 from yolo9kit.checkpoint import load_model
 from yolo9kit.config import VAL_NMS, NMSConfig
@@ -120,7 +119,6 @@ def _data_names(data, loader) -> tuple[list[str], Any]:
     return list(names.values()) if isinstance(names, dict) else list(names), config
 
 
-@renamed_keywords("evaluate", {"nms": NMSConfig()}, **{k: NMS_KEYWORDS[k] for k in ("conf", "iou", "max_det")})
 @torch.no_grad()
 def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_size: int = 32,
              nms: NMSConfig | None = None, head: str = "main", dataloader=None, half: str | bool = "auto",

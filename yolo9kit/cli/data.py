@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from yolo9kit.cli.flags import image_size, non_negative_int, positive_int, renamed
+from yolo9kit.cli.flags import image_size, non_negative_int, positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,7 +17,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     mk.add_argument("--n-val", type=non_negative_int, default=64)
     mk.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=image_size, default=320,
                     help="square side in pixels")
-    renamed(mk, "--image-size", "--imgsz", "imgsz", type=image_size)
     mk.add_argument("--num-classes", type=positive_int, default=4)
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("--overwrite", action="store_true",

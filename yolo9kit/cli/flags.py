@@ -1,28 +1,8 @@
-"""Flags that several verbs share, spelled as docs/glossary.md says, and the renamed ones that still work."""
+"""Flags that several verbs share, spelled as docs/glossary.md says."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-
-class Renamed(argparse.Action):
-    """An old flag kept for a while: stores into the new flag's destination and warns once, naming it."""
-
-    def __init__(self, option_strings, dest, new: str, **kwargs: Any) -> None:
-        self.new = new
-        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        from yolo9kit._renamed import warn_renamed
-
-        warn_renamed(option_string, self.new)
-        setattr(namespace, self.dest, values if self.nargs != 0 else self.const)
-
-
-def renamed(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs: Any) -> None:
-    """Accept ``old`` as a hidden spelling of ``new`` (same destination and parsing)."""
-    parser.add_argument(old, action=Renamed, new=new, dest=dest, **kwargs)
 
 
 def activation_checkpointing(text: str | None) -> str | list[int] | None:
@@ -82,13 +62,11 @@ def add_step_flags(p: argparse.ArgumentParser, *, several: bool = False) -> None
                         "off (default auto)")
     p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
                    help="recompute layers in backward: none, backbone, all, or layer indices 1,2,3")
-    renamed(p, "--checkpoint", "--activation-checkpointing", "activation_checkpointing", type=activation_checkpointing)
     add_freeze_flag(p)
     for name, what in (("channels-last", "NHWC weights and inputs"),
                        ("lean-activations", "BatchNorm+SiLU keep one activation for backward")):
         p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
                        help=f"{what} (default: on for CUDA, off on the CPU)")
-    renamed(p, "--lean", "--lean-activations", "lean_activations", nargs=0, const=True)
 
 
 # ---- argument types: every value is checked while the command line is parsed, before any work starts ----

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from yolo9kit.cli.flags import image_size, positive_int, renamed
+from yolo9kit.cli.flags import image_size, positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +16,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("names", nargs="*", help="models to list (default: all registered models)")
     p.add_argument("--imgsz", type=image_size, default=640, help="image side the GFLOPs are reported for (default 640)")
     p.add_argument("--num-classes", type=positive_int, default=80, help="number of classes (default 80)")
-    renamed(p, "--classes", "--num-classes", "num_classes", type=int)
     p.set_defaults(func=run)
 
 

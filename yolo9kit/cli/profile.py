@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from yolo9kit.cli.flags import add_step_flags, freeze, non_negative_int, positive_int, renamed, share_below_one
+from yolo9kit.cli.flags import add_step_flags, freeze, non_negative_int, positive_int, share_below_one
 
 _COLUMNS = ["setting", "batch_size", "method", "peak_allocated_gib", "peak_reserved_gib", "device_gib", "fits",
             "images_per_s"]
@@ -30,11 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="boxes per image in the synthetic batch (default 8)")
     p.add_argument("--nominal-batch-size", type=positive_int, default=None,
                    help="also plan batch x accumulation for this many images per optimizer step (e.g. 64)")
-    renamed(p, "--nominal-batch", "--nominal-batch-size", "nominal_batch_size", type=positive_int)
     p.add_argument("--margin", type=share_below_one, default=0.10, help="share of the card kept free (default 0.10)")
     p.add_argument("--method", default="auto", choices=["auto", "measured", "estimated", "both"],
                    help="measure (CUDA), estimate, or auto (default)")
-    renamed(p, "--source", "--method", "method", choices=["auto", "measured", "estimated", "both"])
     p.add_argument("--csv", default=None, help="also write the sweep to this CSV file")
     p.set_defaults(func=run)
 

@@ -25,7 +25,6 @@ from yolo9kit.cli.flags import (
     model_limit,
     non_negative_int,
     positive_int,
-    renamed,
     share_below_one,
     train_image_size,
 )
@@ -75,10 +74,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="--batch-size auto: share of the card kept free (0.10)")
     p.add_argument("--accumulate-steps", type=positive_int, default=None,
                    help="batches per optimizer step (default max(round(64 / batch), 1))")
-    renamed(p, "--accumulate", "--accumulate-steps", "accumulate_steps", type=positive_int)
     p.add_argument("--micro-batch-size", type=positive_int, default=None,
                    help="split each batch into micro-batches of this size")
-    renamed(p, "--micro-batch", "--micro-batch-size", "micro_batch_size", type=positive_int)
     p.add_argument("--epochs", type=positive_int, default=None,
                    help="epochs to train (default 100); with --resume, a larger number extends the run")
     p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=train_image_size, default=None,

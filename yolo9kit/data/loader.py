@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
-from yolo9kit._renamed import Into, Then, renamed_keywords
 from yolo9kit.config import LoaderConfig
 from yolo9kit.data.colour import hsv_jitter
 from yolo9kit.data.dataset import SampleKey, YOLODataset
@@ -147,11 +146,6 @@ def default_workers(batch_size: int) -> int:
     return min((os.cpu_count() or 1) // gpus, batch_size if batch_size > 1 else 0, 8)
 
 
-@renamed_keywords("create_dataloader", {"options": LoaderConfig()},
-                  pin_memory=Into("options", "pin_memory"), prefetch_factor=Into("options", "prefetch_factor"),
-                  cache_budget=Into("options", "cache_budget"),
-                  close_mosaic=Then("yolo9kit.data.set_mosaic(loader, False) after create_dataloader(...)",
-                                    lambda loader, close: set_mosaic(loader, not close)))
 def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split: str = "train",
                       imgsz: int = 640, batch_size: int = 16, *, augment: bool | None = None,
                       workers: int | None = None, rect: bool | None = None, shuffle: bool | None = None,

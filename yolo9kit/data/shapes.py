@@ -16,7 +16,6 @@ import cv2
 import numpy as np
 import yaml
 
-from yolo9kit._renamed import renamed_keywords
 from yolo9kit.files import write_folder
 
 log = logging.getLogger(__name__)
@@ -120,7 +119,6 @@ def _manifest(root: Path) -> dict | None:
         return None
 
 
-@renamed_keywords("make_shapes", image_size="imgsz")
 def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: int | tuple[int, int] = 320,
                 num_classes: int = 4, seed: int = 0, max_objects: int = 6, overwrite: bool = False) -> Path:
     """Write the synthetic shapes data set (JPEG images, YOLO labels, data.yaml) under ``root``.

@@ -37,7 +37,7 @@ from yolo9kit.memory.calibration import calibration_for
 from yolo9kit.memory.extrapolate import StepMemoryModel
 from yolo9kit.memory.gpus import GPUSpec, target_gpu
 from yolo9kit.memory.report import MemoryReport
-from yolo9kit.memory.step import as_step, build_meta_trainer, num_classes_of, renamed_step_keywords, resolve_model
+from yolo9kit.memory.step import as_step, build_meta_trainer, num_classes_of, resolve_model
 from yolo9kit.memory.throughput import ThroughputModel
 
 LOGGER = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ _CACHE_SIZE = 8  # traced steps kept (a trace takes seconds to a minute; an expl
 _cache: OrderedDict[tuple, StepEstimator] = OrderedDict()  # (step at batch 1, module structure or None)
 
 
-@renamed_step_keywords("estimate")
 def estimate(step: StepConfig | str | nn.Module, batch_size: int | None = None, *,
              gpu: str | int | GPUSpec | None = None, **changes: Any) -> MemoryReport:
     """Predict, on any machine, what ``measure`` would report for one training step on ``gpu``.
@@ -122,7 +121,6 @@ class StepEstimator:
     resolves for a given card).
     """
 
-    @renamed_step_keywords("StepEstimator")
     def __init__(self, step: StepConfig | str | nn.Module, **changes: Any) -> None:
         t0 = time.perf_counter()
         step = as_step(step, None, changes, caller="StepEstimator")

@@ -20,7 +20,6 @@ from yolo9kit.memory.step import (
     as_step,
     build_real_trainer,
     num_classes_of,
-    renamed_step_keywords,
     resolve_model,
     synthetic_batch,
 )
@@ -51,7 +50,6 @@ def free_cuda() -> None:
         torch.cuda.empty_cache()
 
 
-@renamed_step_keywords("measure", steps="repeats", warmup="warmup_repeats")
 def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *,
             device: str | torch.device | None = None, repeats: int = 3, warmup_repeats: int = 1,
             breakdown: bool = True, **changes: Any) -> MemoryReport:
@@ -116,7 +114,6 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
                                "warm-up, cuDNN autotuning on"])
 
 
-@renamed_step_keywords("trace")
 def trace(step: StepConfig | str | nn.Module, batch_size: int | None = None, **changes: Any) -> MemoryReport:
     """Run one real training step of ``step`` on the CPU under the storage tracker and report its peak.
 

@@ -25,7 +25,7 @@ from yolo9kit.config import DEFAULT_MARGIN, StepConfig, TrainConfig
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, target_gpu
 from yolo9kit.memory.report import GIB, fmt_bytes
-from yolo9kit.memory.step import as_step, renamed_step_keywords
+from yolo9kit.memory.step import as_step
 from yolo9kit.memory.throughput import ThroughputModel
 
 LOGGER = logging.getLogger(__name__)
@@ -68,7 +68,6 @@ def _curves(step: StepConfig | str | nn.Module | Sequence, changes: dict[str, An
     return [as_step(step, None, {**single, **dict(zip(several, combo))}, caller=caller) for combo in combos]
 
 
-@renamed_step_keywords("sweep", source="method")
 def sweep(step: StepConfig | str | nn.Module | Sequence[StepConfig], batch_sizes: Sequence[int], *,
           gpu: str | int | GPUSpec | None = None, method: str = "auto", device: str | None = None,
           **changes: Any) -> pd.DataFrame:
@@ -132,7 +131,6 @@ class BatchSearch:
         return f"largest batch: {self.batch_size} ({self.reason})"
 
 
-@renamed_step_keywords("find_max_batch", source="method", step_fn="trial")
 def find_max_batch(step: StepConfig | str | nn.Module | None = None, *, gpu: str | int | GPUSpec | None = None,
                    margin: float = DEFAULT_MARGIN, max_batch: int = 1024, start: int = 1, method: str = "auto",
                    device: str | None = None, trial: Callable[[int], int | None] | None = None,
@@ -250,7 +248,6 @@ class BatchPlan:
             fused_optimizer=s.fused_optimizer, optimizer=s.optimizer, ema=s.ema)
 
 
-@renamed_step_keywords("plan", source="method")
 def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,
          gpu: str | int | GPUSpec | None = None, margin: float = DEFAULT_MARGIN, method: str = "auto",
          device: str | None = None, throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:

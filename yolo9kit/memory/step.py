@@ -20,17 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from yolo9kit._renamed import renamed_keywords
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
 
 _STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
-
-
-def renamed_step_keywords(function: str, **more: str):
-    """The memory functions' keywords before StepConfig, still accepted with a warning naming the new one."""
-    return renamed_keywords(function, checkpoint="activation_checkpointing", lean="lean_activations", **more)
 
 
 def as_step(step: StepConfig | str | nn.Module, batch_size: int | None = None,

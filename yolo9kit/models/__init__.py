@@ -13,7 +13,6 @@ from typing import Any
 
 import yaml
 
-from yolo9kit._renamed import renamed_keywords
 from yolo9kit.models.builder import MODULES, LayerTableError, make_divisible, parse_model
 from yolo9kit.models.heads import DFL, DDetect, DualDDetect, DualOutput
 from yolo9kit.models.model import DetectionModel
@@ -56,7 +55,6 @@ def load_model_config(name_or_yaml: str | Path | dict) -> tuple[dict, str, str]:
                      "a path to a model .yaml (official format) or a dict of one")
 
 
-@renamed_keywords("create_model", checkpoint="activation_checkpointing")
 def create_model(name_or_yaml: str | Path | dict, num_classes: int | None = None, *,
                  names: list[str] | dict[int, str] | None = None,
                  activation_checkpointing: Any = None) -> DetectionModel:
