@@ -339,10 +339,10 @@ def test_cli_resume_refuses_fixed_flags_and_takes_epochs(tmp_path):
     def setup(*flags):
         return train_cli._resume_setup(parser.parse_args(["train", "--resume", str(last), *flags]))
 
-    with pytest.raises(SystemExit, match=r"--batch-size 2 \(the run's: 4\), --imgsz 128 \(the run's: 64\), --cos-lr.*"
+    with pytest.raises(ValueError, match=r"--batch-size 2 \(the run's: 4\), --imgsz 128 \(the run's: 64\), --cos-lr.*"
                                          "cannot change in the middle of a run"):
         setup("--epochs", "9", "--batch", "2", "--imgsz", "128", "--cos-lr")
-    with pytest.raises(SystemExit, match=r"--seed 0 \(the run's: 5\)"):  # 0, the default, given: still seen
+    with pytest.raises(ValueError, match=r"--seed 0 \(the run's: 5\)"):  # 0, the default, given: still seen
         setup("--seed", "0")
     _, data, config = setup("--epochs", "9", "--batch", "4", "--workers", "0")  # the run's batch: accepted
     assert (config.epochs, config.batch_size, config.imgsz, config.workers) == (9, 4, 64, 0)

@@ -114,8 +114,10 @@ def test_profile_cli_parses_and_rejects_unknown_gpu(capsys):
                               "--gpu", "GTX 9999", "--activation-checkpointing", "1,2,3", "--nominal-batch-size", "64"])
     assert args.batch_size == [8, 16] and args.amp == ["fp16", "bf16"] and args.nominal_batch_size == 64
     assert args.activation_checkpointing == [1, 2, 3] and args.channels_last is None
-    assert profile.run(args) == 2
-    assert "unknown GPU" in capsys.readouterr().out
+    from yolo9kit.cli import main
+
+    assert main(["profile", "--model", "yolov9-t", "--gpu", "GTX 9999"]) == 2
+    assert "unknown GPU" in capsys.readouterr().err
     other = parser.parse_args(["profile", "--activation-checkpointing", "all", "--nominal-batch-size", "32",
                                "--no-lean-activations"])
     assert other.activation_checkpointing == "all" and other.nominal_batch_size == 32

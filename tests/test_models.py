@@ -255,5 +255,6 @@ def test_models_cli_prints_the_table(capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "gelan-t" in out and "2,442,640" in out and "2,407,632" in out and " 9.9 " in out
-    args = parser.parse_args(["models", "yolov9-x"])
-    assert args.func(args) == 2 and "unknown model" in capsys.readouterr().out
+    from yolo9kit.cli import main
+
+    assert main(["models", "yolov9-x"]) == 2 and "unknown model" in capsys.readouterr().err

@@ -40,7 +40,7 @@ def freeze(tokens: list[int | str] | None) -> int | str | list[int] | None:
     if tokens == ["backbone"]:
         return "backbone"
     if any(isinstance(t, str) for t in tokens):
-        raise SystemExit(f"--freeze {' '.join(map(str, tokens))}: backbone and none stand alone; give one of them, "
+        raise ValueError(f"--freeze {' '.join(map(str, tokens))}: backbone and none stand alone; give one of them, "
                          "a number of first layers, or layer indices")
     return tokens[0] if len(tokens) == 1 else list(tokens)
 

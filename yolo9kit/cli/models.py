@@ -24,8 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
     unknown = [n for n in args.names if n not in list_models()]
     if unknown:
-        print(f"unknown model(s) {unknown}; registered: {', '.join(list_models())}")
-        return 2
+        raise ValueError(f"unknown model(s) {unknown}; registered: {', '.join(list_models())}")
     table = model_table(args.names or None, imgsz=args.imgsz, num_classes=args.num_classes)
     print(table.to_string(index=False, formatters={
         "parameters": "{:,}".format, "deploy_parameters": "{:,}".format,

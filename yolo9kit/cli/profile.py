@@ -43,11 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from yolo9kit.config import StepConfig
     from yolo9kit.memory import plan, resolve_gpu, sweep
 
-    try:
-        gpu = resolve_gpu(args.gpu) if args.gpu else None
-    except ValueError as e:
-        print(f"error: {e}")
-        return 2
+    gpu = resolve_gpu(args.gpu) if args.gpu else None  # an unknown name: a one-line error, exit code 2
     steps = [StepConfig(args.model, imgsz=args.imgsz, amp=amp, activation_checkpointing=args.activation_checkpointing,
                         freeze=freeze(args.freeze), channels_last=args.channels_last,
                         lean_activations=args.lean_activations, num_targets=args.num_targets) for amp in args.amp]

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         model, data, config = _resume_setup(args)
     else:
         if not args.data:
-            raise SystemExit("train: --data is required (a data.yaml), unless --resume")
+            raise ValueError("--data is required (a data.yaml), unless --resume")
         config = config_from_args(args)
         data = args.data
         seed_everything(config.seed)  # the initial weights follow --seed (official: init_seeds before the model)
@@ -270,11 +270,11 @@ def _resume_setup(args: argparse.Namespace):
     path = find_resume_checkpoint(args.resume, args.project)
     ckpt = read_checkpoint(path)
     if "train_config" not in ckpt:
-        raise SystemExit(f"train: {path} has no training state; start a new run with --weights {path}")
+        raise ValueError(f"{path} has no training state; start a new run with --weights {path}")
     saved = ckpt["train_config"]
     refused = _refused_on_resume(args, saved, ckpt["model_config"])
     if refused:
-        raise SystemExit(f"train --resume {path}: {', '.join(refused)} cannot change in the middle of a run; leave "
+        raise ValueError(f"--resume {path}: {', '.join(refused)} cannot change in the middle of a run; leave "
                          f"them out (only {', '.join('--' + k.replace('_', '-') for k in RESUME_CHANGES)} and --noval, "
                          f"--plain-step, --no-plots may change), or start a new run from its weights: "
                          f"train --weights {path} ...")
@@ -286,7 +286,7 @@ def _resume_setup(args: argparse.Namespace):
     model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"))
     data = args.data or ckpt.get("data")
     if not data:
-        raise SystemExit(f"train: {path} does not record its data; pass --data")
+        raise ValueError(f"{path} does not record its data; pass --data")
     return model, data, config
 
 
