@@ -22,7 +22,7 @@ from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteWeightsError, StopSignals
-from yolo9kit.train.inputs import ValidateFn, check_classes, default_validate, make_loader, set_epoch_data
+from yolo9kit.train.inputs import EMAValidation, ValidateFn, check_classes, make_loader, set_epoch_data
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_steps
 from yolo9kit.train.pictures import RunPictures
@@ -158,7 +158,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         if train_loader is None:
             train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
         if run.validate_fn is None and data is not None and dist.is_main:
-            run.validate_fn = default_validate(data, val_loader or make_loader(data, "val", run.config, dist),
+            run.validate_fn = EMAValidation(data, val_loader or make_loader(data, "val", run.config, dist),
                                                 run.config, device=run.trainer.device,
                                                 half=run.trainer.step.amp != "off")
         _open_records(run, folder, data, train_loader)

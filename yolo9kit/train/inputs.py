@@ -95,15 +95,21 @@ def set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
         set_mosaic(loader, False)
 
 
-def default_validate(data, loader, config: TrainConfig, device: torch.device, half: bool) -> ValidateFn:
-    def validate(model: nn.Module) -> dict[str, float]:
+class EMAValidation:
+    """The default validation of a run: ``yolo9kit.validate.evaluate`` of the EMA on the val loader. Called
+    with the model, it returns the metrics fit records; ``result`` keeps the last ``ValResult`` (the run
+    folder's validation pictures are drawn from it)."""
+
+    def __init__(self, data, loader, config: TrainConfig, device: torch.device, half: bool) -> None:
+        self.data, self.loader, self.config, self.device, self.half = data, loader, config, device, half
+        self.result = None
+
+    def __call__(self, model: nn.Module) -> dict[str, float]:
         from yolo9kit.validate import evaluate
 
-        r = evaluate(model, data, dataloader=loader, imgsz=config.imgsz, half=half, device=device,
+        config = self.config
+        r = evaluate(model, self.data, dataloader=self.loader, imgsz=config.imgsz, half=self.half, device=self.device,
                      single_cls=config.single_cls, progress=config.progress_bar)
-        validate.last_result = r  # the run folder's validation pictures are drawn from the last one
+        self.result = r
         return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
                 "fitness": float(r.fitness)}
-
-    validate.last_result = None
-    return validate

@@ -113,12 +113,14 @@ class RunPictures:
         self.draw(RESULTS_PICTURE, make)
 
     def validation(self, validate_fn: Any) -> None:
-        """The confusion matrix and the PR, F1, P and R curves of the last validation, when ``validate_fn``
-        kept its ``ValResult`` (the default validation does; a custom one gets no such pictures)."""
-        result = getattr(validate_fn, "last_result", None)
+        """The confusion matrix and the PR, F1, P and R curves of the last validation, when it was the default
+        one (``train.inputs.EMAValidation`` keeps its ``ValResult``; a custom function gets no such pictures)."""
+        from yolo9kit.train.inputs import EMAValidation
+
+        result = validate_fn.result if isinstance(validate_fn, EMAValidation) else None
         if not self.enabled or result is None:
             if self.enabled and validate_fn is not None:
-                LOGGER.info("no validation pictures: the validation function keeps no ValResult (last_result)")
+                LOGGER.info("no validation pictures: a custom validation function keeps no ValResult")
             return
         from yolo9kit.plots.metrics import validation_figure_makers
 
