@@ -13,8 +13,7 @@ import dataclasses
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from train_toys import ToyNet, make_batches, one_thread, rebatch, toy_loss
+from train_toys import ToyNet, make_batches, one_thread, rebatch, spawn_ranks, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train import fit
@@ -39,26 +38,21 @@ def _rank_batches(rank):
     return out
 
 
-def _worker(rank, init_file, project, out_file):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        torch.manual_seed(0)
-        model = ToyNet()
-        result = fit(model, None, _config(project, "ddp"), loss_fn=toy_loss, train_loader=_rank_batches(rank))
-        weights = {k: v.detach().clone() for k, v in result.model.state_dict().items()}
-        gathered = [None] * WORLD
-        dist.all_gather_object(gathered, weights)
-        if rank == 0:
-            torch.save({"ranks": gathered, "steps": result.optimizer_steps, "save_dir": str(result.save_dir)}, out_file)
-    finally:
-        dist.destroy_process_group()
+def _worker(rank, project, out_file):
+    torch.manual_seed(0)
+    model = ToyNet()
+    result = fit(model, None, _config(project, "ddp"), loss_fn=toy_loss, train_loader=_rank_batches(rank))
+    weights = {k: v.detach().clone() for k, v in result.model.state_dict().items()}
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, weights)
+    if rank == 0:
+        torch.save({"ranks": gathered, "steps": result.optimizer_steps, "save_dir": str(result.save_dir)}, out_file)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_two_process_ddp_matches_one_process(tmp_path):
     out_file = tmp_path / "ddp.pt"
-    mp.spawn(_worker, args=(str(tmp_path / "init"), tmp_path / "runs", str(out_file)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, str(tmp_path / "init"), tmp_path / "runs", str(out_file), world=WORLD)
     ddp = torch.load(out_file, weights_only=False)
 
     torch.manual_seed(0)
@@ -71,9 +65,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     assert (tmp_path / "runs" / "ddp" / "weights" / "last.pt").is_file()  # written by rank 0 only
 
 
-def _nan_worker(rank, init_file, project, out_file):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+def _nan_worker(rank, project, out_file):
     calls = {"n": 0}
 
     def nan_on_rank1_once(outputs, targets):
@@ -81,49 +73,39 @@ def _nan_worker(rank, init_file, project, out_file):
         loss, items = toy_loss(outputs, targets)
         return (loss * float("nan"), items) if rank == 1 and calls["n"] == 3 else (loss, items)
 
-    try:
-        torch.manual_seed(0)
-        result = fit(ToyNet(), None, _config(project, "nan"), loss_fn=nan_on_rank1_once,
-                     train_loader=_rank_batches(rank))
-        gathered = [None] * WORLD
-        dist.all_gather_object(gathered, (result.nonfinite_steps, result.optimizer_steps,
-                                          {k: v.clone() for k, v in result.model.state_dict().items()}))
-        if rank == 0:
-            torch.save(gathered, out_file)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    result = fit(ToyNet(), None, _config(project, "nan"), loss_fn=nan_on_rank1_once, train_loader=_rank_batches(rank))
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, (result.nonfinite_steps, result.optimizer_steps,
+                                      {k: v.clone() for k, v in result.model.state_dict().items()}))
+    if rank == 0:
+        torch.save(gathered, out_file)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_ddp_ranks_agree_to_skip_a_nonfinite_step(tmp_path):
     """A NaN loss on one rank only: both ranks skip that step (no hang, weights stay identical and finite)."""
     out_file = tmp_path / "nan.pt"
-    mp.spawn(_nan_worker, args=(str(tmp_path / "init"), tmp_path / "runs", str(out_file)), nprocs=WORLD, join=True)
+    spawn_ranks(_nan_worker, str(tmp_path / "init"), tmp_path / "runs", str(out_file), world=WORLD)
     (skips0, steps0, w0), (skips1, steps1, w1) = torch.load(out_file, weights_only=False)
     assert skips0 == skips1 == 1 and steps0 == steps1 == 3  # the step due at ni 2 was dropped
     for k, v in w0.items():
         assert torch.equal(v, w1[k]) and torch.isfinite(v).all(), k
 
 
-def _channels_last_worker(rank, init_file, project, out_file):
+def _channels_last_worker(rank, project, out_file):
     import warnings
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        torch.manual_seed(0)
-        config = dataclasses.replace(_config(project, "channels_last"), channels_last=True)
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            result = fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=_rank_batches(rank))
-        layouts = [p.is_contiguous(memory_format=torch.channels_last) for p in result.model.parameters()
-                   if p.dim() == 4]
-        gathered = [None] * WORLD
-        dist.all_gather_object(gathered, ([str(w.message) for w in seen], layouts))
-        if rank == 0:
-            torch.save(gathered, out_file)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    config = dataclasses.replace(_config(project, "channels_last"), channels_last=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=_rank_batches(rank))
+    layouts = [p.is_contiguous(memory_format=torch.channels_last) for p in result.model.parameters() if p.dim() == 4]
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, ([str(w.message) for w in seen], layouts))
+    if rank == 0:
+        torch.save(gathered, out_file)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
@@ -131,8 +113,7 @@ def test_ddp_buckets_see_the_channels_last_layout(tmp_path):
     """The parameters are channels_last before DDP lays out its gradient buckets: no stride warning, no copy
     of every gradient (switched after the wrapper, DDP warns that the strides do not match its buckets)."""
     out_file = tmp_path / "cl.pt"
-    mp.spawn(_channels_last_worker, args=(str(tmp_path / "init"), tmp_path / "runs", str(out_file)), nprocs=WORLD,
-             join=True)
+    spawn_ranks(_channels_last_worker, str(tmp_path / "init"), tmp_path / "runs", str(out_file), world=WORLD)
     for messages, layouts in torch.load(out_file, weights_only=False):
         assert layouts and all(layouts)
         assert not [m for m in messages if "strides do not match" in m], messages

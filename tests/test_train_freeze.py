@@ -211,24 +211,19 @@ class _Layered(torch.nn.Module):
         return self.model(x)
 
 
-def _ddp_worker(rank, init_file, project, out_file):
+def _ddp_worker(rank, project, out_file):
     import torch.distributed as dist
     from train_toys import make_batches, rebatch, toy_loss
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        torch.manual_seed(0)
-        batches = [rebatch([(im, tg, None, None)], 2)[rank] for im, tg, *_ in make_batches(3, 4)]
-        config = TrainConfig(epochs=2, batch_size=4, accumulate_steps=1, amp="off", device="cpu", warmup_epochs=0.0,
-                             warmup_min_steps=0, lr0=0.05, freeze=1, project=str(project), progress_bar=False)
-        result = fit(_Layered(), None, config, loss_fn=toy_loss, train_loader=batches)
-        gathered = [None] * 2
-        dist.all_gather_object(gathered, {k: v.detach().clone() for k, v in result.model.state_dict().items()})
-        if rank == 0:
-            torch.save({"ranks": gathered, "steps": result.optimizer_steps}, out_file)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    batches = [rebatch([(im, tg, None, None)], 2)[rank] for im, tg, *_ in make_batches(3, 4)]
+    config = TrainConfig(epochs=2, batch_size=4, accumulate_steps=1, amp="off", device="cpu", warmup_epochs=0.0,
+                         warmup_min_steps=0, lr0=0.05, freeze=1, project=str(project), progress_bar=False)
+    result = fit(_Layered(), None, config, loss_fn=toy_loss, train_loader=batches)
+    gathered = [None] * 2
+    dist.all_gather_object(gathered, {k: v.detach().clone() for k, v in result.model.state_dict().items()})
+    if rank == 0:
+        torch.save({"ranks": gathered, "steps": result.optimizer_steps}, out_file)
 
 
 @pytest.mark.slow
@@ -236,12 +231,12 @@ def test_ddp_trains_with_frozen_layers(tmp_path):
     """fit freezes before wrapping the model in DDP: DDP's reducer then expects no gradient for the frozen layer
     (frozen after wrapping, the second step fails waiting for it). Both ranks keep it as it was."""
     import torch.distributed as dist
-    import torch.multiprocessing as mp
+    from train_toys import spawn_ranks
 
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")
     out_file = tmp_path / "ddp.pt"
-    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), tmp_path / "runs", str(out_file)), nprocs=2, join=True)
+    spawn_ranks(_ddp_worker, str(tmp_path / "init"), tmp_path / "runs", str(out_file))
     out = torch.load(out_file, weights_only=False)
     torch.manual_seed(0)
     start = _Layered().state_dict()

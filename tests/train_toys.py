@@ -107,3 +107,30 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def spawn_ranks(body, *args, world: int = 2) -> None:
+    """Run ``body(rank, *args)`` in ``world`` processes joined in a gloo process group (file store in the
+    first argument's folder: ``args[0]`` is the init file). ``body`` must be a module-level function."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_main, args=(body, world, *args), nprocs=world, join=True)
+
+
+def _rank_main(rank, body, world, init_file, *args):
+    import os
+    import sys
+
+    import torch.distributed as dist
+
+    from yolo9kit.train import ddp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    body(rank, *args)  # an error propagates: mp.spawn reports it and the test fails
+    ddp.finish()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A clean exit skips the interpreter's teardown: there torch's gloo worker threads can still drop tensors
+    # after the group is destroyed and abort the process (SIGABRT about one run in twenty, a finished run).
+    os._exit(0)

@@ -136,11 +136,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train; exit status 0 when the run finished, 130 when interrupted (SIGINT, Ctrl-C), 143 (SIGTERM)."""
+    from yolo9kit.train import ddp
+
+    ddp.init_from_env()
+    code = _train(args)
+    ddp.finish()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
+    return code
+
+
+def _train(args: argparse.Namespace) -> int:
     from yolo9kit.train import ddp, fit
     from yolo9kit.train.state import seed_everything
     from yolo9kit.train.weights import model_for_data
 
-    ddp.init_from_env()
     if args.resume:
         model, data, config = _resume_setup(args)
     else:

@@ -55,6 +55,14 @@ def init_from_env() -> DistInfo:
     return current()
 
 
+def finish() -> None:
+    """End the process group after a finished run, as torch asks of every process: each rank waits for the
+    others (rank 0 may still be writing the last checkpoint), then the group is destroyed."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def current() -> DistInfo:
     """The DistInfo of the already initialised process group (rank 0 of 1 when none)."""
     if not (dist.is_available() and dist.is_initialized()):
