@@ -189,7 +189,7 @@ def test_a_save_checks_the_free_space_first(model, tmp_path, monkeypatch):
     before = path.read_bytes()
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
-    with pytest.raises(DiskFullError, match=r"saving last\.pt needs about .* MB in .*w, which has 4\.1 kB free"):
+    with pytest.raises(DiskFullError, match=r"saving last\.pt needs about .* MiB in .*w, which has 4\.00 KiB free"):
         save_checkpoint(path, model, epoch=2)
     assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["last.pt"]
     with pytest.raises(DiskFullError):

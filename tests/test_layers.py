@@ -21,10 +21,9 @@ PACKAGE = "yolo9kit"
 # Bottom to top. A module may import from its own layer and the layers below it. The longest matching
 # prefix decides a module's layer; the bare package name matches only the top-level __init__.
 LAYERS: list[tuple[str, list[str]]] = [
-    # helpers with no kit dependencies: environment, box formats, COCO ids, the inline matplotlib figure,
-    # crash-safe file writes, the verdicts of claims checked against a stated threshold
-    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure",
-              "yolo9kit.files", "yolo9kit.claims"]),
+    # helpers with no kit dependencies: environment and devices, box formats, COCO ids, the inline matplotlib
+    # figure, crash-safe file writes and byte counts for people
+    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure", "yolo9kit.files"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),
     # the networks, the datasets and the tensor maths both sides share
@@ -53,8 +52,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("plots of training and memory", ["yolo9kit.plots.memory", "yolo9kit.plots.train", "yolo9kit.plots"]),
     # notebook widgets
     ("widgets", ["yolo9kit.widgets"]),
-    # the command line and the package's public face
-    ("front ends", ["yolo9kit.cli", "yolo9kit", "yolo9kit.__main__"]),
+    # the command line, the package's public face, and what only a notebook uses (the verdicts of claims
+    # checked against a stated threshold, notebook 07): nothing of the kit may depend on them
+    ("front ends", ["yolo9kit.cli", "yolo9kit", "yolo9kit.__main__", "yolo9kit.claims"]),
 ]
 
 

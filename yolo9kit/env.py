@@ -193,6 +193,22 @@ def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
     return report
 
 
+def parse_device(device: Any) -> torch.device:  # noqa: F821 (torch imported lazily)
+    """The device a setting names, not checked against this machine: None or "" the first CUDA device when
+    there is CUDA, else the CPU; a GPU index (``0``, ``"1"``) that CUDA device; else ``torch.device(device)``.
+
+    Raises:
+        RuntimeError: not a device torch knows (``torch.device``'s own error).
+    """
+    import torch
+
+    if device is None or device == "":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, int) or (isinstance(device, str) and device.strip().isdigit()):
+        return torch.device(f"cuda:{int(device)}")
+    return torch.device(str(device).strip() if isinstance(device, str) else device)
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:  # noqa: F821 (torch imported lazily)
     """None/"" -> the first CUDA device when available, else CPU; "0" -> cuda:0; else ``torch.device(device)``.
 
@@ -205,17 +221,26 @@ def resolve_device(device: str | torch.device | None) -> torch.device:  # noqa: 
     """
     import torch
 
-    if device is None or device == "":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
-        device = f"cuda:{device}"
-    device = torch.device(device)
+    device = parse_device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device} requested but CUDA is not available; use device='cpu'")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def free_cuda_memory(device: Any = None) -> None:
+    """Collect unreachable tensors and hand the cached CUDA blocks back to the driver (after the caller dropped
+    its own): before a measurement and after an out-of-memory error. Nothing to do for a CPU ``device``."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.synchronize()  # blocks of kernels still running are freed once they finish
+        torch.cuda.empty_cache()
 
 
 def native_bf16(index: int) -> bool:

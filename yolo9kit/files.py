@@ -49,13 +49,14 @@ class DiskFullError(OSError):
         self.errno = errno.ENOSPC
 
 
-def format_bytes(n: float) -> str:
-    """``12.6 MB``: decimal units, three significant digits."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} TB"  # pragma: no cover - the loop returns
+def format_bytes(nbytes: float | None) -> str:
+    """``1.23 GiB``, ``45.60 MiB``, ``512 B``; ``-`` for None (unknown). For display only: the kit keeps bytes."""
+    if nbytes is None:
+        return "-"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{int(nbytes)} B"
 
 
 def free_bytes(folder: str | Path) -> int | None:

@@ -30,7 +30,7 @@ import torch
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.config.step import FAST_SWITCHES, StepConfig
-from yolo9kit.env import EnvReport, environment_report, resolve_device
+from yolo9kit.env import EnvReport, environment_report, free_cuda_memory, resolve_device
 from yolo9kit.files import write_text_atomically
 from yolo9kit.memory import calibration as memory_calibration
 from yolo9kit.memory import estimate, measure
@@ -38,7 +38,6 @@ from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, gpu_from_device
 from yolo9kit.memory.step import synthetic_batch
 from yolo9kit.models import create_model
-from yolo9kit.train.guards import free_memory
 from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
 
 RESULT_NAME = "gpu_check.json"
@@ -204,7 +203,7 @@ def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.devic
         if kind == "fast":
             result.syncs_in_fast_step = _syncs_in_step(trainer, *batches[-1])
         del trainer
-        free_memory(device)
+        free_cuda_memory(device)
     pairs = zip(result.losses["fast"], result.losses["plain"])
     result.loss_max_rel_diff = max(abs(f - p) / max(abs(p), 1e-12) for f, p in pairs)
 
@@ -242,7 +241,7 @@ def _memory_points(config: GPUCheckConfig, device: torch.device, spec: GPUSpec, 
         try:
             m = measure(step, b, device=device, repeats=2, warmup_repeats=1, breakdown=False)
         except torch.cuda.OutOfMemoryError:
-            free_memory(device)
+            free_cuda_memory(device)
             rows.append({**row, "skipped": "out of memory"})
             continue
         rows.append({**row, "measured_peak_allocated": m.peak_allocated, "measured_peak_reserved": m.peak_reserved,

@@ -154,8 +154,10 @@ def device(text: str) -> str:
                                          "the command with torchrun --nproc_per_node N")
     import torch
 
+    from yolo9kit.env import parse_device
+
     try:
-        dev = torch.device(f"cuda:{spec}" if spec.isdigit() else spec)
+        dev = parse_device(spec)
     except RuntimeError:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda", "mps"):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config.train import AMP_MODES, OPTIMIZERS, TrainConfig, check_activation_checkpointing, check_freeze
-from yolo9kit.env import native_bf16
+from yolo9kit.env import native_bf16, parse_device
 
 # The speed switches that ``None`` turns on for CUDA and off for the CPU (TrainConfig and StepConfig alike).
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
@@ -167,21 +167,24 @@ class StepConfig:
         return out
 
 
-def multi_scale_range(imgsz: int, stride: int = 32) -> tuple[int, int]:
-    """Smallest and largest image side of a multi-scale batch (official train_dual.py ``--multi-scale``):
+def multi_scale_side(imgsz: int, stride: int, rng: Any) -> int:
+    """The image side of one multi-scale batch (official train_dual.py ``--multi-scale``):
     ``randrange(0.5 * imgsz, 1.5 * imgsz + stride) // stride * stride``, at least one stride."""
-    return max(int(imgsz * 0.5) // stride * stride, stride), (int(imgsz * 1.5) + stride - 1) // stride * stride
+    return max(rng.randrange(*_multi_scale_span(imgsz, stride)) // stride * stride, stride)
+
+
+def multi_scale_range(imgsz: int, stride: int = 32) -> tuple[int, int]:
+    """Smallest and largest side ``multi_scale_side`` can give (the memory tools describe the largest)."""
+    low, high = _multi_scale_span(imgsz, stride)
+    return max(low // stride * stride, stride), (high - 1) // stride * stride
+
+
+def _multi_scale_span(imgsz: int, stride: int) -> tuple[int, int]:
+    return int(imgsz * 0.5), int(imgsz * 1.5) + stride
 
 
 def _device_type(device: Any) -> str:
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if isinstance(device, int):
-        return "cuda"
-    text = str(device)
-    return torch.device(f"cuda:{text}" if text.isdigit() else text).type
+    return parse_device(device).type
 
 
 def _cuda_index(device: Any) -> int | None:
@@ -190,9 +193,7 @@ def _cuda_index(device: Any) -> int | None:
 
     if not torch.cuda.is_available():
         return None
-    if isinstance(device, int):
-        return device
-    index = None if device is None else torch.device(f"cuda:{device}" if str(device).isdigit() else str(device)).index
+    index = parse_device(device).index
     return torch.cuda.current_device() if index is None else index
 
 

@@ -274,6 +274,12 @@ class TrainConfig:
         return cls(**kwargs)
 
 
+def official_accumulate(nominal_batch_size: int, batch_size: int) -> int:
+    """Batches per optimizer step so that a step sees about ``nominal_batch_size`` images (official
+    train_dual.py): ``max(round(nominal / batch), 1)``, Python's round (halves to even, 64/24 = 2.67 -> 3)."""
+    return max(round(nominal_batch_size / batch_size), 1)
+
+
 # augmentation keys that are probabilities; the others are gains and ranges, >= 0
 _AUGMENT_PROBABILITIES = ("flipud", "fliplr", "mosaic", "mixup", "copy_paste")
 

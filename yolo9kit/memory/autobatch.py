@@ -23,11 +23,10 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.files import write_text_atomically
+from yolo9kit.files import format_bytes, write_text_atomically
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, gpu_from_device, host_memory, resolve_gpu
 from yolo9kit.memory.plan import plan
-from yolo9kit.memory.report import fmt_bytes
 
 LOGGER = logging.getLogger(__name__)
 RECORD_NAME = "auto_batch.json"
@@ -70,7 +69,7 @@ class AutoBatch:
 
     def __str__(self) -> str:
         return (f"batch_size='auto': batch {self.batch_size} x accumulate {self.accumulate} on {self.gpu}, "
-                f"predicted peak {fmt_bytes(self.predicted_device_bytes)} of {fmt_bytes(self.capacity_bytes)} "
+                f"predicted peak {format_bytes(self.predicted_device_bytes)} of {format_bytes(self.capacity_bytes)} "
                 f"({self.margin:.0%} kept free)")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import statistics
 import time
@@ -12,7 +11,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig
-from yolo9kit.env import resolve_device
+from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.memory.extrapolate import _live_matrix
 from yolo9kit.memory.gpus import gpu_from_device
 from yolo9kit.memory.report import MemoryReport
@@ -40,14 +39,6 @@ def require_cuda(device: str | torch.device) -> torch.device:
             "yolo9kit.memory.estimate(step, gpu='RTX 4090') to predict the same report on any machine, "
             "trace(step) for the real step on the CPU, or sweep(...), which falls back to the estimate.")
     return resolve_device(dev)
-
-
-def free_cuda() -> None:
-    """Drop unreachable tensors and return cached blocks to the driver."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *,
@@ -80,7 +71,7 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
     step = as_step(step, batch_size, changes, caller="measure")
     dev = require_cuda("cuda" if device is None else device)
     step = step.resolve(dev)
-    free_cuda()
+    free_cuda_memory()
     held_allocated = torch.cuda.memory_allocated(dev)
     held_reserved = torch.cuda.memory_reserved(dev)
     if held_allocated:
@@ -100,7 +91,7 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
             {**dict.fromkeys(CATEGORIES, 0), "workspace_other": peak_allocated}
     finally:
         del trainer, module  # the model was moved to the GPU in place: drop it before emptying the cache
-        free_cuda()
+        free_cuda_memory()
     step_s = statistics.median(times)
     spec = gpu_from_device(dev.index)
     free, total = torch.cuda.mem_get_info(dev)

@@ -10,7 +10,6 @@ batch x accumulation choices that reach ``nominal_batch_size`` with their memory
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -22,9 +21,12 @@ import torch
 from torch import nn
 
 from yolo9kit.config import DEFAULT_MARGIN, StepConfig, TrainConfig
+from yolo9kit.config.train import official_accumulate
+from yolo9kit.env import free_cuda_memory, parse_device
+from yolo9kit.files import format_bytes
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, target_gpu
-from yolo9kit.memory.report import GIB, fmt_bytes
+from yolo9kit.memory.report import GIB
 from yolo9kit.memory.step import as_step
 from yolo9kit.memory.throughput import ThroughputModel
 
@@ -35,8 +37,7 @@ METHODS = ("auto", "measured", "estimated", "both")
 def _use_measure(method: str, device: Any) -> bool:
     if method not in METHODS:
         raise ValueError(f"method={method!r}: expected one of {METHODS}")
-    has_cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda")
-                                              or str(device).isdigit())
+    has_cuda = torch.cuda.is_available() and parse_device(device).type == "cuda"
     if method in ("measured", "both") and not has_cuda:
         from yolo9kit.memory.measure import require_cuda
 
@@ -104,17 +105,11 @@ def _measured_rows(step: StepConfig, batch_sizes: Sequence[int], device: Any) ->
         try:
             rows.append({**measure(step, b, device=device).as_row(), "oom": False})
         except torch.cuda.OutOfMemoryError:
-            _free_after_oom()
+            free_cuda_memory()
             resolved = dataclasses.replace(step, batch_size=b).resolve(device or "cuda")
             rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.imgsz,
                          "amp": resolved.amp, "setting": resolved.label, "method": "measured", "oom": True})
     return rows
-
-
-def _free_after_oom() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -169,7 +164,7 @@ def find_max_batch(step: StepConfig | str | nn.Module | None = None, *, gpu: str
         except torch.cuda.OutOfMemoryError:
             used, oom = None, True
         if oom:  # outside the except block: the traceback and the tensors it holds are gone
-            _free_after_oom()
+            free_cuda_memory()
             trials.append({"batch_size": b, "ok": False, "bytes": None, "reason": "out of memory"})
             return False
         fits = used is None or used <= budget
@@ -193,11 +188,12 @@ def find_max_batch(step: StepConfig | str | nn.Module | None = None, *, gpu: str
 
 def _search_reason(lo: int, start: int, max_batch: int, trials: list[dict], budget: int, margin: float,
                    spec: GPUSpec) -> str:
-    where = f"a budget of {fmt_bytes(budget)}, {1 - margin:.0%} of the {fmt_bytes(spec.total_bytes)} of {spec.name}"
+    where = (f"a budget of {format_bytes(budget)}, {1 - margin:.0%} of the {format_bytes(spec.total_bytes)} "
+             f"of {spec.name}")
     if lo >= max_batch:
         return f"reached max_batch={max_batch} within {where}"
     first_fail = next((t for t in trials if t["batch_size"] == (lo + 1 if lo else start)), None)
-    needs = f" needs {fmt_bytes(first_fail['bytes'])}" if first_fail and first_fail["bytes"] else \
+    needs = f" needs {format_bytes(first_fail['bytes'])}" if first_fail and first_fail["bytes"] else \
         " runs out of memory"
     failing = lo + 1 if lo else start
     return f"batch {failing}{needs}, over {where}"
@@ -288,7 +284,7 @@ def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,
                           for row in df.to_dict("records")])
     fitting = table[table["fits"]]
     if fitting.empty:
-        reason = (f"nothing fits in {fmt_bytes(budget)} ({1 - margin:.0%} of {spec.name}): try "
+        reason = (f"nothing fits in {format_bytes(budget)} ({1 - margin:.0%} of {spec.name}): try "
                   "activation_checkpointing='all', a smaller imgsz or a smaller model")
         return BatchPlan(table, None, reason, step, spec, nominal_batch_size, margin, search.batch_size)
     best = fitting.loc[fitting["images_per_s"].idxmax()].to_dict()
@@ -303,7 +299,7 @@ def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,
 def _plan_row(row: dict, nominal: int, budget: int, spec: GPUSpec, gflops: float | None,
               throughput: ThroughputModel) -> dict:
     b = int(row["batch_size"])
-    acc = max(round(nominal / b), 1)  # the official rule, as fit applies it
+    acc = official_accumulate(nominal, b)  # the rule fit applies
     oom = bool(row.get("oom"))
     device_bytes = None if oom else int(row["device_bytes"])
     if gflops is not None:

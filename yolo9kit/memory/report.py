@@ -6,17 +6,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from yolo9kit.config import StepConfig
+from yolo9kit.files import format_bytes
 from yolo9kit.memory.tracker import CATEGORIES
 
 GIB = 1 << 30
-
-
-def fmt_bytes(nbytes: float) -> str:
-    """Bytes -> "1.23 GiB" / "45.6 MiB" (display only; the code keeps bytes)."""
-    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{int(nbytes)} B"
 
 
 @dataclass
@@ -108,6 +101,7 @@ class MemoryReport:
         speed = "" if self.step_time_s is None else \
             f", {self.step_time_s * 1000:.0f} ms/step, {self.images_per_s:.1f} img/s"
         head = (f"{self.model} batch {self.batch_size}, {self.step.label}, {self.method} for {self.device}: "
-                f"peak allocated {fmt_bytes(self.peak_allocated)}, reserved {fmt_bytes(self.peak_reserved)}{speed}")
-        parts = [f"  {c:16s} {fmt_bytes(self.breakdown[c]):>12s}" for c in CATEGORIES]
+                f"peak allocated {format_bytes(self.peak_allocated)}, "
+                f"reserved {format_bytes(self.peak_reserved)}{speed}")
+        parts = [f"  {c:16s} {format_bytes(self.breakdown[c]):>12s}" for c in CATEGORIES]
         return "\n".join([head, *parts])

@@ -21,7 +21,7 @@ from torch import nn
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
-from yolo9kit.train.guards import Interrupted, NonFiniteWeightsError, StopSignals
+from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals
 from yolo9kit.train.inputs import EMAValidation, ValidateFn, check_classes, make_loader, set_epoch_data
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_steps
@@ -167,6 +167,9 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             restore_rng(folder.ckpt["rng"], run.trainer.device)
             LOGGER.info("resuming %s at epoch %d, batch %d", folder.path, run.progress.epoch, run.progress.ni)
         interrupted_by = _epochs(run, train_loader)
+    except NonFiniteLossError as e:
+        close_failed(folder)
+        raise e.in_run(run.run_dir) from None  # the loop knows no folder; the message names where last.pt is
     except BaseException:
         close_failed(folder)
         raise
@@ -249,8 +252,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup, start_batch=progress.ni - epoch * nb,
                                            on_step=_callback(config, "on_step", run),
-                                           show=run.dist.is_main and config.progress_bar, run_dir=run.run_dir,
-                                           interrupt=signals.pending)
+                                           show=run.dist.is_main and config.progress_bar, interrupt=signals.pending)
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 if run.auto_batch is not None:
                     run.auto_batch.record_measured_peak(run.trainer.device, at.stats.peak_memory_bytes, run.run_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import signal
 import threading
@@ -19,17 +18,24 @@ class NonFiniteLossError(RuntimeError):
     """Raised after ``max_nonfinite_steps`` non-finite losses in a row.
 
     Attributes:
-        run_dir: the run folder; its ``weights/last.pt`` is the last good checkpoint (not overwritten).
+        run_dir: the run folder (set by ``fit``, which names it in the message); its ``weights/last.pt`` is
+            the last good checkpoint (not overwritten).
         count: how many non-finite losses in a row were seen.
     """
 
-    def __init__(self, run_dir: Path | None, count: int, epoch: int, batch: int) -> None:
-        self.run_dir, self.count = run_dir, count
-        where = f"; the last good checkpoint is {Path(run_dir) / 'weights' / 'last.pt'}" if run_dir else ""
+    def __init__(self, count: int, epoch: int, batch: int) -> None:
+        self.run_dir, self.count = None, count
         super().__init__(
-            f"{count} non-finite losses in a row (epoch {epoch}, batch {batch}): training stopped{where}. "
+            f"{count} non-finite losses in a row (epoch {epoch}, batch {batch}): training stopped. "
             "Lower lr0, check the labels (yolo9kit.data.check) or train with amp='off' or 'bf16'."
         )
+
+    def in_run(self, run_dir: Path | None) -> NonFiniteLossError:
+        """This error with the run folder named: where the last good checkpoint is."""
+        self.run_dir = run_dir
+        if run_dir is not None:
+            self.args = (f"{self.args[0]} The last good checkpoint is {Path(run_dir) / 'weights' / 'last.pt'}.",)
+        return self
 
 
 class NonFiniteWeightsError(RuntimeError):
@@ -74,13 +80,6 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return True
     return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
-
-
-def free_memory(device: torch.device | None = None) -> None:
-    """Collect garbage and return cached CUDA blocks to the driver (after the caller dropped its tensors)."""
-    gc.collect()
-    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
-        torch.cuda.empty_cache()
 
 
 def halve_micro_batch(micro_batch: int, error: BaseException) -> int:

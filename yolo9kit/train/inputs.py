@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import TrainConfig
+from yolo9kit.config.step import multi_scale_side
 from yolo9kit.train import ddp
 
 LOGGER = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def multi_scale_shape(shape_hw: tuple[int, int], imgsz: int, stride: int, rng: r
     ``sf = sz / max(h, w)``, and when ``sf != 1`` the new shape ``ceil(x * sf / gs) * gs`` per side. The side
     is at least one stride (the official code refuses an imgsz below two strides instead).
     """
-    size = max(rng.randrange(int(imgsz * 0.5), int(imgsz * 1.5) + stride) // stride * stride, stride)
+    size = multi_scale_side(imgsz, stride, rng)
     factor = size / max(shape_hw)
     if factor == 1:
         return None

@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -57,9 +56,9 @@ class _Logged:
 class _EpochLog:
     """Running means, images/s, the progress bar and ``on_step`` for the batches of one epoch."""
 
-    def __init__(self, trainer: Trainer, config: TrainConfig, progress: Progress, run_dir: Path | None, bar,
+    def __init__(self, trainer: Trainer, config: TrainConfig, progress: Progress, bar,
                  on_step: Callable[[StepRecord], None] | None, show: bool):
-        self.trainer, self.config, self.progress, self.run_dir = trainer, config, progress, run_dir
+        self.trainer, self.config, self.progress = trainer, config, progress
         self.bar, self.on_step, self.show = bar, on_step, show
         self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
         self.start = time.perf_counter()
@@ -92,7 +91,7 @@ class _EpochLog:
         finite = torch.stack([torch.as_tensor(e.finite, device=e.items.device) for e in entries]).cpu()  # ready now
         for entry, row, ok in zip(entries, items, finite.tolist()):
             if not ok:  # sync-free: the scaler has already skipped the step on the device
-                _count_nonfinite(self.progress, self.config, self.run_dir, entry.batch)
+                _count_nonfinite(self.progress, self.config, entry.batch)
                 continue
             self.progress.nonfinite_in_row = 0
             self._log(entry, row)
@@ -142,7 +141,7 @@ class _WindowStart:
 def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, progress: Progress, *,
                     batches_per_epoch: int, warmup: int, start_batch: int = 0,
                     on_step: Callable[[StepRecord], None] | None = None, show: bool = True,
-                    run_dir: Path | None = None, interrupt: Callable[[], str | None] | None = None) -> EpochStats:
+                    interrupt: Callable[[], str | None] | None = None) -> EpochStats:
     """Train ``progress.epoch`` over ``loader`` batches ``(images uint8 (B,3,H,W), targets (N,6), ...)``.
 
     Accumulation follows the official rule: an optimizer step happens at batch ``ni`` when
@@ -170,7 +169,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     reset_peak_memory(trainer.device)
     epoch, nb = progress.epoch, batches_per_epoch
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not show, leave=True)
-    log = _EpochLog(trainer, config, progress, run_dir, bar, on_step, show)
+    log = _EpochLog(trainer, config, progress, bar, on_step, show)
     window = _WindowStart(trainer)
     stride = max_stride(unwrap(trainer.model))  # official gs
     try:
@@ -195,7 +194,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
                                "dropped")
             if not result.finite:
                 log.flush()  # earlier batches first, so that the count of non-finite losses in a row is right
-                _skip_nonfinite(trainer, progress, config, run_dir, batch=i)
+                _skip_nonfinite(trainer, progress, config, batch=i)
                 window.take()
                 continue
             if step_due:
@@ -218,18 +217,17 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
                       peak_memory_bytes(trainer.device), lrs)
 
 
-def _skip_nonfinite(trainer: Trainer, progress: Progress, config: TrainConfig, run_dir: Path | None,
-                    batch: int) -> None:
+def _skip_nonfinite(trainer: Trainer, progress: Progress, config: TrainConfig, batch: int) -> None:
     """Drop the accumulated gradients, start a new accumulation window, count; raise after too many in a row."""
     trainer.optimizer.zero_grad(set_to_none=True)
     progress.last_opt_step = progress.ni  # the next window starts after this batch
-    _count_nonfinite(progress, config, run_dir, batch)
+    _count_nonfinite(progress, config, batch)
 
 
-def _count_nonfinite(progress: Progress, config: TrainConfig, run_dir: Path | None, batch: int) -> None:
+def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int) -> None:
     progress.nonfinite_in_row += 1
     progress.nonfinite_total += 1
     LOGGER.warning("non-finite loss at epoch %d batch %d: step skipped (%d in a row, stop at %d)",
                    progress.epoch, batch, progress.nonfinite_in_row, config.max_nonfinite_steps)
     if progress.nonfinite_in_row >= config.max_nonfinite_steps:
-        raise NonFiniteLossError(run_dir, progress.nonfinite_in_row, progress.epoch, batch)
+        raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch, batch)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import TrainConfig
+from yolo9kit.config.train import official_accumulate
 
 # Normalisation layers, whose weights get no weight decay (matches the official smart_optimizer test
 # "Norm in the class name of torch.nn").
@@ -44,13 +45,10 @@ def param_groups(model: nn.Module, trainable_only: bool = False
 
 
 def base_accumulate(config: TrainConfig) -> int:
-    """Batches per optimizer step after warmup: explicit, or ``max(round(64 / batch), 1)`` (official).
-
-    Python's ``round`` rounds halves to even, as the official code does (64/24 = 2.67 -> 3).
-    """
+    """Batches per optimizer step after warmup: explicit, or the official rule (``official_accumulate``)."""
     if config.accumulate_steps is not None:
         return config.accumulate_steps
-    return max(round(config.nominal_batch_size / config.batch_size), 1)
+    return official_accumulate(config.nominal_batch_size, config.batch_size)
 
 
 def scaled_weight_decay(config: TrainConfig) -> float:

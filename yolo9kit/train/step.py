@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.env import resolve_device
+from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
 from yolo9kit.train.ema import ModelEMA, unwrap
-from yolo9kit.train.guards import DistributedOutOfMemoryError, free_memory, halve_micro_batch, is_out_of_memory
+from yolo9kit.train.guards import DistributedOutOfMemoryError, halve_micro_batch, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
 
 LOGGER = logging.getLogger(__name__)
@@ -334,7 +334,7 @@ def _recover_from_oom(trainer: Trainer, buffers: list[torch.Tensor], attempted: 
     trainer.phase = "idle"
     if buffers:
         torch._foreach_copy_(buffers, trainer.buffer_backup)  # undo the running-stat updates of the failed forward
-    free_memory(trainer.device)
+    free_cuda_memory(trainer.device)
     trainer.micro_batch_size = halve_micro_batch(attempted, error)
     trainer.oom_events += 1
     if in_backward:

@@ -75,16 +75,6 @@ def html_table(df, caption: str | None = None, float_format: str = "{:.3g}") -> 
     return head + body
 
 
-def format_bytes(n: float | None) -> str:
-    """``3.2 GiB`` for display (memory is bytes everywhere in the code)."""
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def output_png(output) -> bytes | None:
     """The PNG an ``Output`` currently shows (None when it shows none): what tests compare."""
     for item in output.outputs:

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from yolo9kit.widgets._common import format_bytes
+from yolo9kit.files import format_bytes
 
 if TYPE_CHECKING:
     from yolo9kit.widgets.dashboard import TrainDashboard

@@ -33,7 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from yolo9kit.widgets._common import format_bytes, show_figure
+from yolo9kit.files import format_bytes
+from yolo9kit.widgets._common import show_figure
 from yolo9kit.widgets._dashboard_panel import (
     MAX_MESSAGES,
     NO_VRAM,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from yolo9kit.widgets._common import WidgetApp, format_bytes, show_error, show_figure
+from yolo9kit.files import format_bytes
+from yolo9kit.widgets._common import WidgetApp, show_error, show_figure
 
 AMP_LABELS = {"auto": "auto", "fp16": "fp16", "bf16": "bf16", "off (fp32)": "off"}  # label -> ``amp``
 CHECKPOINTING = {"none": None, "backbone": "backbone", "all": "all"}  # label -> ``activation_checkpointing``
