@@ -148,7 +148,8 @@ def _report_free(monkeypatch, free):
 def test_a_full_disk_stops_before_the_epoch_with_a_clear_error(tmp_path, monkeypatch):
     steps = []
     _report_free(monkeypatch, lambda: 10_000)
-    with pytest.raises(DiskFullError, match=r"disk full: .* needs about .* [KM]iB in .*weights, which has 9\.77 KiB free"):
+    with pytest.raises(DiskFullError, match=r"disk full: .* needs about .* [KM]iB in .*weights, which has 9\.77 KiB "
+                                            r"free"):
         _fit(_config(tmp_path, callbacks={"on_step": steps.append}))
     assert steps == []  # not a batch trained for nothing
     assert not (tmp_path / "runs" / "exp").exists()  # and no empty run or weights folder left

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from yolo9kit.config.setting import CHANGE, RUN, check_settings, setting
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
@@ -26,6 +28,11 @@ SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 CALLBACK_NAMES = ("on_step", "on_epoch_end")
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
 Freeze = int | str | Sequence[int] | None
+
+# Why some settings have no flag of their own (config.setting: every setting has a flag or a reason).
+_PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: on for CUDA, off on the CPU)"
+_HYP = "--hyp reads it from an official hyp yaml"
+_API = "API only: the official value serves every command-line run"
 
 # Augmentation hyper-parameters of the official hyp.scratch-high.yaml (passed to the data layer).
 DEFAULT_AUGMENT_HYP: dict[str, float] = {
@@ -74,168 +81,174 @@ class TrainConfig:
     as the official ``--batch-size``); ``micro_batch_size`` images go through one forward/backward
     (a "micro-step", default the whole batch); an optimizer "step" happens every ``accumulate``
     batches. The hyper-parameters assume ``nominal_batch_size`` (64) images per step.
+
+    Each field is declared once, with its help, range, flag and resume rule (``config.setting``): the
+    ``train`` command, its checks and a resume's rules are read from these declarations.
     """
 
-    epochs: int = 100
+    epochs: int = setting(100, "epochs to train; with --resume, a larger number extends the run", flag="--epochs",
+                          resume=CHANGE, integer=True, low=1)
     # An int, or "auto" (also -1, the official flag): before the first step, the largest batch whose step
     # the memory estimate fits into (1 - margin) of ``gpu`` (None: the training device; the CPU: its RAM),
     # as ``yolo9kit.memory.plan`` recommends it for ``nominal_batch_size`` (docs/memory.md).
-    batch_size: int | str = 16
-    gpu: str | int | None = None  # batch_size="auto": the card to size for (a name from memory.GPUS, bytes)
-    margin: float = DEFAULT_MARGIN  # batch_size="auto": share of the card kept free
+    batch_size: int | str = setting(
+        16, "images per batch (all GPUs), or auto (also -1): the largest that the memory estimate fits into the "
+        "GPU (--gpu, --margin), with accumulation to the nominal 64", flag="--batch-size", aliases=("--batch",))
+    gpu: str | int | None = setting(None, "batch size auto: size for this card (e.g. \"RTX 4090\", or bytes; default: "
+                                    "the training device, on the CPU its RAM)", flag="--gpu")
+    margin: float = setting(DEFAULT_MARGIN, "batch size auto: share of the card kept free", flag="--margin",
+                            low=0, high=1, high_open=True)
     # The batch the hyper-parameters were tuned for; accumulation makes each step see about this many images.
-    nominal_batch_size: int = 64
+    nominal_batch_size: int = setting(64, "images per optimizer step the hyper-parameters assume",
+                                      no_flag="fixed at the official 64 on the command line", integer=True, low=1)
     # None: official rule max(round(nominal/batch), 1), ramped up from 1 during warmup. An int: that many
     # batches per optimizer step (also ramped from 1 during warmup when accumulate_warmup is True).
-    accumulate_steps: int | None = None
-    accumulate_warmup: bool = True
+    accumulate_steps: int | None = setting(None, "batches per optimizer step (default max(round(64 / batch), 1))",
+                                           flag="--accumulate-steps", integer=True, low=1)
+    accumulate_warmup: bool = setting(True, "ramp the accumulation up from 1 during warmup (official)",
+                                      no_flag="API only: the official ramp")
     # Split each loader batch into micro-batches of this size (None: no split). OOM back-off halves it.
-    micro_batch_size: int | None = None
-    imgsz: int = 640
+    micro_batch_size: int | None = setting(None, "split each batch into micro-batches of this size",
+                                           flag="--micro-batch-size", integer=True, low=1)
+    imgsz: int = setting(640, "training image size", flag="--imgsz", aliases=("--img", "--img-size"), integer=True,
+                         low=32, multiple=32)
     # Recompute these layers in backward instead of keeping their activations: None, "backbone", "all" or a
     # list of layer indices (DetectionModel.set_activation_checkpointing). Saves memory, costs a forward.
-    activation_checkpointing: str | list[int] | None = None
+    activation_checkpointing: str | list[int] | None = setting(
+        None, "recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3",
+        flag="--activation-checkpointing", resume=CHANGE)
     # Fine-tuning: layers whose parameters do not train (official --freeze): None or 0 nothing, an int N the
     # first N layers, "backbone" the model yaml's backbone rows, or a list of layer indices (stored as a
     # tuple). Frozen parameters get no gradient, no optimizer state and no EMA update, and the memory
     # estimate of the step counts none of them (yolo9kit.models.freeze has the rules).
-    freeze: int | str | tuple[int, ...] | None = None
+    freeze: int | str | tuple[int, ...] | None = setting(
+        None, "layers that do not train (fine-tuning): N for the first N layers (official: 10 is the yolov9-c "
+        "backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)", flag="--freeze")
     # "auto": bf16 where the GPU supports it, else fp16; always "off" on CPU (autocast on CPU is slow).
-    amp: str = "auto"
+    amp: str = setting("auto", "mixed precision", flag="--amp", choices=AMP_MODES)
     # Speed switches; None means on for CUDA, off on the CPU (StepConfig.resolve decides, for fit and memory).
-    channels_last: bool | None = None  # channels_last weights and inputs (NHWC convolutions)
-    sync_free: bool | None = None  # no host-device sync in the step; losses read every log_interval batches
-    fused_optimizer: bool | None = None  # torch's fused SGD/Adam/AdamW
-    lean_activations: bool | None = None  # BatchNorm+SiLU keep one activation for backward, not two (~25 % less)
-    colour_on_device: bool | None = None  # HSV colour jitter on the training device, not in the loader
-    cudnn_benchmark: bool = True  # cudnn autotuning (CUDA only)
+    channels_last: bool | None = setting(None, "channels_last weights and inputs (NHWC convolutions)",
+                                         no_flag=_PLAIN_STEP, resume=CHANGE)
+    sync_free: bool | None = setting(None, "no host-device sync in the step; losses read every log_interval "
+                                     "batches", no_flag=_PLAIN_STEP, resume=CHANGE)
+    fused_optimizer: bool | None = setting(None, "torch's fused SGD/Adam/AdamW", no_flag=_PLAIN_STEP, resume=CHANGE)
+    lean_activations: bool | None = setting(None, "BatchNorm+SiLU keep one activation for backward, not two "
+                                            "(~25 % less)", no_flag=_PLAIN_STEP, resume=CHANGE)
+    colour_on_device: bool | None = setting(None, "HSV colour jitter on the training device, not in the loader",
+                                            no_flag=_PLAIN_STEP, resume=CHANGE)
+    cudnn_benchmark: bool = setting(True, "cudnn autotuning (CUDA only)", no_flag=_API, resume=CHANGE)
     # torch.compile the model's forward: True, or a mode such as "reduce-overhead" (CUDA graphs) or
     # "max-autotune". Off by default: the first step then takes minutes (measured in docs/benchmarks.md).
-    compile: bool | str = False
-    log_interval: int = 10  # sync-free: batches between read-backs of the losses (progress bar, callbacks)
-    optimizer: str = "SGD"
-    lr0: float = 0.01
-    lrf: float = 0.01  # final LR = lr0 * lrf
-    momentum: float = 0.937  # SGD momentum / Adam beta1
-    weight_decay: float = 0.0005  # scaled by batch*accumulate/nominal (official)
-    schedule: str = "linear"
-    warmup_epochs: float = 3.0
+    compile: bool | str = setting(False, "torch.compile the forward (optionally a mode: reduce-overhead, "
+                                  "max-autotune)", flag="--compile", resume=CHANGE)
+    log_interval: int = setting(10, "sync-free: batches between read-backs of the losses (progress bar, "
+                                "callbacks)", no_flag=_API, resume=CHANGE, integer=True, low=1)
+    optimizer: str = setting("SGD", "the optimizer", flag="--optimizer", choices=OPTIMIZERS)
+    lr0: float = setting(0.01, "initial learning rate", no_flag=_HYP, low=0, low_open=True)
+    lrf: float = setting(0.01, "final learning rate = lr0 * lrf", no_flag=_HYP, low=0)
+    momentum: float = setting(0.937, "SGD momentum / Adam beta1", no_flag=_HYP, low=0, high=1)
+    weight_decay: float = setting(0.0005, "scaled by batch * accumulate / nominal (official)", no_flag=_HYP, low=0)
+    schedule: str = setting("linear", "the learning-rate schedule",
+                            no_flag="--cos-lr, --flat-cos-lr or --fixed-lr (the official flag names)",
+                            choices=SCHEDULES)
+    warmup_epochs: float = setting(3.0, "epochs of warmup", no_flag=_HYP, low=0)
     # Official: at least 100 warmup batches, however short the epoch (lower it for tiny CPU runs).
-    warmup_min_steps: int = 100
-    warmup_momentum: float = 0.8
-    warmup_bias_lr: float = 0.1
-    ema: bool = True
-    ema_decay: float = 0.9999
-    ema_tau: float = 2000.0  # EMA decay ramps as decay * (1 - exp(-updates / tau))
-    grad_clip: float = 10.0  # max total grad norm after unscaling (official constant); 0 disables
-    close_mosaic: int = 0  # turn mosaic off for the last N epochs
+    warmup_min_steps: int = setting(100, "the fewest warmup batches", no_flag=_API, integer=True, low=0)
+    warmup_momentum: float = setting(0.8, "momentum at the start of warmup", no_flag=_HYP, low=0, high=1)
+    warmup_bias_lr: float = setting(0.1, "bias learning rate at the start of warmup", no_flag=_HYP, low=0)
+    ema: bool = setting(True, "keep an EMA of the weights (what is validated and saved)", no_flag=_API)
+    ema_decay: float = setting(0.9999, "EMA decay", no_flag=_API, low=0, high=1)
+    ema_tau: float = setting(2000.0, "EMA decay ramps as decay * (1 - exp(-updates / tau))", no_flag=_API, low=0,
+                             low_open=True)
+    grad_clip: float = setting(10.0, "max total grad norm after unscaling (official constant); 0 disables",
+                               no_flag=_API, low=0)
+    close_mosaic: int = setting(0, "mosaic off for the last N epochs", flag="--close-mosaic", integer=True, low=0)
     # Official data options of train_dual.py. rect: training batches of images sorted by aspect ratio, each
     # batch letterboxed to its own shape (official batch shapes, pad 0), no mosaic and no shuffling.
-    rect: bool = False
+    rect: bool = setting(False, "rectangular training batches (images sorted by aspect ratio; no mosaic, no "
+                         "shuffling)", flag="--rect")
     # Each batch resized to a random multiple of the model stride in [0.5, 1.5] x imgsz (official rule; the
     # memory estimate describes the step at the largest size).
-    multi_scale: bool = False
-    single_cls: bool = False  # every class becomes class 0 ("item"); the model predicts one class
-    min_items: int = 0  # drop training images with fewer labelled boxes than this (official --min-items)
+    multi_scale: bool = setting(False, "resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz",
+                                flag="--multi-scale")
+    single_cls: bool = setting(False, "train multi-class data as one class (\"item\")", flag="--single-cls")
+    min_items: int = setting(0, "drop training images with fewer labelled boxes (official --min-items)",
+                             flag="--min-items", integer=True, low=0)
     # Official --label-smoothing: the official dual loss computes its smoothed BCE targets and never uses
     # them, so it changes nothing there and nothing here (kept so that official commands run; fit warns).
-    label_smoothing: float = 0.0
-    hyp: Mapping[str, float] | None = None  # augmentation dict for the data layer; None = official defaults
-    loss: LossConfig | None = None  # None: the official gains
-    cache: str | None = None  # None | "ram" | "disk"
+    label_smoothing: float = setting(0.0, "official flag, accepted for official commands: the official dual loss "
+                                     "never applies it", flag="--label-smoothing", low=0, high=1, high_open=True)
+    hyp: Mapping[str, float] | None = setting(None, "augmentation dict for the data layer; None = official defaults",
+                                              no_flag="--hyp reads an official hyp yaml (its augmentation keys)")
+    loss: LossConfig | None = setting(None, "the loss gains; None: the official ones",
+                                      no_flag="--hyp (the official box, cls, dfl and cls_pw keys)")
+    cache: str | None = setting(None, "cache the training images: ram (default when given) or disk",
+                                flag="--cache", resume=CHANGE)
     # Train even when the training labels use class ids `names` does not name, hold no box at all, or lose
     # more than a tenth of the labelled images to errors. Off: such data stops the run before the first
     # step with a DataError naming the data.yaml, the counts and the class ids (yolo9kit.data.guard), as the
     # official code stops on the first two, instead of training a model of what happened to be left.
-    allow_bad_labels: bool = False
-    workers: int | None = None  # loader processes; None: min(CPUs, batch, 8) (official rule)
-    seed: int = 0
-    device: str | None = None  # None: first CUDA device, else CPU
-    val: bool = True  # validate the EMA every epoch (the last epoch is always validated)
-    val_batch_size: int | None = None  # None: 2 x batch size (official)
-    project: str = "runs/train"
-    name: str = "exp"
-    exist_ok: bool = False
-    resume: bool | str = False  # True: newest last.pt under project; a path: that checkpoint
-    max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
-    oom_backoff: bool = True  # on CUDA out-of-memory halve the micro-batch and retry
-    sync_bn: bool = False  # DDP only: convert BatchNorm to SyncBatchNorm
-    progress_bar: bool = True  # tqdm bars of each epoch and its validation (rank 0)
+    allow_bad_labels: bool = setting(False, "train even when labels use unnamed classes, no image has a box, or "
+                                     "many labelled images would be dropped (refused by default, before the first "
+                                     "step)", flag="--allow-bad-labels", resume=CHANGE)
+    workers: int | None = setting(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
+                                  resume=CHANGE, integer=True, low=0)
+    seed: int = setting(0, "the seed of the initial weights, the data order and the augmentation", flag="--seed",
+                        integer=True)
+    device: str | None = setting(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
+                                 resume=CHANGE)
+    val: bool = setting(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
+                        negate=True, resume=CHANGE)
+    val_batch_size: int | None = setting(None, "validation batch (None: 2 x batch size, official)", no_flag=_API,
+                                         resume=CHANGE, integer=True, low=1)
+    project: str = setting("runs/train", "folder of the run folders (with --resume: where the newest is looked "
+                           "for)", flag="--project", resume=RUN)
+    name: str = setting("exp", "run folder name under --project", flag="--name", resume=RUN)
+    exist_ok: bool = setting(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
+    resume: bool | str = setting(False, "resume the newest run, or this run folder / last.pt (its settings; "
+                                 "--epochs may extend it)", flag="--resume", resume=RUN)
+    max_nonfinite_steps: int = setting(10, "stop after this many non-finite losses in a row", no_flag=_API,
+                                       resume=CHANGE, integer=True, low=1)
+    oom_backoff: bool = setting(True, "on CUDA out-of-memory halve the micro-batch and retry", no_flag=_API,
+                                resume=CHANGE)
+    sync_bn: bool = setting(False, "SyncBatchNorm (DDP only)", flag="--sync-bn")
+    progress_bar: bool = setting(True, "tqdm bars of each epoch and its validation (rank 0)",
+                                 no_flag="API only: the command line always shows them", resume=CHANGE)
     # The run folder's pictures (labels.jpg, train_batch0-2.jpg, results.png every epoch, the validation plots
     # at the end; yolo9kit.train.pictures). On a CPU about 0.4 s per epoch and 2 s per run (docs/training.md);
     # False for quiet or timed runs.
-    plots: bool = True
-    patience: int = 100  # stop after this many epochs without a better fitness
-    save_period: int = -1  # also save epoch{n}.pt every n epochs when > 0
+    plots: bool = setting(True, "draw the run folder's pictures (labels, training batches, curves, validation "
+                          "plots)", flag="--no-plots", negate=True, resume=CHANGE)
+    patience: int = setting(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
+                            integer=True, low=0)
+    save_period: int = setting(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
+                               flag="--save-period", resume=CHANGE, integer=True)
     # {"on_step": f(StepRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
-    callbacks: Mapping[str, Callable[[Any], None]] | None = field(default=None, compare=False)
+    callbacks: Mapping[str, Callable[[Any], None]] | None = setting(
+        None, "functions called after each step and epoch", no_flag="API only: functions", resume=CHANGE,
+        compare=False)
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
             return ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: expected {expected}")
 
-        for f in dataclasses.fields(self):  # whole numbers: 2.5 epochs would fail later, inside fit
-            value, optional = getattr(self, f.name), f.type == "int | None"
-            if (f.type == "int" or optional) and not (value is None and optional) and \
-                    (isinstance(value, bool) or not isinstance(value, int)):
-                raise bad(f.name, "a whole number" + (" or None" if optional else ""))
-        if self.epochs < 1:
-            raise bad("epochs", "an integer >= 1")
         if self.batch_size == -1:  # the official --batch-size -1
             object.__setattr__(self, "batch_size", "auto")
-        if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or self.batch_size < 1):
+        check_settings(self)  # the declared ranges and choices
+        if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
+                                          or self.batch_size < 1):
             raise bad("batch_size", "an integer >= 1, or \"auto\" (also -1) to size it from the memory estimate")
         if self.batch_size == "auto" and self.micro_batch_size is not None:
             raise bad("micro_batch_size", "None with batch_size='auto' (the automatic batch is the micro-batch)")
-        if not 0 <= self.margin < 1:
-            raise bad("margin", "a share of the card in [0, 1)")
+        if isinstance(self.batch_size, int) and (self.micro_batch_size or 0) > self.batch_size:
+            raise bad("micro_batch_size", f"at most batch_size={self.batch_size} (a batch is split into micro-batches)")
         check_activation_checkpointing(self.activation_checkpointing, "TrainConfig")
         object.__setattr__(self, "freeze", check_freeze(self.freeze, "TrainConfig"))
-        if self.accumulate_steps is not None and self.accumulate_steps < 1:
-            raise bad("accumulate_steps", "None or an integer >= 1")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise bad("micro_batch_size", "None or an integer >= 1")
-        if self.amp not in AMP_MODES:
-            raise bad("amp", f"one of {AMP_MODES}")
-        if self.optimizer not in OPTIMIZERS:
-            raise bad("optimizer", f"one of {OPTIMIZERS}")
-        if self.schedule not in SCHEDULES:
-            raise bad("schedule", f"one of {SCHEDULES}")
-        if self.imgsz < 32 or self.imgsz % 32:
-            raise bad("imgsz", "a multiple of 32 (the largest model stride)")
-        if self.log_interval < 1:
-            raise bad("log_interval", "an integer >= 1")
-        if self.max_nonfinite_steps < 1:
-            raise bad("max_nonfinite_steps", "an integer >= 1")
+        if self.cache not in (None, False, True, "ram", "disk", "auto"):
+            raise bad("cache", "None, 'ram' or 'disk'")
         unknown = set(self.callbacks or {}) - set(CALLBACK_NAMES)
         if unknown:
             raise bad("callbacks", f"a dict with keys among {CALLBACK_NAMES}, got {sorted(unknown)}")
-        self._check_ranges(bad)
-
-    def _check_ranges(self, bad: Callable[[str, str], ValueError]) -> None:
-        """Hyper-parameters and counts outside their ranges, and options that contradict each other: refused
-        here, before any work, rather than as a NaN loss or a division by zero epochs later."""
-        if isinstance(self.batch_size, int) and (self.micro_batch_size or 0) > self.batch_size:
-            raise bad("micro_batch_size", f"at most batch_size={self.batch_size} (a batch is split into micro-batches)")
-        minimum = {"lr0": (0, False), "lrf": (0, True), "weight_decay": (0, True), "warmup_epochs": (0, True),
-                   "warmup_bias_lr": (0, True), "grad_clip": (0, True), "ema_tau": (0, False)}
-        for name, (low, inclusive) in minimum.items():
-            value = getattr(self, name)
-            if not (value >= low if inclusive else value > low):
-                raise bad(name, f"a number {'>=' if inclusive else '>'} {low}")
-        for name in ("momentum", "warmup_momentum", "ema_decay"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise bad(name, "a number in [0, 1]")
-        for name in ("nominal_batch_size", "val_batch_size"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise bad(name, "an integer >= 1")
-        if not 0 <= self.label_smoothing < 1:
-            raise bad("label_smoothing", "an epsilon in [0, 1)")
-        for name in ("close_mosaic", "patience", "workers", "warmup_min_steps", "min_items"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise bad(name, "an integer >= 0")
-        if self.cache not in (None, False, True, "ram", "disk", "auto"):
-            raise bad("cache", "None, 'ram' or 'disk'")
         check_augment_hyp(self.augment_hyp, "TrainConfig.hyp")
 
     @property

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config import TrainConfig
+from yolo9kit.config.setting import KEEP, declarations
 from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, remove_stale_temporaries
 from yolo9kit.train import ddp
 from yolo9kit.train.records import write_results
@@ -25,15 +26,10 @@ from yolo9kit.train.step import Trainer
 
 LOGGER = logging.getLogger(__name__)
 
-# TrainConfig fields a resumed run keeps: they decide the data order, the schedule, the loss or what is
-# trained, so a change would silently give a run that is neither the old one nor a new one. The others
-# (epochs, patience, device, workers, cache, validation, the speed and memory switches) may change.
-FIXED_ON_RESUME = (
-    "batch_size", "nominal_batch_size", "accumulate_steps", "accumulate_warmup", "micro_batch_size", "imgsz",
-    "amp", "optimizer", "lr0", "lrf", "momentum", "weight_decay", "schedule", "warmup_epochs", "warmup_min_steps",
-    "warmup_momentum", "warmup_bias_lr", "ema", "ema_decay", "ema_tau", "grad_clip", "close_mosaic", "hyp",
-    "loss", "seed", "sync_bn", "freeze", "rect", "multi_scale", "single_cls", "min_items", "label_smoothing",
-)
+# TrainConfig fields a resumed run keeps (declared resume=KEEP): they decide the data order, the schedule, the
+# loss or what is trained, so a change would silently give a run that is neither the old one nor a new one.
+# The others (epochs, patience, device, workers, cache, validation, the speed and memory switches) may change.
+FIXED_ON_RESUME = tuple(name for name, (_, declared) in declarations(TrainConfig).items() if declared.resume == KEEP)
 # Room for a results.csv row, auto_batch.json and the file system's own blocks, besides the checkpoints.
 _SMALL_FILES_BYTES = 1 << 20
 

@@ -1,0 +1,104 @@
+"""One declaration per training setting: ``setting(default, help, ...)`` beside each ``TrainConfig`` field.
+
+A field's declaration holds everything the kit knows of it besides its type: the default (the field's),
+what it means (``help``), its range or choices, its command-line flag (or why it has none) and what a
+resumed run may do with it. ``TrainConfig`` checks its values with :meth:`Setting.problem`; the ``train``
+command builds its flags, their help and their checks from the same declarations (``yolo9kit.cli.train``),
+and ``yolo9kit.train.rundir`` reads the resume rule, so no rule is written twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# What a resumed run does with a setting:
+KEEP = "keep"  # the run's value: a resume that asks for another is refused (the data order, the schedule, ...)
+CHANGE = "change"  # a resume may set it (how long, where and how fast the run goes on)
+RUN = "run"  # the resume itself decides it (which run to resume, and where its folder is)
+RESUME_RULES = (KEEP, CHANGE, RUN)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The declaration of one setting (read with :func:`declarations`)."""
+
+    help: str  # one line: what it does, for --help and the docs
+    flag: str | None = None  # the train command's flag, e.g. "--batch-size"
+    aliases: tuple[str, ...] = ()  # official spellings also accepted, e.g. "--batch"
+    no_flag: str | None = None  # why there is no flag of its own: which flag sets it, or that it is API only
+    negate: bool = False  # a bool whose flag turns it off (--noval, --no-plots)
+    resume: str = KEEP
+    low: float | None = None  # the smallest value (None: no bound)
+    low_open: bool = False  # the bound itself excluded: value > low
+    high: float | None = None
+    high_open: bool = False
+    choices: tuple[Any, ...] | None = None
+    multiple: int | None = None  # the value must be a multiple of this (image sizes of the stride 32)
+    integer: bool = False  # a whole number (bool excluded), also when None is allowed
+
+    def __post_init__(self) -> None:
+        if (self.flag is None) == (self.no_flag is None):
+            raise ValueError(f"a setting has a flag or says why it has none, not both or neither: {self.help!r}")
+        if self.resume not in RESUME_RULES:
+            raise ValueError(f"resume={self.resume!r}: expected one of {RESUME_RULES}")
+
+    @property
+    def expected(self) -> str:
+        """The allowed values in words: ``an integer >= 1``, ``a number in [0, 1)``, ``one of (...)``."""
+        if self.choices is not None:
+            return f"one of {self.choices}"
+        kind = "an integer" if self.integer else "a number"
+        if self.multiple:
+            return f"a multiple of {self.multiple} (the largest model stride)"
+        if self.low is not None and self.high is not None:
+            return f"{kind} in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}" \
+                   f"{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{kind} {'>' if self.low_open else '>='} {_num(self.low)}"
+        return "a whole number" if self.integer else "a value"
+
+    def problem(self, value: Any, optional: bool = False) -> str | None:
+        """None when ``value`` is allowed, else what was expected (``optional``: None is allowed too)."""
+        if value is None and optional:
+            return None
+        if self.choices is not None:
+            return None if value in self.choices else self.expected
+        if self.integer and (isinstance(value, bool) or not isinstance(value, int)):
+            return "a whole number" + (" or None" if optional else "")
+        numeric = self.low is not None or self.high is not None or self.multiple
+        if not numeric:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            return self.expected
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
+        off_grid = bool(self.multiple) and value % self.multiple != 0
+        return self.expected if too_low or too_high or off_grid else None
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def setting(default: Any, help: str, **declaration: Any) -> Any:  # noqa: A002 (argparse's word)
+    """A dataclass field with its default and its :class:`Setting` (``help``, ``flag`` or ``no_flag``, ...)."""
+    extra = {"compare": declaration.pop("compare")} if "compare" in declaration else {}
+    return field(default=default, metadata={"setting": Setting(help, **declaration)}, **extra)
+
+
+def declarations(config_type: type) -> dict[str, tuple[dataclasses.Field, Setting]]:
+    """Field name -> (the dataclass field, its Setting), in declaration order."""
+    return {f.name: (f, f.metadata["setting"]) for f in dataclasses.fields(config_type) if "setting" in f.metadata}
+
+
+def check_settings(config: Any) -> None:
+    """Every declared value of ``config`` in its range, else a ValueError ``Type.name=value: expected ...``."""
+    owner = type(config).__name__
+    for name, (f, declared) in declarations(type(config)).items():
+        value = getattr(config, name)
+        problem = declared.problem(value, optional="None" in str(f.type))
+        if problem is not None:
+            raise ValueError(f"{owner}.{name}={value!r}: expected {problem}")
