@@ -1,4 +1,4 @@
-"""Each training setting is declared once (config.setting): the train command's flags, their checks and the
+"""Each training setting is declared once (config.declare): the train command's flags, their checks and the
 resume rules are read from the declarations, so they cannot drift from TrainConfig."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from yolo9kit.cli import train as train_cli
 from yolo9kit.config import TrainConfig
-from yolo9kit.config.setting import CHANGE, KEEP, RUN, Setting, declarations
+from yolo9kit.config.declare import CHANGE, KEEP, RUN, Declared, declarations
 from yolo9kit.train.rundir import FIXED_ON_RESUME
 
 DECLARED = declarations(TrainConfig)
@@ -37,9 +37,9 @@ def test_every_field_is_declared_with_a_flag_or_a_reason():
 
 def test_a_declaration_without_flag_or_reason_is_refused():
     with pytest.raises(ValueError, match="has a flag or says why it has none"):
-        Setting("a setting nobody can set")
+        Declared("a setting nobody can set")
     with pytest.raises(ValueError, match="not both"):
-        Setting("both", flag="--x", no_flag="API only")
+        Declared("both", flag="--x", no_flag="API only")
 
 
 def test_the_parser_has_each_declared_flag_and_nothing_given_means_not_given():

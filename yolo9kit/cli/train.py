@@ -25,7 +25,7 @@ from yolo9kit.cli.flags import (
     model_limit,
 )
 from yolo9kit.config import FAST_SWITCHES, TrainConfig
-from yolo9kit.config.setting import CHANGE, declarations
+from yolo9kit.config.declare import CHANGE, declarations
 
 LOGGER = logging.getLogger(__name__)
 

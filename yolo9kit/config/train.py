@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo9kit.config.setting import CHANGE, RUN, check_settings, setting
+from yolo9kit.config.declare import CHANGE, RUN, check_declared, declare
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
@@ -29,7 +29,7 @@ CALLBACK_NAMES = ("on_step", "on_epoch_end")
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
 Freeze = int | str | Sequence[int] | None
 
-# Why some settings have no flag of their own (config.setting: every setting has a flag or a reason).
+# Why some settings have no flag of their own (config.declare: every setting has a flag or a reason).
 _PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: on for CUDA, off on the CPU)"
 _HYP = "--hyp reads it from an official hyp yaml"
 _API = "API only: the official value serves every command-line run"
@@ -82,149 +82,149 @@ class TrainConfig:
     (a "micro-step", default the whole batch); an optimizer "step" happens every ``accumulate``
     batches. The hyper-parameters assume ``nominal_batch_size`` (64) images per step.
 
-    Each field is declared once, with its help, range, flag and resume rule (``config.setting``): the
+    Each field is declared once, with its help, range, flag and resume rule (``config.declare``): the
     ``train`` command, its checks and a resume's rules are read from these declarations.
     """
 
-    epochs: int = setting(100, "epochs to train; with --resume, a larger number extends the run", flag="--epochs",
+    epochs: int = declare(100, "epochs to train; with --resume, a larger number extends the run", flag="--epochs",
                           resume=CHANGE, integer=True, low=1)
     # An int, or "auto" (also -1, the official flag): before the first step, the largest batch whose step
     # the memory estimate fits into (1 - margin) of ``gpu`` (None: the training device; the CPU: its RAM),
     # as ``yolo9kit.memory.plan`` recommends it for ``nominal_batch_size`` (docs/memory.md).
-    batch_size: int | str = setting(
+    batch_size: int | str = declare(
         16, "images per batch (all GPUs), or auto (also -1): the largest that the memory estimate fits into the "
         "GPU (--gpu, --margin), with accumulation to the nominal 64", flag="--batch-size", aliases=("--batch",))
-    gpu: str | int | None = setting(None, "batch size auto: size for this card (e.g. \"RTX 4090\", or bytes; default: "
+    gpu: str | int | None = declare(None, "batch size auto: size for this card (e.g. \"RTX 4090\", or bytes; default: "
                                     "the training device, on the CPU its RAM)", flag="--gpu")
-    margin: float = setting(DEFAULT_MARGIN, "batch size auto: share of the card kept free", flag="--margin",
+    margin: float = declare(DEFAULT_MARGIN, "batch size auto: share of the card kept free", flag="--margin",
                             low=0, high=1, high_open=True)
     # The batch the hyper-parameters were tuned for; accumulation makes each step see about this many images.
-    nominal_batch_size: int = setting(64, "images per optimizer step the hyper-parameters assume",
+    nominal_batch_size: int = declare(64, "images per optimizer step the hyper-parameters assume",
                                       no_flag="fixed at the official 64 on the command line", integer=True, low=1)
     # None: official rule max(round(nominal/batch), 1), ramped up from 1 during warmup. An int: that many
     # batches per optimizer step (also ramped from 1 during warmup when accumulate_warmup is True).
-    accumulate_steps: int | None = setting(None, "batches per optimizer step (default max(round(64 / batch), 1))",
+    accumulate_steps: int | None = declare(None, "batches per optimizer step (default max(round(64 / batch), 1))",
                                            flag="--accumulate-steps", integer=True, low=1)
-    accumulate_warmup: bool = setting(True, "ramp the accumulation up from 1 during warmup (official)",
+    accumulate_warmup: bool = declare(True, "ramp the accumulation up from 1 during warmup (official)",
                                       no_flag="API only: the official ramp")
     # Split each loader batch into micro-batches of this size (None: no split). OOM back-off halves it.
-    micro_batch_size: int | None = setting(None, "split each batch into micro-batches of this size",
+    micro_batch_size: int | None = declare(None, "split each batch into micro-batches of this size",
                                            flag="--micro-batch-size", integer=True, low=1)
-    imgsz: int = setting(640, "training image size", flag="--imgsz", aliases=("--img", "--img-size"), integer=True,
+    imgsz: int = declare(640, "training image size", flag="--imgsz", aliases=("--img", "--img-size"), integer=True,
                          low=32, multiple=32)
     # Recompute these layers in backward instead of keeping their activations: None, "backbone", "all" or a
     # list of layer indices (DetectionModel.set_activation_checkpointing). Saves memory, costs a forward.
-    activation_checkpointing: str | list[int] | None = setting(
+    activation_checkpointing: str | list[int] | None = declare(
         None, "recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3",
         flag="--activation-checkpointing", resume=CHANGE)
     # Fine-tuning: layers whose parameters do not train (official --freeze): None or 0 nothing, an int N the
     # first N layers, "backbone" the model yaml's backbone rows, or a list of layer indices (stored as a
     # tuple). Frozen parameters get no gradient, no optimizer state and no EMA update, and the memory
     # estimate of the step counts none of them (yolo9kit.models.freeze has the rules).
-    freeze: int | str | tuple[int, ...] | None = setting(
+    freeze: int | str | tuple[int, ...] | None = declare(
         None, "layers that do not train (fine-tuning): N for the first N layers (official: 10 is the yolov9-c "
         "backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)", flag="--freeze")
     # "auto": bf16 where the GPU supports it, else fp16; always "off" on CPU (autocast on CPU is slow).
-    amp: str = setting("auto", "mixed precision", flag="--amp", choices=AMP_MODES)
+    amp: str = declare("auto", "mixed precision", flag="--amp", choices=AMP_MODES)
     # Speed switches; None means on for CUDA, off on the CPU (StepConfig.resolve decides, for fit and memory).
-    channels_last: bool | None = setting(None, "channels_last weights and inputs (NHWC convolutions)",
+    channels_last: bool | None = declare(None, "channels_last weights and inputs (NHWC convolutions)",
                                          no_flag=_PLAIN_STEP, resume=CHANGE)
-    sync_free: bool | None = setting(None, "no host-device sync in the step; losses read every log_interval "
+    sync_free: bool | None = declare(None, "no host-device sync in the step; losses read every log_interval "
                                      "batches", no_flag=_PLAIN_STEP, resume=CHANGE)
-    fused_optimizer: bool | None = setting(None, "torch's fused SGD/Adam/AdamW", no_flag=_PLAIN_STEP, resume=CHANGE)
-    lean_activations: bool | None = setting(None, "BatchNorm+SiLU keep one activation for backward, not two "
+    fused_optimizer: bool | None = declare(None, "torch's fused SGD/Adam/AdamW", no_flag=_PLAIN_STEP, resume=CHANGE)
+    lean_activations: bool | None = declare(None, "BatchNorm+SiLU keep one activation for backward, not two "
                                             "(~25 % less)", no_flag=_PLAIN_STEP, resume=CHANGE)
-    colour_on_device: bool | None = setting(None, "HSV colour jitter on the training device, not in the loader",
+    colour_on_device: bool | None = declare(None, "HSV colour jitter on the training device, not in the loader",
                                             no_flag=_PLAIN_STEP, resume=CHANGE)
-    cudnn_benchmark: bool = setting(True, "cudnn autotuning (CUDA only)", no_flag=_API, resume=CHANGE)
+    cudnn_benchmark: bool = declare(True, "cudnn autotuning (CUDA only)", no_flag=_API, resume=CHANGE)
     # torch.compile the model's forward: True, or a mode such as "reduce-overhead" (CUDA graphs) or
     # "max-autotune". Off by default: the first step then takes minutes (measured in docs/benchmarks.md).
-    compile: bool | str = setting(False, "torch.compile the forward (optionally a mode: reduce-overhead, "
+    compile: bool | str = declare(False, "torch.compile the forward (optionally a mode: reduce-overhead, "
                                   "max-autotune)", flag="--compile", resume=CHANGE)
-    log_interval: int = setting(10, "sync-free: batches between read-backs of the losses (progress bar, "
+    log_interval: int = declare(10, "sync-free: batches between read-backs of the losses (progress bar, "
                                 "callbacks)", no_flag=_API, resume=CHANGE, integer=True, low=1)
-    optimizer: str = setting("SGD", "the optimizer", flag="--optimizer", choices=OPTIMIZERS)
-    lr0: float = setting(0.01, "initial learning rate", no_flag=_HYP, low=0, low_open=True)
-    lrf: float = setting(0.01, "final learning rate = lr0 * lrf", no_flag=_HYP, low=0)
-    momentum: float = setting(0.937, "SGD momentum / Adam beta1", no_flag=_HYP, low=0, high=1)
-    weight_decay: float = setting(0.0005, "scaled by batch * accumulate / nominal (official)", no_flag=_HYP, low=0)
-    schedule: str = setting("linear", "the learning-rate schedule",
+    optimizer: str = declare("SGD", "the optimizer", flag="--optimizer", choices=OPTIMIZERS)
+    lr0: float = declare(0.01, "initial learning rate", no_flag=_HYP, low=0, low_open=True)
+    lrf: float = declare(0.01, "final learning rate = lr0 * lrf", no_flag=_HYP, low=0)
+    momentum: float = declare(0.937, "SGD momentum / Adam beta1", no_flag=_HYP, low=0, high=1)
+    weight_decay: float = declare(0.0005, "scaled by batch * accumulate / nominal (official)", no_flag=_HYP, low=0)
+    schedule: str = declare("linear", "the learning-rate schedule",
                             no_flag="--cos-lr, --flat-cos-lr or --fixed-lr (the official flag names)",
                             choices=SCHEDULES)
-    warmup_epochs: float = setting(3.0, "epochs of warmup", no_flag=_HYP, low=0)
+    warmup_epochs: float = declare(3.0, "epochs of warmup", no_flag=_HYP, low=0)
     # Official: at least 100 warmup batches, however short the epoch (lower it for tiny CPU runs).
-    warmup_min_steps: int = setting(100, "the fewest warmup batches", no_flag=_API, integer=True, low=0)
-    warmup_momentum: float = setting(0.8, "momentum at the start of warmup", no_flag=_HYP, low=0, high=1)
-    warmup_bias_lr: float = setting(0.1, "bias learning rate at the start of warmup", no_flag=_HYP, low=0)
-    ema: bool = setting(True, "keep an EMA of the weights (what is validated and saved)", no_flag=_API)
-    ema_decay: float = setting(0.9999, "EMA decay", no_flag=_API, low=0, high=1)
-    ema_tau: float = setting(2000.0, "EMA decay ramps as decay * (1 - exp(-updates / tau))", no_flag=_API, low=0,
+    warmup_min_steps: int = declare(100, "the fewest warmup batches", no_flag=_API, integer=True, low=0)
+    warmup_momentum: float = declare(0.8, "momentum at the start of warmup", no_flag=_HYP, low=0, high=1)
+    warmup_bias_lr: float = declare(0.1, "bias learning rate at the start of warmup", no_flag=_HYP, low=0)
+    ema: bool = declare(True, "keep an EMA of the weights (what is validated and saved)", no_flag=_API)
+    ema_decay: float = declare(0.9999, "EMA decay", no_flag=_API, low=0, high=1)
+    ema_tau: float = declare(2000.0, "EMA decay ramps as decay * (1 - exp(-updates / tau))", no_flag=_API, low=0,
                              low_open=True)
-    grad_clip: float = setting(10.0, "max total grad norm after unscaling (official constant); 0 disables",
+    grad_clip: float = declare(10.0, "max total grad norm after unscaling (official constant); 0 disables",
                                no_flag=_API, low=0)
-    close_mosaic: int = setting(0, "mosaic off for the last N epochs", flag="--close-mosaic", integer=True, low=0)
+    close_mosaic: int = declare(0, "mosaic off for the last N epochs", flag="--close-mosaic", integer=True, low=0)
     # Official data options of train_dual.py. rect: training batches of images sorted by aspect ratio, each
     # batch letterboxed to its own shape (official batch shapes, pad 0), no mosaic and no shuffling.
-    rect: bool = setting(False, "rectangular training batches (images sorted by aspect ratio; no mosaic, no "
+    rect: bool = declare(False, "rectangular training batches (images sorted by aspect ratio; no mosaic, no "
                          "shuffling)", flag="--rect")
     # Each batch resized to a random multiple of the model stride in [0.5, 1.5] x imgsz (official rule; the
     # memory estimate describes the step at the largest size).
-    multi_scale: bool = setting(False, "resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz",
+    multi_scale: bool = declare(False, "resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz",
                                 flag="--multi-scale")
-    single_cls: bool = setting(False, "train multi-class data as one class (\"item\")", flag="--single-cls")
-    min_items: int = setting(0, "drop training images with fewer labelled boxes (official --min-items)",
+    single_cls: bool = declare(False, "train multi-class data as one class (\"item\")", flag="--single-cls")
+    min_items: int = declare(0, "drop training images with fewer labelled boxes (official --min-items)",
                              flag="--min-items", integer=True, low=0)
     # Official --label-smoothing: the official dual loss computes its smoothed BCE targets and never uses
     # them, so it changes nothing there and nothing here (kept so that official commands run; fit warns).
-    label_smoothing: float = setting(0.0, "official flag, accepted for official commands: the official dual loss "
+    label_smoothing: float = declare(0.0, "official flag, accepted for official commands: the official dual loss "
                                      "never applies it", flag="--label-smoothing", low=0, high=1, high_open=True)
-    hyp: Mapping[str, float] | None = setting(None, "augmentation dict for the data layer; None = official defaults",
+    hyp: Mapping[str, float] | None = declare(None, "augmentation dict for the data layer; None = official defaults",
                                               no_flag="--hyp reads an official hyp yaml (its augmentation keys)")
-    loss: LossConfig | None = setting(None, "the loss gains; None: the official ones",
+    loss: LossConfig | None = declare(None, "the loss gains; None: the official ones",
                                       no_flag="--hyp (the official box, cls, dfl and cls_pw keys)")
-    cache: str | None = setting(None, "cache the training images: ram (default when given) or disk",
+    cache: str | None = declare(None, "cache the training images: ram (default when given) or disk",
                                 flag="--cache", resume=CHANGE)
     # Train even when the training labels use class ids `names` does not name, hold no box at all, or lose
     # more than a tenth of the labelled images to errors. Off: such data stops the run before the first
     # step with a DataError naming the data.yaml, the counts and the class ids (yolo9kit.data.guard), as the
     # official code stops on the first two, instead of training a model of what happened to be left.
-    allow_bad_labels: bool = setting(False, "train even when labels use unnamed classes, no image has a box, or "
+    allow_bad_labels: bool = declare(False, "train even when labels use unnamed classes, no image has a box, or "
                                      "many labelled images would be dropped (refused by default, before the first "
                                      "step)", flag="--allow-bad-labels", resume=CHANGE)
-    workers: int | None = setting(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
+    workers: int | None = declare(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
                                   resume=CHANGE, integer=True, low=0)
-    seed: int = setting(0, "the seed of the initial weights, the data order and the augmentation", flag="--seed",
+    seed: int = declare(0, "the seed of the initial weights, the data order and the augmentation", flag="--seed",
                         integer=True)
-    device: str | None = setting(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
+    device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
                                  resume=CHANGE)
-    val: bool = setting(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
+    val: bool = declare(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
                         negate=True, resume=CHANGE)
-    val_batch_size: int | None = setting(None, "validation batch (None: 2 x batch size, official)", no_flag=_API,
+    val_batch_size: int | None = declare(None, "validation batch (None: 2 x batch size, official)", no_flag=_API,
                                          resume=CHANGE, integer=True, low=1)
-    project: str = setting("runs/train", "folder of the run folders (with --resume: where the newest is looked "
+    project: str = declare("runs/train", "folder of the run folders (with --resume: where the newest is looked "
                            "for)", flag="--project", resume=RUN)
-    name: str = setting("exp", "run folder name under --project", flag="--name", resume=RUN)
-    exist_ok: bool = setting(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
-    resume: bool | str = setting(False, "resume the newest run, or this run folder / last.pt (its settings; "
+    name: str = declare("exp", "run folder name under --project", flag="--name", resume=RUN)
+    exist_ok: bool = declare(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
+    resume: bool | str = declare(False, "resume the newest run, or this run folder / last.pt (its settings; "
                                  "--epochs may extend it)", flag="--resume", resume=RUN)
-    max_nonfinite_steps: int = setting(10, "stop after this many non-finite losses in a row", no_flag=_API,
+    max_nonfinite_steps: int = declare(10, "stop after this many non-finite losses in a row", no_flag=_API,
                                        resume=CHANGE, integer=True, low=1)
-    oom_backoff: bool = setting(True, "on CUDA out-of-memory halve the micro-batch and retry", no_flag=_API,
+    oom_backoff: bool = declare(True, "on CUDA out-of-memory halve the micro-batch and retry", no_flag=_API,
                                 resume=CHANGE)
-    sync_bn: bool = setting(False, "SyncBatchNorm (DDP only)", flag="--sync-bn")
-    progress_bar: bool = setting(True, "tqdm bars of each epoch and its validation (rank 0)",
+    sync_bn: bool = declare(False, "SyncBatchNorm (DDP only)", flag="--sync-bn")
+    progress_bar: bool = declare(True, "tqdm bars of each epoch and its validation (rank 0)",
                                  no_flag="API only: the command line always shows them", resume=CHANGE)
     # The run folder's pictures (labels.jpg, train_batch0-2.jpg, results.png every epoch, the validation plots
     # at the end; yolo9kit.train.pictures). On a CPU about 0.4 s per epoch and 2 s per run (docs/training.md);
     # False for quiet or timed runs.
-    plots: bool = setting(True, "draw the run folder's pictures (labels, training batches, curves, validation "
+    plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
                           "plots)", flag="--no-plots", negate=True, resume=CHANGE)
-    patience: int = setting(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
+    patience: int = declare(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
                             integer=True, low=0)
-    save_period: int = setting(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
+    save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
                                flag="--save-period", resume=CHANGE, integer=True)
     # {"on_step": f(StepRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
-    callbacks: Mapping[str, Callable[[Any], None]] | None = setting(
+    callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
         None, "functions called after each step and epoch", no_flag="API only: functions", resume=CHANGE,
         compare=False)
 
@@ -234,7 +234,7 @@ class TrainConfig:
 
         if self.batch_size == -1:  # the official --batch-size -1
             object.__setattr__(self, "batch_size", "auto")
-        check_settings(self)  # the declared ranges and choices
+        check_declared(self)  # the declared ranges and choices
         if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
                                           or self.batch_size < 1):
             raise bad("batch_size", "an integer >= 1, or \"auto\" (also -1) to size it from the memory estimate")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.config.setting import KEEP, declarations
+from yolo9kit.config.declare import KEEP, declarations
 from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, remove_stale_temporaries
 from yolo9kit.train import ddp
 from yolo9kit.train.records import write_results

@@ -1,8 +1,8 @@
-"""One declaration per training setting: ``setting(default, help, ...)`` beside each ``TrainConfig`` field.
+"""One declaration per training setting: ``declare(default, help, ...)`` beside each ``TrainConfig`` field.
 
 A field's declaration holds everything the kit knows of it besides its type: the default (the field's),
 what it means (``help``), its range or choices, its command-line flag (or why it has none) and what a
-resumed run may do with it. ``TrainConfig`` checks its values with :meth:`Setting.problem`; the ``train``
+resumed run may do with it. ``TrainConfig`` checks its values with :meth:`Declared.problem`; the ``train``
 command builds its flags, their help and their checks from the same declarations (``yolo9kit.cli.train``),
 and ``yolo9kit.train.rundir`` reads the resume rule, so no rule is written twice.
 """
@@ -22,7 +22,7 @@ RESUME_RULES = (KEEP, CHANGE, RUN)
 
 
 @dataclass(frozen=True)
-class Setting:
+class Declared:
     """The declaration of one setting (read with :func:`declarations`)."""
 
     help: str  # one line: what it does, for --help and the docs
@@ -83,18 +83,18 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def setting(default: Any, help: str, **declaration: Any) -> Any:  # noqa: A002 (argparse's word)
-    """A dataclass field with its default and its :class:`Setting` (``help``, ``flag`` or ``no_flag``, ...)."""
+def declare(default: Any, help: str, **declaration: Any) -> Any:  # noqa: A002 (argparse's word)
+    """A dataclass field with its default and its :class:`Declared` (``help``, ``flag`` or ``no_flag``, ...)."""
     extra = {"compare": declaration.pop("compare")} if "compare" in declaration else {}
-    return field(default=default, metadata={"setting": Setting(help, **declaration)}, **extra)
+    return field(default=default, metadata={"declared": Declared(help, **declaration)}, **extra)
 
 
-def declarations(config_type: type) -> dict[str, tuple[dataclasses.Field, Setting]]:
-    """Field name -> (the dataclass field, its Setting), in declaration order."""
-    return {f.name: (f, f.metadata["setting"]) for f in dataclasses.fields(config_type) if "setting" in f.metadata}
+def declarations(config_type: type) -> dict[str, tuple[dataclasses.Field, Declared]]:
+    """Field name -> (the dataclass field, its Declared), in declaration order."""
+    return {f.name: (f, f.metadata["declared"]) for f in dataclasses.fields(config_type) if "declared" in f.metadata}
 
 
-def check_settings(config: Any) -> None:
+def check_declared(config: Any) -> None:
     """Every declared value of ``config`` in its range, else a ValueError ``Type.name=value: expected ...``."""
     owner = type(config).__name__
     for name, (f, declared) in declarations(type(config)).items():
