@@ -153,7 +153,7 @@ def _score(path: Path, data: dict, val_small: dict, args: argparse.Namespace) ->
     for name, split in ((f"{args.val} val images at {args.imgsz} px", data),
                         (f"{args.val} val images at {SMALL_SIDE} px, enlarged", val_small)):
         result = evaluate(model, split, imgsz=args.imgsz, batch_size=16, device=args.device, workers=0,
-                          progress=False)
+                          progress_bar=False)
         scores[name] = round(float(result.map50), 4)
     return scores
 

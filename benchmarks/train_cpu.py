@@ -104,7 +104,7 @@ def _fit_validating_every(fit, model, data, config, every: int):
         if counter["epoch"] % every and counter["epoch"] != config.epochs:
             return {}
         device = next(ema_model.parameters()).device  # where it trains (evaluate's None would pick CUDA)
-        r = evaluate(ema_model, data, dataloader=loader, imgsz=config.imgsz, device=device, progress=False)
+        r = evaluate(ema_model, data, dataloader=loader, imgsz=config.imgsz, device=device, progress_bar=False)
         return {"precision": r.mp, "recall": r.mr, "map50": r.map50, "map": r.map, "fitness": r.fitness}
 
     from dataclasses import replace

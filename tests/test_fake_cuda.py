@@ -200,7 +200,7 @@ def test_an_epoch_with_multi_scale_reads_back_once_per_log_interval(model):
         records = []
         with fake.counting() as syncs:
             stats = train_one_epoch(trainer, batches[1:], config, Progress(), batches_per_epoch=4, warmup=0,
-                                    show=False, on_step=records.append)
+                                    progress_bar=False, on_step=records.append)
     assert stats.images == 8 and len(records) == 4
     assert len(syncs) == 2 * 2 and all(s.op.endswith("to the host") for s in syncs), [str(s) for s in syncs]
 

@@ -124,14 +124,14 @@ def shapes(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="device=None means the CPU only on a machine without CUDA")
 def test_evaluate_device_none_on_a_cpu_machine(model, shapes):
     model.train()
-    result = evaluate(model, shapes, imgsz=64, batch_size=2, workers=0, progress=False)
+    result = evaluate(model, shapes, imgsz=64, batch_size=2, workers=0, progress_bar=False)
     assert result.seen == 3 and model.training
     assert {p.device.type for p in model.parameters()} == {"cpu"}
 
 
 def test_evaluate_takes_the_trainer_s_bool_half(model, shapes):
     loader = create_dataloader(shapes, "val", imgsz=64, batch_size=2, workers=0)
-    assert evaluate(model, shapes, dataloader=loader, imgsz=64, half=False, device="cpu", progress=False).seen == 3
+    assert evaluate(model, shapes, dataloader=loader, imgsz=64, half=False, device="cpu", progress_bar=False).seen == 3
     simple = create_dataloader(shapes, "train", imgsz=64, batch_size=2, workers=0,
                                options=LoaderConfig(pin_memory=False))
     assert simple.loader.pin_memory is False and simple.dataset.mosaic is True

@@ -141,7 +141,7 @@ def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses():
         trainer = build_trainer(ToyNet(), config, loss_fn=nan_from_batch_4)
         with pytest.raises(NonFiniteLossError, match="batch 6"):
             train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=len(batches), warmup=0,
-                            on_step=records.append, show=False)
+                            on_step=records.append, progress_bar=False)
         assert [r.batch_index for r in records] == [0, 1, 2, 3], name  # batches 4, 5, 6 were non-finite
         seen[name] = [r.box_loss for r in records]
     assert seen["sync-free"] == pytest.approx(seen["plain"], rel=1e-5)

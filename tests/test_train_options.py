@@ -106,7 +106,7 @@ def test_multi_scale_training_feeds_the_drawn_sizes():
     model.register_forward_pre_hook(lambda module, args: seen.append(tuple(args[0].shape[2:])))
     trainer = build_trainer(model, config, loss_fn=toy_loss)
     batches = make_batches(6, 2, size=64)
-    train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=6, warmup=0, show=False)
+    train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=6, warmup=0, progress_bar=False)
     expected = [multi_scale_shape((64, 64), 64, 32, multi_scale_rng(4, ni)) or (64, 64) for ni in range(6)]
     assert seen == expected and len(set(seen)) > 1
 

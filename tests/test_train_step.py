@@ -44,7 +44,8 @@ def _train(batches, config, model_seed=1, loss_fn=toy_loss, wrap=None, batchnorm
     model = ToyNet(batchnorm=batchnorm)
     trainer = build_trainer(wrap(model) if wrap else model, config, loss_fn=loss_fn)
     progress = Progress()
-    stats = train_one_epoch(trainer, batches, config, progress, batches_per_epoch=len(batches), warmup=0, show=False)
+    stats = train_one_epoch(trainer, batches, config, progress, batches_per_epoch=len(batches), warmup=0,
+                            progress_bar=False)
     return model, trainer, stats
 
 

@@ -117,7 +117,7 @@ def dataset(tmp_path):
 def test_evaluate_perfect_main_head_and_empty_image(dataset, tmp_path):
     data, batches = dataset
     result = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", plots=True,
-                      save_dir=tmp_path / "val", progress=False)
+                      save_dir=tmp_path / "val", progress_bar=False)
     assert result.seen == 3 and result.instances == 3
     # every label found at IoU 1 before the only false positive: AP is the 101-point maximum 0.995
     assert result.map50 == pytest.approx(0.995) and result.map == pytest.approx(0.995)
@@ -132,28 +132,28 @@ def test_evaluate_perfect_main_head_and_empty_image(dataset, tmp_path):
 
 def test_evaluate_aux_head_really_uses_aux_output(dataset):
     data, batches = dataset
-    aux = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", head="aux", progress=False)
+    aux = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", head="aux", progress_bar=False)
     assert aux.map50 == 0 and aux.head == "aux"
-    table = compare_heads(StandIn(batches), data, dataloader=batches, device="cpu", progress=False)
+    table = compare_heads(StandIn(batches), data, dataloader=batches, device="cpu", progress_bar=False)
     assert table.loc["main", "mAP50"] == pytest.approx(0.995) and table.loc["aux", "mAP50"] == 0
 
 
 def test_evaluate_single_head_model_rejects_aux(dataset):
     data, batches = dataset
     with pytest.raises(ValueError, match="auxiliary"):
-        evaluate(StandIn(batches, dual=False), data, dataloader=batches, device="cpu", head="aux", progress=False)
+        evaluate(StandIn(batches, dual=False), data, dataloader=batches, device="cpu", head="aux", progress_bar=False)
 
 
 def test_evaluate_rejects_class_count_mismatch(dataset):
     data, batches = dataset
     with pytest.raises(ValueError, match="predicts 3 classes but the data .* has 2"):
-        evaluate(StandIn(batches, nc=3), data, dataloader=batches, device="cpu", progress=False)
+        evaluate(StandIn(batches, nc=3), data, dataloader=batches, device="cpu", progress_bar=False)
 
 
 def test_evaluate_coco_json_and_cocoeval(dataset, tmp_path):
     data, batches = dataset
     result = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", coco=True,
-                      save_dir=tmp_path / "val", progress=False)
+                      save_dir=tmp_path / "val", progress_bar=False)
     records = json.loads((tmp_path / "val" / "predictions.json").read_text())
     assert {r["image_id"] for r in records} == {1, 2, 3}  # numeric stems become ints
     first = next(r for r in records if r["image_id"] == 1 and r["category_id"] == 0)
@@ -162,7 +162,7 @@ def test_evaluate_coco_json_and_cocoeval(dataset, tmp_path):
     assert result.coco["AP50"] == pytest.approx(1.0) and result.coco["AP50-95"] == pytest.approx(1.0)
     assert result.map == pytest.approx(0.995)
     again = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", coco=True,
-                     coco_gt=tmp_path / "val" / "ground_truth.json", progress=False)  # a COCO JSON file
+                     coco_gt=tmp_path / "val" / "ground_truth.json", progress_bar=False)  # a COCO JSON file
     assert again.coco == result.coco
 
 
@@ -187,7 +187,7 @@ def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
     assert batches[0][0].shape[2:] == (96, 128)  # 64x96 image, rect batch padded by half a stride
     labels = sum(len(b[1]) for b in batches)
     oracle = StandIn(batches, nc=3)  # exact labels in letterboxed pixels: only the padding maps them back
-    result = evaluate(oracle, data, device="cpu", progress=False, **settings)
+    result = evaluate(oracle, data, device="cpu", progress_bar=False, **settings)
     assert result.seen == 5 and result.instances == labels
     assert result.map50 == pytest.approx(0.995) and result.map == pytest.approx(0.995)
     assert result.input_shape == (2, 3, 96, 96)
@@ -196,7 +196,7 @@ def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
 def test_random_model_without_detections_gives_zero_metrics(dataset):
     data, batches = dataset
     model = create_model("gelan-t", num_classes=2)
-    result = evaluate(model, data, dataloader=batches, device="cpu", nms=NMSConfig(conf=0.5), progress=False)
+    result = evaluate(model, data, dataloader=batches, device="cpu", nms=NMSConfig(conf=0.5), progress_bar=False)
     assert result.map == 0 and result.instances == 3 and model.training  # mode restored
     # every labelled class still gets its row, with zeros (the official table would print none)
     assert list(result.per_class["instances"]) == [1, 2] and (result.per_class["mAP50"] == 0).all()
@@ -284,7 +284,7 @@ def test_half_evaluation_leaves_the_callers_fp32_weights_alone(dataset):
     model = StandIn(batches)
     model.weight.data.fill_(0.1)  # not representable in fp16: a cast round trip would change it
     model.train()
-    evaluate(model, data, dataloader=batches, device="cpu", half=True, progress=False)
+    evaluate(model, data, dataloader=batches, device="cpu", half=True, progress_bar=False)
     assert model.weight.dtype == torch.float32 and model.weight.item() == torch.tensor(0.1).item()
     assert model.training
 
@@ -307,6 +307,6 @@ def test_val_cli_on_a_kit_checkpoint(dataset, tmp_path, capsys):
 
 def test_figures_render_as_png_for_notebooks(dataset):
     data, batches = dataset
-    result = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", plots=True, progress=False)
+    result = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", plots=True, progress_bar=False)
     for figure in result.figures.values():
         assert figure._repr_png_().startswith(b"\x89PNG")  # what Jupyter shows for the last value of a cell

@@ -124,7 +124,7 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
              nms: NMSConfig | None = None, head: str = "main", dataloader=None, half: str | bool = "auto",
              device: str | torch.device | None = None, plots: bool = False, save_dir: str | Path | None = None,
              coco: bool = False, coco_gt: str | Path | dict | None = None, single_cls: bool = False,
-             workers: int | None = None, progress: bool = True) -> ValResult:
+             workers: int | None = None, progress_bar: bool = True) -> ValResult:
     """Validate a detector on a data split, as the official ``val_dual.py``.
 
     Rectangular batches (the data layer's val loader, pad 0.5); NMS with ``multi_label`` (one row
@@ -154,7 +154,7 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
             pycocotools against ``coco_gt`` (JSON path or dict); without it COCO data uses
             ``<data path>/annotations/instances_val2017.json`` and other data is converted from the labels.
         single_cls: treat every class as one (class-agnostic NMS, predicted classes set to 0).
-        progress: a progress bar over the batches.
+        progress_bar: a tqdm bar over the batches.
 
     Raises:
         ValueError: the model's number of classes differs from the data's.
@@ -186,7 +186,7 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
     model = prepare_model(model, device, half)
     state = _Accumulator(len(names), coco, class_map, imgsz=imgsz)
     try:
-        _run_batches(model, dataloader, device, half, head, nms, single_cls, state, progress)
+        _run_batches(model, dataloader, device, half, head, nms, single_cls, state, progress_bar)
     finally:
         caller_model.train(was_training)
     return _finish(state, names, head, plots, save_dir, coco, coco_gt, config, class_map)
@@ -215,10 +215,10 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _run_batches(model, loader, device, half, head, nms: NMSConfig, single_cls, state, progress) -> None:
+def _run_batches(model, loader, device, half, head, nms: NMSConfig, single_cls, state, progress_bar) -> None:
     from tqdm.auto import tqdm
 
-    for images, targets, paths, shapes in tqdm(loader, desc=f"validate ({head} head)", disable=not progress,
+    for images, targets, paths, shapes in tqdm(loader, desc=f"validate ({head} head)", disable=not progress_bar,
                                                leave=False):
         t0 = _sync(device)
         images = images.to(device, non_blocking=True)

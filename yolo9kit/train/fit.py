@@ -251,8 +251,8 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.plots)
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup, start_batch=progress.ni - epoch * nb,
-                                           on_step=_callback(config, "on_step", run),
-                                           show=run.dist.is_main and config.progress_bar, interrupt=signals.pending)
+                                           on_step=_callback(config, "on_step", run), interrupt=signals.pending,
+                                           progress_bar=run.dist.is_main and config.progress_bar)
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 if run.auto_batch is not None:
                     run.auto_batch.record_measured_peak(run.trainer.device, at.stats.peak_memory_bytes, run.run_dir)

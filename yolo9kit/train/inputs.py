@@ -110,7 +110,7 @@ class EMAValidation:
 
         config = self.config
         r = evaluate(model, self.data, dataloader=self.loader, imgsz=config.imgsz, half=self.half, device=self.device,
-                     single_cls=config.single_cls, progress=config.progress_bar)
+                     single_cls=config.single_cls, progress_bar=config.progress_bar)
         self.result = r
         return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
                 "fitness": float(r.fitness)}

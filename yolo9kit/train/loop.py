@@ -57,9 +57,9 @@ class _EpochLog:
     """Running means, images/s, the progress bar and ``on_step`` for the batches of one epoch."""
 
     def __init__(self, trainer: Trainer, config: TrainConfig, progress: Progress, bar,
-                 on_step: Callable[[StepRecord], None] | None, show: bool):
+                 on_step: Callable[[StepRecord], None] | None, progress_bar: bool):
         self.trainer, self.config, self.progress = trainer, config, progress
-        self.bar, self.on_step, self.show = bar, on_step, show
+        self.bar, self.on_step, self.progress_bar = bar, on_step, progress_bar
         self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
         self.start = time.perf_counter()
         self.pending: list[_Logged] = []
@@ -104,7 +104,7 @@ class _EpochLog:
         self.trained, self.images_seen = self.trained + 1, self.images_seen + entry.images
         speed = self.images_seen * trainer.world_size / max(time.perf_counter() - self.start, 1e-9)
         mean, settings = self.mean_items, entry.settings
-        if self.show:
+        if self.progress_bar:
             memory = device_memory_bytes(trainer.device)
             self.bar.set_postfix_str(bar_text(mean, memory, speed, settings.accumulate, entry.micro), refresh=False)
         if self.on_step is not None:
@@ -140,7 +140,7 @@ class _WindowStart:
 
 def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, progress: Progress, *,
                     batches_per_epoch: int, warmup: int, start_batch: int = 0,
-                    on_step: Callable[[StepRecord], None] | None = None, show: bool = True,
+                    on_step: Callable[[StepRecord], None] | None = None, progress_bar: bool = True,
                     interrupt: Callable[[], str | None] | None = None) -> EpochStats:
     """Train ``progress.epoch`` over ``loader`` batches ``(images uint8 (B,3,H,W), targets (N,6), ...)``.
 
@@ -168,8 +168,8 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     trainer.optimizer.zero_grad(set_to_none=True)
     reset_peak_memory(trainer.device)
     epoch, nb = progress.epoch, batches_per_epoch
-    bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not show, leave=True)
-    log = _EpochLog(trainer, config, progress, bar, on_step, show)
+    bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not progress_bar, leave=True)
+    log = _EpochLog(trainer, config, progress, bar, on_step, progress_bar)
     window = _WindowStart(trainer)
     stride = max_stride(unwrap(trainer.model))  # official gs
     try:
