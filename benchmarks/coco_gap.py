@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         r = yolo9kit.evaluate(model, data, imgsz=args.imgsz, batch_size=16, nms=NMSConfig(conf=conf), coco=True,
                               save_dir=work / f"conf-{conf:g}", device="cpu", half=False, workers=0, progress_bar=False)
         c = r.coco
-        print(f"| {conf:g} | {r.map50:.4f} | {r.map:.4f} | {c['AP50']:.4f} | {c['AP50-95']:.4f} | "
+        print(f"| {conf:g} | {r.map50:.4f} | {r.map50_95:.4f} | {c['AP50']:.4f} | {c['AP50-95']:.4f} | "
               f"{c['AR50-95 maxDets100']:.4f} |", flush=True)
     heads = yolo9kit.compare_heads(model, data, imgsz=args.imgsz, batch_size=16, device="cpu", half=False,
                                    workers=0, progress_bar=False)

@@ -250,10 +250,10 @@ def epoch(args, device, report) -> None:
     config = TrainConfig(batch_size=batch, amp=args.amp, device=str(device), epochs=1, warmup_min_steps=0,
                          warmup_epochs=0.0)
     trainer = build_trainer(create_model(model_name, num_classes=8).train(), config, device=device)
-    train_one_epoch(trainer, loader, config, Progress(), batches_per_epoch=len(loader), warmup=0, show=False)
+    train_one_epoch(trainer, loader, config, Progress(), batches_per_epoch=len(loader), warmup=0, progress_bar=False)
     _sync(device)
     stats = train_one_epoch(trainer, loader, config, Progress(epoch=0), batches_per_epoch=len(loader), warmup=0,
-                            show=False)
+                            progress_bar=False)
     _sync(device)
     report.add("epoch", {"model": model_name, "batch": batch, "images": stats.images,
                          "workers": loader.loader.num_workers, "loader_img_per_s": loader_rate,

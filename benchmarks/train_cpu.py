@@ -105,7 +105,8 @@ def _fit_validating_every(fit, model, data, config, every: int):
             return {}
         device = next(ema_model.parameters()).device  # where it trains (evaluate's None would pick CUDA)
         r = evaluate(ema_model, data, dataloader=loader, imgsz=config.imgsz, device=device, progress_bar=False)
-        return {"precision": r.mp, "recall": r.mr, "map50": r.map50, "map": r.map, "fitness": r.fitness}
+        return {"precision": r.precision, "recall": r.recall, "map50": r.map50, "map50_95": r.map50_95,
+                "fitness": r.fitness}
 
     from dataclasses import replace
 

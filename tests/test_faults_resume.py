@@ -44,7 +44,7 @@ def _fitness(*values):
     def validate(model):
         f = values[min(len(calls), len(values) - 1)]
         calls.append(f)
-        return {"precision": f, "recall": f, "map50": f, "map": f, "fitness": f}
+        return {"precision": f, "recall": f, "map50": f, "map50_95": f, "fitness": f}
 
     validate.calls = calls
     return validate
@@ -119,7 +119,7 @@ def test_a_run_stopped_during_its_last_validation_is_validated_by_its_resume(tmp
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return {"precision": 0.1, "recall": 0.1, "map50": 0.1, "map": 0.1, "fitness": 0.1}
+        return {"precision": 0.1, "recall": 0.1, "map50": 0.1, "map50_95": 0.1, "fitness": 0.1}
 
     stopped = _fit(_config(tmp_path, epochs=2), ctrl_c_in_the_last_validation)
     assert stopped.interrupted_by == "KeyboardInterrupt" and stopped.epochs_completed == 2
@@ -146,7 +146,7 @@ def test_batches_whose_boxes_no_anchor_holds_are_named(caplog):
     tiny = torch.tensor([[0, 0, 0.31, 0.31, 0.02, 0.02], [1, 0, 0.62, 0.62, 0.02, 0.02]])
     batches = [(torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8), tiny)] * 2
     with caplog.at_level(logging.WARNING):
-        train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=2, warmup=0, show=False)
+        train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=2, warmup=0, progress_bar=False)
     assert "2 of 2 batches had boxes but none of them held an anchor (at 32x32 px)" in caplog.text
 
 

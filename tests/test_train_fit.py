@@ -28,7 +28,7 @@ def _config(tmp_path, **kw):
 def _validate(model):
     """A deterministic stand-in for evaluate(): fitness grows as the weights shrink."""
     w = float(sum(p.abs().sum() for p in model.parameters()))
-    return {"precision": 0.5, "recall": 0.5, "map50": 1 / (1 + w), "map": 0.5 / (1 + w), "fitness": 0.55 / (1 + w)}
+    return {"precision": 0.5, "recall": 0.5, "map50": 1 / (1 + w), "map50_95": 0.5 / (1 + w), "fitness": 0.55 / (1 + w)}
 
 
 def _fit(config, batchnorm=True, batches=None, loss_fn=toy_loss):

@@ -139,7 +139,7 @@ def _toy_fit(tmp_path, **kw):
                          warmup_min_steps=0, project=str(tmp_path / "runs"), progress_bar=False, **kw)
     torch.manual_seed(0)
     return fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(2, 2),
-               validate_fn=lambda m: {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0, "fitness": 0.0})
+               validate_fn=lambda m: {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0, "fitness": 0.0})
 
 
 def test_save_period_writes_the_official_epoch_files(tmp_path):

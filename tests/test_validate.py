@@ -120,7 +120,7 @@ def test_evaluate_perfect_main_head_and_empty_image(dataset, tmp_path):
                       save_dir=tmp_path / "val", progress_bar=False)
     assert result.seen == 3 and result.instances == 3
     # every label found at IoU 1 before the only false positive: AP is the 101-point maximum 0.995
-    assert result.map50 == pytest.approx(0.995) and result.map == pytest.approx(0.995)
+    assert result.map50 == pytest.approx(0.995) and result.map50_95 == pytest.approx(0.995)
     assert result.fitness == pytest.approx(0.995)
     assert list(result.per_class["instances"]) == [1, 2] and list(result.per_class["images"]) == [1, 2]
     assert result.confusion_matrix.matrix.diagonal()[:2].tolist() == [1, 2]
@@ -160,7 +160,7 @@ def test_evaluate_coco_json_and_cocoeval(dataset, tmp_path):
     assert first["bbox"] == [10.0, 10.0, 30.0, 30.0] and first["score"] == 0.9
     # COCOeval reaches 1.0 where the official 101-point trapezoid stops at 0.995 (see docs/validation.md)
     assert result.coco["AP50"] == pytest.approx(1.0) and result.coco["AP50-95"] == pytest.approx(1.0)
-    assert result.map == pytest.approx(0.995)
+    assert result.map50_95 == pytest.approx(0.995)
     again = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", coco=True,
                      coco_gt=tmp_path / "val" / "ground_truth.json", progress_bar=False)  # a COCO JSON file
     assert again.coco == result.coco
@@ -189,7 +189,7 @@ def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
     oracle = StandIn(batches, nc=3)  # exact labels in letterboxed pixels: only the padding maps them back
     result = evaluate(oracle, data, device="cpu", progress_bar=False, **settings)
     assert result.seen == 5 and result.instances == labels
-    assert result.map50 == pytest.approx(0.995) and result.map == pytest.approx(0.995)
+    assert result.map50 == pytest.approx(0.995) and result.map50_95 == pytest.approx(0.995)
     assert result.input_shape == (2, 3, 96, 96)
 
 
@@ -197,7 +197,7 @@ def test_random_model_without_detections_gives_zero_metrics(dataset):
     data, batches = dataset
     model = create_model("gelan-t", num_classes=2)
     result = evaluate(model, data, dataloader=batches, device="cpu", nms=NMSConfig(conf=0.5), progress_bar=False)
-    assert result.map == 0 and result.instances == 3 and model.training  # mode restored
+    assert result.map50_95 == 0 and result.instances == 3 and model.training  # mode restored
     # every labelled class still gets its row, with zeros (the official table would print none)
     assert list(result.per_class["instances"]) == [1, 2] and (result.per_class["mAP50"] == 0).all()
 

@@ -182,7 +182,7 @@ def _toy_run(tmp_path, dash, on_step=None, epochs=2):
                          warmup_epochs=0.0, warmup_min_steps=3, project=str(tmp_path / "runs"), name="dash",
                          callbacks={"on_step": on_step} if on_step else None)
     return asyncio.run(dash.fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(5, 2),
-                                validate_fn=lambda model: {"map50": 0.5, "map": 0.25, "fitness": 0.275}))
+                                validate_fn=lambda model: {"map50": 0.5, "map50_95": 0.25, "fitness": 0.275}))
 
 
 @pytest.mark.slow

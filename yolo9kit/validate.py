@@ -39,13 +39,14 @@ class ValResult:
     """Metrics of one validation run (official method), and what is needed to look into them.
 
     Attributes:
-        mp, mr: mean precision / recall over classes with labels, at the max-mean-F1 confidence.
-        map50, map: mean AP at IoU 0.5 and averaged over IoU 0.50:0.95.
-        fitness: 0.1 * map50 + 0.9 * map (the score used to pick best.pt).
+        precision, recall: mean precision / recall over classes with labels, at the max-mean-F1 confidence
+            (the official mp, mr).
+        map50, map50_95: mean AP at IoU 0.5 and averaged over IoU 0.50:0.95 (the official map50, map).
+        fitness: 0.1 * map50 + 0.9 * map50_95 (the score used to pick best.pt).
         per_class: DataFrame (class, name, images, instances, P, R, mAP50, mAP50-95), one row per class
             with labels; ``images`` = images containing the class.
         speed: ms per image for preprocess / inference / nms (means over the images seen).
-        maps: (nc,) mAP50-95 per class id; classes without labels get ``map`` (official convention).
+        maps: (nc,) mAP50-95 per class id; classes without labels get ``map50_95`` (official convention).
         seen, instances: images evaluated and labels in them.
         confusion_matrix: :class:`~yolo9kit.metrics.ConfusionMatrix` (score > 0.25, IoU > 0.45).
         ap_result: the full :class:`~yolo9kit.metrics.APResult` (curves), None without any true positive.
@@ -53,10 +54,10 @@ class ValResult:
         head, input_shape: the head evaluated and the (batch, 3, imgsz, imgsz) shape of the Speed line.
     """
 
-    mp: float
-    mr: float
+    precision: float
+    recall: float
     map50: float
-    map: float
+    map50_95: float
     fitness: float
     per_class: Any
     speed: dict[str, float]
@@ -75,8 +76,8 @@ class ValResult:
     def summary(self) -> str:
         """The official printout: header, the ``all`` row, one row per class (when nc > 1)."""
         lines = [("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95"),
-                 ("%22s" + "%11i" * 2 + "%11.3g" * 4) % ("all", self.seen, self.instances, self.mp, self.mr,
-                                                         self.map50, self.map)]
+                 ("%22s" + "%11i" * 2 + "%11.3g" * 4) % ("all", self.seen, self.instances, self.precision, self.recall,
+                                                         self.map50, self.map50_95)]
         if len(self.names) > 1:
             for row in self.per_class.itertuples(index=False, name=None):  # class, name, images, ... mAP50-95
                 lines.append(("%22s" + "%11i" * 2 + "%11.3g" * 4) % row[1:])
@@ -91,7 +92,8 @@ class ValResult:
 
     def to_dict(self) -> dict[str, float]:
         """The headline numbers (plus COCOeval's, prefixed ``coco/``) as plain floats."""
-        out = {"P": self.mp, "R": self.mr, "mAP50": self.map50, "mAP50-95": self.map, "fitness": self.fitness}
+        out = {"P": self.precision, "R": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95,
+               "fitness": self.fitness}
         out.update({f"coco/{k}": v for k, v in (self.coco or {}).items()})
         return out
 

@@ -128,7 +128,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             cannot change mid-run must be the run's (``rundir.FIXED_ON_RESUME``), a larger ``epochs`` extends it.
         loss_fn: ``(outputs, targets) -> (loss, loss_items (3,))``; default ``DetectionLoss(model, config.loss)``.
         train_loader / val_loader: ready loaders (default: built by ``yolo9kit.data.create_dataloader``).
-        validate_fn: ``ema_model -> {"precision", "recall", "map50", "map", "fitness"}``; default
+        validate_fn: ``ema_model -> {"precision", "recall", "map50", "map50_95", "fitness"}``; default
             ``yolo9kit.validate.evaluate`` on the val loader.
 
     Returns:

@@ -112,5 +112,6 @@ class EMAValidation:
         r = evaluate(model, self.data, dataloader=self.loader, imgsz=config.imgsz, half=self.half, device=self.device,
                      single_cls=config.single_cls, progress_bar=config.progress_bar)
         self.result = r
-        return {"precision": float(r.mp), "recall": float(r.mr), "map50": float(r.map50), "map": float(r.map),
+        return {"precision": float(r.precision), "recall": float(r.recall), "map50": float(r.map50),
+                "map50_95": float(r.map50_95),
                 "fitness": float(r.fitness)}

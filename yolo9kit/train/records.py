@@ -106,14 +106,14 @@ class EpochRecord:
     def from_stats(cls, epoch: int, stats: EpochStats, metrics: Mapping[str, float],
                    world_size: int = 1) -> EpochRecord:
         """The record of ``epoch`` from the loop's ``EpochStats`` and the validation ``metrics`` (keys
-        ``precision, recall, map50, map, fitness``; empty when not validated). ``stats.images`` counts this
+        ``precision, recall, map50, map50_95, fitness``; empty when not validated). ``stats.images`` counts this
         rank's images, so the throughput is scaled by ``world_size``."""
         box, cls_, dfl = (float(v) for v in stats.mean_items)
         lr_bias, lr_weight, lr_norm_weight = (float(lr) for lr in stats.lrs)
         return cls(epoch=epoch, box_loss=box, cls_loss=cls_, dfl_loss=dfl, lr_bias=lr_bias, lr_weight=lr_weight,
                    lr_norm_weight=lr_norm_weight, precision=_number(metrics, "precision"),
                    recall=_number(metrics, "recall"), map50=_number(metrics, "map50"),
-                   map50_95=_number(metrics, "map"), fitness=_number(metrics, "fitness"),
+                   map50_95=_number(metrics, "map50_95"), fitness=_number(metrics, "fitness"),
                    peak_vram_bytes=stats.peak_memory_bytes,
                    images_per_s=stats.images * world_size / max(stats.seconds, 1e-9), epoch_s=stats.seconds)
 
@@ -129,9 +129,9 @@ class EpochRecord:
 
 
 def metric_columns(metrics: Mapping[str, float]) -> dict[str, float | None]:
-    """The results.csv metric columns of validation ``metrics`` (keys precision, recall, map50, map, fitness)."""
+    """The results.csv metric columns of validation ``metrics`` (keys precision, recall, map50, map50_95, fitness)."""
     return {"metrics/precision": _number(metrics, "precision"), "metrics/recall": _number(metrics, "recall"),
-            "metrics/mAP50": _number(metrics, "map50"), "metrics/mAP50-95": _number(metrics, "map"),
+            "metrics/mAP50": _number(metrics, "map50"), "metrics/mAP50-95": _number(metrics, "map50_95"),
             "fitness": _number(metrics, "fitness")}
 
 
