@@ -210,7 +210,7 @@ def test_a_failed_results_append_leaves_the_file_as_it_was(tmp_path, monkeypatch
 def _record_fields():
     return dict(epoch=0, box_loss=1.0, cls_loss=1.0, dfl_loss=1.0, lr_bias=0.01, lr_weight=0.01,
                 lr_norm_weight=0.01, precision=None, recall=None, map50=None, map50_95=None, fitness=None,
-                peak_vram_bytes=None, images_per_s=1.0, epoch_s=1.0)
+                peak_allocated=None, images_per_s=1.0, epoch_s=1.0)
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ def test_fit_writes_run_folder(tmp_path):
     assert (run / "weights" / "last.pt").is_file() and (run / "weights" / "best.pt").is_file()
     rows = list(csv.DictReader(open(run / "results.csv")))
     assert list(rows[0]) == RESULTS_COLUMNS and [r["epoch"] for r in rows] == ["0", "1"]
-    assert rows[1]["peak_vram_bytes"] == "" and float(rows[1]["images_per_s"]) > 0  # VRAM: CUDA only
+    assert rows[1]["peak_allocated"] == "" and float(rows[1]["images_per_s"]) > 0  # VRAM: CUDA only
     ckpt = read_checkpoint(run / "weights" / "last.pt")
     for key in ("model", "ema", "optimizer", "scaler", "scheduler", "rng", "progress", "train_config"):
         assert key in ckpt, key
@@ -85,7 +85,7 @@ def test_callbacks_get_step_and_epoch_records_and_the_epoch_record_is_the_result
     for r in steps:
         assert r.box_loss > 0 and r.cls_loss == r.dfl_loss == 0  # toy_loss reports [mean, 0, 0]
         assert r.lr_norm_weight == r.lr_weight  # both warm up from 0 (official)
-        assert r.micro_batch_size == 2 and r.images_per_s > 0 and r.memory_bytes is None  # CPU: not measured
+        assert r.micro_batch_size == 2 and r.images_per_s > 0 and r.peak_allocated is None  # CPU: not measured
     # warmup over 3 batches: biases from warmup_bias_lr (0.1) down to lr0 (0.05), weights from 0 up to lr0
     assert [r.lr_bias for r in steps[:4]] == pytest.approx([0.1, 0.1 - 0.05 / 3, 0.1 - 0.1 / 3, 0.05])
     assert [r.lr_weight for r in steps[:4]] == pytest.approx([0.0, 0.05 / 3, 0.1 / 3, 0.05])
@@ -94,7 +94,7 @@ def test_callbacks_get_step_and_epoch_records_and_the_epoch_record_is_the_result
     assert (last.box_loss, last.lr_bias, last.lr_weight, last.lr_norm_weight) == pytest.approx(
         (epochs[0].box_loss, epochs[0].lr_bias, epochs[0].lr_weight, epochs[0].lr_norm_weight))
     assert [r.epoch for r in epochs] == [0, 1] and epochs[1].map50 == pytest.approx(_validate(result.ema)["map50"])
-    assert epochs[0].peak_vram_bytes is None and epochs[0].epoch_s > 0
+    assert epochs[0].peak_allocated is None and epochs[0].epoch_s > 0
     assert [r.row() for r in epochs] == result.results
     lines = list(csv.DictReader(open(result.save_dir / "results.csv")))
     for record, line in zip(epochs, lines, strict=True):

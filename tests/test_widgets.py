@@ -35,7 +35,7 @@ def _step(i: int, **changes):
 
     values = dict(epoch=0, batch_index=i, ni=i, optimizer_steps=i // 2, box_loss=3.0 - 0.1 * i, cls_loss=2.0,
                   dfl_loss=1.5, lr_bias=0.01 * i, lr_weight=0.01, lr_norm_weight=0.01, momentum=0.9,
-                  accumulate_steps=2, micro_batch_size=4, memory_bytes=1024**3 * (1 + i), images_per_s=10.0 + i)
+                  accumulate_steps=2, micro_batch_size=4, peak_allocated=1024**3 * (1 + i), images_per_s=10.0 + i)
     return StepRecord(**{**values, **changes})
 
 
@@ -45,7 +45,7 @@ def _epoch(epoch: int, **changes):
 
     values = dict(epoch=epoch, box_loss=2.5, cls_loss=2.0, dfl_loss=1.5, lr_bias=0.01, lr_weight=0.01,
                   lr_norm_weight=0.01, precision=None, recall=None, map50=None, map50_95=None, fitness=None,
-                  peak_vram_bytes=None, images_per_s=12.5, epoch_s=4.0)
+                  peak_allocated=None, images_per_s=12.5, epoch_s=4.0)
     return EpochRecord(**{**values, **changes})
 
 
@@ -91,7 +91,7 @@ def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
         dash.on_step(_step(i))
     assert dash.redraws == 1 and len(dash.history) == 5
     dash.on_epoch_end(_epoch(0, map50=0.5, map50_95=0.25, precision=0.6, recall=0.4, fitness=0.275,
-                             peak_vram_bytes=3 * 1024**3, epoch_s=75.0))
+                             peak_allocated=3 * 1024**3, epoch_s=75.0))
     assert dash.redraws == 2 and dash.epochs[-1].map50 == 0.5
     table = dash.epoch_table()
     assert list(table.columns) == ["epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s", "time",
@@ -115,10 +115,10 @@ def test_dashboard_shows_process_memory_when_trained_off_cuda():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
-    dash.on_step(_step(0, memory_bytes=None))  # what a CPU run reports
-    dash.on_step(_step(1, memory_bytes=None))
+    dash.on_step(_step(0, peak_allocated=None))  # what a CPU run reports
+    dash.on_step(_step(1, peak_allocated=None))
     ax_mem = dash.figure.axes[2]
-    assert dash.series("memory_bytes") == ([], [])
+    assert dash.series("peak_allocated") == ([], [])
     assert sorted(dash.process_memory) == [0, 1] and min(dash.process_memory.values()) > 10 * 1024**2
     assert ax_mem.get_title() in ("process memory, resident set (MiB)", "process memory, resident set (GiB)")
     assert len(ax_mem.lines[0].get_xdata()) == 2  # not an empty axis

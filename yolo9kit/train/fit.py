@@ -255,7 +255,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                                            progress_bar=run.dist.is_main and config.progress_bar)
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 if run.auto_batch is not None:
-                    run.auto_batch.record_measured_peak(run.trainer.device, at.stats.peak_memory_bytes, run.run_dir)
+                    run.auto_batch.record_measured_peak(run.trainer.device, at.stats.peak_allocated, run.run_dir)
                 with signals.raising():  # validation has no batch to stop at: a signal stops it at once
                     at.metrics = _validate(run, epoch)
                 at.phase = "committing"  # signals wait until the epoch's files are written

@@ -20,7 +20,7 @@ from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
 from yolo9kit.train.inputs import multi_scale_rng, multi_scale_shape
 from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
-from yolo9kit.train.records import StepRecord, bar_text, device_memory_bytes, peak_memory_bytes, reset_peak_memory
+from yolo9kit.train.records import StepRecord, bar_text, device_memory_bytes, read_peak_allocated, reset_peak_memory
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import Trainer, optimizer_step, run_batch
 
@@ -35,7 +35,7 @@ class EpochStats:
     mean_items: torch.Tensor
     images: int
     seconds: float
-    peak_memory_bytes: int | None
+    peak_allocated: int | None
     lrs: tuple[float, float, float]
 
 
@@ -114,7 +114,7 @@ class _EpochLog:
                 optimizer_steps=trainer.optimizer_steps, box_loss=float(mean[0]), cls_loss=float(mean[1]),
                 dfl_loss=float(mean[2]), lr_bias=lr_bias, lr_weight=lr_weight, lr_norm_weight=lr_norm_weight,
                 momentum=float(settings.momentum), accumulate_steps=settings.accumulate, micro_batch_size=entry.micro,
-                memory_bytes=peak_memory_bytes(trainer.device), images_per_s=speed))
+                peak_allocated=read_peak_allocated(trainer.device), images_per_s=speed))
 
 
 class _WindowStart:
@@ -214,7 +214,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     progress.oom_events = trainer.oom_events
     lrs = tuple(float(g["lr"]) for g in trainer.optimizer.param_groups)
     return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start,
-                      peak_memory_bytes(trainer.device), lrs)
+                      read_peak_allocated(trainer.device), lrs)
 
 
 def _skip_nonfinite(trainer: Trainer, progress: Progress, config: TrainConfig, batch: int) -> None:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 RESULTS_COLUMNS = [
     "epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
     "metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "fitness",
-    "peak_vram_bytes", "images_per_s", "epoch_s",
+    "peak_allocated", "images_per_s", "epoch_s",
 ]
 
 
@@ -45,7 +45,7 @@ class StepRecord:
         momentum: SGD momentum (Adam's beta1) used for this batch.
         accumulate_steps: loader batches per optimizer step in effect for this batch (ramps up in warmup).
         micro_batch_size: images per forward/backward (the whole batch unless it was split).
-        memory_bytes: peak allocated CUDA memory since the epoch started, bytes; None when training on
+        peak_allocated: peak allocated CUDA memory since the epoch started, bytes; None when training on
             another device (VRAM is measured on CUDA only).
         images_per_s: training images per second since the epoch started, all ranks together.
     """
@@ -63,7 +63,7 @@ class StepRecord:
     momentum: float
     accumulate_steps: int
     micro_batch_size: int
-    memory_bytes: int | None
+    peak_allocated: int | None
     images_per_s: float
 
 
@@ -80,7 +80,7 @@ class EpochRecord:
             the epoch was not validated.
         fitness: the score best.pt is chosen by (by default ``0.1 * map50 + 0.9 * map50_95``); None when not
             validated.
-        peak_vram_bytes: peak allocated CUDA memory during the epoch's training, bytes; None when training on
+        peak_allocated: peak allocated CUDA memory during the epoch's training, bytes; None when training on
             another device (VRAM is measured on CUDA only).
         images_per_s: training images per second over the epoch, all ranks together.
         epoch_s: seconds of training in the epoch (validation and checkpoints excluded).
@@ -98,7 +98,7 @@ class EpochRecord:
     map50: float | None
     map50_95: float | None
     fitness: float | None
-    peak_vram_bytes: int | None
+    peak_allocated: int | None
     images_per_s: float
     epoch_s: float
 
@@ -114,7 +114,7 @@ class EpochRecord:
                    lr_norm_weight=lr_norm_weight, precision=_number(metrics, "precision"),
                    recall=_number(metrics, "recall"), map50=_number(metrics, "map50"),
                    map50_95=_number(metrics, "map50_95"), fitness=_number(metrics, "fitness"),
-                   peak_vram_bytes=stats.peak_memory_bytes,
+                   peak_allocated=stats.peak_allocated,
                    images_per_s=stats.images * world_size / max(stats.seconds, 1e-9), epoch_s=stats.seconds)
 
     def row(self) -> dict[str, float | int | None]:
@@ -124,7 +124,7 @@ class EpochRecord:
             "train/dfl_loss": self.dfl_loss, "lr/pg0": self.lr_bias, "lr/pg1": self.lr_weight,
             "lr/pg2": self.lr_norm_weight, "metrics/precision": self.precision, "metrics/recall": self.recall,
             "metrics/mAP50": self.map50, "metrics/mAP50-95": self.map50_95, "fitness": self.fitness,
-            "peak_vram_bytes": self.peak_vram_bytes, "images_per_s": self.images_per_s, "epoch_s": self.epoch_s,
+            "peak_allocated": self.peak_allocated, "images_per_s": self.images_per_s, "epoch_s": self.epoch_s,
         }
 
 
@@ -190,7 +190,7 @@ def device_memory_bytes(device: torch.device, peak: bool = False) -> int:
     return int(torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device))
 
 
-def peak_memory_bytes(device: torch.device) -> int | None:
+def read_peak_allocated(device: torch.device) -> int | None:
     """Peak allocated bytes on a CUDA device since the last reset; None on other devices (not measured)."""
     return device_memory_bytes(device, peak=True) if device.type == "cuda" else None
 
@@ -200,9 +200,9 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def bar_text(mean_items: torch.Tensor, memory_bytes: int, images_per_s: float, accumulate: int,
+def bar_text(mean_items: torch.Tensor, peak_allocated: int, images_per_s: float, accumulate: int,
              micro_batch: int) -> str:
     """``box 1.23 cls 4.56 dfl 1.11 mem 3.2G 120 img/s acc 4x16``: the progress-bar postfix."""
     box, cls, dfl = (float(v) for v in mean_items)
-    return (f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} mem {memory_bytes / 1e9:.3g}G "
+    return (f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} mem {peak_allocated / 1e9:.3g}G "
             f"{images_per_s:.1f} img/s acc {accumulate}x{micro_batch}")

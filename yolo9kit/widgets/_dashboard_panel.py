@@ -63,7 +63,7 @@ def _draw_memory(ax, dash: TrainDashboard) -> None:
     unit, size = ("GiB", 1024**3) if y and max(y) >= 1024**3 else ("MiB", 1024**2)
     ax.plot(x, [v / size for v in y], color="C2", **_POINT)
     ax.set_title(f"{what} ({unit})")
-    if dash.history and dash.series("memory_bytes")[0] == []:
+    if dash.history and dash.series("peak_allocated")[0] == []:
         ax.text(0.02, 0.95, NO_VRAM, ha="left", va="top", transform=ax.transAxes, color="gray", fontsize="small")
 
 
@@ -80,8 +80,8 @@ def epoch_table(dash: TrainDashboard):
             "epoch": r.epoch, "box": round(r.box_loss, 3), "cls": round(r.cls_loss, 3), "dfl": round(r.dfl_loss, 3),
             "P": _round(r.precision), "R": _round(r.recall), "mAP50": _round(r.map50),
             "mAP50-95": _round(r.map50_95), "img/s": round(r.images_per_s, 1), "time": format_seconds(r.epoch_s),
-            "peak VRAM": None if r.peak_vram_bytes is None else format_bytes(r.peak_vram_bytes),
-            "peak RSS": format_bytes(max(rss)) if rss and r.peak_vram_bytes is None else None,
+            "peak VRAM": None if r.peak_allocated is None else format_bytes(r.peak_allocated),
+            "peak RSS": format_bytes(max(rss)) if rss and r.peak_allocated is None else None,
         })
     return pd.DataFrame(rows, columns=list(_COLUMNS)).dropna(axis=1, how="all")
 

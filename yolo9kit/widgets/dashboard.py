@@ -91,7 +91,7 @@ class TrainDashboard:
         epochs: the ``EpochRecord`` of every finished epoch.
         resumes: integrated batch indices ``ni`` at which a resumed run started again (dotted lines).
         process_memory: ``ni`` -> resident set size of the process in bytes, sampled at batches trained off
-            CUDA (``StepRecord.memory_bytes`` is None there): the memory panel of a CPU run.
+            CUDA (``StepRecord.peak_allocated`` is None there): the memory panel of a CPU run.
         min_interval_s: redraw at most this often (drawing costs ~0.1 s); epoch ends always redraw.
         interrupt_at: stop once this batch index is reached, as the stop button would (used to demonstrate
             stop-and-resume in a run nobody watches); None never stops.
@@ -131,7 +131,7 @@ class TrainDashboard:
             self.resumes.append(record.ni)
             self._resume_pending = False
         self.history.append(record)
-        if record.memory_bytes is None:
+        if record.peak_allocated is None:
             rss = process_memory_bytes()
             if rss is not None:
                 self.process_memory[record.ni] = rss
@@ -337,14 +337,14 @@ class TrainDashboard:
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
         """(ni, values) of one ``StepRecord`` field in batch order; a batch seen twice (resume) keeps its latest
-        value; batches where the field is None (``memory_bytes`` off CUDA) are left out."""
+        value; batches where the field is None (``peak_allocated`` off CUDA) are left out."""
         points = {r.ni: getattr(r, name) for r in self.history}
         steps = sorted(k for k, v in points.items() if v is not None)
         return steps, [points[k] for k in steps]
 
     def memory_series(self) -> tuple[str, list[int], list[int]]:
         """(what, ni, bytes): the peak VRAM of the epoch on CUDA, else the process's resident set size."""
-        x, y = self.series("memory_bytes")
+        x, y = self.series("peak_allocated")
         if x:
             return "peak VRAM in the epoch", x, y
         steps = sorted(self.process_memory)
