@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--cache", choices=["none", "ram", "disk"], nargs="+", default=["none", "ram"],
                         help="image caching, the same on both sides: 'none' decodes every JPEG each time, 'ram' "
-                             "decodes each once (the yolo9kit default, cache=None, behaves as 'ram' when it fits), "
+                             "decodes each once (the yolo9kit default, cache='auto', behaves as 'ram' when it fits), "
                              "'disk' decodes each once into files (the kit: one memory-mapped file; official: .npy)")
     args = parser.parse_args()
 

@@ -67,7 +67,7 @@ def test_unit_gains_leave_images_alone_and_bad_shapes_are_clear_errors():
 
 def test_loader_with_colour_on_device_gives_the_same_batches_within_one_level(shapes_yaml):
     """The same draws (mosaic, affine, flips, gains) either way; only the colour arithmetic moves."""
-    kwargs = dict(imgsz=96, batch_size=4, workers=0, seed=0, cache=False)
+    kwargs = dict(imgsz=96, batch_size=4, workers=0, seed=0, cache=None)
     cpu = list(create_dataloader(shapes_yaml, "train", **kwargs))
     moved_loader = create_dataloader(shapes_yaml, "train", colour_device="cpu", **kwargs)
     assert moved_loader.dataset.colour_on_device

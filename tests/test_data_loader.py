@@ -42,7 +42,7 @@ def test_batch_format(shapes_yaml):
 def test_same_seed_same_batches_with_0_and_2_workers(shapes_yaml):
     def run(workers, seed=0):
         loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=4, workers=workers, seed=seed,
-                                   cache=False)
+                                   cache=None)
         return _epoch(loader), _epoch(loader)
 
     (a1, a2), (b1, b2) = run(0), run(2)
@@ -78,7 +78,7 @@ def test_distributed_sampler_partitions_the_epoch():
 
 
 def test_ram_cache_gives_identical_batches(shapes_yaml):
-    plain = _epoch(create_dataloader(shapes_yaml, "val", imgsz=96, batch_size=2, workers=0, cache=False))
+    plain = _epoch(create_dataloader(shapes_yaml, "val", imgsz=96, batch_size=2, workers=0, cache=None))
     cached = _epoch(create_dataloader(shapes_yaml, "val", imgsz=96, batch_size=2, workers=0, cache="ram"))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, cached))
 
@@ -87,12 +87,13 @@ def test_ram_cache_that_does_not_fit_is_a_clear_error(shapes_yaml):
     with pytest.raises(MemoryError, match="needs .* GiB but only"):
         create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0, cache="ram",
                           options=LoaderConfig(cache_budget=1e-12))
-    loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0, cache=None,
+    loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=2, workers=0,
                                options=LoaderConfig(cache_budget=1e-12))
-    assert loader.dataset.images is None  # auto: silently not cached
+    assert loader.dataset.images is None  # "auto", the default: silently not cached
 
 
 def test_min_items_single_cls_and_cache_values(shapes_yaml):
+    from yolo9kit.config import TrainConfig
     from yolo9kit.data import YOLODataset
 
     full = YOLODataset(shapes_yaml, "train", imgsz=96)
@@ -100,8 +101,11 @@ def test_min_items_single_cls_and_cache_values(shapes_yaml):
     some = YOLODataset(shapes_yaml, "train", imgsz=96, min_items=3, single_cls=True)
     assert len(some) == sum(c >= 3 for c in counts) < len(full)
     assert all((x[:, 0] == 0).all() for x in some.labels)
-    with pytest.raises(ValueError, match="cache must be"):
-        YOLODataset(shapes_yaml, "train", imgsz=96, cache="gpu")
+    for value in ("gpu", True, False):  # one spelling per mode: None is no cache, "ram" the RAM cache
+        with pytest.raises(ValueError, match="cache must be one of"):
+            YOLODataset(shapes_yaml, "train", imgsz=96, cache=value)
+    with pytest.raises(ValueError, match=r"TrainConfig.cache=True: expected one of \('auto', 'ram', 'disk', None\)"):
+        TrainConfig(cache=True)
 
 
 def test_disk_cache_gives_identical_batches_and_is_rebuilt_when_an_image_changes(tmp_path):
@@ -130,5 +134,5 @@ def test_disk_cache_gives_identical_batches_and_is_rebuilt_when_an_image_changes
     assert files[0].stat().st_mtime_ns != mtime
     val = create_dataloader(data, "val", workers=0, cache="disk", imgsz=96, batch_size=2)  # validation: INTER_AREA
     assert (tmp_path / "shapes" / "labels" / "val.96px-area.yolo9kit-images").is_file() and len(val.dataset.images) == 3
-    val_plain = create_dataloader(data, "val", workers=0, cache=False, imgsz=96, batch_size=2)
+    val_plain = create_dataloader(data, "val", workers=0, cache=None, imgsz=96, batch_size=2)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(_epoch(val_plain), _epoch(val)))

@@ -83,12 +83,14 @@ def add_setting_flags(p: argparse.ArgumentParser) -> None:
         default = f.default
         shown = "" if default is None or default is False or declared.negate else f" (default {default})"
         options = {"dest": name, "default": None, "help": declared.help + shown}
-        if "bool" == str(f.type) and name not in _FORMS:  # a switch: its flag turns it on (off when negated)
+        if name in _FORMS:
+            options.update(_FORMS[name])
+        elif str(f.type) == "bool":  # a switch: its flag turns it on (off when negated)
             options.update(action="store_const", const=not declared.negate)
         elif declared.choices is not None:
             options.update(choices=declared.choices)
         else:
-            options.update(_FORMS.get(name) or {"type": functools.partial(_parsed, name)})
+            options.update(type=functools.partial(_parsed, name))
         p.add_argument(declared.flag, *declared.aliases, **options)
 
 

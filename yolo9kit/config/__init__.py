@@ -15,6 +15,7 @@ from yolo9kit.config.step import FAST_SWITCHES, StepConfig, amp_for
 from yolo9kit.config.train import (
     ACTIVATION_CHECKPOINTING,
     AMP_MODES,
+    CACHE_MODES,
     CALLBACK_NAMES,
     DEFAULT_AUGMENT_HYP,
     DEFAULT_MARGIN,
@@ -26,7 +27,7 @@ from yolo9kit.config.train import (
 )
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "AMP_MODES", "CALLBACK_NAMES", "DEFAULT_AUGMENT_HYP", "DEFAULT_MARGIN",
+    "ACTIVATION_CHECKPOINTING", "AMP_MODES", "CACHE_MODES", "CALLBACK_NAMES", "DEFAULT_AUGMENT_HYP", "DEFAULT_MARGIN",
     "FAST_SWITCHES", "OPTIMIZERS", "PREDICT_NMS", "SCHEDULES", "VAL_NMS", "ExportConfig", "LoaderConfig", "LossConfig",
     "NMSConfig", "SaveConfig", "StepConfig", "TrainConfig", "amp_for", "check_activation_checkpointing",
 ]

@@ -68,7 +68,7 @@ class LoaderConfig:
     # Batches each worker prepares ahead (torch's default is 2): a deeper queue absorbs the batches that take
     # longer than the rest (mosaic, mixup), at the price of that many batches of RAM per worker.
     prefetch_factor: int = 4
-    # cache=None decodes all images into RAM only when they need less than this share of the available RAM.
+    # cache="auto" decodes all images into RAM only when they need less than this share of the available RAM.
     cache_budget: float = 0.5
 
     def __post_init__(self) -> None:

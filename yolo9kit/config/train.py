@@ -24,6 +24,8 @@ ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
 # Ultralytics keeps 0.4 free).
 DEFAULT_MARGIN = 0.10
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
+# The image cache of a dataset, a loader and a run (yolo9kit.data.dataset): None reads the files every time.
+CACHE_MODES = ("auto", "ram", "disk", None)
 SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 CALLBACK_NAMES = ("on_step", "on_epoch_end")
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
@@ -182,8 +184,9 @@ class TrainConfig:
                                               no_flag="--hyp reads an official hyp yaml (its augmentation keys)")
     loss: LossConfig | None = declare(None, "the loss gains; None: the official ones",
                                       no_flag="--hyp (the official box, cls, dfl and cls_pw keys)")
-    cache: str | None = declare(None, "cache the training images: ram (default when given) or disk",
-                                flag="--cache", resume=CHANGE)
+    cache: str | None = declare("auto", "cache the decoded images: auto (in RAM when they fit), ram (always; the "
+                                "flag alone), disk (a memory-mapped file beside the labels), or None", flag="--cache",
+                                resume=CHANGE, choices=CACHE_MODES)
     # Train even when the training labels use class ids `names` does not name, hold no box at all, or lose
     # more than a tenth of the labelled images to errors. Off: such data stops the run before the first
     # step with a DataError naming the data.yaml, the counts and the class ids (yolo9kit.data.guard), as the
@@ -244,8 +247,6 @@ class TrainConfig:
             raise bad("micro_batch_size", f"at most batch_size={self.batch_size} (a batch is split into micro-batches)")
         check_activation_checkpointing(self.activation_checkpointing, "TrainConfig")
         object.__setattr__(self, "freeze", check_freeze(self.freeze, "TrainConfig"))
-        if self.cache not in (None, False, True, "ram", "disk", "auto"):
-            raise bad("cache", "None, 'ram' or 'disk'")
         unknown = set(self.callbacks or {}) - set(CALLBACK_NAMES)
         if unknown:
             raise bad("callbacks", f"a dict with keys among {CALLBACK_NAMES}, got {sorted(unknown)}")

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from yolo9kit.config.train import CACHE_MODES
 from yolo9kit.data import augment as A
 from yolo9kit.data.cache import build_report, cache_path, scan_images
 from yolo9kit.data.disk_cache import disk_cache_path, open_disk_cache
@@ -79,11 +80,12 @@ class YOLODataset(Dataset):
         hyp: augmentation hyper-parameters (dict with official keys, or :class:`Hyp`); default hyp.scratch-high.
         rect: rectangular batches of ``batch_size`` (images sorted by aspect ratio, mosaic off).
         stride, pad: rect batch shapes are multiples of ``stride`` with ``pad`` strides of margin.
-        cache: "ram"/True decode every image once into RAM (MemoryError when it does not fit in
-            ``cache_budget`` of the available RAM); "auto" the same but silently skipped when it does not fit;
-            None/False read the files every time; "disk" decodes every image once into one memory-mapped file
-            beside the label cache (``yolo9kit.data.disk_cache``), for data sets larger than RAM; when that
-            folder cannot be written (read-only data, a full disk) it warns and caches in RAM as "auto".
+        cache: the image cache, the same four values everywhere (``CACHE_MODES``): "ram" decodes every image
+            once into RAM (MemoryError when it does not fit in ``cache_budget`` of the available RAM); "auto" the
+            same but silently skipped when it does not fit; None reads the files every time; "disk" decodes every
+            image once into one memory-mapped file beside the label cache (``yolo9kit.data.disk_cache``), for
+            data sets larger than RAM; when that folder cannot be written (read-only data, a full disk) it warns
+            and caches in RAM as "auto".
         min_items: drop images with fewer boxes. single_cls: every class becomes 0.
         seed: augmentation draws depend only on (seed, epoch, index).
         use_label_cache: reuse and write the label cache.
@@ -103,7 +105,7 @@ class YOLODataset(Dataset):
 
     def __init__(self, data: str | Path | dict | DataConfig, split: str = "train", imgsz: int = 640,
                  augment: bool = False, hyp: dict | A.Hyp | None = None, rect: bool = False, batch_size: int = 16,
-                 stride: int = 32, pad: float = 0.0, cache: str | bool | None = None, min_items: int = 0,
+                 stride: int = 32, pad: float = 0.0, cache: str | None = None, min_items: int = 0,
                  single_cls: bool = False, seed: int = 0, use_label_cache: bool = True,
                  cache_budget: float = 0.5, allow_bad_labels: bool = False):
         self.config = load_data_config(data)
@@ -143,15 +145,15 @@ class YOLODataset(Dataset):
             self.batch_index = np.arange(len(order)) // batch_size
         self.nominal = np.array([resized_size(w, h, imgsz) for w, h in self.shapes], np.int64)  # (w, h)
         self.images = None
-        if cache not in (None, False, True, "auto", "ram", "disk"):
-            raise ValueError(f"cache must be None, False, 'auto', 'ram' (True) or 'disk', got {cache!r}")
+        if cache not in CACHE_MODES:
+            raise ValueError(f"cache must be one of {CACHE_MODES} (None: no cache), got {cache!r}")
         if cache == "disk":
             label_cache = cache_path(self.config.sources[split], [r.lb_file for r in records])
             self.images = _disk_or_ram(disk_cache_path(label_cache, imgsz, augment), self.im_files,
                                        [tuple(int(v) for v in s) for s in self.shapes], imgsz, augment, cache_budget)
-        elif cache:
+        elif cache is not None:
             self.images = cache_images(self.im_files, [tuple(s) for s in self.shapes], imgsz, augment,
-                                       cache_budget, required=cache == "ram" or cache is True)
+                                       cache_budget, required=cache == "ram")
 
     def __len__(self) -> int:
         return len(self.im_files)

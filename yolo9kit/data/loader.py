@@ -149,7 +149,7 @@ def default_workers(batch_size: int) -> int:
 def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split: str = "train",
                       imgsz: int = 640, batch_size: int = 16, *, augment: bool | None = None,
                       workers: int | None = None, rect: bool | None = None, shuffle: bool | None = None,
-                      seed: int = 0, cache: str | bool | None = None, hyp: dict | None = None,
+                      seed: int = 0, cache: str | None = "auto", hyp: dict | None = None,
                       distributed: bool = False, stride: int = 32, pad: float | None = None, min_items: int = 0,
                       single_cls: bool = False, colour_device: str | torch.device | None = None,
                       options: LoaderConfig | None = None, allow_bad_labels: bool = False) -> YOLOLoader:
@@ -165,10 +165,10 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         rect: rectangular batches (aspect-ratio order, no shuffle, no mosaic); default True except for train.
         shuffle: default True for train (False with rect).
         seed: the same seed gives the same batches, whatever the number of workers.
-        cache: "ram" (or True) decodes all images once into RAM and fails with the numbers when they do not
-            fit; None caches only when they fit in ``options.cache_budget`` of the available RAM; False never;
-            "disk" decodes them once into a memory-mapped file beside the label cache (data sets larger
-            than RAM; rebuilt when an image changes).
+        cache: "auto" (default) caches the decoded images in RAM only when they fit in
+            ``options.cache_budget`` of the available RAM; "ram" always, and fails with the numbers when they
+            do not fit; None never; "disk" decodes them once into a memory-mapped file beside the label cache
+            (data sets larger than RAM; rebuilt when an image changes).
         hyp: augmentation hyper-parameters (dict, official keys); default hyp.scratch-high.
         distributed: split the samples over torch.distributed ranks (multi-GPU).
         pad: rect padding in strides; default 0.5 for validation, 0.0 for training.
@@ -191,7 +191,7 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
     else:
         pad = (0.0 if train else 0.5) if pad is None else pad
         dataset = YOLODataset(data, split, imgsz, augment=augment, hyp=hyp, rect=rect, batch_size=batch_size,
-                              stride=stride, pad=pad, cache=cache if cache is not None else "auto",
+                              stride=stride, pad=pad, cache=cache,
                               min_items=min_items, single_cls=single_cls, seed=seed,
                               cache_budget=options.cache_budget, allow_bad_labels=allow_bad_labels)
     shuffle = (train and not dataset.rect) if shuffle is None else (shuffle and not dataset.rect)

@@ -67,7 +67,7 @@ def augmentation_viewer(data, *, imgsz: int = 320, batch_size: int = 4, seed: in
         used = augmentation_hyp(values, hyp)
         try:
             loader = create_dataloader(data, "train", imgsz=imgsz, batch_size=batch_size, workers=0,
-                                       seed=controls["seed"].value, hyp=used, cache=False)
+                                       seed=controls["seed"].value, hyp=used, cache=None)
             batch = next(iter(loader))
         except (OSError, ValueError) as error:
             show_error(outputs["batch"], f"cannot load a training batch: {error}")
