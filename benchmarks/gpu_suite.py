@@ -247,7 +247,7 @@ def epoch(args, device, report) -> None:
     loader_rate = n / (time.perf_counter() - t)
     _reset_memory(device)
     torch.manual_seed(0)
-    config = TrainConfig(batch_size=batch, amp=args.amp, device=str(device), epochs=1, warmup_min_steps=0,
+    config = TrainConfig(batch_size=batch, amp=args.amp, device=str(device), epochs=1, warmup_min_batches=0,
                          warmup_epochs=0.0)
     trainer = build_trainer(create_model(model_name, num_classes=8).train(), config, device=device)
     train_one_epoch(trainer, loader, config, Progress(), batches_per_epoch=len(loader), warmup=0, progress_bar=False)

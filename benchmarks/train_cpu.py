@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     config = TrainConfig(
         epochs=args.epochs, batch_size=args.batch, nominal_batch_size=args.batch, imgsz=args.imgsz,
         device="cpu", workers=args.workers, optimizer=args.optimizer, lr0=args.lr0, warmup_epochs=1.0,
-        warmup_min_steps=0,
+        warmup_min_batches=0,
         close_mosaic=args.close_mosaic, hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5, "mosaic": args.mosaic},
         val=False, progress_bar=False, project=str(out / "runs"), name="train_cpu",
         callbacks={"on_epoch_end": on_epoch_end})

@@ -94,7 +94,7 @@ def test_fit_with_batch_auto_records_the_prediction_and_survives_out_of_memory(s
     model = _model()
     loss = _OutOfMemoryOnce(model)
     config = TrainConfig(batch_size="auto", nominal_batch_size=4, epochs=1, imgsz=64, workers=0, device="cpu",
-                         val=False, warmup_epochs=0.0, warmup_min_steps=1, project=str(tmp_path), name="auto")
+                         val=False, warmup_epochs=0.0, warmup_min_batches=1, project=str(tmp_path), name="auto")
     result = fit(model, shapes64, config, loss_fn=loss)
     assert not result.interrupted and result.epochs_completed == 1
     assert loss.raised and result.oom_events == 1 and result.micro_batch_size == 2  # halved from 4, run kept

@@ -27,7 +27,7 @@ from yolo9kit.train.step import optimizer_step, run_batch, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
-NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_steps": 0}
+NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_batches": 0}
 # The plain step reads back, as the official step does: per head the number of foreground anchors and the
 # boolean masks that select them in the loss, then the finiteness check and the loss items.
 PLAIN_STEP_SYNCS = 20
@@ -200,7 +200,7 @@ def test_an_epoch_with_multi_scale_reads_back_once_per_log_interval(model):
         records = []
         with fake.counting() as syncs:
             stats = train_one_epoch(trainer, batches[1:], config, Progress(), batches_per_epoch=4, warmup=0,
-                                    progress_bar=False, on_step=records.append)
+                                    progress_bar=False, on_batch=records.append)
     assert stats.images == 8 and len(records) == 4
     assert len(syncs) == 2 * 2 and all(s.op.endswith("to the host") for s in syncs), [str(s) for s in syncs]
 
@@ -331,7 +331,7 @@ def test_fit_on_cuda_end_to_end(model, tmp_path):
     autotuned = []
     config = TrainConfig(epochs=1, batch_size=4, imgsz=64, workers=0, project=str(tmp_path / "runs"), name="cuda",
                          plots=False, progress_bar=False, log_interval=1,
-                         callbacks={"on_step": lambda record: autotuned.append(torch.backends.cudnn.benchmark)})
+                         callbacks={"on_batch": lambda record: autotuned.append(torch.backends.cudnn.benchmark)})
     previous = torch.backends.cudnn.benchmark
     with fake_cuda("A100") as fake:
         result = fit(copy.deepcopy(model), data, config)

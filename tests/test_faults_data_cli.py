@@ -73,7 +73,7 @@ def _fit(data: Path, tmp_path: Path, **changes):
     from yolo9kit.train import fit
 
     config = TrainConfig(epochs=1, batch_size=2, imgsz=64, workers=0, device="cpu", val=False, progress_bar=False,
-                         project=str(tmp_path / "runs"), warmup_min_steps=0, **changes)
+                         project=str(tmp_path / "runs"), warmup_min_batches=0, **changes)
     return fit(ToyNet(), data, config, loss_fn=toy_loss, validate_fn=lambda model: {"fitness": 0.0})
 
 
@@ -81,7 +81,7 @@ def test_labels_with_unnamed_classes_stop_training_before_the_first_step(shapes,
     _one_unnamed_class(shapes)
     steps = []
     with pytest.raises(DataError) as error:
-        _fit(shapes, tmp_path, callbacks={"on_step": steps.append})
+        _fit(shapes, tmp_path, callbacks={"on_batch": steps.append})
     message = str(error.value)
     assert str(shapes) in message and "(train split)" in message and "class id 1" in message
     assert "names has 1" in message and "1 of 4 images would be left out" in message
@@ -93,7 +93,7 @@ def test_labels_with_unnamed_classes_stop_training_before_the_first_step(shapes,
 def test_allow_bad_labels_trains_on_what_is_left(shapes, tmp_path):
     _one_unnamed_class(shapes)
     steps = []
-    result = _fit(shapes, tmp_path, allow_bad_labels=True, callbacks={"on_step": steps.append})
+    result = _fit(shapes, tmp_path, allow_bad_labels=True, callbacks={"on_batch": steps.append})
     assert len(steps) == 2 and result.epochs_completed == 1  # the 3 images left: batches of 2 and 1
 
 

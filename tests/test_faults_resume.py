@@ -26,7 +26,7 @@ _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 def _config(tmp_path, **kw):
     base = dict(epochs=2, batch_size=2, accumulate_steps=1, amp="off", device="cpu", warmup_epochs=0.0,
-                warmup_min_steps=0, project=str(tmp_path / "runs"), name="exp", lr0=0.01, progress_bar=False,
+                warmup_min_batches=0, project=str(tmp_path / "runs"), name="exp", lr0=0.01, progress_bar=False,
                 plots=False)
     return TrainConfig(**{**base, **kw})
 
@@ -93,7 +93,7 @@ def test_non_finite_weights_are_never_saved(tmp_path):
                 next(model.parameters()).fill_(float("nan"))
 
     model = ToyNet()
-    config = _config(tmp_path, epochs=3, callbacks={"on_step": nan_after_epoch_0})
+    config = _config(tmp_path, epochs=3, callbacks={"on_batch": nan_after_epoch_0})
     with pytest.raises(NonFiniteWeightsError, match=r"epoch 1, best\.pt: the weights hold NaN or Inf") as info:
         _fit(config, _fitness(0.2, 0.5), model=model)
     assert "the last good checkpoint is" in str(info.value)
@@ -141,7 +141,7 @@ def test_batches_whose_boxes_no_anchor_holds_are_named(caplog):
     torch.manual_seed(0)
     model = create_model("yolov9-t", num_classes=1)
     config = TrainConfig(epochs=1, batch_size=2, imgsz=32, amp="off", device="cpu", warmup_epochs=0.0,
-                         warmup_min_steps=0)
+                         warmup_min_batches=0)
     trainer = build_trainer(model, config)
     tiny = torch.tensor([[0, 0, 0.31, 0.31, 0.02, 0.02], [1, 0, 0.62, 0.62, 0.02, 0.02]])
     batches = [(torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8), tiny)] * 2

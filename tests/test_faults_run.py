@@ -61,7 +61,7 @@ def _validate(model):
 
 def _config(tmp_path, **kw):
     base = dict(epochs=2, batch_size=2, accumulate_steps=2, amp="off", device="cpu", warmup_epochs=0.0,
-                warmup_min_steps=3, project=str(tmp_path / "runs"), name="exp", lr0=0.05, progress_bar=False)
+                warmup_min_batches=3, project=str(tmp_path / "runs"), name="exp", lr0=0.05, progress_bar=False)
     base["plots"] = False  # the pictures have their tests (test_train_pictures.py); here they would cost most of a run
     return TrainConfig(**{**base, **kw})
 
@@ -150,7 +150,7 @@ def test_a_full_disk_stops_before_the_epoch_with_a_clear_error(tmp_path, monkeyp
     _report_free(monkeypatch, lambda: 10_000)
     with pytest.raises(DiskFullError, match=r"disk full: .* needs about .* [KM]iB in .*weights, which has 9\.77 KiB "
                                             r"free"):
-        _fit(_config(tmp_path, callbacks={"on_step": steps.append}))
+        _fit(_config(tmp_path, callbacks={"on_batch": steps.append}))
     assert steps == []  # not a batch trained for nothing
     assert not (tmp_path / "runs" / "exp").exists()  # and no empty run or weights folder left
 
@@ -224,7 +224,7 @@ def default_sigint():
 
 
 class _SignalAt:
-    """on_step callback that sends this process a real signal at its n-th call."""
+    """on_batch callback that sends this process a real signal at its n-th call."""
 
     def __init__(self, n, signum):
         self.n, self.signum, self.calls = n, signum, 0
@@ -240,7 +240,7 @@ def test_sigint_inside_an_accumulation_window_saves_last_and_resumes_exactly_wit
     """Ctrl-C after batch 2 of epoch 0 (inside a window: steps at ni 0, 1, 3): the run stops before the next
     batch and says why; the resumed run equals a straight one, BatchNorm running statistics included."""
     straight = _fit(_config(tmp_path, name="straight"))
-    stopped = _fit(_config(tmp_path, callbacks={"on_step": _SignalAt(3, signal.SIGINT)}))
+    stopped = _fit(_config(tmp_path, callbacks={"on_batch": _SignalAt(3, signal.SIGINT)}))
     assert stopped.interrupted and stopped.interrupted_by == "SIGINT"
     assert read_checkpoint(stopped.last)["progress"]["ni"] == 2  # the window restarts at batch 2
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored

@@ -22,7 +22,7 @@ from yolo9kit.memory.gpus import resolve_gpu
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
-SMALL = GPUCheckConfig(model="yolov9-t", imgsz=64, batch_size=2, steps=2, warmup_steps=1, memory_batches=(2, 4))
+SMALL = GPUCheckConfig(model="yolov9-t", imgsz=64, batch_size=2, steps=2, warmup_batches=1, memory_batches=(2, 4))
 
 
 def test_without_cuda_the_gpu_check_says_so_in_one_line_and_exits_0(tmp_path):

@@ -67,7 +67,7 @@ def test_vram_sampler_is_a_noop_without_cuda():
     sampler = VramSampler()
     from types import SimpleNamespace
 
-    row = sampler(SimpleNamespace(ni=5))  # what it reads of a StepRecord
+    row = sampler(SimpleNamespace(ni=5))  # what it reads of a BatchRecord
     assert row["step"] == 5 and list(sampler.frame().columns) == ["step", "allocated", "reserved", "max_allocated"]
     if not torch.cuda.is_available():
         assert not sampler.available and row["allocated"] == 0

@@ -44,7 +44,8 @@ def test_config_round_trip():
     from yolo9kit.config import TrainConfig
     from yolo9kit.loss import LossConfig
 
-    config = TrainConfig(batch_size=8, hyp={"mosaic": 0.0}, loss=LossConfig(box_gain=5.0), callbacks={"on_step": print})
+    config = TrainConfig(batch_size=8, hyp={"mosaic": 0.0}, loss=LossConfig(box_gain=5.0),
+                         callbacks={"on_batch": print})
     values = config.to_dict()
     assert "callbacks" not in values
     again = TrainConfig.from_dict(values)

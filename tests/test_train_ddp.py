@@ -26,7 +26,7 @@ GLOBAL_BATCH, WORLD = 4, 2
 def _config(project, name):
     # accumulate 2 -> the first micro-step of each step runs under no_sync, the second all-reduces
     return TrainConfig(epochs=2, batch_size=GLOBAL_BATCH, accumulate_steps=2, amp="off", device="cpu",
-                       warmup_epochs=0.0, warmup_min_steps=2, lr0=0.05, project=str(project), name=name)
+                       warmup_epochs=0.0, warmup_min_batches=2, lr0=0.05, project=str(project), name=name)
 
 
 def _rank_batches(rank):
@@ -76,7 +76,7 @@ def _nan_worker(rank, project, out_file):
     torch.manual_seed(0)
     result = fit(ToyNet(), None, _config(project, "nan"), loss_fn=nan_on_rank1_once, train_loader=_rank_batches(rank))
     gathered = [None] * WORLD
-    dist.all_gather_object(gathered, (result.nonfinite_steps, result.optimizer_steps,
+    dist.all_gather_object(gathered, (result.nonfinite_batches, result.optimizer_steps,
                                       {k: v.clone() for k, v in result.model.state_dict().items()}))
     if rank == 0:
         torch.save(gathered, out_file)

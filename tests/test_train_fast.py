@@ -20,7 +20,7 @@ _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 PLAIN = {"channels_last": False, "sync_free": False, "fused_optimizer": False, "lean_activations": False}
 FAST = {"channels_last": True, "sync_free": True, "fused_optimizer": True, "lean_activations": True}
-NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_steps": 0}
+NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_batches": 0}
 
 
 def _detection_batches(n: int, batch: int, size: int, seed: int = 0) -> list:
@@ -122,7 +122,7 @@ def test_sync_free_step_skips_a_nonfinite_loss_on_the_device():
 
 
 def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses():
-    """Sync-free reads the losses back every log_interval batches: the on_step records equal the plain
+    """Sync-free reads the losses back every log_interval batches: the on_batch records equal the plain
     step's, and a run of non-finite losses still stops with the error naming the batch."""
     batches = make_batches(8, 4)
     seen = {}
@@ -135,13 +135,13 @@ def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses():
             return (loss * float("nan"), items * float("nan")) if calls["n"] >= 5 else (loss, items)
 
         records = []
-        config = TrainConfig(amp="off", device="cpu", batch_size=4, accumulate_steps=1, max_nonfinite_steps=3,
+        config = TrainConfig(amp="off", device="cpu", batch_size=4, accumulate_steps=1, max_nonfinite_batches=3,
                              log_interval=3, epochs=1, **switches, **NO_WARMUP)
         torch.manual_seed(0)
         trainer = build_trainer(ToyNet(), config, loss_fn=nan_from_batch_4)
         with pytest.raises(NonFiniteLossError, match="batch 6"):
             train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=len(batches), warmup=0,
-                            on_step=records.append, progress_bar=False)
+                            on_batch=records.append, progress_bar=False)
         assert [r.batch_index for r in records] == [0, 1, 2, 3], name  # batches 4, 5, 6 were non-finite
         seen[name] = [r.box_loss for r in records]
     assert seen["sync-free"] == pytest.approx(seen["plain"], rel=1e-5)

@@ -12,7 +12,7 @@ from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import EpochRecord, NonFiniteLossError, StepRecord, fit
+from yolo9kit.train import BatchRecord, EpochRecord, NonFiniteLossError, fit
 from yolo9kit.train.records import RESULTS_COLUMNS
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -20,7 +20,7 @@ _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 def _config(tmp_path, **kw):
     base = dict(epochs=2, batch_size=2, accumulate_steps=2, amp="off", device="cpu", warmup_epochs=0.0,
-                warmup_min_steps=3, project=str(tmp_path / "runs"), name="exp", lr0=0.05)
+                warmup_min_batches=3, project=str(tmp_path / "runs"), name="exp", lr0=0.05)
     base["plots"] = False  # the pictures have their tests (test_train_pictures.py); here they would cost most of a run
     return TrainConfig(**{**base, **kw})
 
@@ -77,8 +77,8 @@ def test_fit_writes_run_folder(tmp_path):
 
 def test_callbacks_get_step_and_epoch_records_and_the_epoch_record_is_the_results_row(tmp_path):
     steps, epochs = [], []
-    result = _fit(_config(tmp_path, callbacks={"on_step": steps.append, "on_epoch_end": epochs.append}))
-    assert all(type(r) is StepRecord for r in steps) and all(type(r) is EpochRecord for r in epochs)
+    result = _fit(_config(tmp_path, callbacks={"on_batch": steps.append, "on_epoch_end": epochs.append}))
+    assert all(type(r) is BatchRecord for r in steps) and all(type(r) is EpochRecord for r in epochs)
     assert [(r.epoch, r.batch_index, r.ni) for r in steps] == [(e, i, 5 * e + i) for e in (0, 1) for i in range(5)]
     assert [r.optimizer_steps for r in steps] == [1, 2, 2, 3, 3, 4, 4, 5, 5, 6]  # steps at ni 0, 1, 3, 5, 7, 9
     assert [r.accumulate_steps for r in steps] == [1, 1, 2, 2, 2, 2, 2, 2, 2, 2]  # ramped over 3 warmup batches
@@ -123,7 +123,7 @@ def test_resume_inside_an_epoch_is_exact(tmp_path, stop_at_batch):
     """Interrupted mid-epoch: resume redoes the unfinished accumulation window with the same data. BatchNorm-free
     because the interrupted window's forward passes have already moved BatchNorm running statistics."""
     straight = _fit(_config(tmp_path, name="straight"), batchnorm=False)
-    stopped = _fit(_config(tmp_path, name="stopped", callbacks={"on_step": _StopAt(5 + stop_at_batch)}),
+    stopped = _fit(_config(tmp_path, name="stopped", callbacks={"on_batch": _StopAt(5 + stop_at_batch)}),
                    batchnorm=False)
     assert stopped.interrupted and stopped.epochs_completed == 1
     resumed = _fit(_config(tmp_path, name="stopped", resume=str(stopped.save_dir)), batchnorm=False)
@@ -131,7 +131,7 @@ def test_resume_inside_an_epoch_is_exact(tmp_path, stop_at_batch):
 
 
 def test_keyboard_interrupt_saves_last(tmp_path):
-    result = _fit(_config(tmp_path, callbacks={"on_step": _StopAt(2)}))
+    result = _fit(_config(tmp_path, callbacks={"on_batch": _StopAt(2)}))
     assert result.interrupted and result.last.is_file()
     ckpt = read_checkpoint(result.last)
     assert ckpt["progress"]["epoch"] == 0
@@ -147,7 +147,7 @@ def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tm
         loss, items = toy_loss(outputs, targets)
         return (loss * float("nan"), items) if calls["n"] > 5 else (loss, items)
 
-    config = _config(tmp_path, epochs=3, max_nonfinite_steps=3)
+    config = _config(tmp_path, epochs=3, max_nonfinite_batches=3)
     with pytest.raises(NonFiniteLossError, match="3 non-finite losses in a row") as info:
         _fit(config, loss_fn=nan_after_first_epoch)
     run = tmp_path / "runs" / "exp"
@@ -166,7 +166,7 @@ def test_single_nonfinite_loss_is_skipped(tmp_path):
         return (loss * float("nan"), items) if calls["n"] == 2 else (loss, items)
 
     result = _fit(_config(tmp_path, epochs=1), loss_fn=one_nan)
-    assert result.nonfinite_steps == 1 and not result.interrupted
+    assert result.nonfinite_batches == 1 and not result.interrupted
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
 
 

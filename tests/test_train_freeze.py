@@ -179,7 +179,7 @@ def test_fine_tuning_a_checkpoint_with_the_backbone_frozen(tmp_path):
     torch.manual_seed(0)
     start = save_checkpoint(tmp_path / "start.pt", create_model("yolov9-t", num_classes=2))
     config = TrainConfig(epochs=1, batch_size=2, imgsz=64, workers=0, device="cpu", warmup_epochs=0.0,
-                         warmup_min_steps=0, accumulate_steps=1, freeze="backbone", project=str(tmp_path / "runs"),
+                         warmup_min_batches=0, accumulate_steps=1, freeze="backbone", project=str(tmp_path / "runs"),
                          progress_bar=False)
     result = fit(str(start), data, config)
     before = read_checkpoint(start)["model"]
@@ -218,7 +218,7 @@ def _ddp_worker(rank, project, out_file):
     torch.manual_seed(0)
     batches = [rebatch([(im, tg, None, None)], 2)[rank] for im, tg, *_ in make_batches(3, 4)]
     config = TrainConfig(epochs=2, batch_size=4, accumulate_steps=1, amp="off", device="cpu", warmup_epochs=0.0,
-                         warmup_min_steps=0, lr0=0.05, freeze=1, project=str(project), progress_bar=False)
+                         warmup_min_batches=0, lr0=0.05, freeze=1, project=str(project), progress_bar=False)
     result = fit(_Layered(), None, config, loss_fn=toy_loss, train_loader=batches)
     gathered = [None] * 2
     dist.all_gather_object(gathered, {k: v.detach().clone() for k, v in result.model.state_dict().items()})

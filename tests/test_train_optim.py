@@ -10,7 +10,7 @@ from train_toys import ToyNet, one_thread
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train import ModelEMA, base_accumulate, build_optimizer, lr_factor, param_groups, scaled_weight_decay
-from yolo9kit.train.optim import step_settings, warmup_steps
+from yolo9kit.train.optim import step_settings, warmup_batches
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -37,7 +37,7 @@ WARMUP_TABLE = [
 @pytest.mark.parametrize("ni, epoch, accumulate, bias_lr, lr, momentum", WARMUP_TABLE)
 def test_warmup_table(ni, epoch, accumulate, bias_lr, lr, momentum):
     config = TrainConfig(epochs=10, batch_size=16)
-    nw = warmup_steps(config, batches_per_epoch=50)
+    nw = warmup_batches(config, batches_per_epoch=50)
     assert nw == 150
     s = step_settings(config, ni, epoch, nw)
     assert s.accumulate == accumulate
@@ -47,9 +47,9 @@ def test_warmup_table(ni, epoch, accumulate, bias_lr, lr, momentum):
 
 
 def test_warmup_minimum_and_disabled():
-    assert warmup_steps(TrainConfig(), batches_per_epoch=10) == 100  # official floor of 100 batches
-    config = TrainConfig(warmup_epochs=0, warmup_min_steps=0, batch_size=8)
-    s = step_settings(config, 0, 0, warmup_steps(config, 10))
+    assert warmup_batches(TrainConfig(), batches_per_epoch=10) == 100  # official floor of 100 batches
+    config = TrainConfig(warmup_epochs=0, warmup_min_batches=0, batch_size=8)
+    s = step_settings(config, 0, 0, warmup_batches(config, 10))
     assert s.accumulate == 8 and s.lrs == (0.01, 0.01, 0.01) and s.momentum == 0.937
 
 
@@ -64,7 +64,7 @@ def test_accumulate_and_weight_decay_official(batch, accumulate, decay):
 
 
 def test_explicit_accumulate_ramps_to_it():
-    config = TrainConfig(batch_size=8, accumulate_steps=2, warmup_min_steps=10, warmup_epochs=0)
+    config = TrainConfig(batch_size=8, accumulate_steps=2, warmup_min_batches=10, warmup_epochs=0)
     assert [step_settings(config, ni, 0, 10).accumulate for ni in (0, 4, 6, 10, 11)] == [1, 1, 2, 2, 2]
     assert scaled_weight_decay(config) == pytest.approx(0.0005 * 16 / 64)
 

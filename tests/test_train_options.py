@@ -99,7 +99,7 @@ def test_multi_scale_sizes_follow_the_official_rule(imgsz):
 
 def test_multi_scale_training_feeds_the_drawn_sizes():
     config = TrainConfig(epochs=1, batch_size=2, accumulate_steps=1, amp="off", device="cpu", multi_scale=True,
-                         warmup_epochs=0.0, warmup_min_steps=0, seed=4, imgsz=64)
+                         warmup_epochs=0.0, warmup_min_batches=0, seed=4, imgsz=64)
     torch.manual_seed(0)
     model = ToyNet()
     seen = []
@@ -136,7 +136,7 @@ def test_min_items_drops_images_with_fewer_labels(mixed):
 
 def _toy_fit(tmp_path, **kw):
     config = TrainConfig(epochs=5, batch_size=2, accumulate_steps=1, amp="off", device="cpu", warmup_epochs=0.0,
-                         warmup_min_steps=0, project=str(tmp_path / "runs"), progress_bar=False, **kw)
+                         warmup_min_batches=0, project=str(tmp_path / "runs"), progress_bar=False, **kw)
     torch.manual_seed(0)
     return fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(2, 2),
                validate_fn=lambda m: {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0, "fitness": 0.0})

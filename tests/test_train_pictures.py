@@ -37,7 +37,7 @@ def _config(tmp_path, **kw):
     # A tiny learning rate keeps the shipped shapes model's detections, so the final validation has true
     # positives and draws the F1, P and R curves too (a model trained from scratch for an epoch has none).
     base = dict(epochs=1, batch_size=2, imgsz=64, workers=0, device="cpu", lr0=1e-5, warmup_epochs=0.0,
-                warmup_min_steps=0, project=str(tmp_path / "runs"), progress_bar=False)
+                warmup_min_batches=0, project=str(tmp_path / "runs"), progress_bar=False)
     return TrainConfig(**{**base, **kw})
 
 

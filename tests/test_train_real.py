@@ -23,7 +23,7 @@ def shapes64(tmp_path_factory):
 
 def _config(tmp_path, **kw):
     base = dict(epochs=2, batch_size=4, imgsz=64, workers=0, device="cpu", val=False, warmup_epochs=0.0,
-                warmup_min_steps=2, project=str(tmp_path / "runs"), seed=1)
+                warmup_min_batches=2, project=str(tmp_path / "runs"), seed=1)
     return TrainConfig(**{**base, **kw})
 
 
@@ -70,7 +70,7 @@ def test_loss_falls_and_map_rises_on_shapes(tmp_path):
 
     data = make_shapes(tmp_path / "shapes", n_train=256, n_val=32, imgsz=128, num_classes=3, max_objects=3)
     config = TrainConfig(epochs=12, batch_size=16, nominal_batch_size=16, imgsz=128, workers=0, device="cpu",
-                         optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0,
+                         optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_batches=0,
                          hyp={"mosaic": 0.0, "mixup": 0.0, "copy_paste": 0.0, "scale": 0.5},
                          project=str(tmp_path / "runs"), progress_bar=False)
     result = fit(_model(3), data, config)

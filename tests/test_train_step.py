@@ -15,7 +15,7 @@ from yolo9kit.train.state import Progress
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
-NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_steps": 0}
+NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_batches": 0}
 
 
 def _grads(model):

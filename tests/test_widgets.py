@@ -30,13 +30,13 @@ def needs(module: str, *names: str):
 # -- training dashboard ----------------------------------------------------------------------------
 
 def _step(i: int, **changes):
-    """The ``StepRecord`` that ``train_one_epoch`` would pass to ``on_step`` at batch ``ni = i``."""
-    from yolo9kit.train import StepRecord
+    """The ``BatchRecord`` that ``train_one_epoch`` would pass to ``on_batch`` at batch ``ni = i``."""
+    from yolo9kit.train import BatchRecord
 
     values = dict(epoch=0, batch_index=i, ni=i, optimizer_steps=i // 2, box_loss=3.0 - 0.1 * i, cls_loss=2.0,
                   dfl_loss=1.5, lr_bias=0.01 * i, lr_weight=0.01, lr_norm_weight=0.01, momentum=0.9,
                   accumulate_steps=2, micro_batch_size=4, peak_allocated=1024**3 * (1 + i), images_per_s=10.0 + i)
-    return StepRecord(**{**values, **changes})
+    return BatchRecord(**{**values, **changes})
 
 
 def _epoch(epoch: int, **changes):
@@ -53,9 +53,9 @@ def test_dashboard_records_steps_and_redraws_with_the_new_values():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard("run", min_interval_s=0.0, show=False)
-    dash.on_step(_step(1))
+    dash.on_batch(_step(1))
     first = dash.figure
-    dash.on_step(_step(2))
+    dash.on_batch(_step(2))
     assert dash.redraws == 2 and dash.figure is not first
     assert dash.history == [_step(1), _step(2)]  # the records themselves
     ax_loss, ax_lr, ax_mem, ax_speed = dash.figure.axes
@@ -75,7 +75,7 @@ def test_dashboard_shows_the_first_batch_as_a_point_in_every_panel():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
-    dash.on_step(_step(0))
+    dash.on_batch(_step(0))
     for ax in dash.figure.axes:
         assert ax.lines, ax.get_title()
         for line in ax.lines:  # one point is no line: a marker has to show it
@@ -88,7 +88,7 @@ def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
 
     dash = train_dashboard(min_interval_s=3600.0, show=False)
     for i in range(1, 6):
-        dash.on_step(_step(i))
+        dash.on_batch(_step(i))
     assert dash.redraws == 1 and len(dash.history) == 5
     dash.on_epoch_end(_epoch(0, map50=0.5, map50_95=0.25, precision=0.6, recall=0.4, fitness=0.275,
                              peak_allocated=3 * 1024**3, epoch_s=75.0))
@@ -115,8 +115,8 @@ def test_dashboard_shows_process_memory_when_trained_off_cuda():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
-    dash.on_step(_step(0, peak_allocated=None))  # what a CPU run reports
-    dash.on_step(_step(1, peak_allocated=None))
+    dash.on_batch(_step(0, peak_allocated=None))  # what a CPU run reports
+    dash.on_batch(_step(1, peak_allocated=None))
     ax_mem = dash.figure.axes[2]
     assert dash.series("peak_allocated") == ([], [])
     assert sorted(dash.process_memory) == [0, 1] and min(dash.process_memory.values()) > 10 * 1024**2
@@ -126,14 +126,14 @@ def test_dashboard_shows_process_memory_when_trained_off_cuda():
     assert "process memory" in dash.status_text()
     dash.on_epoch_end(_epoch(0))
     assert dash.epoch_table()["peak RSS"].iloc[0].endswith("iB")
-    assert set(dash.callbacks) == {"on_step", "on_epoch_end"}
+    assert set(dash.callbacks) == {"on_batch", "on_epoch_end"}
 
 
 def test_dashboard_series_are_record_fields():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=3600.0, show=False)
-    dash.on_step(_step(0))
+    dash.on_batch(_step(0))
     assert dash.series("lr_norm_weight") == ([0], [0.01])
     with pytest.raises(AttributeError, match="box"):
         dash.series("box")  # no alternative spellings: the field is box_loss
@@ -143,11 +143,11 @@ def test_dashboard_interrupts_once_at_the_requested_batch():
     from yolo9kit.widgets import train_dashboard
 
     dash = train_dashboard(min_interval_s=3600.0, interrupt_at=3, show=False)
-    dash.on_step(_step(2))
+    dash.on_batch(_step(2))
     with pytest.raises(KeyboardInterrupt, match="batch 3"):
-        dash.on_step(_step(3))
-    dash.on_step(_step(2, box_loss=9.0))  # the resumed run restarts the accumulation window at batch 2
-    dash.on_step(_step(3))
+        dash.on_batch(_step(3))
+    dash.on_batch(_step(2, box_loss=9.0))  # the resumed run restarts the accumulation window at batch 2
+    dash.on_batch(_step(3))
     assert [r.ni for r in dash.history] == [2, 3, 2, 3] and dash.interrupt_at is None
     assert dash.resumes == [2]
     assert dash.series("box_loss") == ([2, 3], [9.0, pytest.approx(2.7)])  # latest value per batch, in order
@@ -163,12 +163,12 @@ def test_dashboard_panel_has_buttons_plot_and_table():
     stop.click()  # a click with no run is ignored: it must not stop the next run at its first batch
     assert not dash.stop_requested
     assert output_png(dash._widgets["plot"]) is not None  # the empty panels, before the first batch
-    dash.on_step(_step(0))
+    dash.on_batch(_step(0))
     dash.on_epoch_end(_epoch(0))
     assert "<table" in dash._widgets["table"].value and "batch 0" in dash._widgets["status"].value
 
 
-def _toy_run(tmp_path, dash, on_step=None, epochs=2):
+def _toy_run(tmp_path, dash, on_batch=None, epochs=2):
     """``dash.fit`` on the toy model of the fit tests: 5 batches of 2 images per epoch, no data folder."""
     import asyncio
 
@@ -179,8 +179,8 @@ def _toy_run(tmp_path, dash, on_step=None, epochs=2):
 
     torch.manual_seed(0)
     config = TrainConfig(epochs=epochs, batch_size=2, accumulate_steps=2, amp="off", device="cpu",
-                         warmup_epochs=0.0, warmup_min_steps=3, project=str(tmp_path / "runs"), name="dash",
-                         callbacks={"on_step": on_step} if on_step else None)
+                         warmup_epochs=0.0, warmup_min_batches=3, project=str(tmp_path / "runs"), name="dash",
+                         callbacks={"on_batch": on_batch} if on_batch else None)
     return asyncio.run(dash.fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(5, 2),
                                 validate_fn=lambda model: {"map50": 0.5, "map50_95": 0.25, "fitness": 0.275}))
 

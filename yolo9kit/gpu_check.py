@@ -52,7 +52,7 @@ class GPUCheckConfig:
     imgsz: int = 640
     batch_size: int = 8  # small, so that both steps fit a T4 side by side
     steps: int = 6  # timed steps of each kind, after the warm-up
-    warmup_steps: int = 2  # cuDNN autotuning and the optimizer state happen here
+    warmup_batches: int = 2  # cuDNN autotuning and the optimizer state happen here
     memory_batches: tuple[int, ...] = (8, 16, 32)  # a batch the estimate says would not fit is skipped
     # Relative difference of the loss per step that still counts as agreement: the two steps round
     # differently under AMP (other kernels, the dense loss's other order of sums).
@@ -182,7 +182,7 @@ def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.devic
     torch.manual_seed(0)
     model = create_model(config.model)
     batches = [synthetic_batch(config.batch_size, config.imgsz, 8, model.nc, seed=i)
-               for i in range(config.warmup_steps + config.steps)]
+               for i in range(config.warmup_batches + config.steps)]
     batches = [(images.pin_memory(), targets) for images, targets in batches]  # as the loader hands them over
     plain = dict.fromkeys(FAST_SWITCHES, False)
     for kind, switches in (("fast", {}), ("plain", plain)):
@@ -196,7 +196,7 @@ def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.devic
             t0 = time.perf_counter()
             losses.append(train_step(trainer, images, targets).loss_items)
             torch.cuda.synchronize(device)  # CPU-GPU sync point: the step is over when the GPU is done
-            if i >= config.warmup_steps:
+            if i >= config.warmup_batches:
                 times.append(time.perf_counter() - t0)
         result.losses[kind] = [float(items.float().sum().cpu()) for items in losses]
         result.images_per_s[kind] = config.batch_size / statistics.median(times)

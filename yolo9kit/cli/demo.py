@@ -125,7 +125,7 @@ def recipe(epochs: int, imgsz: int, device: str | None, project: Path, validate:
 
     return TrainConfig(
         epochs=epochs, batch_size=16, nominal_batch_size=16, imgsz=imgsz, device=device, workers=0,
-        optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_steps=0, close_mosaic=min(5, epochs),
+        optimizer="AdamW", lr0=0.0015, warmup_epochs=1.0, warmup_min_batches=0, close_mosaic=min(5, epochs),
         hyp={"mixup": 0.0, "copy_paste": 0.0, "scale": 0.5, "mosaic": 0.5},
         val=validate, project=str(project), name="train", exist_ok=True)
 

@@ -27,7 +27,7 @@ OPTIMIZERS = ("SGD", "Adam", "AdamW")
 # The image cache of a dataset, a loader and a run (yolo9kit.data.dataset): None reads the files every time.
 CACHE_MODES = ("auto", "ram", "disk", None)
 SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
-CALLBACK_NAMES = ("on_step", "on_epoch_end")
+CALLBACK_NAMES = ("on_batch", "on_epoch_end")
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
 Freeze = int | str | Sequence[int] | None
 
@@ -155,7 +155,7 @@ class TrainConfig:
                             choices=SCHEDULES)
     warmup_epochs: float = declare(3.0, "epochs of warmup", no_flag=_HYP, low=0)
     # Official: at least 100 warmup batches, however short the epoch (lower it for tiny CPU runs).
-    warmup_min_steps: int = declare(100, "the fewest warmup batches", no_flag=_API, integer=True, low=0)
+    warmup_min_batches: int = declare(100, "the fewest warmup batches", no_flag=_API, integer=True, low=0)
     warmup_momentum: float = declare(0.8, "momentum at the start of warmup", no_flag=_HYP, low=0, high=1)
     warmup_bias_lr: float = declare(0.1, "bias learning rate at the start of warmup", no_flag=_HYP, low=0)
     ema: bool = declare(True, "keep an EMA of the weights (what is validated and saved)", no_flag=_API)
@@ -210,7 +210,7 @@ class TrainConfig:
     exist_ok: bool = declare(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
     resume: bool | str = declare(False, "resume the newest run, or this run folder / last.pt (its settings; "
                                  "--epochs may extend it)", flag="--resume", resume=RUN)
-    max_nonfinite_steps: int = declare(10, "stop after this many non-finite losses in a row", no_flag=_API,
+    max_nonfinite_batches: int = declare(10, "stop after this many non-finite losses in a row", no_flag=_API,
                                        resume=CHANGE, integer=True, low=1)
     oom_backoff: bool = declare(True, "on CUDA out-of-memory halve the micro-batch and retry", no_flag=_API,
                                 resume=CHANGE)
@@ -226,7 +226,7 @@ class TrainConfig:
                             integer=True, low=0)
     save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
                                flag="--save-period", resume=CHANGE, integer=True)
-    # {"on_step": f(StepRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
+    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
     callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
         None, "functions called after each step and epoch", no_flag="API only: functions", resume=CHANGE,
         compare=False)

@@ -51,10 +51,10 @@ def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, max_en
 
 
 class VramSampler:
-    """Per-step VRAM trace: call it once per step (it is a valid ``on_step`` training callback).
+    """Per-batch VRAM trace: call it once per batch (it is a valid ``on_batch`` training callback).
 
     Each call records ``torch.cuda.memory_allocated`` / ``memory_reserved`` / ``max_memory_allocated``
-    (bytes) with the batch index of the callback's ``StepRecord`` (``ni``), or a count when called without
+    (bytes) with the batch index of the callback's ``BatchRecord`` (``ni``), or a count when called without
     one. Without CUDA it records zeros and ``available`` is False, so a dashboard can use it on
     any machine.
     """

@@ -43,9 +43,9 @@ def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
     """
     import matplotlib.pyplot as plt
 
-    from yolo9kit.train.optim import step_settings, warmup_steps
+    from yolo9kit.train.optim import step_settings, warmup_batches
 
-    nw = warmup_steps(config, batches_per_epoch)
+    nw = warmup_batches(config, batches_per_epoch)
     steps = range(config.epochs * batches_per_epoch)
     settings = [step_settings(config, ni, ni // batches_per_epoch, nw) for ni in steps]
     if ax is None:

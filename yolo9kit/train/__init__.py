@@ -28,9 +28,9 @@ _EXPORTS = {
     "param_groups": "yolo9kit.train.optim",
     "scaled_weight_decay": "yolo9kit.train.optim",
     "step_settings": "yolo9kit.train.optim",
-    "warmup_steps": "yolo9kit.train.optim",
+    "warmup_batches": "yolo9kit.train.optim",
     "read_results": "yolo9kit.train.records",
-    "StepRecord": "yolo9kit.train.records",
+    "BatchRecord": "yolo9kit.train.records",
     "EpochRecord": "yolo9kit.train.records",
     "Trainer": "yolo9kit.train.step",
     "build_trainer": "yolo9kit.train.step",
@@ -72,9 +72,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         param_groups,
         scaled_weight_decay,
         step_settings,
-        warmup_steps,
+        warmup_batches,
     )
-    from yolo9kit.train.records import EpochRecord, StepRecord, read_results
+    from yolo9kit.train.records import BatchRecord, EpochRecord, read_results
     from yolo9kit.train.step import (
         Trainer,
         build_trainer,

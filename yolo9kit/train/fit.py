@@ -24,7 +24,7 @@ from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals
 from yolo9kit.train.inputs import EMAValidation, ValidateFn, check_classes, make_loader, set_epoch_data
 from yolo9kit.train.loop import EpochStats, train_one_epoch
-from yolo9kit.train.optim import warmup_steps
+from yolo9kit.train.optim import warmup_batches
 from yolo9kit.train.pictures import RunPictures
 from yolo9kit.train.records import EpochRecord, append_results, metric_columns, write_results
 from yolo9kit.train.rundir import (
@@ -68,7 +68,7 @@ class FitResult:
     interrupted: bool = False
     results: list[dict] = field(default_factory=list)  # one row per epoch, the columns of results.csv
     optimizer_steps: int = 0
-    nonfinite_steps: int = 0
+    nonfinite_batches: int = 0
     oom_events: int = 0
     micro_batch_size: int | None = None
     step: StepConfig | None = None  # the step the run trained with (resolved for its device)
@@ -178,7 +178,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, folder.path, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted=interrupted_by is not None,
                      results=run.results, optimizer_steps=trainer.optimizer_steps,
-                     nonfinite_steps=progress.nonfinite_total, oom_events=trainer.oom_events,
+                     nonfinite_batches=progress.nonfinite_total, oom_events=trainer.oom_events,
                      micro_batch_size=trainer.micro_batch_size, step=trainer.step, auto_batch=run.auto_batch,
                      interrupted_by=interrupted_by)
 
@@ -236,7 +236,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
     """The epoch loop; returns what interrupted it (``FitResult.interrupted_by``), None when it ran out."""
     config, progress = run.config, run.progress
     nb = len(loader)  # type: ignore[arg-type]
-    warmup = warmup_steps(config, nb)
+    warmup = warmup_batches(config, nb)
     at = _Position(epoch=progress.epoch)
     with StopSignals(install=not run.dist.distributed) as signals, \
             cudnn_autotune(run.trainer.device, config.cudnn_benchmark):
@@ -251,7 +251,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.plots)
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup, start_batch=progress.ni - epoch * nb,
-                                           on_step=_callback(config, "on_step", run), interrupt=signals.pending,
+                                           on_batch=_callback(config, "on_batch", run), interrupt=signals.pending,
                                            progress_bar=run.dist.is_main and config.progress_bar)
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 if run.auto_batch is not None:

@@ -20,7 +20,7 @@ from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
 from yolo9kit.train.inputs import multi_scale_rng, multi_scale_shape
 from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
-from yolo9kit.train.records import StepRecord, bar_text, device_memory_bytes, read_peak_allocated, reset_peak_memory
+from yolo9kit.train.records import BatchRecord, bar_text, device_memory_bytes, read_peak_allocated, reset_peak_memory
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import Trainer, optimizer_step, run_batch
 
@@ -54,12 +54,12 @@ class _Logged:
     size: tuple[int, int] | None = None  # (h, w) the batch trained at
 
 class _EpochLog:
-    """Running means, images/s, the progress bar and ``on_step`` for the batches of one epoch."""
+    """Running means, images/s, the progress bar and ``on_batch`` for the batches of one epoch."""
 
     def __init__(self, trainer: Trainer, config: TrainConfig, progress: Progress, bar,
-                 on_step: Callable[[StepRecord], None] | None, progress_bar: bool):
+                 on_batch: Callable[[BatchRecord], None] | None, progress_bar: bool):
         self.trainer, self.config, self.progress = trainer, config, progress
-        self.bar, self.on_step, self.progress_bar = bar, on_step, progress_bar
+        self.bar, self.on_batch, self.progress_bar = bar, on_batch, progress_bar
         self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
         self.start = time.perf_counter()
         self.pending: list[_Logged] = []
@@ -107,9 +107,9 @@ class _EpochLog:
         if self.progress_bar:
             memory = device_memory_bytes(trainer.device)
             self.bar.set_postfix_str(bar_text(mean, memory, speed, settings.accumulate, entry.micro), refresh=False)
-        if self.on_step is not None:
+        if self.on_batch is not None:
             lr_bias, lr_weight, lr_norm_weight = (float(lr) for lr in settings.lrs)
-            self.on_step(StepRecord(
+            self.on_batch(BatchRecord(
                 epoch=self.progress.epoch, batch_index=entry.batch, ni=entry.ni,
                 optimizer_steps=trainer.optimizer_steps, box_loss=float(mean[0]), cls_loss=float(mean[1]),
                 dfl_loss=float(mean[2]), lr_bias=lr_bias, lr_weight=lr_weight, lr_norm_weight=lr_norm_weight,
@@ -140,7 +140,7 @@ class _WindowStart:
 
 def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, progress: Progress, *,
                     batches_per_epoch: int, warmup: int, start_batch: int = 0,
-                    on_step: Callable[[StepRecord], None] | None = None, progress_bar: bool = True,
+                    on_batch: Callable[[BatchRecord], None] | None = None, progress_bar: bool = True,
                     interrupt: Callable[[], str | None] | None = None) -> EpochStats:
     """Train ``progress.epoch`` over ``loader`` batches ``(images uint8 (B,3,H,W), targets (N,6), ...)``.
 
@@ -154,7 +154,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     counted and named in the log, its step having been skipped on the device (the accumulation window
     it belonged to is lost, as in the plain step).
 
-    ``on_step`` receives a ``StepRecord`` for each trained batch (sync-free: in groups, at each read-back).
+    ``on_batch`` receives a ``BatchRecord`` for each trained batch (sync-free: in groups, at each read-back).
     With ``config.multi_scale`` each batch is resized to a random size (``inputs.multi_scale_shape``).
 
     ``interrupt`` is asked before each batch; a reason (e.g. ``"SIGTERM"``) stops the epoch there with
@@ -162,14 +162,14 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     of the unfinished accumulation window, where a resume continues.
 
     Raises:
-        NonFiniteLossError: after ``config.max_nonfinite_steps`` non-finite losses in a row.
+        NonFiniteLossError: after ``config.max_nonfinite_batches`` non-finite losses in a row.
     """
     trainer.model.train()
     trainer.optimizer.zero_grad(set_to_none=True)
     reset_peak_memory(trainer.device)
     epoch, nb = progress.epoch, batches_per_epoch
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not progress_bar, leave=True)
-    log = _EpochLog(trainer, config, progress, bar, on_step, progress_bar)
+    log = _EpochLog(trainer, config, progress, bar, on_batch, progress_bar)
     window = _WindowStart(trainer)
     stride = max_stride(unwrap(trainer.model))  # official gs
     try:
@@ -228,6 +228,6 @@ def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int) -> Non
     progress.nonfinite_in_row += 1
     progress.nonfinite_total += 1
     LOGGER.warning("non-finite loss at epoch %d batch %d: step skipped (%d in a row, stop at %d)",
-                   progress.epoch, batch, progress.nonfinite_in_row, config.max_nonfinite_steps)
-    if progress.nonfinite_in_row >= config.max_nonfinite_steps:
+                   progress.epoch, batch, progress.nonfinite_in_row, config.max_nonfinite_batches)
+    if progress.nonfinite_in_row >= config.max_nonfinite_batches:
         raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch, batch)

@@ -104,9 +104,9 @@ def lr_factor(config: TrainConfig, epoch: int) -> float:
     return 1.0
 
 
-def warmup_steps(config: TrainConfig, batches_per_epoch: int) -> int:
-    """Number of warmup batches: ``max(round(warmup_epochs * batches_per_epoch), warmup_min_steps)``."""
-    return max(round(config.warmup_epochs * batches_per_epoch), config.warmup_min_steps)
+def warmup_batches(config: TrainConfig, batches_per_epoch: int) -> int:
+    """Number of warmup batches: ``max(round(warmup_epochs * batches_per_epoch), warmup_min_batches)``."""
+    return max(round(config.warmup_epochs * batches_per_epoch), config.warmup_min_batches)
 
 
 def _interp(x: float, x1: float, y0: float, y1: float) -> float:

@@ -1,4 +1,4 @@
-"""What a run reports: the per-batch ``StepRecord`` and per-epoch ``EpochRecord`` given to the callbacks,
+"""What a run reports: the per-batch ``BatchRecord`` and per-epoch ``EpochRecord`` given to the callbacks,
 results.csv (written from the ``EpochRecord``), and the numbers shown on the progress bar."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ RESULTS_COLUMNS = [
 
 
 @dataclass(frozen=True)
-class StepRecord:
-    """What ``on_step`` receives after each trained loader batch (rank 0; skipped non-finite batches are not
+class BatchRecord:
+    """What ``on_batch`` receives after each trained loader batch (rank 0; skipped non-finite batches are not
     reported). Sync-free, the records of ``log_interval`` batches arrive together, in batch order.
 
     The learning rates are those of the official parameter groups (results.csv ``lr/pg0``, ``pg1``, ``pg2``).

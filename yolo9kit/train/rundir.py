@@ -265,7 +265,7 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
 
     from yolo9kit.config import LossConfig
     from yolo9kit.files import write_text_atomically
-    from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_steps
+    from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
 
     step = trainer.step.to_dict() if getattr(trainer, "step", None) is not None else None
     settings = {
@@ -273,7 +273,7 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
         "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
                     "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
                     "weight_decay": scaled_weight_decay(config),
-                    "warmup_batches": warmup_steps(config, batches_per_epoch)},
+                    "warmup_batches": warmup_batches(config, batches_per_epoch)},
         "hyp": config.augment_hyp, "loss": dataclasses.asdict(config.loss or LossConfig()),
         "data": data if isinstance(data, dict) else data_record(data),
     }

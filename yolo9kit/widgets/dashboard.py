@@ -1,6 +1,6 @@
 """``train_dashboard()``: live training plots for ``yolo9kit.train.fit``, with stop and resume buttons.
 
-The dashboard is a pair of callbacks (``dash.callbacks``: ``on_step`` after each trained batch, ``on_epoch_end``
+The dashboard is a pair of callbacks (``dash.callbacks``: ``on_batch`` after each trained batch, ``on_epoch_end``
 after each epoch, see ``yolo9kit.train.records``) and one ipywidgets panel: stop and resume buttons, a status
 line, four plots (losses, learning rates, memory, images/s), the table of finished epochs and a message line.
 It computes nothing about training.
@@ -9,7 +9,7 @@ Why the run goes through ``await dash.fit(...)``: a notebook cell that runs ``fi
 the kernel reads a button click only when it is free, so a stop button inside a plain ``fit(...)`` cell acts
 after training has ended. ``dash.fit`` runs ``fit`` in a worker thread while the cell awaits it; an awaiting
 cell lets ipykernel (7.4 and later) handle widget messages, so a click reaches the dashboard during training
-while the next cells of a "Run All" still wait their turn. The stop button makes the next ``on_step`` raise
+while the next cells of a "Run All" still wait their turn. The stop button makes the next ``on_batch`` raise
 ``KeyboardInterrupt``, which ``fit`` turns into a saved last.pt and a normal return with ``interrupted=True``;
 Kernel > Interrupt does the same. With an older ipykernel the click is read only after the cell: use
 Kernel > Interrupt there. The resume button continues the stopped run from its last.pt in the background (the
@@ -48,7 +48,7 @@ from yolo9kit.widgets._dashboard_panel import (
 
 if TYPE_CHECKING:
     from yolo9kit.train import FitResult
-    from yolo9kit.train.records import EpochRecord, StepRecord
+    from yolo9kit.train.records import BatchRecord, EpochRecord
 
 @dataclass
 class _Job:
@@ -86,12 +86,12 @@ class TrainDashboard:
     """Live plots of a training run with stop and resume buttons; ``await dash.fit(model, data, config)``.
 
     Attributes:
-        history: the ``StepRecord`` of every trained batch, in the order received (a resumed run repeats
+        history: the ``BatchRecord`` of every trained batch, in the order received (a resumed run repeats
             the batches of its interrupted accumulation window).
         epochs: the ``EpochRecord`` of every finished epoch.
         resumes: integrated batch indices ``ni`` at which a resumed run started again (dotted lines).
         process_memory: ``ni`` -> resident set size of the process in bytes, sampled at batches trained off
-            CUDA (``StepRecord.peak_allocated`` is None there): the memory panel of a CPU run.
+            CUDA (``BatchRecord.peak_allocated`` is None there): the memory panel of a CPU run.
         min_interval_s: redraw at most this often (drawing costs ~0.1 s); epoch ends always redraw.
         interrupt_at: stop once this batch index is reached, as the stop button would (used to demonstrate
             stop-and-resume in a run nobody watches); None never stops.
@@ -102,7 +102,7 @@ class TrainDashboard:
     title: str = "training"
     min_interval_s: float = 1.0
     interrupt_at: int | None = None
-    history: list[StepRecord] = field(default_factory=list)
+    history: list[BatchRecord] = field(default_factory=list)
     resumes: list[int] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
     process_memory: dict[int, int] = field(default_factory=dict)
@@ -122,10 +122,10 @@ class TrainDashboard:
 
     @property
     def callbacks(self) -> dict[str, Any]:
-        return {"on_step": self.on_step, "on_epoch_end": self.on_epoch_end}
+        return {"on_batch": self.on_batch, "on_epoch_end": self.on_epoch_end}
 
     # -- callbacks (called by fit, in its thread) ------------------------------------------------
-    def on_step(self, record: StepRecord) -> None:
+    def on_batch(self, record: BatchRecord) -> None:
         resumed = self._resume_pending or (self.history and record.ni <= self.history[-1].ni)
         if resumed:  # the first batch of a resumed run (which may repeat the unfinished accumulation window)
             self.resumes.append(record.ni)
@@ -336,7 +336,7 @@ class TrainDashboard:
             self._widgets["table"].value = table_html(epoch_table(self))
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
-        """(ni, values) of one ``StepRecord`` field in batch order; a batch seen twice (resume) keeps its latest
+        """(ni, values) of one ``BatchRecord`` field in batch order; a batch seen twice (resume) keeps its latest
         value; batches where the field is None (``peak_allocated`` off CUDA) are left out."""
         points = {r.ni: getattr(r, name) for r in self.history}
         steps = sorted(k for k, v in points.items() if v is not None)
