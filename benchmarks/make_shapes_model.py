@@ -54,7 +54,7 @@ def main(argv=None) -> int:
 
     from yolo9kit.checkpoint import load_checkpoint
     from yolo9kit.cli.demo import recipe
-    from yolo9kit.models import create_model
+    from yolo9kit.models import build_model
     from yolo9kit.train import fit
 
     torch.set_num_threads(args.threads)
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="yolo9kit-shapes-model-"))
     data, val_small = _data(work, args)
     torch.manual_seed(0)
-    model = create_model(args.model, names=data["names"])
+    model = build_model(args.model, names=data["names"])
     config = replace(recipe(args.epochs, args.imgsz, args.device, work / "runs", validate=not args.quick),
                      progress_bar=False, callbacks={"on_epoch_end": _epoch_line(start)})
     print(f"training {args.model} on {args.train} + {args.train_small} images, {args.epochs} epochs at "

@@ -58,12 +58,12 @@ class _Clock:
 
 def time_kit(args, device, images, targets) -> dict:
     from yolo9kit.config import TrainConfig
-    from yolo9kit.models import create_model
+    from yolo9kit.models import build_model
     from yolo9kit.train import build_trainer, train_step
     from yolo9kit.train.step import to_input
 
     torch.manual_seed(0)
-    model = create_model(args.model, num_classes=args.nc).train()
+    model = build_model(args.model, num_classes=args.nc).train()
     trainer = build_trainer(model, TrainConfig(batch_size=args.batch, amp=args.amp, device=str(device),
                                                channels_last=args.channels_last), device=device)
     clock = _Clock(device)
@@ -153,7 +153,7 @@ def accumulation_gap(args, device, images, targets) -> None:
     official accumulation), with BatchNorm in batch-statistics mode (as in training) and with BatchNorm
     frozen to its running statistics (isolates the loss's per-micro-batch normalisation by target_scores_sum)."""
     from yolo9kit.config import TrainConfig
-    from yolo9kit.models import create_model
+    from yolo9kit.models import build_model
     from yolo9kit.train import build_trainer, run_batch
 
     def grads(micro, frozen_bn):
@@ -163,7 +163,7 @@ def accumulation_gap(args, device, images, targets) -> None:
 
             model = load_checkpoint(args.weights).to(device).train()
         else:
-            model = create_model(args.model, num_classes=args.nc).train()
+            model = build_model(args.model, num_classes=args.nc).train()
         if frozen_bn:
             for m in model.modules():
                 if isinstance(m, torch.nn.BatchNorm2d):

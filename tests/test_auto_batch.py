@@ -13,7 +13,7 @@ from yolo9kit import memory
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.memory.autobatch import choose_batch, sizing_target
-from yolo9kit.models import create_model
+from yolo9kit.models import build_model
 from yolo9kit.train import fit
 from yolo9kit.train.optim import base_accumulate
 
@@ -30,7 +30,7 @@ def shapes64(tmp_path_factory):
 
 def _model():
     torch.manual_seed(0)
-    return create_model("yolov9-t", num_classes=2)
+    return build_model("yolov9-t", num_classes=2)
 
 
 def test_batch_auto_and_minus_one_are_the_same_and_validated():

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from yolo9kit.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from yolo9kit.models import create_model, to_deploy
+from yolo9kit.models import build_model, to_deploy
 
 
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return create_model("gelan-t", names=["cat", "dog"]).eval()
+    return build_model("gelan-t", names=["cat", "dog"]).eval()
 
 
 def _outputs(m, x):
@@ -43,7 +43,7 @@ def test_ema_weights_used_when_present(model, tmp_path):
 
 
 def test_dual_and_fused_models_round_trip(tmp_path):
-    dual = create_model("yolov9-t").eval()
+    dual = build_model("yolov9-t").eval()
     x = torch.rand(1, 3, 64, 64)
     loaded = load_checkpoint(save_checkpoint(tmp_path / "dual.pt", dual))
     assert loaded.is_dual and torch.equal(_outputs(loaded, x), _outputs(dual, x))

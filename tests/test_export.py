@@ -14,7 +14,7 @@ import torch
 from yolo9kit.cli import main
 from yolo9kit.config import ExportConfig, NMSConfig
 from yolo9kit.export_onnx import ExportCheckError, ExportReport, _check, _Predictions, export
-from yolo9kit.models import create_model
+from yolo9kit.models import build_model
 from yolo9kit.models.inference import select_head
 
 REASON = "the export extra is not installed (pip install 'yolo9kit[export]')"
@@ -39,7 +39,7 @@ def test_onnx_equals_pytorch_for_batch_1_and_2(name, tmp_path):
     import onnx
 
     torch.manual_seed(0)
-    model = create_model(name, num_classes=3).eval()
+    model = build_model(name, num_classes=3).eval()
     keys = set(model.state_dict())
     report = export(model, tmp_path / "m.onnx", imgsz=64)
     assert report.checked and report.max_abs_diff <= ATOL and report.outputs == ["predictions"]
@@ -93,7 +93,7 @@ def test_fixed_batch_and_no_check(tmp_path):
     _runtime()
     import onnx
 
-    model = create_model("gelan-t", num_classes=2)
+    model = build_model("gelan-t", num_classes=2)
     report = export(model, tmp_path / "fixed.onnx", imgsz=(64, 96), onnx=ExportConfig(dynamic_batch=False,
                                                                                          check=False))
     assert report.input_shape == (1, 3, 64, 96) and not report.checked and report.max_abs_diff is None
@@ -105,7 +105,7 @@ def test_fixed_batch_and_no_check(tmp_path):
 def test_the_check_fails_on_outputs_that_differ(tmp_path):
     """A file whose outputs are not the model's is refused with the difference and the tolerance."""
     _runtime()
-    model = create_model("gelan-t", num_classes=2)
+    model = build_model("gelan-t", num_classes=2)
     report = export(model, tmp_path / "m.onnx", imgsz=64, onnx=ExportConfig(check=False))
 
     class Shifted(_Predictions):
@@ -128,7 +128,7 @@ def test_a_missing_extra_is_named(monkeypatch, tmp_path):
 def test_without_onnxruntime_the_file_is_written_and_the_report_says_unchecked(monkeypatch, tmp_path):
     pytest.importorskip("onnx", reason=REASON)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    report = export(create_model("gelan-t", num_classes=2), tmp_path / "m.onnx", imgsz=64)
+    report = export(build_model("gelan-t", num_classes=2), tmp_path / "m.onnx", imgsz=64)
     assert (tmp_path / "m.onnx").is_file() and not report.checked
     assert "onnxruntime is not installed" in report.note and "yolo9kit[export]" in report.note
 

@@ -19,7 +19,7 @@ from train_toys import one_thread
 from yolo9kit.config import TrainConfig
 from yolo9kit.env import resolve_device
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.models import create_model
+from yolo9kit.models import build_model
 from yolo9kit.train import build_trainer, train_one_epoch
 from yolo9kit.train.ema import ModelEMA
 from yolo9kit.train.state import Progress
@@ -36,7 +36,7 @@ PLAIN_STEP_SYNCS = 20
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return create_model("yolov9-t", num_classes=4)
+    return build_model("yolov9-t", num_classes=4)
 
 
 def _batches(n: int, batch: int = 2, size: int = 64, seed: int = 0) -> list:

@@ -26,7 +26,7 @@ from yolo9kit.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from yolo9kit.cli import main
 from yolo9kit.data import check, coco_to_yolo, make_shapes
 from yolo9kit.files import DiskFullError, FolderInUseError, OwnInputError
-from yolo9kit.models import create_model, load_official_checkpoint
+from yolo9kit.models import build_model, load_official_checkpoint
 from yolo9kit.models.bounds import MAX_MODEL_BYTES, ModelSizeError, check_model_size
 from yolo9kit.models.official import OfficialCheckpointError
 
@@ -42,7 +42,7 @@ def _digest(path: Path) -> str:
 def weights(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("weights") / "yolov9-t.pt"
-    save_checkpoint(path, create_model("yolov9-t", num_classes=2))
+    save_checkpoint(path, build_model("yolov9-t", num_classes=2))
     return path
 
 
@@ -196,7 +196,7 @@ def test_a_video_detect_stopped_by_sigterm_leaves_a_playable_video(shapes, tmp_p
 
 def _wide_table() -> dict:
     """yolov9-t with two 16000-wide convolutions: within every row bound, 8.6 GiB of parameters."""
-    table = copy.deepcopy(create_model("yolov9-t").yaml)
+    table = copy.deepcopy(build_model("yolov9-t").yaml)
     table["backbone"][1] = [-1, 1, "Conv", [16000, 3, 2]]
     table["backbone"][2] = [-1, 1, "Conv", [16000, 3, 2]]
     return table
@@ -248,7 +248,7 @@ def test_the_size_limit_is_stated_and_can_be_raised():
     check_model_size(table, 80, "wide.yaml", max_model_bytes=12 << 30)  # a model that really is that large
     assert MAX_MODEL_BYTES == 4 << 30
     for name in ("yolov9-e", "gelan-e"):  # every official model is far below it
-        check_model_size(create_model(name).yaml, 80, name)
+        check_model_size(build_model(name).yaml, 80, name)
 
 
 def test_a_compressed_entry_is_refused_by_its_declared_size_before_it_is_read(weights, tmp_path, monkeypatch):

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                          "yolo9kit.assigner"]),
     # what training and inference produce and store, and the figures of those result types
     # (and the weights that ship with the kit, loaded through the checkpoint module)
-    ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.pretrained",
+    ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.zoo", "yolo9kit.pretrained",
                                     "yolo9kit.detections", "yolo9kit.plots.metrics", "yolo9kit.plots.batch",
                                     "yolo9kit.plots.results"]),
     # validation of a model on a dataset

@@ -17,7 +17,7 @@ import pytest
 import torch
 from official_parity import SMALL, first_differing_layer, rel, run_kit
 
-from yolo9kit.models import create_model, list_models, load_official_checkpoint, to_deploy
+from yolo9kit.models import build_model, list_models, load_official_checkpoint, to_deploy
 from yolo9kit.models.official import OfficialCheckpointError
 
 TOL = 1e-4  # max abs diff / max abs value; measured agreement is about 1e-6 (docs/parity.md)
@@ -62,7 +62,7 @@ def _init_differs(key: str, shape: tuple, ours: torch.Tensor, ref: torch.Tensor)
 def test_a_wrong_probe_fails_the_initialisation_check(load_fixture, monkeypatch):
     """The running-statistics tolerance still catches a construction error: a build whose stride probe runs
     twice (its BatchNorm statistics updated twice, the official build updates them once) fails it."""
-    from yolo9kit.models import create_model
+    from yolo9kit.models import build_model
     from yolo9kit.models.model import DetectionModel
 
     fx = load_fixture("yolov9-t.parity.pt")
@@ -77,7 +77,7 @@ def test_a_wrong_probe_fails_the_initialisation_check(load_fixture, monkeypatch)
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        state = create_model("yolov9-t").state_dict()
+        state = build_model("yolov9-t").state_dict()
     finally:
         torch.set_num_threads(threads)
     init = [torch.tensor([float(v.double().sum()), float(v.double().abs().sum())], dtype=torch.float64)
@@ -177,7 +177,7 @@ def test_official_checkpoint_rejects_bad_files(official_fixture, tmp_path):
 def test_official_checkpoint_hint_for_kit_checkpoint(tmp_path):
     from yolo9kit.checkpoint import save_checkpoint
 
-    path = save_checkpoint(tmp_path / "kit.pt", create_model("gelan-t"))
+    path = save_checkpoint(tmp_path / "kit.pt", build_model("gelan-t"))
     with pytest.raises(OfficialCheckpointError, match="yolo9kit checkpoint.*load_checkpoint"):
         load_official_checkpoint(path)
 
@@ -196,7 +196,7 @@ def golden(load_extra_fixture):
 
 @pytest.fixture(scope="module")
 def golden_model(golden):
-    model = create_model("yolov9-t")
+    model = build_model("yolov9-t")
     model.load_state_dict(_fp32(golden["state_dict_fp16"]), strict=True)
     return model
 

@@ -54,23 +54,24 @@ def test_config_round_trip():
         TrainConfig(amp="fp8")
 
 
-def test_model_for_data_transfers_weights(tmp_path, caplog):
+def test_create_model_for_the_data_transfers_weights(tmp_path, caplog):
+    from yolo9kit import create_model
     from yolo9kit.checkpoint import save_checkpoint
     from yolo9kit.data import make_shapes
-    from yolo9kit.models import create_model
-    from yolo9kit.train.weights import model_for_data
+    from yolo9kit.models import build_model
+    from yolo9kit.train import class_names
 
     data = make_shapes(tmp_path / "d", n_train=2, n_val=1, imgsz=64, num_classes=3)
-    source = create_model("gelan-t", num_classes=5)
+    source = build_model("gelan-t", num_classes=5)
     ckpt = save_checkpoint(tmp_path / "src.pt", source)
     with caplog.at_level("INFO"):
-        model = model_for_data("gelan-t", data, weights=str(ckpt))
+        model = create_model("gelan-t", names=class_names(data), weights=ckpt)
     assert model.nc == 3 and model.training
     assert "Transferred" in caplog.text
     own, src = model.state_dict(), source.state_dict()
     same = [k for k in own if own[k].shape == src[k].shape]
     assert all((own[k] == src[k]).all() for k in same) and len(same) < len(own)  # class outputs differ in shape
-    from_checkpoint = model_for_data(str(ckpt), data)  # the checkpoint as the model: rebuilt for 3 classes
+    from_checkpoint = create_model(ckpt, names=class_names(data))  # the checkpoint as the model: rebuilt, 3 classes
     assert from_checkpoint.nc == 3 and from_checkpoint.name == "gelan-t"  # its name kept (the memory tools use it)
 
 

@@ -112,17 +112,18 @@ def test_multi_scale_training_feeds_the_drawn_sizes():
 
 
 def test_single_cls_makes_one_class(mixed):
-    from yolo9kit.train.weights import model_for_data
+    from yolo9kit import create_model
+    from yolo9kit.train.inputs import class_names
 
     still = {"scale": 0.0, "translate": 0.0, "fliplr": 0.0, "mixup": 0.0, "copy_paste": 0.0}  # every box kept
     config = TrainConfig(single_cls=True, batch_size=7, imgsz=64, workers=0, rect=True, hyp=still)
     images, targets, *_ = next(iter(make_loader(mixed, "train", config, ddp.current())))
     assert len(targets) == sum(n for *_, n in _IMAGES) and set(targets[:, 1].tolist()) == {0.0}
-    model = model_for_data("gelan-t", mixed, single_cls=True)
+    model = create_model("gelan-t", names=class_names(mixed, single_cls=True))
     assert model.nc == 1 and model.names == ["item"]  # official: names = {0: 'item'} unless one name already
     check_classes(model, mixed, single_cls=True)
     with pytest.raises(ValueError, match="single_cls"):
-        check_classes(model_for_data("gelan-t", mixed), mixed, single_cls=True)
+        check_classes(create_model("gelan-t", names=class_names(mixed)), mixed, single_cls=True)
 
 
 def test_min_items_drops_images_with_fewer_labels(mixed):

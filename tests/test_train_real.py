@@ -8,7 +8,7 @@ from train_toys import one_thread
 
 from yolo9kit.checkpoint import load_checkpoint, read_checkpoint
 from yolo9kit.config import TrainConfig
-from yolo9kit.models import create_model
+from yolo9kit.models import build_model
 from yolo9kit.train import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -29,7 +29,7 @@ def _config(tmp_path, **kw):
 
 def _model(num_classes=2):
     torch.manual_seed(0)
-    return create_model("yolov9-t", num_classes=num_classes)
+    return build_model("yolov9-t", num_classes=num_classes)
 
 
 def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):

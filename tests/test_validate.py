@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import NMSConfig, SaveConfig
-from yolo9kit.models import DualOutput, create_model
+from yolo9kit.models import DualOutput, build_model
 from yolo9kit.prediction import predict
 from yolo9kit.validate import compare_heads, evaluate
 
@@ -195,7 +195,7 @@ def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
 
 def test_random_model_without_detections_gives_zero_metrics(dataset):
     data, batches = dataset
-    model = create_model("gelan-t", num_classes=2)
+    model = build_model("gelan-t", num_classes=2)
     result = evaluate(model, data, dataloader=batches, device="cpu", nms=NMSConfig(conf=0.5), progress_bar=False)
     assert result.map50_95 == 0 and result.instances == 3 and model.training  # mode restored
     # every labelled class still gets its row, with zeros (the official table would print none)
@@ -294,7 +294,7 @@ def test_val_cli_on_a_kit_checkpoint(dataset, tmp_path, capsys):
     from yolo9kit.cli import val
 
     data, _ = dataset
-    weights = save_checkpoint(tmp_path / "gelan.pt", create_model("gelan-t", num_classes=2, names=NAMES))
+    weights = save_checkpoint(tmp_path / "gelan.pt", build_model("gelan-t", num_classes=2, names=NAMES))
     argv = ["val", "--data", str(data), "--weights", str(weights), "--imgsz", "64", "--batch-size", "2",
             "--workers", "0", "--device", "cpu", "--save-json", "--project", str(tmp_path / "runs")]
     assert _cli(val, argv) == 0

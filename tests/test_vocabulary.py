@@ -24,8 +24,9 @@ SURFACES: dict[str, list[str] | None] = {
     "yolo9kit": None, "yolo9kit.memory": None, "yolo9kit.data": None, "yolo9kit.train": None,
     "yolo9kit.plots": None, "yolo9kit.widgets": None, "yolo9kit.config": None,
     "yolo9kit.validate": ["evaluate", "compare_heads"], "yolo9kit.prediction": ["predict"],
-    "yolo9kit.checkpoint": ["load_model", "load_checkpoint", "read_checkpoint", "save_checkpoint"],
-    "yolo9kit.models": ["create_model", "list_models", "model_table", "to_deploy", "fuse", "load_official_checkpoint",
+    "yolo9kit.checkpoint": ["load_checkpoint", "read_checkpoint", "save_checkpoint"],
+    "yolo9kit.zoo": ["create_model", "load_model", "transfer_weights"],
+    "yolo9kit.models": ["build_model", "list_models", "model_table", "to_deploy", "fuse", "load_official_checkpoint",
                         "count_flops"],
 }
 

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "checks": "yolo9kit.gpu_check",
-    "create_model": "yolo9kit.models",
+    "create_model": "yolo9kit.zoo",
     "list_models": "yolo9kit.models",
     "model_table": "yolo9kit.models",
     "DualOutput": "yolo9kit.models",
@@ -24,7 +24,7 @@ _EXPORTS: dict[str, str] = {
     "save_checkpoint": "yolo9kit.checkpoint",
     "load_checkpoint": "yolo9kit.checkpoint",
     "read_checkpoint": "yolo9kit.checkpoint",
-    "load_model": "yolo9kit.checkpoint",
+    "load_model": "yolo9kit.zoo",
     "make_shapes": "yolo9kit.data",
     "create_dataloader": "yolo9kit.data",
     "DetectionLoss": "yolo9kit.loss",
@@ -46,7 +46,7 @@ _EXPORTS: dict[str, str] = {
 # sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
 _SUBMODULES = {
     "assigner", "boxes", "checkpoint", "cli", "coco", "config", "data", "env", "export_onnx", "loss", "memory",
-    "metrics", "models", "ops", "plots", "prediction", "pretrained", "train", "validate", "widgets",
+    "metrics", "models", "ops", "plots", "prediction", "pretrained", "train", "validate", "widgets", "zoo",
 }
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
@@ -69,7 +69,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from yolo9kit.checkpoint import load_checkpoint, load_model, read_checkpoint, save_checkpoint
+    from yolo9kit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
     from yolo9kit.config import (
         ExportConfig,
         LoaderConfig,
@@ -85,7 +85,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.loss import DetectionLoss
     from yolo9kit.models import (
         DualOutput,
-        create_model,
         fuse,
         list_models,
         load_official_checkpoint,
@@ -96,3 +95,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.pretrained import shapes_model
     from yolo9kit.train import fit
     from yolo9kit.validate import compare_heads, evaluate
+    from yolo9kit.zoo import create_model, load_model

@@ -273,39 +273,3 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", use_ema: bool =
     model.checkpoint_meta = {"path": str(path), "entry": "ema" if ema is not None else "model",
                              "epoch": ckpt.get("epoch")}
     return model.eval()
-
-
-def load_model(model: Any, max_model_bytes: int | None = None) -> torch.nn.Module:
-    """A DetectionModel from a model object, a kit checkpoint, an official .pt, or a model name.
-
-    A kit checkpoint uses its EMA weights when present; an official file is loaded without its code.
-    A registered model name (``yolov9-t``) builds a randomly initialised model, for smoke tests only.
-
-    Args:
-        model: a ``torch.nn.Module`` (returned as it is), a checkpoint path, or a registered model name.
-        max_model_bytes: the limit on the model a file describes (``yolo9kit.models.bounds``; default 4 GiB).
-
-    Raises:
-        FileNotFoundError: neither an existing file nor a registered name.
-        ValueError: a file that is neither a kit checkpoint nor an official one (both reasons given).
-    """
-    if isinstance(model, torch.nn.Module):
-        return model
-    from yolo9kit.models import create_model, list_models, load_official_checkpoint
-
-    path = Path(str(model))
-    if path.is_file():
-        try:
-            return load_checkpoint(path, max_model_bytes=max_model_bytes)
-        except CheckpointError as kit_error:
-            if "model_config cannot be used" in str(kit_error) or "would unpack" in str(kit_error):
-                raise  # a kit checkpoint past the bounds: not an official file either
-            try:
-                return load_official_checkpoint(path, max_model_bytes)
-            except Exception as official_error:
-                raise ValueError(f"{path}: neither a yolo9kit checkpoint ({kit_error}) nor an official YOLOv9 "
-                                 f"checkpoint ({official_error})") from official_error
-    if str(model) in list_models():
-        LOGGER.warning("%s: no weights file given, using a randomly initialised model", model)
-        return create_model(str(model))
-    raise FileNotFoundError(f"weights {model} not found: pass a checkpoint path or one of {', '.join(list_models())}")

@@ -17,7 +17,6 @@ import cv2
 import numpy as np
 import torch
 
-from yolo9kit.checkpoint import load_model
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
 from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
@@ -25,6 +24,7 @@ from yolo9kit.env import resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
 from yolo9kit.models.inference import max_stride, prepare_model, resolve_half, select_head
 from yolo9kit.ops import letterbox, non_max_suppression, scale_boxes
+from yolo9kit.zoo import load_model
 
 LOGGER = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     the run stops early, and label files are ``labels/<stem>_<frame>.txt``.
 
     Args:
-        model: a DetectionModel, or anything :func:`~yolo9kit.checkpoint.load_model` accepts (checkpoint path,
+        model: a DetectionModel, or anything :func:`~yolo9kit.zoo.load_model` accepts (checkpoint path,
             model name).
         source: image or video file, folder (its image and video files, sorted; not its sub-folders), glob
             pattern, ``.txt`` file listing image or video paths one a line (relative to the list's folder),

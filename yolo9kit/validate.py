@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from yolo9kit.boxes import cxcywh_to_xyxy
-from yolo9kit.checkpoint import load_model
 from yolo9kit.config import VAL_NMS, NMSConfig
 from yolo9kit.detections import speed_line
 from yolo9kit.env import resolve_device
@@ -28,6 +27,7 @@ from yolo9kit.files import write_text_atomically
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from yolo9kit.models.inference import prepare_model, resolve_half, select_head
 from yolo9kit.ops import non_max_suppression, scale_boxes
+from yolo9kit.zoo import load_model
 
 LOGGER = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
     is evaluated (:func:`~yolo9kit.models.inference.prepare_model`); its train/eval mode is restored.
 
     Args:
-        model: DetectionModel (or a checkpoint path / model name, see :func:`~yolo9kit.checkpoint.load_model`).
+        model: DetectionModel (or a checkpoint path / model name, see :func:`~yolo9kit.zoo.load_model`).
         data: data.yaml path or dict (not needed when ``dataloader`` is given, except for COCO detection).
         split: "val", "test" or "train". imgsz, batch_size, workers: loader settings.
         nms: an :class:`~yolo9kit.config.NMSConfig`; its unset fields (and None) take

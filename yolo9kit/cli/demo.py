@@ -48,9 +48,9 @@ def _checkpoint_round_trip(out: Path, name: str) -> None:
     import torch
 
     from yolo9kit.checkpoint import load_checkpoint, save_checkpoint
-    from yolo9kit.models import create_model
+    from yolo9kit.models import build_model
 
-    model = create_model(name).eval()
+    model = build_model(name).eval()
     path = save_checkpoint(out / f"{name}-init.pt", model)
     reloaded = load_checkpoint(path).eval()
     x = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(0))
@@ -132,11 +132,11 @@ def recipe(epochs: int, imgsz: int, device: str | None, project: Path, validate:
 
 def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
     from yolo9kit.data import load_data_config
-    from yolo9kit.models import create_model
+    from yolo9kit.models import build_model
     from yolo9kit.train import fit
 
     config = recipe(args.epochs or (2 if args.quick else 30), args.imgsz, args.device, out, validate=not args.quick)
-    model = create_model(args.model, names=load_data_config(data_yaml).names)
+    model = build_model(args.model, names=load_data_config(data_yaml).names)
     result = fit(model, data_yaml, config)
     print(f"trained {result.epochs_completed} epochs; weights in {result.save_dir}")
     return Path(result.best if result.best and Path(result.best).exists() else result.last)

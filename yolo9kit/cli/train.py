@@ -132,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from yolo9kit.train import ddp, fit
+    from yolo9kit.train.inputs import class_names
     from yolo9kit.train.state import seed_everything
-    from yolo9kit.train.weights import model_for_data
+    from yolo9kit.zoo import create_model
 
     if args.resume:
         model, data, config = _resume_setup(args)
@@ -143,8 +144,8 @@ def _train(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         data = args.data
         seed_everything(config.seed)  # the initial weights follow --seed (official: init_seeds before the model)
-        model = model_for_data(args.model or DEFAULT_MODEL, data, args.weights or "", single_cls=config.single_cls,
-                               max_model_bytes=model_limit(args))
+        model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.single_cls),
+                             weights=args.weights, max_model_bytes=model_limit(args))
     result = fit(model, data, config)
     main = ddp.current().is_main
     if main and result.auto_batch is not None:

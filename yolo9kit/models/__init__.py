@@ -1,6 +1,6 @@
 """YOLOv9 and GELAN detectors in plain PyTorch, numerically equal to the official implementation.
 
-``create_model("yolov9-t")`` builds a registered model (its layer table ships as a yaml file under
+``build_model("yolov9-t")`` builds a registered model (its layer table ships as a yaml file under
 ``yolo9kit/models/cfg/``); a path to a model yaml in the official format, or a dict of one, builds a
 custom variant. State_dict keys and shapes equal the official ones, so official weights load strictly.
 """
@@ -19,7 +19,7 @@ from yolo9kit.models.model import DetectionModel
 
 __all__ = [
     "DFL", "DDetect", "DetectionModel", "DualDDetect", "DualOutput", "LayerTableError", "MODULES",
-    "create_model", "fuse", "list_models", "load_model_config", "load_official_checkpoint", "make_divisible",
+    "build_model", "fuse", "list_models", "load_model_config", "load_official_checkpoint", "make_divisible",
     "model_table", "count_flops", "parse_model", "to_deploy",
 ]
 
@@ -55,10 +55,11 @@ def load_model_config(name_or_yaml: str | Path | dict) -> tuple[dict, str, str]:
                      "a path to a model .yaml (official format) or a dict of one")
 
 
-def create_model(name_or_yaml: str | Path | dict, num_classes: int | None = None, *,
+def build_model(name_or_yaml: str | Path | dict, num_classes: int | None = None, *,
                  names: list[str] | dict[int, str] | None = None,
                  activation_checkpointing: Any = None) -> DetectionModel:
-    """Build a freshly initialised YOLOv9 / GELAN model (training mode, fp32, CPU).
+    """Build a freshly initialised YOLOv9 / GELAN model (training mode, fp32, CPU) from its layer table:
+    what ``yolo9kit.create_model`` does for a name or a yaml (it also reads checkpoints).
 
     Args:
         name_or_yaml: a name from :func:`list_models`, a path to an official-format model yaml, or a dict.
@@ -98,7 +99,7 @@ def model_table(names: list[str] | None = None, imgsz: int = 640, num_classes: i
 
     rows = []
     for name in names or list_models():
-        model = create_model(name, num_classes)
+        model = build_model(name, num_classes)
         deployed = to_deploy(model)
         rows.append({
             "name": name,

@@ -129,7 +129,7 @@ def _pickled_model(ckpt: dict, path: Path) -> tuple[nn.Module, str]:
     if not isinstance(m, nn.Module) or not isinstance(getattr(m, "yaml", None), dict):
         raise OfficialCheckpointError(
             f"{path}: '{key}' is a {type(m).__name__} without a 'yaml' model config; expected the pickled "
-            "official DetectionModel. A bare state_dict can be loaded with create_model(...).load_state_dict")
+            "official DetectionModel. A bare state_dict can be loaded with build_model(...).load_state_dict")
     return m, key
 
 

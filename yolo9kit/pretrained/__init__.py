@@ -13,12 +13,12 @@ its measured mAP50 is stated in docs/validation.md and stored in the file (``rea
 
 from __future__ import annotations
 
-from pathlib import Path
+from yolo9kit.zoo import SHAPES_MODEL, SHAPES_WEIGHTS, create_model
 
-__all__ = ["SHAPES_CLASSES", "SHAPES_IMGSZ", "SHAPES_WEIGHTS", "shapes_model"]
+__all__ = ["SHAPES_CLASSES", "SHAPES_IMGSZ", "SHAPES_MODEL", "SHAPES_WEIGHTS", "shapes_model"]
 
-# The kit checkpoint (its format: yolo9kit.checkpoint), installed with the package as package data.
-SHAPES_WEIGHTS = Path(__file__).with_name("yolov9-t-shapes.pt")
+# The kit checkpoint (its format: yolo9kit.checkpoint), installed with the package as package data; its name
+# for create_model is SHAPES_MODEL.
 # The size it was trained and validated at: predict and evaluate with imgsz=SHAPES_IMGSZ. At other sizes
 # the shapes reach the network at scales it has not seen (at 64 px an object is 8-29 px wide) and it misses them.
 SHAPES_IMGSZ = 160
@@ -26,7 +26,8 @@ SHAPES_CLASSES = ("rectangle", "ellipse", "triangle")  # make_shapes(num_classes
 
 
 def shapes_model():
-    """The shipped yolov9-t trained on the shapes data: a DetectionModel in eval mode, fp32, on the CPU.
+    """The shipped yolov9-t trained on the shapes data, in eval mode, fp32, on the CPU: ``create_model(
+    "yolov9-t-shapes").eval()``.
 
     Returns:
         DetectionModel with 3 classes (:data:`SHAPES_CLASSES`) and both heads; predict and evaluate it at
@@ -35,9 +36,4 @@ def shapes_model():
     Raises:
         FileNotFoundError: the weights file is missing from the installation.
     """
-    from yolo9kit.checkpoint import load_checkpoint
-
-    if not SHAPES_WEIGHTS.is_file():
-        raise FileNotFoundError(f"{SHAPES_WEIGHTS} is missing: reinstall yolo9kit (the file is package data), or "
-                                f"make it with `python benchmarks/make_shapes_model.py --out {SHAPES_WEIGHTS}`")
-    return load_checkpoint(SHAPES_WEIGHTS)
+    return create_model(SHAPES_MODEL).eval()

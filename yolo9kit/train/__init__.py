@@ -39,8 +39,7 @@ _EXPORTS = {
     "optimizer_step": "yolo9kit.train.step",
     "run_batch": "yolo9kit.train.step",
     "train_step": "yolo9kit.train.step",
-    "model_for_data": "yolo9kit.train.weights",
-    "transfer_weights": "yolo9kit.train.weights",
+    "class_names": "yolo9kit.train.inputs",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -64,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.train.ema import ModelEMA
     from yolo9kit.train.fit import FitResult, fit
     from yolo9kit.train.guards import NonFiniteLossError, OutOfMemoryAtMinimumError
+    from yolo9kit.train.inputs import class_names
     from yolo9kit.train.loop import EpochStats, train_one_epoch
     from yolo9kit.train.optim import (
         base_accumulate,
@@ -84,4 +84,3 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         run_batch,
         train_step,
     )
-    from yolo9kit.train.weights import model_for_data, transfer_weights

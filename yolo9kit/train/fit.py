@@ -22,7 +22,7 @@ from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals
-from yolo9kit.train.inputs import EMAValidation, ValidateFn, check_classes, make_loader, set_epoch_data
+from yolo9kit.train.inputs import EMAValidation, ValidateFn, check_classes, class_names, make_loader, set_epoch_data
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_batches
 from yolo9kit.train.pictures import RunPictures
@@ -121,7 +121,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
 
     Args:
         model: a ``DetectionModel`` (any nn.Module with a matching ``loss_fn`` works), or a model name /
-            yaml / checkpoint path, built for the data's classes (``yolo9kit.train.weights.model_for_data``).
+            yaml / checkpoint path, built for the data's classes (``create_model(model, names=class_names(data))``).
         data: data.yaml path or dict; may be None when both loaders (and ``validate_fn``) are given, or when
             resuming (the run's recorded data.yaml).
         config: the TrainConfig. ``config.resume`` continues a run from its ``last.pt``; the settings that
@@ -148,9 +148,9 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             data = resume_data(data, folder)
             check_resume(config, folder)
         if isinstance(model, (str, Path)):
-            from yolo9kit.train.weights import model_for_data
+            from yolo9kit.zoo import create_model
 
-            model = model_for_data(str(model), data, single_cls=config.single_cls)
+            model = create_model(model, names=class_names(data, config.single_cls))
         if folder.ckpt is not None:
             check_resume_model(model, folder)
         check_classes(model, data, single_cls=config.single_cls)

@@ -20,6 +20,15 @@ LOGGER = logging.getLogger(__name__)
 ValidateFn = Callable[[nn.Module], Mapping[str, float]]
 
 
+def class_names(data, single_cls: bool = False) -> list[str]:
+    """The classes a model trained on ``data`` predicts: the data.yaml's names, or one class with
+    ``single_cls``, named "item" unless the data has a single name (official train_dual.py)."""
+    from yolo9kit.data import load_data_config
+
+    names = list(load_data_config(data).names)
+    return (names if len(names) == 1 else ["item"]) if single_cls else names
+
+
 def check_classes(model: nn.Module, data, single_cls: bool = False) -> None:
     """The model must predict as many classes as the data has (official: an assert on the largest label);
     one with ``single_cls``."""
@@ -30,7 +39,7 @@ def check_classes(model: nn.Module, data, single_cls: bool = False) -> None:
     names = load_data_config(data).names
     if single_cls and int(model.nc) != 1:
         raise ValueError(f"single_cls: the model predicts {model.nc} classes, expected 1; build it with "
-                         "model_for_data(name, data, single_cls=True) or pass the model name to fit")
+                         "create_model(name, names=class_names(data, single_cls=True)) or pass the model name to fit")
     if not single_cls and int(model.nc) != len(names):
         raise ValueError(f"the model predicts {model.nc} classes but {data} has {len(names)} ({names[:5]}...): "
                          f"build it with create_model(name, num_classes={len(names)}) or pass the model name to fit")
