@@ -85,10 +85,21 @@ def test_plots(tmp_path):
     rows = [{"epoch": e, "train/box_loss": 2 - e, "train/cls_loss": 3 - e, "train/dfl_loss": 1.5, "lr/pg0": 0.01,
              "lr/pg1": 0.01, "lr/pg2": 0.01, "metrics/mAP50": 0.1 * e, "metrics/mAP50-95": 0.05 * e,
              "metrics/precision": None, "metrics/recall": None, "images_per_s": 10.0} for e in range(3)]
+    import matplotlib.pyplot as plt
+    import torch
+
+    from yolo9kit.figure import InlineFigure
+    from yolo9kit.plots import show_batch
+
+    before = plt.get_fignums()
     fig = plot_results(rows)
     assert len(fig.axes) == 4
     fig = plot_schedule(TrainConfig(epochs=3, batch_size=16), batches_per_epoch=50)
     assert fig.axes[0].get_xlabel() == "batch (ni)"
+    grid = show_batch((torch.zeros(2, 3, 32, 32, dtype=torch.uint8), torch.zeros(0, 6)))
+    # one convention: every plot's own figure is an InlineFigure outside pyplot (shown as a cell's value)
+    assert all(isinstance(f, InlineFigure) for f in (plot_results(rows), fig, grid))
+    assert plt.get_fignums() == before
 
 
 def test_cli_trains_and_resumes(tmp_path, capsys):

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from yolo9kit.files import write_file
 
-__all__ = ["InlineFigure", "new_figure", "save_figure"]
+__all__ = ["InlineFigure", "axes_for", "new_figure", "save_figure"]
 
 
 class InlineFigure(Figure):
@@ -38,3 +38,13 @@ def save_figure(figure: Figure, path, dpi: int = 100):
 def new_figure(figsize: tuple[float, float]) -> InlineFigure:
     """A figure outside pyplot's registry: it is freed like any object and never shown twice."""
     return InlineFigure(figsize=figsize, layout="tight")
+
+
+def axes_for(ax, figsize: tuple[float, float]):
+    """(figure, axes) to draw on: ``ax`` and its figure when given, else one axes on a new figure. The one
+    convention of every plot of the kit: a plot takes ``ax=`` (or ``fig=`` when it lays out several axes),
+    builds what it lacks with :func:`new_figure`, and returns the figure."""
+    if ax is not None:
+        return ax.figure, ax
+    fig = new_figure(figsize)
+    return fig, fig.add_subplot()

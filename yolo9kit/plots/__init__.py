@@ -1,5 +1,6 @@
-"""Matplotlib plots. Every function takes ``ax=None`` (or ``fig=None``) and returns the figure; none
-calls ``plt.show()``, so a notebook shows it inline and a script can ``savefig`` it.
+"""Matplotlib plots, all by one convention (``yolo9kit.figure.axes_for``): every function takes ``ax=None``
+(or ``fig=None`` when it lays out several axes), builds what it lacks outside pyplot (``figure.new_figure``)
+and returns the figure, which a notebook shows as the value of a cell and a script can ``savefig``.
 
 The names below are imported on first use: validation imports ``yolo9kit.plots.metrics``, and that must not
 load the plots of training runs and memory (which read ``yolo9kit.train`` and ``yolo9kit.memory``).

@@ -24,8 +24,10 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
     Returns:
         The matplotlib Figure.
     """
-    import matplotlib.pyplot as plt
+    import matplotlib
     from matplotlib.patches import Rectangle
+
+    from yolo9kit.figure import new_figure
 
     images, targets = batch[0], batch[1]
     n = min(len(images), max_images)
@@ -35,9 +37,9 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
         axes, fig = None, ax.figure
     else:
         if fig is None:
-            fig = plt.figure(figsize=(ncols * tile_inches, nrows * tile_inches))
+            fig = new_figure((ncols * tile_inches, nrows * tile_inches))
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    colours = plt.get_cmap("tab10")
+    colours = matplotlib.colormaps["tab10"]
     targets = np.asarray(targets.cpu() if hasattr(targets, "cpu") else targets, dtype=np.float64)
     for i in range(n):
         image = images[i]

@@ -1,6 +1,7 @@
 """Memory plots: peak memory against batch size, the breakdown of a step, a VRAM trace.
 
-Each function takes ``ax=None`` and returns the figure (built without pyplot when ``ax`` is None).
+Each function takes ``ax=None`` and returns the figure (``yolo9kit.figure.axes_for``: built without pyplot
+when ``ax`` is None).
 """
 
 from __future__ import annotations
@@ -8,20 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from yolo9kit.figure import axes_for
+
 __all__ = ["memory_breakdown", "memory_vs_batch", "vram_trace"]
 
 GIB = 1 << 30
 _COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer_state": "#c44e52", "ema": "#8172b2",
            "activations": "#ccb974", "loss_assigner": "#64b5cd", "workspace_other": "#8c8c8c"}
-
-
-def _axes(ax, figsize):
-    if ax is not None:
-        return ax.figure, ax
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize, layout="tight")
-    return fig, fig.add_subplot()
 
 
 def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes", margin: float | None = None):
@@ -39,7 +33,7 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes"
     """
     from yolo9kit.memory.gpus import resolve_gpu
 
-    fig, ax = _axes(ax, (7, 4.5))
+    fig, ax = axes_for(ax, (7, 4.5))
     spec = resolve_gpu(gpu) if gpu is not None else None
     capacity = spec.total_bytes if spec is not None else _capacity(df)
     settings = list(dict.fromkeys(df["setting"])) if "setting" in df else [None]
@@ -97,7 +91,7 @@ def memory_breakdown(reports, ax=None, *, labels: Sequence[str] | None = None):
     from yolo9kit.memory.tracker import CATEGORIES
 
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
-    fig, ax = _axes(ax, (max(4.0, 1.1 * len(reports) + 3), 4.5))
+    fig, ax = axes_for(ax, (max(4.0, 1.1 * len(reports) + 3), 4.5))
     labels = list(labels) if labels is not None else \
         [f"{r.model}\nb{r.batch_size} {r.step.amp}{' ckpt' if r.step.activation_checkpointing else ''}\n{r.method}"
          for r in reports]
@@ -121,7 +115,7 @@ def vram_trace(sampler_or_frame, ax=None, *, gpu: Any = None):
     from yolo9kit.memory.gpus import resolve_gpu
 
     df = sampler_or_frame.frame() if hasattr(sampler_or_frame, "frame") else sampler_or_frame
-    fig, ax = _axes(ax, (7, 3))
+    fig, ax = axes_for(ax, (7, 3))
     ax.plot(df["step"], df["allocated"] / GIB, label="allocated")
     ax.plot(df["step"], df["reserved"] / GIB, label="reserved")
     spec = resolve_gpu(gpu) if gpu is not None else None

@@ -12,18 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from yolo9kit.figure import new_figure
+from yolo9kit.figure import axes_for
 
 __all__ = ["plot_confusion_matrix", "plot_metric_curve", "plot_pr_curve", "plot_validation", "validation_figure_makers"]
 
 _MAX_LEGEND_CLASSES = 20  # beyond this, per-class curves are grey and unlabelled
-
-
-def _axes(ax, figsize):
-    if ax is not None:
-        return ax.figure, ax
-    fig = new_figure(figsize)
-    return fig, fig.add_subplot()
 
 
 def _smooth(y: np.ndarray, fraction: float = 0.05) -> np.ndarray:
@@ -48,7 +41,7 @@ def plot_confusion_matrix(matrix, names: Sequence[str] = (), normalize: bool = T
     nc = counts.shape[0] - 1
     array = counts / (counts.sum(0, keepdims=True) + 1e-9) if normalize else counts.copy()
     array[array < 0.005] = np.nan
-    fig, ax = _axes(ax, (12, 9) if nc >= 10 else (7, 5.5))
+    fig, ax = axes_for(ax, (12, 9) if nc >= 10 else (7, 5.5))
     image = ax.imshow(np.ma.masked_invalid(array), cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
     fig.colorbar(image, ax=ax)
     ticks = list(names) + ["background"] if 0 < len(names) < 99 and len(names) == nc else None
@@ -75,7 +68,7 @@ def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
         names: names of ``ap_result.classes`` in order (or of every class, indexed by class id).
         ax: axes to draw on.
     """
-    fig, ax = _axes(ax, (9, 6))
+    fig, ax = axes_for(ax, (9, 6))
     if ap_result is None:
         ax.text(0.5, 0.5, "no true positive at any confidence:\nno precision-recall curve (mAP 0)",
                 ha="center", va="center", transform=ax.transAxes)
@@ -107,7 +100,7 @@ def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), 
     if metric not in curves:
         raise ValueError(f"metric must be one of 'f1', 'p', 'r', got {metric!r}")
     ylabel = {"f1": "F1", "p": "Precision", "r": "Recall"}[metric]
-    fig, ax = _axes(ax, (9, 6))
+    fig, ax = axes_for(ax, (9, 6))
     px, y = ap_result.px, curves[metric]
     if 0 < len(y) <= _MAX_LEGEND_CLASSES:
         for label, curve in zip(_class_labels(ap_result, names), y):

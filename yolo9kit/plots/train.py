@@ -16,7 +16,6 @@ def plot_results(results: Any, fig=None):
     Returns:
         The figure (2 x 2 axes).
     """
-    import matplotlib.pyplot as plt
     import pandas as pd
 
     from yolo9kit.plots.results import draw_results
@@ -27,7 +26,7 @@ def plot_results(results: Any, fig=None):
         df = read_results(results)
     else:
         df = results if isinstance(results, pd.DataFrame) else pd.DataFrame(list(results))
-    return draw_results(df, fig or plt.figure(figsize=(10, 6)))
+    return draw_results(df, fig)
 
 
 def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
@@ -41,15 +40,13 @@ def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
     Returns:
         The figure.
     """
-    import matplotlib.pyplot as plt
-
+    from yolo9kit.figure import axes_for
     from yolo9kit.train.optim import step_settings, warmup_batches
 
     nw = warmup_batches(config, batches_per_epoch)
     steps = range(config.epochs * batches_per_epoch)
     settings = [step_settings(config, ni, ni // batches_per_epoch, nw) for ni in steps]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4))
+    _, ax = axes_for(ax, (8, 4))
     for i, label in enumerate(("lr bias", "lr weights/norm")):
         ax.plot(list(steps), [s.lrs[i] for s in settings], label=label)
     ax.axvline(nw, color="grey", linestyle=":", label=f"end of warmup ({nw})")
