@@ -21,8 +21,6 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.models.freeze import freeze_layers
-from yolo9kit.models.layers import set_lean
 
 _STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
 
@@ -142,42 +140,30 @@ class FusedStandIn:
 
 
 def build_meta_trainer(real_model: nn.Module, step: StepConfig):
-    """The kit's Trainer (optimizer groups, EMA, clipping) over a ``meta`` copy of ``real_model``, for the
-    resolved ``step`` (frozen layers, channels_last, lean activations, activation checkpointing, optimizer,
-    EMA).
+    """The trainer ``fit`` would assemble (``yolo9kit.train.step.build_trainer``: frozen layers, channels_last,
+    lean activations, activation checkpointing, optimizer groups, EMA, clipping, the sync-free switch) for the
+    resolved ``step``, over a ``meta`` copy of ``real_model``.
 
     ``real_model`` is only read. The loss (``step.loss_fn``, default ``DetectionLoss(real_model,
     dense=step.sync_free)``) stays on the real model: the trace runs it for real (see ``steptrace``). The
-    optimizer uses the ``foreach`` kernels (the fused ones do not run on ``meta`` tensors; they keep no
-    more state). Returns (trainer, loss_fn).
+    optimizer state is made now with the ``foreach`` kernels; a fused optimizer (whose kernels do not run on
+    ``meta`` tensors and keep no more state) steps as ``FusedStandIn``. Returns (trainer, loss_fn).
     """
-    from yolo9kit.train.ema import ModelEMA
-    from yolo9kit.train.optim import build_optimizer
-    from yolo9kit.train.step import Trainer
+    from yolo9kit.train.step import build_trainer
 
     loss_fn = step.loss_fn
     if loss_fn is None:
         from yolo9kit.loss import DetectionLoss
 
         loss_fn = DetectionLoss(real_model, dense=bool(step.sync_free))
-    config = train_config(step)
+    if step.activation_checkpointing is not None and not hasattr(real_model, "set_activation_checkpointing"):
+        raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
+                         f"set_activation_checkpointing(); {step.model_name} has none")
     model = to_meta(real_model, bool(step.channels_last)).train()
-    freeze_layers(model, step.freeze)  # before the EMA and the optimizer, as build_trainer does
-    set_lean(model, bool(step.lean_activations))
-    if step.activation_checkpointing is not None:
-        if not hasattr(model, "set_activation_checkpointing"):
-            raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
-                             f"set_activation_checkpointing(); {step.model_name} has none")
-        model.set_activation_checkpointing(step.activation_checkpointing)
-    ema = ModelEMA(model, config.ema_decay, config.ema_tau) if step.ema else None
-    opt = build_optimizer(model, config)
-    prime_optimizer(model, opt)
+    trainer = build_trainer(model, train_config(step), loss_fn=loss_fn, device=torch.device("meta"), step=step)
+    prime_optimizer(trainer.model, trainer.optimizer)
     if step.fused_optimizer:
-        opt = FusedStandIn(opt)
-    trainer = Trainer(model=model, loss_fn=loss_fn, optimizer=opt,
-                      scaler=torch.amp.GradScaler("cpu", enabled=False), ema=ema, device=torch.device("meta"),
-                      amp_dtype=None, grad_clip=config.grad_clip, channels_last=bool(step.channels_last),
-                      step=step)
+        trainer.optimizer = FusedStandIn(trainer.optimizer)
     return trainer, loss_fn
 
 

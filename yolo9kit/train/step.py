@@ -121,7 +121,7 @@ def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> Non
 
 
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
-                  device: torch.device | None = None, world_size: int = 1) -> Trainer:
+                  device: torch.device | None = None, world_size: int = 1, step: StepConfig | None = None) -> Trainer:
     """Optimizer (official groups), GradScaler and EMA for ``model`` on ``device``, for the step
     :func:`describe_step` gives (kept as ``trainer.step``).
 
@@ -136,9 +136,14 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     (``cudnn_autotune``). The scaler is on for fp16 (loss
     scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to skip a non-finite
     step on the device (``scaler_kind``).
+
+    The memory tracer assembles its trainer here too (``yolo9kit.memory.step.build_meta_trainer``): ``step``
+    is then the resolved step it describes and ``device`` is ``meta``, where autocast is emulated by the
+    tracer (no autocast dtype, no scaler), the optimizer runs its foreach kernels and nothing is compiled.
     """
     device = device or resolve_device(config.device)
-    step = describe_step(config, model, device, world_size)
+    step = step or describe_step(config, model, device, world_size)
+    meta = device.type == "meta"
     place_model(model, step, device)
     set_lean(unwrap(model), step.lean_activations)
     if step.activation_checkpointing is not None:
@@ -147,12 +152,13 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
         from yolo9kit.loss import DetectionLoss
 
         loss_fn = DetectionLoss(unwrap(model), config.loss, dense=step.sync_free)
-    amp_dtype = AMP_DTYPES[step.amp]
-    scaler = make_scaler(scaler_kind(amp_dtype, step.sync_free), device)
+    amp_dtype = None if meta else AMP_DTYPES[step.amp]
+    scaler = make_scaler("none" if meta else scaler_kind(amp_dtype, step.sync_free), torch.device("cpu") if meta
+                         else device)
     ema = ModelEMA(model, config.ema_decay, config.ema_tau) if step.ema else None
-    optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer)
+    optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer and not meta)
     compiled = None
-    if config.compile:
+    if config.compile and not meta:
         mode = config.compile if isinstance(config.compile, str) else None
         compiled = torch.compile(model, mode=mode)
     return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler,
