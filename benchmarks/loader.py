@@ -159,7 +159,7 @@ def main() -> None:
           f"pixels ({js['mean_w'] * js['mean_h'] / 1e6:.3f} Mpixel), {js['bytes_per_pixel']:.3f} bytes per pixel")
     rows = {}
     for cache in args.cache:
-        args.cache_mode = False if cache == "none" else cache
+        args.cache_mode = None if cache == "none" else cache
         for w in args.workers:
             mine = ours(data_yaml, w, args)
             left = ours(data_yaml, w, args, colour_left=True)
@@ -181,7 +181,7 @@ def main() -> None:
                   f"{rows['ram', w][1] / rows['none', w][2]:.2f}x with the colour jitter on a GPU")
     if args.profile_batches:
         for cache in args.cache:
-            args.cache_mode = False if cache == "none" else cache
+            args.cache_mode = None if cache == "none" else cache
             print(f"\nPer-stage cost, cache {cache}, no workers, {args.profile_batches} batches: ms per output image "
                   "(exclusive time of each stage; loader_stages.py says what each covers)")
             print(stage_table(stage_profiles(data_yaml, list_file, args)), flush=True)
