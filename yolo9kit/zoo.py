@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from yolo9kit.checkpoint import CheckpointError, load_checkpoint
-from yolo9kit.models import build_model, list_models, load_official_checkpoint
+from yolo9kit.models import build_model, class_list, list_models, load_official_checkpoint
 
 LOGGER = logging.getLogger(__name__)
 
@@ -44,12 +44,7 @@ def create_model(source: str | Path | dict, num_classes: int | None = None, *,
     Raises:
         FileNotFoundError: neither a file nor a registered name. ValueError: a file of neither format.
     """
-    if isinstance(names, dict):
-        names = [names[k] for k in sorted(names)]
-    if names is not None and num_classes is None:
-        num_classes = len(names)
-    if names is not None and len(names) != num_classes:
-        raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
+    num_classes, names = class_list(num_classes, names)
     if _is_file(source):
         model = _for_classes(_read_file(Path(str(source)), max_model_bytes), num_classes, names)
     else:
@@ -66,11 +61,11 @@ def load_model(model: Any, max_model_bytes: int | None = None) -> torch.nn.Modul
     a registered name (random weights, for smoke tests) is named in a warning."""
     if isinstance(model, torch.nn.Module):
         return model
-    if not _is_file(model) and str(model) in list_models():
+    if not _is_file(model):
+        if str(model) not in list_models():
+            raise FileNotFoundError(f"weights {model} not found: pass a checkpoint path or one of "
+                                    f"{', '.join(list_models())}")
         LOGGER.warning("%s: no weights file given, using a randomly initialised model", model)
-    elif not _is_file(model):
-        raise FileNotFoundError(f"weights {model} not found: pass a checkpoint path or one of "
-                                f"{', '.join(list_models())}")
     return create_model(model, max_model_bytes=max_model_bytes).eval()
 
 

@@ -19,8 +19,8 @@ from yolo9kit.models.model import DetectionModel
 
 __all__ = [
     "DFL", "DDetect", "DetectionModel", "DualDDetect", "DualOutput", "LayerTableError", "MODULES",
-    "build_model", "fuse", "list_models", "load_model_config", "load_official_checkpoint", "make_divisible",
-    "model_table", "count_flops", "parse_model", "to_deploy",
+    "build_model", "class_list", "fuse", "list_models", "load_model_config", "load_official_checkpoint",
+    "make_divisible", "model_table", "count_flops", "parse_model", "to_deploy",
 ]
 
 _FAMILIES = ("yolov9", "gelan")
@@ -55,6 +55,23 @@ def load_model_config(name_or_yaml: str | Path | dict) -> tuple[dict, str, str]:
                      "a path to a model .yaml (official format) or a dict of one")
 
 
+def class_list(num_classes: int | None, names: list[str] | dict[int, str] | None
+               ) -> tuple[int | None, list[str] | None]:
+    """(num_classes, names) as a model takes them: a data yaml's dict of names as a list in id order, the number
+    of classes ``len(names)`` when only names are given.
+
+    Raises:
+        ValueError: as many names as classes were not given.
+    """
+    if isinstance(names, dict):
+        names = [names[k] for k in sorted(names)]
+    if names is not None and num_classes is None:
+        num_classes = len(names)
+    if names is not None and len(names) != num_classes:
+        raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
+    return num_classes, names
+
+
 def build_model(name_or_yaml: str | Path | dict, num_classes: int | None = None, *,
                  names: list[str] | dict[int, str] | None = None,
                  activation_checkpointing: Any = None) -> DetectionModel:
@@ -73,12 +90,7 @@ def build_model(name_or_yaml: str | Path | dict, num_classes: int | None = None,
         DetectionModel whose state_dict keys and shapes equal the official model's.
     """
     cfg, display, source = load_model_config(name_or_yaml)
-    if isinstance(names, dict):
-        names = [names[k] for k in sorted(names)]
-    if names is not None and num_classes is None:
-        num_classes = len(names)
-    if names is not None and len(names) != num_classes:
-        raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
+    num_classes, names = class_list(num_classes, names)
     model = DetectionModel(cfg, nc=num_classes, names=names, source=source, name=display)
     if activation_checkpointing is not None:
         model.set_activation_checkpointing(activation_checkpointing)
