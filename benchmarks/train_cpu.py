@@ -96,7 +96,7 @@ def _fit_validating_every(fit, model, data, config, every: int):
     from yolo9kit.data import create_dataloader
     from yolo9kit.validate import evaluate
 
-    loader = create_dataloader(data, "val", imgsz=config.imgsz, batch_size=32, workers=0)
+    loader = create_dataloader(data, "val", imgsz=config.step.imgsz, batch_size=32, workers=0)
     counter = {"epoch": 0}
 
     def validate(ema_model):
@@ -104,7 +104,7 @@ def _fit_validating_every(fit, model, data, config, every: int):
         if counter["epoch"] % every and counter["epoch"] != config.epochs:
             return {}
         device = next(ema_model.parameters()).device  # where it trains (evaluate's None would pick CUDA)
-        r = evaluate(ema_model, data, dataloader=loader, imgsz=config.imgsz, device=device, progress_bar=False)
+        r = evaluate(ema_model, data, dataloader=loader, imgsz=config.step.imgsz, device=device, progress_bar=False)
         return {"precision": r.precision, "recall": r.recall, "map50": r.map50, "map50_95": r.map50_95,
                 "fitness": r.fitness}
 

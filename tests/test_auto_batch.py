@@ -16,6 +16,7 @@ from yolo9kit.memory.autobatch import choose_batch, sizing_target
 from yolo9kit.models import build_model
 from yolo9kit.train import fit
 from yolo9kit.train.optim import base_accumulate
+from yolo9kit.train.step import describe_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 CPU = torch.device("cpu")
@@ -42,7 +43,7 @@ def test_batch_auto_and_minus_one_are_the_same_and_validated():
     with pytest.raises(ValueError, match="margin"):
         TrainConfig(margin=1.0)
     with pytest.raises(ValueError, match="'auto'"):
-        StepConfig.from_train_config(TrainConfig(batch_size="auto"), "yolov9-t")
+        describe_step(TrainConfig(batch_size="auto"), _model(), CPU)  # sized before the step is described
 
 
 def test_cpu_training_is_sized_against_the_available_ram():

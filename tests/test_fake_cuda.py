@@ -155,7 +155,7 @@ def _steady_state_syncs(trainer, fake, batches) -> list:
 def test_training_step_on_cuda_stays_on_the_card(model, amp, sync_free, fused):
     config = TrainConfig(device="cuda", amp=amp, sync_free=sync_free, fused_optimizer=fused, **NO_WARMUP)
     with fake_cuda("H200") as fake:
-        device = resolve_device(config.device)
+        device = resolve_device(config.run.device)
         trainer = build_trainer(copy.deepcopy(model), config, device=device)
         syncs = _steady_state_syncs(trainer, fake, _batches(3))
         _check_trainer_on_card(trainer, device)

@@ -347,8 +347,8 @@ def test_cli_resume_refuses_fixed_flags_and_takes_epochs(tmp_path):
     with pytest.raises(ValueError, match=r"--seed 0 \(the run's: 5\)"):  # 0, the default, given: still seen
         setup("--seed", "0")
     _, data, config = setup("--epochs", "9", "--batch", "4", "--workers", "0")  # the run's batch: accepted
-    assert (config.epochs, config.batch_size, config.imgsz, config.workers) == (9, 4, 64, 0)
-    assert data == str(tmp_path / "d.yaml") and config.resume == str(last)
+    assert (config.epochs, config.batch_size, config.step.imgsz, config.pipeline.workers) == (9, 4, 64, 0)
+    assert data == str(tmp_path / "d.yaml") and config.run.resume == str(last)
 
 
 def test_resume_extends_a_finished_run(tmp_path):

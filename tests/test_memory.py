@@ -293,7 +293,7 @@ def test_plan_takes_the_largest_batch_with_the_official_accumulation():
     assert 24 in p.table["batch_size"].tolist() and 16 in p.table["batch_size"].tolist()
     assert (p.recommended["batch_size"], p.recommended["accumulate"], p.recommended["effective_batch"]) == (24, 3, 72)
     config = p.train_config()
-    assert config.batch_size == 24 and config.nominal_batch_size == 64 and config.amp == "off"
+    assert config.batch_size == 24 and config.optim.nominal_batch_size == 64 and config.step.amp == "off"
     from yolo9kit.train.optim import base_accumulate
 
     assert base_accumulate(config) == 3  # what fit will accumulate

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from yolo9kit.cli import train as train_cli
-from yolo9kit.config import TrainConfig
+from yolo9kit.config import LossConfig, OptimConfig, PipelineConfig, RunConfig, StepConfig, TrainConfig
 from yolo9kit.config.declare import CHANGE, KEEP, RUN, Declared, declarations
 from yolo9kit.train.rundir import FIXED_ON_RESUME
 
@@ -28,8 +28,19 @@ def _train_actions() -> dict[str, argparse.Action]:
     return {a.dest: a for a in sub._actions}
 
 
-def test_every_field_is_declared_with_a_flag_or_a_reason():
-    assert set(DECLARED) == {f.name for f in dataclasses.fields(TrainConfig)}
+# StepConfig fields that are not training settings: fit's model fills the first two in, the memory tools'
+# synthetic batch and custom loss use the next two, and resolve() the last
+NOT_SETTINGS = {"model", "num_classes", "num_targets", "loss_fn", "device_type"}
+
+
+def test_every_field_of_every_part_is_declared_with_a_flag_or_a_reason():
+    for f in dataclasses.fields(TrainConfig):
+        part = f.metadata.get("part")
+        assert part is not None or "declared" in f.metadata, f.name
+        for inner in dataclasses.fields(part) if part else ():
+            assert "declared" in inner.metadata or (part is StepConfig and inner.name in NOT_SETTINGS), inner.name
+    assert len(DECLARED) == sum(len(dataclasses.fields(f.metadata["part"])) for f in dataclasses.fields(TrainConfig)
+                                if "part" in f.metadata) - len(NOT_SETTINGS) + 4  # epochs, batch_size, gpu, margin
     for name, (_, declared) in DECLARED.items():
         assert (declared.flag is None) != (declared.no_flag is None), name
         assert declared.help and declared.resume in (KEEP, CHANGE, RUN), name
@@ -100,3 +111,51 @@ def test_a_resume_refuses_each_kept_flag_and_takes_each_changeable_one():
         assert bool(refused) == (declared.resume != CHANGE), (name, refused)
         if refused:
             assert refused[0].startswith(declared.flag), refused
+
+
+def test_a_setting_is_given_by_its_name_and_read_through_its_part():
+    config = TrainConfig(epochs=50, batch_size=16, lr0=0.02, micro_batch_size=8, imgsz=320, cache=None, seed=3)
+    assert (config.epochs, config.batch_size, config.optim.lr0, config.step.batch_size, config.step.imgsz,
+            config.pipeline.cache, config.run.seed) == (50, 16, 0.02, 8, 320, None, 3)
+    changed = config.replace(lr0=0.05, epochs=10)
+    assert (changed.optim.lr0, changed.epochs, changed.step.batch_size) == (0.05, 10, 8)
+    assert dataclasses.replace(config, lr0=0.05, epochs=10) == changed  # the same way, through dataclasses
+    assert config.optim.lr0 == 0.02  # frozen: the original is unchanged
+    with pytest.raises(TypeError, match="unexpected settings \\['lr'\\]"):
+        TrainConfig(lr=0.02)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.epochs = 3  # type: ignore[misc]
+
+
+def test_a_whole_part_may_be_given_and_the_names_beside_it_apply_on_top():
+    step = StepConfig("yolov9-s", 32, imgsz=320, amp="fp16", num_classes=3)
+    config = TrainConfig(step=step, batch_size=64, amp="off", optim=OptimConfig(lr0=0.05), momentum=0.9)
+    assert config.step == step.replace(model=None, num_classes=None, amp="off")  # the model is fit's
+    assert (config.optim.lr0, config.optim.momentum) == (0.05, 0.9)
+    assert TrainConfig(pipeline=PipelineConfig(rect=True), run=RunConfig(val=False)).pipeline.rect
+    with pytest.raises(TypeError, match="expected a StepConfig"):
+        TrainConfig(step=OptimConfig())
+    with pytest.raises(ValueError, match="micro_batch_size=32: expected at most batch_size=16"):
+        TrainConfig(step=step)  # the default batch of 16 cannot hold micro-batches of 32
+
+
+def test_a_checkpoint_holds_every_setting_by_name_and_older_ones_still_load():
+    config = TrainConfig(epochs=7, freeze=[0, 1], activation_checkpointing=[2, 3], hyp={"mosaic": 0.5},
+                         loss=LossConfig(box_gain=5.0))
+    saved = config.to_dict()
+    assert set(saved) == set(DECLARED) - {"callbacks"}
+    assert saved["freeze"] == [0, 1] and saved["micro_batch_size"] is None and saved["loss"]["box_gain"] == 5.0
+    assert TrainConfig.from_dict(saved) == config
+    older = {**TrainConfig().to_dict(), "loss": None, "retired_setting": 1}  # loss None: the official gains
+    assert TrainConfig.from_dict(older) == TrainConfig()
+
+
+def test_the_memory_tools_take_the_training_configs_step():
+    from yolo9kit import memory
+
+    config = TrainConfig(imgsz=128, amp="fp16", micro_batch_size=2, batch_size=4, multi_scale=True)
+    with pytest.raises(ValueError, match="the step has no model"):
+        memory.estimate(config.step, gpu="T4")
+    report = memory.estimate(config.step.replace(model="yolov9-t"), gpu="T4")
+    assert report.batch_size == 2 and report.as_row()["imgsz"] == 192  # multi-scale: the largest side
+    assert report.step.multi_scale and report.step.amp == "fp16"

@@ -25,17 +25,19 @@ def test_flags_to_config(tmp_path):
                    "--close-mosaic", "3", "--cache", "--amp", "bf16", "--optimizer", "AdamW",
                    "--accumulate-steps", "2"])
     config = train_cli.config_from_args(args)
-    assert (config.batch_size, config.imgsz, config.schedule, config.close_mosaic) == (24, 320, "cosine", 3)
-    assert (config.cache, config.amp, config.optimizer, config.accumulate_steps) == ("ram", "bf16", "AdamW", 2)
-    assert config.lr0 == 0.02 and config.momentum == 0.9 and config.augment_hyp["mosaic"] == 0.5
-    assert config.loss.box_gain == 5.0 and config.loss.cls_gain == 0.5
+    assert (config.batch_size, config.step.imgsz, config.optim.schedule, config.pipeline.close_mosaic) == \
+        (24, 320, "cosine", 3)
+    assert (config.pipeline.cache, config.step.amp, config.step.optimizer, config.optim.accumulate_steps) == \
+        ("ram", "bf16", "AdamW", 2)
+    assert config.optim.lr0 == 0.02 and config.optim.momentum == 0.9 and config.pipeline.augment_hyp["mosaic"] == 0.5
+    assert config.optim.loss.box_gain == 5.0 and config.optim.loss.cls_gain == 0.5
     assert _parse(["--resume"]).resume is True and _parse(["--resume", "x/last.pt"]).resume == "x/last.pt"
-    assert config.compile is False and config.channels_last is None and config.lean_activations is None
+    assert config.step.compile is False and config.step.channels_last is None and config.step.lean_activations is None
     fast = train_cli.config_from_args(_parse(["--data", "d.yaml", "--compile", "reduce-overhead"]))
     plain = train_cli.config_from_args(_parse(["--data", "d.yaml", "--compile", "--plain-step"]))
-    assert fast.compile == "reduce-overhead" and plain.compile is True
-    assert (plain.channels_last, plain.lean_activations, plain.sync_free, plain.fused_optimizer,
-            plain.colour_on_device) == (False,) * 5
+    assert fast.step.compile == "reduce-overhead" and plain.step.compile is True
+    assert (plain.step.channels_last, plain.step.lean_activations, plain.step.sync_free, plain.step.fused_optimizer,
+            plain.pipeline.colour_on_device) == (False,) * 5
     with pytest.raises(SystemExit):
         _parse(["--cos-lr", "--flat-cos-lr"])
 
@@ -49,7 +51,7 @@ def test_config_round_trip():
     values = config.to_dict()
     assert "callbacks" not in values
     again = TrainConfig.from_dict(values)
-    assert again == config and again.loss.box_gain == 5.0
+    assert again == config and again.optim.loss.box_gain == 5.0
     with pytest.raises(ValueError, match="TrainConfig.amp='fp8': expected one of"):
         TrainConfig(amp="fp8")
 

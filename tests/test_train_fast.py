@@ -10,7 +10,7 @@ import pytest
 import torch
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
-from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.config import TrainConfig
 from yolo9kit.models import build_model
 from yolo9kit.train import build_trainer, train_one_epoch, train_step
 from yolo9kit.train.guards import NonFiniteLossError
@@ -39,7 +39,7 @@ def _detection_batches(n: int, batch: int, size: int, seed: int = 0) -> list:
 
 
 def _switches(config: TrainConfig, device: str, bf16: bool = True) -> dict:
-    step = StepConfig.from_train_config(config, "yolov9-t").resolve(device, bf16=bf16)
+    step = config.step.resolve(device, bf16=bf16)
     return {name: getattr(step, name) for name in PLAIN}
 
 
@@ -49,7 +49,7 @@ def test_defaults_are_fast_on_cuda_only_and_explicit_values_win():
     assert _switches(config, "cuda") == FAST
     forced = TrainConfig(channels_last=True, sync_free=False, fused_optimizer=True)
     assert _switches(forced, "cpu") == {**PLAIN, "channels_last": True, "fused_optimizer": True}
-    steps = {(dev, bf16): StepConfig.from_train_config(config, "yolov9-t").resolve(dev, bf16=bf16).amp
+    steps = {(dev, bf16): config.step.resolve(dev, bf16=bf16).amp
              for dev, bf16 in (("cpu", True), ("cuda", True), ("cuda", False))}
     assert steps == {("cpu", True): "off", ("cuda", True): "bf16", ("cuda", False): "fp16"}  # amp="auto"
     with pytest.raises(ValueError, match="log_interval"):

@@ -42,7 +42,7 @@ def test_frozen_parameters_follow_the_official_rule(yolov9_t, flag):
 
     model = copy.deepcopy(yolov9_t)
     value = freeze_words(flag)  # the CLI's reading of the words, as TrainConfig stores it
-    names = set(freeze_layers(model, TrainConfig(freeze=value).freeze))
+    names = set(freeze_layers(model, TrainConfig(freeze=value).step.freeze))
     assert names == _official_names(yolov9_t, flag)
     frozen_now = {k for k, p in model.named_parameters() if not p.requires_grad}
     dfl = {k for k, p in yolov9_t.named_parameters() if not p.requires_grad}  # fixed from the start, as official
@@ -60,7 +60,7 @@ def test_backbone_is_the_yaml_backbone_rows(yolov9_t):
 
 
 def test_freeze_values_checked_and_errors_name_the_range(yolov9_t):
-    assert TrainConfig(freeze=[0, 1]).freeze == (0, 1) and TrainConfig(freeze=0).freeze is None
+    assert TrainConfig(freeze=[0, 1]).step.freeze == (0, 1) and TrainConfig(freeze=0).step.freeze is None
     assert TrainConfig(freeze=[2, 3]).to_dict()["freeze"] == [2, 3]
     assert StepConfig("yolov9-t", freeze=[4]).freeze == (4,)  # a list of one index is that layer (Python API)
     for bad in (-1, "head", [], [1, -2], True, 1.5):

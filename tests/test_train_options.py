@@ -17,7 +17,7 @@ import yaml
 from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
 from yolo9kit.cli import train as train_cli
-from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.config import TrainConfig
 from yolo9kit.train import build_trainer, ddp, fit, train_one_epoch
 from yolo9kit.train.inputs import check_classes, make_loader, multi_scale_rng, multi_scale_shape
 from yolo9kit.train.state import Progress
@@ -93,7 +93,7 @@ def test_multi_scale_sizes_follow_the_official_rule(imgsz):
     assert min(seen) == max(imgsz // 2 // gs * gs, gs) and max(seen) == imgsz * 3 // 2 // gs * gs
     assert multi_scale_shape((64, 64), 64, gs, multi_scale_rng(5, 7)) == \
         multi_scale_shape((64, 64), 64, gs, multi_scale_rng(5, 7))  # a function of (seed, ni): resumable
-    assert StepConfig.from_train_config(TrainConfig(imgsz=imgsz, multi_scale=True), "yolov9-t").imgsz == \
+    assert TrainConfig(imgsz=imgsz, multi_scale=True).step.peak_imgsz == \
         imgsz * 3 // 2 // gs * gs  # the memory tools describe the largest batch
 
 
@@ -174,14 +174,16 @@ def test_train_flags_to_config():
     config = train_cli.config_from_args(_parse(["--freeze", "10", "--rect", "--multi-scale", "--single-cls",
                                                 "--min-items", "2", "--label-smoothing", "0.1",
                                                 "--save-period", "5"]))
-    assert (config.freeze, config.rect, config.multi_scale, config.single_cls) == (10, True, True, True)
-    assert (config.min_items, config.label_smoothing, config.save_period) == (2, 0.1, 5)
-    assert train_cli.config_from_args(_parse(["--freeze", "0", "1", "2"])).freeze == (0, 1, 2)
-    assert train_cli.config_from_args(_parse(["--freeze", "backbone"])).freeze == "backbone"
-    assert train_cli.config_from_args(_parse(["--freeze", "0"])).freeze is None  # the official default
+    assert (config.step.freeze, config.pipeline.rect, config.step.multi_scale, config.pipeline.single_cls) == \
+        (10, True, True, True)
+    assert (config.pipeline.min_items, config.optim.label_smoothing, config.run.save_period) == (2, 0.1, 5)
+    assert train_cli.config_from_args(_parse(["--freeze", "0", "1", "2"])).step.freeze == (0, 1, 2)
+    assert train_cli.config_from_args(_parse(["--freeze", "backbone"])).step.freeze == "backbone"
+    assert train_cli.config_from_args(_parse(["--freeze", "0"])).step.freeze is None  # the official default
     default = train_cli.config_from_args(_parse([]))
-    assert (default.freeze, default.rect, default.multi_scale, default.single_cls, default.min_items,
-            default.label_smoothing, default.save_period) == (None, False, False, False, 0, 0.0, -1)
+    assert (default.step.freeze, default.pipeline.rect, default.step.multi_scale, default.pipeline.single_cls,
+            default.pipeline.min_items, default.optim.label_smoothing, default.run.save_period) == \
+        (None, False, False, False, 0, 0.0, -1)
     for bad in (["--freeze", "x"], ["--label-smoothing", "1.5"], ["--min-items", "-1"]):
         with pytest.raises(SystemExit):
             _parse(bad)

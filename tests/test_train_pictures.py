@@ -82,7 +82,7 @@ def test_a_short_run_writes_its_settings_and_every_picture(shapes3, tmp_path):
     assert settings["step"]["device_type"] == "cpu" and settings["step"]["amp"] == "off"
     assert settings["derived"]["batches_per_epoch"] == 3
     assert settings["derived"]["accumulate_steps"] == 32  # official rule: round(64 / 2)
-    assert settings["hyp"] == config.augment_hyp and settings["loss"]["box_gain"] == 7.5
+    assert settings["hyp"] == config.pipeline.augment_hyp and settings["loss"]["box_gain"] == 7.5
     assert settings["data"] == str(shapes3.resolve())
 
 
@@ -161,8 +161,8 @@ def test_no_plots_flag(tmp_path):
 
     parser = argparse.ArgumentParser()
     train_cli.add_parser(parser.add_subparsers())
-    assert train_cli.config_from_args(parser.parse_args(["train", "--data", "d.yaml"])).plots is True
-    assert train_cli.config_from_args(parser.parse_args(["train", "--data", "d.yaml", "--no-plots"])).plots is False
+    assert train_cli.config_from_args(parser.parse_args(["train", "--data", "d.yaml"])).run.plots is True
+    assert train_cli.config_from_args(parser.parse_args(["train", "--data", "d.yaml", "--no-plots"])).run.plots is False
 
 
 def test_drawing_the_pictures_leaves_the_training_unchanged(tmp_path):

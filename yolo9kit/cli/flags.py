@@ -33,7 +33,7 @@ def freeze_token(text: str) -> int | str:
 
 
 def freeze(tokens: list[int | str] | None) -> int | str | list[int] | None:
-    """``--freeze`` words -> ``TrainConfig.freeze``, as the official flag: one number N is the first N layers,
+    """``--freeze`` words -> the setting ``freeze``, as the official flag: one number N is the first N layers,
     several are layer indices; ``backbone`` the model yaml's backbone rows; ``none`` (or 0) nothing."""
     if not tokens or tokens == ["none"]:
         return None

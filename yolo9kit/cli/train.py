@@ -143,8 +143,8 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError("--data is required (a data.yaml), unless --resume")
         config = config_from_args(args)
         data = args.data
-        seed_everything(config.seed)  # the initial weights follow --seed (official: init_seeds before the model)
-        model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.single_cls),
+        seed_everything(config.run.seed)  # the initial weights follow --seed (official: init_seeds before the model)
+        model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.pipeline.single_cls),
                              weights=args.weights, max_model_bytes=model_limit(args))
     result = fit(model, data, config)
     main = ddp.current().is_main
@@ -176,7 +176,7 @@ def _batch_size(text: str) -> int | str:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """TrainConfig from the flags given (the others keep their declared defaults) and the --hyp yaml."""
     train_keys, augment, loss = _read_hyp(args.hyp)
-    return TrainConfig(**given_settings(args), hyp=augment or None, loss=loss,
+    return TrainConfig(**given_settings(args), hyp=augment or None, **({"loss": loss} if loss else {}),
                        **(_PLAIN if args.plain_step else {}), **train_keys)
 
 

@@ -1,7 +1,9 @@
 """Settings as data: frozen dataclasses with the official defaults and why they are what they are.
 
 * ``TrainConfig`` (``config.train``): everything ``yolo9kit.train.fit`` needs besides the model and the data,
-  with the official ``hyp.scratch-high.yaml`` defaults; ``LossConfig``, the loss gains it carries.
+  with the official ``hyp.scratch-high.yaml`` defaults, made of the parts ``StepConfig`` (``step``),
+  ``OptimConfig`` (``optim``, with the ``LossConfig``), ``PipelineConfig`` (``pipeline``) and ``RunConfig``
+  (``run``).
 * ``StepConfig`` (``config.step``): one training step, what the memory tools describe and ``fit`` runs.
 * ``NMSConfig``, ``SaveConfig``, ``LoaderConfig`` (``config.inference``): prediction, validation, loading.
 * ``ExportConfig`` (``config.export``): the ONNX export.
@@ -11,23 +13,31 @@ from __future__ import annotations
 
 from yolo9kit.config.export import ExportConfig
 from yolo9kit.config.inference import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
-from yolo9kit.config.step import FAST_SWITCHES, StepConfig, amp_for
-from yolo9kit.config.train import (
+from yolo9kit.config.step import (
     ACTIVATION_CHECKPOINTING,
     AMP_MODES,
+    FAST_SWITCHES,
+    OPTIMIZERS,
+    StepConfig,
+    amp_for,
+    check_activation_checkpointing,
+)
+from yolo9kit.config.train import (
     CACHE_MODES,
     CALLBACK_NAMES,
     DEFAULT_AUGMENT_HYP,
     DEFAULT_MARGIN,
-    OPTIMIZERS,
     SCHEDULES,
     LossConfig,
+    OptimConfig,
+    PipelineConfig,
+    RunConfig,
     TrainConfig,
-    check_activation_checkpointing,
 )
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "AMP_MODES", "CACHE_MODES", "CALLBACK_NAMES", "DEFAULT_AUGMENT_HYP", "DEFAULT_MARGIN",
-    "FAST_SWITCHES", "OPTIMIZERS", "PREDICT_NMS", "SCHEDULES", "VAL_NMS", "ExportConfig", "LoaderConfig", "LossConfig",
-    "NMSConfig", "SaveConfig", "StepConfig", "TrainConfig", "amp_for", "check_activation_checkpointing",
+    "ACTIVATION_CHECKPOINTING", "AMP_MODES", "CACHE_MODES", "CALLBACK_NAMES", "DEFAULT_AUGMENT_HYP",
+    "DEFAULT_MARGIN", "FAST_SWITCHES", "OPTIMIZERS", "PREDICT_NMS", "SCHEDULES", "VAL_NMS", "PipelineConfig",
+    "ExportConfig", "LoaderConfig", "LossConfig", "NMSConfig", "OptimConfig", "RunConfig", "SaveConfig",
+    "StepConfig", "TrainConfig", "amp_for", "check_activation_checkpointing",
 ]

@@ -1,5 +1,9 @@
-"""One declaration per training setting: ``declare(default, help, ...)`` beside each ``TrainConfig`` field.
+"""One declaration per training setting: ``declare(default, help, ...)`` beside each field of the parts of a
+``TrainConfig`` (its ``step``, ``optim``, ``pipeline`` and ``run``, marked with ``part``).
 
+A setting has one name across the API, the command line and the checkpoints (``TrainConfig(imgsz=320)``,
+``--imgsz`` where it has a flag, ``imgsz`` in a checkpoint's ``train_config``): the field's, or the declared
+``setting`` where the part words it differently (the step's ``batch_size`` is the setting ``micro_batch_size``).
 A field's declaration holds everything the kit knows of it besides its type: the default (the field's),
 what it means (``help``), its range or choices, its command-line flag (or why it has none) and what a
 resumed run may do with it. ``TrainConfig`` checks its values with :meth:`Declared.problem`; the ``train``
@@ -26,6 +30,7 @@ class Declared:
     """The declaration of one setting (read with :func:`declarations`)."""
 
     help: str  # one line: what it does, for --help and the docs
+    setting: str | None = None  # the setting's name where it is not the field's (unique over all parts)
     flag: str | None = None  # the train command's flag, e.g. "--batch-size"
     aliases: tuple[str, ...] = ()  # official spellings also accepted, e.g. "--batch"
     no_flag: str | None = None  # why there is no flag of its own: which flag sets it, or that it is API only
@@ -89,15 +94,37 @@ def declare(default: Any, help: str, **declaration: Any) -> Any:  # noqa: A002 (
     return field(default=default, metadata={"declared": Declared(help, **declaration)}, **extra)
 
 
+def part(config_type: type) -> Any:
+    """A field holding a part of a composed config (a frozen dataclass with declared fields of its own)."""
+    return field(default_factory=config_type, metadata={"part": config_type})
+
+
 def declarations(config_type: type) -> dict[str, tuple[dataclasses.Field, Declared]]:
-    """Field name -> (the dataclass field, its Declared), in declaration order."""
-    return {f.name: (f, f.metadata["declared"]) for f in dataclasses.fields(config_type) if "declared" in f.metadata}
+    """Setting name -> (the dataclass field, its Declared), in declaration order, the parts' settings included."""
+    return {name: (f, declared) for name, (_, f, declared) in settings(config_type).items()}
+
+
+def settings(config_type: type) -> dict[str, tuple[str | None, dataclasses.Field, Declared]]:
+    """Setting name -> (the part holding it, None for the config's own fields; its field; its Declared)."""
+    out: dict[str, tuple[str | None, dataclasses.Field, Declared]] = {}
+    for f in dataclasses.fields(config_type):
+        if "declared" in f.metadata:
+            out[f.metadata["declared"].setting or f.name] = (None, f, f.metadata["declared"])
+        elif "part" in f.metadata:
+            for name, (_, inner, declared) in settings(f.metadata["part"]).items():
+                if name in out:
+                    raise ValueError(f"two settings named {name!r} in {config_type.__name__}")
+                out[name] = (f.name, inner, declared)
+    return out
 
 
 def check_declared(config: Any) -> None:
     """Every declared value of ``config`` in its range, else a ValueError ``Type.name=value: expected ...``."""
     owner = type(config).__name__
-    for name, (f, declared) in declarations(type(config)).items():
+    for f in dataclasses.fields(config):
+        if "declared" not in f.metadata:
+            continue
+        name, declared = f.name, f.metadata["declared"]
         value = getattr(config, name)
         problem = declared.problem(value, optional="None" in str(f.type))
         if problem is not None:

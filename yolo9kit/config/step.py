@@ -1,22 +1,58 @@
 """``StepConfig``: one training step, as the memory tools describe it and ``fit`` runs it.
 
-Built from a ``TrainConfig`` with the rules ``fit`` applies on a device (``StepConfig.from_train_config``,
-``StepConfig.resolve``), so an estimate, a measurement and a training run agree on what the step is.
+It is the ``step`` part of a ``TrainConfig`` (``config.train``): ``fit`` runs ``config.step`` with its model and
+batch filled in (``yolo9kit.train.step.describe_step``), and the memory tools take the same object, so an
+estimate, a measurement and a training run agree on what the step is by construction.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo9kit.config.train import AMP_MODES, OPTIMIZERS, TrainConfig, check_activation_checkpointing, check_freeze
+from yolo9kit.config.declare import CHANGE, check_declared, declare
 from yolo9kit.env import native_bf16, parse_device
 
-# The speed switches that ``None`` turns on for CUDA and off for the CPU (TrainConfig and StepConfig alike).
+AMP_MODES = ("auto", "fp16", "bf16", "off")
+ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
+OPTIMIZERS = ("SGD", "Adam", "AdamW")
+# What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
+Freeze = int | str | Sequence[int] | None
+# The speed switches that ``None`` turns on for CUDA and off for the CPU (StepConfig.resolve).
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
+# Why the speed switches have no flag of their own (config.declare: every setting has a flag or a reason).
+_PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: on for CUDA, off on the CPU)"
+_API = "API only: the official value serves every command-line run"
+
+
+def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | None:
+    """The freeze setting in its stored form (a list becomes a tuple), else a ValueError naming ``owner``.
+
+    None or 0 (stored as None): nothing; an int N: the first N layers; "backbone"; a non-empty list of layer
+    indices >= 0.
+    """
+    if value is None or value == "backbone":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value or None  # 0, the official default, freezes nothing
+    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and not isinstance(i, bool)
+                                                          and i >= 0 for i in value):
+        return tuple(value)
+    raise ValueError(f"{owner}.freeze={value!r}: expected None, a number of first layers (int >= 0), "
+                     "'backbone' or a non-empty list of layer indices >= 0")
+
+
+def check_activation_checkpointing(value: Any, owner: str) -> tuple[int, ...] | str | None:
+    """None, "backbone", "all" or a list of layer indices (stored as a tuple), else a ValueError naming ``owner``."""
+    if value is None or value in ACTIVATION_CHECKPOINTING:
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and i >= 0 for i in value):
+        return tuple(value)
+    raise ValueError(f"{owner}.activation_checkpointing={value!r}: expected None, 'backbone', 'all' "
+                     "or a list of layer indices")
 
 
 def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this GPU") -> str:
@@ -45,73 +81,80 @@ def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this
 
 @dataclass(frozen=True)
 class StepConfig:
-    """One training step, everything that sets its memory: what ``yolo9kit.memory`` estimates and measures
-    and what ``fit`` runs.
+    """One training step, everything that sets its memory and speed: what ``yolo9kit.memory`` estimates and
+    measures, and the ``step`` part of a ``TrainConfig`` that ``fit`` runs.
 
-    ``batch_size`` is the images of one forward/backward (``TrainConfig.micro_batch_size``, or its batch
-    when that is not split). ``None`` switches and ``amp="auto"`` are decided for a device by
-    :meth:`resolve`, with the rules ``fit`` uses; ``from_train_config`` builds the step of a training
-    config. The simple form is a model name: ``StepConfig("yolov9-s", 16)``.
+    ``batch_size`` is the images of one forward/backward, the micro-batch (the setting ``micro_batch_size`` of
+    a ``TrainConfig``; None there: the whole batch of each rank; the memory tools need a number, given here or
+    as their ``batch_size``). ``None`` switches and ``amp="auto"`` are decided for a device by :meth:`resolve`,
+    with the rules ``fit`` uses. The simple form is a model name: ``StepConfig("yolov9-s", 16)``.
+
+    Inside a ``TrainConfig`` the model is ``fit``'s: ``model`` and ``num_classes`` are kept empty there.
     """
 
-    model: Any  # a registered name ("yolov9-s"), a model yaml, or an nn.Module
-    batch_size: int = 16
-    imgsz: int = 640
-    amp: str = "auto"
-    activation_checkpointing: str | tuple[int, ...] | None = None
-    # Frozen layers (TrainConfig.freeze): their parameters get no gradient, no optimizer state, no EMA update,
-    # and autograd keeps no activation that only their gradients would need.
-    freeze: int | str | tuple[int, ...] | None = None
-    channels_last: bool | None = None
-    lean_activations: bool | None = None
-    sync_free: bool | None = None  # on: the dense loss of the sync-free step (all anchors, masked)
-    fused_optimizer: bool | None = None
-    optimizer: str = "SGD"
-    ema: bool = True
+    model: Any = None  # a registered name ("yolov9-s"), a model yaml, or an nn.Module; None: fit's model
+    batch_size: int | None = declare(
+        None, "images per forward/backward: each batch is split into micro-batches of this size (default: the "
+        "whole batch of each GPU)", flag="--micro-batch-size", setting="micro_batch_size", integer=True, low=1)
+    imgsz: int = declare(640, "training image size", flag="--imgsz", aliases=("--img", "--img-size"), integer=True,
+                         low=32, multiple=32)
+    # Each batch resized to a random multiple of the model stride in [0.5, 1.5] x imgsz (official rule); the
+    # memory tools describe the step at the largest size (``peak_imgsz``).
+    multi_scale: bool = declare(False, "resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz",
+                                flag="--multi-scale")
+    # "auto": bf16 where the GPU supports it, else fp16; always "off" on CPU (autocast on CPU is slow).
+    amp: str = declare("auto", "mixed precision", flag="--amp", choices=AMP_MODES)
+    # Recompute these layers in backward instead of keeping their activations: None, "backbone", "all" or a
+    # list of layer indices (DetectionModel.set_activation_checkpointing). Saves memory, costs a forward.
+    activation_checkpointing: str | tuple[int, ...] | None = declare(
+        None, "recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3",
+        flag="--activation-checkpointing", resume=CHANGE)
+    # Fine-tuning: layers whose parameters do not train (official --freeze): None or 0 nothing, an int N the
+    # first N layers, "backbone" the model yaml's backbone rows, or a list of layer indices (stored as a
+    # tuple). Frozen parameters get no gradient, no optimizer state and no EMA update, and autograd keeps no
+    # activation that only their gradients would need (yolo9kit.models.freeze has the rules).
+    freeze: int | str | tuple[int, ...] | None = declare(
+        None, "layers that do not train (fine-tuning): N for the first N layers (official: 10 is the yolov9-c "
+        "backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)", flag="--freeze")
+    # Speed switches; None means on for CUDA, off on the CPU (resolve decides, for fit and memory alike).
+    channels_last: bool | None = declare(None, "channels_last weights and inputs (NHWC convolutions)",
+                                         no_flag=_PLAIN_STEP, resume=CHANGE)
+    lean_activations: bool | None = declare(None, "BatchNorm+SiLU keep one activation for backward, not two "
+                                            "(~25 % less)", no_flag=_PLAIN_STEP, resume=CHANGE)
+    # on: the dense loss of the sync-free step (all anchors, masked), losses read every log_interval batches
+    sync_free: bool | None = declare(None, "no host-device sync in the step; losses read every log_interval "
+                                     "batches", no_flag=_PLAIN_STEP, resume=CHANGE)
+    fused_optimizer: bool | None = declare(None, "torch's fused SGD/Adam/AdamW", no_flag=_PLAIN_STEP, resume=CHANGE)
+    cudnn_benchmark: bool = declare(True, "cudnn autotuning (CUDA only)", no_flag=_API, resume=CHANGE)
+    # torch.compile the model's forward: True, or a mode such as "reduce-overhead" (CUDA graphs) or
+    # "max-autotune". Off by default: the first step then takes minutes (measured in docs/benchmarks.md).
+    compile: bool | str = declare(False, "torch.compile the forward (optionally a mode: reduce-overhead, "
+                                  "max-autotune)", flag="--compile", resume=CHANGE)
+    optimizer: str = declare("SGD", "the optimizer", flag="--optimizer", choices=OPTIMIZERS)
+    ema: bool = declare(True, "keep an EMA of the weights (what is validated and saved)", no_flag=_API)
     num_classes: int | None = None  # None: the model's own (80 for a registered name)
-    num_targets: int = 8  # boxes per image of the synthetic batch (the assigner's memory grows with them)
-    loss_fn: Callable | None = None  # (outputs, targets) -> (loss, items); None: the kit's DetectionLoss
+    num_targets: int = 8  # boxes per image of the memory tools' synthetic batch (the assigner grows with them)
+    loss_fn: Callable | None = None  # memory tools: (outputs, targets) -> (loss, items); None: DetectionLoss
     device_type: str | None = None  # "cuda" or "cpu" once resolved for a device, else None
 
     def __post_init__(self) -> None:
-        def bad(name: str, expected: str) -> ValueError:
-            return ValueError(f"StepConfig.{name}={getattr(self, name)!r}: expected {expected}")
-
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise bad("batch_size", "an integer >= 1")
-        if self.imgsz < 32 or self.imgsz % 32:
-            raise bad("imgsz", "a multiple of 32 (the largest model stride)")
-        if self.amp not in AMP_MODES:
-            raise bad("amp", f"one of {AMP_MODES}")
-        if self.optimizer not in OPTIMIZERS:
-            raise bad("optimizer", f"one of {OPTIMIZERS}")
+        check_declared(self)
         if self.num_targets < 0:
-            raise bad("num_targets", "an integer >= 0")
-        check_activation_checkpointing(self.activation_checkpointing, "StepConfig")
-        if isinstance(self.activation_checkpointing, list):  # hashable: the estimator cache is keyed by steps
-            object.__setattr__(self, "activation_checkpointing", tuple(self.activation_checkpointing))
+            raise ValueError(f"StepConfig.num_targets={self.num_targets!r}: expected an integer >= 0")
+        # hashable: the estimator cache is keyed by steps
+        object.__setattr__(self, "activation_checkpointing",
+                           check_activation_checkpointing(self.activation_checkpointing, "StepConfig"))
         object.__setattr__(self, "freeze", check_freeze(self.freeze, "StepConfig"))
 
-    @classmethod
-    def from_train_config(cls, config: TrainConfig, model: Any, *, world_size: int = 1, num_targets: int = 8,
-                          batch_size: int | None = None) -> StepConfig:
-        """The step ``fit`` runs for ``config``: its micro-batch (per DDP rank), size, AMP and switches.
+    def replace(self, **changes: Any) -> StepConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
 
-        ``batch_size`` overrides the micro-batch (needed while ``config.batch_size`` is "auto"). With
-        ``multi_scale`` the step is the one at the largest size a batch can get (``multi_scale_range``): its
-        memory is the peak of the run.
-        """
-        if batch_size is None:
-            if config.batch_size == "auto":
-                raise ValueError("TrainConfig.batch_size is 'auto': pass batch_size= (the batch to describe)")
-            batch_size = config.micro_batch_size or max(1, config.batch_size // world_size)
-        imgsz = multi_scale_range(config.imgsz)[1] if config.multi_scale else config.imgsz
-        return cls(model=model, batch_size=batch_size, imgsz=imgsz, amp=config.amp,
-                   activation_checkpointing=config.activation_checkpointing, freeze=config.freeze,
-                   channels_last=config.channels_last,
-                   lean_activations=config.lean_activations, sync_free=config.sync_free,
-                   fused_optimizer=config.fused_optimizer, optimizer=config.optimizer, ema=config.ema,
-                   num_classes=getattr(model, "nc", None), num_targets=num_targets)
+    @property
+    def peak_imgsz(self) -> int:
+        """The largest image side of the step: ``imgsz``, or with ``multi_scale`` the largest a batch can get
+        (``multi_scale_range``): what the memory tools describe, the peak of the run."""
+        return multi_scale_range(self.imgsz)[1] if self.multi_scale else self.imgsz
 
     def resolve(self, device: Any = None, *, bf16: bool | None = None, gpu_name: str | None = None) -> StepConfig:
         """This step as it runs on ``device`` (None: the current CUDA device, else the CPU): "auto" AMP and
@@ -152,7 +195,7 @@ class StepConfig:
         if self.freeze is not None:
             value = self.freeze
             parts.append(f"freeze={value if not isinstance(value, tuple) else ','.join(map(str, value))}")
-        parts.append(f"{self.imgsz}px")
+        parts.append(f"{self.imgsz}px" + (" multi-scale" if self.multi_scale else ""))
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,38 +1,47 @@
 """Training settings: frozen dataclasses with the official defaults and why they are what they are.
 
-``TrainConfig`` holds everything ``yolo9kit.train.fit`` needs besides the model and the data. The
-hyper-parameter defaults are those of the official ``hyp.scratch-high.yaml`` (lr0 0.01, momentum 0.937,
-...); the loss gains are a ``LossConfig``, passed through ``TrainConfig.loss`` (``yolo9kit.loss`` re-exports
-it beside the loss it configures).
+``TrainConfig`` holds everything ``yolo9kit.train.fit`` needs besides the model and the data, as a composition
+of small frozen parts, each read by the functions it concerns:
+
+* ``step``, a ``StepConfig`` (``config.step``): the model-facing memory and speed settings of one
+  forward/backward, what the memory tools describe;
+* ``optim``, an ``OptimConfig``: the optimizer's hyper-parameters, its schedule and warmup, accumulation,
+  clipping, the EMA's decay and the loss gains (``LossConfig``);
+* ``pipeline``, a ``PipelineConfig``: the training data pipeline (which images, their batches, the
+  augmentation, the loaders);
+* ``run``, a ``RunConfig``: the device, the seed, the run folder, validation, saving and the guards;
+
+and its own ``epochs``, ``batch_size`` (the loader batch) and the automatic batch's ``gpu`` and ``margin``.
+
+Every setting has one name (``config.declare``): a ``TrainConfig`` is made and changed by those names, whatever
+part holds them (``TrainConfig(epochs=50, batch_size=16, lr0=0.02)``, ``config.replace(micro_batch_size=8)``),
+and read through its part (``config.optim.lr0``, ``config.step.batch_size``). A whole part may be given too
+(``TrainConfig(step=plan.step)``); the names given beside it are applied on top of it. The hyper-parameter
+defaults are those of the official ``hyp.scratch-high.yaml`` (lr0 0.01, momentum 0.937, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo9kit.config.declare import CHANGE, RUN, check_declared, declare
+from yolo9kit.config.declare import CHANGE, RUN, check_declared, declare, part, settings
+from yolo9kit.config.step import StepConfig
 
-AMP_MODES = ("auto", "fp16", "bf16", "off")
-ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
 # Head-room kept below a card's capacity when sizing a batch: validation runs at 2x the batch in eval mode
 # (no saved activations, but its own peak), the number of objects per image changes the assigner's memory,
 # and the allocator fragments over an epoch (YOLOv5 went from 0.9 to 0.8 of the card for this reason;
 # Ultralytics keeps 0.4 free).
 DEFAULT_MARGIN = 0.10
-OPTIMIZERS = ("SGD", "Adam", "AdamW")
 # The image cache of a dataset, a loader and a run (yolo9kit.data.dataset): None reads the files every time.
 CACHE_MODES = ("auto", "ram", "disk", None)
 SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 CALLBACK_NAMES = ("on_batch", "on_epoch_end")
-# What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
-Freeze = int | str | Sequence[int] | None
 
 # Why some settings have no flag of their own (config.declare: every setting has a flag or a reason).
-_PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: on for CUDA, off on the CPU)"
 _HYP = "--hyp reads it from an official hyp yaml"
 _API = "API only: the official value serves every command-line run"
 
@@ -76,15 +85,155 @@ class LossConfig:
 
 
 @dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer's hyper-parameters, its schedule, accumulation and clipping, the EMA's decay and the loss
+    (the optimizer's kind is the step's: it sets the step's memory). Official hyp.scratch-high.yaml defaults."""
+
+    lr0: float = declare(0.01, "initial learning rate", no_flag=_HYP, low=0, low_open=True)
+    lrf: float = declare(0.01, "final learning rate = lr0 * lrf", no_flag=_HYP, low=0)
+    momentum: float = declare(0.937, "SGD momentum / Adam beta1", no_flag=_HYP, low=0, high=1)
+    weight_decay: float = declare(0.0005, "scaled by batch * accumulate / nominal (official)", no_flag=_HYP, low=0)
+    schedule: str = declare("linear", "the learning-rate schedule",
+                            no_flag="--cos-lr, --flat-cos-lr or --fixed-lr (the official flag names)",
+                            choices=SCHEDULES)
+    warmup_epochs: float = declare(3.0, "epochs of warmup", no_flag=_HYP, low=0)
+    # Official: at least 100 warmup batches, however short the epoch (lower it for tiny CPU runs).
+    warmup_min_batches: int = declare(100, "the fewest warmup batches", no_flag=_API, integer=True, low=0)
+    warmup_momentum: float = declare(0.8, "momentum at the start of warmup", no_flag=_HYP, low=0, high=1)
+    warmup_bias_lr: float = declare(0.1, "bias learning rate at the start of warmup", no_flag=_HYP, low=0)
+    # The batch the hyper-parameters were tuned for; accumulation makes each step see about this many images.
+    nominal_batch_size: int = declare(64, "images per optimizer step the hyper-parameters assume",
+                                      no_flag="fixed at the official 64 on the command line", integer=True, low=1)
+    # None: official rule max(round(nominal/batch), 1), ramped up from 1 during warmup. An int: that many
+    # batches per optimizer step (also ramped from 1 during warmup when accumulate_warmup is True).
+    accumulate_steps: int | None = declare(None, "batches per optimizer step (default max(round(64 / batch), 1))",
+                                           flag="--accumulate-steps", integer=True, low=1)
+    accumulate_warmup: bool = declare(True, "ramp the accumulation up from 1 during warmup (official)",
+                                      no_flag="API only: the official ramp")
+    grad_clip: float = declare(10.0, "max total grad norm after unscaling (official constant); 0 disables",
+                               no_flag=_API, low=0)
+    ema_decay: float = declare(0.9999, "EMA decay", no_flag=_API, low=0, high=1)
+    ema_tau: float = declare(2000.0, "EMA decay ramps as decay * (1 - exp(-updates / tau))", no_flag=_API, low=0,
+                             low_open=True)
+    loss: LossConfig = declare(LossConfig(), "the loss gains (official by default)",
+                               no_flag="--hyp (the official box, cls, dfl and cls_pw keys)")
+    # Official --label-smoothing: the official dual loss computes its smoothed BCE targets and never uses
+    # them, so it changes nothing there and nothing here (kept so that official commands run; fit warns).
+    label_smoothing: float = declare(0.0, "official flag, accepted for official commands: the official dual loss "
+                                     "never applies it", flag="--label-smoothing", low=0, high=1, high_open=True)
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+        if not isinstance(self.loss, LossConfig):
+            raise ValueError(f"OptimConfig.loss={self.loss!r}: expected a LossConfig")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The training data pipeline: which images (the data options of the official train_dual.py), their
+    batches, the augmentation, and the loaders (caching, workers)."""
+
+    # Official data options of train_dual.py. rect: training batches of images sorted by aspect ratio, each
+    # batch letterboxed to its own shape (official batch shapes, pad 0), no mosaic and no shuffling.
+    rect: bool = declare(False, "rectangular training batches (images sorted by aspect ratio; no mosaic, no "
+                         "shuffling)", flag="--rect")
+    single_cls: bool = declare(False, "train multi-class data as one class (\"item\")", flag="--single-cls")
+    min_items: int = declare(0, "drop training images with fewer labelled boxes (official --min-items)",
+                             flag="--min-items", integer=True, low=0)
+    close_mosaic: int = declare(0, "mosaic off for the last N epochs", flag="--close-mosaic", integer=True, low=0)
+    hyp: Mapping[str, float] | None = declare(None, "augmentation dict for the data layer; None = official defaults",
+                                              no_flag="--hyp reads an official hyp yaml (its augmentation keys)")
+    colour_on_device: bool | None = declare(
+        None, "HSV colour jitter on the training device, not in the loader",
+        no_flag="--plain-step turns the CUDA speed switches off together (None: on for CUDA, off on the CPU)",
+        resume=CHANGE)
+    cache: str | None = declare("auto", "cache the decoded images: auto (in RAM when they fit), ram (always; the "
+                                "flag alone), disk (a memory-mapped file beside the labels), or None", flag="--cache",
+                                resume=CHANGE, choices=CACHE_MODES)
+    # Train even when the training labels use class ids `names` does not name, hold no box at all, or lose
+    # more than a tenth of the labelled images to errors. Off: such data stops the run before the first
+    # step with a DataError naming the data.yaml, the counts and the class ids (yolo9kit.data.guard), as the
+    # official code stops on the first two, instead of training a model of what happened to be left.
+    allow_bad_labels: bool = declare(False, "train even when labels use unnamed classes, no image has a box, or "
+                                     "many labelled images would be dropped (refused by default, before the first "
+                                     "step)", flag="--allow-bad-labels", resume=CHANGE)
+    workers: int | None = declare(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
+                                  resume=CHANGE, integer=True, low=0)
+    val_batch_size: int | None = declare(None, "validation batch (None: 2 x batch size, official)", no_flag=_API,
+                                         resume=CHANGE, integer=True, low=1)
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+        check_augment_hyp(self.augment_hyp, "TrainConfig.hyp")
+
+    @property
+    def augment_hyp(self) -> dict[str, float]:
+        """The augmentation hyper-parameters: official defaults updated with ``hyp``."""
+        return {**DEFAULT_AUGMENT_HYP, **(self.hyp or {})}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where and how the run goes: the device, the seed, the run folder, validation, saving and the guards."""
+
+    device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
+                                 resume=CHANGE)
+    seed: int = declare(0, "the seed of the initial weights, the data order and the augmentation", flag="--seed",
+                        integer=True)
+    val: bool = declare(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
+                        negate=True, resume=CHANGE)
+    patience: int = declare(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
+                            integer=True, low=0)
+    project: str = declare("runs/train", "folder of the run folders (with --resume: where the newest is looked "
+                           "for)", flag="--project", resume=RUN)
+    name: str = declare("exp", "run folder name under --project", flag="--name", resume=RUN)
+    exist_ok: bool = declare(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
+    resume: bool | str = declare(False, "resume the newest run, or this run folder / last.pt (its settings; "
+                                 "--epochs may extend it)", flag="--resume", resume=RUN)
+    save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
+                               flag="--save-period", resume=CHANGE, integer=True)
+    # The run folder's pictures (labels.jpg, train_batch0-2.jpg, results.png every epoch, the validation plots
+    # at the end; yolo9kit.train.pictures). On a CPU about 0.4 s per epoch and 2 s per run (docs/training.md);
+    # False for quiet or timed runs.
+    plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
+                          "plots)", flag="--no-plots", negate=True, resume=CHANGE)
+    progress_bar: bool = declare(True, "tqdm bars of each epoch and its validation (rank 0)",
+                                 no_flag="API only: the command line always shows them", resume=CHANGE)
+    log_interval: int = declare(10, "sync-free: batches between read-backs of the losses (progress bar, "
+                                "callbacks)", no_flag=_API, resume=CHANGE, integer=True, low=1)
+    max_nonfinite_batches: int = declare(10, "stop after this many non-finite losses in a row", no_flag=_API,
+                                         resume=CHANGE, integer=True, low=1)
+    oom_backoff: bool = declare(True, "on CUDA out-of-memory halve the micro-batch and retry", no_flag=_API,
+                                resume=CHANGE)
+    sync_bn: bool = declare(False, "SyncBatchNorm (DDP only)", flag="--sync-bn")
+    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
+    callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
+        None, "functions called after each step and epoch", no_flag="API only: functions", resume=CHANGE,
+        compare=False)
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+        unknown = set(self.callbacks or {}) - set(CALLBACK_NAMES)
+        if unknown:
+            raise ValueError(f"TrainConfig.callbacks={self.callbacks!r}: expected a dict with keys among "
+                             f"{CALLBACK_NAMES}, got {sorted(unknown)}")
+
+
+@dataclass(frozen=True, init=False)
 class TrainConfig:
-    """How to train. Frozen: make a changed copy with ``dataclasses.replace(config, epochs=10)``.
+    """How to train: ``epochs``, the loader's ``batch_size`` and the parts ``step``, ``optim``, ``pipeline``, ``run``.
+
+    Made and changed by setting names, whatever part holds them: ``TrainConfig(epochs=50, batch_size=16)``,
+    ``config.replace(lr0=0.02, micro_batch_size=8)`` (``dataclasses.replace`` works the same way); read
+    through the parts: ``config.optim.lr0``, ``config.step.batch_size``. A whole part may be passed
+    (``TrainConfig(step=plan.step)``): the names given beside it apply on top of it.
 
     Batch vocabulary: ``batch_size`` images come out of the loader per batch (total over all DDP ranks,
-    as the official ``--batch-size``); ``micro_batch_size`` images go through one forward/backward
-    (a "micro-step", default the whole batch); an optimizer "step" happens every ``accumulate``
-    batches. The hyper-parameters assume ``nominal_batch_size`` (64) images per step.
+    as the official ``--batch-size``); ``micro_batch_size`` (``step.batch_size``) images go through one
+    forward/backward (default the whole batch of each rank); an optimizer "step" happens every
+    ``accumulate_steps`` batches. The hyper-parameters assume ``nominal_batch_size`` (64) images per step.
 
-    Each field is declared once, with its help, range, flag and resume rule (``config.declare``): the
+    Each setting is declared once, with its help, range, flag and resume rule (``config.declare``): the
     ``train`` command, its checks and a resume's rules are read from these declarations.
     """
 
@@ -100,192 +249,101 @@ class TrainConfig:
                                     "the training device, on the CPU its RAM)", flag="--gpu")
     margin: float = declare(DEFAULT_MARGIN, "batch size auto: share of the card kept free", flag="--margin",
                             low=0, high=1, high_open=True)
-    # The batch the hyper-parameters were tuned for; accumulation makes each step see about this many images.
-    nominal_batch_size: int = declare(64, "images per optimizer step the hyper-parameters assume",
-                                      no_flag="fixed at the official 64 on the command line", integer=True, low=1)
-    # None: official rule max(round(nominal/batch), 1), ramped up from 1 during warmup. An int: that many
-    # batches per optimizer step (also ramped from 1 during warmup when accumulate_warmup is True).
-    accumulate_steps: int | None = declare(None, "batches per optimizer step (default max(round(64 / batch), 1))",
-                                           flag="--accumulate-steps", integer=True, low=1)
-    accumulate_warmup: bool = declare(True, "ramp the accumulation up from 1 during warmup (official)",
-                                      no_flag="API only: the official ramp")
-    # Split each loader batch into micro-batches of this size (None: no split). OOM back-off halves it.
-    micro_batch_size: int | None = declare(None, "split each batch into micro-batches of this size",
-                                           flag="--micro-batch-size", integer=True, low=1)
-    imgsz: int = declare(640, "training image size", flag="--imgsz", aliases=("--img", "--img-size"), integer=True,
-                         low=32, multiple=32)
-    # Recompute these layers in backward instead of keeping their activations: None, "backbone", "all" or a
-    # list of layer indices (DetectionModel.set_activation_checkpointing). Saves memory, costs a forward.
-    activation_checkpointing: str | list[int] | None = declare(
-        None, "recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3",
-        flag="--activation-checkpointing", resume=CHANGE)
-    # Fine-tuning: layers whose parameters do not train (official --freeze): None or 0 nothing, an int N the
-    # first N layers, "backbone" the model yaml's backbone rows, or a list of layer indices (stored as a
-    # tuple). Frozen parameters get no gradient, no optimizer state and no EMA update, and the memory
-    # estimate of the step counts none of them (yolo9kit.models.freeze has the rules).
-    freeze: int | str | tuple[int, ...] | None = declare(
-        None, "layers that do not train (fine-tuning): N for the first N layers (official: 10 is the yolov9-c "
-        "backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)", flag="--freeze")
-    # "auto": bf16 where the GPU supports it, else fp16; always "off" on CPU (autocast on CPU is slow).
-    amp: str = declare("auto", "mixed precision", flag="--amp", choices=AMP_MODES)
-    # Speed switches; None means on for CUDA, off on the CPU (StepConfig.resolve decides, for fit and memory).
-    channels_last: bool | None = declare(None, "channels_last weights and inputs (NHWC convolutions)",
-                                         no_flag=_PLAIN_STEP, resume=CHANGE)
-    sync_free: bool | None = declare(None, "no host-device sync in the step; losses read every log_interval "
-                                     "batches", no_flag=_PLAIN_STEP, resume=CHANGE)
-    fused_optimizer: bool | None = declare(None, "torch's fused SGD/Adam/AdamW", no_flag=_PLAIN_STEP, resume=CHANGE)
-    lean_activations: bool | None = declare(None, "BatchNorm+SiLU keep one activation for backward, not two "
-                                            "(~25 % less)", no_flag=_PLAIN_STEP, resume=CHANGE)
-    colour_on_device: bool | None = declare(None, "HSV colour jitter on the training device, not in the loader",
-                                            no_flag=_PLAIN_STEP, resume=CHANGE)
-    cudnn_benchmark: bool = declare(True, "cudnn autotuning (CUDA only)", no_flag=_API, resume=CHANGE)
-    # torch.compile the model's forward: True, or a mode such as "reduce-overhead" (CUDA graphs) or
-    # "max-autotune". Off by default: the first step then takes minutes (measured in docs/benchmarks.md).
-    compile: bool | str = declare(False, "torch.compile the forward (optionally a mode: reduce-overhead, "
-                                  "max-autotune)", flag="--compile", resume=CHANGE)
-    log_interval: int = declare(10, "sync-free: batches between read-backs of the losses (progress bar, "
-                                "callbacks)", no_flag=_API, resume=CHANGE, integer=True, low=1)
-    optimizer: str = declare("SGD", "the optimizer", flag="--optimizer", choices=OPTIMIZERS)
-    lr0: float = declare(0.01, "initial learning rate", no_flag=_HYP, low=0, low_open=True)
-    lrf: float = declare(0.01, "final learning rate = lr0 * lrf", no_flag=_HYP, low=0)
-    momentum: float = declare(0.937, "SGD momentum / Adam beta1", no_flag=_HYP, low=0, high=1)
-    weight_decay: float = declare(0.0005, "scaled by batch * accumulate / nominal (official)", no_flag=_HYP, low=0)
-    schedule: str = declare("linear", "the learning-rate schedule",
-                            no_flag="--cos-lr, --flat-cos-lr or --fixed-lr (the official flag names)",
-                            choices=SCHEDULES)
-    warmup_epochs: float = declare(3.0, "epochs of warmup", no_flag=_HYP, low=0)
-    # Official: at least 100 warmup batches, however short the epoch (lower it for tiny CPU runs).
-    warmup_min_batches: int = declare(100, "the fewest warmup batches", no_flag=_API, integer=True, low=0)
-    warmup_momentum: float = declare(0.8, "momentum at the start of warmup", no_flag=_HYP, low=0, high=1)
-    warmup_bias_lr: float = declare(0.1, "bias learning rate at the start of warmup", no_flag=_HYP, low=0)
-    ema: bool = declare(True, "keep an EMA of the weights (what is validated and saved)", no_flag=_API)
-    ema_decay: float = declare(0.9999, "EMA decay", no_flag=_API, low=0, high=1)
-    ema_tau: float = declare(2000.0, "EMA decay ramps as decay * (1 - exp(-updates / tau))", no_flag=_API, low=0,
-                             low_open=True)
-    grad_clip: float = declare(10.0, "max total grad norm after unscaling (official constant); 0 disables",
-                               no_flag=_API, low=0)
-    close_mosaic: int = declare(0, "mosaic off for the last N epochs", flag="--close-mosaic", integer=True, low=0)
-    # Official data options of train_dual.py. rect: training batches of images sorted by aspect ratio, each
-    # batch letterboxed to its own shape (official batch shapes, pad 0), no mosaic and no shuffling.
-    rect: bool = declare(False, "rectangular training batches (images sorted by aspect ratio; no mosaic, no "
-                         "shuffling)", flag="--rect")
-    # Each batch resized to a random multiple of the model stride in [0.5, 1.5] x imgsz (official rule; the
-    # memory estimate describes the step at the largest size).
-    multi_scale: bool = declare(False, "resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz",
-                                flag="--multi-scale")
-    single_cls: bool = declare(False, "train multi-class data as one class (\"item\")", flag="--single-cls")
-    min_items: int = declare(0, "drop training images with fewer labelled boxes (official --min-items)",
-                             flag="--min-items", integer=True, low=0)
-    # Official --label-smoothing: the official dual loss computes its smoothed BCE targets and never uses
-    # them, so it changes nothing there and nothing here (kept so that official commands run; fit warns).
-    label_smoothing: float = declare(0.0, "official flag, accepted for official commands: the official dual loss "
-                                     "never applies it", flag="--label-smoothing", low=0, high=1, high_open=True)
-    hyp: Mapping[str, float] | None = declare(None, "augmentation dict for the data layer; None = official defaults",
-                                              no_flag="--hyp reads an official hyp yaml (its augmentation keys)")
-    loss: LossConfig | None = declare(None, "the loss gains; None: the official ones",
-                                      no_flag="--hyp (the official box, cls, dfl and cls_pw keys)")
-    cache: str | None = declare("auto", "cache the decoded images: auto (in RAM when they fit), ram (always; the "
-                                "flag alone), disk (a memory-mapped file beside the labels), or None", flag="--cache",
-                                resume=CHANGE, choices=CACHE_MODES)
-    # Train even when the training labels use class ids `names` does not name, hold no box at all, or lose
-    # more than a tenth of the labelled images to errors. Off: such data stops the run before the first
-    # step with a DataError naming the data.yaml, the counts and the class ids (yolo9kit.data.guard), as the
-    # official code stops on the first two, instead of training a model of what happened to be left.
-    allow_bad_labels: bool = declare(False, "train even when labels use unnamed classes, no image has a box, or "
-                                     "many labelled images would be dropped (refused by default, before the first "
-                                     "step)", flag="--allow-bad-labels", resume=CHANGE)
-    workers: int | None = declare(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
-                                  resume=CHANGE, integer=True, low=0)
-    seed: int = declare(0, "the seed of the initial weights, the data order and the augmentation", flag="--seed",
-                        integer=True)
-    device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
-                                 resume=CHANGE)
-    val: bool = declare(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
-                        negate=True, resume=CHANGE)
-    val_batch_size: int | None = declare(None, "validation batch (None: 2 x batch size, official)", no_flag=_API,
-                                         resume=CHANGE, integer=True, low=1)
-    project: str = declare("runs/train", "folder of the run folders (with --resume: where the newest is looked "
-                           "for)", flag="--project", resume=RUN)
-    name: str = declare("exp", "run folder name under --project", flag="--name", resume=RUN)
-    exist_ok: bool = declare(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
-    resume: bool | str = declare(False, "resume the newest run, or this run folder / last.pt (its settings; "
-                                 "--epochs may extend it)", flag="--resume", resume=RUN)
-    max_nonfinite_batches: int = declare(10, "stop after this many non-finite losses in a row", no_flag=_API,
-                                       resume=CHANGE, integer=True, low=1)
-    oom_backoff: bool = declare(True, "on CUDA out-of-memory halve the micro-batch and retry", no_flag=_API,
-                                resume=CHANGE)
-    sync_bn: bool = declare(False, "SyncBatchNorm (DDP only)", flag="--sync-bn")
-    progress_bar: bool = declare(True, "tqdm bars of each epoch and its validation (rank 0)",
-                                 no_flag="API only: the command line always shows them", resume=CHANGE)
-    # The run folder's pictures (labels.jpg, train_batch0-2.jpg, results.png every epoch, the validation plots
-    # at the end; yolo9kit.train.pictures). On a CPU about 0.4 s per epoch and 2 s per run (docs/training.md);
-    # False for quiet or timed runs.
-    plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
-                          "plots)", flag="--no-plots", negate=True, resume=CHANGE)
-    patience: int = declare(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
-                            integer=True, low=0)
-    save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
-                               flag="--save-period", resume=CHANGE, integer=True)
-    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
-    callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
-        None, "functions called after each step and epoch", no_flag="API only: functions", resume=CHANGE,
-        compare=False)
+    step: StepConfig = part(StepConfig)
+    optim: OptimConfig = part(OptimConfig)
+    pipeline: PipelineConfig = part(PipelineConfig)
+    run: RunConfig = part(RunConfig)
 
-    def __post_init__(self) -> None:
-        def bad(name: str, expected: str) -> ValueError:
-            return ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: expected {expected}")
+    def __init__(self, *, step: StepConfig | None = None, optim: OptimConfig | None = None,
+                 pipeline: PipelineConfig | None = None, run: RunConfig | None = None, **values: Any) -> None:
+        given = {"step": step or StepConfig(), "optim": optim or OptimConfig(),
+                 "pipeline": pipeline or PipelineConfig(), "run": run or RunConfig()}
+        for name, value in given.items():
+            if not isinstance(value, _PARTS[name]):
+                raise TypeError(f"TrainConfig({name}=...): expected a {_PARTS[name].__name__}, got "
+                                f"{type(value).__name__}")
+        unknown = sorted(set(values) - set(_SETTINGS))
+        if unknown:
+            raise TypeError(f"TrainConfig() got unexpected settings {unknown} (the settings: "
+                            "yolo9kit.config.declare.declarations(TrainConfig))")
+        changes: dict[str | None, dict[str, Any]] = {None: {}}
+        for name, value in values.items():
+            holder, f, declared = _SETTINGS[name]
+            problem = declared.problem(value, optional="None" in str(f.type))
+            if problem is not None and not (name == "batch_size" and value in ("auto", -1)):
+                raise ValueError(f"TrainConfig.{name}={value!r}: expected {problem}")
+            changes.setdefault(holder, {})[f.name] = value
+        for holder, fields in changes.items():
+            if holder is not None:
+                given[holder] = dataclasses.replace(given[holder], **fields)
+        # the step of a TrainConfig is that of fit's model: no model of its own
+        given["step"] = dataclasses.replace(given["step"], model=None, num_classes=None)
+        for f in dataclasses.fields(self):
+            if f.name in given:
+                object.__setattr__(self, f.name, given[f.name])
+            else:
+                object.__setattr__(self, f.name, changes[None].get(f.name, f.default))
+        self._check()
 
+    def _check(self) -> None:
         if self.batch_size == -1:  # the official --batch-size -1
             object.__setattr__(self, "batch_size", "auto")
-        check_declared(self)  # the declared ranges and choices
+        for name in ("epochs", "gpu", "margin"):
+            _, f, declared = _SETTINGS[name]
+            problem = declared.problem(getattr(self, name), optional="None" in str(f.type))
+            if problem is not None:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r}: expected {problem}")
+        micro = self.step.batch_size
         if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
                                           or self.batch_size < 1):
-            raise bad("batch_size", "an integer >= 1, or \"auto\" (also -1) to size it from the memory estimate")
-        if self.batch_size == "auto" and self.micro_batch_size is not None:
-            raise bad("micro_batch_size", "None with batch_size='auto' (the automatic batch is the micro-batch)")
-        if isinstance(self.batch_size, int) and (self.micro_batch_size or 0) > self.batch_size:
-            raise bad("micro_batch_size", f"at most batch_size={self.batch_size} (a batch is split into micro-batches)")
-        check_activation_checkpointing(self.activation_checkpointing, "TrainConfig")
-        object.__setattr__(self, "freeze", check_freeze(self.freeze, "TrainConfig"))
-        unknown = set(self.callbacks or {}) - set(CALLBACK_NAMES)
-        if unknown:
-            raise bad("callbacks", f"a dict with keys among {CALLBACK_NAMES}, got {sorted(unknown)}")
-        check_augment_hyp(self.augment_hyp, "TrainConfig.hyp")
+            raise ValueError(f"TrainConfig.batch_size={self.batch_size!r}: expected an integer >= 1, or \"auto\" "
+                             "(also -1) to size it from the memory estimate")
+        if self.batch_size == "auto" and micro is not None:
+            raise ValueError(f"TrainConfig.micro_batch_size={micro!r}: expected None with batch_size='auto' (the "
+                             "automatic batch is the micro-batch)")
+        if isinstance(self.batch_size, int) and (micro or 0) > self.batch_size:
+            raise ValueError(f"TrainConfig.micro_batch_size={micro!r}: expected at most batch_size="
+                             f"{self.batch_size} (a batch is split into micro-batches)")
 
-    @property
-    def augment_hyp(self) -> dict[str, float]:
-        """The augmentation hyper-parameters: official defaults updated with ``hyp``."""
-        return {**DEFAULT_AUGMENT_HYP, **(self.hyp or {})}
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some settings (or whole parts) changed: ``config.replace(epochs=10, lr0=0.02)``."""
+        return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (numbers, strings, lists, dicts) for checkpoints; callbacks are left out."""
+        """Every setting by its name, as plain values (numbers, strings, lists, dicts) for checkpoints and
+        settings.yaml; callbacks are left out."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            if f.name == "callbacks":
+        for name, (holder, f, _) in _SETTINGS.items():
+            if name == "callbacks":
                 continue
-            value = getattr(self, f.name)
+            value = getattr(self if holder is None else getattr(self, holder), f.name)
             if dataclasses.is_dataclass(value):
                 value = {"__dataclass__": type(value).__name__, **dataclasses.asdict(value)}
             elif isinstance(value, Mapping):
                 value = dict(value)
             elif isinstance(value, Path):
                 value = str(value)
-            elif isinstance(value, tuple):  # freeze indices: a list in checkpoints and YAML
+            elif isinstance(value, tuple):  # freeze and checkpointed layer indices: lists in checkpoints and YAML
                 value = list(value)
-            out[f.name] = value
+            out[name] = value
         return out
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], **overrides: Any) -> TrainConfig:
-        """Inverse of ``to_dict``; unknown keys are ignored (checkpoints of other versions), ``overrides`` win."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in values.items() if k in names}
-        loss = kwargs.get("loss")
+        """Inverse of ``to_dict``; unknown keys are ignored (checkpoints of other versions), ``overrides`` win.
+        A checkpoint's ``loss: None`` (older runs) is the official loss."""
+        kwargs = {k: v for k, v in values.items() if k in _SETTINGS}
+        loss = kwargs.pop("loss", None)
         if isinstance(loss, Mapping):
-            loss = {k: v for k, v in loss.items() if k != "__dataclass__"}
-            kwargs["loss"] = LossConfig(**loss)
+            kwargs["loss"] = LossConfig(**{k: v for k, v in loss.items() if k != "__dataclass__"})
+        elif isinstance(loss, LossConfig):
+            kwargs["loss"] = loss
         kwargs.update(overrides)
         return cls(**kwargs)
+
+
+_PARTS = {"step": StepConfig, "optim": OptimConfig, "pipeline": PipelineConfig, "run": RunConfig}
+_SETTINGS = settings(TrainConfig)
 
 
 def official_accumulate(nominal_batch_size: int, batch_size: int) -> int:
@@ -308,30 +366,3 @@ def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
         if not (0 <= value <= 1 if probability else value >= 0):
             raise ValueError(f"{owner}[{key!r}]={value!r}: expected "
                              f"{'a probability in [0, 1]' if probability else 'a number >= 0'}")
-
-
-def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | None:
-    """The freeze setting in its stored form (a list becomes a tuple), else a ValueError naming ``owner``.
-
-    None or 0 (stored as None): nothing; an int N: the first N layers; "backbone"; a non-empty list of layer
-    indices >= 0.
-    """
-    if value is None or value == "backbone":
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value or None  # 0, the official default, freezes nothing
-    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and not isinstance(i, bool)
-                                                          and i >= 0 for i in value):
-        return tuple(value)
-    raise ValueError(f"{owner}.freeze={value!r}: expected None, a number of first layers (int >= 0), "
-                     "'backbone' or a non-empty list of layer indices >= 0")
-
-
-def check_activation_checkpointing(value: Any, owner: str) -> None:
-    """None, "backbone", "all" or a list of layer indices, else a ValueError naming ``owner``."""
-    if value is None or value in ACTIVATION_CHECKPOINTING:
-        return
-    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and i >= 0 for i in value):
-        return
-    raise ValueError(f"{owner}.activation_checkpointing={value!r}: expected None, 'backbone', 'all' "
-                     "or a list of layer indices")

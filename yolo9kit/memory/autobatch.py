@@ -2,7 +2,7 @@
 
 The official ``--batch-size -1`` and Ultralytics' AutoBatch run a few steps on the GPU and fit a line to
 the memory they see. The kit predicts the same answer without running anything: the step ``fit`` is about
-to run is a ``StepConfig`` (``StepConfig.from_train_config``), ``memory.plan`` estimates it for the card
+to run is its ``config.step`` (with the model and batch 1), ``memory.plan`` estimates it for the card
 and recommends the largest batch that keeps ``margin`` of the card free, and the official accumulation rule
 then reaches the nominal batch. The prediction is written to the run folder (``auto_batch.json``) and, on
 CUDA, the measured peak of the first epoch beside it; an out-of-memory error still falls back to the
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.config import TrainConfig
 from yolo9kit.files import format_bytes, write_text_atomically
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, gpu_from_device, host_memory, resolve_gpu
@@ -93,11 +93,10 @@ def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, wo
         RuntimeError: not even batch 1 fits (the message says what to change).
     """
     spec = sizing_target(config, device)
-    step = dataclasses.replace(StepConfig.from_train_config(config, model, world_size=world_size, batch_size=1),
-                               loss_fn=loss_fn)
-    chosen = plan(step, config.nominal_batch_size, gpu=spec, margin=config.margin, method="estimated")
+    step = config.step.replace(model=model, batch_size=1, num_classes=getattr(model, "nc", None), loss_fn=loss_fn)
+    chosen = plan(step, config.optim.nominal_batch_size, gpu=spec, margin=config.margin, method="estimated")
     if chosen.recommended is None:
-        raise RuntimeError(f"batch_size='auto' for {step.model_name} at {config.imgsz} px: {chosen.reason}")
+        raise RuntimeError(f"batch_size='auto' for {step.model_name} at {step.peak_imgsz} px: {chosen.reason}")
     per_device = int(chosen.recommended["batch_size"])
     report = estimator_for(step, spec).reports([per_device], spec)[0]
     sized = dataclasses.replace(config, batch_size=per_device * world_size)

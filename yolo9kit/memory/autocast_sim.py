@@ -16,9 +16,9 @@ Assumptions, stated once:
   pass (``torch.utils.checkpoint`` re-enters autocast, and checks that the recomputed tensors have
   the dtypes of the first pass). So the emulation stays on through backward, without the weight cache
   (each recompute is its own autocast region); backward formulas run in C++ and never reach a
-  function mode, so only recomputed forward code is affected. ``steptrace.traced_step`` starts backward
-  through the autograd engine directly, because a function mode is switched off while it handles a
-  ``Tensor.backward`` call.
+  function mode, so only recomputed forward code is affected. The emulation handles the step's
+  ``Tensor.backward`` call itself (``_backward``): it starts backward through the autograd engine with the
+  mode entered again, because a function mode is switched off while it handles a call.
 * float32 ops (exp, log, pow, softmax, sum, BCE-with-logits, ...) compute in fp32. Reductions with a
   ``dtype`` argument (sum, softmax, log_softmax, cumsum, cumprod, prod) are called with
   ``dtype=torch.float32`` (no fp32 copy of the input); the others get fp32 copies of their inputs.
@@ -99,6 +99,8 @@ class CudaAutocastEmulation(TorchFunctionMode):
         kwargs = kwargs or {}
         if not self.enabled:
             return func(*args, **kwargs)
+        if func is torch.Tensor.backward:
+            return self._backward(args[0])
         name = getattr(func, "__name__", "")
         low = self.dtype
         if name in LOWER_PRECISION:
@@ -116,6 +118,29 @@ class CudaAutocastEmulation(TorchFunctionMode):
                 widest = torch.float32 if any(t.dtype == torch.float32 for t in floats) else floats[0].dtype
                 args = _map_tensors(args, lambda t: t.to(widest) if t.is_floating_point() else t)
         return func(*args, **kwargs)
+
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` in the step: checkpointed layers recompute under the forward's autocast state,
+        without the weight cache (each recompute is its own autocast region); the region ends with it. A
+        function mode is switched off while it handles a call, so it is entered again around the autograd
+        engine for the recomputed forward code."""
+        self.set_enabled(True, caching=False)
+        with self:
+            _engine_backward(loss)
+        self.set_enabled(False)
+
+
+def _engine_backward(loss: torch.Tensor) -> None:
+    """``loss.backward()`` through the autograd engine itself, so that an active function mode (the
+    autocast emulation) stays active while checkpointed layers recompute. Private PyTorch entry point,
+    the one ``torch.autograd.backward`` ends in; plain ``backward()`` when it is missing."""
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if engine is None:
+        loss.backward()
+        return
+    engine.run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
+                        accumulate_grad=True)
 
 
 def _flat(obj):

@@ -5,10 +5,11 @@ How (each step's assumptions are in its module):
 0. The step is a ``StepConfig`` resolved for the card (``StepConfig.resolve``: "auto" AMP and the
    ``None`` switches decided as ``fit`` decides them on CUDA), so the estimate describes the step ``fit``
    would run there.
-1. The kit's step (``steptrace.traced_step``: forward and loss under autocast, backward, clip, SGD,
-   EMA) runs on ``meta`` tensors, which carry shapes, dtypes and strides but no data, under a
-   ``StorageTracker`` that records every storage by category and over time (``tracker``), with the
-   CUDA autocast policy applied by ``autocast_sim`` and the real loss bridged in (``steptrace``).
+1. The kit's step (``steptrace.traced_step``: the kit's ``micro_step``, forward and loss under autocast
+   and backward, then its ``optimizer_step``, clip, SGD, EMA) runs on ``meta`` tensors, which carry
+   shapes, dtypes and strides but no data, under a ``StorageTracker`` that records every storage by
+   category and over time (``tracker``), with the CUDA autocast policy applied by ``autocast_sim`` and the
+   real loss bridged in (``steptrace``).
 2. That is done at two small batch sizes; every storage is linear in the batch, so the live bytes
    at every moment of the step, and their peak, follow for any batch (``extrapolate``).
 3. Peak reserved = peak allocated + a cuDNN workspace allowance + what the caching-allocator model
@@ -68,7 +69,7 @@ def estimate(step: StepConfig | str | nn.Module, batch_size: int | None = None, 
         MemoryReport with ``method="estimated"``, the breakdown at the peak, the reserved peak from the
         allocator model (or the GPU's measured calibration) and a modelled step time.
     """
-    step = as_step(step, batch_size, changes, caller="estimate")
+    step = as_step(step, batch_size, changes, caller="estimate", needs_batch=True)
     spec = target_gpu(gpu)
     return estimator_for(step, spec).reports([step.batch_size], spec)[0]
 
@@ -107,7 +108,8 @@ def trace_model(step: StepConfig) -> tuple[StepMemoryModel, float]:
     amp_dtype = getattr(torch, _AMP_DTYPES[step.amp]) if _AMP_DTYPES[step.amp] else None
     traces, gflops = [], 0.0
     for i, b in enumerate(TRACE_BATCHES):
-        trace, gflops = trace_meta_step(trainer, loss_fn, batch_size=b, imgsz=step.imgsz, num_targets=step.num_targets,
+        trace, gflops = trace_meta_step(trainer, loss_fn, batch_size=b, imgsz=step.peak_imgsz,
+                                        num_targets=step.num_targets,
                                         num_classes=num_classes_of(step, real), amp_dtype=amp_dtype, optimizer=i == 0)
         traces.append(trace)
         LOGGER.debug("traced batch %d in %.1f s", b, time.perf_counter() - t0)

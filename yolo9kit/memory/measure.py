@@ -68,7 +68,7 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
         RuntimeError: without CUDA (use ``estimate``). torch.cuda.OutOfMemoryError propagates after
         everything was freed, so the caller can go on.
     """
-    step = as_step(step, batch_size, changes, caller="measure")
+    step = as_step(step, batch_size, changes, caller="measure", needs_batch=True)
     dev = require_cuda("cuda" if device is None else device)
     step = step.resolve(dev)
     free_cuda_memory()
@@ -82,7 +82,8 @@ def measure(step: StepConfig | str | nn.Module, batch_size: int | None = None, *
     try:
         trainer = build_real_trainer(module, step, dev)
         trainer.oom_backoff = False  # an out-of-memory must surface, not halve the micro-batch
-        images, targets = synthetic_batch(step.batch_size, step.imgsz, step.num_targets, num_classes_of(step, module))
+        images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets,
+                                          num_classes_of(step, module))
         with cudnn_autotune(dev):  # as fit runs the step
             times = _run_steps(trainer, images, targets, repeats, warmup_repeats, dev)
         peak_allocated = torch.cuda.max_memory_allocated(dev) - held_allocated
@@ -119,10 +120,10 @@ def trace(step: StepConfig | str | nn.Module, batch_size: int | None = None, **c
     from yolo9kit.memory.steptrace import trace_real_step
     from yolo9kit.train.step import train_step
 
-    step = as_step(step, batch_size, changes, caller="trace").resolve("cpu")
+    step = as_step(step, batch_size, changes, caller="trace", needs_batch=True).resolve("cpu")
     module = resolve_model(step)
     trainer = build_real_trainer(module, step, torch.device("cpu"))
-    images, targets = synthetic_batch(step.batch_size, step.imgsz, step.num_targets, num_classes_of(step, module))
+    images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets, num_classes_of(step, module))
     train_step(trainer, images, targets)  # steady state: momentum buffers exist, as from the second step on
     t0 = time.perf_counter()
     recorded = trace_real_step(trainer, images, targets, device_type="cpu")

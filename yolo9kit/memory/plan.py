@@ -107,7 +107,7 @@ def _measured_rows(step: StepConfig, batch_sizes: Sequence[int], device: Any) ->
         except torch.cuda.OutOfMemoryError:
             free_cuda_memory()
             resolved = dataclasses.replace(step, batch_size=b).resolve(device or "cuda")
-            rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.imgsz,
+            rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.peak_imgsz,
                          "amp": resolved.amp, "setting": resolved.label, "method": "measured", "oom": True})
     return rows
 
@@ -228,20 +228,14 @@ class BatchPlan:
         return f"{self.table[cols].to_string(index=False)}\n{self.reason}"
 
     def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
-        """``base`` (default ``TrainConfig()``) training the planned step: the recommended batch, the nominal
-        batch, and the step's image size, AMP, activation checkpointing and switches (as the step gave them,
-        so ``fit`` decides the undecided ones for its device as the plan did for the card)."""
+        """``base`` (default ``TrainConfig()``) training the planned step: the plan's step as its ``step``
+        (switches as the step gave them, so ``fit`` decides the undecided ones for its device as the plan did
+        for the card), the recommended batch, whole (no micro-batches), and the nominal batch."""
         if self.recommended is None:
             raise ValueError(f"nothing to train: {self.reason}")
-        s = self.step
-        return dataclasses.replace(
-            base or TrainConfig(), batch_size=int(self.recommended["batch_size"]),
-            nominal_batch_size=self.nominal_batch_size, imgsz=s.imgsz, amp=s.amp,
-            activation_checkpointing=None if s.activation_checkpointing is None else
-            (s.activation_checkpointing if isinstance(s.activation_checkpointing, str) else
-             list(s.activation_checkpointing)),
-            channels_last=s.channels_last, lean_activations=s.lean_activations, sync_free=s.sync_free,
-            fused_optimizer=s.fused_optimizer, optimizer=s.optimizer, ema=s.ema)
+        return (base or TrainConfig()).replace(step=self.step.replace(batch_size=None),
+                                               batch_size=int(self.recommended["batch_size"]),
+                                               nominal_batch_size=self.nominal_batch_size)
 
 
 def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,

@@ -74,7 +74,7 @@ class MemoryReport:
         """A flat dict (one DataFrame row): the step's settings, bytes, GiB columns for reading, breakdown."""
         step = self.step
         row: dict[str, Any] = {
-            "model": step.model_name, "batch_size": step.batch_size, "imgsz": step.imgsz, "amp": step.amp,
+            "model": step.model_name, "batch_size": step.batch_size, "imgsz": step.peak_imgsz, "amp": step.amp,
             "activation_checkpointing": "none" if step.activation_checkpointing is None
             else str(step.activation_checkpointing),
             "channels_last": step.channels_last, "lean_activations": step.lean_activations,

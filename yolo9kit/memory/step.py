@@ -2,11 +2,9 @@
 (optimizer groups, GradScaler, gradient clipping, EMA) by ``yolo9kit.train.step.build_trainer``, for a real
 device or for ``meta`` tensors, and a synthetic batch.
 
-``measure`` runs ``yolo9kit.train.train_step`` itself. ``estimate`` cannot: the step checks that the
-loss is finite (a data-dependent branch) and slices targets with a boolean mask, neither of which a
-tensor without data can answer. So ``traced_step`` repeats ``micro_step``'s few lines (input conversion,
-forward and loss in the autocast region, backward) and then calls the kit's ``optimizer_step``
-(unscale, clip, SGD step, zero_grad, EMA update) unchanged.
+``measure`` runs ``yolo9kit.train.train_step`` itself; ``estimate`` runs the kit's ``micro_step`` and
+``optimizer_step`` on ``meta`` tensors (``steptrace.traced_step``), with the loss, whose assigner picks
+anchors by value, run for real on CPU tensors of the outputs' shapes.
 """
 
 from __future__ import annotations
@@ -26,9 +24,12 @@ _STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
 
 
 def as_step(step: StepConfig | str | nn.Module, batch_size: int | None = None,
-            changes: Mapping[str, Any] | None = None, *, caller: str) -> StepConfig:
-    """The ``StepConfig`` a memory function describes: ``step`` itself, or the default step of a model name
-    or module, with ``batch_size`` and the field ``changes`` (``imgsz=320, amp="fp16"``, ...) applied."""
+            changes: Mapping[str, Any] | None = None, *, caller: str, needs_batch: bool = False) -> StepConfig:
+    """The ``StepConfig`` a memory function describes: ``step`` itself (a ``TrainConfig``'s ``config.step``
+    with its model, or any other), or the default step of a model name or module, with ``batch_size`` and
+    the field ``changes`` (``imgsz=320, amp="fp16"``, ...) applied (``needs_batch``: the step must then have a
+    batch). The memory tools run a multi-scale step at its largest size (``StepConfig.peak_imgsz``), the peak
+    of the run."""
     changes = dict(changes or {})
     unknown = sorted(set(changes) - _STEP_FIELDS)
     if unknown:
@@ -41,7 +42,13 @@ def as_step(step: StepConfig | str | nn.Module, batch_size: int | None = None,
         step = StepConfig(step)
     if batch_size is not None:
         changes["batch_size"] = batch_size
-    return dataclasses.replace(step, **changes) if changes else step
+    step = dataclasses.replace(step, **changes) if changes else step
+    if step.model is None:
+        raise ValueError(f"{caller}(): the step has no model (a TrainConfig's step is fit's model's): "
+                         "step.replace(model=...)")
+    if needs_batch and step.batch_size is None:
+        raise ValueError(f"{caller}(): the step of {step.model_name} has no batch_size: pass one")
+    return step
 
 
 @functools.lru_cache(maxsize=2)
@@ -67,15 +74,6 @@ def resolve_model(step: StepConfig, *, copy_model: bool = True) -> nn.Module:
 
 def num_classes_of(step: StepConfig, model: nn.Module) -> int:
     return int(getattr(model, "nc", None) or step.num_classes or 80)
-
-
-def train_config(step: StepConfig, **overrides: Any) -> TrainConfig:
-    """The TrainConfig whose step (``yolo9kit.train.step.describe_step``) is ``step``."""
-    return TrainConfig(batch_size=step.batch_size, imgsz=step.imgsz, amp=step.amp,
-                       activation_checkpointing=step.activation_checkpointing, freeze=step.freeze,
-                       channels_last=step.channels_last,
-                       lean_activations=step.lean_activations, sync_free=step.sync_free,
-                       fused_optimizer=step.fused_optimizer, optimizer=step.optimizer, ema=step.ema, **overrides)
 
 
 def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
@@ -160,7 +158,8 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
         raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
                          f"set_activation_checkpointing(); {step.model_name} has none")
     model = to_meta(real_model, bool(step.channels_last)).train()
-    trainer = build_trainer(model, train_config(step), loss_fn=loss_fn, device=torch.device("meta"), step=step)
+    config = TrainConfig(step=step.replace(batch_size=None))  # the trace sets the batch; the rest is the step's
+    trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"), step=step)
     prime_optimizer(trainer.model, trainer.optimizer)
     if step.fused_optimizer:
         trainer.optimizer = FusedStandIn(trainer.optimizer)
@@ -171,4 +170,5 @@ def build_real_trainer(model: nn.Module, step: StepConfig, device: torch.device)
     """The kit's own ``build_trainer`` (what ``fit`` uses) for ``model`` and ``step`` on ``device``."""
     from yolo9kit.train.step import build_trainer
 
-    return build_trainer(model, train_config(step, device=str(device)), loss_fn=step.loss_fn, device=device)
+    config = TrainConfig(step=step.replace(batch_size=None), device=str(device))  # each batch whole, as given
+    return build_trainer(model, config, loss_fn=step.loss_fn, device=device)

@@ -10,7 +10,6 @@ it returns a meta scalar and, in backward, meta gradients of the outputs' shapes
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,52 +74,25 @@ def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
 
 
 def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: StorageTracker,
-                emulation: CudaAutocastEmulation | None, loss_call, *, optimizer: bool = True) -> None:
-    """``micro_step`` + ``optimizer_step`` of ``yolo9kit.train.step`` with phase marks for the tracker.
+                emulation: CudaAutocastEmulation | None, *, optimizer: bool = True) -> None:
+    """The kit's own ``micro_step`` and ``optimizer_step`` (``yolo9kit.train.step``), the phases each enters
+    marked in the tracker: input to float, forward and loss in the autocast region (emulated on ``meta``
+    tensors), backward of the scaled loss, then unscale, clip to 10, step, zero_grad, EMA."""
+    from yolo9kit.train.step import micro_step, optimizer_step
 
-    Same order as the kit's step: input to float, forward and loss in the autocast region, backward of
-    the (scaled) loss, then the kit's ``optimizer_step`` (unscale, clip to 10, step, zero_grad, EMA).
-    """
-    from yolo9kit.train.step import optimizer_step, to_input
-
-    tracker.set_phase("forward")
-    x = to_input(images, trainer.device, trainer.channels_last)
     if emulation is not None:
-        emulation.set_enabled(True)
-    # real autocast when the trainer asks for it (CUDA); the emulation stands in for it on meta tensors
-    region = contextlib.nullcontext() if trainer.amp_dtype is None else \
-        torch.autocast(trainer.device.type, dtype=trainer.amp_dtype)
-    with region:
-        outputs = trainer.model(x)
-        tracker.set_phase("loss")
-        loss, _items = loss_call(outputs, targets.to(trainer.device))
-    del outputs, x
-    tracker.set_phase("backward")
-    if emulation is None:
-        trainer.scaler.scale(loss).backward()
-    else:  # checkpointed layers recompute under the emulated autocast (see autocast_sim)
-        emulation.set_enabled(True, caching=False)
-        _engine_backward(trainer.scaler.scale(loss))
-        emulation.set_enabled(False)
-    del loss, _items
+        emulation.set_enabled(True)  # until backward ends (CudaAutocastEmulation: Tensor.backward)
+    trainer.on_phase = tracker.set_phase
+    try:
+        micro_step(trainer, images, targets)
+    finally:
+        trainer.on_phase = None
     tracker.tag([p.grad for p in trainer.model.parameters() if p.grad is not None], "gradients")
     if optimizer:
         tracker.set_phase("optimizer")
         optimizer_step(trainer)
     tracker.set_phase("end")
     trainer.optimizer.zero_grad(set_to_none=True)
-
-
-def _engine_backward(loss: torch.Tensor) -> None:
-    """``loss.backward()`` through the autograd engine itself, so that an active function mode (the
-    autocast emulation) stays active while checkpointed layers recompute. Private PyTorch entry point,
-    the one ``torch.autograd.backward`` ends in; plain ``backward()`` when it is missing."""
-    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
-    if engine is None:
-        loss.backward()
-        return
-    engine.run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
-                        accumulate_grad=True)
 
 
 def register_persistent(tracker: StorageTracker, trainer) -> None:
@@ -146,9 +118,9 @@ def trace_meta_step(trainer, loss_fn, *, batch_size: int, imgsz: int, num_target
     emulation = CudaAutocastEmulation(amp_dtype)
     images = torch.empty((batch_size, 3, imgsz, imgsz), dtype=torch.uint8, device="meta")
     register_persistent(tracker, trainer)
+    trainer.loss_fn = bridged_loss(loss_fn, targets, tracker)  # the tracer's own trainer: the loss runs for real
     with emulation, tracker:
-        traced_step(trainer, images, targets, tracker, emulation, bridged_loss(loss_fn, targets, tracker),
-                    optimizer=optimizer)
+        traced_step(trainer, images, targets, tracker, emulation, optimizer=optimizer)
     return tracker.trace(), tracker.forward_flops / 1e9 / batch_size
 
 
@@ -159,5 +131,5 @@ def trace_real_step(trainer, images: torch.Tensor, targets: torch.Tensor, *, dev
     tracker = StorageTracker(device_type=device_type or trainer.device.type)
     register_persistent(tracker, trainer)
     with tracker:
-        traced_step(trainer, images, targets, tracker, None, trainer.loss_fn)
+        traced_step(trainer, images, targets, tracker, None)
     return tracker.trace()

@@ -25,7 +25,7 @@ import logging
 
 from torch import nn
 
-from yolo9kit.config.train import Freeze, check_freeze
+from yolo9kit.config.step import Freeze, check_freeze
 
 LOGGER = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ backward (one element-wise pass). :class:`BatchNorm2SiLU` does the same for RepC
 running statistics and gradients are those of the plain modules (the same kernels; the recomputed
 normalisation may round differently in the last bit). ``yolo9kit.models.layers.set_lean(model, True)``
 switches every eligible module of a model; the trainer does it on CUDA by default
-(``TrainConfig.lean_activations``).
+(the setting ``lean_activations``, ``config.step.lean_activations``).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
     for i, label in enumerate(("lr bias", "lr weights/norm")):
         ax.plot(list(steps), [s.lrs[i] for s in settings], label=label)
     ax.axvline(nw, color="grey", linestyle=":", label=f"end of warmup ({nw})")
-    ax.set(xlabel="batch (ni)", ylabel="learning rate", title=f"{config.schedule} schedule")
+    ax.set(xlabel="batch (ni)", ylabel="learning rate", title=f"{config.optim.schedule} schedule")
     twin = ax.twinx()
     twin.step(list(steps), [s.accumulate for s in settings], color="tab:red", where="post", label="accumulate")
     twin.set_ylabel("batches per optimizer step", color="tab:red")

@@ -124,16 +124,16 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             yaml / checkpoint path, built for the data's classes (``create_model(model, names=class_names(data))``).
         data: data.yaml path or dict; may be None when both loaders (and ``validate_fn``) are given, or when
             resuming (the run's recorded data.yaml).
-        config: the TrainConfig. ``config.resume`` continues a run from its ``last.pt``; the settings that
+        config: the TrainConfig. ``config.run.resume`` continues a run from its ``last.pt``; the settings that
             cannot change mid-run must be the run's (``rundir.FIXED_ON_RESUME``), a larger ``epochs`` extends it.
-        loss_fn: ``(outputs, targets) -> (loss, loss_items (3,))``; default ``DetectionLoss(model, config.loss)``.
+        loss_fn: ``(outputs, targets) -> (loss, loss_items (3,))``; default ``DetectionLoss(model, config.optim.loss)``.
         train_loader / val_loader: ready loaders (default: built by ``yolo9kit.data.create_dataloader``).
         validate_fn: ``ema_model -> {"precision", "recall", "map50", "map50_95", "fitness"}``; default
             ``yolo9kit.validate.evaluate`` on the val loader.
 
     Returns:
         FitResult; the run folder holds weights/last.pt, weights/best.pt, results.csv, settings.yaml and, with
-        ``config.plots``, the pictures of ``yolo9kit.train.pictures``. A run stopped by
+        ``config.run.plots``, the pictures of ``yolo9kit.train.pictures``. A run stopped by
         SIGINT/SIGTERM or a ``KeyboardInterrupt`` returns with ``interrupted_by`` set, after saving last.pt.
 
     Raises:
@@ -150,10 +150,10 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         if isinstance(model, (str, Path)):
             from yolo9kit.zoo import create_model
 
-            model = create_model(model, names=class_names(data, config.single_cls))
+            model = create_model(model, names=class_names(data, config.pipeline.single_cls))
         if folder.ckpt is not None:
             check_resume_model(model, folder)
-        check_classes(model, data, single_cls=config.single_cls)
+        check_classes(model, data, single_cls=config.pipeline.single_cls)
         run = _set_up(model, data, config, folder, loss_fn, validate_fn)
         if train_loader is None:
             train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
@@ -188,16 +188,16 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
     """The device, the batch, the trainer (restored when resuming) and the run record."""
     dist = ddp.current()
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
-                            else config.device)
+                            else config.run.device)
     config, auto_batch = _size_batch(config, model, device, dist, folder.ckpt, loss_fn)
-    seed_everything(config.seed + dist.rank)
-    if config.label_smoothing:
+    seed_everything(config.run.seed + dist.rank)
+    if config.optim.label_smoothing:
         LOGGER.warning("label_smoothing=%g changes nothing: the official dual loss computes smoothed BCE targets "
-                       "and never uses them, and the kit follows it (docs/training.md)", config.label_smoothing)
+                       "and never uses them, and the kit follows it (docs/training.md)", config.optim.label_smoothing)
     # frozen, on the device and in the step's layout before DDP: its reducer waits for the gradients of the
     # trainable parameters and lays out its buckets from their strides
     place_model(model, describe_step(config, model, device, dist.world_size), device)
-    model = ddp.wrap_model(model, dist, device, config.sync_bn)
+    model = ddp.wrap_model(model, dist, device, config.run.sync_bn)
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
     progress = restore_training_state(folder.ckpt, trainer, folder.checkpoint) if folder.ckpt else Progress()
     run = _Run(config, trainer, progress, dist, folder.path, validate_fn, {"data": data_record(data)},
@@ -210,9 +210,9 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
 
 
 def _open_records(run: _Run, folder: RunFolder, data, loader: Iterable) -> None:
-    """settings.yaml, and with ``config.plots`` the pictures of the run (labels.jpg now, the rest as it trains)."""
+    """settings.yaml, and with ``config.run.plots`` the pictures of the run (labels.jpg now, the rest as it trains)."""
     write_settings(folder, run.config, run.trainer, data, len(loader))  # type: ignore[arg-type]
-    if run.config.plots and run.run_dir is not None:
+    if run.config.run.plots and run.run_dir is not None:
         names = getattr(getattr(loader, "dataset", None), "names", None) or \
             getattr(unwrap(run.trainer.model), "names", None)
         run.pictures = RunPictures(run.run_dir, names, folder.files)
@@ -239,7 +239,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
     warmup = warmup_batches(config, nb)
     at = _Position(epoch=progress.epoch)
     with StopSignals(install=not run.dist.distributed) as signals, \
-            cudnn_autotune(run.trainer.device, config.cudnn_benchmark):
+            cudnn_autotune(run.trainer.device, config.step.cudnn_benchmark):
         try:
             _validate_unvalidated_end(run)
             for epoch in range(progress.epoch, config.epochs):
@@ -248,11 +248,11 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 _check_space(run, epoch)
                 set_epoch_data(loader, config, epoch)
                 at.rng_epoch_start = capture_rng(run.trainer.device)
-                batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.plots)
+                batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.run.plots)
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup, start_batch=progress.ni - epoch * nb,
                                            on_batch=_callback(config, "on_batch", run), interrupt=signals.pending,
-                                           progress_bar=run.dist.is_main and config.progress_bar)
+                                           progress_bar=run.dist.is_main and config.run.progress_bar)
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 if run.auto_batch is not None:
                     run.auto_batch.record_measured_peak(run.trainer.device, at.stats.peak_allocated, run.run_dir)
@@ -298,9 +298,9 @@ def _save_interrupted(run: _Run, at: _Position, nb: int, reason: str) -> None:
 
 
 def _validate(run: _Run, epoch: int) -> dict[str, float]:
-    """The EMA's metrics (every epoch with ``config.val``, always after the last one); {} when not validated."""
+    """The EMA's metrics (every epoch with ``config.run.val``, always after the last one); {} when not validated."""
     final = epoch + 1 == run.config.epochs
-    if run.dist.is_main and run.validate_fn and (run.config.val or final):
+    if run.dist.is_main and run.validate_fn and (run.config.run.val or final):
         return dict(run.validate_fn(_eval_model(run.trainer)))
     return {}
 
@@ -374,9 +374,9 @@ def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:
         callback = _callback(config, "on_epoch_end", run)
         if callback:
             callback(record)
-        stop = progress.best_epoch >= 0 and epoch - progress.best_epoch >= config.patience
+        stop = progress.best_epoch >= 0 and epoch - progress.best_epoch >= config.run.patience
         if stop:
-            LOGGER.info("early stop: no better fitness for %d epochs (best epoch %d)", config.patience,
+            LOGGER.info("early stop: no better fitness for %d epochs (best epoch %d)", config.run.patience,
                         progress.best_epoch)
     return bool(ddp.broadcast_object(stop, dist))
 
@@ -396,4 +396,4 @@ def _eval_model(trainer: Trainer) -> nn.Module:
 
 
 def _callback(config: TrainConfig, name: str, run: _Run) -> Callable[[Any], None] | None:
-    return (config.callbacks or {}).get(name) if run.dist.is_main else None
+    return (config.run.callbacks or {}).get(name) if run.dist.is_main else None

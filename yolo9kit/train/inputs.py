@@ -48,24 +48,25 @@ def check_classes(model: nn.Module, data, single_cls: bool = False) -> None:
 def make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo, device: torch.device | None = None):
     """Loaders of ``yolo9kit.data``: train = augmented, shuffled, per-rank batch; val = rect, 2 x batch.
 
-    The training loader applies the HSV colour jitter on ``device`` when ``config.colour_on_device``
-    (default: when it is a CUDA device). ``config.rect`` makes its batches rectangular (aspect-ratio order,
+    The training loader applies the HSV colour jitter on ``device`` when ``config.pipeline.colour_on_device``
+    (default: when it is a CUDA device). ``config.pipeline.rect`` makes its batches rectangular (aspect-ratio order,
     official shapes with pad 0, no mosaic, no shuffling); ``min_items`` drops training images with fewer
     boxes; ``single_cls`` makes every class 0 in both loaders (official train_dual.py)."""
     from yolo9kit.data import create_dataloader
 
+    d = config.pipeline
     if split == "train":
-        on_device = config.colour_on_device
+        on_device = d.colour_on_device
         on_device = (device is not None and device.type == "cuda") if on_device is None else on_device
-        return create_dataloader(data, "train", imgsz=config.imgsz, batch_size=config.batch_size // dist.world_size,
-                                 augment=True, workers=config.workers, cache=config.cache, hyp=config.augment_hyp,
-                                 seed=config.seed, distributed=dist.distributed,  # same seed: ranks split one order
-                                 colour_device=device if on_device else None,
-                                 allow_bad_labels=config.allow_bad_labels, rect=config.rect,
-                                 min_items=config.min_items, single_cls=config.single_cls)
-    return create_dataloader(data, split, imgsz=config.imgsz,
-                             batch_size=config.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
-                             augment=False, workers=config.workers, cache=config.cache, single_cls=config.single_cls)
+        return create_dataloader(data, "train", imgsz=config.step.imgsz,
+                                 batch_size=config.batch_size // dist.world_size, augment=True, workers=d.workers,
+                                 cache=d.cache, hyp=d.augment_hyp,
+                                 seed=config.run.seed, distributed=dist.distributed,  # same seed: ranks split one order
+                                 colour_device=device if on_device else None, allow_bad_labels=d.allow_bad_labels,
+                                 rect=d.rect, min_items=d.min_items, single_cls=d.single_cls)
+    return create_dataloader(data, split, imgsz=config.step.imgsz,
+                             batch_size=d.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
+                             augment=False, workers=d.workers, cache=d.cache, single_cls=d.single_cls)
 
 
 def multi_scale_shape(shape_hw: tuple[int, int], imgsz: int, stride: int, rng: random.Random
@@ -97,11 +98,12 @@ def set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
         loader.set_epoch(epoch)
     elif hasattr(sampler, "set_epoch"):  # a plain DataLoader with a DistributedSampler
         sampler.set_epoch(epoch)
-    if config.close_mosaic and epoch >= config.epochs - config.close_mosaic and hasattr(loader, "dataset"):
+    close = config.pipeline.close_mosaic
+    if close and epoch >= config.epochs - close and hasattr(loader, "dataset"):
         from yolo9kit.data import set_mosaic
 
         if getattr(loader.dataset, "mosaic", True):
-            LOGGER.info("closing mosaic for the last %d epochs", config.close_mosaic)
+            LOGGER.info("closing mosaic for the last %d epochs", config.pipeline.close_mosaic)
         set_mosaic(loader, False)
 
 
@@ -118,8 +120,8 @@ class EMAValidation:
         from yolo9kit.validate import evaluate
 
         config = self.config
-        r = evaluate(model, self.data, dataloader=self.loader, imgsz=config.imgsz, half=self.half, device=self.device,
-                     single_cls=config.single_cls, progress_bar=config.progress_bar)
+        r = evaluate(model, self.data, dataloader=self.loader, imgsz=config.step.imgsz, half=self.half,
+                     device=self.device, single_cls=config.pipeline.single_cls, progress_bar=config.run.progress_bar)
         self.result = r
         return {"precision": float(r.precision), "recall": float(r.recall), "map50": float(r.map50),
                 "map50_95": float(r.map50_95),

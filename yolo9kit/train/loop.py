@@ -66,9 +66,9 @@ class _EpochLog:
         self.unmatched: list[_Logged] = []  # batches with boxes whose box loss was 0: no box met an anchor
 
     def add(self, entry: _Logged) -> None:
-        """Log now (values on the host) or, sync-free, every ``config.log_interval`` batches."""
+        """Log now (values on the host) or, sync-free, every ``config.run.log_interval`` batches."""
         self.pending.append(entry)
-        if not self.trainer.sync_free or len(self.pending) >= self.config.log_interval:
+        if not self.trainer.sync_free or len(self.pending) >= self.config.run.log_interval:
             self.flush()
 
     def warn_unmatched(self) -> None:
@@ -150,19 +150,19 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     ``start_batch`` are read but not trained (resume inside an epoch keeps the data order exact).
 
     A sync-free trainer (the CUDA default) keeps each batch's losses on the device and reads them back
-    every ``config.log_interval`` batches and at the end of the epoch; a non-finite batch is then
+    every ``config.run.log_interval`` batches and at the end of the epoch; a non-finite batch is then
     counted and named in the log, its step having been skipped on the device (the accumulation window
     it belonged to is lost, as in the plain step).
 
     ``on_batch`` receives a ``BatchRecord`` for each trained batch (sync-free: in groups, at each read-back).
-    With ``config.multi_scale`` each batch is resized to a random size (``inputs.multi_scale_shape``).
+    With ``config.step.multi_scale`` each batch is resized to a random size (``inputs.multi_scale_shape``).
 
     ``interrupt`` is asked before each batch; a reason (e.g. ``"SIGTERM"``) stops the epoch there with
     ``Interrupted``. On any ``KeyboardInterrupt`` the BatchNorm running statistics are put back to the start
     of the unfinished accumulation window, where a resume continues.
 
     Raises:
-        NonFiniteLossError: after ``config.max_nonfinite_batches`` non-finite losses in a row.
+        NonFiniteLossError: after ``config.run.max_nonfinite_batches`` non-finite losses in a row.
     """
     trainer.model.train()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -185,9 +185,9 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
             step_due = ni - progress.last_opt_step >= settings.accumulate
 
             size = None
-            if config.multi_scale:  # one random size per batch, all its micro-steps alike
-                rng = multi_scale_rng(config.seed, ni)
-                size = multi_scale_shape(tuple(images.shape[2:]), config.imgsz, stride, rng)
+            if config.step.multi_scale:  # one random size per batch, all its micro-steps alike
+                rng = multi_scale_rng(config.run.seed, ni)
+                size = multi_scale_shape(tuple(images.shape[2:]), config.step.imgsz, stride, rng)
             result = run_batch(trainer, images, targets, sync=step_due, imgsz=size)  # forward, loss, backward
             if result.grads_lost:
                 LOGGER.warning("out of memory during backward: gradients accumulated since the last step were "
@@ -228,6 +228,6 @@ def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int) -> Non
     progress.nonfinite_in_row += 1
     progress.nonfinite_total += 1
     LOGGER.warning("non-finite loss at epoch %d batch %d: step skipped (%d in a row, stop at %d)",
-                   progress.epoch, batch, progress.nonfinite_in_row, config.max_nonfinite_batches)
-    if progress.nonfinite_in_row >= config.max_nonfinite_batches:
+                   progress.epoch, batch, progress.nonfinite_in_row, config.run.max_nonfinite_batches)
+    if progress.nonfinite_in_row >= config.run.max_nonfinite_batches:
         raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch, batch)

@@ -46,14 +46,14 @@ def param_groups(model: nn.Module, trainable_only: bool = False
 
 def base_accumulate(config: TrainConfig) -> int:
     """Batches per optimizer step after warmup: explicit, or the official rule (``official_accumulate``)."""
-    if config.accumulate_steps is not None:
-        return config.accumulate_steps
-    return official_accumulate(config.nominal_batch_size, config.batch_size)
+    if config.optim.accumulate_steps is not None:
+        return config.optim.accumulate_steps
+    return official_accumulate(config.optim.nominal_batch_size, config.batch_size)
 
 
 def scaled_weight_decay(config: TrainConfig) -> float:
     """``weight_decay * batch * accumulate / nominal`` (official): decay per image stays the same."""
-    return config.weight_decay * config.batch_size * base_accumulate(config) / config.nominal_batch_size
+    return config.optim.weight_decay * config.batch_size * base_accumulate(config) / config.optim.nominal_batch_size
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool = False) -> torch.optim.Optimizer:
@@ -64,22 +64,22 @@ def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool
     ``fused_optimizer``: torch's fused implementation (one kernel group for all tensors, and the GradScaler's
     skip of a non-finite step happens on the device); the same update up to float rounding.
 
-    With ``config.freeze`` the groups hold only the parameters that train: a parameter without a gradient is
+    With ``config.step.freeze`` the groups hold only the parameters that train: a parameter without a gradient is
     skipped by every torch optimizer (no decay, no momentum), so leaving it out changes no update and keeps
     no state. Without it the groups are the official ones (the DFL's fixed convolution included), so the
     optimizer state of runs started before freezing existed still loads.
     """
-    biases, decayed, norm_weights = param_groups(model, trainable_only=config.freeze is not None)
-    lr, decay = config.lr0, scaled_weight_decay(config)
+    biases, decayed, norm_weights = param_groups(model, trainable_only=config.step.freeze is not None)
+    lr, momentum, decay = config.optim.lr0, config.optim.momentum, scaled_weight_decay(config)
     kw = {"fused": True} if fused_optimizer else {}
-    if config.optimizer == "SGD":
-        opt = torch.optim.SGD(biases, lr=lr, momentum=config.momentum, nesterov=True, **kw)
-    elif config.optimizer == "Adam":
-        opt = torch.optim.Adam(biases, lr=lr, betas=(config.momentum, 0.999), **kw)
-    elif config.optimizer == "AdamW":
-        opt = torch.optim.AdamW(biases, lr=lr, betas=(config.momentum, 0.999), weight_decay=0.0, amsgrad=True, **kw)
+    if config.step.optimizer == "SGD":
+        opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True, **kw)
+    elif config.step.optimizer == "Adam":
+        opt = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999), **kw)
+    elif config.step.optimizer == "AdamW":
+        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, amsgrad=True, **kw)
     else:  # TrainConfig validates the name; this guards direct callers
-        raise ValueError(f"optimizer {config.optimizer!r}: expected SGD, Adam or AdamW")
+        raise ValueError(f"optimizer {config.step.optimizer!r}: expected SGD, Adam or AdamW")
     opt.add_param_group({"params": decayed, "weight_decay": decay})
     opt.add_param_group({"params": norm_weights, "weight_decay": 0.0})
     return opt
@@ -91,12 +91,12 @@ def lr_factor(config: TrainConfig, epoch: int) -> float:
     linear: (1 - e/E)(1 - lrf) + lrf; cosine: 1 + (lrf - 1)(1 - cos(pi e/E))/2; flat-cosine: 1 for the
     first half (e <= E//2), then a cosine from 1 to lrf over the second half; fixed: 1.
     """
-    e, n, lrf = epoch, config.epochs, config.lrf
-    if config.schedule == "linear":
+    e, n, lrf = epoch, config.epochs, config.optim.lrf
+    if config.optim.schedule == "linear":
         return (1 - e / n) * (1.0 - lrf) + lrf
-    if config.schedule == "cosine":
+    if config.optim.schedule == "cosine":
         return 1 + (lrf - 1) * (1 - math.cos(math.pi * e / n)) / 2
-    if config.schedule == "flat-cosine":
+    if config.optim.schedule == "flat-cosine":
         half = n // 2
         if e <= half or half == 0:
             return 1.0
@@ -106,7 +106,7 @@ def lr_factor(config: TrainConfig, epoch: int) -> float:
 
 def warmup_batches(config: TrainConfig, batches_per_epoch: int) -> int:
     """Number of warmup batches: ``max(round(warmup_epochs * batches_per_epoch), warmup_min_batches)``."""
-    return max(round(config.warmup_epochs * batches_per_epoch), config.warmup_min_batches)
+    return max(round(config.optim.warmup_epochs * batches_per_epoch), config.optim.warmup_min_batches)
 
 
 def _interp(x: float, x1: float, y0: float, y1: float) -> float:
@@ -133,19 +133,20 @@ def step_settings(config: TrainConfig, ni: int, epoch: int, warmup: int) -> Step
     momentum warmup_momentum -> momentum. After warmup: accumulate as ``base_accumulate``, every LR
     lr0*lf(epoch), momentum as configured.
     """
-    target_lr = config.lr0 * lr_factor(config, epoch)
+    o = config.optim
+    target_lr = o.lr0 * lr_factor(config, epoch)
     accumulate = base_accumulate(config)
     if ni > warmup or warmup <= 0:
-        return StepSettings(accumulate, (target_lr,) * 3, config.momentum)
-    if config.accumulate_warmup:
-        end = config.nominal_batch_size / config.batch_size if config.accumulate_steps is None else accumulate
+        return StepSettings(accumulate, (target_lr,) * 3, o.momentum)
+    if o.accumulate_warmup:
+        end = o.nominal_batch_size / config.batch_size if o.accumulate_steps is None else accumulate
         accumulate = max(1, round(_interp(ni, warmup, 1.0, end)))
     lrs = (
-        _interp(ni, warmup, config.warmup_bias_lr, target_lr),
+        _interp(ni, warmup, o.warmup_bias_lr, target_lr),
         _interp(ni, warmup, 0.0, target_lr),
         _interp(ni, warmup, 0.0, target_lr),
     )
-    return StepSettings(accumulate, lrs, _interp(ni, warmup, config.warmup_momentum, config.momentum))
+    return StepSettings(accumulate, lrs, _interp(ni, warmup, o.warmup_momentum, o.momentum))
 
 
 def apply_settings(optimizer: torch.optim.Optimizer, settings: StepSettings) -> None:

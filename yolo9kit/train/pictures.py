@@ -7,7 +7,7 @@
 - after the last epoch: ``confusion_matrix.png``, ``PR_curve.png``, ``F1_curve.png``, ``P_curve.png`` and
   ``R_curve.png`` of the final validation (the EMA of the last validated epoch, from the default validation).
 
-``TrainConfig.plots=False`` writes none of them. A picture that fails to draw or save is a warning that names
+``TrainConfig(plots=False)`` writes none of them. A picture that fails to draw or save is a warning that names
 it; training goes on and nothing already written is touched. The figures are built outside pyplot
 (``yolo9kit.figure``) and rendered by Agg when saved: no display, no global backend change, safe in the worker
 thread of the notebook dashboard, and freed like any object (nothing is left in pyplot's registry).

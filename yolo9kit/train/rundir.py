@@ -60,13 +60,14 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
     Raises:
         FolderInUseError: another live process writes into the run folder.
     """
-    if config.resume:
+    if config.run.resume:
         from yolo9kit.checkpoint import read_checkpoint
 
-        path = find_resume_checkpoint(config.resume, config.project)
+        path = find_resume_checkpoint(config.run.resume, config.run.project)
         run = RunFolder(run_dir_of(path), read_checkpoint(path), path)
     else:
-        run_dir = increment_path(Path(config.project) / config.name, config.exist_ok) if dist.is_main else None
+        where = config.run
+        run_dir = increment_path(Path(where.project) / where.name, where.exist_ok) if dist.is_main else None
         run = RunFolder(ddp.broadcast_object(run_dir, dist))
     if not dist.is_main:
         return RunFolder(None, run.ckpt, run.checkpoint)
@@ -157,8 +158,12 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
     ckpt, path = run.ckpt or {}, run.checkpoint
     saved = ckpt.get("train_config", {})
     ours = config.to_dict()
+    try:  # the saved values in today's form (an older run's loss None is the official LossConfig)
+        theirs = {k: v for k, v in TrainConfig.from_dict(saved).to_dict().items() if k in saved}
+    except (TypeError, ValueError):
+        theirs = saved
     changed = [f"{k} {saved[k]!r} -> {ours[k]!r}" for k in FIXED_ON_RESUME
-               if k in saved and not (k == "batch_size" and ours[k] == "auto") and ours[k] != saved[k]]
+               if k in theirs and not (k == "batch_size" and ours[k] == "auto") and ours[k] != theirs[k]]
     if changed:
         raise ValueError(f"resume {path}: {', '.join(changed)}: these cannot change in the middle of a run; "
                          "resume with the run's settings (TrainConfig.from_dict(read_checkpoint(path)"
@@ -218,7 +223,7 @@ def epoch_files(config: TrainConfig, epoch: int, best: bool) -> list[str]:
 
     ``save_period`` N > 0: epoch<e>.pt for the 0-based epochs e with e % N == 0 (0, N, 2N, ...), the official
     rule and names (train_dual.py saves ``epoch{epoch}.pt`` when ``epoch % save_period == 0``)."""
-    period = config.save_period > 0 and epoch % config.save_period == 0
+    period = config.run.save_period > 0 and epoch % config.run.save_period == 0
     return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
 
 
@@ -263,7 +268,6 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
         return
     import yaml
 
-    from yolo9kit.config import LossConfig
     from yolo9kit.files import write_text_atomically
     from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
 
@@ -274,7 +278,7 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
                     "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
                     "weight_decay": scaled_weight_decay(config),
                     "warmup_batches": warmup_batches(config, batches_per_epoch)},
-        "hyp": config.augment_hyp, "loss": dataclasses.asdict(config.loss or LossConfig()),
+        "hyp": config.pipeline.augment_hyp, "loss": dataclasses.asdict(config.optim.loss),
         "data": data if isinstance(data, dict) else data_record(data),
     }
     path = run.path / SETTINGS_FILE

@@ -3,7 +3,7 @@
 ``fit`` drives these functions; memory profiling calls ``train_step`` to measure exactly the kit's step::
 
     trainer = build_trainer(model, TrainConfig(batch_size=16, amp="fp16"))
-    trainer.step                                       # what it runs: StepConfig, as the memory tools see it
+    trainer.step                                       # what it runs: config.step resolved, as the memory tools see it
     out = train_step(trainer, images_uint8, targets)   # one optimizer update over the whole batch
 """
 
@@ -32,7 +32,8 @@ LossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass
 class Trainer:
-    """Everything one step touches. ``model`` may be a DistributedDataParallel wrapper.
+    """Everything one step touches. ``model`` may be a DistributedDataParallel wrapper; ``step`` is the resolved
+    step it runs (``describe_step``), whose switches it reads.
 
     ``micro_batch_size`` is the live micro-batch (None: the whole batch); the OOM back-off halves it.
     """
@@ -43,21 +44,30 @@ class Trainer:
     scaler: torch.amp.GradScaler
     ema: ModelEMA | None
     device: torch.device
+    step: StepConfig
     amp_dtype: torch.dtype | None = None
     grad_clip: float = 10.0
     world_size: int = 1
-    channels_last: bool = False
-    # No host-device synchronisation inside the step: loss values stay on the device (``BatchResult``
-    # holds tensors), a non-finite step is skipped on the device by the scaler.
-    sync_free: bool = False
     compiled: nn.Module | None = None  # torch.compile of ``model`` used for the forward pass, when asked
     micro_batch_size: int | None = None
     oom_backoff: bool = True
     optimizer_steps: int = 0
     oom_events: int = 0
-    phase: str = "idle"  # "forward" or "backward" while a micro-step runs (the OOM back-off reads it)
+    phase: str = "idle"  # "forward", "loss" or "backward" while a micro-step runs (the OOM back-off reads it)
+    # Called with each phase a micro-step enters: the memory tracer marks the storages it records with it.
+    on_phase: Callable[[str], None] | None = field(default=None, repr=False)
     buffer_backup: list[torch.Tensor] = field(default_factory=list, repr=False)  # BN stats before a micro-step
-    step: StepConfig | None = None  # the resolved step this trainer runs (see describe_step)
+
+    @property
+    def channels_last(self) -> bool:
+        """Inputs (and 4-D weights) in channels_last."""
+        return bool(self.step.channels_last)
+
+    @property
+    def sync_free(self) -> bool:
+        """No host-device synchronisation inside the step: loss values stay on the device (``BatchResult``
+        holds tensors), a non-finite step is skipped on the device by the scaler."""
+        return bool(self.step.sync_free)
 
     @property
     def fixed_scale(self) -> bool:
@@ -91,10 +101,21 @@ def make_scaler(kind: str, device: torch.device) -> torch.amp.GradScaler:
 
 
 def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1) -> StepConfig:
-    """The step ``build_trainer`` runs for ``config`` on ``device``: ``StepConfig.from_train_config`` resolved
-    there ("auto" AMP and the ``None`` switches decided by ``StepConfig.resolve``). The memory tools describe
-    the same object, so an estimate and a run agree on what the step is."""
-    return StepConfig.from_train_config(config, unwrap(model), world_size=world_size).resolve(device)
+    """The step ``build_trainer`` runs for ``config`` on ``device``: ``config.step`` with ``model`` (its classes)
+    and the micro-batch of each rank filled in (``step.batch_size``, else the batch per rank), resolved there
+    ("auto" AMP and the ``None`` switches decided by ``StepConfig.resolve``). The memory tools take the same
+    object, so an estimate and a run agree on what the step is.
+
+    Raises:
+        ValueError: ``config.batch_size`` is still "auto" and no micro-batch is set (``fit`` sizes it first).
+    """
+    batch = config.step.batch_size
+    if batch is None:
+        if config.batch_size == "auto":
+            raise ValueError("TrainConfig.batch_size is 'auto': size it first (memory.autobatch.choose_batch)")
+        batch = max(1, config.batch_size // world_size)
+    module = unwrap(model)
+    return config.step.replace(model=module, batch_size=batch, num_classes=getattr(module, "nc", None)).resolve(device)
 
 
 def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> None:
@@ -127,8 +148,8 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
 
     ``model`` is moved to the device (``place_model``); pass an already DDP-wrapped model for multi-GPU (the
     EMA copies the module inside; place it before wrapping it, as ``fit`` does). The layers of
-    ``config.freeze`` are frozen first, so the optimizer and the EMA leave them out. ``loss_fn`` defaults
-    to ``yolo9kit.loss.DetectionLoss(model, config.loss)``.
+    ``config.step.freeze`` are frozen first, so the optimizer and the EMA leave them out. ``loss_fn`` defaults
+    to ``yolo9kit.loss.DetectionLoss(model, config.optim.loss)``.
 
     On CUDA the defaults are the fast ones: channels_last weights and inputs, a fused optimizer, a step
     without host-device synchronisation, and the lean BatchNorm+SiLU (``yolo9kit.models.lean``: about a
@@ -141,7 +162,7 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     is then the resolved step it describes and ``device`` is ``meta``, where autocast is emulated by the
     tracer (no autocast dtype, no scaler), the optimizer runs its foreach kernels and nothing is compiled.
     """
-    device = device or resolve_device(config.device)
+    device = device or resolve_device(config.run.device)
     step = step or describe_step(config, model, device, world_size)
     meta = device.type == "meta"
     place_model(model, step, device)
@@ -151,21 +172,19 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     if loss_fn is None:
         from yolo9kit.loss import DetectionLoss
 
-        loss_fn = DetectionLoss(unwrap(model), config.loss, dense=step.sync_free)
+        loss_fn = DetectionLoss(unwrap(model), config.optim.loss, dense=step.sync_free)
     amp_dtype = None if meta else AMP_DTYPES[step.amp]
     scaler = make_scaler("none" if meta else scaler_kind(amp_dtype, step.sync_free), torch.device("cpu") if meta
                          else device)
-    ema = ModelEMA(model, config.ema_decay, config.ema_tau) if step.ema else None
+    ema = ModelEMA(model, config.optim.ema_decay, config.optim.ema_tau) if step.ema else None
     optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer and not meta)
     compiled = None
-    if config.compile and not meta:
-        mode = config.compile if isinstance(config.compile, str) else None
+    if config.step.compile and not meta:
+        mode = config.step.compile if isinstance(config.step.compile, str) else None
         compiled = torch.compile(model, mode=mode)
-    return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler,
-                   ema=ema, device=device, amp_dtype=amp_dtype, grad_clip=config.grad_clip,
-                   world_size=world_size, channels_last=step.channels_last, sync_free=step.sync_free,
-                   compiled=compiled, micro_batch_size=config.micro_batch_size, oom_backoff=config.oom_backoff,
-                   step=step)
+    return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, ema=ema, device=device,
+                   step=step, amp_dtype=amp_dtype, grad_clip=config.optim.grad_clip, world_size=world_size,
+                   compiled=compiled, micro_batch_size=config.step.batch_size, oom_backoff=config.run.oom_backoff)
 
 
 @contextlib.contextmanager
@@ -216,23 +235,33 @@ def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
     """
     model = trainer.model
     no_sync = (not sync) and isinstance(model, nn.parallel.DistributedDataParallel)
+    # a step without autocast enters no region (the memory tracer's meta device has none)
+    region = contextlib.nullcontext() if trainer.amp_dtype is None else \
+        torch.autocast(trainer.device.type, dtype=trainer.amp_dtype)
+    checked = trainer.world_size == 1 and not trainer.sync_free and trainer.device.type != "meta"  # meta: no values
     with model.no_sync() if no_sync else contextlib.nullcontext():
-        trainer.phase = "forward"
+        _enter(trainer, "forward")
         x = to_input(images, trainer.device, trainer.channels_last)
         if imgsz is not None and tuple(x.shape[2:]) != tuple(imgsz):
             x = nn.functional.interpolate(x, size=tuple(imgsz), mode="bilinear", align_corners=False)
-        with torch.autocast(trainer.device.type, dtype=trainer.amp_dtype or torch.float32,
-                            enabled=trainer.amp_dtype is not None):
+        with region:
             outputs = (model if trainer.compiled is None else trainer.compiled)(x)
+            _enter(trainer, "loss")
             loss, loss_items = trainer.loss_fn(outputs, targets)  # targets stay on the CPU: see DetectionLoss
         loss = loss * trainer.world_size
-        if trainer.world_size == 1 and not trainer.sync_free and not torch.isfinite(loss.detach()):  # sync point
-            trainer.phase = "idle"
+        if checked and not torch.isfinite(loss.detach()):  # sync point
+            _enter(trainer, "idle")
             return None
-        trainer.phase = "backward"
+        _enter(trainer, "backward")
         trainer.scaler.scale(loss).backward()
-    trainer.phase = "idle"
+    _enter(trainer, "idle")
     return loss.detach(), loss_items.detach()
+
+
+def _enter(trainer: Trainer, phase: str) -> None:
+    trainer.phase = phase
+    if trainer.on_phase is not None:
+        trainer.on_phase(phase)
 
 
 def _finite_on_all_ranks(finite: bool, trainer: Trainer) -> bool:

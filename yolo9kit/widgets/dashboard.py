@@ -164,7 +164,7 @@ class TrainDashboard:
         """``yolo9kit.train.fit(model, data, config, **kwargs)`` in a worker thread, drawn live here.
 
         The cell awaits it (``first = await dash.fit(...)``) so that the stop button works while it trains.
-        The dashboard's callbacks are added to ``config.callbacks`` (callbacks already there are called too)
+        The dashboard's callbacks are added to ``config.run.callbacks`` (callbacks already there are called too)
         and fit's progress bar is turned off (the dashboard shows the progress).
 
         Returns:
@@ -226,7 +226,7 @@ class TrainDashboard:
         """The worker thread: fit with the dashboard's callbacks, its log records shown here."""
         from yolo9kit.train import fit
 
-        config = dataclasses.replace(job.config, callbacks=self._merged_callbacks(job.config.callbacks),
+        config = dataclasses.replace(job.config, callbacks=self._merged_callbacks(job.config.run.callbacks),
                                      progress_bar=False)
         logger, handler = logging.getLogger("yolo9kit"), _LogToDashboard(self, threading.get_ident())
         level = logger.level
