@@ -4,6 +4,7 @@ machine before the first cell runs; the devices the kit resolves."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import platform
 import shutil
@@ -43,6 +44,9 @@ class EnvReport:
     package_data: dict[str, int] = field(default_factory=dict)  # folder -> number of data files found
     location: str = ""  # where the package was imported from (an editable checkout or site-packages)
     problems: list[str] = field(default_factory=list)
+    # What slows this machine without stopping it (another process busy on these cores, ...): shown, not failed.
+    warnings: list[str] = field(default_factory=list)
+    cpu_threads: int = 1  # torch's intra-op threads (set_cpu_threads: at most the usable cores)
     gpu_check: Any = None  # yolo9kit.gpu_check.GPUCheck when asked for (checks(gpu=True)), else None
 
     @property
@@ -67,12 +71,14 @@ class EnvReport:
             lines.append("GPU: none (CPU only: memory figures are estimated, training runs on the CPU)")
         ram = f"{self.ram_total_bytes / gib:.1f} GiB" if self.ram_total_bytes else "unknown"
         free = f"{self.ram_available_bytes / gib:.1f} GiB" if self.ram_available_bytes else "unknown"
-        lines.append(f"CPU cores: {self.cpu_cores}  RAM: {ram} total, {free} available")
+        lines.append(f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads})  RAM: {ram} total, {free} "
+                     "available")
         lines.append("packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()))
         lines.append(f"JupyterLab widget extension: {self.widgets_extension}")
         lines.append(f"package data ({self.location}): "
                      + ", ".join(f"{k} {v} file(s)" for k, v in self.package_data.items()))
         lines.extend(f"PROBLEM: {p}" for p in self.problems)
+        lines.extend(f"WARNING: {w}" for w in self.warnings)
         if self.gpu_check is not None:
             lines.append(str(self.gpu_check))
         return "\n".join(lines)
@@ -169,6 +175,12 @@ def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
         )
     package_data = _package_data(problems)
     total, available = _memory()
+    warnings = []
+    others = competing_cores()
+    if others is not None and others >= COMPETING_CORES:
+        warnings.append(f"other processes keep about {others:.1f} of this process's {usable_cores()} cores busy: "
+                        "training and timings here run slower while they do (two notebooks training at once "
+                        "share the cores; stop the other kernel, or wait for it)")
     report = EnvReport(
         python=platform.python_version(),
         platform=f"{platform.system()} {platform.machine()}",
@@ -178,7 +190,8 @@ def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
         cuda_available=cuda_available,
         cuda_version=cuda_version,
         gpus=gpus,
-        cpu_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+        cpu_cores=usable_cores(),
+        cpu_threads=set_cpu_threads() if torch_version is not None else 1,
         ram_total_bytes=total,
         ram_available_bytes=available,
         packages={name: _version(name) for name in
@@ -187,10 +200,106 @@ def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
         package_data=package_data,
         location=str(Path(__file__).resolve().parent),
         problems=problems,
+        warnings=warnings,
     )
     if verbose:
         logging.getLogger(__name__).info("\n%s", report)
     return report
+
+
+# Busy cores of other processes (on this process's cores) from which environment_report warns.
+COMPETING_CORES = 0.5
+
+
+def usable_cores(cgroup: Path | None = None) -> int:
+    """The cores this process may use: its CPU affinity, capped by the CPU quota of its cgroup (a container's
+    ``--cpus``: cgroup v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), at least 1.
+
+    ``os.cpu_count()`` is the machine's count, and torch's default thread count follows the affinity only: in
+    a container limited to 2 of 64 cores both say 64, and 64 threads taking turns on 2 cores run slower
+    than 2. ``cgroup``: the cgroup folder to read (default: this process's, under /sys/fs/cgroup).
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota(cgroup or _own_cgroup())
+    return max(1, min(cores, math.ceil(quota)) if quota else cores)
+
+
+def _own_cgroup() -> Path:
+    """This process's cgroup v2 folder (``0::/path`` in /proc/self/cgroup), else the cgroup root."""
+    root = Path("/sys/fs/cgroup")
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return root / line[3:].lstrip("/")
+    except OSError:
+        pass
+    return root
+
+
+def _cgroup_quota(folder: Path) -> float | None:
+    """The CPU quota in cores (``200000 100000`` -> 2.0), None when there is none or it cannot be read."""
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota = int((folder / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def set_cpu_threads() -> int:
+    """Lower torch's intra-op threads to the usable cores (``usable_cores``) and return the count in force.
+
+    Only lowers (torch may already use fewer, one per physical core), and leaves the count alone when the user
+    chose it (``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set). ``fit`` and the command line call it first.
+    """
+    import torch
+
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        return torch.get_num_threads()
+    cores = usable_cores()
+    if torch.get_num_threads() > cores:
+        torch.set_num_threads(cores)
+    return torch.get_num_threads()
+
+
+def competing_cores(sample_s: float = 0.5) -> float | None:
+    """How many of this process's cores other processes keep busy, sampled over ``sample_s`` seconds from
+    /proc/stat (the CPUs of this process's affinity) minus this process's own time; None off Linux."""
+    import time
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    try:
+        busy0, own0, t0 = _busy_jiffies(Path("/proc/stat").read_text(), cpus), _own_jiffies(), time.monotonic()
+        time.sleep(sample_s)
+        busy1, own1, t1 = _busy_jiffies(Path("/proc/stat").read_text(), cpus), _own_jiffies(), time.monotonic()
+    except (OSError, ValueError, IndexError):
+        return None
+    hertz = os.sysconf("SC_CLK_TCK")
+    return max(0.0, (busy1 - busy0 - (own1 - own0)) / hertz / (t1 - t0))
+
+
+def _busy_jiffies(stat: str, cpus: list[int] | None) -> int:
+    """Busy time (user, nice, system, irq, softirq, steal) of the ``cpuN`` lines of /proc/stat for ``cpus``
+    (None: the aggregate ``cpu`` line), in clock ticks."""
+    total = 0
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if (cpus is None and name == "cpu") or (cpus is not None and name[3:].isdigit() and name.startswith("cpu")
+                                                and int(name[3:]) in cpus):
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+            total += user + nice + system + irq + softirq + steal
+    return total
+
+
+def _own_jiffies() -> int:
+    """This process's user + system time (its threads included) in clock ticks, from /proc/self/stat."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the line)
 
 
 def parse_device(device: Any) -> torch.device:  # noqa: F821 (torch imported lazily)

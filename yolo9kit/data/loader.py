@@ -9,7 +9,6 @@ reaches persistent workers without restarting them.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import cv2
@@ -21,6 +20,7 @@ from yolo9kit.config import LoaderConfig
 from yolo9kit.data.colour import hsv_jitter
 from yolo9kit.data.dataset import SampleKey, YOLODataset
 from yolo9kit.data.sources import DataConfig
+from yolo9kit.env import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,10 @@ def set_mosaic(loader_or_dataset, enabled: bool) -> None:
 
 
 def default_workers(batch_size: int) -> int:
-    """Official rule: min(cpu count // GPUs, batch size if > 1 else 0, 8)."""
+    """Official rule: min(cpu count // GPUs, batch size if > 1 else 0, 8), with the cores this process may use
+    (``env.usable_cores``: its affinity and a container's CPU quota), not the machine's count."""
     gpus = max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
-    return min((os.cpu_count() or 1) // gpus, batch_size if batch_size > 1 else 0, 8)
+    return min(usable_cores() // gpus, batch_size if batch_size > 1 else 0, 8)
 
 
 def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split: str = "train",

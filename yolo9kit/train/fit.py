@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.env import set_cpu_threads
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals
@@ -187,6 +188,7 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
             validate_fn: ValidateFn | None) -> _Run:
     """The device, the batch, the trainer (restored when resuming) and the run record."""
     dist = ddp.current()
+    set_cpu_threads()  # the step (on the CPU) and the loader's main process: at most the usable cores
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.run.device)
     config, auto_batch = _size_batch(config, model, device, dist, folder.ckpt, loss_fn)

@@ -266,6 +266,7 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
     """
     if run.path is None:
         return
+    import torch
     import yaml
 
     from yolo9kit.files import write_text_atomically
@@ -277,7 +278,8 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
         "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
                     "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
                     "weight_decay": scaled_weight_decay(config),
-                    "warmup_batches": warmup_batches(config, batches_per_epoch)},
+                    "warmup_batches": warmup_batches(config, batches_per_epoch),
+                    "cpu_threads": torch.get_num_threads()},
         "hyp": config.pipeline.augment_hyp, "loss": dataclasses.asdict(config.optim.loss),
         "data": data if isinstance(data, dict) else data_record(data),
     }

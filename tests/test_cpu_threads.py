@@ -1,0 +1,84 @@
+"""The cores the kit uses on a CPU: the affinity capped by a cgroup quota (a container's --cpus), torch's
+threads lowered to them, the loader's default workers counted from them, and a warning when other processes
+keep those cores busy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from yolo9kit import env
+from yolo9kit.data import loader
+
+AFFINITY = len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"cpu.max": "150000 100000\n"}, min(AFFINITY, 2)),  # cgroup v2: 1.5 cores of quota -> 2 threads
+    ({"cpu.max": "100000 100000\n"}, 1),
+    ({"cpu.max": "max 100000\n"}, AFFINITY),  # no quota
+    ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, AFFINITY),  # v1, no quota
+    ({"cpu.max": "not a quota\n"}, AFFINITY),  # unreadable: the affinity alone
+    ({}, AFFINITY),
+])
+def test_usable_cores_are_the_affinity_capped_by_the_cgroup_quota(tmp_path, files, expected):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert env.usable_cores(tmp_path) == expected
+
+
+def test_torch_threads_are_lowered_to_the_usable_cores_unless_the_user_chose(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(env, "usable_cores", lambda cgroup=None: 1)
+        assert env.set_cpu_threads() == 1 == torch.get_num_threads()
+        monkeypatch.setattr(env, "usable_cores", lambda cgroup=None: 8)
+        assert env.set_cpu_threads() == 1  # only lowers: torch may use fewer (one per physical core)
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        monkeypatch.setattr(env, "usable_cores", lambda cgroup=None: 1)
+        assert env.set_cpu_threads() == 2  # the user's count stays
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_default_workers_count_the_usable_cores(monkeypatch):
+    monkeypatch.setattr(loader, "usable_cores", lambda: 1)
+    assert loader.default_workers(16) == 1
+    monkeypatch.setattr(loader, "usable_cores", lambda: 32)
+    assert loader.default_workers(16) == 8 and loader.default_workers(1) == 0  # the official caps
+
+
+def test_busy_time_is_read_for_this_process_cpus_only():
+    stat = ("cpu  100 0 50 900 10 5 5 0 0 0\n"
+            "cpu0 60 0 30 400 5 3 2 0 0 0\n"
+            "cpu1 40 0 20 500 5 2 3 0 0 0\n"
+            "intr 12345\n")
+    assert env._busy_jiffies(stat, None) == 160
+    assert env._busy_jiffies(stat, [0]) == 95 and env._busy_jiffies(stat, [1]) == 65
+    assert env._busy_jiffies(stat, [0, 1]) == 160
+
+
+def test_a_busy_process_on_the_same_cores_is_seen_and_warned_about(monkeypatch):
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert env.competing_cores(1.0) >= env.COMPETING_CORES  # the busy loop keeps about one core
+    finally:
+        busy.kill()
+        busy.wait()
+    monkeypatch.setattr(env, "competing_cores", lambda sample_s=0.5: 1.5)
+    report = env.environment_report(verbose=False, widgets=False)
+    assert report.warnings and "1.5 of this process's" in report.warnings[0]
+    assert "WARNING: other processes keep" in str(report)
+    assert report.ok == (not report.problems)  # a warning, not a failure: checks still exits 0
+    monkeypatch.setattr(env, "competing_cores", lambda sample_s=0.5: 0.1)
+    assert not env.environment_report(verbose=False, widgets=False).warnings
