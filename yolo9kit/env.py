@@ -47,6 +47,8 @@ class EnvReport:
     # What slows this machine without stopping it (another process busy on these cores, ...): shown, not failed.
     warnings: list[str] = field(default_factory=list)
     cpu_threads: int = 1  # torch's intra-op threads (set_cpu_threads: at most the usable cores)
+    cpu_isa: str = "unknown"  # the vector instructions torch's CPU kernels use (AVX512, AVX2, ...)
+    cpu_bf16: bool = False  # bf16 in hardware (native_cpu_bf16): where amp="bf16" may run on the CPU
     gpu_check: Any = None  # yolo9kit.gpu_check.GPUCheck when asked for (checks(gpu=True)), else None
 
     @property
@@ -71,8 +73,8 @@ class EnvReport:
             lines.append("GPU: none (CPU only: memory figures are estimated, training runs on the CPU)")
         ram = f"{self.ram_total_bytes / gib:.1f} GiB" if self.ram_total_bytes else "unknown"
         free = f"{self.ram_available_bytes / gib:.1f} GiB" if self.ram_available_bytes else "unknown"
-        lines.append(f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads})  RAM: {ram} total, {free} "
-                     "available")
+        lines.append(f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads}), {self.cpu_isa}, bf16 in "
+                     f"hardware: {'yes' if self.cpu_bf16 else 'no'}  RAM: {ram} total, {free} available")
         lines.append("packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()))
         lines.append(f"JupyterLab widget extension: {self.widgets_extension}")
         lines.append(f"package data ({self.location}): "
@@ -192,6 +194,8 @@ def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
         gpus=gpus,
         cpu_cores=usable_cores(),
         cpu_threads=set_cpu_threads() if torch_version is not None else 1,
+        cpu_isa=torch.backends.cpu.get_cpu_capability() if torch_version is not None else "unknown",
+        cpu_bf16=native_cpu_bf16() if torch_version is not None else False,
         ram_total_bytes=total,
         ram_available_bytes=available,
         packages={name: _version(name) for name in
@@ -350,6 +354,26 @@ def free_cuda_memory(device: Any = None) -> None:
     if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
         torch.cuda.synchronize()  # blocks of kernels still running are freed once they finish
         torch.cuda.empty_cache()
+
+
+def native_cpu_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware for oneDNN: the AVX512-BF16 or AMX-BF16 instructions (x86,
+    /proc/cpuinfo), or FEAT_BF16 (Arm, macOS). Without them bf16 is emulated, slower than fp32."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+        return " avx512_bf16" in flags or " amx_bf16" in flags
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True,
+                             timeout=5, check=False)
+        return out.stdout.strip() == "1"
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def native_bf16(index: int) -> bool:

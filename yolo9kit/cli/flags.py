@@ -58,8 +58,8 @@ def add_step_flags(p: argparse.ArgumentParser, *, several: bool = False) -> None
                    help="image size, a multiple of 32 (default 640)")
     p.add_argument("--amp", nargs=nargs, default=["auto"] if several else "auto",
                    choices=["auto", "fp16", "bf16", "off"],
-                   help="mixed precision: auto (bf16 where the GPU has it, else fp16; off on the CPU), fp16, bf16, "
-                        "off (default auto)")
+                   help="mixed precision: auto (bf16 where the GPU has it, else fp16; off on the CPU), fp16, bf16 "
+                        "(also on a CPU with bf16 in hardware), off (default auto)")
     p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
                    help="recompute layers in backward: none, backbone, all, or layer indices 1,2,3")
     add_freeze_flag(p)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config.declare import CHANGE, check_declared, declare
-from yolo9kit.env import native_bf16, parse_device
+from yolo9kit.env import native_bf16, native_cpu_bf16, parse_device
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
@@ -59,16 +59,22 @@ def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this
     """The autocast mode a step runs with: "fp16", "bf16" or "off".
 
     "auto" is bf16 where the GPU computes it in hardware (``bf16``: compute capability 8.0 or more; no loss
-    scaling needed), else fp16 (also when ``bf16`` is None: not known, no such card here); on the CPU the step
-    is fp32 whatever is asked, as the official check_amp does (CPU autocast is slower than fp32 for
-    convolutions).
+    scaling needed), else fp16 (also when ``bf16`` is None: not known, no such card here). On the CPU "auto"
+    and "fp16" are fp32, as the official check_amp does; an explicit "bf16" autocasts to bf16 where the CPU
+    computes it in hardware (``bf16``: ``env.native_cpu_bf16``, AVX512-BF16 or AMX).
 
     Raises:
-        ValueError: ``amp="bf16"`` on a GPU without bf16 (a T4 or V100 would emulate it, slowly): the message
-            names ``gpu_name`` and the choices that work there.
+        ValueError: ``amp="bf16"`` on a GPU or CPU without bf16 in hardware (a T4, a V100, an AVX2 laptop would
+            emulate it, slowly): the message names ``gpu_name`` and the choices that work there.
     """
     if amp not in AMP_MODES:
         raise ValueError(f"amp={amp!r}: expected one of {AMP_MODES}")
+    if device_type == "cpu" and amp == "bf16":
+        if not bf16:
+            raise ValueError("amp='bf16': this CPU has no bf16 in hardware (AVX512-BF16 or AMX; `python -m "
+                             "yolo9kit checks` says), so bf16 would be emulated, slower than fp32: use amp='off' "
+                             "or amp='auto' (fp32 on the CPU)")
+        return "bf16"
     if device_type != "cuda" or amp == "off":
         return "off"
     if amp == "auto":
@@ -102,7 +108,8 @@ class StepConfig:
     # memory tools describe the step at the largest size (``peak_imgsz``).
     multi_scale: bool = declare(False, "resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz",
                                 flag="--multi-scale")
-    # "auto": bf16 where the GPU supports it, else fp16; always "off" on CPU (autocast on CPU is slow).
+    # "auto": bf16 where the GPU supports it, else fp16; "off" on the CPU, where only an explicit "bf16" autocasts
+    # (and only on a processor with bf16 in hardware: amp_for).
     amp: str = declare("auto", "mixed precision", flag="--amp", choices=AMP_MODES)
     # Recompute these layers in backward instead of keeping their activations: None, "backbone", "all" or a
     # list of layer indices (DetectionModel.set_activation_checkpointing). Saves memory, costs a forward.
@@ -160,16 +167,17 @@ class StepConfig:
         """This step as it runs on ``device`` (None: the current CUDA device, else the CPU): "auto" AMP and
         every ``None`` switch decided as ``fit`` decides them there (on for CUDA, off for the CPU).
 
-        ``bf16``: whether the GPU computes bf16 in hardware (default: ask the CUDA device named, or the current
-        one; without CUDA on this machine it is not known: "auto" is fp16, an explicit "bf16" is kept).
+        ``bf16``: whether the device computes bf16 in hardware (default: ask the CUDA device named, or the
+        current one; without CUDA on this machine it is not known: "auto" is fp16, an explicit "bf16" is kept;
+        for the CPU, this processor: ``env.native_cpu_bf16``).
         ``gpu_name`` names it in errors. Values already set are kept, so resolving twice changes nothing.
 
         Raises:
-            ValueError: ``amp="bf16"`` where the GPU has no bf16 (see :func:`amp_for`).
+            ValueError: ``amp="bf16"`` where the GPU or CPU has no bf16 (see :func:`amp_for`).
         """
         device_type = _device_type(device)
         if bf16 is None:
-            bf16 = _local_bf16(device) if device_type == "cuda" else False
+            bf16 = _local_bf16(device) if device_type == "cuda" else native_cpu_bf16()
         if gpu_name is None and device_type == "cuda":
             gpu_name = _local_gpu_name(device)
         switches = {name: (device_type == "cuda") if getattr(self, name) is None else bool(getattr(self, name))

@@ -159,9 +159,9 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         if train_loader is None:
             train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
         if run.validate_fn is None and data is not None and dist.is_main:
+            half = run.trainer.step.amp != "off" and run.trainer.device.type == "cuda"  # FP16 eval: CUDA only
             run.validate_fn = EMAValidation(data, val_loader or make_loader(data, "val", run.config, dist),
-                                                run.config, device=run.trainer.device,
-                                                half=run.trainer.step.amp != "off")
+                                            run.config, device=run.trainer.device, half=half)
         _open_records(run, folder, data, train_loader)
         if folder.ckpt:
             # last, so that nothing of the set-up consumes the restored states

@@ -1,6 +1,6 @@
-"""The cores the kit uses on a CPU: the affinity capped by a cgroup quota (a container's --cpus), torch's
-threads lowered to them, the loader's default workers counted from them, and a warning when other processes
-keep those cores busy."""
+"""The CPU: the cores the kit uses (the affinity capped by a cgroup quota, a container's --cpus; torch's threads
+lowered to them, the loader's default workers counted from them, a warning when other processes keep them
+busy), and bf16 where the processor computes it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import sys
 
 import pytest
 import torch
+from train_toys import ToyNet, make_batches, toy_loss
 
 from yolo9kit import env
+from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.config import step as step_module
 from yolo9kit.data import loader
+from yolo9kit.train import build_trainer, train_step
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -82,3 +86,34 @@ def test_a_busy_process_on_the_same_cores_is_seen_and_warned_about(monkeypatch):
     assert report.ok == (not report.problems)  # a warning, not a failure: checks still exits 0
     monkeypatch.setattr(env, "competing_cores", lambda sample_s=0.5: 0.1)
     assert not env.environment_report(verbose=False, widgets=False).warnings
+
+
+def test_cpu_amp_rules_follow_the_processors_bf16():
+    for bf16 in (True, False):
+        assert StepConfig("yolov9-t", 2).resolve("cpu", bf16=bf16).amp == "off"  # auto: fp32 on the CPU
+        assert StepConfig("yolov9-t", 2, amp="fp16").resolve("cpu", bf16=bf16).amp == "off"
+    assert StepConfig("yolov9-t", 2, amp="bf16").resolve("cpu", bf16=True).amp == "bf16"
+    with pytest.raises(ValueError, match=r"amp='bf16': this CPU has no bf16 in hardware .* use amp='off'"):
+        StepConfig("yolov9-t", 2, amp="bf16").resolve("cpu", bf16=False)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_an_explicit_bf16_step_autocasts_on_a_cpu_that_has_it_and_is_refused_on_one_without(monkeypatch, native):
+    monkeypatch.setattr(step_module, "native_cpu_bf16", lambda: native)  # the processor, simulated
+    model = ToyNet()
+    config = TrainConfig(amp="bf16", device="cpu", batch_size=4, warmup_min_batches=0, warmup_epochs=0.0)
+    if not native:
+        with pytest.raises(ValueError, match="this CPU has no bf16 in hardware"):
+            build_trainer(model, config, loss_fn=toy_loss)
+        return
+    trainer = build_trainer(model, config, loss_fn=toy_loss)
+    assert trainer.step.amp == "bf16" and trainer.amp_dtype == torch.bfloat16 and not trainer.scaler.is_enabled()
+    dtypes = []
+    conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    conv.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    before = [p.detach().clone() for p in model.parameters()]
+    images, targets = make_batches(1, 4)[0][:2]
+    result = train_step(trainer, images, targets)
+    assert dtypes == [torch.bfloat16] and result.finite  # the convolutions ran in bf16
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the weights stay fp32
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
