@@ -2,6 +2,7 @@
 
     python benchmarks/predict.py --models yolov9-t gelan-t --imgsz 640 --images 50 [--device cuda]
     python benchmarks/predict.py --official /path/to/yolov9-checkout   # adds the official pipeline
+    python benchmarks/predict.py --onnxruntime   # adds predict(..., backend="onnxruntime") rows on the CPU
 
 For each model: ``yolo9kit.predict`` on N synthetic BGR images (1080x810, like the official sample
 photo) or on ``--source``, after one warm-up call; stages are load (read + letterbox, not in the
@@ -39,11 +40,12 @@ def synthetic_images(n: int, height: int = 1080, width: int = 810, seed: int = 0
                        interpolation=cv2.INTER_CUBIC) for _ in range(n)]
 
 
-def time_kit(model, images, imgsz: int, device: str, half: bool) -> dict[str, float]:
+def time_kit(model, images, imgsz: int, device: str, half: bool, backend: str = "torch") -> dict[str, float]:
     from yolo9kit.prediction import predict
 
-    predict(model, images[:1], imgsz=imgsz, device=device, half=half)  # warm-up (allocations, cuDNN plans)
-    results = predict(model, images, imgsz=imgsz, device=device, half=half)
+    options = {"device": device, "half": half} if backend == "torch" else {"backend": backend}
+    predict(model, images[:1], imgsz=imgsz, **options)  # warm-up (allocations, cuDNN plans)
+    results = predict(model, images, imgsz=imgsz, **options)
     return {stage: float(results.speed[stage].mean()) for stage in STAGES} | {
         "detections": sum(len(r) for r in results)}
 
@@ -105,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fuse", action="store_true", help="time the Conv+BN-fused kit model")
     parser.add_argument("--official", default=None, help="checkout of WongKinYiu/yolov9 to time side by side")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--onnxruntime", action="store_true",
+                        help="also time predict(..., backend='onnxruntime') on the CPU (one session per call: the "
+                             "export is outside the timed stages; every image letterboxed to the full size)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
 
@@ -139,15 +144,18 @@ def main(argv: list[str] | None = None) -> int:
             half = args.half and device.startswith("cuda")
             rows.append({"impl": "yolo9kit" + (" fused" if args.fuse else ""), "model": name, "device": device,
                          **time_kit(kit, images, args.imgsz, device, half)})
+            if args.onnxruntime and device == "cpu":
+                rows.append({"impl": "yolo9kit onnxruntime", "model": name, "device": device,
+                             **time_kit(kit, images, args.imgsz, device, False, backend="onnxruntime")})
             if args.official:
                 reference = official_model(Path(args.official), name, weights, device)
                 rows.append({"impl": "official (fused)", "model": name, "device": device,
                              **time_official(reference, images, args.imgsz, device, half, kit.is_dual)})
-    header = f"{'impl':18s} {'model':10s} {'device':7s} " + " ".join(f"{s[:-3]:>11s}" for s in STAGES) + "  dets"
+    header = f"{'impl':20s} {'model':10s} {'device':7s} " + " ".join(f"{s[:-3]:>11s}" for s in STAGES) + "  dets"
     print(f"ms per image, batch 1, {len(images)} images, imgsz {args.imgsz}, torch threads {torch.get_num_threads()}")
     print(header)
     for r in rows:
-        print(f"{r['impl']:18s} {r['model']:10s} {r['device']:7s} " + " ".join(f"{r[s]:11.1f}" for s in STAGES)
+        print(f"{r['impl']:20s} {r['model']:10s} {r['device']:7s} " + " ".join(f"{r[s]:11.1f}" for s in STAGES)
               + f"  {r['detections']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -126,27 +126,13 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
         DiskFullError: no room for the file (checked before it is written; an existing file is kept).
     """
     settings = onnx or ExportConfig()
-    onnx_lib = _require("onnx")
     nms = nms.filled(PREDICT_NMS) if nms is not None else None
     path = Path(path)
     inputs = [model] if isinstance(model, (str, Path)) else []
     refuse_own_input(path, inputs)  # before any work: export X.pt --out X.pt would replace the weights
-    source = load_model(model)
-    deployed = prepare_model(source, torch.device("cpu"), False, deploy=True, head="main")
-    wrapper = _Predictions(deployed).eval()
-    stride = max_stride(deployed)
-    size = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
-    size = tuple(math.ceil(s / stride) * stride for s in size)
-    axes = {"images": {0: "batch"}, "predictions": {0: "batch"}} if settings.dynamic_batch else None
-    # The TorchScript exporter: torch.export (the default exporter since torch 2.9) does not trace this model
-    # (tested with torch 2.14). Its tracer warnings are about the input-size checks, constant for one size.
-    extra = {"dynamo": False} if "dynamo" in _parameters(torch.onnx.export) else {}
-    buffer = io.BytesIO()  # built in memory: the file is written once, whole (files.write_file)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(wrapper, (torch.zeros(1, 3, *size),), buffer, input_names=["images"],
-                          output_names=["predictions"], opset_version=settings.opset, dynamic_axes=axes, **extra)
-    proto = onnx_lib.load_model_from_string(buffer.getvalue())
+    onnx_lib = _require("onnx")
+    proto, wrapper, size = _traced(load_model(model), imgsz, settings)
+    deployed = wrapper.model
     if nms is not None:
         _append_nms(proto, nms, deployed.nc, settings.opset)
     metadata = {"names": json.dumps(list(deployed.names)), "stride": json.dumps([int(s) for s in deployed.stride]),
@@ -163,6 +149,47 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
         report.note = "check switched off"
     LOGGER.debug("exported %s", report.summary())
     return report
+
+
+def _traced(model: torch.nn.Module, imgsz: int | Sequence[int], settings: ExportConfig):
+    """(the ONNX proto of the deployed ``model``'s predictions, the traced wrapper, the input size rounded up
+    to the stride), built in memory."""
+    onnx_lib = _require("onnx")
+    deployed = prepare_model(model, torch.device("cpu"), False, deploy=True, head="main")
+    wrapper = _Predictions(deployed).eval()
+    stride = max_stride(deployed)
+    size = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
+    size = tuple(math.ceil(s / stride) * stride for s in size)
+    axes = {"images": {0: "batch"}, "predictions": {0: "batch"}} if settings.dynamic_batch else None
+    # The TorchScript exporter: torch.export (the default exporter since torch 2.9) does not trace this model
+    # (tested with torch 2.14). Its tracer warnings are about the input-size checks, constant for one size.
+    extra = {"dynamo": False} if "dynamo" in _parameters(torch.onnx.export) else {}
+    buffer = io.BytesIO()  # built in memory: the file is written once, whole (files.write_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapper, (torch.zeros(1, 3, *size),), buffer, input_names=["images"],
+                          output_names=["predictions"], opset_version=settings.opset, dynamic_axes=axes, **extra)
+    return onnx_lib.load_model_from_string(buffer.getvalue()), wrapper, size
+
+
+class OnnxRuntimeForward:
+    """The deployed ``model`` exported in memory (as :func:`export` writes it, without NMS) and run by ONNX
+    Runtime on the CPU with torch's thread count: ``predict(..., backend="onnxruntime")``. Called with float32
+    (B, 3, H, W) images of ``size`` (the export size: one shape, any batch), it returns the main head's
+    predictions (B, 4 + nc, A) as a tensor, as the model's forward does."""
+
+    def __init__(self, model: torch.nn.Module, imgsz: int | Sequence[int]) -> None:
+        ort = _require("onnxruntime")
+        proto, _, self.size = _traced(model, imgsz, ExportConfig(check=False))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        # ONNX Runtime's threads spin for a while after each run by default: they would take the cores from
+        # the letterbox, the tensor conversion and the NMS that follow in this process
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run(["predictions"], {"images": images.numpy()})[0])
 
 
 def _parameters(fn) -> set[str]:

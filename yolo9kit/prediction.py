@@ -20,7 +20,7 @@ import torch
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
 from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
-from yolo9kit.env import resolve_device
+from yolo9kit.env import parse_device, resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
 from yolo9kit.models.inference import max_stride, prepare_model, resolve_half, select_head
 from yolo9kit.ops import letterbox, non_max_suppression, scale_boxes
@@ -32,6 +32,9 @@ IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tif
 
 __all__ = ["IMAGE_SUFFIXES", "SPEED_COLUMNS", "VIDEO_SUFFIXES", "Prediction", "Predictions", "predict",
            "speed_line"]
+
+
+BACKENDS = ("torch", "onnxruntime")
 
 
 def _read(item) -> tuple[np.ndarray | None, str | None, str]:
@@ -61,7 +64,7 @@ def _sync(device: torch.device) -> float:
 def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig | None = None,
             save: SaveConfig | None = None, half: str | bool = "auto", device: str | torch.device | None = None,
             head: str = "main", batch_size: int = 1, deploy: bool = True, compile: bool | str = False,
-            vid_stride: int = 1) -> Predictions:
+            vid_stride: int = 1, backend: str = "torch") -> Predictions:
     """Detect objects in images and videos, as the official ``detect_dual.py`` (batch 1 by default).
 
     Each image or video frame is read as BGR, letterboxed to ``imgsz`` with the minimal stride-multiple
@@ -99,6 +102,10 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
         vid_stride: keep every k-th frame of a video (official ``--vid-stride``): frames k-1, 2k-1, ...
             (0-based), ``frames // k`` of them; the annotated video plays at the source's fps / k, so it
             lasts as long as the source.
+        backend: "torch", or "onnxruntime": the deployed model exported in memory (as ``export`` writes it)
+            and run by ONNX Runtime on the CPU (``export_onnx.OnnxRuntimeForward``; the export extra). Its
+            input has the one export size, so every image is letterboxed to the full ``imgsz``, as with a
+            batch above 1; the main head, float32, the same NMS and results.
 
     Returns:
         :class:`Predictions`, one per image or kept video frame (``Prediction.frame`` is the frame's index).
@@ -108,8 +115,16 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     Raises:
         FileNotFoundError: a named file, folder or pattern does not exist / matches nothing.
         ValueError: a folder without images or videos, a list file naming none, batch_size or vid_stride
-            < 1, or a ``half`` value other than the three.
+            < 1, a ``half`` value other than the three, or an onnxruntime backend asked for a GPU, FP16, the
+            auxiliary head, compilation or the undeployed model.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
+    onnx = backend == "onnxruntime"
+    if onnx and (parse_device(device or "cpu").type != "cpu" or half is True or head != "main" or compile
+                 or not deploy):
+        raise ValueError("backend='onnxruntime' runs the deployed model's main head in float32 on the CPU: leave "
+                         "device, half, head, compile and deploy at their defaults (or device='cpu')")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if vid_stride < 1:
@@ -118,7 +133,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     save = save or SaveConfig()
     items, skipped = expand_sources(source)
     model = load_model(model)
-    device = resolve_device(device)
+    device = resolve_device("cpu" if onnx else device)
     half = resolve_half(half, device)
     was_training, caller_model = model.training, model
     model = prepare_model(model, device, half, deploy=deploy, head=head)
@@ -132,6 +147,10 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)
     if input_size != imgsz:
         LOGGER.warning("imgsz %s is not a multiple of the stride %d: using %s", imgsz, stride, input_size)
+    if onnx:
+        from yolo9kit.export_onnx import OnnxRuntimeForward
+
+        forward = OnnxRuntimeForward(caller_model, input_size)
     save_dir = Path(save.save_dir) if save.save_dir is not None else None
     if save_dir is not None:
         (save_dir / "labels" if save.txt else save_dir).mkdir(parents=True, exist_ok=True)
@@ -143,7 +162,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
         pending = []
         for index, image, path, frame, read_s in _inputs(items, vid_stride, skipped, run.videos):
             t0 = time.perf_counter()
-            letterboxed = letterbox(image, input_size, stride=stride, auto=batch_size == 1)[0]
+            letterboxed = letterbox(image, input_size, stride=stride, auto=batch_size == 1 and not onnx)[0]
             chw = np.ascontiguousarray(letterboxed.transpose((2, 0, 1))[::-1])  # HWC BGR -> CHW RGB
             pending.append((index, image, path, frame, chw, read_s + time.perf_counter() - t0))
             if len(pending) == batch_size:

@@ -54,6 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--head", choices=("main", "aux"), default="main", help="which head of a YOLOv9 model")
     p.add_argument("--vid-stride", type=positive_int, default=1,
                    help="keep every k-th frame of a video (default 1: every frame)")
+    p.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
+                   help="torch (default), or onnxruntime: the deployed model exported in memory and run by ONNX "
+                        "Runtime on the CPU (the export extra; every image letterboxed to the full --imgsz)")
     add_model_limit_flag(p)
     p.set_defaults(func=run)
 
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         with _signals_interrupt():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the video being written is closed
             results = predict(model, source, imgsz=imgsz, nms=nms, save=save, half=args.half,
                               device=args.device or None, head=args.head, batch_size=args.batch_size,
-                              vid_stride=args.vid_stride)
+                              vid_stride=args.vid_stride, backend=args.backend)
     except _Signalled as stop:
         print(f"python -m yolo9kit detect: stopped by {stop.name}; what was written so far is in {save_dir}",
               file=sys.stderr)
