@@ -1,7 +1,7 @@
 """One training step, phase by phase: forward, loss, backward, optimizer, EMA (each timed with a device sync).
 
     python benchmarks/train_step.py --model yolov9-t --batch 8 --imgsz 320 --device cpu
-    python benchmarks/train_step.py --model yolov9-s --batch 64 --amp fp16 --device cuda --channels-last
+    python benchmarks/train_step.py --model yolov9-s --batch 64 --amp fp16 --device cuda --layout channels_last
     python benchmarks/train_step.py --model yolov9-s --batch 16 --amp fp16 --official /path/to/yolov9-checkout
     python benchmarks/train_step.py --model yolov9-t --batch 8 --imgsz 128 --accumulation-gap 4   # 4x2 vs 8
 
@@ -64,15 +64,16 @@ def time_kit(args, device, images, targets) -> dict:
 
     torch.manual_seed(0)
     model = build_model(args.model, num_classes=args.nc).train()
+    layout = {"auto": None, "contiguous": False, "channels_last": True}[args.layout]
     trainer = build_trainer(model, TrainConfig(batch_size=args.batch, amp=args.amp, device=str(device),
-                                               channels_last=args.channels_last), device=device)
+                                               channels_last=layout), device=device)
     clock = _Clock(device)
     autocast = dict(device_type=device.type, dtype=trainer.amp_dtype or torch.float32,
                     enabled=trainer.amp_dtype is not None)
     for i in range(args.warmup + args.steps):
         rec = i >= args.warmup
         with clock.phase("forward_ms", rec), torch.autocast(**autocast):
-            out = model(to_input(images, device, args.channels_last))
+            out = model(to_input(images, device, trainer.channels_last))
         with clock.phase("loss_ms", rec), torch.autocast(**autocast):
             loss, _ = trainer.loss_fn(out, targets.to(device))
         with clock.phase("backward_ms", rec):
@@ -94,7 +95,8 @@ def time_kit(args, device, images, targets) -> dict:
         _sync(device)
         if i >= args.warmup:
             whole.append((time.perf_counter() - t) * 1e3)
-    return _summary("yolo9kit", clock, whole, args.batch, device)
+    return _summary(f"yolo9kit ({trainer.step.amp}, {'channels_last' if trainer.channels_last else 'contiguous'})",
+                    clock, whole, args.batch, device)
 
 
 def time_official(args, device, images, targets) -> dict:
@@ -213,7 +215,8 @@ def main(argv=None) -> None:
     p.add_argument("--nc", type=int, default=80)
     p.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default="auto")
     p.add_argument("--device", default=None)
-    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--layout", choices=["auto", "contiguous", "channels_last"], default="auto",
+                   help="the step's memory layout (auto: the kit's default for the device)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--official", default=None, help="path of a WongKinYiu/yolov9 checkout")
@@ -238,8 +241,8 @@ def main(argv=None) -> None:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         rows.append(fn(args, device, images, targets))
-    print(f"{args.model} batch {args.batch} imgsz {args.imgsz} amp {args.amp} device {device}"
-          f"{' channels_last' if args.channels_last else ''}; median of {args.steps} steps")
+    print(f"{args.model} batch {args.batch} imgsz {args.imgsz} amp {args.amp} layout {args.layout} device {device}"
+          f", torch threads {torch.get_num_threads()}; median of {args.steps} steps")
     cols = ["code", *PHASES, "phases_ms", "step_ms", "img_per_s", "peak_alloc_GiB"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

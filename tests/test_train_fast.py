@@ -43,15 +43,16 @@ def _switches(config: TrainConfig, device: str, bf16: bool = True) -> dict:
     return {name: getattr(step, name) for name in PLAIN}
 
 
-def test_defaults_are_fast_on_cuda_only_and_explicit_values_win():
+def test_defaults_are_fast_on_cuda_channels_last_on_the_cpu_and_explicit_values_win():
     config = TrainConfig()
-    assert _switches(config, "cpu") == PLAIN
+    assert _switches(config, "cpu") == {**PLAIN, "channels_last": torch.backends.mkldnn.is_available()}
     assert _switches(config, "cuda") == FAST
-    forced = TrainConfig(channels_last=True, sync_free=False, fused_optimizer=True)
-    assert _switches(forced, "cpu") == {**PLAIN, "channels_last": True, "fused_optimizer": True}
+    forced = TrainConfig(channels_last=False, sync_free=False, fused_optimizer=True)
+    assert _switches(forced, "cpu") == {**PLAIN, "fused_optimizer": True}
     steps = {(dev, bf16): config.step.resolve(dev, bf16=bf16).amp
-             for dev, bf16 in (("cpu", True), ("cuda", True), ("cuda", False))}
-    assert steps == {("cpu", True): "off", ("cuda", True): "bf16", ("cuda", False): "fp16"}  # amp="auto"
+             for dev, bf16 in (("cpu", True), ("cpu", False), ("cuda", True), ("cuda", False))}
+    assert steps == {("cpu", True): "off", ("cpu", False): "off", ("cuda", True): "bf16",
+                     ("cuda", False): "fp16"}  # amp="auto"
     with pytest.raises(ValueError, match="log_interval"):
         TrainConfig(log_interval=0)
 

@@ -15,7 +15,7 @@ import yaml
 from PIL import Image
 from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
-from yolo9kit.config import TrainConfig
+from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.train import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -79,7 +79,10 @@ def test_a_short_run_writes_its_settings_and_every_picture(shapes3, tmp_path):
 
     settings = yaml.safe_load((result.save_dir / "settings.yaml").read_text())
     assert settings["train_config"] == yaml.safe_load(yaml.safe_dump(config.to_dict()))
-    assert settings["step"]["device_type"] == "cpu" and settings["step"]["amp"] == "off"
+    cpu_step = StepConfig().resolve("cpu")  # the step this processor decides: recorded as it ran
+    assert settings["step"]["device_type"] == "cpu" and settings["step"]["amp"] == cpu_step.amp
+    assert settings["step"]["channels_last"] == cpu_step.channels_last
+    assert settings["derived"]["cpu_threads"] == torch.get_num_threads()
     assert settings["derived"]["batches_per_epoch"] == 3
     assert settings["derived"]["accumulate_steps"] == 32  # official rule: round(64 / 2)
     assert settings["hyp"] == config.pipeline.augment_hyp and settings["loss"]["box_gain"] == 7.5

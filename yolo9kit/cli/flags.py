@@ -66,7 +66,7 @@ def add_step_flags(p: argparse.ArgumentParser, *, several: bool = False) -> None
     for name, what in (("channels-last", "NHWC weights and inputs"),
                        ("lean-activations", "BatchNorm+SiLU keep one activation for backward")):
         p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
-                       help=f"{what} (default: on for CUDA, off on the CPU)")
+                       help=f"{what} (default: decided for the device, StepConfig.resolve)")
 
 
 # ---- argument types: every value is checked while the command line is parsed, before any work starts ----

@@ -14,17 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config.declare import CHANGE, check_declared, declare
-from yolo9kit.env import native_bf16, native_cpu_bf16, parse_device
+from yolo9kit.cpu import native_cpu_bf16
+from yolo9kit.env import native_bf16, parse_device
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
 Freeze = int | str | Sequence[int] | None
-# The speed switches that ``None`` turns on for CUDA and off for the CPU (StepConfig.resolve).
+# The speed switches that ``None`` leaves to the device: all on for CUDA, channels_last on the CPU (resolve).
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
 # Why the speed switches have no flag of their own (config.declare: every setting has a flag or a reason).
-_PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: on for CUDA, off on the CPU)"
+_PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: decided for the device)"
 _API = "API only: the official value serves every command-line run"
 
 
@@ -60,8 +61,10 @@ def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this
 
     "auto" is bf16 where the GPU computes it in hardware (``bf16``: compute capability 8.0 or more; no loss
     scaling needed), else fp16 (also when ``bf16`` is None: not known, no such card here). On the CPU "auto"
-    and "fp16" are fp32, as the official check_amp does; an explicit "bf16" autocasts to bf16 where the CPU
-    computes it in hardware (``bf16``: ``env.native_cpu_bf16``, AVX512-BF16 or AMX).
+    and "fp16" are fp32: an explicit "bf16" autocasts where the processor computes bf16 in hardware (``bf16``:
+    ``cpu.native_cpu_bf16``, AVX512-BF16 or AMX; 1.65x the official step of yolov9-t with channels_last), but
+    it is not the default, because the demo's 30 epochs reached mAP50 0.838 with it against 0.911 in fp32
+    (``benchmarks/demo_recipe.py``, docs/benchmarks.md).
 
     Raises:
         ValueError: ``amp="bf16"`` on a GPU or CPU without bf16 in hardware (a T4, a V100, an AVX2 laptop would
@@ -69,12 +72,12 @@ def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this
     """
     if amp not in AMP_MODES:
         raise ValueError(f"amp={amp!r}: expected one of {AMP_MODES}")
-    if device_type == "cpu" and amp == "bf16":
-        if not bf16:
+    if device_type == "cpu":
+        if amp == "bf16" and not bf16:
             raise ValueError("amp='bf16': this CPU has no bf16 in hardware (AVX512-BF16 or AMX; `python -m "
                              "yolo9kit checks` says), so bf16 would be emulated, slower than fp32: use amp='off' "
                              "or amp='auto' (fp32 on the CPU)")
-        return "bf16"
+        return "bf16" if amp == "bf16" else "off"
     if device_type != "cuda" or amp == "off":
         return "off"
     if amp == "auto":
@@ -123,7 +126,7 @@ class StepConfig:
     freeze: int | str | tuple[int, ...] | None = declare(
         None, "layers that do not train (fine-tuning): N for the first N layers (official: 10 is the yolov9-c "
         "backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)", flag="--freeze")
-    # Speed switches; None means on for CUDA, off on the CPU (resolve decides, for fit and memory alike).
+    # Speed switches; None: decided for the device (resolve, for fit and memory alike: _fast_by_default).
     channels_last: bool | None = declare(None, "channels_last weights and inputs (NHWC convolutions)",
                                          no_flag=_PLAIN_STEP, resume=CHANGE)
     lean_activations: bool | None = declare(None, "BatchNorm+SiLU keep one activation for backward, not two "
@@ -165,11 +168,12 @@ class StepConfig:
 
     def resolve(self, device: Any = None, *, bf16: bool | None = None, gpu_name: str | None = None) -> StepConfig:
         """This step as it runs on ``device`` (None: the current CUDA device, else the CPU): "auto" AMP and
-        every ``None`` switch decided as ``fit`` decides them there (on for CUDA, off for the CPU).
+        every ``None`` switch decided as ``fit`` decides them there (``_fast_by_default``: all on for CUDA,
+        channels_last on the CPU).
 
         ``bf16``: whether the device computes bf16 in hardware (default: ask the CUDA device named, or the
         current one; without CUDA on this machine it is not known: "auto" is fp16, an explicit "bf16" is kept;
-        for the CPU, this processor: ``env.native_cpu_bf16``).
+        for the CPU, this processor: ``cpu.native_cpu_bf16``).
         ``gpu_name`` names it in errors. Values already set are kept, so resolving twice changes nothing.
 
         Raises:
@@ -180,8 +184,8 @@ class StepConfig:
             bf16 = _local_bf16(device) if device_type == "cuda" else native_cpu_bf16()
         if gpu_name is None and device_type == "cuda":
             gpu_name = _local_gpu_name(device)
-        switches = {name: (device_type == "cuda") if getattr(self, name) is None else bool(getattr(self, name))
-                    for name in FAST_SWITCHES}
+        switches = {name: _fast_by_default(name, device_type) if getattr(self, name) is None
+                    else bool(getattr(self, name)) for name in FAST_SWITCHES}
         return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16, gpu_name or "this GPU"),
                                    device_type=device_type, **switches)
 
@@ -232,6 +236,18 @@ def multi_scale_range(imgsz: int, stride: int = 32) -> tuple[int, int]:
 
 def _multi_scale_span(imgsz: int, stride: int) -> tuple[int, int]:
     return int(imgsz * 0.5), int(imgsz * 1.5) + stride
+
+
+def _fast_by_default(switch: str, device_type: str) -> bool:
+    """What a ``None`` speed switch is on ``device_type``: every one on CUDA; on the CPU channels_last where
+    oneDNN runs the convolutions (its NHWC kernels: 1.24x the contiguous fp32 step of yolov9-t,
+    docs/benchmarks.md), the others off (the sync-free step and the fused optimizer pay on a GPU only; the lean
+    BatchNorm+SiLU saves memory, which a CPU step has)."""
+    if device_type == "cuda":
+        return True
+    import torch
+
+    return switch == "channels_last" and device_type == "cpu" and torch.backends.mkldnn.is_available()
 
 
 def _device_type(device: Any) -> str:

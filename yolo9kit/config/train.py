@@ -145,7 +145,7 @@ class PipelineConfig:
                                               no_flag="--hyp reads an official hyp yaml (its augmentation keys)")
     colour_on_device: bool | None = declare(
         None, "HSV colour jitter on the training device, not in the loader",
-        no_flag="--plain-step turns the CUDA speed switches off together (None: on for CUDA, off on the CPU)",
+        no_flag="--plain-step turns the CUDA speed switches off together (None: decided for the device)",
         resume=CHANGE)
     cache: str | None = declare("auto", "cache the decoded images: auto (in RAM when they fit), ram (always; the "
                                 "flag alone), disk (a memory-mapped file beside the labels), or None", flag="--cache",

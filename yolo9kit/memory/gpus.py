@@ -122,6 +122,6 @@ def host_memory() -> GPUSpec:
                            "give TrainConfig(batch_size=...) explicitly")
     source = min(limits, key=limits.get)
     name = "CPU RAM" if source == "RAM" else f"CPU RAM ({source} limit)"
-    from yolo9kit.env import native_cpu_bf16
+    from yolo9kit.cpu import native_cpu_bf16
 
     return GPUSpec(name, limits[source], native_cpu_bf16(), 1.0, 50.0, context_bytes=0, device_type="cpu")

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.env import set_cpu_threads
+from yolo9kit.cpu import set_cpu_threads
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals
@@ -188,7 +188,7 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
             validate_fn: ValidateFn | None) -> _Run:
     """The device, the batch, the trainer (restored when resuming) and the run record."""
     dist = ddp.current()
-    set_cpu_threads()  # the step (on the CPU) and the loader's main process: at most the usable cores
+    set_cpu_threads()  # at most the cores this process may use
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.run.device)
     config, auto_batch = _size_batch(config, model, device, dist, folder.ckpt, loss_fn)
@@ -203,9 +203,7 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
     progress = restore_training_state(folder.ckpt, trainer, folder.checkpoint) if folder.ckpt else Progress()
     run = _Run(config, trainer, progress, dist, folder.path, validate_fn, {"data": data_record(data)},
-               auto_batch=auto_batch)
-    if folder.ckpt:
-        run.results = list(folder.ckpt.get("results", []))
+               results=list(folder.ckpt.get("results", [])) if folder.ckpt else [], auto_batch=auto_batch)
     if auto_batch is not None and folder.path is not None:
         folder.files.append(auto_batch.save(folder.path))  # removed with the folder if the run fails early
     return run
