@@ -4,6 +4,7 @@ threads torch runs on them, whether other processes keep them busy, and whether 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -102,6 +103,7 @@ def _own_jiffies() -> int:
     return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the line)
 
 
+@functools.lru_cache(maxsize=1)  # the processor does not change: StepConfig.resolve asks at every step it resolves
 def native_cpu_bf16() -> bool:
     """Whether this CPU computes bf16 in hardware for oneDNN: the AVX512-BF16 or AMX-BF16 instructions (x86,
     /proc/cpuinfo), or FEAT_BF16 (Arm, macOS). Without them bf16 is emulated, slower than fp32."""
