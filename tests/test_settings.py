@@ -40,7 +40,8 @@ def test_every_field_of_every_part_is_declared_with_a_flag_or_a_reason():
         for inner in dataclasses.fields(part) if part else ():
             assert "declared" in inner.metadata or (part is StepConfig and inner.name in NOT_SETTINGS), inner.name
     assert len(DECLARED) == sum(len(dataclasses.fields(f.metadata["part"])) for f in dataclasses.fields(TrainConfig)
-                                if "part" in f.metadata) - len(NOT_SETTINGS) + 4  # epochs, batch_size, gpu, margin
+                                if "part" in f.metadata) - len(NOT_SETTINGS) + 5  # epochs, batch_size, recipe, gpu,
+    # margin
     for name, (_, declared) in DECLARED.items():
         assert (declared.flag is None) != (declared.no_flag is None), name
         assert declared.help and declared.resume in (KEEP, CHANGE, RUN), name
@@ -103,7 +104,7 @@ def test_a_resume_refuses_each_kept_flag_and_takes_each_changeable_one():
         value = {"--batch-size": "8", "--gpu": "H100", "--freeze": "3", "--amp": "off", "--optimizer": "AdamW",
                  "--device": "cpu", "--cache": "disk", "--compile": "max-autotune", "--name": "other",
                  "--activation-checkpointing": "all", "--imgsz": "320", "--margin": "0.3",
-                 "--label-smoothing": "0.1"}.get(declared.flag, "5")
+                 "--label-smoothing": "0.1", "--recipe": "short"}.get(declared.flag, "5")
         is_switch = _train_actions()[name].nargs == 0
         argv = ["train", "--resume", "x", declared.flag] + ([] if is_switch else [value])
         args = _parser().parse_args(argv)

@@ -16,6 +16,7 @@ from PIL import Image
 from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.config.recipe import apply_short_recipe
 from yolo9kit.train import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -78,14 +79,17 @@ def test_a_short_run_writes_its_settings_and_every_picture(shapes3, tmp_path):
     assert len(curves) == 2 and curves[0] != curves[1]  # the curves picture follows the epochs
 
     settings = yaml.safe_load((result.save_dir / "settings.yaml").read_text())
-    assert settings["train_config"] == yaml.safe_load(yaml.safe_dump(config.to_dict()))
+    # the settings the run trained with: its recipe decided (a 2-epoch run takes the short one), and why
+    trained = apply_short_recipe(config).to_dict()
+    assert settings["train_config"] == yaml.safe_load(yaml.safe_dump(trained)) and trained["optimizer"] == "AdamW"
+    assert settings["derived"]["recipe"].startswith("recipe short (2 epochs of ")
     cpu_step = StepConfig().resolve("cpu")  # the step this processor decides: recorded as it ran
     assert settings["step"]["device_type"] == "cpu" and settings["step"]["amp"] == cpu_step.amp
     assert settings["step"]["channels_last"] == cpu_step.channels_last
     assert settings["derived"]["cpu_threads"] == torch.get_num_threads()
     assert settings["derived"]["batches_per_epoch"] == 3
-    assert settings["derived"]["accumulate_steps"] == 32  # official rule: round(64 / 2)
-    assert settings["hyp"] == config.pipeline.augment_hyp and settings["loss"]["box_gain"] == 7.5
+    assert settings["derived"]["accumulate_steps"] == 8  # official rule, short recipe's nominal 16: round(16 / 2)
+    assert settings["hyp"] == apply_short_recipe(config).pipeline.augment_hyp and settings["loss"]["box_gain"] == 7.5
     assert settings["data"] == str(shapes3.resolve())
 
 

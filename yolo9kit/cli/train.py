@@ -174,9 +174,13 @@ def _batch_size(text: str) -> int | str:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig from the flags given (the others keep their declared defaults) and the --hyp yaml."""
+    """TrainConfig from the flags given (the others keep their declared defaults) and the --hyp yaml (which
+    means the official recipe unless --recipe says otherwise)."""
     train_keys, augment, loss = _read_hyp(args.hyp)
-    return TrainConfig(**given_settings(args), hyp=augment or None, **({"loss": loss} if loss else {}),
+    given = given_settings(args)
+    if args.hyp and "recipe" not in given:  # an official hyp yaml asks for its own hyper-parameters
+        given["recipe"] = "official"
+    return TrainConfig(**given, hyp=augment or None, **({"loss": loss} if loss else {}),
                        **(_PLAIN if args.plain_step else {}), **train_keys)
 
 

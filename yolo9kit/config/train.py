@@ -11,7 +11,8 @@ of small frozen parts, each read by the functions it concerns:
   augmentation, the loaders);
 * ``run``, a ``RunConfig``: the device, the seed, the run folder, validation, saving and the guards;
 
-and its own ``epochs``, ``batch_size`` (the loader batch) and the automatic batch's ``gpu`` and ``margin``.
+and its own ``epochs``, ``batch_size`` (the loader batch), ``recipe`` (``yolo9kit.config.recipe``: train_dual.py's
+or the kit's recipe for short runs) and the automatic batch's ``gpu`` and ``margin``.
 
 Every setting has one name (``config.declare``): a ``TrainConfig`` is made and changed by those names, whatever
 part holds them (``TrainConfig(epochs=50, batch_size=16, lr0=0.02)``, ``config.replace(micro_batch_size=8)``),
@@ -39,6 +40,11 @@ DEFAULT_MARGIN = 0.10
 # The image cache of a dataset, a loader and a run (yolo9kit.data.dataset): None reads the files every time.
 CACHE_MODES = ("auto", "ram", "disk", None)
 SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
+# How the optimizer and the augmentation are chosen (yolo9kit.config.recipe): "official" is train_dual.py's
+# (SGD, nominal batch 64, hyp.scratch-high), "short" the kit's recipe for runs too short for it (AdamW, one
+# optimizer step per batch of 16, lighter augmentation), "auto" the short one for runs of at most
+# SHORT_RUN_UPDATES optimizer steps, as Ultralytics' optimizer="auto" picks AdamW for short runs.
+RECIPES = ("auto", "official", "short")
 CALLBACK_NAMES = ("on_batch", "on_epoch_end")
 
 # Why some settings have no flag of their own (config.declare: every setting has a flag or a reason).
@@ -221,7 +227,8 @@ class RunConfig:
 
 @dataclass(frozen=True, init=False)
 class TrainConfig:
-    """How to train: ``epochs``, the loader's ``batch_size`` and the parts ``step``, ``optim``, ``pipeline``, ``run``.
+    """How to train: ``epochs``, the loader's ``batch_size``, the ``recipe`` and the parts ``step``, ``optim``,
+    ``pipeline``, ``run``.
 
     Made and changed by setting names, whatever part holds them: ``TrainConfig(epochs=50, batch_size=16)``,
     ``config.replace(lr0=0.02, micro_batch_size=8)`` (``dataclasses.replace`` works the same way); read
@@ -245,6 +252,9 @@ class TrainConfig:
     batch_size: int | str = declare(
         16, "images per batch (all GPUs), or auto (also -1): the largest that the memory estimate fits into the "
         "GPU (--gpu, --margin), with accumulation to the nominal 64", flag="--batch-size", aliases=("--batch",))
+    recipe: str = declare("auto", "official (train_dual.py's SGD recipe), short (AdamW, one step per batch of 16, "
+                          "lighter augmentation: learns in a few epochs), or auto: short for runs of at most 10,000 "
+                          "optimizer steps of 64 images", flag="--recipe", choices=RECIPES)
     gpu: str | int | None = declare(None, "batch size auto: size for this card (e.g. \"RTX 4090\", or bytes; default: "
                                     "the training device, on the CPU its RAM)", flag="--gpu")
     margin: float = declare(DEFAULT_MARGIN, "batch size auto: share of the card kept free", flag="--margin",
@@ -275,9 +285,9 @@ class TrainConfig:
             changes.setdefault(holder, {})[f.name] = value
         for holder, fields in changes.items():
             if holder is not None:
-                given[holder] = dataclasses.replace(given[holder], **fields)
+                given[holder] = _replace(given[holder], fields, named=True)
         # the step of a TrainConfig is that of fit's model: no model of its own
-        given["step"] = dataclasses.replace(given["step"], model=None, num_classes=None)
+        given["step"] = _replace(given["step"], {"model": None, "num_classes": None}, named=False)
         for f in dataclasses.fields(self):
             if f.name in given:
                 object.__setattr__(self, f.name, given[f.name])
@@ -288,7 +298,7 @@ class TrainConfig:
     def _check(self) -> None:
         if self.batch_size == -1:  # the official --batch-size -1
             object.__setattr__(self, "batch_size", "auto")
-        for name in ("epochs", "gpu", "margin"):
+        for name in ("epochs", "recipe", "gpu", "margin"):
             _, f, declared = _SETTINGS[name]
             problem = declared.problem(getattr(self, name), optional="None" in str(f.type))
             if problem is not None:
@@ -344,6 +354,25 @@ class TrainConfig:
 
 _PARTS = {"step": StepConfig, "optim": OptimConfig, "pipeline": PipelineConfig, "run": RunConfig}
 _SETTINGS = settings(TrainConfig)
+
+
+def named_settings(config: TrainConfig) -> frozenset[str]:
+    """The settings of ``config``'s parts that were given by name (``TrainConfig(lr0=...)``, ``replace``,
+    ``from_dict``), whatever their value; a part passed whole names none. What the recipe leaves alone
+    (``yolo9kit.config.recipe``): ``TrainConfig(optimizer="SGD")`` keeps SGD although it is the default."""
+    out = set()
+    for holder, part_type in _PARTS.items():
+        declared = {f.name: f.metadata["declared"].setting or f.name for f in dataclasses.fields(part_type)
+                    if "declared" in f.metadata}
+        out.update(declared[name] for name in getattr(getattr(config, holder), "_named", ()) if name in declared)
+    return frozenset(out)
+
+
+def _replace(part: Any, fields: Mapping[str, Any], named: bool) -> Any:
+    """``dataclasses.replace`` of a part that remembers which of its fields were given by name (``named``)."""
+    new = dataclasses.replace(part, **fields)
+    object.__setattr__(new, "_named", frozenset(getattr(part, "_named", ())) | (set(fields) if named else set()))
+    return new
 
 
 def official_accumulate(nominal_batch_size: int, batch_size: int) -> int:

@@ -30,7 +30,6 @@ from yolo9kit.train.pictures import RunPictures
 from yolo9kit.train.records import EpochRecord, append_results, metric_columns, write_results
 from yolo9kit.train.rundir import (
     RunFolder,
-    check_resume,
     check_resume_model,
     check_space_for_epoch,
     close_failed,
@@ -40,6 +39,8 @@ from yolo9kit.train.rundir import (
     epoch_files,
     open_run,
     resume_data,
+    settle_settings,
+    training_images,
     write_settings,
 )
 from yolo9kit.train.state import (
@@ -147,7 +148,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     try:
         if folder.ckpt is not None:
             data = resume_data(data, folder)
-            check_resume(config, folder)
+        config = settle_settings(config, folder, training_images(data, train_loader))
         if isinstance(model, (str, Path)):
             from yolo9kit.zoo import create_model
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.config.declare import KEEP, declarations
+from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, remove_stale_temporaries
 from yolo9kit.train import ddp
 from yolo9kit.train.records import write_results
@@ -47,6 +48,7 @@ class RunFolder:
     # fails before its first checkpoint (a failed start leaves nothing behind)
     files: list[Path] = field(default_factory=list)
     lock: FolderLock | None = None  # held while the run writes (one process per run folder)
+    recipe: str = ""  # which recipe the run trains with and why (settle_settings), for settings.yaml
 
 
 def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
@@ -84,7 +86,6 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
         remove_stale_temporaries(folder)
     if run.ckpt is not None:
         _reconcile_results(run.path / "results.csv", run.ckpt)
-    LOGGER.info("run folder %s", run.path)
     return run
 
 
@@ -142,6 +143,18 @@ def close_failed(run: RunFolder) -> None:
                 folder.rmdir()
         except OSError:  # not ours to insist on: the error that ended the run matters more
             pass
+
+
+def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
+    """The settings the run trains with: its recipe decided for ``images`` training images (``choose_recipe``;
+    a resumed run keeps its own), said in the log and in settings.yaml; a resume checked (``check_resume``)."""
+    config, run.recipe = choose_recipe(config, images, run.ckpt.get("train_config", {}) if run.ckpt else None)
+    if run.path is not None:
+        LOGGER.info("%s", run.recipe)  # the first line of a run's output
+        LOGGER.info("run folder %s", run.path)
+    if run.ckpt is not None:
+        check_resume(config, run)
+    return config
 
 
 def check_resume(config: TrainConfig, run: RunFolder) -> None:
@@ -213,6 +226,22 @@ def resume_data(data: Any, run: RunFolder) -> Any:
     return data
 
 
+def training_images(data: Any, loader: Any = None) -> int | None:
+    """Training images per epoch: the given loader's dataset, else the data.yaml's train split (None: unknown,
+    or the split cannot be listed; the loader built from it then says why)."""
+    if loader is not None:
+        dataset = getattr(loader, "dataset", None)
+        return len(dataset) if hasattr(dataset, "__len__") else None
+    if data is None:
+        return None
+    from yolo9kit.data import load_data_config
+
+    try:
+        return len(load_data_config(data).images("train"))
+    except (KeyError, OSError, ValueError):
+        return None
+
+
 def data_record(data: Any) -> str | None:
     """The data path a checkpoint records: absolute, so that a resume works from any folder."""
     return str(Path(data).resolve()) if isinstance(data, (str, Path)) else None
@@ -260,9 +289,9 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
 
     ``train_config`` is ``TrainConfig.to_dict()`` (an automatic batch resolved); ``step`` the training step
     resolved for the device (amp, the speed switches); ``derived`` what the training computes from them (the
-    accumulation after warmup, the scaled weight decay, the warmup batches); ``hyp`` the augmentation and
-    ``loss`` the loss settings in effect, defaults included; ``data`` the data.yaml. Rewritten when a run
-    resumes (its settings may change there: epochs, patience, device, ...). A failed write is a warning.
+    accumulation after warmup, the scaled weight decay, the warmup batches, which recipe and why); ``hyp`` the
+    augmentation and ``loss`` the loss settings in effect, defaults included; ``data`` the data.yaml. Rewritten
+    when a run resumes (its settings may change there: epochs, patience, device, ...). A failed write is a warning.
     """
     if run.path is None:
         return
@@ -279,7 +308,7 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
                     "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
                     "weight_decay": scaled_weight_decay(config),
                     "warmup_batches": warmup_batches(config, batches_per_epoch),
-                    "cpu_threads": torch.get_num_threads()},
+                    "cpu_threads": torch.get_num_threads(), "recipe": run.recipe},
         "hyp": config.pipeline.augment_hyp, "loss": dataclasses.asdict(config.optim.loss),
         "data": data if isinstance(data, dict) else data_record(data),
     }
