@@ -47,7 +47,10 @@ def _command(run: str, data: Path, args: argparse.Namespace, project: Path) -> t
                "--epochs", str(args.epochs), "--imgsz", str(args.imgsz), "--batch-size", str(args.batch),
                "--device", "cpu", "--no-plots", "--recipe", recipe, "--project", str(project), "--name", "run"]
         return cmd, project / "run" / "results.csv"
-    cmd = [sys.executable, "-c", ULTRALYTICS, str(data), str(args.epochs), str(args.imgsz), str(args.batch),
+    # Ultralytics reads a data.yaml's relative `path` from the working folder, not from the file's folder
+    absolute = data.with_name("data-absolute.yaml")
+    absolute.write_text(data.read_text().replace("path: .", f"path: {data.parent}"))
+    cmd = [sys.executable, "-c", ULTRALYTICS, str(absolute), str(args.epochs), str(args.imgsz), str(args.batch),
            str(project)]
     return cmd, project / "run" / "results.csv"
 

@@ -23,14 +23,21 @@ def _model():
     return model
 
 
-def test_deployed_prediction_equals_plain_prediction():
-    model = _model()
-    image = np.random.default_rng(0).integers(0, 255, (96, 128, 3), dtype=np.uint8)
-    plain = predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5), deploy=False, device="cpu")[0]
-    fast = predict(model, image, imgsz=128, nms=NMSConfig(conf=0.5), deploy=True, device="cpu")[0]
-    assert len(plain.boxes) > 0 and len(plain.boxes) == len(fast.boxes)
-    np.testing.assert_allclose(fast.scores, plain.scores, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(fast.boxes, plain.boxes, atol=1.0)  # boxes are rounded to whole pixels
+def test_deployed_prediction_equals_plain_prediction(tmp_path):
+    """The shipped shapes model on shapes images: real, distinct scores (an untrained model's tied scores
+    let NMS keep any of the tied boxes). The deployed copy also runs channels_last on the CPU."""
+    from yolo9kit import create_model
+    from yolo9kit.data import load_data_config, make_shapes
+
+    model = create_model("yolov9-t-shapes")
+    data = make_shapes(tmp_path / "shapes", n_train=1, n_val=2, imgsz=160, num_classes=3, seed=1)
+    for image in load_data_config(data).images("val"):
+        plain = predict(model, image, imgsz=160, deploy=False, device="cpu")[0]
+        fast = predict(model, image, imgsz=160, deploy=True, device="cpu")[0]
+        assert len(plain.boxes) >= 3 and len(plain.boxes) == len(fast.boxes)
+        np.testing.assert_allclose(fast.scores, plain.scores, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(fast.boxes, plain.boxes, atol=1.0)  # boxes are rounded to whole pixels
+        assert fast.classes.tolist() == plain.classes.tolist()
     assert model.is_dual and any(k.startswith("model.22.") for k in model.state_dict())  # caller's model intact
 
 
