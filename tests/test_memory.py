@@ -22,7 +22,7 @@ from yolo9kit.memory import (
     sweep,
 )
 from yolo9kit.memory.allocator import LARGE_BUFFER, SMALL_BUFFER, CachingAllocatorModel, round_size, segment_size
-from yolo9kit.memory.autocast_sim import CudaAutocastEmulation
+from yolo9kit.memory.autocast_sim import AutocastEmulation
 from yolo9kit.memory.extrapolate import _live_matrix
 from yolo9kit.memory.measure import fit_to_total
 from yolo9kit.memory.step import build_real_trainer, prime_optimizer, synthetic_batch
@@ -164,7 +164,7 @@ def test_amp_fp16_halves_activations_and_adds_weight_copies():
 
 def test_autocast_emulation_follows_cuda_lists():
     conv, bn = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)
-    emu = CudaAutocastEmulation(torch.float16)
+    emu = AutocastEmulation(torch.float16)
     x = torch.randn(1, 3, 8, 8)
     with emu:
         emu.set_enabled(True)
@@ -181,6 +181,34 @@ def test_autocast_emulation_follows_cuda_lists():
     assert s.dtype == torch.float32 and e.dtype == torch.float32 and c.dtype == torch.float32
     assert w1 is w2  # the weight cast is cached inside the region
     assert off.dtype == torch.float32
+
+
+def _autocast_dtypes(x: torch.Tensor, conv: nn.Module, bn: nn.Module) -> list[torch.dtype]:
+    """The output dtypes of the ops the kit's forward and loss use, in order."""
+    import torch.nn.functional as F
+
+    y = conv(x)
+    outs = [y, bn(y), F.silu(y), F.max_pool2d(y, 2), F.interpolate(y, scale_factor=2.0),
+            torch.cat([y, x.repeat(1, 3, 1, 1)[:, :8]], 1)]
+    outs += [y.sigmoid(), y.exp(), y.log_softmax(1), y.softmax(1), y.sum(), y.pow(2), y.mean(), y @ y.transpose(-1, -2)]
+    outs += [F.binary_cross_entropy_with_logits(y, torch.rand_like(y)), torch.log(y.abs() + 1)]
+    return [o.dtype for o in outs]
+
+
+def test_the_cpu_policy_casts_as_the_real_cpu_autocast_does():
+    conv, bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        real = _autocast_dtypes(x, conv, bn)
+    emulated = {}
+    for policy in ("cpu", "cuda"):
+        emu = AutocastEmulation(torch.bfloat16, policy)
+        with emu:
+            emu.set_enabled(True)
+            emulated[policy] = _autocast_dtypes(x, conv, bn)
+    assert emulated["cpu"] == real
+    assert emulated["cuda"] != real  # the CUDA lists compute exp, log, sum and the loss in fp32: not the CPU's
+    assert real[0] == torch.bfloat16 and real[-2] == torch.float32  # conv in bf16, BCE with logits in fp32
 
 
 # --------------------------------------------------------------------------------- allocator model

@@ -310,3 +310,23 @@ def test_figures_render_as_png_for_notebooks(dataset):
     result = evaluate(StandIn(batches), data, dataloader=batches, device="cpu", plots=True, progress_bar=False)
     for figure in result.figures.values():
         assert figure._repr_png_().startswith(b"\x89PNG")  # what Jupyter shows for the last value of a cell
+
+
+def test_a_channels_last_model_is_evaluated_in_its_layout_with_the_same_metrics(tmp_path):
+    """The shipped shapes model on shapes images, contiguous and channels_last (a trainer's layout on the CPU,
+    where oneDNN runs the convolutions): the same detections, so the same metrics."""
+    from yolo9kit import create_model
+    from yolo9kit.data import make_shapes
+    from yolo9kit.models.inference import inference_layout
+
+    data = make_shapes(tmp_path / "shapes", n_train=1, n_val=8, imgsz=160, num_classes=3, seed=2)
+    model = create_model("yolov9-t-shapes").float()
+    plain = evaluate(model, data, imgsz=160, device="cpu", progress_bar=False)
+    nhwc = model.to(memory_format=torch.channels_last)
+    assert inference_layout(nhwc, torch.device("cpu"), own_copy=False) is (
+        torch.channels_last if torch.backends.mkldnn.is_available() else torch.contiguous_format)
+    fast = evaluate(nhwc, data, imgsz=160, device="cpu", progress_bar=False)
+    assert plain.map50 > 0.5
+    assert (fast.map50, fast.map50_95, fast.precision, fast.recall) == pytest.approx(
+        (plain.map50, plain.map50_95, plain.precision, plain.recall), abs=1e-6)
+    assert inference_layout(nn.Conv2d(3, 8, 3), torch.device("cpu"), own_copy=False) is torch.contiguous_format

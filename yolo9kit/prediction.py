@@ -22,7 +22,7 @@ from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
 from yolo9kit.env import parse_device, resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
-from yolo9kit.models.inference import max_stride, prepare_model, resolve_half, select_head
+from yolo9kit.models.inference import inference_layout, max_stride, prepare_model, resolve_half, select_head
 from yolo9kit.ops import letterbox, non_max_suppression, scale_boxes
 from yolo9kit.zoo import load_model
 
@@ -137,11 +137,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     half = resolve_half(half, device)
     was_training, caller_model = model.training, model
     model = prepare_model(model, device, half, deploy=deploy, head=head)
-    # NHWC where the convolutions gain from it: cuDNN, and oneDNN on the CPU (1.3-1.7x the contiguous deployed
-    # model at 640 px, docs/benchmarks.md); never the layout of the caller's own model
-    nhwc = device.type == "cuda" or (device.type == "cpu" and torch.backends.mkldnn.is_available())
-    memory_format = torch.channels_last if nhwc and model is not caller_model else torch.contiguous_format
-    if memory_format is torch.channels_last:
+    memory_format = inference_layout(model, device, own_copy=model is not caller_model)
+    if memory_format is torch.channels_last and model is not caller_model:
         model = model.to(memory_format=memory_format)
     forward = torch.compile(model, mode=compile if isinstance(compile, str) else None) if compile else model
     stride = max_stride(model)

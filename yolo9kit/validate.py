@@ -25,7 +25,7 @@ from yolo9kit.env import resolve_device
 from yolo9kit.figure import save_figure
 from yolo9kit.files import write_text_atomically
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
-from yolo9kit.models.inference import prepare_model, resolve_half, select_head
+from yolo9kit.models.inference import inference_layout, prepare_model, resolve_half, select_head
 from yolo9kit.ops import non_max_suppression, scale_boxes
 from yolo9kit.zoo import load_model
 
@@ -186,9 +186,12 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
             class_map = COCO80_TO_COCO91
     was_training, caller_model = model.training, model
     model = prepare_model(model, device, half)
+    layout = inference_layout(model, device, own_copy=model is not caller_model)
+    if layout is torch.channels_last and model is not caller_model:
+        model = model.to(memory_format=layout)
     state = _Accumulator(len(names), coco, class_map, imgsz=imgsz)
     try:
-        _run_batches(model, dataloader, device, half, head, nms, single_cls, state, progress_bar)
+        _run_batches(model, dataloader, device, half, head, nms, single_cls, state, progress_bar, layout)
     finally:
         caller_model.train(was_training)
     return _finish(state, names, head, plots, save_dir, coco, coco_gt, config, class_map)
@@ -217,14 +220,15 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _run_batches(model, loader, device, half, head, nms: NMSConfig, single_cls, state, progress_bar) -> None:
+def _run_batches(model, loader, device, half, head, nms: NMSConfig, single_cls, state, progress_bar,
+                 layout=torch.contiguous_format) -> None:
     from tqdm.auto import tqdm
 
     for images, targets, paths, shapes in tqdm(loader, desc=f"validate ({head} head)", disable=not progress_bar,
                                                leave=False):
         t0 = _sync(device)
         images = images.to(device, non_blocking=True)
-        images = (images.half() if half else images.float()) / 255
+        images = ((images.half() if half else images.float()) / 255).contiguous(memory_format=layout)
         targets = targets.to(device)
         batch, _, height, width = images.shape
         state.input_shape = state.input_shape or (batch, 3, state.imgsz, state.imgsz)

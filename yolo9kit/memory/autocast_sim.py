@@ -1,11 +1,14 @@
-"""CUDA autocast, emulated on any device, so a CPU trace allocates what a CUDA AMP step allocates.
+"""Autocast, emulated on any device, so a trace on ``meta`` tensors allocates what an AMP step allocates.
 
-``torch.autocast("cuda")`` is disabled on a machine without CUDA, and CPU autocast uses different op
-lists, so the estimator applies the *CUDA* policy itself, as a ``TorchFunctionMode`` (which sits above
-autograd, like the real autocast dispatch key, so the casts are part of the autograd graph and the
-low-precision copies are what backward saves). The lists are those of the PyTorch AMP documentation,
-"CUDA Ops that can autocast to float16" and "CUDA Ops that can autocast to float32"; ops on neither
-list run in the dtype of their inputs (BatchNorm, SiLU, pooling, upsampling, cat of equal dtypes).
+``torch.autocast("cuda")`` is disabled on a machine without CUDA and does not reach ``meta`` tensors, so the
+estimator applies the autocast policy itself, as a ``TorchFunctionMode`` (which sits above autograd, like
+the real autocast dispatch key, so the casts are part of the autograd graph and the low-precision copies are
+what backward saves). The lists are those of the PyTorch AMP documentation: for a CUDA step "CUDA Ops that
+can autocast to float16" and "CUDA Ops that can autocast to float32"; for a CPU bf16 step (``policy="cpu"``)
+"CPU Ops that can autocast to bfloat16" and "CPU Ops that can autocast to float32", which leave exp, log,
+pow, sum, softmax and most of the loss in bf16 (``tests/test_memory_extras.py`` checks both policies against
+the real CPU autocast where it runs). Ops on no list run in the dtype of their inputs (BatchNorm, SiLU,
+pooling, upsampling, cat of equal dtypes).
 
 Assumptions, stated once:
 
@@ -49,6 +52,26 @@ FLOAT32 = frozenset({
 FLOAT32_BY_DTYPE_ARG = frozenset({"sum", "softmax", "log_softmax", "cumsum", "cumprod", "prod"})
 PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put",
                      "scatter_add", "tensordot", "cat", "stack", "index_copy"})
+# The CPU policy (bf16): fewer lower-precision ops, a float32 list without the pointwise maths and reductions,
+# and no reduction called with a dtype (the Python-level names of the documented ops: ``cross_entropy`` is
+# the function that calls ``cross_entropy_loss``).
+CPU_LOWER_PRECISION = frozenset({
+    "conv1d", "conv2d", "conv3d", "bmm", "mm", "linalg_vecdot", "baddbmm", "addmm", "addbmm", "linear",
+    "_convolution", "matmul", "__matmul__", "__rmatmul__", "conv_tbc", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "prelu", "scaled_dot_product_attention",
+})
+CPU_FLOAT32 = frozenset({
+    "avg_pool3d", "binary_cross_entropy", "grid_sampler", "polar", "prod", "quantile", "nanquantile", "stft",
+    "cdist", "trace", "view_as_complex", "cholesky", "cholesky_inverse", "cholesky_solve", "inverse", "lu_solve",
+    "orgqr", "ormqr", "pinverse", "max_pool3d", "max_unpool2d", "max_unpool3d", "adaptive_avg_pool3d",
+    "reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d", "replication_pad3d",
+    "mse_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "poisson_nll_loss",
+    "cross_entropy", "cross_entropy_loss", "smooth_l1_loss", "huber_loss", "margin_ranking_loss",
+    "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "ctc_loss", "kl_div",
+    "multilabel_margin_loss", "binary_cross_entropy_with_logits",
+})
+POLICIES = {"cuda": (LOWER_PRECISION, FLOAT32, FLOAT32_BY_DTYPE_ARG, PROMOTE),
+            "cpu": (CPU_LOWER_PRECISION, CPU_FLOAT32, frozenset(), frozenset({"cat", "stack", "index_copy"}))}
 
 
 def _map_tensors(obj, fn):
@@ -59,16 +82,18 @@ def _map_tensors(obj, fn):
     return obj
 
 
-class CudaAutocastEmulation(TorchFunctionMode):
-    """Apply the CUDA autocast policy with ``dtype`` (fp16 or bf16) while ``enabled``.
+class AutocastEmulation(TorchFunctionMode):
+    """Apply the autocast policy of ``policy`` ("cuda", or "cpu" for a CPU bf16 step) with ``dtype`` (fp16 or
+    bf16) while ``enabled``.
 
     ``enabled`` is a plain attribute so a training step can switch the region on for forward + loss
     and off for backward and the optimizer, as ``with torch.autocast(...)`` does around the same code.
     """
 
-    def __init__(self, dtype: torch.dtype | None) -> None:
+    def __init__(self, dtype: torch.dtype | None, policy: str = "cuda") -> None:
         super().__init__()
         self.dtype = dtype
+        self.lower, self.float32, self.by_dtype, self.promote = POLICIES[policy]
         self.enabled = False
         self.caching = True
         self._weight_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -103,16 +128,16 @@ class CudaAutocastEmulation(TorchFunctionMode):
             return self._backward(args[0])
         name = getattr(func, "__name__", "")
         low = self.dtype
-        if name in LOWER_PRECISION:
+        if name in self.lower:
             args, kwargs = _map_tensors(args, lambda t: self._cast(t, low)), {
                 k: _map_tensors(v, lambda t: self._cast(t, low)) for k, v in kwargs.items()}
-        elif name in FLOAT32_BY_DTYPE_ARG:
+        elif name in self.by_dtype:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is not None and first.dtype in (torch.float16, torch.bfloat16) and kwargs.get("dtype") is None:
                 kwargs = {**kwargs, "dtype": torch.float32}
-        elif name in FLOAT32:
+        elif name in self.float32:
             args = _map_tensors(args, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
-        elif name in PROMOTE:
+        elif name in self.promote:
             floats = [t for t in _flat(args) if isinstance(t, torch.Tensor) and t.is_floating_point()]
             if floats and len({t.dtype for t in floats}) > 1:
                 widest = torch.float32 if any(t.dtype == torch.float32 for t in floats) else floats[0].dtype

@@ -8,8 +8,8 @@ How (each step's assumptions are in its module):
 1. The kit's step (``steptrace.traced_step``: the kit's ``micro_step``, forward and loss under autocast
    and backward, then its ``optimizer_step``, clip, SGD, EMA) runs on ``meta`` tensors, which carry
    shapes, dtypes and strides but no data, under a ``StorageTracker`` that records every storage by
-   category and over time (``tracker``), with the CUDA autocast policy applied by ``autocast_sim`` and the
-   real loss bridged in (``steptrace``).
+   category and over time (``tracker``), with the autocast policy of the step's device applied by
+   ``autocast_sim`` and the real loss bridged in (``steptrace``).
 2. That is done at two small batch sizes; every storage is linear in the batch, so the live bytes
    at every moment of the step, and their peak, follow for any batch (``extrapolate``).
 3. Peak reserved = peak allocated + a cuDNN workspace allowance + what the caching-allocator model
@@ -110,7 +110,8 @@ def trace_model(step: StepConfig) -> tuple[StepMemoryModel, float]:
     for i, b in enumerate(TRACE_BATCHES):
         trace, gflops = trace_meta_step(trainer, loss_fn, batch_size=b, imgsz=step.peak_imgsz,
                                         num_targets=step.num_targets,
-                                        num_classes=num_classes_of(step, real), amp_dtype=amp_dtype, optimizer=i == 0)
+                                        num_classes=num_classes_of(step, real), amp_dtype=amp_dtype, optimizer=i == 0,
+                                        autocast="cpu" if step.device_type == "cpu" else "cuda")
         traces.append(trace)
         LOGGER.debug("traced batch %d in %.1f s", b, time.perf_counter() - t0)
     return StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES), gflops

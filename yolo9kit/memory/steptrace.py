@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from yolo9kit.memory.autocast_sim import CudaAutocastEmulation
+from yolo9kit.memory.autocast_sim import AutocastEmulation
 from yolo9kit.memory.tracker import StorageTracker, Trace
 
 
@@ -74,14 +74,14 @@ def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
 
 
 def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: StorageTracker,
-                emulation: CudaAutocastEmulation | None, *, optimizer: bool = True) -> None:
+                emulation: AutocastEmulation | None, *, optimizer: bool = True) -> None:
     """The kit's own ``micro_step`` and ``optimizer_step`` (``yolo9kit.train.step``), the phases each enters
     marked in the tracker: input to float, forward and loss in the autocast region (emulated on ``meta``
     tensors), backward of the scaled loss, then unscale, clip to 10, step, zero_grad, EMA."""
     from yolo9kit.train.step import micro_step, optimizer_step
 
     if emulation is not None:
-        emulation.set_enabled(True)  # until backward ends (CudaAutocastEmulation: Tensor.backward)
+        emulation.set_enabled(True)  # until backward ends (AutocastEmulation: Tensor.backward)
     trainer.on_phase = tracker.set_phase
     try:
         micro_step(trainer, images, targets)
@@ -106,16 +106,17 @@ def register_persistent(tracker: StorageTracker, trainer) -> None:
 
 
 def trace_meta_step(trainer, loss_fn, *, batch_size: int, imgsz: int, num_targets: int, num_classes: int,
-                    amp_dtype: torch.dtype | None, optimizer: bool = True) -> tuple[Trace, float]:
+                    amp_dtype: torch.dtype | None, optimizer: bool = True, autocast: str = "cuda"
+                    ) -> tuple[Trace, float]:
     """Trace one steady-state step at ``batch_size`` on ``meta`` tensors -> (trace, forward GFLOPs per image).
 
     ``optimizer=False`` stops after backward (the optimizer and EMA do not depend on the batch, so a
-    second trace can skip them)."""
+    second trace can skip them); ``autocast`` is the device whose autocast policy the step follows."""
     from yolo9kit.memory.step import synthetic_batch
 
     _, targets = synthetic_batch(batch_size, 32, num_targets, num_classes)
     tracker = StorageTracker(device_type="cuda")
-    emulation = CudaAutocastEmulation(amp_dtype)
+    emulation = AutocastEmulation(amp_dtype, autocast)
     images = torch.empty((batch_size, 3, imgsz, imgsz), dtype=torch.uint8, device="meta")
     register_persistent(tracker, trainer)
     trainer.loss_fn = bridged_loss(loss_fn, targets, tracker)  # the tracer's own trainer: the loss runs for real
