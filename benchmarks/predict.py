@@ -3,6 +3,7 @@
     python benchmarks/predict.py --models yolov9-t gelan-t --imgsz 640 --images 50 [--device cuda]
     python benchmarks/predict.py --official /path/to/yolov9-checkout   # adds the official pipeline
     python benchmarks/predict.py --onnxruntime   # adds predict(..., backend="onnxruntime") rows on the CPU
+    python benchmarks/predict.py --openvino      # adds predict(..., backend="openvino") rows on the CPU
 
 For each model: ``yolo9kit.predict`` on N synthetic BGR images (1080x810, like the official sample
 photo) or on ``--source``, after one warm-up call; stages are load (read + letterbox, not in the
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fuse", action="store_true", help="time the Conv+BN-fused kit model")
     parser.add_argument("--official", default=None, help="checkout of WongKinYiu/yolov9 to time side by side")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--openvino", action="store_true",
+                        help="also time predict(..., backend='openvino') on the CPU (the openvino extra)")
     parser.add_argument("--onnxruntime", action="store_true",
                         help="also time predict(..., backend='onnxruntime') on the CPU (one session per call: the "
                              "export is outside the timed stages; every image letterboxed to the full size)")
@@ -144,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             half = args.half and device.startswith("cuda")
             rows.append({"impl": "yolo9kit" + (" fused" if args.fuse else ""), "model": name, "device": device,
                          **time_kit(kit, images, args.imgsz, device, half)})
-            if args.onnxruntime and device == "cpu":
-                rows.append({"impl": "yolo9kit onnxruntime", "model": name, "device": device,
-                             **time_kit(kit, images, args.imgsz, device, False, backend="onnxruntime")})
+            for backend in ("onnxruntime", "openvino"):
+                if getattr(args, backend) and device == "cpu":
+                    rows.append({"impl": f"yolo9kit {backend}", "model": name, "device": device,
+                                 **time_kit(kit, images, args.imgsz, device, False, backend=backend)})
             if args.official:
                 reference = official_model(Path(args.official), name, weights, device)
                 rows.append({"impl": "official (fused)", "model": name, "device": device,

@@ -145,32 +145,36 @@ def test_export_cli(tmp_path, capsys):
     assert "--iou-thres set the NMS in the file: add --nms" in capsys.readouterr().err
 
 
-def test_the_onnxruntime_backend_of_predict_detects_what_the_torch_model_detects(tmp_path):
-    """``predict(..., backend="onnxruntime")`` runs the deployed model exported in memory: its predictions are
-    the model's within the export check's tolerance, and its detections those of the torch path letterboxed to
-    the same full size (a batch above 1), box for box."""
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_an_exported_backend_of_predict_detects_what_the_torch_model_detects(tmp_path, backend):
+    """``predict(..., backend=...)`` runs the deployed model exported in memory, in ONNX Runtime or OpenVINO:
+    its predictions are the model's within the export check's tolerance, and its detections those of the
+    torch path letterboxed to the same full size (a batch above 1), box for box."""
     _runtime()
+    if backend == "openvino":
+        pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install "
+                            "'yolo9kit[openvino]')")
     from yolo9kit import predict, shapes_model
     from yolo9kit.data import make_shapes
-    from yolo9kit.export_onnx import OnnxRuntimeForward
+    from yolo9kit.export_onnx import OnnxRuntimeForward, OpenVinoForward
     from yolo9kit.models.inference import prepare_model
 
     model = shapes_model()
     folder = make_shapes(tmp_path / "shapes", n_train=2, n_val=6, imgsz=160).parent / "images" / "val"
     images = sorted(str(p) for p in folder.glob("*.jpg"))
-    forward = OnnxRuntimeForward(model, 160)
+    forward = (OnnxRuntimeForward if backend == "onnxruntime" else OpenVinoForward)(model, 160)
     x = torch.rand(2, 3, 160, 160, generator=torch.Generator().manual_seed(0))
     deployed = prepare_model(model, torch.device("cpu"), False, deploy=True)
-    assert (forward(x) - select_head(deployed(x))).abs().max() <= ExportConfig().atol
+    assert (forward(x) - select_head(deployed(x.contiguous()))).abs().max() <= ExportConfig().atol
     by_torch = predict(model, images, imgsz=160, batch_size=2, device="cpu")
-    by_ort = predict(model, images, imgsz=160, backend="onnxruntime")
-    assert sum(len(p.boxes) for p in by_ort) > 0
-    for a, b in zip(by_torch, by_ort, strict=True):
+    by_exported = predict(model, images, imgsz=160, backend=backend)
+    assert sum(len(p.boxes) for p in by_exported) > 0
+    for a, b in zip(by_torch, by_exported, strict=True):
         assert len(a.boxes) == len(b.boxes) and (a.classes == b.classes).all() and a.input_shape == b.input_shape
         assert np.abs(a.boxes - b.boxes).max(initial=0) <= 1  # whole pixels: rounded after scaling
         assert np.abs(a.scores - b.scores).max(initial=0) <= ExportConfig().atol
     for wrong in ({"half": True}, {"head": "aux"}, {"compile": True}, {"deploy": False}):
-        with pytest.raises(ValueError, match="backend='onnxruntime' runs the deployed model"):
-            predict(model, images[:1], imgsz=160, backend="onnxruntime", **wrong)
+        with pytest.raises(ValueError, match=f"backend='{backend}' runs the deployed model"):
+            predict(model, images[:1], imgsz=160, backend=backend, **wrong)
     with pytest.raises(ValueError, match="backend='tensorrt': expected one of"):
         predict(model, images[:1], backend="tensorrt")

@@ -81,12 +81,13 @@ class ExportReport:
                 f"{self.note}")
 
 
-def _require(module: str):
+def _require(module: str, extra: str = "export"):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ModuleNotFoundError(f"ONNX export needs the package {module!r}, which is not installed: {EXTRA} "
-                                  "(the export extra: onnx and onnxruntime)") from e
+        what = "onnx and onnxruntime" if extra == "export" else "onnx and openvino"
+        raise ModuleNotFoundError(f"this needs the package {module!r}, which is not installed: pip install "
+                                  f"'yolo9kit[{extra}]' (the {extra} extra: {what})") from e
 
 
 class _Predictions(torch.nn.Module):
@@ -190,6 +191,25 @@ class OnnxRuntimeForward:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.session.run(["predictions"], {"images": images.numpy()})[0])
+
+
+class OpenVinoForward:
+    """The deployed ``model`` exported in memory, as for :class:`OnnxRuntimeForward`, and run by OpenVINO on the
+    CPU: ``predict(..., backend="openvino")`` (the openvino extra). In float32 (precision hint ``f32``: on a
+    processor with bf16 OpenVINO would otherwise compute in bf16, about 2x faster here and with other scores,
+    docs/benchmarks.md), with torch's thread count, tuned for one request at a time."""
+
+    def __init__(self, model: torch.nn.Module, imgsz: int | Sequence[int]) -> None:
+        ov = _require("openvino", "openvino")
+        proto, _, self.size = _traced(model, imgsz, ExportConfig(check=False))
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(proto.SerializeToString()), "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+            "PERFORMANCE_HINT": "LATENCY"})
+        self.request, self.output = compiled.create_infer_request(), compiled.output("predictions")
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.request.infer({"images": images.numpy()})[self.output].copy())
 
 
 def _parameters(fn) -> set[str]:

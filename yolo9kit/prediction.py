@@ -34,7 +34,7 @@ __all__ = ["IMAGE_SUFFIXES", "SPEED_COLUMNS", "VIDEO_SUFFIXES", "Prediction", "P
            "speed_line"]
 
 
-BACKENDS = ("torch", "onnxruntime")
+BACKENDS = ("torch", "onnxruntime", "openvino")
 
 
 def _read(item) -> tuple[np.ndarray | None, str | None, str]:
@@ -102,10 +102,11 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
         vid_stride: keep every k-th frame of a video (official ``--vid-stride``): frames k-1, 2k-1, ...
             (0-based), ``frames // k`` of them; the annotated video plays at the source's fps / k, so it
             lasts as long as the source.
-        backend: "torch", or "onnxruntime": the deployed model exported in memory (as ``export`` writes it)
-            and run by ONNX Runtime on the CPU (``export_onnx.OnnxRuntimeForward``; the export extra). Its
-            input has the one export size, so every image is letterboxed to the full ``imgsz``, as with a
-            batch above 1; the main head, float32, the same NMS and results.
+        backend: "torch", or "onnxruntime" / "openvino": the deployed model exported in memory (as
+            ``export`` writes it) and run by ONNX Runtime (``export_onnx.OnnxRuntimeForward``; the export
+            extra) or OpenVINO (``export_onnx.OpenVinoForward``; the openvino extra) on the CPU. Its input has
+            the one export size, so every image is letterboxed to the full ``imgsz``, as with a batch above 1;
+            the main head, float32, the same NMS and results.
 
     Returns:
         :class:`Predictions`, one per image or kept video frame (``Prediction.frame`` is the frame's index).
@@ -115,15 +116,15 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     Raises:
         FileNotFoundError: a named file, folder or pattern does not exist / matches nothing.
         ValueError: a folder without images or videos, a list file naming none, batch_size or vid_stride
-            < 1, a ``half`` value other than the three, or an onnxruntime backend asked for a GPU, FP16, the
+            < 1, a ``half`` value other than the three, or an exported backend asked for a GPU, FP16, the
             auxiliary head, compilation or the undeployed model.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
-    onnx = backend == "onnxruntime"
+    onnx = backend != "torch"  # an exported model
     if onnx and (parse_device(device or "cpu").type != "cpu" or half is True or head != "main" or compile
                  or not deploy):
-        raise ValueError("backend='onnxruntime' runs the deployed model's main head in float32 on the CPU: leave "
+        raise ValueError(f"backend={backend!r} runs the deployed model's main head in float32 on the CPU: leave "
                          "device, half, head, compile and deploy at their defaults (or device='cpu')")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -137,7 +138,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     half = resolve_half(half, device)
     was_training, caller_model = model.training, model
     model = prepare_model(model, device, half, deploy=deploy, head=head)
-    memory_format = inference_layout(model, device, own_copy=model is not caller_model)
+    memory_format = torch.contiguous_format if onnx else \
+        inference_layout(model, device, own_copy=model is not caller_model)
     if memory_format is torch.channels_last and model is not caller_model:
         model = model.to(memory_format=memory_format)
     forward = torch.compile(model, mode=compile if isinstance(compile, str) else None) if compile else model
@@ -147,9 +149,9 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     if input_size != imgsz:
         LOGGER.warning("imgsz %s is not a multiple of the stride %d: using %s", imgsz, stride, input_size)
     if onnx:
-        from yolo9kit.export_onnx import OnnxRuntimeForward
+        from yolo9kit.export_onnx import OnnxRuntimeForward, OpenVinoForward
 
-        forward = OnnxRuntimeForward(caller_model, input_size)
+        forward = (OnnxRuntimeForward if backend == "onnxruntime" else OpenVinoForward)(caller_model, input_size)
     save_dir = Path(save.save_dir) if save.save_dir is not None else None
     if save_dir is not None:
         (save_dir / "labels" if save.txt else save_dir).mkdir(parents=True, exist_ok=True)

@@ -54,9 +54,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--head", choices=("main", "aux"), default="main", help="which head of a YOLOv9 model")
     p.add_argument("--vid-stride", type=positive_int, default=1,
                    help="keep every k-th frame of a video (default 1: every frame)")
-    p.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
-                   help="torch (default), or onnxruntime: the deployed model exported in memory and run by ONNX "
-                        "Runtime on the CPU (the export extra; every image letterboxed to the full --imgsz)")
+    p.add_argument("--backend", choices=("torch", "onnxruntime", "openvino"), default="torch",
+                   help="torch (default), or onnxruntime / openvino: the deployed model exported in memory and run "
+                        "by ONNX Runtime (the export extra) or OpenVINO (the openvino extra) on the CPU, every "
+                        "image letterboxed to the full --imgsz")
     add_model_limit_flag(p)
     p.set_defaults(func=run)
 
