@@ -41,8 +41,38 @@ def test_round_trip(tmp_path):
         b = np.loadtxt(out / "labels" / "train" / lb.name, ndmin=2)
         np.testing.assert_allclose(b[:, 1:], a[:, 1:], atol=2e-6)
         assert b[:, 0].tolist() == a[:, 0].tolist()  # ids 3 < 7 < 42 keep the class order
-    report = check(result.yaml_path)
-    assert report.ok and report.n_instances == result.n_boxes
+    train, val = check(result.yaml_path), check(result.yaml_path, "val")  # one image of five held out
+    assert train.ok and val.ok and (train.n_images, val.n_images, result.n_val) == (4, 1, 1)
+    assert train.n_instances + val.n_instances == result.n_boxes
+
+
+def test_images_in_their_own_folder_make_a_self_contained_data_set_with_a_validation_split(tmp_path):
+    """The usual layout of a COCO export: a JSON and a folder of images elsewhere. The converted set finds
+    every label (the images are linked beside them), trains on images it does not validate on, and leaves out
+    an image the JSON names that is not there, saying so."""
+    from yolo9kit.data import create_dataloader, load_data_config
+
+    src = tmp_path / "src"
+    make_shapes(src, n_train=10, n_val=1, imgsz=(96, 64), num_classes=3, seed=2)
+    coco = _yolo_to_coco(src)
+    coco["images"].append({"id": 999, "file_name": "gone.jpg", "width": 96, "height": 64})
+    (tmp_path / "ann.json").write_text(json.dumps(coco))
+    photos = tmp_path / "my photos"
+    shutil.copytree(src / "images" / "train", photos)
+    result = coco_to_yolo(tmp_path / "ann.json", tmp_path / "out", images_dir=photos)
+    assert result.n_missing_images == 1 and any("gone.jpg" in line for line in result.skipped)
+    data = load_data_config(result.yaml_path)
+    train, val = data.images("train"), data.images("val")
+    assert (len(train), len(val), result.n_val) == (8, 2, 2) and not {p.name for p in train} & {p.name for p in val}
+    for split in ("train", "val"):
+        report = check(result.yaml_path, split)
+        assert report.ok and report.n_labelled == report.n_images and not report.problems, report.summary()
+    assert check(result.yaml_path).n_instances + check(result.yaml_path, "val").n_instances == result.n_boxes
+    images, targets, *_ = next(iter(create_dataloader(result.yaml_path, "train", imgsz=96, batch_size=8, workers=0)))
+    assert len(targets) > 0  # the labels reach the loader
+    assert sorted(p.name for p in photos.iterdir()) == sorted(p.name for p in (src / "images" / "train").iterdir())
+    with pytest.raises(ValueError, match="holdout=1.0"):
+        coco_to_yolo(tmp_path / "ann.json", tmp_path / "other", images_dir=photos, holdout=1.0)
 
 
 @pytest.mark.parametrize("content, message", [

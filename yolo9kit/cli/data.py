@@ -33,6 +33,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     cv.add_argument("--out", required=True, help="output folder (labels/<split>/ and data.yaml)")
     cv.add_argument("--images", help="folder of the images (default OUT/images/<split>)")
     cv.add_argument("--split", default="train")
+    cv.add_argument("--holdout", type=float, default=0.2,
+                    help="share of the train split's images held out for validation (val.txt; 0: validate on the "
+                         "training images)")
     cv.add_argument("--overwrite", action="store_true",
                     help="replace OUT/labels/<split> and OUT/data.yaml (without it existing ones are refused)")
     cv.set_defaults(func=run_convert_coco)
@@ -62,11 +65,14 @@ def run_check(args: argparse.Namespace) -> int:
 def run_convert_coco(args: argparse.Namespace) -> int:
     from yolo9kit.data import coco_to_yolo
 
-    result = coco_to_yolo(args.json, args.out, images_dir=args.images, split=args.split, overwrite=args.overwrite)
+    result = coco_to_yolo(args.json, args.out, images_dir=args.images, split=args.split, overwrite=args.overwrite,
+                          holdout=args.holdout)
     for line in result.skipped:
         print(f"dropped {line}", file=sys.stderr)
     print(f"{result.n_images} images, {result.n_boxes} boxes, {len(result.names)} classes, "
           f"{result.n_crowd_skipped} crowd annotations skipped, {result.n_invalid_skipped} boxes dropped "
           "(zero size or outside the image; boxes partly outside were clipped)")
+    if result.n_val:
+        print(f"validation: {result.n_val} of the images held out (val.txt), not trained on")
     print(f"data.yaml: {result.yaml_path}")
     return 0
