@@ -26,11 +26,13 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -ra -m "not slow and not browser" tests
 
 # saveState: a saved notebook keeps its widgets' state, so it reopens with the figures instead of
-# "Error displaying widget: model not found" (notebooks/overrides.json, JupyterLab's settings overrides)
+# "Error displaying widget: model not found" (notebooks/.jupyter/overrides.json, JupyterLab's settings
+# overrides, hidden from the file browser). As root (containers, cloud GPU machines) JupyterLab refuses to
+# start without --allow-root.
 lab: $(STAMP)
 	mkdir -p $(VENV)/share/jupyter/lab/settings
-	cp notebooks/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
-	$(VENV)/bin/jupyter lab notebooks/
+	cp notebooks/.jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check yolo9kit tests benchmarks

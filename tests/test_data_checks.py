@@ -165,3 +165,18 @@ def test_data_yaml_forms(tmp_path):
     with pytest.raises(ValueError, match="missing required key"):
         load_data_config({"train": "a"})
     assert yaml_path.is_file()
+
+
+def test_check_for_training_stops_where_fit_would_and_shows_one_line_in_a_notebook(tmp_path):
+    import shutil
+
+    from yolo9kit.data import check, make_shapes
+    from yolo9kit.data.guard import DataError
+
+    data = make_shapes(tmp_path / "s", n_train=4, n_val=1, imgsz=64)
+    shutil.rmtree(tmp_path / "s" / "labels" / "train")
+    assert check(data).n_instances == 0  # a report: the images have no labels
+    with pytest.raises(DataError, match="none of the 4 usable images has a box") as info:
+        check(data, for_training=True)
+    lines = info.value._render_traceback_()  # what IPython prints instead of the traceback
+    assert len(lines) == 1 and "DataError" in lines[0] and "labels/train/000000.txt" in lines[0]

@@ -63,10 +63,23 @@ def test_lab_saves_widget_state():
     """`make lab` installs the JupyterLab override that keeps widget state in saved notebooks."""
     import json
 
-    overrides = json.loads((REPO / "notebooks" / "overrides.json").read_text())
+    overrides = json.loads((REPO / "notebooks" / ".jupyter" / "overrides.json").read_text())
     assert overrides["@jupyter-widgets/jupyterlab-manager:plugin"]["saveState"] is True
     makefile = (REPO / "Makefile").read_text()
-    assert "notebooks/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json" in makefile
+    assert "notebooks/.jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json" in makefile
+
+
+def test_lab_starts_as_root_where_jupyterlab_would_refuse():
+    """As root (a container, a cloud GPU machine) JupyterLab stops with "Running as root is not recommended"
+    unless --allow-root: `make lab` passes it exactly then (make's dry run shows the command)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    # -o: the install stamp counts as done, so the dry run shows only the lab commands
+    shown = subprocess.run([make, "-n", "-o", ".venv/.yolo9kit-installed", "lab"], cwd=REPO, capture_output=True,
+                           text=True).stdout
+    line = next(x for x in shown.splitlines() if "jupyter lab" in x)
+    assert ("--allow-root" in line) == (os.geteuid() == 0), line
 
 
 @pytest.mark.slow

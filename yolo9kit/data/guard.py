@@ -25,6 +25,11 @@ class DataError(ValueError):
     """A data set that cannot be used as it is; the message names the data.yaml, the split, the counts and
     what to do."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it in a notebook: the message, without the traceback through the kit (the
+        message says what to do; ``%tb`` still prints the traceback)."""
+        return [f"\x1b[31mDataError\x1b[0m: {self}"]
+
 
 def check_command(config: DataConfig, split: str) -> str:
     """What a shell user runs to see every problem of ``split`` (a Python call for a dict config)."""
