@@ -63,6 +63,20 @@ def test_memory_vs_batch_and_breakdown_plots_return_figures():
     assert isinstance(vram_trace(sampler, gpu="T4"), Figure)
 
 
+def test_settings_with_the_same_memory_stay_visible_and_fp32_is_named_so():
+    """fp16 and bf16 steps need the same memory: each curve has its own style and marker, so neither hides the
+    other, and "off" is drawn as fp32, the word the tables use."""
+    from yolo9kit.plots import memory_vs_batch
+
+    rows = [{**report(b).as_row(), "oom": False, "setting": setting} for setting in ("off", "fp16", "bf16")
+            for b in (1, 8, 32)]
+    ax = memory_vs_batch(pd.DataFrame(rows), gpu="T4").axes[0]
+    curves = [line for line in ax.get_lines() if line.get_label().endswith("(estimated)")]
+    assert [c.get_label() for c in curves] == ["fp32 (estimated)", "fp16 (estimated)", "bf16 (estimated)"]
+    assert len({(c.get_linestyle(), c.get_marker()) for c in curves}) == 3
+    assert ax.get_title()
+
+
 def test_vram_sampler_is_a_noop_without_cuda():
     sampler = VramSampler()
     from types import SimpleNamespace

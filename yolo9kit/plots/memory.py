@@ -18,6 +18,11 @@ _COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer_state": "#c4
            "activations": "#ccb974", "loss_assigner": "#64b5cd", "workspace_other": "#8c8c8c"}
 
 
+def precision_name(amp: str) -> str:
+    """The word the figures and tables use for a step's ``amp``: "fp32" for "off" (no autocast)."""
+    return "fp32" if amp == "off" else amp
+
+
 def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes", margin: float | None = None):
     """Peak memory against batch size, one curve per ``setting`` (step) of a ``memory.sweep`` DataFrame.
 
@@ -38,14 +43,19 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes"
     capacity = spec.total_bytes if spec is not None else _capacity(df)
     settings = list(dict.fromkeys(df["setting"])) if "setting" in df else [None]
     colors = [f"C{i % 10}" for i in range(len(settings))]
-    for setting, color in zip(settings, colors):
+    # a style and a marker of its own per setting: two settings with the same memory (fp16 and bf16) would
+    # otherwise draw one curve exactly over the other
+    styles = [("-", "s"), ("--", "^"), (":", "D"), ("-.", "v")]
+    for k, (setting, color) in enumerate(zip(settings, colors)):
         part = df if setting is None else df[df["setting"] == setting]
-        label = setting or "peak"
+        label = precision_name(setting) if setting else "peak"
         est = part[part["method"] == "estimated"].sort_values("batch_size")
         oom_mask = part["oom"].fillna(False).astype(bool) if "oom" in part else False
         meas = part[(part["method"] == "measured") & ~oom_mask]
+        line, marker = styles[k % len(styles)]
         if len(est):
-            ax.plot(est["batch_size"], est[value] / GIB, "-", color=color, label=f"{label} (estimated)")
+            ax.plot(est["batch_size"], est[value] / GIB, line, marker=marker, markersize=4, color=color,
+                    markerfacecolor="none", label=f"{label} (estimated)")
         if len(meas):
             ax.plot(meas["batch_size"], meas[value] / GIB, "o", color=color, label=f"{label} (measured)")
         if "oom" in part and capacity:
@@ -64,6 +74,7 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes"
             ax.axhline(capacity * (1 - margin) / GIB, color="k", ls="--", lw=0.8, label=f"{1 - margin:.0%} budget")
     ax.set_xlabel("batch size (images per micro-step)")
     ax.set_ylabel(f"{value.replace('_', ' ')} (GiB)")
+    ax.set_title(f"{value.replace('_', ' ')} of one training step against the batch size", fontsize=10)
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -93,7 +104,8 @@ def memory_breakdown(reports, ax=None, *, labels: Sequence[str] | None = None):
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
     fig, ax = axes_for(ax, (max(4.0, 1.1 * len(reports) + 3), 4.5))
     labels = list(labels) if labels is not None else \
-        [f"{r.model}\nb{r.batch_size} {r.step.amp}{' ckpt' if r.step.activation_checkpointing else ''}\n{r.method}"
+        [f"{r.model}\nb{r.batch_size} {precision_name(r.step.amp)}{' ckpt' if r.step.activation_checkpointing else ''}"
+         f"\n{r.method}"
          for r in reports]
     x = list(range(len(reports)))
     bottom = [0.0] * len(reports)
