@@ -82,6 +82,18 @@ def test_dashboard_shows_the_first_batch_as_a_point_in_every_panel():
             assert len(line.get_xdata()) == 1 and line.get_marker() == "o", ax.get_title()
 
 
+def test_an_empty_dashboard_says_it_waits_and_numbers_no_axis():
+    from yolo9kit.widgets import train_dashboard
+    from yolo9kit.widgets._dashboard_panel import draw_dashboard
+
+    dash = train_dashboard(min_interval_s=0.0, show=False)
+    for ax in draw_dashboard(dash).axes:
+        assert list(ax.get_xticks()) == list(ax.get_yticks()) == [], ax.get_title()  # not -0.04 ... 0.04
+        assert any(t.get_text() == "waiting for the first batch" for t in ax.texts)
+    dash.on_batch(_step(0))
+    assert all(len(ax.get_yticks()) > 0 for ax in dash.figure.axes)  # numbered once there is a value
+
+
 def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
     from yolo9kit.widgets import train_dashboard
     from yolo9kit.widgets._dashboard_panel import table_html

@@ -51,7 +51,8 @@ def draw_dashboard(dash: TrainDashboard):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         for ni in dash.resumes:
             ax.axvline(ni, color="gray", ls=":", lw=1)
-        if not dash.history:
+        if not dash.history:  # no ticks of an empty plot (matplotlib would number them -0.04 to 0.04)
+            ax.set(xticks=[], yticks=[], xlim=(0, 1), ylim=(0, 1))
             ax.text(0.5, 0.5, "waiting for the first batch", ha="center", va="center", transform=ax.transAxes,
                     color="gray")
     fig.suptitle(dash.title)
