@@ -75,6 +75,16 @@ def test_fit_writes_run_folder(tmp_path):
     assert _fit(_config(tmp_path)).save_dir == tmp_path / "runs" / "exp2"  # incremented, not overwritten
 
 
+def test_a_new_run_in_an_existing_folder_writes_its_own_results_and_keeps_the_earlier_ones(tmp_path):
+    first = _fit(_config(tmp_path, exist_ok=True))
+    earlier = (first.save_dir / "results.csv").read_text()
+    second = _fit(_config(tmp_path, exist_ok=True, epochs=1))
+    assert second.save_dir == first.save_dir
+    rows = list(csv.DictReader(open(second.save_dir / "results.csv")))
+    assert [r["epoch"] for r in rows] == ["0"]  # not the earlier run's two epochs continued by this one
+    assert (second.save_dir / "results.previous.csv").read_text() == earlier
+
+
 def test_callbacks_get_step_and_epoch_records_and_the_epoch_record_is_the_results_row(tmp_path):
     steps, epochs = [], []
     result = _fit(_config(tmp_path, callbacks={"on_batch": steps.append, "on_epoch_end": epochs.append}))

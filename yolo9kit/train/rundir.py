@@ -86,7 +86,20 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
         remove_stale_temporaries(folder)
     if run.ckpt is not None:
         _reconcile_results(run.path / "results.csv", run.ckpt)
+    elif not run.new:
+        _set_aside_results(run.path / "results.csv")
     return run
+
+
+def _set_aside_results(path: Path) -> None:
+    """A new run in an existing folder (``exist_ok``) starts its own results.csv: an earlier run's rows would
+    otherwise be continued by this run's epochs as if they were one run. The earlier file is kept as
+    ``results.previous.csv`` (replacing an older one of that name)."""
+    if not path.is_file():
+        return
+    kept = path.with_name("results.previous.csv")
+    path.replace(kept)
+    LOGGER.warning("%s is an earlier run's: kept as %s, this run writes its own", path, kept.name)
 
 
 def _first_missing(path: Path) -> Path | None:
