@@ -13,7 +13,11 @@ and checks:
   augmentation viewer (04) draws another batch when its seed slider moves; the training dashboard (05)
   has stop and resume buttons, all four panels hold points after Run All, its table fits, and its
   planned stop reads as a message; the detection viewer (06, and 00 when it has one) starts at the
-  parameters cell's confidence, redraws when the confidence slider moves, and draws boxes.
+  parameters cell's confidence, redraws when the confidence slider moves, and draws boxes;
+- each copy ends with its checks (``notebook_checks.CHECKS``, what the headless run asserts), so a failed check
+  shows as a red traceback;
+- 01 run, saved, closed with its kernel shut down and opened again shows its explorer from the saved widget
+  state (the settings ``make lab`` gives), not "Error displaying widget".
 
 Screenshots (the page after Run All, each widget before and after its interaction) are written to a
 folder the test prints, and copied to ``$YOLO9KIT_BROWSER_SHOTS`` when that is set (e.g. ``runs/browser``).
@@ -40,6 +44,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from notebook_checks import CHECKS
 
 pytestmark = pytest.mark.browser
 
@@ -67,7 +72,12 @@ def _free_port() -> int:
 
 
 def _write_settings(settings_dir: Path) -> None:
-    """User settings: no autosave (the copy stays as it was), no news toast over the page."""
+    """The settings ``make lab`` gives (notebooks/.jupyter/overrides.json: widget state saved with the notebook),
+    then the test's own: no autosave (the copy stays as it was until the test saves), no news toast."""
+    for plugin, values in json.loads((REPO / "notebooks" / ".jupyter" / "overrides.json").read_text()).items():
+        package, _, name = plugin.rpartition(":")
+        (settings_dir / package).mkdir(parents=True, exist_ok=True)
+        (settings_dir / package / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
     docmanager = settings_dir / "@jupyterlab" / "docmanager-extension"
     docmanager.mkdir(parents=True)
     (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
@@ -104,6 +114,11 @@ def lab_server(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "root"
     shutil.copytree(REPO / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for name in NOTEBOOKS:  # each copy ends with its checks: Run All asserts what nbclient's run asserts
+        notebook = json.loads((root / name).read_text())
+        notebook["cells"].append({"cell_type": "code", "id": "checks", "metadata": {}, "execution_count": None,
+                                  "outputs": [], "source": CHECKS[name]})
+        (root / name).write_text(json.dumps(notebook, indent=1))
     config_dir, settings_dir = tmp_path / "jupyter_config", tmp_path / "lab_settings"
     config_dir.mkdir()
     _write_settings(settings_dir)
@@ -135,7 +150,7 @@ def lab_server(tmp_path_factory):
                 if time.monotonic() > deadline:
                     pytest.fail(f"JupyterLab did not answer on {base} within {SERVER_START_TIMEOUT_S} s")
                 time.sleep(0.5)
-        yield base, log_path
+        yield base, log_path, root
     finally:
         _stop(proc)
         log.close()
@@ -377,8 +392,8 @@ INTERACTIONS = {  # notebook -> the widget front ends it must show
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_all_in_jupyterlab_and_its_widgets_respond(name, lab_server, browser, shots):
-    lab_url, log_path = lab_server
-    n_code = sum(c["cell_type"] == "code" for c in json.loads((REPO / "notebooks" / name).read_text())["cells"])
+    lab_url, log_path, root = lab_server
+    n_code = sum(c["cell_type"] == "code" for c in json.loads((root / name).read_text())["cells"])
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         page.goto(f"{lab_url}/lab/tree/{name}?reset")
@@ -401,3 +416,42 @@ def test_notebook_runs_all_in_jupyterlab_and_its_widgets_respond(name, lab_serve
         page.close()
     if unchecked:
         pytest.skip("; ".join(unchecked))
+
+
+@pytest.mark.slow
+def test_a_reopened_notebook_shows_its_widgets_from_the_saved_state(lab_server, browser, shots):
+    """01 run, saved, its kernel shut down and the notebook opened again: with the settings ``make lab`` gives,
+    the explorer's figures come back from the notebook file, not "Error displaying widget: model not found"."""
+    lab_url, log_path, root = lab_server
+    name = "01_memory_vs_batch.ipynb"
+    n_code = sum(c["cell_type"] == "code" for c in json.loads((root / name).read_text())["cells"])
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab_url}/lab/tree/{name}?reset")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
+        _wait_for_kernel(page)
+        _run_all_and_wait(page, n_code, log_path, shots / "01_reopen_failure.png")
+        page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 30
+        while "application/vnd.jupyter.widget-state+json" not in (root / name).read_text():
+            assert time.monotonic() < deadline, "saving the notebook wrote no widget state into the file"
+            page.wait_for_timeout(500)
+    finally:
+        _shutdown_kernels(lab_url, page)
+        page.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab_url}/lab/tree/{name}?reset")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
+        _wait_for_kernel(page)
+        cell = page.locator(".jp-CodeCell:has(.widget-slider:has(.widget-label:text-is('batch sizes')))").first
+        cell.wait_for(timeout=30_000)
+        cell.scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / "01_reopened.png"))
+        assert page.get_by_text("Error displaying widget").count() == 0, "a widget of the reopened notebook is lost"
+        assert cell.locator(WIDGET_IMAGE).count() >= 2, "the reopened explorer shows no curve and breakdown"
+        assert cell.locator(".widget-html:has-text('Largest batch')").count() > 0
+    finally:
+        _shutdown_kernels(lab_url, page)
+        page.close()

@@ -85,7 +85,7 @@ def test_resume_refuses_a_model_of_other_classes_or_names(tmp_path):
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):
-    """Weights that turned NaN in epoch 1 (the loss was finite when it was computed): nothing is written, and
+    """Weights that turned NaN in epoch 1 (the second; messages count from 1): nothing is written, and
     best.pt and last.pt of epoch 0 are the files a user is left with."""
     def nan_after_epoch_0(record):
         if record.epoch == 1:
@@ -94,7 +94,7 @@ def test_non_finite_weights_are_never_saved(tmp_path):
 
     model = ToyNet()
     config = _config(tmp_path, epochs=3, callbacks={"on_batch": nan_after_epoch_0})
-    with pytest.raises(NonFiniteWeightsError, match=r"epoch 1, best\.pt: the weights hold NaN or Inf") as info:
+    with pytest.raises(NonFiniteWeightsError, match=r"epoch 2, best\.pt: the weights hold NaN or Inf") as info:
         _fit(config, _fitness(0.2, 0.5), model=model)
     assert "the last good checkpoint is" in str(info.value)
     weights = tmp_path / "runs" / "exp" / "weights"

@@ -1,6 +1,7 @@
 """Every notebook runs headless, top to bottom, in smoke mode, without an error.
 
-Each notebook's last cell asserts what it showed, so a run is a test of the walkthrough, not only of
+Each notebook ends with what a participant saw; ``notebook_checks.CHECKS`` holds what the run must have
+shown, appended as one more cell to the copy that runs, so a run is a test of the walkthrough, not only of
 the code. Notebooks run from a temporary copy of ``notebooks/`` (the tracked files are never written)
 with ``YOLO9KIT_SMOKE=1`` in the kernel's environment: tiny images, few steps, about a minute each on
 a 2-core CPU.
@@ -16,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from notebook_checks import CHECKS
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -45,6 +47,13 @@ def _read(path: Path):
     return nbformat.read(path, as_version=4)
 
 
+def _with_checks(path: Path):
+    """The notebook at ``path`` with its ``CHECKS`` appended as the last code cell (in memory only)."""
+    nb = _read(path)
+    nb.cells.append(nbformat.v4.new_code_cell(CHECKS[path.name]))
+    return nb
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_is_committed_clean_and_follows_the_layout(path):
     nb = _read(path)
@@ -58,7 +67,12 @@ def test_notebook_is_committed_clean_and_follows_the_layout(path):
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, f"{path.name}: expected exactly one cell tagged 'parameters'"
     assert "SMOKE" in tagged[0].source, f"{path.name}: the parameters cell must define the SMOKE setting"
-    assert "assert " in code[-1].source, f"{path.name}: the last cell must assert what the notebook showed"
+    scaffolding = [i for i, cell in enumerate(code) if "assert " in cell.source]
+    assert not scaffolding, (f"{path.name} code cells {scaffolding} assert: checks belong in "
+                             "tests/notebook_checks.py, the notebook shows what a participant reads")
+    assert path.name in CHECKS, f"{path.name} has no checks in tests/notebook_checks.py"
+    assert "**What you saw:**" in code[-1].source and "**Next:**" in code[-1].source, (
+        f"{path.name}: the last cell must say what the notebook showed, from its numbers, and what to open next")
     intro = nb.cells[0].source if nb.cells[0].cell_type == "markdown" else ""
     assert "**Run time**" in intro and "Smoke mode" in intro, (
         f"{path.name}: the first (markdown) cell must state the measured run time in default and smoke mode")
@@ -70,7 +84,7 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     tracked = path.read_bytes()
-    nb = _read(path)
+    nb = _with_checks(path)
     missing = _missing(nb.metadata.get("yolo9kit", {}).get("requires", []))
     if missing:
         pytest.skip(f"{path.name} needs {', '.join(missing)}, which the package does not provide yet")
@@ -116,7 +130,7 @@ def _run_with(path: Path, workdir: Path, monkeypatch, **parameters):
     them); returns the executed notebook, or the CellExecutionError raised."""
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    nb = _read(path)
+    nb = _with_checks(path)
     at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(at + 1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items())))
     monkeypatch.setenv("YOLO9KIT_SMOKE", "1")

@@ -140,7 +140,7 @@ def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses():
                              log_interval=3, epochs=1, **switches, **NO_WARMUP)
         torch.manual_seed(0)
         trainer = build_trainer(ToyNet(), config, loss_fn=nan_from_batch_4)
-        with pytest.raises(NonFiniteLossError, match="batch 6"):
+        with pytest.raises(NonFiniteLossError, match="batch 7"):  # index 6, counted from 1 in the message
             train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=len(batches), warmup=0,
                             on_batch=records.append, progress_bar=False)
         assert [r.batch_index for r in records] == [0, 1, 2, 3], name  # batches 4, 5, 6 were non-finite

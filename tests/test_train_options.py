@@ -150,6 +150,16 @@ def test_save_period_writes_the_official_epoch_files(tmp_path):
     assert names == [f"epoch{e}.pt" for e in range(5) if e % 2 == 0]
 
 
+def test_deterministic_switches_the_kernels_for_the_run_and_back_after_it(tmp_path):
+    seen = []
+    before = torch.are_deterministic_algorithms_enabled()
+    result = _toy_fit(tmp_path, deterministic=True, name="det",
+                      callbacks={"on_batch": lambda record: seen.append(torch.are_deterministic_algorithms_enabled())})
+    assert seen and all(seen) and torch.are_deterministic_algorithms_enabled() == before
+    plain = _toy_fit(tmp_path, name="plain")  # on the CPU the numbers are the same either way
+    assert [r["train/box_loss"] for r in result.results] == [r["train/box_loss"] for r in plain.results]
+
+
 def test_label_smoothing_is_accepted_and_changes_nothing(tmp_path, caplog):
     """The official dual loss (utils/loss_tal_dual.py ComputeLoss) sets ``self.cp, self.cn = smooth_BCE(eps)`` and
     never reads them: the same run with and without it gives the same weights."""

@@ -66,8 +66,9 @@ def test_dashboard_records_steps_and_redraws_with_the_new_values():
     assert list(ax_mem.lines[0].get_ydata()) == pytest.approx([2.0, 3.0])  # GiB
     assert ax_mem.get_title() == "peak VRAM in the epoch (GiB)" and not ax_mem.texts
     assert list(ax_speed.lines[0].get_ydata()) == pytest.approx([11.0, 12.0])
-    assert list(box.get_xdata()) == [1, 2]  # x is the batch index ni, not the repeating optimizer step
-    assert "batch 2" in dash.status_text() and "12.0 img/s" in dash.status_text()
+    assert list(box.get_xdata()) == [2, 3]  # x is the batch counted from 1 (ni + 1), not the optimizer step
+    assert "training" not in dash.status_text() and "epoch 1, batch 3" in dash.status_text()
+    assert "batch 3" in dash.status_text() and "12.0 img/s" in dash.status_text()
     assert "peak VRAM 3.00 GiB" in dash.status_text()
 
 
@@ -154,9 +155,9 @@ def test_dashboard_series_are_record_fields():
 def test_dashboard_interrupts_once_at_the_requested_batch():
     from yolo9kit.widgets import train_dashboard
 
-    dash = train_dashboard(min_interval_s=3600.0, interrupt_at=3, show=False)
+    dash = train_dashboard(min_interval_s=3600.0, interrupt_at=4, show=False)  # after 4 batches: ni 0 to 3
     dash.on_batch(_step(2))
-    with pytest.raises(KeyboardInterrupt, match="batch 3"):
+    with pytest.raises(KeyboardInterrupt, match="batch 4"):
         dash.on_batch(_step(3))
     dash.on_batch(_step(2, box_loss=9.0))  # the resumed run restarts the accumulation window at batch 2
     dash.on_batch(_step(3))
@@ -177,7 +178,8 @@ def test_dashboard_panel_has_buttons_plot_and_table():
     assert output_png(dash._widgets["plot"]) is not None  # the empty panels, before the first batch
     dash.on_batch(_step(0))
     dash.on_epoch_end(_epoch(0))
-    assert "<table" in dash._widgets["table"].value and "batch 0" in dash._widgets["status"].value
+    assert "<table" in dash._widgets["table"].value and "epoch 1, batch 1" in dash._widgets["status"].value
+    assert dash.epoch_table()["epoch"].tolist() == [1]  # counted from 1, as the progress bar and results.png
 
 
 def _toy_run(tmp_path, dash, on_batch=None, epochs=2):
@@ -444,7 +446,13 @@ def test_memory_explorer_draws_the_package_figures_and_its_plan_is_memory_plan()
     assert f"batch {best['batch_size']} x accumulate {best['accumulate']} = {best['effective_batch']}" \
         in app.outputs["plan"].value
 
+    # while it computes, the explorer says what it does (the trace only once per setting) and then how long it took
+    assert app.outputs["progress"].layout.visibility == "hidden" and "computed in" in app.outputs["status"].value
+    said = []
+    app.outputs["status"].observe(lambda change: said.append(change["new"]), names="value")
     app.controls["batch"].value = (4, 32)
+    assert [text[:7] for text in said[:4]] == ["<i>1/4 ", "<i>2/4 ", "<i>3/4 ", "<i>4/4 "]
+    assert "traced before" in said[0] and "the curve at 7 batch sizes" in said[1], said
     frame = app.state["frame"]
     assert frame["batch_size"].tolist() == [4, 6, 8, 12, 16, 24, 32]
     assert frame["device_bytes"].is_monotonic_increasing
@@ -456,3 +464,6 @@ def test_memory_explorer_draws_the_package_figures_and_its_plan_is_memory_plan()
     assert "Largest batch on RTX 3060" in app.outputs["plan"].value
     app.controls["switches"].value = "off (official layout)"
     assert app.state["step"].channels_last is False and app.state["report"].step.lean_activations is False
+    said.clear()
+    app.controls["imgsz"].value = 96  # a setting not seen before is traced, and the explorer says so
+    assert said[0].startswith("<i>1/4 tracing yolov9-t at 96 px"), said

@@ -28,7 +28,8 @@ SHAPES_WEIGHTS = Path(__file__).with_name("pretrained") / "yolov9-t-shapes.pt"  
 
 def create_model(source: str | Path | dict, num_classes: int | None = None, *,
                  names: list[str] | dict[int, str] | None = None, weights: str | Path | None = None,
-                 activation_checkpointing: Any = None, max_model_bytes: int | None = None) -> torch.nn.Module:
+                 activation_checkpointing: Any = None, max_model_bytes: int | None = None,
+                 seed: int = 0) -> torch.nn.Module:
     """A YOLOv9 / GELAN model in training mode, fp32, on the CPU.
 
     Args:
@@ -40,15 +41,18 @@ def create_model(source: str | Path | dict, num_classes: int | None = None, *,
             N/M items", official ``--weights``).
         activation_checkpointing: None, "all", "backbone" or layer indices to recompute in backward.
         max_model_bytes: the limit on the model a file describes (``yolo9kit.models.bounds``; default 4 GiB).
+        seed: the seed of the freshly initialised tensors (a model from a name or a layer table, the class
+            outputs of a checkpoint rebuilt for other classes): the same seed gives the same model in every
+            process (``build_model``).
 
     Raises:
         FileNotFoundError: neither a file nor a registered name. ValueError: a file of neither format.
     """
     num_classes, names = class_list(num_classes, names)
     if _is_file(source):
-        model = _for_classes(_read_file(Path(str(source)), max_model_bytes), num_classes, names)
+        model = _for_classes(_read_file(Path(str(source)), max_model_bytes), num_classes, names, seed)
     else:
-        model = build_model(source, num_classes, names=names)
+        model = build_model(source, num_classes, names=names, seed=seed)
     if weights:
         transfer_weights(model, _read_file(Path(str(weights)), max_model_bytes).state_dict())
     if activation_checkpointing is not None:
@@ -105,14 +109,15 @@ def _read_file(path: Path, max_model_bytes: int | None) -> torch.nn.Module:
                              f"checkpoint ({official_error})") from official_error
 
 
-def _for_classes(model: torch.nn.Module, num_classes: int | None, names: list[str] | None) -> torch.nn.Module:
+def _for_classes(model: torch.nn.Module, num_classes: int | None, names: list[str] | None,
+                 seed: int) -> torch.nn.Module:
     """The loaded model for these classes: renamed when it has as many, else rebuilt with its tensors that
     still fit transferred (the class outputs start fresh)."""
     if num_classes is None or num_classes == model.nc:
         if names is not None:
             model.names = list(names)
         return model
-    built = build_model(model.yaml, num_classes, names=names)
+    built = build_model(model.yaml, num_classes, names=names, seed=seed)
     built.name = model.name  # the checkpoint's model ("yolov9-t"), not "custom" for a config dict
     transfer_weights(built, model.state_dict())
     return built

@@ -131,7 +131,7 @@ def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
     from yolo9kit.train import fit
 
     config = recipe(args.epochs or (2 if args.quick else 30), args.imgsz, args.device, out, validate=not args.quick)
-    model = build_model(args.model, names=load_data_config(data_yaml).names)
+    model = build_model(args.model, names=load_data_config(data_yaml).names, seed=config.run.seed)
     result = fit(model, data_yaml, config)
     print(f"trained {result.epochs_completed} epochs; weights in {result.save_dir}")
     return Path(result.best if result.best and Path(result.best).exists() else result.last)

@@ -64,6 +64,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_setting_flags(p)
     add_model_limit_flag(p)
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="train N times, with --seed, --seed + 1, ..., each in its own folder <name>-seed<k>, and print "
+                        "the spread of the final mAP (how large a difference between runs the seed alone makes)")
     sched = p.add_mutually_exclusive_group()
     sched.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
     sched.add_argument("--flat-cos-lr", action="store_true", help="flat, then cosine")
@@ -133,9 +136,10 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from yolo9kit.train import ddp, fit
     from yolo9kit.train.inputs import class_names
-    from yolo9kit.train.state import seed_everything
     from yolo9kit.zoo import create_model
 
+    if args.seeds != 1:
+        return _train_seeds(args)
     if args.resume:
         model, data, config = _resume_setup(args)
     else:
@@ -143,9 +147,8 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError("--data is required (a data.yaml), unless --resume")
         config = config_from_args(args)
         data = args.data
-        seed_everything(config.run.seed)  # the initial weights follow --seed (official: init_seeds before the model)
         model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.pipeline.single_cls),
-                             weights=args.weights, max_model_bytes=model_limit(args))
+                             weights=args.weights, max_model_bytes=model_limit(args), seed=config.run.seed)
     result = fit(model, data, config)
     main = ddp.current().is_main
     if main and result.auto_batch is not None:
@@ -153,12 +156,25 @@ def _train(args: argparse.Namespace) -> int:
     if main and result.save_dir:
         state = f"interrupted by {result.interrupted_by}" if result.interrupted else "done"
         print(f"{state}: {result.epochs_completed} epochs, best fitness {result.best_fitness:.4f} "
-              f"(epoch {result.best_epoch}); weights in {result.save_dir / 'weights'}")
+              f"(epoch {result.best_epoch + 1}); weights in {result.save_dir / 'weights'}")
         if result.interrupted:
             print(f"last.pt saved; continue with: python -m yolo9kit train --resume {result.save_dir}")
     if result.interrupted:
         return 143 if result.interrupted_by == "SIGTERM" else 130  # 128 + the signal, as a shell reports it
     return 0
+
+
+def _train_seeds(args: argparse.Namespace) -> int:
+    """``--seeds N``: the run N times (``fit_seeds``), then each seed's final metrics and their spread."""
+    from yolo9kit.train.seeds import fit_seeds
+
+    if args.seeds < 1 or args.resume or args.weights or not args.data:
+        raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume, and not with "
+                         "--weights: pass the checkpoint as --model, it is built anew for each seed")
+    spread = fit_seeds(args.model or DEFAULT_MODEL, args.data, config_from_args(args), seeds=args.seeds)
+    print(spread.table.to_string(index=False))
+    print(spread)
+    return 130 if any(result.interrupted for result in spread.results) else 0
 
 
 def _batch_size(text: str) -> int | str:

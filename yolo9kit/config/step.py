@@ -88,6 +88,11 @@ def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this
     return amp
 
 
+def precision_name(amp: str) -> str:
+    """The word labels, figures and tables use for a step's ``amp``: "fp32" for "off" (no autocast)."""
+    return "fp32" if amp == "off" else amp
+
+
 @dataclass(frozen=True)
 class StepConfig:
     """One training step, everything that sets its memory and speed: what ``yolo9kit.memory`` estimates and
@@ -197,8 +202,9 @@ class StepConfig:
 
     @property
     def label(self) -> str:
-        """A short name of the setting, e.g. ``fp16 channels_last lean ckpt=all 640px`` (curves, tables)."""
-        parts = [self.amp]
+        """A short name of the setting, e.g. ``fp16 channels_last lean ckpt=all 640px`` (curves, tables; a step
+        without AMP reads ``fp32``)."""
+        parts = [precision_name(self.amp)]
         parts += [name for name, on in (("channels_last", self.channels_last), ("lean", self.lean_activations))
                   if on]
         if self.activation_checkpointing is not None:

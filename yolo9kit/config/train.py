@@ -184,8 +184,12 @@ class RunConfig:
 
     device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
                                  resume=CHANGE)
-    seed: int = declare(0, "the seed of the initial weights, the data order and the augmentation", flag="--seed",
-                        integer=True)
+    seed: int = declare(0, "the seed of the initial weights (of a model fit builds from a name), the data order "
+                        "and the augmentation", flag="--seed", integer=True)
+    # Off: the CUDA defaults take the fastest kernels, some add in a varying order (the CPU's are fixed anyway)
+    deterministic: bool = declare(False, "deterministic CUDA kernels (torch.use_deterministic_algorithms, cuDNN "
+                                  "without autotuning): the same numbers on the same GPU, slower",
+                                  flag="--deterministic", resume=CHANGE)
     val: bool = declare(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
                         negate=True, resume=CHANGE)
     patience: int = declare(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
@@ -198,9 +202,8 @@ class RunConfig:
                                  "--epochs may extend it)", flag="--resume", resume=RUN)
     save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
                                flag="--save-period", resume=CHANGE, integer=True)
-    # The run folder's pictures (labels.jpg, train_batch0-2.jpg, results.png every epoch, the validation plots
-    # at the end; yolo9kit.train.pictures). On a CPU about 0.4 s per epoch and 2 s per run (docs/training.md);
-    # False for quiet or timed runs.
+    # The run folder's pictures (yolo9kit.train.pictures): on a CPU about 0.4 s per epoch and 2 s per run
+    # (docs/training.md); False for quiet or timed runs.
     plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
                           "plots)", flag="--no-plots", negate=True, resume=CHANGE)
     progress_bar: bool = declare(True, "tqdm bars of each epoch and its validation (rank 0)",

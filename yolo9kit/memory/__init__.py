@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from yolo9kit.config import DEFAULT_MARGIN, StepConfig
 from yolo9kit.files import format_bytes
-from yolo9kit.memory.estimate import StepEstimator, estimate
+from yolo9kit.memory.estimate import StepEstimator, estimate, is_traced
 from yolo9kit.memory.gpus import DEFAULT_GPU, GPUS, GPUSpec, resolve_gpu, target_gpu
 from yolo9kit.memory.measure import measure, trace
 from yolo9kit.memory.plan import BatchPlan, BatchSearch, batch_grid, find_max_batch, plan, sweep
@@ -31,5 +31,5 @@ from yolo9kit.memory.tracker import CATEGORIES
 __all__ = [
     "CATEGORIES", "DEFAULT_GPU", "DEFAULT_MARGIN", "GPUS", "BatchPlan", "BatchSearch", "GPUSpec", "MemoryReport",
     "StepConfig", "StepEstimator", "VramSampler", "batch_grid", "estimate", "export_snapshot", "find_max_batch",
-    "format_bytes", "measure", "plan", "resolve_gpu", "sweep", "target_gpu", "trace",
+    "format_bytes", "is_traced", "measure", "plan", "resolve_gpu", "sweep", "target_gpu", "trace",
 ]

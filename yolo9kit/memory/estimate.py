@@ -74,12 +74,24 @@ def estimate(step: StepConfig | str | nn.Module, batch_size: int | None = None, 
     return estimator_for(step, spec).reports([step.batch_size], spec)[0]
 
 
+def is_traced(step: StepConfig | str | nn.Module, gpu: str | int | GPUSpec | None = None, **changes: Any) -> bool:
+    """Whether ``estimate`` already holds the traced step for ``step`` on ``gpu``: then any batch size of it is
+    answered at once; otherwise the next estimate traces it first (seconds to a minute on a CPU)."""
+    step = as_step(step, None, changes, caller="is_traced")
+    spec = target_gpu(gpu)
+    return _key(step.resolve(spec.device_type, bf16=spec.bf16, gpu_name=spec.name), step) in _cache
+
+
+def _key(resolved: StepConfig, step: StepConfig) -> tuple:
+    return replace(resolved, batch_size=1), None if isinstance(step.model, str) else _structure(step.model)
+
+
 def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
     """The traced step of ``step`` resolved for ``spec``, kept for the next call with the same step. A step of
     a module is kept while the module's structure (its layers, parameter shapes, dtypes and which ones train)
     stays the same: its weights do not change the memory, but a module may be edited between calls."""
     resolved = step.resolve(spec.device_type, bf16=spec.bf16, gpu_name=spec.name)
-    key = (replace(resolved, batch_size=1), None if isinstance(step.model, str) else _structure(step.model))
+    key = _key(resolved, step)
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key]

@@ -225,7 +225,8 @@ class BatchPlan:
 
     def __str__(self) -> str:
         cols = ["batch_size", "accumulate", "effective_batch", "device_gib", "fits", "step_s", "images_per_s"]
-        return f"{self.table[cols].to_string(index=False)}\n{self.reason}"
+        shown = self.table[cols].round({"device_gib": 2, "step_s": 3, "images_per_s": 1})
+        return f"{shown.to_string(index=False)}\n{self.reason}"
 
     def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
         """``base`` (default ``TrainConfig()``) training the planned step: the plan's step as its ``step``

@@ -74,7 +74,7 @@ def class_list(num_classes: int | None, names: list[str] | dict[int, str] | None
 
 def build_model(name_or_yaml: str | Path | dict, num_classes: int | None = None, *,
                  names: list[str] | dict[int, str] | None = None,
-                 activation_checkpointing: Any = None) -> DetectionModel:
+                 activation_checkpointing: Any = None, seed: int = 0) -> DetectionModel:
     """Build a freshly initialised YOLOv9 / GELAN model (training mode, fp32, CPU) from its layer table:
     what ``yolo9kit.create_model`` does for a name or a yaml (it also reads checkpoints).
 
@@ -85,13 +85,20 @@ def build_model(name_or_yaml: str | Path | dict, num_classes: int | None = None,
         names: class names (list, or dict index -> name as in data yamls).
         activation_checkpointing: None, "all", "backbone" or layer indices to recompute in backward
             (see :meth:`DetectionModel.set_activation_checkpointing`).
+        seed: the seed of the initial weights: the same seed gives the same weights in every process, on
+            every machine with the same torch (the official train_dual.py seeds before it builds the model).
+            The caller's random state is left as it was.
 
     Returns:
         DetectionModel whose state_dict keys and shapes equal the official model's.
     """
+    import torch
+
     cfg, display, source = load_model_config(name_or_yaml)
     num_classes, names = class_list(num_classes, names)
-    model = DetectionModel(cfg, nc=num_classes, names=names, source=source, name=display)
+    with torch.random.fork_rng(devices=[]):  # the initial weights come from the CPU generator only
+        torch.manual_seed(seed)
+        model = DetectionModel(cfg, nc=num_classes, names=names, source=source, name=display)
     if activation_checkpointing is not None:
         model.set_activation_checkpointing(activation_checkpointing)
     return model

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from yolo9kit.config.step import precision_name
 from yolo9kit.figure import axes_for
 
 __all__ = ["memory_breakdown", "memory_vs_batch", "vram_trace"]
@@ -16,11 +17,6 @@ __all__ = ["memory_breakdown", "memory_vs_batch", "vram_trace"]
 GIB = 1 << 30
 _COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer_state": "#c44e52", "ema": "#8172b2",
            "activations": "#ccb974", "loss_assigner": "#64b5cd", "workspace_other": "#8c8c8c"}
-
-
-def precision_name(amp: str) -> str:
-    """The word the figures and tables use for a step's ``amp``: "fp32" for "off" (no autocast)."""
-    return "fp32" if amp == "off" else amp
 
 
 def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes", margin: float | None = None):

@@ -17,6 +17,8 @@ _EXPORTS = {
     "ModelEMA": "yolo9kit.train.ema",
     "FitResult": "yolo9kit.train.fit",
     "fit": "yolo9kit.train.fit",
+    "SeedSpread": "yolo9kit.train.seeds",
+    "fit_seeds": "yolo9kit.train.seeds",
     "DiskFullError": "yolo9kit.files",
     "NonFiniteLossError": "yolo9kit.train.guards",
     "OutOfMemoryAtMinimumError": "yolo9kit.train.guards",
@@ -75,6 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         warmup_batches,
     )
     from yolo9kit.train.records import BatchRecord, EpochRecord, read_results
+    from yolo9kit.train.seeds import SeedSpread, fit_seeds
     from yolo9kit.train.step import (
         Trainer,
         build_trainer,

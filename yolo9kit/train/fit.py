@@ -22,7 +22,7 @@ from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.cpu import set_cpu_threads
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
-from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals
+from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals, stopped_by
 from yolo9kit.train.inputs import EMAValidation, ValidateFn, check_classes, class_names, make_loader, set_epoch_data
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_batches
@@ -46,6 +46,7 @@ from yolo9kit.train.rundir import (
 from yolo9kit.train.state import (
     Progress,
     capture_rng,
+    deterministic_kernels,
     nonfinite_weights,
     restore_rng,
     restore_training_state,
@@ -123,7 +124,8 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
 
     Args:
         model: a ``DetectionModel`` (any nn.Module with a matching ``loss_fn`` works), or a model name /
-            yaml / checkpoint path, built for the data's classes (``create_model(model, names=class_names(data))``).
+            yaml / checkpoint path, built for the data's classes with the run's seed (``create_model``). A module
+            keeps its weights: a ``create_model`` one has those of its own ``seed`` (0 unless given).
         data: data.yaml path or dict; may be None when both loaders (and ``validate_fn``) are given, or when
             resuming (the run's recorded data.yaml).
         config: the TrainConfig. ``config.run.resume`` continues a run from its ``last.pt``; the settings that
@@ -152,7 +154,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         if isinstance(model, (str, Path)):
             from yolo9kit.zoo import create_model
 
-            model = create_model(model, names=class_names(data, config.pipeline.single_cls))
+            model = create_model(model, names=class_names(data, config.pipeline.single_cls), seed=config.run.seed)
         if folder.ckpt is not None:
             check_resume_model(model, folder)
         check_classes(model, data, single_cls=config.pipeline.single_cls)
@@ -167,7 +169,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         if folder.ckpt:
             # last, so that nothing of the set-up consumes the restored states
             restore_rng(folder.ckpt["rng"], run.trainer.device)
-            LOGGER.info("resuming %s at epoch %d, batch %d", folder.path, run.progress.epoch, run.progress.ni)
+            LOGGER.info("resuming %s in epoch %d of %d", folder.path, run.progress.epoch + 1, config.epochs)
         interrupted_by = _epochs(run, train_loader)
     except NonFiniteLossError as e:
         close_failed(folder)
@@ -194,9 +196,6 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
                             else config.run.device)
     config, auto_batch = _size_batch(config, model, device, dist, folder.ckpt, loss_fn)
     seed_everything(config.run.seed + dist.rank)
-    if config.optim.label_smoothing:
-        LOGGER.warning("label_smoothing=%g changes nothing: the official dual loss computes smoothed BCE targets "
-                       "and never uses them, and the kit follows it (docs/training.md)", config.optim.label_smoothing)
     # frozen, on the device and in the step's layout before DDP: its reducer waits for the gradients of the
     # trainable parameters and lays out its buckets from their strides
     place_model(model, describe_step(config, model, device, dist.world_size), device)
@@ -240,7 +239,8 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
     warmup = warmup_batches(config, nb)
     at = _Position(epoch=progress.epoch)
     with StopSignals(install=not run.dist.distributed) as signals, \
-            cudnn_autotune(run.trainer.device, config.step.cudnn_benchmark):
+            cudnn_autotune(run.trainer.device, config.step.cudnn_benchmark and not config.run.deterministic), \
+            deterministic_kernels(config.run.deterministic):
         try:
             _validate_unvalidated_end(run)
             for epoch in range(progress.epoch, config.epochs):
@@ -265,7 +265,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 run.pictures.epoch_end(run.results)  # after the commit: never in the epoch's time
                 stop = _after_epoch(run, epoch, record)
                 if signals.received:
-                    LOGGER.warning("%s: stopped after epoch %d, saved in last.pt", signals.received, epoch)
+                    LOGGER.warning("%s: stopped after epoch %d, saved in last.pt", signals.received, epoch + 1)
                     return signals.received
                 if stop:
                     break
@@ -286,14 +286,14 @@ def _save_interrupted(run: _Run, at: _Position, nb: int, reason: str) -> None:
         return
     if at.phase == "training":
         progress.ni = max(progress.last_opt_step + 1, progress.epoch * nb)
-        LOGGER.warning("%s at epoch %d batch %d: saving last.pt", reason, progress.epoch,
-                       progress.ni - progress.epoch * nb)
+        LOGGER.warning("%s in epoch %d of %d, after %d of its %d batches: saving last.pt", stopped_by(reason),
+                       progress.epoch + 1, run.config.epochs, progress.ni - progress.epoch * nb, nb)
         if run.dist.is_main and run.run_dir:
             _save(run, "last.pt", at.rng_epoch_start)
         return
     if at.phase == "validating":
-        LOGGER.warning("%s during the validation of epoch %d: saving the epoch without its metrics", reason,
-                       at.epoch)
+        LOGGER.warning("%s during the validation of epoch %d: saving the epoch without its metrics",
+                       stopped_by(reason), at.epoch + 1)
         at.metrics = {}
     _commit(run, at, nb)
 
@@ -328,8 +328,7 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
         run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
     is_best = earns_best(at.metrics.get("fitness"), run.progress.best_fitness, run.run_dir)
     if is_best:
-        fitness = at.metrics["fitness"]
-        progress.best_fitness, progress.best_epoch = float(fitness), epoch
+        progress.best_fitness, progress.best_epoch = float(at.metrics["fitness"]), epoch
     if run.run_dir:
         rng = capture_rng(run.trainer.device)
         for name in epoch_files(config, epoch, is_best):
@@ -347,7 +346,7 @@ def _validate_unvalidated_end(run: _Run) -> None:
     last = run.results[-1]
     if last.get("fitness") is not None or last.get("epoch") != progress.epoch - 1:
         return
-    LOGGER.info("epoch %d was saved before its validation finished: validating it now", progress.epoch - 1)
+    LOGGER.info("epoch %d was saved before its validation finished: validating it now", progress.epoch)
     metrics = dict(run.validate_fn(_eval_model(run.trainer)))
     last.update(metric_columns(metrics))
     files = ["last.pt"]
@@ -378,7 +377,7 @@ def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:
         stop = progress.best_epoch >= 0 and epoch - progress.best_epoch >= config.run.patience
         if stop:
             LOGGER.info("early stop: no better fitness for %d epochs (best epoch %d)", config.run.patience,
-                        progress.best_epoch)
+                        progress.best_epoch + 1)
     return bool(ddp.broadcast_object(stop, dist))
 
 
@@ -386,7 +385,7 @@ def _save(run: _Run, name: str, rng: dict | None) -> None:
     """One checkpoint of the run; never of non-finite weights (``NonFiniteWeightsError``, nothing written)."""
     bad = nonfinite_weights(run.trainer)
     if bad:
-        raise NonFiniteWeightsError(run.run_dir, f"epoch {run.progress.epoch - 1}, {name}", bad)
+        raise NonFiniteWeightsError(run.run_dir, f"epoch {run.progress.epoch}, {name}", bad)
     extra = {**run.extra, "results": run.results}
     save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
                              rng=rng, extra=extra)

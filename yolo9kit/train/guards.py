@@ -103,6 +103,11 @@ class Interrupted(KeyboardInterrupt):
         self.reason = reason
 
 
+def stopped_by(reason: str) -> str:
+    """How a log line names what stopped a run (``FitResult.interrupted_by`` keeps the exception's name)."""
+    return "stopped (Ctrl-C, Kernel > Interrupt or a callback's stop)" if reason == "KeyboardInterrupt" else reason
+
+
 class StopSignals:
     """SIGTERM (schedulers, ``docker stop``, a closed terminal), and SIGINT (Ctrl-C, the notebook's stop) when
     Python's own handler is in place, turned into a stop at a safe point.

@@ -79,7 +79,7 @@ class _EpochLog:
         at = f" (at {', '.join(f'{h}x{w}' for h, w in sizes[:4])} px)" if sizes else ""
         LOGGER.warning("epoch %d: %d of %d batches had boxes but none of them held an anchor%s: those batches "
                        "trained on background only (box loss 0). The images are too small for their boxes "
-                       "(a larger imgsz, or a smaller multi-scale range)", self.progress.epoch,
+                       "(a larger imgsz, or a smaller multi-scale range)", self.progress.epoch + 1,
                        len(self.unmatched), self.trained, at)
 
     def flush(self) -> None:
@@ -227,7 +227,7 @@ def _skip_nonfinite(trainer: Trainer, progress: Progress, config: TrainConfig, b
 def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int) -> None:
     progress.nonfinite_in_row += 1
     progress.nonfinite_total += 1
-    LOGGER.warning("non-finite loss at epoch %d batch %d: step skipped (%d in a row, stop at %d)",
-                   progress.epoch, batch, progress.nonfinite_in_row, config.run.max_nonfinite_batches)
+    LOGGER.warning("non-finite loss in epoch %d at batch %d: step skipped (%d in a row, stop at %d)",
+                   progress.epoch + 1, batch + 1, progress.nonfinite_in_row, config.run.max_nonfinite_batches)
     if progress.nonfinite_in_row >= config.run.max_nonfinite_batches:
-        raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch, batch)
+        raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1)

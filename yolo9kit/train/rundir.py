@@ -167,6 +167,9 @@ def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> 
         LOGGER.info("run folder %s", run.path)
     if run.ckpt is not None:
         check_resume(config, run)
+    if config.optim.label_smoothing:
+        LOGGER.warning("label_smoothing=%g changes nothing: the official dual loss computes smoothed BCE targets "
+                       "and never uses them, and the kit follows it (docs/training.md)", config.optim.label_smoothing)
     return config
 
 
@@ -203,7 +206,7 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
                     done)
     elif config.epochs != saved.get("epochs", config.epochs):
         LOGGER.info("%s: training to %d epochs instead of %d; the learning rate follows the schedule of %d epochs "
-                    "from epoch %d", path, config.epochs, saved["epochs"], config.epochs, done)
+                    "from epoch %d", path, config.epochs, saved["epochs"], config.epochs, done + 1)
 
 
 def check_resume_model(model: Any, run: RunFolder) -> None:

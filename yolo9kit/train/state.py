@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,6 +88,27 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool) -> Iterator[None]:
+    """Deterministic algorithms for the block, the previous settings back after it: PyTorch's deterministic
+    versions of the ops that add in a varying order on CUDA, cuDNN's deterministic kernels, cuBLAS with a fixed
+    workspace (``CUBLAS_WORKSPACE_CONFIG``, read when CUDA starts: a process that already used CUDA keeps its
+    own). An op without a deterministic version warns and runs (``warn_only``), as in the official code."""
+    if not enabled:
+        yield
+        return
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.deterministic)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.deterministic = previous[2]
 
 
 def increment_path(path: str | Path, exist_ok: bool = False) -> Path:

@@ -38,19 +38,19 @@ def draw_dashboard(dash: TrainDashboard):
         (ax_lr, ("lr_bias", "lr_weight"), ("biases", "weights")),
     ):
         for name, label in zip(names, labels):
-            ax.plot(*dash.series(name), label=label, ls="--" if name == "lr_bias" else "-", **_POINT)
+            ax.plot(*_counted(dash.series(name)), label=label, ls="--" if name == "lr_bias" else "-", **_POINT)
         if dash.history:
             ax.legend(loc="best", fontsize="small")
     ax_loss.set_title("loss (running mean over the epoch)")
     ax_lr.set_title("learning rate")
     _draw_memory(ax_mem, dash)
-    ax_speed.plot(*dash.series("images_per_s"), color="C3", **_POINT)
+    ax_speed.plot(*_counted(dash.series("images_per_s")), color="C3", **_POINT)
     ax_speed.set_title("images / s (since the epoch started)")
     for ax in (ax_loss, ax_lr, ax_mem, ax_speed):
-        ax.set_xlabel("batch")
+        ax.set_xlabel("batch (counted from 1 across epochs)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         for ni in dash.resumes:
-            ax.axvline(ni, color="gray", ls=":", lw=1)
+            ax.axvline(ni + 1, color="gray", ls=":", lw=1)
         if not dash.history:  # no ticks of an empty plot (matplotlib would number them -0.04 to 0.04)
             ax.set(xticks=[], yticks=[], xlim=(0, 1), ylim=(0, 1))
             ax.text(0.5, 0.5, "waiting for the first batch", ha="center", va="center", transform=ax.transAxes,
@@ -59,10 +59,16 @@ def draw_dashboard(dash: TrainDashboard):
     return fig
 
 
+def _counted(series: tuple[list[int], list]) -> tuple[list[int], list]:
+    """A series against the batch counted from 1 (``BatchRecord.ni`` is an index from 0)."""
+    steps, values = series
+    return [n + 1 for n in steps], values
+
+
 def _draw_memory(ax, dash: TrainDashboard) -> None:
     what, x, y = dash.memory_series()
     unit, size = ("GiB", 1024**3) if y and max(y) >= 1024**3 else ("MiB", 1024**2)
-    ax.plot(x, [v / size for v in y], color="C2", **_POINT)
+    ax.plot([n + 1 for n in x], [v / size for v in y], color="C2", **_POINT)
     ax.set_title(f"{what} ({unit})")
     if dash.history and dash.series("peak_allocated")[0] == []:
         ax.text(0.02, 0.95, NO_VRAM, ha="left", va="top", transform=ax.transAxes, color="gray", fontsize="small")
@@ -78,7 +84,7 @@ def epoch_table(dash: TrainDashboard):
     for r in dash.epochs:
         rss = [v for ni, v in dash.process_memory.items() if epoch_of.get(ni) == r.epoch]
         rows.append({
-            "epoch": r.epoch, "box": round(r.box_loss, 3), "cls": round(r.cls_loss, 3), "dfl": round(r.dfl_loss, 3),
+            "epoch": r.epoch + 1, "box": round(r.box_loss, 3), "cls": round(r.cls_loss, 3), "dfl": round(r.dfl_loss, 3),
             "P": _round(r.precision), "R": _round(r.recall), "mAP50": _round(r.map50),
             "mAP50-95": _round(r.map50_95), "img/s": round(r.images_per_s, 1), "time": format_seconds(r.epoch_s),
             "peak VRAM": None if r.peak_allocated is None else format_bytes(r.peak_allocated),
@@ -96,8 +102,8 @@ def table_html(table) -> str:
     style = ("<style>.yolo9kit-epochs {font-size: 90%; width: auto; border-collapse: collapse}"
              ".yolo9kit-epochs th, .yolo9kit-epochs td {padding: 1px 10px; text-align: right}"
              ".yolo9kit-epochs thead th {border-bottom: 1px solid #999}</style>")
-    note = ("finished epochs (epochs and batches count from 0; losses: means over the epoch; "
-            "P, R, mAP: validation of the EMA)")
+    note = ("finished epochs (counted from 1, as the progress bar and results.png count them; losses: means over "
+            "the epoch; P, R, mAP: validation of the EMA)")
     return f"<div style='max-width:100%; overflow-x:auto'>{style}<div>{note}</div>{body}</div>"
 
 

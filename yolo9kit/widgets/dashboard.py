@@ -93,8 +93,9 @@ class TrainDashboard:
         process_memory: ``ni`` -> resident set size of the process in bytes, sampled at batches trained off
             CUDA (``BatchRecord.peak_allocated`` is None there): the memory panel of a CPU run.
         min_interval_s: redraw at most this often (drawing costs ~0.1 s); epoch ends always redraw.
-        interrupt_at: stop once this batch index is reached, as the stop button would (used to demonstrate
-            stop-and-resume in a run nobody watches); None never stops.
+        interrupt_at: stop once this many batches of the run are trained (counted from 1 across epochs, as the
+            plots' axes count), as the stop button would (used to demonstrate stop-and-resume in a run nobody
+            watches); None never stops.
         result: the ``FitResult`` of the last run that went through ``fit`` or ``resume``.
         messages: the message lines shown under the plots (log records of the run, stop and finish notes).
     """
@@ -135,11 +136,11 @@ class TrainDashboard:
             rss = process_memory_bytes()
             if rss is not None:
                 self.process_memory[record.ni] = rss
-        planned = self.interrupt_at is not None and record.ni >= self.interrupt_at
+        planned = self.interrupt_at is not None and record.ni + 1 >= self.interrupt_at
         if planned or (self.stop_requested and self.running):
             self.interrupt_at, self.stop_requested = None, True  # once: the resumed run must not stop again
             self.update()
-            raise KeyboardInterrupt(f"dashboard: stop requested at batch {record.ni}")
+            raise KeyboardInterrupt(f"dashboard: stop requested at batch {record.ni + 1}")
         if time.monotonic() - self._last_draw >= self.min_interval_s:
             self.update()
 
@@ -249,7 +250,7 @@ class TrainDashboard:
             self.note(f"training failed: {job.error!r}", warning=True)
         elif job.result.interrupted:
             last = self.history[-1] if self.history else None
-            where = f"after batch {last.ni} (epoch {last.epoch})" if last else "before the first batch"
+            where = f"after batch {last.ni + 1} (epoch {last.epoch + 1})" if last else "before the first batch"
             self.note(f"stopped {where}; last.pt saved: {job.result.last}. Resume continues from it "
                       "(the resume button, or `await dash.resume()`).")
         else:
@@ -354,12 +355,12 @@ class TrainDashboard:
         if not self.history:
             return "running: waiting for the first batch" if self.running else "no batch trained yet"
         last = self.history[-1]
-        epochs = f" (epochs 0-{self._epochs_total - 1})" if self._epochs_total else ""
+        epochs = f" of {self._epochs_total}" if self._epochs_total else ""
         what, _, values = self.memory_series()
         label = "peak VRAM" if what.startswith("peak VRAM") else "process memory"
         memory = f"{label} {format_bytes(values[-1])}" if values else NO_VRAM
         state = "training" if self.running else "stopped" if self.result and self.result.interrupted else "idle"
-        return f"{state}: epoch {last.epoch}{epochs}, batch {last.ni}, {last.images_per_s:.1f} img/s, {memory}"
+        return f"{state}: epoch {last.epoch + 1}{epochs}, batch {last.ni + 1}, {last.images_per_s:.1f} img/s, {memory}"
 
     def epoch_table(self):
         """The finished epochs as a compact DataFrame: losses, metrics (when validated), img/s, time, memory."""
@@ -381,7 +382,7 @@ def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, int
     Args:
         title: shown above the plots.
         min_interval_s: redraw at most this often during an epoch (each redraw renders a PNG).
-        interrupt_at: stop training at this batch index as the stop button would (see ``TrainDashboard``).
+        interrupt_at: stop training after this many batches as the stop button would (see ``TrainDashboard``).
         show: display the panel in the current cell now (False in scripts and tests).
 
     Returns:

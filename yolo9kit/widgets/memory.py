@@ -10,6 +10,8 @@ every batch size of the range.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from yolo9kit.files import format_bytes
@@ -17,6 +19,7 @@ from yolo9kit.widgets._common import WidgetApp, show_error, show_figure
 
 AMP_LABELS = {"auto": "auto", "fp16": "fp16", "bf16": "bf16", "off (fp32)": "off"}  # label -> ``amp``
 CHECKPOINTING = {"none": None, "backbone": "backbone", "all": "all"}  # label -> ``activation_checkpointing``
+STAGES = 4  # the steps of one update the progress bar counts: trace, curve, largest batch, plan and breakdown
 SWITCHES = {"fit's defaults": None, "off (official layout)": False}  # label -> channels_last, lean, ... values
 
 
@@ -64,7 +67,8 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
 
     Returns:
         WidgetApp with controls ``model``, ``imgsz``, ``batch``, ``amp``, ``activation_checkpointing``,
-        ``switches``, ``gpu``, ``method``; outputs ``curve`` and ``breakdown`` (figures) and ``plan`` (HTML);
+        ``switches``, ``gpu``, ``method``; outputs ``curve`` and ``breakdown`` (figures), ``plan`` (HTML),
+        ``progress`` (a bar shown while an update computes) and ``status`` (what it does, then the time it took);
         ``state`` holds ``step``, ``frame`` (the curve's rows), ``search``, ``plan`` (a ``BatchPlan``) and
         ``report`` (the breakdown's).
     """
@@ -102,22 +106,29 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
         c.style.description_width = "120px"
     for name in ("amp", "method"):
         controls[name].style.button_width = "80px"
-    outputs = {"curve": w.Output(), "breakdown": w.Output(), "plan": w.HTML(), "status": w.HTML()}
+    outputs = {"curve": w.Output(), "breakdown": w.Output(), "plan": w.HTML(), "status": w.HTML(),
+               "progress": w.IntProgress(min=0, max=STAGES, layout=w.Layout(width="300px", visibility="hidden"))}
+
+    def progress(done: int, text: str) -> None:  # sent to the page at once, while the cell still computes
+        outputs["progress"].value, outputs["progress"].layout.visibility = done, "visible"
+        outputs["status"].value = f"<i>{done + 1}/{STAGES} {text}...</i>"
 
     def update() -> None:
         settings = {k: c.value for k, c in controls.items()}
-        outputs["status"].value = "<i>computing...</i>"
+        t0 = time.perf_counter()
         try:
-            drawn = _compute(settings, num_classes, nominal_batch_size, max_batch)
+            drawn = _compute(settings, num_classes, nominal_batch_size, max_batch, progress)
         except (ValueError, RuntimeError) as error:
             show_error(outputs["curve"], f"cannot compute this setting: {error}")
             outputs["status"].value = ""
             return
-        _draw(app, drawn, settings)
+        finally:
+            outputs["progress"].layout.visibility = "hidden"
+        _draw(app, drawn, settings, time.perf_counter() - t0)
 
     left = w.VBox([controls[k] for k in ("model", "imgsz", "batch", "amp")])
     right = w.VBox([controls[k] for k in ("activation_checkpointing", "switches", "gpu", "method")]
-                   + [outputs["status"]])
+                   + [outputs["progress"], outputs["status"]])
     container = w.VBox([w.HBox([left, right]), outputs["plan"], w.HBox([outputs["curve"], outputs["breakdown"]])])
     app = WidgetApp(container=container, controls=controls, outputs=outputs, update=update)
     for control in controls.values():
@@ -126,15 +137,29 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
     return app
 
 
-def _compute(settings: dict[str, Any], num_classes: int, nominal_batch_size: int, max_batch: int) -> dict:
-    """Everything the explorer shows, from the package's public functions."""
+def _compute(settings: dict[str, Any], num_classes: int, nominal_batch_size: int, max_batch: int,
+             progress: Callable[[int, str], None]) -> dict:
+    """Everything the explorer shows, from the package's public functions; ``progress(stage, text)`` is called
+    before each of the ``STAGES``."""
     from yolo9kit import memory
 
     step = explorer_step(settings, num_classes)
     spec = memory.target_gpu(settings["gpu"])
     method = settings["method"]
-    frame = memory.sweep(step, memory.batch_grid(*settings["batch"]), gpu=spec, method=method)
+    if method == "measured":
+        progress(0, "measuring the step on this card")
+    elif memory.is_traced(step, spec):
+        progress(0, "this setting was traced before")
+    else:
+        progress(0, f"tracing {step.model_name} at {step.imgsz} px, once for this setting (seconds to a minute; "
+                    "a setting seen before is instant)")
+        memory.estimate(step, 1, gpu=spec)  # the trace every figure below reads
+    grid = memory.batch_grid(*settings["batch"])
+    progress(1, f"the curve at {len(grid)} batch sizes")
+    frame = memory.sweep(step, grid, gpu=spec, method=method)
+    progress(2, "the largest batch")
     search = memory.find_max_batch(step, gpu=spec, max_batch=max_batch, method=method)
+    progress(3, "the plan and the breakdown")
     batch_plan = memory.plan(step, nominal_batch_size, gpu=spec, method=method)
     fitting = frame[frame["device_bytes"] <= search.budget_bytes]["batch_size"]
     shown = int(fitting.max()) if len(fitting) else int(frame["batch_size"].min())
@@ -142,7 +167,7 @@ def _compute(settings: dict[str, Any], num_classes: int, nominal_batch_size: int
     return {"step": step, "spec": spec, "frame": frame, "search": search, "plan": batch_plan, "report": report}
 
 
-def _draw(app: WidgetApp, drawn: dict, settings: dict[str, Any]) -> None:
+def _draw(app: WidgetApp, drawn: dict, settings: dict[str, Any], seconds: float) -> None:
     from yolo9kit.plots import memory_breakdown, memory_vs_batch
 
     spec, search, report = drawn["spec"], drawn["search"], drawn["report"]
@@ -157,4 +182,4 @@ def _draw(app: WidgetApp, drawn: dict, settings: dict[str, Any]) -> None:
     show_figure(app.outputs["breakdown"], breakdown)
     app.outputs["plan"].value = _plan_html(search, drawn["plan"])
     app.outputs["status"].value = (f"breakdown at batch {report.batch_size}: {format_bytes(report.device_bytes)} "
-                                   f"on the card")
+                                   f"on the card (computed in {seconds:.1f} s)")

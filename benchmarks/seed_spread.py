@@ -1,0 +1,47 @@
+"""The run-to-run noise of the demo: its recipe trained with several seeds, and the spread of the results.
+
+    python benchmarks/seed_spread.py                 # 3 seeds of the demo (30 epochs, 160 px, CPU)
+    python benchmarks/seed_spread.py --seeds 5 --epochs 10
+
+The data is the demo's (``python -m yolo9kit demo``: 384 training and 64 validation shapes images at 160 px,
+written once with the demo's data seed), so only the run's seed changes: the initial weights, the data order and
+the augmentation. Runs go one after the other in this process. Prints each seed's last-epoch and best-epoch
+mAP (best.pt is the best epoch's, what the demo prints), then mean, standard deviation and range: a difference
+between two runs of this size that is inside the range could come from the seed alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--imgsz", type=int, default=160)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+
+    from yolo9kit.cli.demo import NUM_CLASSES, recipe
+    from yolo9kit.data import make_shapes
+    from yolo9kit.train import fit_seeds
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = make_shapes(Path(tmp) / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=NUM_CLASSES,
+                           max_objects=3, seed=0)
+        config = recipe(args.epochs, args.imgsz, args.device, Path(tmp)).replace(plots=False)
+        t0 = time.perf_counter()
+        spread = fit_seeds("yolov9-t", data, config, seeds=args.seeds)
+        seconds = time.perf_counter() - t0
+    print(f"demo recipe, yolov9-t, {args.epochs} epochs at {args.imgsz} px on {args.device}, seeds "
+          f"{spread.table['seed'].tolist()} ({seconds / 60:.1f} min in all)")
+    print(spread.table.drop(columns="run").round(4).to_string(index=False))
+    print(spread.summary().round(4).to_string())
+
+
+if __name__ == "__main__":
+    main()
