@@ -42,6 +42,7 @@ assert rule.set_index("batch_size").loc[16, "accumulate"] == round(nominal / 16)
 assert ramp["accumulate"].iloc[0] == 1 and ramp["accumulate"].iloc[-1] == base_accumulate(config)
 assert cos.iloc[2] > 0.9999, "frozen BatchNorm on identical images: accumulation must point like one batch"
 assert cos.iloc[0] < cos.iloc[2], "BatchNorm batch statistics should make accumulation differ from one batch"
+assert len(rows) == 3 * DRAWS and (low <= cos).all() and (cos <= high).all()  # means inside each case's draws
 """,
     "04_data_loading.ipynb": """\
 from yolo9kit.widgets import output_png
