@@ -44,6 +44,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # the training run: fit, the epoch loop, checkpoints, DDP (an automatic batch is planned with the memory
     # tools before the first step)
     ("training run", ["yolo9kit.train"]),
+    # the table of run folders: it reads what training runs write
+    ("experiments", ["yolo9kit.experiments"]),
     # the GPU self-check: the training step and the memory tools run on the card (checks(gpu=True))
     ("GPU self-check", ["yolo9kit.gpu_check"]),
     # prediction on images and videos, and the deployed model as an ONNX file: nothing below imports them

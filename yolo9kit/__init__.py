@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "ExportConfig": "yolo9kit.config",
     "fit": "yolo9kit.train",
     "fit_seeds": "yolo9kit.train",
+    "runs": "yolo9kit.experiments",
     "predict": "yolo9kit.prediction",
     "export": "yolo9kit.export_onnx",
     "evaluate": "yolo9kit.validate",
@@ -81,6 +82,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TrainConfig,
     )
     from yolo9kit.data import create_dataloader, make_shapes
+    from yolo9kit.experiments import runs
     from yolo9kit.export_onnx import export
     from yolo9kit.gpu_check import checks
     from yolo9kit.loss import DetectionLoss

@@ -225,6 +225,11 @@ class FolderInUseError(ValueError):
 LOCK_NAME = ".yolo9kit.lock"
 
 
+def _live(owner: tuple[int, str] | None) -> bool:
+    """Whether a lock's owner (pid, host) is a live process; one of another host counts as live."""
+    return owner is not None and (owner[1] != socket.gethostname() or _pid_alive(owner[0]))
+
+
 class FolderLock:
     """One process at a time in a folder: ``<folder>/.yolo9kit.lock`` holds the owner's pid and host.
 
@@ -244,7 +249,7 @@ class FolderLock:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 owner = self._owner()
-                if owner is not None and (owner[1] != socket.gethostname() or _pid_alive(owner[0])):
+                if _live(owner):
                     raise FolderInUseError(
                         f"{self.path.parent} is in use by process {owner[0]} on {owner[1]} ({self.what}); "
                         "choose another folder (train: another --name), or wait for it to end") from None
@@ -257,6 +262,10 @@ class FolderLock:
             self.held = True
             return self
         raise FolderInUseError(f"{self.path.parent}: could not take its lock {self.path}")
+
+    def in_use(self) -> bool:
+        """Whether a live process holds the lock (one of another host counts as live: it cannot be checked)."""
+        return _live(self._owner())
 
     def _owner(self) -> tuple[int, str] | None:
         try:

@@ -23,11 +23,13 @@ _EXPORTS = {
     "plot_pr_curve": "yolo9kit.plots.metrics",
     "plot_validation": "yolo9kit.plots.metrics",
     "plot_results": "yolo9kit.plots.train",
+    "compare": "yolo9kit.plots.train",
     "plot_schedule": "yolo9kit.plots.train",
 }
 
-__all__ = ["memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_labels", "plot_metric_curve",
-           "plot_pr_curve", "plot_results", "plot_schedule", "plot_validation", "show_batch", "vram_trace"]
+__all__ = ["compare", "memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_labels",
+           "plot_metric_curve", "plot_pr_curve", "plot_results", "plot_schedule", "plot_validation", "show_batch",
+           "vram_trace"]
 
 
 def __getattr__(name: str):
@@ -46,4 +48,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.plots.batch import plot_labels, show_batch
     from yolo9kit.plots.memory import memory_breakdown, memory_vs_batch, vram_trace
     from yolo9kit.plots.metrics import plot_confusion_matrix, plot_metric_curve, plot_pr_curve, plot_validation
-    from yolo9kit.plots.train import plot_results, plot_schedule
+    from yolo9kit.plots.train import compare, plot_results, plot_schedule

@@ -1,4 +1,5 @@
-"""Plots of a training run (results.csv) and of the LR / momentum / accumulation schedule."""
+"""Plots of a training run (results.csv), of several runs side by side, and of the LR / momentum / accumulation
+schedule."""
 
 from __future__ import annotations
 
@@ -27,6 +28,43 @@ def plot_results(results: Any, fig=None):
     else:
         df = results if isinstance(results, pd.DataFrame) else pd.DataFrame(list(results))
     return draw_results(df, fig)
+
+
+def compare(runs: Any, metric: str = "metrics/mAP50-95", ax=None):
+    """The chosen runs' curves of ``metric`` against the epoch (counted from 1), on shared axes, each labelled by
+    the settings that differ between them (by its folder when none differ).
+
+    Args:
+        runs: rows of a ``yolo9kit.runs()`` table, or run folders (what ``runs`` takes).
+        metric: a results.csv column: ``metrics/mAP50-95`` (default), ``metrics/mAP50``, ``train/box_loss``,
+            ``images_per_s``, ...
+        ax: axes to draw into, or None for a new figure.
+
+    Returns:
+        The figure. A run without that column, or without rows, is named in the legend as "(no data)".
+    """
+    import pandas as pd
+
+    from yolo9kit.experiments import differing_settings
+    from yolo9kit.experiments import runs as table_of
+    from yolo9kit.figure import axes_for
+    from yolo9kit.train.records import read_results
+
+    table = runs if isinstance(runs, pd.DataFrame) else table_of(list(runs))
+    if table.empty:
+        raise ValueError("compare: no runs to draw")
+    differ = differing_settings(table)
+    _, ax = axes_for(ax, (7, 4))
+    for _, row in table.iterrows():
+        label = ", ".join(f"{name}={row[name]}" for name in differ) or str(row["run"])
+        try:
+            df = read_results(row["path"])
+            ax.plot(df["epoch"] + 1, df[metric], marker="o", markersize=3, label=label)
+        except (OSError, KeyError, ValueError, pd.errors.ParserError):
+            ax.plot([], [], label=f"{label} (no data)")
+    ax.set(xlabel="epoch", ylabel=metric, title=f"{metric}, {len(table)} runs")
+    ax.legend(fontsize=8)
+    return ax.figure
 
 
 def plot_schedule(config: Any, batches_per_epoch: int, ax=None):

@@ -172,13 +172,13 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             LOGGER.info("resuming %s in epoch %d of %d", folder.path, run.progress.epoch + 1, config.epochs)
         interrupted_by = _epochs(run, train_loader)
     except NonFiniteLossError as e:
-        close_failed(folder)
+        close_failed(folder, e)
         raise e.in_run(run.run_dir) from None  # the loop knows no folder; the message names where last.pt is
-    except BaseException:
-        close_failed(folder)
+    except BaseException as e:
+        close_failed(folder, e)
         raise
-    close_run(folder)
     trainer, progress = run.trainer, run.progress
+    close_run(folder, interrupted_by, progress.epoch, config.epochs)  # state.yaml says how it ended
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, folder.path, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted=interrupted_by is not None,
                      results=run.results, optimizer_steps=trainer.optimizer_steps,

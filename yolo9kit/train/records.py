@@ -1,5 +1,6 @@
 """What a run reports: the per-batch ``BatchRecord`` and per-epoch ``EpochRecord`` given to the callbacks,
-results.csv (written from the ``EpochRecord``), and the numbers shown on the progress bar."""
+results.csv (written from the ``EpochRecord``), state.yaml (how the run ended), and the numbers shown on the
+progress bar."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from yolo9kit.files import write_text_atomically
 if TYPE_CHECKING:
     from yolo9kit.train.loop import EpochStats
 
+STATE_FILE = "state.yaml"  # running, finished, stopped early, interrupted or failed: what yolo9kit.runs reads
 RESULTS_COLUMNS = [
     "epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
     "metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "fitness",
@@ -206,3 +208,39 @@ def bar_text(mean_items: torch.Tensor, peak_allocated: int, images_per_s: float,
     box, cls, dfl = (float(v) for v in mean_items)
     return (f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} mem {peak_allocated / 1e9:.3g}G "
             f"{images_per_s:.1f} img/s acc {accumulate}x{micro_batch}")
+
+
+def write_state(folder: Path, state: str, reason: str | None, epochs_done: int | None, epochs: int | None,
+                wall_s: float) -> Path | None:
+    """``state.yaml`` of a run folder: ``state`` ("running", "finished", "stopped early", "interrupted",
+    "failed"), ``reason`` (what stopped or failed it, one line), the epochs done of the planned, the wall time of
+    all the run's parts, when it was written and by which process. A run killed outright leaves "running"
+    behind (``yolo9kit.runs`` tells it from a live one by the folder's lock). A failed write is a warning (the
+    run's own files matter more) and returns None."""
+    import datetime
+    import logging
+    import os
+
+    import yaml
+
+    record = {"state": state, "reason": reason, "epochs_done": epochs_done, "epochs": epochs,
+              "wall_s": round(wall_s, 1), "pid": os.getpid(),
+              "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    path = folder / STATE_FILE
+    try:
+        write_text_atomically(path, yaml.safe_dump(record, sort_keys=False))
+    except OSError as e:
+        logging.getLogger(__name__).warning("%s: not written (%s)", path, e)
+        return None
+    return path
+
+
+def read_state(folder: Path) -> dict:
+    """``state.yaml`` of a run folder as a dict ({} when it is missing or unreadable)."""
+    import yaml
+
+    try:
+        value = yaml.safe_load((folder / STATE_FILE).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return value if isinstance(value, dict) else {}

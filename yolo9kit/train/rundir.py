@@ -2,7 +2,8 @@
 and room on the disk for an epoch's checkpoints.
 
 A run folder holds ``weights/`` (created at the first save), ``results.csv``, ``settings.yaml`` (the settings
-in effect, ``write_settings``), ``auto_batch.json`` and the pictures of ``yolo9kit.train.pictures``. Its
+in effect, ``write_settings``), ``state.yaml`` (running, or how it ended: ``record_state``), ``auto_batch.json``
+and the pictures of ``yolo9kit.train.pictures``. Its
 ``weights/last.pt`` is the commit point of an epoch: ``results.csv`` holds the rows of the epochs that
 last.pt records, and a resumed run rewrites it from the rows stored in last.pt, so that a crash at any
 instant never leaves an epoch twice or a row of an epoch that was not kept.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from yolo9kit.config.declare import KEEP, declarations
 from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, remove_stale_temporaries
 from yolo9kit.train import ddp
-from yolo9kit.train.records import write_results
+from yolo9kit.train.records import read_state, write_results, write_state
 from yolo9kit.train.state import checkpoint_bytes, find_resume_checkpoint, increment_path, run_dir_of
 from yolo9kit.train.step import Trainer
 
@@ -49,6 +51,8 @@ class RunFolder:
     files: list[Path] = field(default_factory=list)
     lock: FolderLock | None = None  # held while the run writes (one process per run folder)
     recipe: str = ""  # which recipe the run trains with and why (settle_settings), for settings.yaml
+    started: float = field(default_factory=time.monotonic)  # this process's part of the wall time
+    earlier_s: float = 0.0  # the wall time of the parts before a resume (from their state.yaml)
 
 
 def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
@@ -86,9 +90,22 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
         remove_stale_temporaries(folder)
     if run.ckpt is not None:
         _reconcile_results(run.path / "results.csv", run.ckpt)
+        run.earlier_s = float(read_state(run.path).get("wall_s") or 0.0)
     elif not run.new:
         _set_aside_results(run.path / "results.csv")
+    record_state(run, "running")
     return run
+
+
+def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
+                 epochs: int | None = None) -> None:
+    """``state.yaml`` (``records.write_state``) with the wall time of all the run's parts; a failed start removes
+    it with the folder."""
+    if run.path is None or not run.path.is_dir():
+        return
+    path = write_state(run.path, state, reason, epochs_done, epochs, run.earlier_s + time.monotonic() - run.started)
+    if path is not None and run.new and path not in run.files:
+        run.files.append(path)
 
 
 def _set_aside_results(path: Path) -> None:
@@ -131,18 +148,26 @@ def _count_rows(path: Path) -> int | None:
         return None
 
 
-def close_run(run: RunFolder) -> None:
-    """After the run, however it ended: its lock released."""
+def close_run(run: RunFolder, interrupted_by: str | None = None, epochs_done: int | None = None,
+              epochs: int | None = None) -> None:
+    """After a run that returned: how it ended in ``state.yaml``, then its lock released."""
+    state = "interrupted" if interrupted_by else "finished" if epochs_done == epochs else "stopped early"
+    record_state(run, state, interrupted_by or ("patience" if state == "stopped early" else None), epochs_done,
+                 epochs)
+    _release(run)
+
+
+def _release(run: RunFolder) -> None:
     if run.lock is not None:
         run.lock.release()
 
 
-def close_failed(run: RunFolder) -> None:
+def close_failed(run: RunFolder, error: BaseException) -> None:
     """After a failed run: remove an empty ``weights/``, and the run folder when this run made it and it is empty
-    (the lock is released first: it is not a file of the run)."""
+    (the lock is released first: it is not a file of the run); a folder that stays says why in ``state.yaml``."""
     if run.path is None:
         return
-    close_run(run)
+    _release(run)
     weights = run.path / "weights"
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
@@ -156,6 +181,8 @@ def close_failed(run: RunFolder) -> None:
                 folder.rmdir()
         except OSError:  # not ours to insist on: the error that ended the run matters more
             pass
+    reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if str(error) else type(error).__name__
+    record_state(run, "interrupted" if isinstance(error, KeyboardInterrupt) else "failed", reason)
 
 
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:

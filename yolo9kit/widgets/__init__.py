@@ -10,6 +10,7 @@ imported only when a front end is built, so importing ``yolo9kit`` never needs t
 - ``train_dashboard()``: live losses, learning rate, VRAM and images/s while ``fit`` runs.
 - ``detection_viewer()``: predictions over images with confidence and IoU sliders.
 - ``augmentation_viewer()``: a training batch under mosaic, mixup, HSV and scale settings.
+- ``runs_viewer()``: the runs table of a folder and the chosen runs' curves of a metric side by side.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ _EXPORTS = {
     "memory_explorer": "yolo9kit.widgets.memory",
     "detection_viewer": "yolo9kit.widgets.detection",
     "augmentation_viewer": "yolo9kit.widgets.augmentation",
+    "runs_viewer": "yolo9kit.widgets.runs",
 }
 
 __all__ = ["TrainDashboard", "WidgetApp", "augmentation_viewer", "detection_viewer", "memory_explorer", "output_png",
-           "train_dashboard"]
+           "runs_viewer", "train_dashboard"]
 
 
 def __getattr__(name: str):
@@ -49,3 +51,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from yolo9kit.widgets.dashboard import TrainDashboard, train_dashboard
     from yolo9kit.widgets.detection import detection_viewer
     from yolo9kit.widgets.memory import memory_explorer
+    from yolo9kit.widgets.runs import runs_viewer

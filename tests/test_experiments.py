@@ -1,0 +1,112 @@
+"""``yolo9kit.runs()`` and ``plots.compare``: the run folders of real (toy-model) fit runs as one table, an
+interrupted, a killed and a damaged folder among them, and their curves side by side."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from train_toys import ToyNet, make_batches, one_thread, toy_loss
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.files import LOCK_NAME
+from yolo9kit.train import fit
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+
+def _fit(project, name, **settings):
+    settings = {"epochs": 3, "batch_size": 2, "accumulate_steps": 1, "amp": "off", "device": "cpu",
+                "warmup_epochs": 0.0, "warmup_min_batches": 0, "progress_bar": False, **settings}
+    config = TrainConfig(project=str(project), name=name, **settings)
+    torch.manual_seed(0)
+    epoch = {"n": 0}
+
+    def validate(model):
+        epoch["n"] += 1
+        return {"precision": 0.5, "recall": 0.5, "map50": 0.1 * epoch["n"], "map50_95": 0.05 * epoch["n"],
+                "fitness": 0.055 * epoch["n"]}
+
+    return fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(2, 2), validate_fn=validate)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """Four run folders: two finished (batch 2 and batch 4), one interrupted, one killed; and a damaged one."""
+    root = tmp_path_factory.mktemp("runs")
+    _fit(root, "small")
+    _fit(root, "large", batch_size=4)
+
+    def stop(record):
+        if record.epoch == 1:
+            raise KeyboardInterrupt("stop")
+
+    _fit(root, "stopped", callbacks={"on_batch": stop})
+    killed = _fit(root, "killed").save_dir
+    (killed / "state.yaml").write_text("state: running\nwall_s: 3.0\n")  # what a SIGKILL leaves
+    (killed / LOCK_NAME).write_text("999999999 " + __import__("socket").gethostname() + "\n")  # no such process
+    damaged = _fit(root, "damaged").save_dir
+    with (damaged / "results.csv").open("a") as f:
+        f.write("3,0.5,garbage\n")  # a half-written row
+    return root
+
+
+def test_the_table_has_a_row_per_run_with_its_state_metrics_and_the_settings_that_differ(root):
+    from yolo9kit import runs
+
+    table = runs(root).set_index("run")
+    assert set(table.index) == {"small", "large", "stopped", "killed", "damaged"}
+    assert table.loc["small", "state"] == "finished" and table.loc["small", "epochs"] == "3/3"
+    assert table.loc["small", "best mAP50"] == pytest.approx(0.3) and table.loc["small", "mAP50-95"] == \
+        pytest.approx(0.15)
+    assert table.loc["small", "batch x accumulate"] == "2 x 1" and table.loc["large", "batch x accumulate"] == "4 x 1"
+    assert table.loc["small", "wall time (s)"] > 0 and table.loc["small", "images/s"] > 0
+    assert table.loc["stopped", "state"] == "interrupted" and table.loc["stopped", "epochs"] == "1/3"
+    assert table.loc["killed", "state"] == "killed" and "process is gone" in table.loc["killed", "reason"]
+    assert table.loc["damaged", "state"] == "damaged" and "results.csv line 5" in table.loc["damaged", "reason"]
+    # the settings that differ, and only those: the batch; never the folder's name
+    assert "batch_size" in table.columns and "name" not in table.columns and "lr0" not in table.columns
+    assert list(table.columns[-2:]) == ["reason", "path"]
+
+
+def test_the_cli_prints_the_table_and_a_missing_root_is_one_line(root, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "yolo9kit", "runs", str(root), "--csv", str(tmp_path / "t.csv")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "interrupted" in done.stdout and "damaged" in done.stdout and (tmp_path / "t.csv").stat().st_size > 0
+    missing = subprocess.run([sys.executable, "-m", "yolo9kit", "runs", str(tmp_path / "nothing")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no such folder of runs" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_compare_draws_each_runs_curve_labelled_by_what_differs(root):
+    from yolo9kit import runs
+    from yolo9kit.plots import compare
+
+    table = runs(root)
+    chosen = table[table["run"].isin(["small", "large"])]
+    fig = compare(chosen, metric="metrics/mAP50")
+    lines = fig.axes[0].lines
+    assert sorted(line.get_label() for line in lines) == ["batch_size=2", "batch_size=4"]
+    assert all(list(line.get_xdata()) == [1, 2, 3] for line in lines)  # epochs counted from 1
+    assert list(lines[0].get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
+    folders = compare([root / "small", root / "stopped"], metric="metrics/mAP50")  # run folders work too
+    assert len(folders.axes[0].lines) == 2
+
+
+def test_the_runs_viewer_draws_the_chosen_runs_and_the_chosen_metric(root):
+    from yolo9kit.widgets import output_png, runs_viewer
+
+    app = runs_viewer(root)
+    assert set(app.controls) == {"runs", "metric"} and len(app.controls["runs"].value) == 4  # the four newest
+    app.controls["runs"].value = ("small", "large")
+    assert list(app.state["chosen"]["run"]) == ["large", "small"] and app.outputs["table"].value.count("<tr") == 3
+    before = output_png(app.outputs["curves"])
+    assert len(app.figures["curves"].axes[0].lines) == 2 and before is not None
+    app.controls["metric"].value = "box loss"
+    assert app.figures["curves"].axes[0].get_ylabel() == "train/box_loss"
+    assert output_png(app.outputs["curves"]) != before
+    with pytest.raises(ValueError, match="metric"):
+        runs_viewer(root, metric="accuracy")
