@@ -3,8 +3,14 @@
 The notebooks end with what a participant learned; the checks live here. ``tests/test_notebooks.py`` and
 ``tests/test_browser.py`` append ``CHECKS[name]`` as one more code cell to the copy they run (never to the
 tracked file), so a headless run and a JupyterLab run assert the same things about the same kernel state.
-The names the checks use are the notebooks' own variables.
+The names the checks use are the notebooks' own variables. ``coco_export`` makes the COCO data set both
+tests give notebook 08.
 """
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 CHECKS = {
     "00_tour.ipynb": """\
@@ -121,3 +127,31 @@ assert summary.loc["b16", "min"] <= summary.loc["b16", "mean"] <= summary.loc["b
 assert inside == (abs(difference) <= noise)
 """,
 }
+
+
+def coco_export(tmp_path: Path, with_images: bool = True) -> tuple[Path, Path]:
+    """A COCO export as people have them: ``instances.json`` and an images folder of its own."""
+    import json
+
+    import numpy as np
+
+    from yolo9kit.data import make_shapes
+
+    src = make_shapes(tmp_path / "src", n_train=12, n_val=1, imgsz=64, num_classes=3, seed=3).parent
+    images, annotations = [], []
+    for k, label in enumerate(sorted((src / "labels" / "train").glob("*.txt"))):
+        images.append({"id": k, "file_name": label.stem + ".jpg", "width": 64, "height": 64})
+        for c, cx, cy, w, h in np.loadtxt(label, ndmin=2):
+            annotations.append({"id": len(annotations), "image_id": k, "category_id": int(c) + 1,
+                                "bbox": [(cx - w / 2) * 64, (cy - h / 2) * 64, w * 64, h * 64]})
+    names = ["rectangle", "ellipse", "triangle"]
+    json_path = tmp_path / "export" / "instances.json"
+    json_path.parent.mkdir()
+    json_path.write_text(json.dumps({"images": images, "annotations": annotations,
+                                     "categories": [{"id": i + 1, "name": n} for i, n in enumerate(names)]}))
+    photos = tmp_path / "export" / "images"
+    photos.mkdir()
+    if with_images:
+        for image in (src / "images" / "train").iterdir():
+            shutil.copy(image, photos / image.name)
+    return json_path, photos

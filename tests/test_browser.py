@@ -18,6 +18,7 @@ and checks:
   shows as a red traceback;
 - 01 run, saved, closed with its kernel shut down and opened again shows its explorer from the saved widget
   state (the settings ``make lab`` gives), not "Error displaying widget".
+- 08 runs a second time on a COCO export (its parameters set after the parameters cell, as papermill does).
 
 Screenshots (the page after Run All, each widget before and after its interaction) are written to a
 folder the test prints, and copied to ``$YOLO9KIT_BROWSER_SHOTS`` when that is set (e.g. ``runs/browser``).
@@ -44,7 +45,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from notebook_checks import CHECKS
+from notebook_checks import CHECKS, coco_export
 
 pytestmark = pytest.mark.browser
 
@@ -63,6 +64,14 @@ NOTEBOOK_RUN_TIMEOUT_S = 300  # all cells of one smoke-mode notebook on a busy 2
 REDRAW_TIMEOUT_S = 90
 STDERR = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
 WIDGET_IMAGE = ".widget-output img, .jupyter-widgets-output-area img"
+
+
+COCO_SOURCE, COCO_NOTEBOOK = "08_finetune_your_data.ipynb", "08_finetune_your_data_coco.ipynb"
+
+
+def _code_cell(cell_id: str, source: str) -> dict:
+    return {"cell_type": "code", "id": cell_id, "metadata": {}, "execution_count": None, "outputs": [],
+            "source": source}
 
 
 def _free_port() -> int:
@@ -116,9 +125,14 @@ def lab_server(tmp_path_factory):
     shutil.copytree(REPO / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for name in NOTEBOOKS:  # each copy ends with its checks: Run All asserts what nbclient's run asserts
         notebook = json.loads((root / name).read_text())
-        notebook["cells"].append({"cell_type": "code", "id": "checks", "metadata": {}, "execution_count": None,
-                                  "outputs": [], "source": CHECKS[name]})
+        notebook["cells"].append(_code_cell("checks", CHECKS[name]))
         (root / name).write_text(json.dumps(notebook, indent=1))
+    # 08 once more, on a COCO export (instances.json and its images folder), as a participant brings one
+    json_path, photos = coco_export(tmp_path / "coco")
+    notebook = json.loads((root / COCO_SOURCE).read_text())
+    at = next(i for i, c in enumerate(notebook["cells"]) if "parameters" in c["metadata"].get("tags", []))
+    notebook["cells"].insert(at + 1, _code_cell("coco", f"DATA = {str(json_path)!r}\nCOCO_IMAGES = {str(photos)!r}"))
+    (root / COCO_NOTEBOOK).write_text(json.dumps(notebook, indent=1))
     config_dir, settings_dir = tmp_path / "jupyter_config", tmp_path / "lab_settings"
     config_dir.mkdir()
     _write_settings(settings_dir)
@@ -452,6 +466,28 @@ def test_a_reopened_notebook_shows_its_widgets_from_the_saved_state(lab_server, 
         assert page.get_by_text("Error displaying widget").count() == 0, "a widget of the reopened notebook is lost"
         assert cell.locator(WIDGET_IMAGE).count() >= 2, "the reopened explorer shows no curve and breakdown"
         assert cell.locator(".widget-html:has-text('Largest batch')").count() > 0
+    finally:
+        _shutdown_kernels(lab_url, page)
+        page.close()
+
+
+@pytest.mark.slow
+def test_notebook_08_fine_tunes_a_coco_export_in_jupyterlab(lab_server, browser, shots):
+    """08 with DATA set to a COCO JSON and COCO_IMAGES to its images: Run All without a red output, the data
+    converted with a validation split held out, and the same checks as on the shapes data."""
+    lab_url, log_path, root = lab_server
+    n_code = sum(c["cell_type"] == "code" for c in json.loads((root / COCO_NOTEBOOK).read_text())["cells"])
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab_url}/lab/tree/{COCO_NOTEBOOK}?reset")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
+        _wait_for_kernel(page)
+        _run_all_and_wait(page, n_code, log_path, shots / "08_coco_failure.png")
+        page.screenshot(path=str(shots / "08_coco_after_run_all.png"))
+        red = page.locator(STDERR)
+        assert red.count() == 0, f"{red.count()} red output(s), the first:\n{red.first.inner_text()[:1500]}"
+        shown = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        assert "held out for validation" in shown and "no label file" not in shown
     finally:
         _shutdown_kernels(lab_url, page)
         page.close()

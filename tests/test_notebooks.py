@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from notebook_checks import CHECKS
+from notebook_checks import CHECKS, coco_export
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -144,47 +144,19 @@ def _run_with(path: Path, workdir: Path, monkeypatch, **parameters):
     return nb, None
 
 
-def _coco_export(tmp_path: Path, with_images: bool = True) -> tuple[Path, Path]:
-    """A COCO export as people have them: ``instances.json`` and an images folder of its own."""
-    import json
-
-    import numpy as np
-
-    from yolo9kit.data import make_shapes
-
-    src = make_shapes(tmp_path / "src", n_train=12, n_val=1, imgsz=64, num_classes=3, seed=3).parent
-    images, annotations = [], []
-    for k, label in enumerate(sorted((src / "labels" / "train").glob("*.txt"))):
-        images.append({"id": k, "file_name": label.stem + ".jpg", "width": 64, "height": 64})
-        for c, cx, cy, w, h in np.loadtxt(label, ndmin=2):
-            annotations.append({"id": len(annotations), "image_id": k, "category_id": int(c) + 1,
-                                "bbox": [(cx - w / 2) * 64, (cy - h / 2) * 64, w * 64, h * 64]})
-    names = ["rectangle", "ellipse", "triangle"]
-    json_path = tmp_path / "export" / "instances.json"
-    json_path.parent.mkdir()
-    json_path.write_text(json.dumps({"images": images, "annotations": annotations,
-                                     "categories": [{"id": i + 1, "name": n} for i, n in enumerate(names)]}))
-    photos = tmp_path / "export" / "images"
-    photos.mkdir()
-    if with_images:
-        for image in (src / "images" / "train").iterdir():
-            shutil.copy(image, photos / image.name)
-    return json_path, photos
-
-
 @pytest.mark.slow
 def test_notebook_08_fine_tunes_a_coco_export_and_stops_in_one_line_when_its_images_are_missing(tmp_path,
                                                                                               monkeypatch):
     workdir = tmp_path / "notebooks"
     shutil.copytree(NOTEBOOK_DIR, workdir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     path = workdir / "08_finetune_your_data.ipynb"
-    json_path, photos = _coco_export(tmp_path)
+    json_path, photos = coco_export(tmp_path)
     nb, error = _run_with(path, workdir, monkeypatch, DATA=str(json_path), COCO_IMAGES=str(photos))
     assert error is None, error
     shown = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "12 images" in shown and "held out for validation" in shown and "no label file" not in shown
 
-    missing_json, empty = _coco_export(tmp_path / "second", with_images=False)
+    missing_json, empty = coco_export(tmp_path / "second", with_images=False)
     nb, error = _run_with(path, workdir, monkeypatch, DATA=str(missing_json), COCO_IMAGES=str(empty))
     assert error is not None and error.ename == "DataError"
     stopped = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

@@ -143,7 +143,8 @@ class StepEstimator:
         self.memory, self.gflops = trace_model(self.step)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
-        LOGGER.info("traced %s (%s) in %.1f s", self.step.model_name, self.step.label, self.trace_seconds)
+        LOGGER.info("memory of one %s step (%s) measured without a GPU in %.1f s", self.step.model_name,
+                    self.step.label, self.trace_seconds)
 
     def _reserved_overheads(self, batch_sizes: Sequence[int]) -> dict[int, int]:
         """Allocator-model overhead at the fixed anchors 1, 8, 64, 512, ... that bracket the batch sizes
