@@ -24,6 +24,7 @@ SETTINGS_FILE = "settings.yaml"
 RESULTS_FILE = "results.csv"
 # settings that name the run rather than describe it: never shown as a difference
 _NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "log_interval"}
+NUMBERS = ["best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "wall time (s)", "images/s", "peak memory (GiB)"]
 COLUMNS = ["run", "state", "epochs", "best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "wall time (s)",
            "images/s", "peak memory (GiB)", "batch x accumulate"]
 
@@ -61,7 +62,10 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
     differing = _differing(settings)
     for row, config in zip(rows, settings):
         row.update({name: _cell(config.get(name)) for name in differing})
-    return pd.DataFrame(rows, columns=[*COLUMNS, *differing, "reason", "path"])
+    table = pd.DataFrame(rows, columns=[*COLUMNS, *differing, "reason", "path"])
+    for column in NUMBERS:  # NaN where a run has no value: a number column, not None among floats
+        table[column] = pd.to_numeric(table[column], errors="coerce")
+    return table
 
 
 def differing_settings(table: pd.DataFrame) -> list[str]:
