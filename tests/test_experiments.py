@@ -34,9 +34,11 @@ def _fit(project, name, **settings):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """Four run folders: two finished (batch 2 and batch 4), one interrupted, one killed; and a damaged one."""
+    """Six run folders: three finished (batch 2 with seeds 0 and 1, batch 4), one interrupted, one killed, one
+    damaged."""
     root = tmp_path_factory.mktemp("runs")
     _fit(root, "small")
+    _fit(root, "small-again", seed=1)  # the same settings but for the seed
     _fit(root, "large", batch_size=4)
 
     def stop(record):
@@ -57,7 +59,10 @@ def test_the_table_has_a_row_per_run_with_its_state_metrics_and_the_settings_tha
     from yolo9kit import runs
 
     table = runs(root).set_index("run")
-    assert set(table.index) == {"small", "large", "stopped", "killed", "damaged"}
+    assert set(table.index) == {"small", "small-again", "large", "stopped", "killed", "damaged"}
+    # the runs whose settings differ only in the seed: their spread (the toy validation scores every seed alike)
+    assert table.loc["small", "seed range"] == table.loc["small-again", "seed range"] == 0.0
+    assert table["seed range"].isna().sum() == 4 and "seed" in table.columns
     assert table.loc["small", "state"] == "finished" and table.loc["small", "epochs"] == "3/3"
     assert table.loc["small", "best mAP50"] == pytest.approx(0.3) and table.loc["small", "mAP50-95"] == \
         pytest.approx(0.15)

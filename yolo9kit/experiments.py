@@ -25,7 +25,7 @@ RESULTS_FILE = "results.csv"
 # settings that name the run rather than describe it: never shown as a difference
 _NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "log_interval"}
 NUMBERS = ["best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "wall time (s)", "images/s", "peak memory (GiB)"]
-COLUMNS = ["run", "state", "epochs", "best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "wall time (s)",
+COLUMNS = ["run", "state", "epochs", "best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "seed range", "wall time (s)",
            "images/s", "peak memory (GiB)", "batch x accumulate"]
 
 
@@ -34,7 +34,8 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
 
     Columns: ``run`` (the folder, relative to ``root``), ``state`` (running, finished, stopped early,
     interrupted, failed, killed, damaged; ``reason`` says why when it did not finish), ``epochs`` (done / planned),
-    the best epoch's and the last epoch's ``mAP50`` and ``mAP50-95`` (the EMA's validation), the ``wall time (s)``
+    the best epoch's and the last epoch's ``mAP50`` and ``mAP50-95`` (the EMA's validation), the ``seed range``
+    of the last mAP50-95 over the listed runs whose settings differ only in the seed, the ``wall time (s)``
     of all its parts, the median training ``images/s`` over its epochs, the ``peak memory (GiB)`` allocated on
     CUDA (empty off CUDA), ``batch x accumulate`` after warmup; then every setting whose value differs between the
     listed runs (``differing_settings``); ``reason`` and ``path`` last.
@@ -65,7 +66,23 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=[*COLUMNS, *differing, "reason", "path"])
     for column in NUMBERS:  # NaN where a run has no value: a number column, not None among floats
         table[column] = pd.to_numeric(table[column], errors="coerce")
+    table["seed range"] = _seed_range(table, settings)
     return table
+
+
+def _seed_range(table: pd.DataFrame, settings: list[dict[str, Any]]) -> list[float]:
+    """For each finished run, the range (max - min) of the last mAP50-95 over the finished runs whose settings are
+    its own but for the seed (at least two; else NaN): a difference between two settings inside it could come from
+    the seed alone (``fit_seeds`` makes such groups)."""
+    keys = [repr(sorted((k, _cell(v)) for k, v in c.items() if k not in _NOT_A_DIFFERENCE | {"seed"})) if c else None
+            for c in settings]
+    finished = (table["state"] == "finished").to_numpy()
+    values = pd.Series(table["mAP50-95"].where(table["state"] == "finished").to_numpy(), index=keys)
+    ranges = []
+    for key, done in zip(keys, finished):
+        group = values[values.index == key].dropna() if key is not None and done else pd.Series(dtype=float)
+        ranges.append(float(group.max() - group.min()) if len(group) >= 2 else float("nan"))
+    return ranges
 
 
 def differing_settings(table: pd.DataFrame) -> list[str]:
