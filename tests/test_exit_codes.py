@@ -31,6 +31,9 @@ def _cases(shapes, tmp):
         ("train", ["train", "--data", missing + ".yaml"], 2),
         ("train", ["train", "--resume", missing], 2),
         ("train", ["train", "--data", str(shapes), "--freeze", "backbone", "1"], 2),
+        ("train", ["train", "--seeds", "2", "--resume"], 2),
+        ("runs", ["runs", str(tmp)], 0),  # no run folders there: says so
+        ("runs", ["runs", missing], 2),
         ("val", ["val", "--weights", missing + ".pt", "--data", str(shapes)], 2),
         ("detect", ["detect", "--weights", "yolov9-t", "--source", missing + ".jpg"], 2),
         ("detect", ["detect", "--weights", "yolov9-t", "--source", str(tmp / "broken.jpg"), "--imgsz", "64",
