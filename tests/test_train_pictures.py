@@ -96,7 +96,8 @@ def test_a_short_run_writes_its_settings_and_every_picture(shapes3, tmp_path):
 @pytest.mark.slow
 def test_plots_off_writes_no_picture(shapes3, tmp_path):
     result = _shapes_fit(shapes3, _config(tmp_path, plots=False))
-    assert sorted(p.name for p in result.save_dir.iterdir()) == ["results.csv", "settings.yaml", "weights"]
+    files = sorted(p.name for p in result.save_dir.iterdir())
+    assert files == ["results.csv", "settings.yaml", "state.yaml", "weights"]
 
 
 def _toy_fit(tmp_path, **kw):

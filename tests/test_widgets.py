@@ -216,7 +216,7 @@ def test_dashboard_stop_button_stops_fit_and_resume_button_finishes_the_run(tmp_
     first = _toy_run(tmp_path, dash, press_stop_at_third_batch)
     assert first.interrupted and first.last.is_file() and [r.ni for r in dash.history] == [0, 1, 2]
     assert dash.controls["stop"].disabled and not dash.controls["resume"].disabled
-    assert any(m.startswith("stopped after batch 2") and str(first.last) in m for m in dash.messages)
+    assert any(m.startswith("stopped after batch 3 (epoch 1)") and str(first.last) in m for m in dash.messages)
     assert not [m for m in dash.messages if m.startswith("warning")]  # a requested stop is no warning
     assert "interrupted" not in capfd.readouterr().err  # fit's log record went to the panel, not to stderr
 
