@@ -104,7 +104,7 @@ def test_a_resume_refuses_each_kept_flag_and_takes_each_changeable_one():
         value = {"--batch-size": "8", "--gpu": "H100", "--freeze": "3", "--amp": "off", "--optimizer": "AdamW",
                  "--device": "cpu", "--cache": "disk", "--compile": "max-autotune", "--name": "other",
                  "--activation-checkpointing": "all", "--imgsz": "320", "--margin": "0.3",
-                 "--label-smoothing": "0.1", "--recipe": "short"}.get(declared.flag, "5")
+                 "--label-smoothing": "0.1", "--recipe": "short", "--loggers": "mlflow"}.get(declared.flag, "5")
         is_switch = _train_actions()[name].nargs == 0
         argv = ["train", "--resume", "x", declared.flag] + ([] if is_switch else [value])
         args = _parser().parse_args(argv)

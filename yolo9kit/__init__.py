@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "ExportConfig": "yolo9kit.config",
     "fit": "yolo9kit.train",
     "fit_seeds": "yolo9kit.train",
+    "tune": "yolo9kit.train",
     "runs": "yolo9kit.experiments",
     "predict": "yolo9kit.prediction",
     "export": "yolo9kit.export_onnx",
@@ -96,6 +97,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from yolo9kit.prediction import predict
     from yolo9kit.pretrained import shapes_model
-    from yolo9kit.train import fit, fit_seeds
+    from yolo9kit.train import fit, fit_seeds, tune
     from yolo9kit.validate import compare_heads, evaluate
     from yolo9kit.zoo import create_model, load_model

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
-from pathlib import Path
 
 from yolo9kit.cli.flags import (
     activation_checkpointing,
@@ -24,17 +22,9 @@ from yolo9kit.cli.flags import (
     freeze_token,
     model_limit,
 )
-from yolo9kit.config import FAST_SWITCHES, TrainConfig
+from yolo9kit.config import FAST_SWITCHES, LossConfig, TrainConfig
 from yolo9kit.config.declare import CHANGE, declarations
-
-LOGGER = logging.getLogger(__name__)
-
-# keys of an official hyp yaml that are TrainConfig fields; the augmentation keys go to the data layer
-_HYP_TRAIN_KEYS = {"lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr"}
-# official loss keys -> LossConfig fields (the official loss ignores them and hard-codes the same values)
-_HYP_LOSS_KEYS = {"box": "box_gain", "cls": "cls_gain", "dfl": "dfl_gain", "cls_pw": "cls_pos_weight"}
-_HYP_IGNORED = {"obj", "obj_pw", "iou_t", "anchor_t", "fl_gamma", "label_smoothing"}
-
+from yolo9kit.config.train import LOGGERS
 
 DEFAULT_MODEL = "yolov9-t"
 # How the command line writes the settings whose text is not a plain number, word or switch (the rest of each
@@ -48,6 +38,7 @@ _FORMS = {
     "resume": {"nargs": "?", "const": True},
     "device": {"type": device},
     "gpu": {"type": str},
+    "loggers": {"nargs": "+", "choices": LOGGERS, "metavar": "NAME"},
 }
 # The flags a resume reads as how to find the run, not as settings to compare with it.
 _HOW_TO_RESUME = ("project", "resume")
@@ -56,17 +47,24 @@ _HOW_TO_RESUME = ("project", "resume")
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("train", help="train a YOLOv9/GELAN model (AMP, accumulation, EMA, resume, DDP)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_flags(p)
+    p.add_argument("--weights", default=None, help="official or kit .pt: same-name same-shape tensors are transferred")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="train N times, with --seed, --seed + 1, ..., each in its own folder <name>-seed<k>, and print "
+                        "the spread of the final mAP (how large a difference between runs the seed alone makes)")
+    p.set_defaults(func=run)
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a run: --data, --model, a flag per declared setting, --hyp, the schedule and --plain-step
+    (``train`` and ``tune``; ``config_from_args`` reads them)."""
     p.add_argument("--data", help="data.yaml")
     p.add_argument("--model", "--cfg", default=None,
                    help=f"model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from (default "
                         f"{DEFAULT_MODEL})")
-    p.add_argument("--weights", default=None, help="official or kit .pt: same-name same-shape tensors are transferred")
     add_setting_flags(p)
     add_model_limit_flag(p)
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
-    p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="train N times, with --seed, --seed + 1, ..., each in its own folder <name>-seed<k>, and print "
-                        "the spread of the final mAP (how large a difference between runs the seed alone makes)")
     sched = p.add_mutually_exclusive_group()
     sched.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
     sched.add_argument("--flat-cos-lr", action="store_true", help="flat, then cosine")
@@ -74,7 +72,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plain-step", action="store_true",
                    help="turn the CUDA speed switches off (channels_last, lean activations, sync-free step, fused "
                         "optimizer, colour jitter on the GPU): the official step's layout")
-    p.set_defaults(func=run)
 
 
 def add_setting_flags(p: argparse.ArgumentParser) -> None:
@@ -192,12 +189,13 @@ def _batch_size(text: str) -> int | str:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """TrainConfig from the flags given (the others keep their declared defaults) and the --hyp yaml (which
     means the official recipe unless --recipe says otherwise)."""
-    train_keys, augment, loss = _read_hyp(args.hyp)
+    from yolo9kit.config.hyp import hyp_settings, read_hyp
+
     given = given_settings(args)
     if args.hyp and "recipe" not in given:  # an official hyp yaml asks for its own hyper-parameters
         given["recipe"] = "official"
-    return TrainConfig(**given, hyp=augment or None, **({"loss": loss} if loss else {}),
-                       **(_PLAIN if args.plain_step else {}), **train_keys)
+    from_hyp = hyp_settings(read_hyp(args.hyp), LossConfig()) if args.hyp else {}
+    return TrainConfig(**given, **(_PLAIN if args.plain_step else {}), **from_hyp)
 
 
 def _schedule(args: argparse.Namespace) -> str | None:
@@ -207,41 +205,6 @@ def _schedule(args: argparse.Namespace) -> str | None:
 
 
 _PLAIN = dict.fromkeys((*FAST_SWITCHES, "colour_on_device"), False)  # --plain-step
-
-
-def _read_hyp(path: str | None) -> tuple[dict, dict, object]:
-    """Split an official hyp yaml into TrainConfig fields, augmentation keys and a LossConfig (or None)."""
-    if not path:
-        return {}, {}, None
-    import yaml
-
-    from yolo9kit.config import DEFAULT_AUGMENT_HYP
-
-    try:
-        values = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as e:  # a syntax error, or a tag such as !!python/... that safe_load refuses
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"--hyp {path}:{where}: not a plain YAML mapping ({problem}); the file holds "
-                         "'name: number' lines (official hyp.*.yaml keys)") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"--hyp {path}: expected 'name: number' lines, got a {type(values).__name__}")
-    try:
-        train = {k: float(v) for k, v in values.items() if k in _HYP_TRAIN_KEYS}
-        augment = {k: float(v) for k, v in values.items() if k in DEFAULT_AUGMENT_HYP}
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"--hyp {path}: every value must be a number ({e})") from None
-    unknown = set(values) - _HYP_TRAIN_KEYS - set(DEFAULT_AUGMENT_HYP) - set(_HYP_LOSS_KEYS) - _HYP_IGNORED
-    if unknown:
-        LOGGER.warning("%s: ignoring unknown keys %s", path, sorted(unknown))
-    gains = {_HYP_LOSS_KEYS[k]: float(v) for k, v in values.items() if k in _HYP_LOSS_KEYS}
-    loss = None
-    if gains:
-        from yolo9kit.config import LossConfig
-
-        loss = LossConfig(**gains)
-    return train, augment, loss
 
 
 def _resume_setup(args: argparse.Namespace):

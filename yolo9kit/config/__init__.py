@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from yolo9kit.config.export import ExportConfig
+from yolo9kit.config.hyp import DEFAULT_AUGMENT_HYP
 from yolo9kit.config.inference import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
 from yolo9kit.config.step import (
     ACTIVATION_CHECKPOINTING,
@@ -25,7 +26,6 @@ from yolo9kit.config.step import (
 from yolo9kit.config.train import (
     CACHE_MODES,
     CALLBACK_NAMES,
-    DEFAULT_AUGMENT_HYP,
     DEFAULT_MARGIN,
     SCHEDULES,
     LossConfig,

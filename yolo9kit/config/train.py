@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config.declare import CHANGE, RUN, check_declared, declare, part, settings
+from yolo9kit.config.hyp import DEFAULT_AUGMENT_HYP, check_augment_hyp
 from yolo9kit.config.step import StepConfig
 
 # Head-room kept below a card's capacity when sizing a batch: validation runs at 2x the batch in eval mode
@@ -46,18 +47,12 @@ SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 # SHORT_RUN_UPDATES optimizer steps, as Ultralytics' optimizer="auto" picks AdamW for short runs.
 RECIPES = ("auto", "official", "short")
 CALLBACK_NAMES = ("on_batch", "on_epoch_end")
+# Experiment loggers beside the run folder (yolo9kit.train.loggers), each an optional extra of the package.
+LOGGERS = ("tensorboard", "mlflow")
 
 # Why some settings have no flag of their own (config.declare: every setting has a flag or a reason).
 _HYP = "--hyp reads it from an official hyp yaml"
 _API = "API only: the official value serves every command-line run"
-
-# Augmentation hyper-parameters of the official hyp.scratch-high.yaml (passed to the data layer).
-DEFAULT_AUGMENT_HYP: dict[str, float] = {
-    "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.9,
-    "shear": 0.0, "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.15,
-    "copy_paste": 0.3,
-}
-
 
 @dataclass(frozen=True)
 class LossConfig:
@@ -215,6 +210,11 @@ class RunConfig:
     oom_backoff: bool = declare(True, "on CUDA out-of-memory halve the micro-batch and retry", no_flag=_API,
                                 resume=CHANGE)
     sync_bn: bool = declare(False, "SyncBatchNorm (DDP only)", flag="--sync-bn")
+    # A logger that fails (a server gone, a full disk) is a warning: the run folder holds everything anyway.
+    loggers: tuple[str, ...] = declare((), "also log the run to tensorboard (events in the run folder) and/or "
+                                       "mlflow (--mlflow-uri)", flag="--loggers", resume=CHANGE)
+    mlflow_uri: str | None = declare(None, "the MLflow tracking server (http://host:5000) or store (sqlite:///FILE); "
+                                     "default sqlite:///<project>/mlflow.db", flag="--mlflow-uri", resume=CHANGE)
     # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
     callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
         None, "functions called after each step and epoch", no_flag="API only: functions", resume=CHANGE,
@@ -222,6 +222,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_declared(self)
+        loggers = (self.loggers,) if isinstance(self.loggers, str) else self.loggers or ()
+        loggers = tuple(loggers) if isinstance(loggers, (list, tuple)) else (loggers,)
+        if not set(loggers) <= set(LOGGERS) or len(set(loggers)) != len(loggers):
+            raise ValueError(f"TrainConfig.loggers={self.loggers!r}: expected some of {LOGGERS}, each once")
+        object.__setattr__(self, "loggers", loggers)  # a list (a checkpoint's) or a name, kept as a tuple
         unknown = set(self.callbacks or {}) - set(CALLBACK_NAMES)
         if unknown:
             raise ValueError(f"TrainConfig.callbacks={self.callbacks!r}: expected a dict with keys among "
@@ -382,19 +387,3 @@ def official_accumulate(nominal_batch_size: int, batch_size: int) -> int:
     """Batches per optimizer step so that a step sees about ``nominal_batch_size`` images (official
     train_dual.py): ``max(round(nominal / batch), 1)``, Python's round (halves to even, 64/24 = 2.67 -> 3)."""
     return max(round(nominal_batch_size / batch_size), 1)
-
-
-# augmentation keys that are probabilities; the others are gains and ranges, >= 0
-_AUGMENT_PROBABILITIES = ("flipud", "fliplr", "mosaic", "mixup", "copy_paste")
-
-
-def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
-    """Augmentation hyper-parameters in range (probabilities in [0, 1], gains >= 0), else a ValueError naming
-    ``owner`` and the key."""
-    for key, value in values.items():
-        if key not in DEFAULT_AUGMENT_HYP:
-            continue
-        probability = key in _AUGMENT_PROBABILITIES
-        if not (0 <= value <= 1 if probability else value >= 0):
-            raise ValueError(f"{owner}[{key!r}]={value!r}: expected "
-                             f"{'a probability in [0, 1]' if probability else 'a number >= 0'}")

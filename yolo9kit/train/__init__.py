@@ -19,6 +19,8 @@ _EXPORTS = {
     "fit": "yolo9kit.train.fit",
     "SeedSpread": "yolo9kit.train.seeds",
     "fit_seeds": "yolo9kit.train.seeds",
+    "TuneResult": "yolo9kit.train.tuning",
+    "tune": "yolo9kit.train.tuning",
     "DiskFullError": "yolo9kit.files",
     "NonFiniteLossError": "yolo9kit.train.guards",
     "OutOfMemoryAtMinimumError": "yolo9kit.train.guards",
@@ -87,3 +89,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         run_batch,
         train_step,
     )
+    from yolo9kit.train.tuning import TuneResult, tune

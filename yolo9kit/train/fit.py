@@ -24,6 +24,7 @@ from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals, stopped_by
 from yolo9kit.train.inputs import EMAValidation, ValidateFn, check_classes, class_names, make_loader, set_epoch_data
+from yolo9kit.train.loggers import RunLoggers
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_batches
 from yolo9kit.train.pictures import RunPictures
@@ -76,9 +77,8 @@ class FitResult:
     micro_batch_size: int | None = None
     step: StepConfig | None = None  # the step the run trained with (resolved for its device)
     auto_batch: Any = None  # batch_size="auto": the memory.autobatch.AutoBatch record (also auto_batch.json)
-    # What stopped the run before its last epoch: "SIGINT" or "SIGTERM" (last.pt saved; the CLI exits 130 or
-    # 143), or "KeyboardInterrupt" raised by code, e.g. a callback's planned stop. None: it ran to the end
-    # (or stopped on patience).
+    # What stopped the run before its last epoch: "SIGINT" or "SIGTERM" (last.pt saved; the CLI exits 130 or 143),
+    # or "KeyboardInterrupt" raised by code, e.g. a callback's planned stop. None: it ran out (or on patience).
     interrupted_by: str | None = None
 
     @property
@@ -166,11 +166,10 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             run.validate_fn = EMAValidation(data, val_loader or make_loader(data, "val", run.config, dist),
                                             run.config, device=run.trainer.device, half=half)
         _open_records(run, folder, data, train_loader)
-        if folder.ckpt:
-            # last, so that nothing of the set-up consumes the restored states
+        if folder.ckpt:  # the random states restored last, so that nothing of the set-up consumes them
             restore_rng(folder.ckpt["rng"], run.trainer.device)
             LOGGER.info("resuming %s in epoch %d of %d", folder.path, run.progress.epoch + 1, config.epochs)
-        interrupted_by = _epochs(run, train_loader)
+        interrupted_by = _epochs(run, train_loader, folder.loggers)
     except NonFiniteLossError as e:
         close_failed(folder, e)
         raise e.in_run(run.run_dir) from None  # the loop knows no folder; the message names where last.pt is
@@ -210,8 +209,9 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
 
 
 def _open_records(run: _Run, folder: RunFolder, data, loader: Iterable) -> None:
-    """settings.yaml, and with ``config.run.plots`` the pictures of the run (labels.jpg now, the rest as it trains)."""
+    """settings.yaml, the loggers and (``config.run.plots``) the pictures (labels.jpg now, the rest as it trains)."""
     write_settings(folder, run.config, run.trainer, data, len(loader))  # type: ignore[arg-type]
+    folder.loggers = RunLoggers.open(run.config, run.run_dir, folder.ckpt is not None, folder.files)
     if run.config.run.plots and run.run_dir is not None:
         names = getattr(getattr(loader, "dataset", None), "names", None) or \
             getattr(unwrap(run.trainer.model), "names", None)
@@ -232,7 +232,7 @@ def _size_batch(config: TrainConfig, model: nn.Module, device: torch.device, dis
     return choose_batch(config, unwrap(model), device, dist.world_size, loss_fn=loss_fn)
 
 
-def _epochs(run: _Run, loader: Iterable) -> str | None:
+def _epochs(run: _Run, loader: Iterable, loggers: RunLoggers) -> str | None:
     """The epoch loop; returns what interrupted it (``FitResult.interrupted_by``), None when it ran out."""
     config, progress = run.config, run.progress
     nb = len(loader)  # type: ignore[arg-type]
@@ -263,6 +263,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 record = _commit(run, at, nb)
                 at.phase = "committed"
                 run.pictures.epoch_end(run.results)  # after the commit: never in the epoch's time
+                loggers.epoch(run.results)
                 stop = _after_epoch(run, epoch, record)
                 if signals.received:
                     LOGGER.warning("%s: stopped after epoch %d, saved in last.pt", signals.received, epoch + 1)

@@ -23,6 +23,7 @@ from yolo9kit.config.declare import KEEP, declarations
 from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, remove_stale_temporaries
 from yolo9kit.train import ddp
+from yolo9kit.train.loggers import RunLoggers
 from yolo9kit.train.records import read_state, write_results, write_state
 from yolo9kit.train.state import checkpoint_bytes, find_resume_checkpoint, increment_path, run_dir_of
 from yolo9kit.train.step import Trainer
@@ -53,6 +54,7 @@ class RunFolder:
     recipe: str = ""  # which recipe the run trains with and why (settle_settings), for settings.yaml
     started: float = field(default_factory=time.monotonic)  # this process's part of the wall time
     earlier_s: float = 0.0  # the wall time of the parts before a resume (from their state.yaml)
+    loggers: RunLoggers = field(default_factory=RunLoggers)  # opened with settings.yaml, closed with state.yaml
 
 
 def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
@@ -150,10 +152,11 @@ def _count_rows(path: Path) -> int | None:
 
 def close_run(run: RunFolder, interrupted_by: str | None = None, epochs_done: int | None = None,
               epochs: int | None = None) -> None:
-    """After a run that returned: how it ended in ``state.yaml``, then its lock released."""
+    """After a run that returned: how it ended in ``state.yaml``, its loggers closed, then its lock released."""
     state = "interrupted" if interrupted_by else "finished" if epochs_done == epochs else "stopped early"
     record_state(run, state, interrupted_by or ("patience" if state == "stopped early" else None), epochs_done,
                  epochs)
+    run.loggers.close(state)
     _release(run)
 
 
@@ -164,9 +167,11 @@ def _release(run: RunFolder) -> None:
 
 def close_failed(run: RunFolder, error: BaseException) -> None:
     """After a failed run: remove an empty ``weights/``, and the run folder when this run made it and it is empty
-    (the lock is released first: it is not a file of the run); a folder that stays says why in ``state.yaml``."""
+    (the loggers are closed and the lock released first); a folder that stays says why in ``state.yaml``."""
     if run.path is None:
         return
+    state = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+    run.loggers.close(state)
     _release(run)
     weights = run.path / "weights"
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
@@ -182,7 +187,7 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
         except OSError:  # not ours to insist on: the error that ended the run matters more
             pass
     reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if str(error) else type(error).__name__
-    record_state(run, "interrupted" if isinstance(error, KeyboardInterrupt) else "failed", reason)
+    record_state(run, state, reason)
 
 
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:

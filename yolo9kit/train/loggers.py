@@ -1,0 +1,318 @@
+"""Experiment loggers: a run copied, as it is written, to TensorBoard and MLflow (``TrainConfig(loggers=...)``,
+``train --loggers tensorboard mlflow``). Each is an optional extra of the package (``yolo9kit[tensorboard]``,
+``yolo9kit[mlflow]``).
+
+* ``tensorboard``: an events file in the run folder, as the official train_dual.py writes one, so that
+  ``tensorboard --logdir runs`` shows every run: the settings (settings.yaml) as text, each results.csv column as
+  a scalar after every epoch, the run folder's pictures as images when they are drawn or redrawn.
+* ``mlflow``: a run in the experiment named after the ``project`` folder, on the tracking server or store of
+  ``mlflow_uri`` (default ``sqlite:///<project>/mlflow.db``, its artifacts in ``<project>/mlartifacts``): the
+  settings as parameters, each results.csv column as a metric after every epoch, the pictures as they are drawn,
+  and at the end results.csv, settings.yaml, state.yaml and the weights as artifacts. A resumed run continues its
+  MLflow run (``mlflow.yaml`` in the run folder names it).
+
+The x axis of both is the epoch counted from 1, as in the kit's plots.
+
+A logger never costs the run. Each works in a thread of its own, so a slow server does not slow training; at the
+end of the run it gets ``CLOSE_WAIT_S`` to finish sending. Any error of a logger (a server gone, a full disk) is
+one warning naming it, and that logger gets nothing more of the run; the run folder holds everything anyway. Only
+a logger whose package is not installed stops the run, before its first epoch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+LOGGER = logging.getLogger(__name__)
+
+# logger -> (the package it needs, the extra that installs it)
+PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
+# Seconds a logger may take, after the run ended, to send what it still holds (the weights to a server, say).
+CLOSE_WAIT_S = 300.0
+# An MLflow server that does not answer its health check in this time is taken as gone (5 s: a server
+# across a workshop's network answers in milliseconds; its client would retry for minutes).
+HEALTH_TIMEOUT_S = 5.0
+MLFLOW_FILE = "mlflow.yaml"  # the run folder's MLflow run, continued on resume
+_STATUS = {"finished": "FINISHED", "stopped early": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
+
+
+class RunLoggers:
+    """The loggers of one run (rank 0). ``epoch`` after each epoch, ``close`` once when the run ended."""
+
+    def __init__(self, loggers: Sequence[Any] = (), run_dir: Path | None = None) -> None:
+        self._workers = [_Worker(logger) for logger in loggers]
+        self._run_dir = run_dir
+        self._sent = -1  # the last epoch sent (results.csv counts from 0)
+
+    @classmethod
+    def open(cls, config: Any, run_dir: Path | None, resumed: bool, files: list[Path]) -> RunLoggers:
+        """The loggers ``config.run.loggers`` asks for, started (``run_dir`` None: a rank that writes nothing).
+        ``files`` gets the files they make in the run folder (removed with it when the run fails early).
+
+        Raises:
+            ValueError: a logger's package is not installed (which extra installs it).
+        """
+        names = config.run.loggers if run_dir is not None else ()
+        for name in names:
+            package, extra = PACKAGES[name]
+            if importlib.util.find_spec(package) is None:
+                raise ValueError(f"TrainConfig.loggers: {name} needs the {package} package: "
+                                 f"pip install 'yolo9kit[{extra}]'")
+        made = [TensorBoardLogger(run_dir, files) if name == "tensorboard" else
+                MlflowLogger(run_dir, config, resumed, files) for name in names]
+        return cls(made, run_dir)
+
+    def epoch(self, rows: Sequence[dict]) -> None:
+        """The results.csv rows not sent yet (of ``rows``, the run's so far)."""
+        new = [dict(row) for row in rows if row.get("epoch") is not None and row["epoch"] > self._sent]
+        if new and self._workers:
+            self._sent = int(new[-1]["epoch"])
+            for worker in self._workers:
+                worker.submit("epoch", new)
+
+    def close(self, state: str) -> None:
+        """The run ended in ``state`` (state.yaml's word): each logger gets the results.csv rows it has not had (an
+        epoch written by an interrupt) and sends what it holds, within ``CLOSE_WAIT_S`` in all."""
+        if self._workers and self._run_dir is not None and (self._run_dir / "results.csv").is_file():
+            from yolo9kit.train.records import read_results
+
+            try:
+                table = read_results(self._run_dir)
+                self.epoch(table.astype(object).where(table.notna(), None).to_dict("records"))
+            except (OSError, ValueError) as e:
+                LOGGER.warning("loggers: %s/results.csv unreadable (%s)", self._run_dir, e)
+        for worker in self._workers:
+            worker.submit("close", state)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for worker in self._workers:
+            worker.thread.join(max(deadline - time.monotonic(), 0.0))
+            if worker.thread.is_alive():
+                LOGGER.warning("%s: still sending after %.0f s; the rest of this run is not sent to it (the run "
+                               "folder holds everything)", worker.logger.name, CLOSE_WAIT_S)
+        self._workers = []
+
+
+class _Worker:
+    """One logger's thread: ``open`` first, then the calls in order; the first error is a warning, and ends them."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self.calls: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name=f"yolo9kit-{logger.name}", daemon=True)
+        self.thread.start()
+
+    def submit(self, method: str, *args: Any) -> None:
+        self.calls.put((method, args))
+
+    def _run(self) -> None:
+        method, args, failed = "open", (), False
+        while True:
+            if not failed:
+                try:
+                    getattr(self.logger, method)(*args)
+                except Exception as e:  # a logger never costs the run
+                    failed = True
+                    LOGGER.warning("%s: %s (%s); the run goes on without it (its folder holds everything)",
+                                   self.logger.name, str(e).splitlines()[0][:300] if str(e) else "",
+                                   type(e).__name__)
+            if method == "close":
+                return
+            method, args = self.calls.get()
+
+
+class _Pictures:
+    """The run folder's pictures (png, jpg) drawn or redrawn since the last call."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.seen = run_dir, {}
+
+    def changed(self) -> list[Path]:
+        out = []
+        for path in sorted([*self.run_dir.glob("*.png"), *self.run_dir.glob("*.jpg")]):
+            try:
+                stamp = path.stat().st_mtime_ns
+            except OSError:
+                continue
+            if self.seen.get(path) != stamp:
+                self.seen[path] = stamp
+                out.append(path)
+        return out
+
+
+class TensorBoardLogger:
+    """Events in the run folder (``torch.utils.tensorboard.SummaryWriter``)."""
+
+    name = "tensorboard"
+
+    def __init__(self, run_dir: Path, files: list[Path]) -> None:
+        self.run_dir, self.files, self.pictures, self.step = run_dir, files, _Pictures(run_dir), 0
+
+    def open(self) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        before = set(self.run_dir.glob("events.out.tfevents.*"))
+        self.writer = SummaryWriter(log_dir=str(self.run_dir))
+        settings = self.run_dir / "settings.yaml"
+        if settings.is_file():  # as a code block: TensorBoard renders text as markdown
+            self.writer.add_text("settings", "".join(f"    {line}\n" for line in settings.read_text().splitlines()))
+        self.writer.flush()
+        self.files.extend(set(self.run_dir.glob("events.out.tfevents.*")) - before)
+
+    def epoch(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.step = int(row["epoch"]) + 1
+            for key, value in row.items():
+                if key != "epoch" and value is not None:
+                    self.writer.add_scalar(key, float(value), self.step)
+        self._images()
+        self.writer.flush()
+
+    def close(self, state: str) -> None:
+        self._images()
+        self.writer.close()
+
+    def _images(self) -> None:
+        import cv2
+
+        for path in self.pictures.changed():
+            image = cv2.imread(str(path))
+            if image is not None:  # a picture being replaced right now comes with the next call
+                self.writer.add_image(path.stem, image[..., ::-1].copy(), self.step, dataformats="HWC")
+
+
+class MlflowLogger:
+    """A run on an MLflow tracking server or store (``mlflow.tracking.MlflowClient``)."""
+
+    name = "mlflow"
+
+    def __init__(self, run_dir: Path, config: Any, resumed: bool, files: list[Path]) -> None:
+        project = Path(config.run.project)
+        self.uri = config.run.mlflow_uri or f"sqlite:///{(project / 'mlflow.db').resolve().as_posix()}"
+        self.experiment = config.run.project
+        self.run_dir, self.resumed, self.files = run_dir, resumed, files
+        self.params = _flat(config.to_dict())
+        self.pictures = _Pictures(run_dir)
+
+    def open(self) -> None:
+        from mlflow.tracking import MlflowClient
+
+        _check_server(self.uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.run_id = self._resumed_run()
+        if self.run_id is not None:
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        run = self.client.create_run(self._experiment_id(), run_name=self.run_dir.name, tags=_tags(self.run_dir))
+        self.run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in self.params.items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 parameters per request
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+        self._write_record()
+
+    def epoch(self, rows: list[dict]) -> None:
+        from mlflow.entities import Metric
+
+        _check_server(self.uri)
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(value), now, int(row["epoch"]) + 1) for row in rows
+                   for key, value in row.items() if key != "epoch" and value is not None]
+        self.client.log_batch(self.run_id, metrics=metrics)
+        self._send_pictures()
+
+    def close(self, state: str) -> None:
+        _check_server(self.uri)
+        self._send_pictures()
+        for name in ("results.csv", "settings.yaml", "state.yaml"):
+            if (self.run_dir / name).is_file():
+                self.client.log_artifact(self.run_id, str(self.run_dir / name))
+        for name in ("best.pt", "last.pt"):
+            if (self.run_dir / "weights" / name).is_file():
+                self.client.log_artifact(self.run_id, str(self.run_dir / "weights" / name), "weights")
+        self.client.set_terminated(self.run_id, _STATUS.get(state, "FINISHED"))
+
+    def _send_pictures(self) -> None:
+        for path in self.pictures.changed():
+            self.client.log_artifact(self.run_id, str(path), "pictures")
+
+    def _experiment_id(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return found.experiment_id
+        local = self.uri.startswith("sqlite:///")  # artifacts beside the store, not in the working folder
+        where = Path(self.uri[len("sqlite:///"):]).parent / "mlartifacts" if local else None
+        try:
+            return self.client.create_experiment(self.experiment, artifact_location=where.as_uri() if where else None)
+        except MlflowException:  # made by another run at the same moment
+            return self.client.get_experiment_by_name(self.experiment).experiment_id
+
+    def _resumed_run(self) -> str | None:
+        """The run folder's MLflow run when this is a resume logging to the same place."""
+        import yaml
+
+        path = self.run_dir / MLFLOW_FILE
+        if not self.resumed or not path.is_file():
+            return None
+        try:
+            record = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return None
+        return record.get("run_id") if isinstance(record, dict) and record.get("uri") == self.uri else None
+
+    def _write_record(self) -> None:
+        import yaml
+
+        from yolo9kit.files import write_text_atomically
+
+        path = self.run_dir / MLFLOW_FILE
+        write_text_atomically(path, yaml.safe_dump({"uri": self.uri, "experiment": self.experiment,
+                                                    "run_id": self.run_id}, sort_keys=False))
+        self.files.append(path)
+
+
+def _check_server(uri: str) -> None:
+    """An http(s) tracking server answers its health check within ``HEALTH_TIMEOUT_S``, else ConnectionError."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=HEALTH_TIMEOUT_S) as answer:
+            answer.read()
+    except OSError as e:
+        raise ConnectionError(f"no MLflow server answers at {uri} ({getattr(e, 'reason', e)})") from None
+
+
+def _tags(run_dir: Path) -> dict[str, str]:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's user without a name
+        user = "unknown"
+    return {"mlflow.source.name": "yolo9kit", "mlflow.user": user, "host": socket.gethostname(),
+            "run folder": str(run_dir.resolve())}
+
+
+def _flat(values: dict, prefix: str = "") -> dict[str, str]:
+    """Nested settings as MLflow parameters: ``loss.box_gain`` -> "7.5" (MLflow keeps 6000 characters of each)."""
+    out = {}
+    for key, value in values.items():
+        if str(key).startswith("__"):
+            continue
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)[:6000]
+    return out
