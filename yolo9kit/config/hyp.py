@@ -131,4 +131,7 @@ def write_hyp(path: str | Path, values: Mapping[str, float], header: str = "") -
 
 
 def _number(value: float) -> str:
-    return repr(round(float(value), 6))
+    """Six significant digits, as a float YAML 1.1 reads back (``1.0e-05``: PyYAML takes ``1e-05`` for a string)."""
+    text = repr(float(f"{float(value):.6g}"))
+    mantissa, _, exponent = text.partition("e")
+    return f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else text

@@ -46,10 +46,10 @@ _STATUS = {"finished": "FINISHED", "stopped early": "FINISHED", "interrupted": "
 class RunLoggers:
     """The loggers of one run (rank 0). ``epoch`` after each epoch, ``close`` once when the run ended."""
 
-    def __init__(self, loggers: Sequence[Any] = (), run_dir: Path | None = None) -> None:
+    def __init__(self, loggers: Sequence[Any] = (), run_dir: Path | None = None, sent: int = -1) -> None:
         self._workers = [_Worker(logger) for logger in loggers]
         self._run_dir = run_dir
-        self._sent = -1  # the last epoch sent (results.csv counts from 0)
+        self._sent = sent  # the last epoch sent (results.csv counts from 0)
 
     @classmethod
     def open(cls, config: Any, run_dir: Path | None, resumed: bool, files: list[Path]) -> RunLoggers:
@@ -67,7 +67,9 @@ class RunLoggers:
                                  f"pip install 'yolo9kit[{extra}]'")
         made = [TensorBoardLogger(run_dir, files) if name == "tensorboard" else
                 MlflowLogger(run_dir, config, resumed, files) for name in names]
-        return cls(made, run_dir)
+        # a resumed run's epochs so far were sent by its earlier parts
+        sent = max((int(row["epoch"]) for row in _rows(run_dir)), default=-1) if resumed and made else -1
+        return cls(made, run_dir, sent)
 
     def epoch(self, rows: Sequence[dict]) -> None:
         """The results.csv rows not sent yet (of ``rows``, the run's so far)."""
@@ -80,14 +82,8 @@ class RunLoggers:
     def close(self, state: str) -> None:
         """The run ended in ``state`` (state.yaml's word): each logger gets the results.csv rows it has not had (an
         epoch written by an interrupt) and sends what it holds, within ``CLOSE_WAIT_S`` in all."""
-        if self._workers and self._run_dir is not None and (self._run_dir / "results.csv").is_file():
-            from yolo9kit.train.records import read_results
-
-            try:
-                table = read_results(self._run_dir)
-                self.epoch(table.astype(object).where(table.notna(), None).to_dict("records"))
-            except (OSError, ValueError) as e:
-                LOGGER.warning("loggers: %s/results.csv unreadable (%s)", self._run_dir, e)
+        if self._workers and self._run_dir is not None:
+            self.epoch(_rows(self._run_dir))
         for worker in self._workers:
             worker.submit("close", state)
         deadline = time.monotonic() + CLOSE_WAIT_S
@@ -97,6 +93,20 @@ class RunLoggers:
                 LOGGER.warning("%s: still sending after %.0f s; the rest of this run is not sent to it (the run "
                                "folder holds everything)", worker.logger.name, CLOSE_WAIT_S)
         self._workers = []
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    """The results.csv rows of a run folder (empty cells None); [] when there is none or it is unreadable."""
+    if not (run_dir / "results.csv").is_file():
+        return []
+    from yolo9kit.train.records import read_results
+
+    try:
+        table = read_results(run_dir)
+    except (OSError, ValueError) as e:
+        LOGGER.warning("loggers: %s unreadable (%s)", run_dir / "results.csv", e)
+        return []
+    return table.astype(object).where(table.notna(), None).to_dict("records")
 
 
 class _Worker:

@@ -276,23 +276,22 @@ def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict
     import fcntl
 
     url = storage or f"sqlite:///{(folder / 'study.db').resolve().as_posix()}"
-    with warnings.catch_warnings():
+    with open(folder / ".tune.lock", "w") as lock, warnings.catch_warnings():
+        fcntl.flock(lock, fcntl.LOCK_EX)  # also while a new storage makes its tables
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat, stable since 2.x
         if isinstance(url, str):
             from optuna.storages import RDBStorage
 
             url = RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
                              heartbeat_stale_trial_callback=_continue_stale)
-        with open(folder / ".tune.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            study = optuna.create_study(study_name=name, storage=url, direction="maximize", load_if_exists=True)
-            saved = study.user_attrs.get("yolo9kit")
-            if saved is None:
-                study.set_user_attr("yolo9kit", record)
-                study.enqueue_trial(base, user_attrs={"base": True}, skip_if_exists=True)
-            elif saved != record:
-                raise ValueError(f"the study {name!r} ({folder}) was made with other settings: "
-                                 f"{_differences(saved, record)}; run it with its own, or pick another --name")
+        study = optuna.create_study(study_name=name, storage=url, direction="maximize", load_if_exists=True)
+        saved = study.user_attrs.get("yolo9kit")
+        if saved is None:
+            study.set_user_attr("yolo9kit", record)
+            study.enqueue_trial(base, user_attrs={"base": True}, skip_if_exists=True)
+        elif saved != record:
+            raise ValueError(f"the study {name!r} ({folder}) was made with other settings: "
+                             f"{_differences(saved, record)}; run it with its own, or pick another --name")
     return study
 
 

@@ -1,0 +1,151 @@
+"""``tune``: train_dual.py's --evolve space, a study stopped in a trial and continued from that trial's last.pt, two
+worker processes sharing one study, and best_hyp.yaml as a hyp file that train takes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from train_toys import one_thread
+
+from yolo9kit.config import LossConfig, TrainConfig
+from yolo9kit.config.hyp import EVOLVE_SPACE, LEFT_OUT, hyp_of, hyp_settings, read_hyp
+from yolo9kit.pretrained import SHAPES_WEIGHTS
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+# train_dual.py's ``meta`` (WongKinYiu/yolov9, the --evolve branch of main()): key -> (gain, low, high)
+OFFICIAL_META = {
+    "lr0": (1, 1e-5, 1e-1), "lrf": (1, 0.01, 1.0), "momentum": (0.3, 0.6, 0.98), "weight_decay": (1, 0.0, 0.001),
+    "warmup_epochs": (1, 0.0, 5.0), "warmup_momentum": (1, 0.0, 0.95), "warmup_bias_lr": (1, 0.0, 0.2),
+    "box": (1, 0.02, 0.2), "cls": (1, 0.2, 4.0), "cls_pw": (1, 0.5, 2.0), "obj": (1, 0.2, 4.0),
+    "obj_pw": (1, 0.5, 2.0), "iou_t": (0, 0.1, 0.7), "anchor_t": (1, 2.0, 8.0), "anchors": (2, 2.0, 10.0),
+    "fl_gamma": (0, 0.0, 2.0), "hsv_h": (1, 0.0, 0.1), "hsv_s": (1, 0.0, 0.9), "hsv_v": (1, 0.0, 0.9),
+    "degrees": (1, 0.0, 45.0), "translate": (1, 0.0, 0.9), "scale": (1, 0.0, 0.9), "shear": (1, 0.0, 10.0),
+    "perspective": (0, 0.0, 0.001), "flipud": (1, 0.0, 1.0), "fliplr": (0, 0.0, 1.0), "mosaic": (1, 0.0, 1.0),
+    "mixup": (1, 0.0, 1.0), "copy_paste": (1, 0.0, 1.0),
+}
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    from yolo9kit.data import make_shapes
+
+    return make_shapes(tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, imgsz=64, num_classes=3)
+
+
+def _config(root, name, **settings):
+    """Two epochs of the shipped shapes model, one AdamW step per batch and no warmup, so that the
+    hyper-parameters change what it learns."""
+    return TrainConfig(project=str(root), name=name, epochs=2, batch_size=4, nominal_batch_size=4, imgsz=64,
+                       warmup_epochs=0.0, workers=0, device="cpu", val=False, plots=False, progress_bar=False,
+                       **settings)
+
+
+def test_the_space_is_the_limits_evolve_mutates_of_what_yolov9_trains_with():
+    mutated = {k for k, (gain, _, _) in OFFICIAL_META.items() if gain > 0}
+    for key, bounds in EVOLVE_SPACE.items():
+        assert key in mutated and bounds == OFFICIAL_META[key][1:], key
+    left_out = {k.strip() for keys in LEFT_OUT for k in keys.split(",")}
+    assert set(OFFICIAL_META) <= set(EVOLVE_SPACE) | left_out
+    # every searched key reaches the settings a run trains with (hyp_of reads them back)
+    base = TrainConfig()
+    for key, (low, high) in EVOLVE_SPACE.items():
+        value = (low + high) / 2
+        assert hyp_of(base.replace(**hyp_settings({key: value}, base.optim.loss)))[key] == pytest.approx(value), key
+
+
+def test_bad_spaces_and_counts_are_refused_in_one_line(shapes, tmp_path):
+    from yolo9kit import tune
+
+    config = _config(tmp_path, "bad")
+    for space, match in (({"lr0": (0.1, 0.01)}, "low < high"), ({"obj": (0.1, 1.0)}, "key of a hyp file"),
+                         (["lr0", "anchors"], "--evolve's space"), ({"lr0": (0.0, 0.1)}, "log scale")):
+        with pytest.raises(ValueError, match=match):
+            tune("yolov9-t", shapes, config, space=space)
+    with pytest.raises(ValueError, match="trials=0"):
+        tune("yolov9-t", shapes, config, trials=0)
+    with pytest.raises(ValueError, match="resume is for one run"):
+        tune("yolov9-t", shapes, config.replace(resume=True))
+    assert not (tmp_path / "bad").exists()
+    done = subprocess.run([sys.executable, "-m", "yolo9kit", "tune", "--data", str(shapes), "--space", "anchors"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "invalid choice: 'anchors'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_stopped_study_continues_its_stopped_trial_from_last_pt(shapes, tmp_path):
+    from yolo9kit import runs, tune
+
+    ends = {"n": 0}
+
+    def stop_in_the_second_trial(record):
+        ends["n"] += 1
+        if ends["n"] == 3:  # trial 0 ends its two epochs, trial 1 its first
+            raise KeyboardInterrupt
+
+    space = {"lr0": (1e-4, 1e-2), "mosaic": (0.0, 1.0)}
+    config = _config(tmp_path, "study")
+    stopped = tune(SHAPES_WEIGHTS, shapes, config.replace(callbacks={"on_epoch_end": stop_in_the_second_trial}),
+                   trials=3, space=space)
+    folder = tmp_path / "study"
+    assert stopped.interrupted and stopped.folder == folder
+    table = stopped.trials.set_index("trial")
+    assert list(table["state"]) == ["complete", "fail", "waiting"]
+    assert table.loc[0, ["lr0", "mosaic"]].tolist() == pytest.approx([0.0015, 0.5])  # the first trial: the study's own
+    assert table.loc[2, "continues"] == 1 and table.loc[2, "run"] == "trial-1"
+    assert (folder / "trial-1" / "weights" / "last.pt").is_file()
+
+    done = tune(SHAPES_WEIGHTS, shapes, config, trials=3, space=space)
+    assert not done.interrupted
+    table = done.trials.set_index("trial")
+    assert (table["state"] == "complete").sum() == 3 and table.loc[1, "state"] == "fail"
+    assert table.loc[2, ["lr0", "mosaic"]].tolist() == table.loc[1, ["lr0", "mosaic"]].tolist()
+    assert table.loc[2, "run"] == "trial-1"
+    # the stopped trial went on from its last.pt: its first epoch is the one trained before the stop
+    import pandas as pd
+
+    rows = pd.read_csv(folder / "trial-1" / "results.csv")
+    assert list(rows["epoch"]) == [0, 1]
+    listed = runs(folder).set_index("run")
+    assert set(listed.index) == {"trial-0", "trial-1", "trial-3"} and set(listed["state"]) == {"finished"}
+    assert listed.loc["trial-1", "lr0"] == pytest.approx(table.loc[1, "lr0"])
+
+    # best_hyp.yaml: the best trial's values of the searched keys, the study's own of the rest; train takes it
+    complete = table[table["state"] == "complete"]
+    best = complete.sort_values(["fitness"], ascending=False, kind="stable").iloc[0]
+    assert done.best_fitness == pytest.approx(complete["fitness"].max()) and done.best_run == folder / best["run"]
+    values = read_hyp(done.hyp_file)
+    assert values["lr0"] == pytest.approx(best["lr0"], rel=1e-5) and values["mosaic"] == pytest.approx(
+        best["mosaic"], rel=1e-5)
+    own = hyp_of(TrainConfig(**hyp_settings(values, LossConfig())))
+    assert own["momentum"] == 0.937 and own["mixup"] == 0.0  # the short recipe's, as the study trained
+    # keep_weights="best": the weights of the best trial only
+    assert {p.parent.name for p in folder.glob("*/weights")} == {best["run"]}
+
+    with pytest.raises(ValueError, match=r"other settings: .*epochs 2 \(now 3\)"):
+        tune(SHAPES_WEIGHTS, shapes, config.replace(epochs=3), trials=3, space=space)
+
+
+@pytest.mark.slow
+def test_two_worker_processes_share_one_study(shapes, tmp_path):
+    import optuna
+
+    command = [sys.executable, "-m", "yolo9kit", "tune", "--data", str(shapes), "--model", str(SHAPES_WEIGHTS),
+               "--epochs", "1", "--batch-size", "4", "--imgsz", "64", "--workers", "0", "--device", "cpu",
+               "--no-plots", "--noval", "--trials", "4", "--space", "lr0", "--project", str(tmp_path),
+               "--name", "shared"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on two cores
+    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+               for _ in range(2)]
+    outputs = [w.communicate(timeout=900)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'shared' / 'study.db'}")
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert 4 <= len(complete) <= 5  # a worker that starts the last trial while the other does makes one more
+    assert len({t.user_attrs["worker"] for t in complete}) == 2  # both worked on the one study
+    assert len({t.user_attrs["run"] for t in complete}) == len(complete)
+    assert all((tmp_path / "shared" / t.user_attrs["run"] / "results.csv").is_file() for t in complete)
+    assert "best_hyp.yaml" in outputs[0] + outputs[1] and (tmp_path / "shared" / "best_hyp.yaml").is_file()
