@@ -32,6 +32,9 @@ def _cases(shapes, tmp):
         ("train", ["train", "--resume", missing], 2),
         ("train", ["train", "--data", str(shapes), "--freeze", "backbone", "1"], 2),
         ("train", ["train", "--seeds", "2", "--resume"], 2),
+        ("tune", ["tune", "--model", "yolov9-t"], 2),  # no --data
+        ("tune", ["tune", "--data", str(shapes), "--trials", "0"], 2),
+        ("tune", ["tune", "--data", str(shapes), "--resume"], 2),  # the same command continues a study
         ("runs", ["runs", str(tmp)], 0),  # no run folders there: says so
         ("runs", ["runs", missing], 2),
         ("val", ["val", "--weights", missing + ".pt", "--data", str(shapes)], 2),

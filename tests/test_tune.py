@@ -149,3 +149,20 @@ def test_two_worker_processes_share_one_study(shapes, tmp_path):
     assert len({t.user_attrs["run"] for t in complete}) == len(complete)
     assert all((tmp_path / "shared" / t.user_attrs["run"] / "results.csv").is_file() for t in complete)
     assert "best_hyp.yaml" in outputs[0] + outputs[1] and (tmp_path / "shared" / "best_hyp.yaml").is_file()
+
+
+def test_five_failed_trials_in_a_row_stop_the_study(shapes, tmp_path, monkeypatch):
+    import yolo9kit.train.fit
+    from yolo9kit import tune
+    from yolo9kit.train import NonFiniteLossError
+
+    def diverges(model, data, config):  # what fit raises after max_nonfinite_batches non-finite losses
+        raise NonFiniteLossError(10, 0, 9)
+
+    monkeypatch.setattr(yolo9kit.train.fit, "fit", diverges)
+    with pytest.raises(RuntimeError, match="trials 0, 1, 2, 3, 4 failed in a row"):
+        tune(SHAPES_WEIGHTS, shapes, _config(tmp_path, "diverges"), trials=2, space=["lr0"])
+    import optuna
+
+    study = optuna.load_study(study_name="diverges", storage=f"sqlite:///{tmp_path / 'diverges' / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["FAIL"] * 5

@@ -23,7 +23,7 @@ from yolo9kit.train.records import STATE_FILE
 SETTINGS_FILE = "settings.yaml"
 RESULTS_FILE = "results.csv"
 # settings that name the run rather than describe it: never shown as a difference
-_NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "log_interval"}
+_NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "log_interval", "loggers", "mlflow_uri"}
 NUMBERS = ["best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "wall time (s)", "images/s", "peak memory (GiB)"]
 COLUMNS = ["run", "state", "epochs", "best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "seed range", "wall time (s)",
            "images/s", "peak memory (GiB)", "batch x accumulate"]

@@ -41,6 +41,7 @@ TUNE_PROJECT = "runs/tune"  # where the study folders go unless the config names
 # a worker that is gone, and is continued by the next trial another worker starts.
 HEARTBEAT_S, GRACE_S = 60, 180
 KEEP_WEIGHTS = ("best", "all")
+MAX_FAILED_IN_A_ROW = 5  # a worker stops after so many failed trials in a row
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
         "study": config.run.name, "storage": re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", where), "trials": trials,
         "data": str(data), **record}))
     objective = _Objective(study, model, data, config.replace(project=str(folder)), space)
-    interrupted = False
+    interrupted, failed = False, []
     while _complete(study) < trials:
         try:
             study.optimize(objective, n_trials=1, catch=(NonFiniteLossError, NonFiniteWeightsError),
@@ -133,6 +134,11 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
         except KeyboardInterrupt:
             interrupted = True
             break
+        last = study.get_trials(deepcopy=False)[objective.number]
+        failed = [*failed, last.number] if last.state.name == "FAIL" else []
+        if len(failed) == MAX_FAILED_IN_A_ROW:  # the settings do not train, whatever the hyper-parameters
+            raise RuntimeError(f"tune: trials {', '.join(map(str, failed))} failed in a row (non-finite losses or "
+                               f"weights; their run folders in {folder} say why): the study's settings do not train")
     return _result(study, folder, interrupted)
 
 
@@ -142,11 +148,13 @@ class _Objective:
     def __init__(self, study: Any, model: str | Path, data: Any, config: TrainConfig,
                  space: Mapping[str, tuple[float, float]]) -> None:
         self.study, self.model, self.data, self.config, self.space = study, model, data, config, space
+        self.number = -1  # the trial this worker trains or trained last
 
     def __call__(self, trial: Any) -> float:
         from yolo9kit.train.fit import fit
         from yolo9kit.train.state import increment_path
 
+        self.number = trial.number
         values = {k: trial.suggest_float(k, low, high, log=k in LOG_SCALE) for k, (low, high) in self.space.items()}
         folder = Path(self.config.run.project)
         name = trial.user_attrs.get("run")
