@@ -60,6 +60,9 @@ class RunLoggers:
             ValueError: a logger's package is not installed (which extra installs it).
         """
         names = config.run.loggers if run_dir is not None else ()
+        if run_dir is not None and config.run.mlflow_uri and "mlflow" not in names:
+            LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
+                           config.run.mlflow_uri)
         for name in names:
             package, extra = PACKAGES[name]
             if importlib.util.find_spec(package) is None:
