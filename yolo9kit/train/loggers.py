@@ -13,7 +13,7 @@
 
 The x axis of both is the epoch counted from 1, as in the kit's plots.
 
-A logger never costs the run. Each works in a thread of its own, so a slow server does not slow training; at the
+A logger never stops the run. Each works in a thread of its own, so a slow server does not hold training up; at the
 end of the run it gets ``CLOSE_WAIT_S`` to finish sending. Any error of a logger (a server gone, a full disk) is
 one warning naming it, and that logger gets nothing more of the run; the run folder holds everything anyway. Only
 a logger whose package is not installed stops the run, before its first epoch.
@@ -130,7 +130,7 @@ class _Worker:
             if not failed:
                 try:
                     getattr(self.logger, method)(*args)
-                except Exception as e:  # a logger never costs the run
+                except Exception as e:  # a logger never stops the run
                     failed = True
                     LOGGER.warning("%s: %s (%s); the run goes on without it (its folder holds everything)",
                                    self.logger.name, str(e).splitlines()[0][:300] if str(e) else "",
