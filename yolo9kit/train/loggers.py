@@ -32,8 +32,6 @@ from typing import Any
 
 LOGGER = logging.getLogger(__name__)
 
-# logger -> (the package it needs, the extra that installs it)
-PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
 # Seconds a logger may take, after the run ended, to send what it still holds (the weights to a server, say).
 CLOSE_WAIT_S = 300.0
 # An MLflow server that does not answer its health check in this time is taken as gone (5 s: a server
@@ -63,11 +61,10 @@ class RunLoggers:
         if run_dir is not None and config.run.mlflow_uri and "mlflow" not in names:
             LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
                            config.run.mlflow_uri)
-        for name in names:
-            package, extra = PACKAGES[name]
-            if importlib.util.find_spec(package) is None:
-                raise ValueError(f"TrainConfig.loggers: {name} needs the {package} package: "
-                                 f"pip install 'yolo9kit[{extra}]'")
+        for name in names:  # each logger is the package it needs and the extra that installs it
+            if importlib.util.find_spec(name) is None:
+                raise ValueError(f"TrainConfig.loggers: {name} needs the {name} package: "
+                                 f"pip install 'yolo9kit[{name}]'")
         made = [TensorBoardLogger(run_dir, files) if name == "tensorboard" else
                 MlflowLogger(run_dir, config, resumed, files) for name in names]
         # a resumed run's epochs so far were sent by its earlier parts
@@ -76,8 +73,10 @@ class RunLoggers:
 
     def epoch(self, rows: Sequence[dict]) -> None:
         """The results.csv rows not sent yet (of ``rows``, the run's so far)."""
+        if not self._workers:
+            return
         new = [dict(row) for row in rows if row.get("epoch") is not None and row["epoch"] > self._sent]
-        if new and self._workers:
+        if new:
             self._sent = int(new[-1]["epoch"])
             for worker in self._workers:
                 worker.submit("epoch", new)

@@ -205,8 +205,7 @@ class _Keeper:
             return
         for done in study.get_trials(deepcopy=False, states=(_state("COMPLETE"),)):
             weights = self.folder / str(done.user_attrs.get("run")) / "weights"
-            if done.number != best.number and done.user_attrs.get("run") != best.user_attrs.get("run") and \
-                    weights.is_dir():
+            if done.user_attrs.get("run") != best.user_attrs.get("run") and weights.is_dir():
                 shutil.rmtree(weights, ignore_errors=True)
 
 
