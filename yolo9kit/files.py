@@ -23,6 +23,9 @@ import shutil
 import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 LOGGER = logging.getLogger(__name__)
 
@@ -316,3 +319,62 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
         LOGGER.info("removed %s (%s), left by a killed write of %s", path, format_bytes(size), match["name"])
         removed.append(path)
     return removed
+
+
+class RecordError(ValueError):
+    """A YAML record of a run or a study (settings.yaml, state.yaml, tune.yaml, ...) that the kit will not read."""
+
+
+# The kit's records are a few KB (settings.yaml ~3 KB); a bound keeps a hostile file from taking the machine.
+MAX_RECORD_BYTES = 1 << 20
+
+
+class _RecordLoader(yaml.SafeLoader):
+    # Aliases refused: a 400-byte file of nested aliases expands to gigabytes once walked ("billion laughs").
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not read in the kit's records",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+class _RecordDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # a shared object written twice, never as &id/*id
+        return True
+
+
+def dump_record(value: Any) -> str:
+    """YAML text of a record (plain values), as the kit writes it: keys in order, no aliases."""
+    return yaml.dump(value, Dumper=_RecordDumper, sort_keys=False, allow_unicode=True)
+
+
+def read_record(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """A YAML record the kit wrote (or a person edited), read with bounds: at most ``max_bytes``, no aliases.
+
+    Raises:
+        RecordError: larger than ``max_bytes``, unreadable, or not YAML (the message names the file).
+        FileNotFoundError: ``path`` does not exist.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise RecordError(f"{path}: {format_bytes(size)}, more than the {format_bytes(max_bytes)} a record of the "
+                          "kit can hold; not read")
+    try:
+        return yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_RecordLoader)  # noqa: S506 (a safe loader)
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
+        raise RecordError(f"{path}: not a readable YAML record: {str(e).splitlines()[0] if str(e) else e!r}") from None
+
+
+def path_inside(folder: str | Path, name: str | Path, what: str) -> Path:
+    """``folder / name``, refused when ``name`` (read from a record, a storage, a user) leads out of ``folder``.
+
+    Raises:
+        ValueError: ``name`` is absolute, empty, or resolves (``..``, a symbolic link) outside ``folder``.
+    """
+    folder = Path(folder).resolve()
+    text = str(name)
+    target = (folder / text).resolve()
+    if not text or Path(text).is_absolute() or target == folder or not target.is_relative_to(folder):
+        raise ValueError(f"{what} {text!r} is not a name inside {folder}; refused")
+    return target
