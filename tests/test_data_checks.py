@@ -167,6 +167,18 @@ def test_data_yaml_forms(tmp_path):
     assert yaml_path.is_file()
 
 
+def test_a_symlink_loop_in_an_images_folder_is_visited_once(tmp_path):
+    """images/train/loop -> images/train was followed 40 levels deep: 16 images became 656, 640 of them unlabelled."""
+    from yolo9kit.data import load_data_config, make_shapes
+
+    data = make_shapes(tmp_path / "shapes", n_train=16, n_val=1, imgsz=32)
+    for split in ("images", "labels"):
+        (data.parent / split / "train" / "loop").symlink_to(data.parent / split / "train")
+    assert len(load_data_config(data).train) == 16
+    report = check(data, split="train")
+    assert report.n_usable == 16 and report.n_orphan_labels == 0
+
+
 def test_check_for_training_stops_where_fit_would_and_shows_one_line_in_a_notebook(tmp_path):
     import shutil
 
