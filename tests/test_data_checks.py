@@ -167,6 +167,19 @@ def test_data_yaml_forms(tmp_path):
     assert yaml_path.is_file()
 
 
+def test_label_and_list_files_with_a_byte_order_mark_are_read(tmp_path):
+    """What Windows Notepad saves: was "line 1: non-numeric value '\\ufeff0'" and the image left out."""
+    from yolo9kit.data import load_data_config
+
+    yaml_path = _dataset(tmp_path, {"a": GOOD_LABEL, "b": GOOD_LABEL})
+    (tmp_path / "labels" / "train" / "a.txt").write_bytes(GOOD_LABEL.encode("utf-8-sig"))
+    (tmp_path / "list.txt").write_bytes("./images/train/a.jpg\n".encode("utf-8-sig"))
+    report = check(yaml_path, split="train", use_cache=False)
+    assert report.n_usable == 2 and not any(p.severity == "error" for p in report.problems)
+    assert [p.name for p in load_data_config({"path": str(tmp_path), "train": "list.txt", "val": "list.txt",
+                                              "names": ["x"]}).train] == ["a.jpg"]
+
+
 def test_a_symlink_loop_in_an_images_folder_is_visited_once(tmp_path):
     """images/train/loop -> images/train was followed 40 levels deep: 16 images became 656, 640 of them unlabelled."""
     from yolo9kit.data import load_data_config, make_shapes

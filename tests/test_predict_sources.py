@@ -106,6 +106,9 @@ def test_globs_and_list_files(tmp_path):
     items, _ = expand_sources(tmp_path)  # a folder: its images and videos, not its sub-folders or other files
     assert [Path(i).name for i in items] == ["a.jpg", "b.png", "c.mp4"]
 
+    listing.write_bytes("a.jpg\n".encode("utf-8-sig"))  # a byte-order mark (Windows Notepad) is not a name
+    assert expand_sources(listing) == ([str(tmp_path / "a.jpg")], [])
+
     (tmp_path / "empty.txt").write_text("\n  \n")
     with pytest.raises(ValueError, match=r"empty\.txt names no image or video"):
         expand_sources(tmp_path / "empty.txt")

@@ -148,7 +148,7 @@ def list_images(sources: list[Path]) -> list[Path]:
                 files.append(s)
                 continue
             parent = src.parent
-            for line in src.read_text().splitlines():
+            for line in src.read_text(encoding="utf-8-sig").splitlines():  # a byte-order mark too
                 line = line.strip()
                 if line:
                     p = Path(line)
