@@ -61,7 +61,7 @@ class Declared:
         if self.low is not None and self.high is not None:
             return f"{kind} in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}" \
                    f"{')' if self.high_open else ']'}"
-        if self.low is not None:  # no upper bound: infinity is not a number here either
+        if self.low is not None:  # unbounded above: "finite" says that infinity is refused too
             return f"{'an integer' if self.integer else 'a finite number'} {'>' if self.low_open else '>='} " \
                    f"{_num(self.low)}"
         return "a whole number" if self.integer else "a value"
