@@ -167,6 +167,31 @@ def test_data_yaml_forms(tmp_path):
     assert yaml_path.is_file()
 
 
+def test_label_and_list_files_with_a_byte_order_mark_are_read(tmp_path):
+    """What Windows Notepad saves: was "line 1: non-numeric value '\\ufeff0'" and the image left out."""
+    from yolo9kit.data import load_data_config
+
+    yaml_path = _dataset(tmp_path, {"a": GOOD_LABEL, "b": GOOD_LABEL})
+    (tmp_path / "labels" / "train" / "a.txt").write_bytes(GOOD_LABEL.encode("utf-8-sig"))
+    (tmp_path / "list.txt").write_bytes("./images/train/a.jpg\n".encode("utf-8-sig"))
+    report = check(yaml_path, split="train", use_cache=False)
+    assert report.n_usable == 2 and not any(p.severity == "error" for p in report.problems)
+    assert [p.name for p in load_data_config({"path": str(tmp_path), "train": "list.txt", "val": "list.txt",
+                                              "names": ["x"]}).train] == ["a.jpg"]
+
+
+def test_a_symlink_loop_in_an_images_folder_is_visited_once(tmp_path):
+    """images/train/loop -> images/train was followed 40 levels deep: 16 images became 656, 640 of them unlabelled."""
+    from yolo9kit.data import load_data_config, make_shapes
+
+    data = make_shapes(tmp_path / "shapes", n_train=16, n_val=1, imgsz=32)
+    for split in ("images", "labels"):
+        (data.parent / split / "train" / "loop").symlink_to(data.parent / split / "train")
+    assert len(load_data_config(data).train) == 16
+    report = check(data, split="train")
+    assert report.n_usable == 16 and report.n_orphan_labels == 0
+
+
 def test_check_for_training_stops_where_fit_would_and_shows_one_line_in_a_notebook(tmp_path):
     import shutil
 

@@ -272,12 +272,28 @@ def test_conflicting_and_out_of_range_train_settings_are_one_line(tmp_path, caps
     hyp = tmp_path / "hyp.yaml"
     hyp.write_text("lr0: -0.01\n")
     code, text = _run(["train", "--data", missing, "--hyp", str(hyp)], capsys)
-    assert code == 2 and "lr0=-0.01: expected a number > 0" in _one_error_line(text)
+    assert code == 2 and "lr0=-0.01: expected a finite number > 0" in _one_error_line(text)
     hyp.write_text("mosaic: 1.5\n")
     code, text = _run(["train", "--data", missing, "--hyp", str(hyp)], capsys)
     assert code == 2 and "['mosaic']=1.5: expected a probability in [0, 1]" in _one_error_line(text)
     with pytest.raises(ValueError, match="micro_batch_size"):
         TrainConfig(batch_size=2, micro_batch_size=4)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("box: -7.5", "box_gain=-7.5: expected a finite number >= 0"),  # would maximise the box loss
+    ("box: .nan", "box_gain=nan: expected a finite number >= 0"),
+    ("cls_pw: -1", "cls_pos_weight=-1.0: expected a finite number > 0"),
+    ("warmup_epochs: .inf", "warmup_epochs=inf: expected a finite number >= 0"),  # was an OverflowError, exit 1
+    ("lr0: .inf", "lr0=inf: expected a finite number > 0"),
+    ("hsv_h: .inf", "['hsv_h']=inf: expected a finite number >= 0"),
+])
+def test_every_hyp_key_has_a_range_named_with_the_file_and_key(tmp_path, capsys, line, expected):
+    hyp = tmp_path / "hyp.yaml"
+    hyp.write_text(line + "\n")
+    code, text = _run(["train", "--data", str(tmp_path / "missing.yaml"), "--hyp", str(hyp)], capsys)
+    assert code == 2 and f"--hyp {hyp}: {line.split(':')[0]}: " in _one_error_line(text)
+    assert expected in _one_error_line(text)
 
 
 def test_errors_while_running_are_one_line_and_verbose_shows_the_traceback(tmp_path, capsys):

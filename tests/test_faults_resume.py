@@ -96,7 +96,7 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     config = _config(tmp_path, epochs=3, callbacks={"on_batch": nan_after_epoch_0})
     with pytest.raises(NonFiniteWeightsError, match=r"epoch 2, best\.pt: the weights hold NaN or Inf") as info:
         _fit(config, _fitness(0.2, 0.5), model=model)
-    assert "the last good checkpoint is" in str(info.value)
+    assert f"last good checkpoint is {tmp_path / 'runs' / 'exp' / 'weights' / 'last.pt'}" in str(info.value)
     weights = tmp_path / "runs" / "exp" / "weights"
     for name in ("best.pt", "last.pt"):
         saved = read_checkpoint(weights / name)

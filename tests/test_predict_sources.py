@@ -106,6 +106,9 @@ def test_globs_and_list_files(tmp_path):
     items, _ = expand_sources(tmp_path)  # a folder: its images and videos, not its sub-folders or other files
     assert [Path(i).name for i in items] == ["a.jpg", "b.png", "c.mp4"]
 
+    listing.write_bytes("a.jpg\n".encode("utf-8-sig"))  # a byte-order mark (Windows Notepad) is not a name
+    assert expand_sources(listing) == ([str(tmp_path / "a.jpg")], [])
+
     (tmp_path / "empty.txt").write_text("\n  \n")
     with pytest.raises(ValueError, match=r"empty\.txt names no image or video"):
         expand_sources(tmp_path / "empty.txt")
@@ -181,3 +184,26 @@ def test_write_video_names_the_image_it_cannot_use(tmp_path):
         write_video([], tmp_path / "none.mp4")
     clip = write_video(good, tmp_path / "ok.mp4")
     assert VideoReader(str(clip), 1).frame_count == len(good)
+
+
+def test_detect_prints_each_line_as_its_image_is_done(tmp_path, capsys, monkeypatch):
+    """detect printed nothing until the end of the run (10,000 images: nothing for minutes); each line now comes
+    when its image is done: the first image's line is out before the second image is written."""
+    from yolo9kit import prediction
+
+    sources = [str(tmp_path / f"{name}.jpg") for name in ("a", "b")]
+    for source in sources:
+        cv2.imwrite(source, np.full((64, 64, 3), 90, np.uint8))
+    printed_before_write = []
+    write = prediction._write_outputs
+
+    def write_after_reading_stdout(result, *args):
+        printed_before_write.append(capsys.readouterr().out)
+        write(result, *args)
+
+    monkeypatch.setattr(prediction, "_write_outputs", write_after_reading_stdout)
+    assert main(["detect", "--weights", "gelan-t", "--source", *sources, "--imgsz", "64", "--device", "cpu",
+                 "--project", str(tmp_path / "runs")]) == 0
+    assert "image 1/2 " not in printed_before_write[0]
+    assert f"image 1/2 {sources[0]}: 64x64 " in printed_before_write[1]
+    assert f"image 2/2 {sources[1]}: " in capsys.readouterr().out

@@ -8,6 +8,7 @@ import hashlib
 
 import pytest
 import torch
+import yaml
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.checkpoint import read_checkpoint
@@ -165,6 +166,31 @@ def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tm
     ckpt = read_checkpoint(run / "weights" / "last.pt")
     assert ckpt["progress"]["epoch"] == 1  # written after the good first epoch, not touched since
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
+
+
+def test_a_run_whose_every_step_was_skipped_did_not_finish(tmp_path):
+    """Fewer non-finite losses than max_nonfinite_batches (dfl: 1e300 makes every one inf): an epoch that trained
+    nothing fails the run, naming the cause, instead of a "finished" run with an untrained best.pt."""
+    calls = {"n": 0}
+
+    def inf_from(first):
+        def loss_fn(outputs, targets):
+            calls["n"] += 1
+            loss, items = toy_loss(outputs, targets)
+            return (loss * float("inf"), items) if calls["n"] >= first else (loss, items)
+        return loss_fn
+
+    run = tmp_path / "runs" / "exp"
+    with pytest.raises(NonFiniteLossError, match="every batch of epoch 1 had a non-finite loss") as info:
+        _fit(_config(tmp_path, epochs=2), loss_fn=inf_from(1))  # 5 batches an epoch, 10 in a row stop a run
+    assert "loss gains" in str(info.value) and "lr0" not in str(info.value)  # not trained yet: not the lr
+    assert "last.pt" not in str(info.value) and not run.exists()  # no checkpoint to name, no folder left
+    calls["n"] = 0
+    with pytest.raises(NonFiniteLossError, match="every batch of epoch 2 had a non-finite loss") as info:
+        _fit(_config(tmp_path, epochs=3), loss_fn=inf_from(6))
+    assert f"last good checkpoint is {run / 'weights' / 'last.pt'}" in str(info.value) and "lr0" in str(info.value)
+    assert read_checkpoint(run / "weights" / "last.pt")["progress"]["epoch"] == 1
+    assert yaml.safe_load((run / "state.yaml").read_text())["state"] == "failed"
 
 
 def test_single_nonfinite_loss_is_skipped(tmp_path):

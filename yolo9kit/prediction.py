@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import cv2
@@ -64,7 +64,8 @@ def _sync(device: torch.device) -> float:
 def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig | None = None,
             save: SaveConfig | None = None, half: str | bool = "auto", device: str | torch.device | None = None,
             head: str = "main", batch_size: int = 1, deploy: bool = True, compile: bool | str = False,
-            vid_stride: int = 1, backend: str = "torch") -> Predictions:
+            vid_stride: int = 1, backend: str = "torch",
+            on_result: Callable[[Prediction, int, int], None] | None = None) -> Predictions:
     """Detect objects in images and videos, as the official ``detect_dual.py`` (batch 1 by default).
 
     Each image or video frame is read as BGR, letterboxed to ``imgsz`` with the minimal stride-multiple
@@ -107,6 +108,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
             extra) or OpenVINO (``export_onnx.OpenVinoForward``; the openvino extra) on the CPU. Its input has
             the one export size, so every image is letterboxed to the full ``imgsz``, as with a batch above 1;
             the main head, float32, the same NMS and results.
+        on_result: called with each Prediction as soon as it is done (written too, with ``save``), its input's
+            number (from 1) and the number of inputs: the command line prints each line there.
 
     Returns:
         :class:`Predictions`, one per image or kept video frame (``Prediction.frame`` is the frame's index).
@@ -158,7 +161,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     if device.type == "cuda":  # warm-up: the first call pays for cuDNN autotuning and allocations
         forward(_as_input(torch.zeros(batch_size, 3, *input_size, dtype=torch.uint8), device, half, memory_format))
 
-    run = _Run(model, forward, device, half, memory_format, head, nms, save, save_dir)
+    report = (lambda result, index: on_result(result, index + 1, len(items))) if on_result else None
+    run = _Run(model, forward, device, half, memory_format, head, nms, save, save_dir, report)
     try:
         pending = []
         for index, image, path, frame, read_s in _inputs(items, vid_stride, skipped, run.videos):
@@ -214,9 +218,10 @@ def _skip(skipped: list, name: str, reason: str) -> None:
 class _Run:
     """The state of one ``predict`` call: results, speed rows, the open video writer."""
 
-    def __init__(self, model, forward, device, half, memory_format, head, nms, save, save_dir) -> None:
+    def __init__(self, model, forward, device, half, memory_format, head, nms, save, save_dir, report) -> None:
         self.model, self.forward, self.device, self.half = model, forward, device, half
         self.memory_format, self.head, self.nms, self.save, self.save_dir = memory_format, head, nms, save, save_dir
+        self.report = report  # (result, input index) -> None, or None
         self.results: list[Prediction] = []
         self.rows: list[dict] = []
         self.videos: dict[str, VideoReader] = {}
@@ -232,6 +237,8 @@ class _Run:
             self.results.append(result)
             name = result.path or f"array #{index}"
             self.rows.append({"path": name, **speed})
+            if self.report is not None:
+                self.report(result, index)
 
     def write(self, result: Prediction, index: int, image: np.ndarray) -> None:
         if result.frame is None:

@@ -1,8 +1,8 @@
 """``python -m yolo9kit detect``: detect objects in images and videos, as the official ``detect_dual.py``.
 
-Prints one line per image or video frame and the official ``Speed:`` line, writes annotated images and
-videos (unless ``--nosave``), ``labels/*.txt`` with ``--save-txt`` and ``speed.json`` (the per-frame timings
-included) into ``<project>/<name>``.
+Prints one line per image or video frame as soon as it is done, then the official ``Speed:`` line; writes
+annotated images and videos (unless ``--nosave``), ``labels/*.txt`` with ``--save-txt`` and ``speed.json`` (the
+per-frame timings included) into ``<project>/<name>``.
 """
 
 from __future__ import annotations
@@ -92,16 +92,11 @@ def run(args: argparse.Namespace) -> int:
         with _signals_interrupt():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the video being written is closed
             results = predict(model, source, imgsz=imgsz, nms=nms, save=save, half=args.half,
                               device=args.device or None, head=args.head, batch_size=args.batch_size,
-                              vid_stride=args.vid_stride, backend=args.backend)
+                              vid_stride=args.vid_stride, backend=args.backend, on_result=_print_line)
     except _Signalled as stop:
         print(f"python -m yolo9kit detect: stopped by {stop.name}; what was written so far is in {save_dir}",
               file=sys.stderr)
         return 128 + stop.signum
-    total = len(results) + len(results.skipped)
-    for i, result in enumerate(results, 1):
-        what = "image" if result.frame is None else f"video frame {result.frame}"
-        print(f"{what} {i}/{total} {result.path or 'array'}: {_official_counts(result)}"
-              f"{result.speed['inference_ms']:.1f}ms")
     for source, reason in results.skipped:
         print(f"skipped {source}: {reason}")
     print(results.speed_line())
@@ -138,6 +133,13 @@ def _signals_interrupt():
     finally:
         for s, old in previous.items():
             signal.signal(s, old)
+
+
+def _print_line(result, number: int, inputs: int) -> None:
+    """The line of one image or frame, as soon as it is done (``number`` of the ``inputs`` files)."""
+    what = "image" if result.frame is None else f"video frame {result.frame}"
+    print(f"{what} {number}/{inputs} {result.path or 'array'}: {_official_counts(result)}"
+          f"{result.speed['inference_ms']:.1f}ms", flush=True)  # flushed: a pipe sees each line when it is done
 
 
 def _official_counts(result) -> str:

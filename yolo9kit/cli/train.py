@@ -24,6 +24,7 @@ from yolo9kit.cli.flags import (
 )
 from yolo9kit.config import FAST_SWITCHES, LossConfig, TrainConfig
 from yolo9kit.config.declare import CHANGE, declarations
+from yolo9kit.config.hyp import hyp_settings, read_hyp
 from yolo9kit.config.train import LOGGERS
 
 DEFAULT_MODEL = "yolov9-t"
@@ -189,13 +190,22 @@ def _batch_size(text: str) -> int | str:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """TrainConfig from the flags given (the others keep their declared defaults) and the --hyp yaml (which
     means the official recipe unless --recipe says otherwise)."""
-    from yolo9kit.config.hyp import hyp_settings, read_hyp
-
     given = given_settings(args)
     if args.hyp and "recipe" not in given:  # an official hyp yaml asks for its own hyper-parameters
         given["recipe"] = "official"
-    from_hyp = hyp_settings(read_hyp(args.hyp), LossConfig()) if args.hyp else {}
+    from_hyp = _hyp_settings(args.hyp) if args.hyp else {}
     return TrainConfig(**given, **(_PLAIN if args.plain_step else {}), **from_hyp)
+
+
+def _hyp_settings(path: str) -> dict:
+    """The settings of a --hyp file, each key's value checked alone so that a ValueError names the file and key."""
+    values = read_hyp(path)
+    for key, value in values.items():
+        try:
+            TrainConfig(**hyp_settings({key: value}, LossConfig()))
+        except ValueError as e:
+            raise ValueError(f"--hyp {path}: {key}: {e}") from None
+    return hyp_settings(values, LossConfig())
 
 
 def _schedule(args: argparse.Namespace) -> str | None:

@@ -61,8 +61,9 @@ class Declared:
         if self.low is not None and self.high is not None:
             return f"{kind} in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}" \
                    f"{')' if self.high_open else ']'}"
-        if self.low is not None:
-            return f"{kind} {'>' if self.low_open else '>='} {_num(self.low)}"
+        if self.low is not None:  # unbounded above: "finite" says that infinity is refused too
+            return f"{'an integer' if self.integer else 'a finite number'} {'>' if self.low_open else '>='} " \
+                   f"{_num(self.low)}"
         return "a whole number" if self.integer else "a value"
 
     def problem(self, value: Any, optional: bool = False) -> str | None:
@@ -76,7 +77,7 @@ class Declared:
         numeric = self.low is not None or self.high is not None or self.multiple
         if not numeric:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return self.expected
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)

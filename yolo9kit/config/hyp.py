@@ -11,6 +11,7 @@ writes (``tune``'s best hyper-parameters) is a complete hyp file that train_dual
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -56,15 +57,15 @@ _ORDER = (*OPTIM_KEYS, "box", "cls", "cls_pw", "obj", "obj_pw", "dfl", "iou_t", 
 
 
 def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
-    """Augmentation hyper-parameters in range (probabilities in [0, 1], gains >= 0), else a ValueError naming
-    ``owner`` and the key."""
+    """Augmentation hyper-parameters in range (probabilities in [0, 1], gains finite and >= 0), else a ValueError
+    naming ``owner`` and the key."""
     for key, value in values.items():
         if key not in DEFAULT_AUGMENT_HYP:
             continue
         probability = key in _AUGMENT_PROBABILITIES
-        if not (0 <= value <= 1 if probability else value >= 0):
+        if not (0 <= value <= 1 if probability else 0 <= value < math.inf):  # nan fails both
             raise ValueError(f"{owner}[{key!r}]={value!r}: expected "
-                             f"{'a probability in [0, 1]' if probability else 'a number >= 0'}")
+                             f"{'a probability in [0, 1]' if probability else 'a finite number >= 0'}")
 
 
 def read_hyp(path: str | Path) -> dict[str, float]:

@@ -65,20 +65,25 @@ class LossConfig:
     environment variables ``YOLOM``/``YOLOA``/``YOLOB``). Here they are plain fields.
     """
 
-    box_gain: float = 7.5  # weight of the CIoU box loss
-    cls_gain: float = 0.5  # weight of the BCE class loss
-    dfl_gain: float = 1.5  # weight of the distribution focal loss
-    aux_weight: float = 0.25  # the auxiliary (PGI) head's share; the main head counts 1
-    topk: int = 10  # candidate anchors per GT in the assigner
-    alpha: float = 0.5  # class-score exponent of the alignment metric
-    beta: float = 6.0  # CIoU exponent of the alignment metric
-    eps: float = 1e-9  # assigner in-box margin and normalisation epsilon
-    cls_pos_weight: float = 1.0  # BCE pos_weight (hyp cls_pw)
+    # The gains are the hyp keys box, cls, dfl and cls_pw; a gain of 0 turns its loss off (cls for one class).
+    box_gain: float = declare(7.5, "weight of the CIoU box loss", no_flag=_HYP, low=0)
+    cls_gain: float = declare(0.5, "weight of the BCE class loss", no_flag=_HYP, low=0)
+    dfl_gain: float = declare(1.5, "weight of the distribution focal loss", no_flag=_HYP, low=0)
+    aux_weight: float = declare(0.25, "the auxiliary (PGI) head's share; the main head counts 1", no_flag=_API, low=0)
+    topk: int = declare(10, "candidate anchors per GT in the assigner", no_flag=_API, integer=True, low=1)
+    alpha: float = declare(0.5, "class-score exponent of the alignment metric", no_flag=_API, low=0)
+    beta: float = declare(6.0, "CIoU exponent of the alignment metric", no_flag=_API, low=0)
+    eps: float = declare(1e-9, "assigner in-box margin and normalisation epsilon", no_flag=_API, low=0, low_open=True)
+    cls_pos_weight: float = declare(1.0, "BCE pos_weight of the positives", no_flag=_HYP, low=0, low_open=True)
     # Most (image, GT, anchor) pairs the assigner works on at once. The official assigner peaks at
     # ~100 bytes per pair for the whole batch (4 GB for 16 images of 640 with 300 objects each); ours
     # at ~25 bytes per pair of a chunk, so this default bounds it near 250 MB however crowded the
     # images (docs/loss.md has the measurements). None: the whole batch at once.
-    max_assign_chunk: int | None = 8_388_608
+    max_assign_chunk: int | None = declare(8_388_608, "assigner pairs per chunk (None: the whole batch)",
+                                           no_flag=_API, integer=True, low=1)
+
+    def __post_init__(self) -> None:
+        check_declared(self)
 
     def replace(self, **changes: Any) -> LossConfig:
         """A copy with some fields changed."""

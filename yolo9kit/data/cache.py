@@ -24,7 +24,7 @@ from yolo9kit.data.sources import label_path, orphan_label_files
 from yolo9kit.files import write_file
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2  # 2: unnamed class ids per image
+CACHE_VERSION = 3  # 2: unnamed class ids per image; 3: label files with a byte-order mark read (not errors)
 CACHE_SUFFIX = ".yolo9kit.cache"
 
 

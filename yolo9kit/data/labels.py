@@ -182,7 +182,7 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
         rec.problems.append(Problem(im_file, f"no label file ({lb_file}): used as a background image", WARNING))
         return rec
     try:
-        text = Path(lb_file).read_text()
+        text = Path(lb_file).read_text(encoding="utf-8-sig")  # the byte-order mark Windows Notepad writes
     except (OSError, UnicodeDecodeError) as e:
         rec.problems.append(Problem(lb_file, f"unreadable label file ({type(e).__name__}: {e})", ERROR))
         return rec

@@ -47,7 +47,7 @@ def _media_in(folder: Path) -> list[str]:
 def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
     """The paths a ``.txt`` list names, one a line; a line naming no file is recorded in ``skipped``."""
     try:
-        lines = list_file.read_text().splitlines()
+        lines = list_file.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark too
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"list file {list_file} could not be read as text ({e}): a source .txt file must list "
                          "one image or video path a line") from e

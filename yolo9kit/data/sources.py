@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,11 +116,21 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
                       yaml_file=yaml_file)
 
 
+def _walk(folder: Path) -> Iterator[tuple[str, list[str]]]:
+    """``os.walk`` following links, each real folder once: a link back up the tree is not followed round."""
+    seen = set()
+    for dirpath, dirs, files in os.walk(folder, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []  # nor what is below it
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        yield dirpath, files
+
+
 def _walk_images(folder: Path) -> list[str]:
-    found = []
-    for dirpath, _, files in os.walk(folder, followlinks=True):
-        found += [os.path.join(dirpath, f) for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES]
-    return found
+    return [os.path.join(dirpath, f) for dirpath, files in _walk(folder) for f in files
+            if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES]
 
 
 def list_images(sources: list[Path]) -> list[Path]:
@@ -137,7 +148,7 @@ def list_images(sources: list[Path]) -> list[Path]:
                 files.append(s)
                 continue
             parent = src.parent
-            for line in src.read_text().splitlines():
+            for line in src.read_text(encoding="utf-8-sig").splitlines():  # a byte-order mark too
                 line = line.strip()
                 if line:
                     p = Path(line)
@@ -175,7 +186,7 @@ def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]
         folder = label_path(src / "image.jpg").parent
         if folder == src or not folder.is_dir():
             continue
-        for dirpath, _, files in os.walk(folder, followlinks=True):
+        for dirpath, files in _walk(folder):
             orphans |= {path for path in (os.path.normpath(os.path.join(dirpath, f)) for f in files
                                           if f.endswith(".txt") and f != "classes.txt") if path not in expected}
     return sorted(orphans)

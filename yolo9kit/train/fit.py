@@ -141,7 +141,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         SIGINT/SIGTERM or a ``KeyboardInterrupt`` returns with ``interrupted_by`` set, after saving last.pt.
 
     Raises:
-        NonFiniteLossError: too many non-finite losses in a row (the last good last.pt is kept).
+        NonFiniteLossError: too many non-finite losses in a row, or an epoch of them (last.pt is kept).
         DiskFullError: no room for the next checkpoints (checked before each epoch and each save).
         ValueError: a resume that changes what cannot change (named in the message).
     """

@@ -15,26 +15,30 @@ LOGGER = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """Raised after ``max_nonfinite_batches`` non-finite losses in a row.
+    """Raised after ``max_nonfinite_batches`` non-finite losses in a row, or an epoch whose every batch had one.
 
     Attributes:
-        run_dir: the run folder (set by ``fit``, which names it in the message); its ``weights/last.pt`` is
-            the last good checkpoint (not overwritten).
+        run_dir: the run folder (set by ``fit``, which names it in the message); its ``weights/last.pt``, when
+            there is one, is the last good checkpoint (not overwritten).
         count: how many non-finite losses in a row were seen.
     """
 
-    def __init__(self, count: int, epoch: int, batch: int) -> None:
+    def __init__(self, count: int, epoch: int, batch: int, *, from_start: bool = False,
+                 whole_epoch: bool = False) -> None:
         self.run_dir, self.count = None, count
-        super().__init__(
-            f"{count} non-finite losses in a row (epoch {epoch}, batch {batch}): training stopped. "
-            "Lower lr0, check the labels (yolo9kit.data.check) or train with amp='off' or 'bf16'."
-        )
+        what = (f"every batch of epoch {epoch} had a non-finite loss ({count} in a row): nothing trained" if whole_epoch
+                else f"{count} non-finite losses in a row (epoch {epoch}, batch {batch})")
+        # a loss that is not finite before the first optimizer step owes nothing to the learning rate
+        why = ("The loss was not finite from the run's first batch, before any optimizer step: check the loss gains "
+               "(box, cls, dfl, cls_pw of --hyp), the labels (yolo9kit.data.check) or train with amp='off'."
+               if from_start else
+               "Lower lr0, check the labels (yolo9kit.data.check) or train with amp='off' or 'bf16'.")
+        super().__init__(f"{what}: training stopped. {why}")
 
     def in_run(self, run_dir: Path | None) -> NonFiniteLossError:
-        """This error with the run folder named: where the last good checkpoint is."""
+        """This error with the run folder named: where the last good checkpoint is, when there is one."""
         self.run_dir = run_dir
-        if run_dir is not None:
-            self.args = (f"{self.args[0]} The last good checkpoint is {Path(run_dir) / 'weights' / 'last.pt'}.",)
+        self.args = (self.args[0] + _last_good(run_dir),)
         return self
 
 
@@ -48,10 +52,15 @@ class NonFiniteWeightsError(RuntimeError):
 
     def __init__(self, run_dir: Path | None, what: str, names: list[str]) -> None:
         self.run_dir, self.names = run_dir, names
-        where = f"; the last good checkpoint is {Path(run_dir) / 'weights' / 'last.pt'}" if run_dir else ""
         super().__init__(f"{what}: the weights hold NaN or Inf ({len(names)} tensors, e.g. {', '.join(names[:3])}): "
-                         f"not saved{where}. Lower lr0, or start afresh from a checkpoint whose optimizer state "
-                         "is finite")
+                         "not saved. Lower lr0, or start afresh from a checkpoint whose optimizer state is finite."
+                         + _last_good(run_dir))
+
+
+def _last_good(run_dir: Path | None) -> str:
+    """`` The last good checkpoint is .../last.pt.`` when the run folder has one, else nothing."""
+    last = Path(run_dir) / "weights" / "last.pt" if run_dir else None
+    return f" The last good checkpoint is {last}." if last is not None and last.is_file() else ""
 
 
 class OutOfMemoryAtMinimumError(RuntimeError):

@@ -91,7 +91,7 @@ class _EpochLog:
         finite = torch.stack([torch.as_tensor(e.finite, device=e.items.device) for e in entries]).cpu()  # ready now
         for entry, row, ok in zip(entries, items, finite.tolist()):
             if not ok:  # sync-free: the scaler has already skipped the step on the device
-                _count_nonfinite(self.progress, self.config, entry.batch)
+                _count_nonfinite(self.progress, self.config, entry.batch, entry.ni)
                 continue
             self.progress.nonfinite_in_row = 0
             self._log(entry, row)
@@ -162,7 +162,8 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     of the unfinished accumulation window, where a resume continues.
 
     Raises:
-        NonFiniteLossError: after ``config.run.max_nonfinite_batches`` non-finite losses in a row.
+        NonFiniteLossError: after ``config.run.max_nonfinite_batches`` non-finite losses in a row, or at the end
+            of an epoch whose every batch had one.
     """
     trainer.model.train()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -171,6 +172,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not progress_bar, leave=True)
     log = _EpochLog(trainer, config, progress, bar, on_batch, progress_bar)
     window = _WindowStart(trainer)
+    skipped_before = progress.nonfinite_total
     stride = max_stride(unwrap(trainer.model))  # official gs
     try:
         for i, (images, targets, *_) in enumerate(bar):
@@ -206,6 +208,9 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
                             trainer.micro_batch_size or images.shape[0], boxes=len(targets),
                             size=size or tuple(images.shape[2:])))
         log.flush()
+        if log.trained == 0 and progress.nonfinite_total > skipped_before:  # an epoch of skipped steps: not done
+            raise NonFiniteLossError(progress.nonfinite_in_row, epoch + 1, i + 1, whole_epoch=True,
+                                     from_start=progress.nonfinite_in_row > progress.ni)
         log.warn_unmatched()
     except KeyboardInterrupt:
         window.restore()
@@ -221,13 +226,14 @@ def _skip_nonfinite(trainer: Trainer, progress: Progress, config: TrainConfig, b
     """Drop the accumulated gradients, start a new accumulation window, count; raise after too many in a row."""
     trainer.optimizer.zero_grad(set_to_none=True)
     progress.last_opt_step = progress.ni  # the next window starts after this batch
-    _count_nonfinite(progress, config, batch)
+    _count_nonfinite(progress, config, batch, progress.ni)
 
 
-def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int) -> None:
+def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int, ni: int) -> None:
     progress.nonfinite_in_row += 1
     progress.nonfinite_total += 1
     LOGGER.warning("non-finite loss in epoch %d at batch %d: step skipped (%d in a row, stop at %d)",
                    progress.epoch + 1, batch + 1, progress.nonfinite_in_row, config.run.max_nonfinite_batches)
     if progress.nonfinite_in_row >= config.run.max_nonfinite_batches:
-        raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1)
+        raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1,
+                                 from_start=progress.nonfinite_in_row > ni)  # batches 0..ni all skipped
