@@ -304,7 +304,7 @@ def _check_server(client: Any, uri: str) -> None:
         return
     from mlflow.utils.rest_utils import http_request
 
-    try:  # the client's store holds how it connects (RestStore.get_host_creds, MLflow 2 and 3)
+    try:  # the client's store holds how it connects (RestStore.get_host_creds)
         answer = http_request(client._tracking_client.store.get_host_creds(), "/health", "GET", max_retries=0,
                               timeout=HEALTH_TIMEOUT_S)
     except Exception as e:  # MlflowException around requests' errors

@@ -132,12 +132,8 @@ def _set_aside_results(path: Path) -> None:
 
 def _first_missing(path: Path) -> Path | None:
     """The topmost of ``path`` and its parents that does not exist yet (None: it exists)."""
-    missing = None
-    for candidate in [path, *path.parents]:
-        if candidate.exists():
-            break
-        missing = candidate
-    return missing
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    return missing[-1] if missing else None
 
 
 def _reconcile_results(path: Path, ckpt: dict) -> None:
@@ -165,9 +161,11 @@ def close_run(run: RunFolder, interrupted_by: str | None = None, epochs_done: in
     state = "interrupted" if interrupted_by else "finished" if epochs_done == epochs else "stopped early"
     record_state(run, state, interrupted_by or ("patience" if state == "stopped early" else None), epochs_done,
                  epochs)
-    run.loggers.close(state)
-    if run.lock is not None:
-        run.lock.release()
+    try:
+        run.loggers.close(state)
+    finally:  # also when Ctrl-C ends the loggers' wait
+        if run.lock is not None:
+            run.lock.release()
 
 
 def close_failed(run: RunFolder, error: BaseException) -> None:
@@ -176,9 +174,11 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
     if run.path is None:
         return
     state = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-    run.loggers.close(state)
-    if run.lock is not None:
-        run.lock.release()
+    try:
+        run.loggers.close(state)
+    finally:  # also when Ctrl-C ends the loggers' wait
+        if run.lock is not None:
+            run.lock.release()
     weights = run.path / "weights"
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
