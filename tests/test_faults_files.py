@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -142,28 +144,53 @@ def test_convert_coco_keeps_images_of_one_name_in_two_folders_apart(tmp_path, ca
                  "--overwrite"]) == 0
 
 
-def test_two_runs_into_one_folder_the_second_is_refused_naming_the_first(tmp_path):
+def _toy_run(tmp_path, **settings):
     from train_toys import ToyNet, make_batches, toy_loss
 
     from yolo9kit.config import TrainConfig
     from yolo9kit.train import fit
 
+    config = TrainConfig(**{**dict(epochs=1, batch_size=2, device="cpu", amp="off", project=str(tmp_path / "runs"),
+                                   name="x", exist_ok=True, plots=False, progress_bar=False), **settings})
+    return fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(2, 2), validate_fn=lambda m: {})
+
+
+def _holding_the_lock(folder: Path) -> subprocess.Popen:
+    """Another process that takes ``folder``'s lock and keeps it (until killed)."""
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from yolo9kit.files import FolderLock; "
+                              "FolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
+                              str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert other.stdout.readline() == "held\n"
+    return other
+
+
+def test_two_runs_into_one_folder_the_second_is_refused_naming_the_first(tmp_path):
     run = tmp_path / "runs" / "x"
     run.mkdir(parents=True)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = _holding_the_lock(run)
     try:
-        (run / ".yolo9kit.lock").write_text(f"{other.pid} {os.uname().nodename}\n")
-        config = TrainConfig(epochs=1, batch_size=2, device="cpu", amp="off", project=str(tmp_path / "runs"),
-                             name="x", exist_ok=True, plots=False, progress_bar=False)
-        with pytest.raises(FolderInUseError, match=f"in use by process {other.pid}"):
-            fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(2, 2), validate_fn=lambda m: {})
+        with pytest.raises(FolderInUseError, match=f"in use by process {other.pid} on {socket.gethostname()} "
+                                                   r"\(a training run\), which holds its lock .yolo9kit.lock"):
+            _toy_run(tmp_path)
         assert not (run / "weights").exists()
     finally:
-        other.kill()
+        other.kill()  # kill -9: the system drops its lock
         other.wait()
-    (run / ".yolo9kit.lock").write_text(f"{DEAD_PID} {os.uname().nodename}\n")  # its owner is gone
-    result = fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(2, 2), validate_fn=lambda m: {})
+    result = _toy_run(tmp_path)
     assert result.last.is_file() and not (run / ".yolo9kit.lock").exists()  # taken over, released at the end
+
+
+def test_a_lock_of_a_killed_process_of_another_host_is_taken_over(tmp_path, caplog):
+    from yolo9kit import runs
+
+    run = _toy_run(tmp_path).save_dir
+    (run / "state.yaml").write_text("state: running\n")  # kill -9, then a restarted container of another name
+    (run / ".yolo9kit.lock").write_text(f"{DEAD_PID} container-before-the-restart\n")
+    assert runs(tmp_path / "runs").set_index("run").loc["x", "state"] == "killed"
+    with caplog.at_level(logging.INFO, logger="yolo9kit.files"):
+        resumed = _toy_run(tmp_path, epochs=2, resume=str(run))
+    assert resumed.epochs_completed == 2 and not (run / ".yolo9kit.lock").exists()
+    assert f"taking over the lock of process {DEAD_PID} on container-before-the-restart" in caplog.text
 
 
 @pytest.mark.slow

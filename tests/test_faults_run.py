@@ -30,6 +30,7 @@ from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
 from yolo9kit.files import DiskFullError
 from yolo9kit.train import fit
+from yolo9kit.train.records import read_state
 
 # the module (the package's ``fit`` attribute is the function: the module is reached through sys.modules)
 fit_module = sys.modules["yolo9kit.train.fit"]
@@ -66,10 +67,12 @@ def _config(tmp_path, **kw):
     return TrainConfig(**{**base, **kw})
 
 
-def _fit(config, data=None, loss_fn=toy_loss):
+def _fit(config, data=None, loss_fn=toy_loss, model_name=None):
     torch.manual_seed(3)
-    return fit(ToyNet(batchnorm=True), data, config, loss_fn=loss_fn, train_loader=make_batches(5, 2),
-               validate_fn=_validate)
+    model = ToyNet(batchnorm=True)
+    if model_name:
+        model.name = model_name  # what checkpoints and settings.yaml call the model
+    return fit(model, data, config, loss_fn=loss_fn, train_loader=make_batches(5, 2), validate_fn=_validate)
 
 
 def _same_weights(a, b):
@@ -85,6 +88,11 @@ def _epochs_in_csv(run):
 
 def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _files(folder):
+    """Every file under ``folder`` with its digest: what a refused command leaves as it found it."""
+    return {str(p.relative_to(folder)): _digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _kill_at(monkeypatch, target, epoch):
@@ -380,6 +388,44 @@ def test_resume_with_another_model_is_a_short_error(tmp_path):
         fit(ToyNet(batchnorm=True, channels=16), None, _config(tmp_path, epochs=2, resume=str(first.last)),
             loss_fn=toy_loss, train_loader=make_batches(5, 2), validate_fn=_validate)
     assert len(str(info.value)) < 400
+
+
+def test_refused_runs_leave_the_run_folder_as_they_found_it(tmp_path):
+    from yolo9kit.data import DataError, make_shapes
+
+    data = make_shapes(tmp_path / "d", n_train=2, n_val=1, imgsz=64, num_classes=1)
+    first = _fit(_config(tmp_path, epochs=1), data=str(data))
+    found = _files(first.save_dir)
+    other = data.with_name("other.yaml")
+    other.write_text(data.read_text())
+    with pytest.raises(ValueError, match="the data cannot change in the middle of a run"):
+        _fit(_config(tmp_path, epochs=2, resume=str(first.save_dir)), data=str(other))
+    assert _files(first.save_dir) == found  # state.yaml still "finished", with its wall time
+    for label in (data.parent / "labels" / "train").glob("*.txt"):
+        label.write_text("3 0.5 0.5 0.2 0.2\n")  # a class that data.yaml does not name
+    with pytest.raises(DataError):  # a new run into the folder (exist_ok), refused by its training labels
+        fit(ToyNet(batchnorm=True), data, _config(tmp_path, exist_ok=True, imgsz=64, workers=0), loss_fn=toy_loss,
+            validate_fn=_validate)
+    assert _files(first.save_dir) == found  # results.csv not set aside, no "failed"
+
+
+def test_a_bad_state_yaml_never_blocks_a_resume(tmp_path):
+    first = _fit(_config(tmp_path, epochs=1))
+    (first.save_dir / "state.yaml").write_text("state: interrupted\nwall_s: abc\n")
+    more = _fit(_config(tmp_path, epochs=2, resume=str(first.save_dir)))
+    assert more.epochs_completed == 2 and not (more.save_dir / ".yolo9kit.lock").exists()
+    state = read_state(more.save_dir)
+    assert state["state"] == "finished" and isinstance(state["wall_s"], float)
+
+
+def test_a_last_pt_of_another_model_copied_into_a_run_is_refused_naming_both(tmp_path):
+    ours = _fit(_config(tmp_path, epochs=1, name="ours"), model_name="toy-a")
+    theirs = _fit(_config(tmp_path, epochs=1, name="theirs"), model_name="toy-b")
+    shutil.copyfile(theirs.last, ours.last)
+    found = _files(ours.save_dir)
+    with pytest.raises(ValueError, match=r"holds a toy-b model, but the run in \S+ours trains toy-a"):
+        _fit(_config(tmp_path, epochs=2, resume=str(ours.save_dir)), model_name="toy-b")
+    assert _files(ours.save_dir) == found
 
 
 def test_a_run_that_fails_before_its_first_save_leaves_no_folder(tmp_path):

@@ -210,3 +210,46 @@ def test_the_train_command_takes_the_loggers():
                                       "--mlflow-uri", "http://localhost:5000"])
     config = config_from_args(args)
     assert config.run.loggers == ("tensorboard", "mlflow") and config.run.mlflow_uri == "http://localhost:5000"
+
+
+def test_an_mlflow_uri_with_a_password_is_refused_and_never_written(shapes, tmp_path, capsys):
+    from yolo9kit.cli import main
+
+    code = main(["train", "--data", str(shapes), "--imgsz", "64", "--epochs", "1", "--batch-size", "2", "--device",
+                 "cpu", "--project", str(tmp_path / "runs"), "--loggers", "mlflow",
+                 "--mlflow-uri", "http://ann:s3cret@127.0.0.1:9"])
+    captured = capsys.readouterr()
+    assert code == 2 and "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in captured.err
+    assert "s3cret" not in captured.err + captured.out and not (tmp_path / "runs").exists()
+
+
+def test_the_health_check_asks_the_way_the_mlflow_client_does(monkeypatch):
+    import base64
+    import http.server
+    import threading
+
+    from mlflow.tracking import MlflowClient
+
+    from yolo9kit.train.loggers import _check_server
+
+    expected = "Basic " + base64.b64encode(b"ann:s3cret").decode()
+
+    class Guarded(http.server.BaseHTTPRequestHandler):  # a server behind basic authentication
+        def do_GET(self):
+            self.send_response(200 if self.headers.get("Authorization") == expected else 401)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Guarded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(ConnectionError, match=f"the MLflow server at {uri} refuses its health check: HTTP 401"):
+            _check_server(MlflowClient(tracking_uri=uri), uri)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "ann")  # where MLflow's client reads them
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret")
+        _check_server(MlflowClient(tracking_uri=uri), uri)
+    finally:
+        server.shutdown()

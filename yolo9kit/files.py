@@ -228,61 +228,81 @@ class FolderInUseError(ValueError):
 LOCK_NAME = ".yolo9kit.lock"
 
 
-def _live(owner: tuple[int, str] | None) -> bool:
-    """Whether a lock's owner (pid, host) is a live process; one of another host counts as live."""
-    return owner is not None and (owner[1] != socket.gethostname() or _pid_alive(owner[0]))
-
-
 class FolderLock:
-    """One process at a time in a folder: ``<folder>/.yolo9kit.lock`` holds the owner's pid and host.
+    """One process at a time in a folder: ``<folder>/.yolo9kit.lock``, locked by its owner (``flock``) and naming
+    the owner's pid and host.
 
-    ``acquire`` makes the lock file exclusively (``O_EXCL``); a lock of a process that is gone (same host, pid
-    not alive) is taken over with a line in the log; one of a live process refuses with ``FolderInUseError``
-    naming it. ``release`` removes the file when it is still this process's.
+    The system drops the lock when its owner ends, however it ends (kill -9, a restarted container, a machine
+    lost on a network file system), so ``acquire`` takes over a lock file that no process holds, with a line in
+    the log, and refuses one that a live process holds with ``FolderInUseError`` naming it. Where files cannot be
+    locked (Windows, a file system without locks) nothing is refused. ``release`` removes the file.
     """
 
     def __init__(self, folder: str | Path, what: str = "a run") -> None:
         self.path = Path(folder) / LOCK_NAME
         self.what = what
-        self.held = False
+        self.fd: int | None = None
 
     def acquire(self) -> FolderLock:
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = self._owner()
-                if _live(owner):
-                    raise FolderInUseError(
-                        f"{self.path.parent} is in use by process {owner[0]} on {owner[1]} ({self.what}); "
-                        "choose another folder (train: another --name), or wait for it to end") from None
-                LOGGER.info("%s: taking over the lock of process %s, which is gone", self.path.parent,
-                            owner[0] if owner else "?")
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()} {socket.gethostname()}\n")
-            self.held = True
-            return self
-        raise FolderInUseError(f"{self.path.parent}: could not take its lock {self.path}")
+        for _ in range(3):  # a file its owner removed between our open and our lock is no lock: open the new one
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            if _held_elsewhere(fd, exclusive=True):
+                os.close(fd)
+                raise FolderInUseError(
+                    f"{self.path.parent} is in use by {self._owner() or 'another process'} ({self.what}), which "
+                    f"holds its lock {self.path.name} until it ends, however it ends; wait for it or end it, or "
+                    "choose another folder (train: another --name)")
+            if os.fstat(fd).st_nlink:
+                break
+            os.close(fd)
+        else:
+            raise FolderInUseError(f"{self.path.parent}: could not take its lock {self.path}")
+        gone = self._owner()
+        if gone:
+            LOGGER.info("%s: taking over the lock of %s, which is gone", self.path.parent, gone)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        self.fd = fd
+        return self
 
     def in_use(self) -> bool:
-        """Whether a live process holds the lock (one of another host counts as live: it cannot be checked)."""
-        return _live(self._owner())
+        """Whether a live process holds the lock (asked by locking the file for an instant)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            return _held_elsewhere(fd, exclusive=False)
+        finally:
+            os.close(fd)
 
-    def _owner(self) -> tuple[int, str] | None:
+    def _owner(self) -> str | None:
         try:
             pid, host = self.path.read_text().split()[:2]
-            return int(pid), host
         except (OSError, ValueError):
-            return None  # unreadable or half written: a lock of a killed process
+            return None  # new, unreadable or half written
+        return f"process {pid} on {host}"
 
     def release(self) -> None:
-        if self.held:
-            owner = self._owner()
-            if owner is not None and owner[0] == os.getpid():
-                self.path.unlink(missing_ok=True)
-            self.held = False
+        if self.fd is not None:
+            with contextlib.suppress(OSError):  # Windows keeps an open file: the next run takes it over
+                self.path.unlink()  # before the lock goes, so that no process locks a removed file
+            os.close(self.fd)
+            self.fd = None
+
+
+def _held_elsewhere(fd: int, exclusive: bool) -> bool:
+    """Lock ``fd`` without waiting (``flock``); True when another process holds it. Where files cannot be locked
+    (Windows, a file system without locks), False."""
+    try:
+        import fcntl  # POSIX only
+
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except (ImportError, OSError):  # Windows; ENOLCK and the like: a file system without locks
+        pass
+    return False
 
 
 def _pid_alive(pid: int) -> bool:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from yolo9kit.config.declare import CHANGE, RUN, check_declared, declare, part, settings
 from yolo9kit.config.hyp import DEFAULT_AUGMENT_HYP, check_augment_hyp
@@ -236,6 +237,11 @@ class RunConfig:
         if unknown:
             raise ValueError(f"TrainConfig.callbacks={self.callbacks!r}: expected a dict with keys among "
                              f"{CALLBACK_NAMES}, got {sorted(unknown)}")
+        if self.mlflow_uri and urlsplit(self.mlflow_uri).password:  # never stored or printed: not named here either
+            raise ValueError("TrainConfig.mlflow_uri (--mlflow-uri) holds a password, which the run would store and "
+                             "print: give the server without it (http://host:5000) and the credentials where MLflow's "
+                             "client reads them, MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+                             "MLFLOW_TRACKING_TOKEN) in the environment or ~/.mlflow/credentials")
 
 
 @dataclass(frozen=True, init=False)

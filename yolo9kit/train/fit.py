@@ -165,7 +165,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             half = run.trainer.step.amp != "off" and run.trainer.device.type == "cuda"  # FP16 eval: CUDA only
             run.validate_fn = EMAValidation(data, val_loader or make_loader(data, "val", run.config, dist),
                                             run.config, device=run.trainer.device, half=half)
-        _open_records(run, folder, data, train_loader)
+        _open_records(run, folder, data, train_loader)  # every check passed: from here on the run writes
         if folder.ckpt:  # the random states restored last, so that nothing of the set-up consumes them
             restore_rng(folder.ckpt["rng"], run.trainer.device)
             LOGGER.info("resuming %s in epoch %d of %d", folder.path, run.progress.epoch + 1, config.epochs)
@@ -201,15 +201,15 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
     model = ddp.wrap_model(model, dist, device, config.run.sync_bn)
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
     progress = restore_training_state(folder.ckpt, trainer, folder.checkpoint) if folder.ckpt else Progress()
-    run = _Run(config, trainer, progress, dist, folder.path, validate_fn, {"data": data_record(data)},
-               results=list(folder.ckpt.get("results", [])) if folder.ckpt else [], auto_batch=auto_batch)
-    if auto_batch is not None and folder.path is not None:
-        folder.files.append(auto_batch.save(folder.path))  # removed with the folder if the run fails early
-    return run
+    return _Run(config, trainer, progress, dist, folder.path, validate_fn, {"data": data_record(data)},
+                results=list(folder.ckpt.get("results", [])) if folder.ckpt else [], auto_batch=auto_batch)
 
 
 def _open_records(run: _Run, folder: RunFolder, data, loader: Iterable) -> None:
-    """settings.yaml, the loggers and (``config.run.plots``) the pictures (labels.jpg now, the rest as it trains)."""
+    """The run begun (``RunFolder.begin``): auto_batch.json, settings.yaml, the loggers, the pictures (``plots``)."""
+    folder.begin()
+    if run.auto_batch is not None and folder.path is not None:
+        folder.files.append(run.auto_batch.save(folder.path))  # removed with the folder if the run fails early
     write_settings(folder, run.config, run.trainer, data, len(loader))  # type: ignore[arg-type]
     folder.loggers = RunLoggers.open(run.config, run.run_dir, folder.ckpt is not None, folder.files)
     if run.config.run.plots and run.run_dir is not None:

@@ -52,19 +52,13 @@ class RunLoggers:
     @classmethod
     def open(cls, config: Any, run_dir: Path | None, resumed: bool, files: list[Path]) -> RunLoggers:
         """The loggers ``config.run.loggers`` asks for, started (``run_dir`` None: a rank that writes nothing).
-        ``files`` gets the files they make in the run folder (removed with it when the run fails early).
-
-        Raises:
-            ValueError: a logger's package is not installed (which extra installs it).
+        ``files`` gets the files they make in the run folder (removed with it when the run fails early). Their
+        packages are checked before (``check_loggers``).
         """
         names = config.run.loggers if run_dir is not None else ()
         if run_dir is not None and config.run.mlflow_uri and "mlflow" not in names:
             LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
                            config.run.mlflow_uri)
-        for name in names:  # each logger is the package it needs and the extra that installs it
-            if importlib.util.find_spec(name) is None:
-                raise ValueError(f"TrainConfig.loggers: {name} needs the {name} package: "
-                                 f"pip install 'yolo9kit[{name}]'")
         made = [TensorBoardLogger(run_dir, files) if name == "tensorboard" else
                 MlflowLogger(run_dir, config, resumed, files) for name in names]
         # a resumed run's epochs so far were sent by its earlier parts
@@ -95,6 +89,17 @@ class RunLoggers:
                 LOGGER.warning("%s: still sending after %.0f s; the rest of this run is not sent to it (the run "
                                "folder holds everything)", worker.logger.name, CLOSE_WAIT_S)
         self._workers = []
+
+
+def check_loggers(config: Any) -> None:
+    """Refuse, before a run writes anything, a logger whose package is not installed.
+
+    Raises:
+        ValueError: the logger and the extra that installs it.
+    """
+    for name in config.run.loggers:  # each logger is the package it needs and the extra that installs it
+        if importlib.util.find_spec(name) is None:
+            raise ValueError(f"TrainConfig.loggers: {name} needs the {name} package: pip install 'yolo9kit[{name}]'")
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -215,8 +220,8 @@ class MlflowLogger:
     def open(self) -> None:
         from mlflow.tracking import MlflowClient
 
-        _check_server(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
+        _check_server(self.client, self.uri)
         self.run_id = self._resumed_run()
         if self.run_id is not None:
             self.client.update_run(self.run_id, status="RUNNING")
@@ -233,7 +238,7 @@ class MlflowLogger:
     def epoch(self, rows: list[dict]) -> None:
         from mlflow.entities import Metric
 
-        _check_server(self.uri)
+        _check_server(self.client, self.uri)
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(value), now, int(row["epoch"]) + 1) for row in rows
                    for key, value in row.items() if key != "epoch" and value is not None]
@@ -241,7 +246,7 @@ class MlflowLogger:
         self._send_pictures()
 
     def close(self, state: str) -> None:
-        _check_server(self.uri)
+        _check_server(self.client, self.uri)
         self._send_pictures()
         for name in ("results.csv", "settings.yaml", "state.yaml"):
             if (self.run_dir / name).is_file():
@@ -292,17 +297,20 @@ class MlflowLogger:
         self.files.append(path)
 
 
-def _check_server(uri: str) -> None:
-    """An http(s) tracking server answers its health check within ``HEALTH_TIMEOUT_S``, else ConnectionError."""
+def _check_server(client: Any, uri: str) -> None:
+    """An http(s) tracking server answers its health check within ``HEALTH_TIMEOUT_S``, asked as ``client`` asks
+    (MLflow's request, with the credentials and TLS settings it reads), without retries; else ConnectionError."""
     if not uri.startswith(("http://", "https://")):
         return
-    import urllib.request
+    from mlflow.utils.rest_utils import http_request
 
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=HEALTH_TIMEOUT_S) as answer:
-            answer.read()
-    except OSError as e:
-        raise ConnectionError(f"no MLflow server answers at {uri} ({getattr(e, 'reason', e)})") from None
+    try:  # the client's store holds how it connects (RestStore.get_host_creds)
+        answer = http_request(client._tracking_client.store.get_host_creds(), "/health", "GET", max_retries=0,
+                              timeout=HEALTH_TIMEOUT_S)
+    except Exception as e:  # MlflowException around requests' errors
+        raise ConnectionError(f"no MLflow server answers at {uri} ({str(e).splitlines()[0][:200]})") from None
+    if answer.status_code != 200:
+        raise ConnectionError(f"the MLflow server at {uri} refuses its health check: HTTP {answer.status_code}")
 
 
 def _tags(run_dir: Path) -> dict[str, str]:

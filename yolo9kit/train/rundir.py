@@ -21,9 +21,10 @@ from typing import Any
 from yolo9kit.config import TrainConfig
 from yolo9kit.config.declare import KEEP, declarations
 from yolo9kit.config.recipe import choose_recipe
-from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, remove_stale_temporaries
+from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, read_record, remove_stale_temporaries
 from yolo9kit.train import ddp
-from yolo9kit.train.loggers import RunLoggers
+from yolo9kit.train.ema import unwrap
+from yolo9kit.train.loggers import RunLoggers, check_loggers
 from yolo9kit.train.records import read_state, write_results, write_state
 from yolo9kit.train.state import checkpoint_bytes, find_resume_checkpoint, increment_path, run_dir_of
 from yolo9kit.train.step import Trainer
@@ -55,15 +56,31 @@ class RunFolder:
     started: float = field(default_factory=time.monotonic)  # this process's part of the wall time
     earlier_s: float = 0.0  # the wall time of the parts before a resume (from their state.yaml)
     loggers: RunLoggers = field(default_factory=RunLoggers)  # opened with settings.yaml, closed with state.yaml
+    begun: bool = False  # its checks passed and it writes into the folder (``begin``)
+
+    def begin(self) -> None:
+        """Once every check passed (rank 0): the temporary files of killed saves removed, a resumed run's
+        results.csv rewritten from the rows its last.pt recorded (an earlier run's set aside), state.yaml
+        "running"."""
+        if self.path is None:
+            return
+        for folder in (self.path, self.path / "weights"):
+            remove_stale_temporaries(folder)
+        if self.ckpt is not None:
+            _reconcile_results(self.path / "results.csv", self.ckpt)
+            wall_s = read_state(self.path).get("wall_s") or 0.0
+            self.earlier_s = wall_s if isinstance(wall_s, (int, float)) else 0.0  # damaged: never blocks a resume
+        elif not self.new:
+            _set_aside_results(self.path / "results.csv")
+        self.begun = True
+        record_state(self, "running")
 
 
 def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
     """The checkpoint to resume (or None) and the run folder; rank 0 creates it (``weights/`` comes with the
     first save, so a run that fails early leaves no empty weights folder) and holds its lock (``FolderLock``:
     a second run into the same folder, e.g. two ``--exist-ok`` runs at once, is refused naming the first).
-
-    On rank 0 the temporary files of killed saves are removed, and a resumed run's ``results.csv`` is
-    rewritten from the rows its last.pt recorded.
+    Nothing the folder holds changes before ``RunFolder.begin``: a run refused by its checks leaves it as it was.
 
     Raises:
         FolderInUseError: another live process writes into the run folder.
@@ -88,22 +105,14 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
         if run.new:
             run.path.rmdir()
         raise
-    for folder in (run.path, run.path / "weights"):
-        remove_stale_temporaries(folder)
-    if run.ckpt is not None:
-        _reconcile_results(run.path / "results.csv", run.ckpt)
-        run.earlier_s = float(read_state(run.path).get("wall_s") or 0.0)
-    elif not run.new:
-        _set_aside_results(run.path / "results.csv")
-    record_state(run, "running")
     return run
 
 
 def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
                  epochs: int | None = None) -> None:
-    """``state.yaml`` (``records.write_state``) with the wall time of all the run's parts; a failed start removes
-    it with the folder."""
-    if run.path is None or not run.path.is_dir():
+    """``state.yaml`` (``records.write_state``) with the wall time of all the run's parts, once the run has begun
+    (a refused run leaves the one it found); a failed start removes it with the folder."""
+    if run.path is None or not run.begun or not run.path.is_dir():
         return
     path = write_state(run.path, state, reason, epochs_done, epochs, run.earlier_s + time.monotonic() - run.started)
     if path is not None and run.new and path not in run.files:
@@ -123,12 +132,8 @@ def _set_aside_results(path: Path) -> None:
 
 def _first_missing(path: Path) -> Path | None:
     """The topmost of ``path`` and its parents that does not exist yet (None: it exists)."""
-    missing = None
-    for candidate in [path, *path.parents]:
-        if candidate.exists():
-            break
-        missing = candidate
-    return missing
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    return missing[-1] if missing else None
 
 
 def _reconcile_results(path: Path, ckpt: dict) -> None:
@@ -156,23 +161,24 @@ def close_run(run: RunFolder, interrupted_by: str | None = None, epochs_done: in
     state = "interrupted" if interrupted_by else "finished" if epochs_done == epochs else "stopped early"
     record_state(run, state, interrupted_by or ("patience" if state == "stopped early" else None), epochs_done,
                  epochs)
-    run.loggers.close(state)
-    _release(run)
-
-
-def _release(run: RunFolder) -> None:
-    if run.lock is not None:
-        run.lock.release()
+    try:
+        run.loggers.close(state)
+    finally:  # also when Ctrl-C ends the loggers' wait
+        if run.lock is not None:
+            run.lock.release()
 
 
 def close_failed(run: RunFolder, error: BaseException) -> None:
     """After a failed run: remove an empty ``weights/``, and the run folder when this run made it and it is empty
-    (the loggers are closed and the lock released first); a folder that stays says why in ``state.yaml``."""
+    (the loggers are closed and the lock released first); a begun run's folder says why in ``state.yaml``."""
     if run.path is None:
         return
     state = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-    run.loggers.close(state)
-    _release(run)
+    try:
+        run.loggers.close(state)
+    finally:  # also when Ctrl-C ends the loggers' wait
+        if run.lock is not None:
+            run.lock.release()
     weights = run.path / "weights"
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
@@ -192,11 +198,12 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
 
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
     """The settings the run trains with: its recipe decided for ``images`` training images (``choose_recipe``;
-    a resumed run keeps its own), said in the log and in settings.yaml; a resume checked (``check_resume``)."""
+    a resumed run keeps its own), said in the log and in settings.yaml; the loggers and a resume checked."""
     config, run.recipe = choose_recipe(config, images, run.ckpt.get("train_config", {}) if run.ckpt else None)
     if run.path is not None:
         LOGGER.info("%s", run.recipe)  # the first line of a run's output
         LOGGER.info("run folder %s", run.path)
+        check_loggers(config)
     if run.ckpt is not None:
         check_resume(config, run)
     if config.optim.label_smoothing:
@@ -242,12 +249,21 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
 
 
 def check_resume_model(model: Any, run: RunFolder) -> None:
-    """The model to resume must predict the run's classes, under the run's names.
+    """The model to resume must predict the run's classes, under the run's names, and be the one its folder's
+    settings.yaml names (a last.pt copied from another run is refused).
 
     Raises:
-        ValueError: another number of classes or other names (both named).
+        ValueError: another number of classes, other names or another model (both named).
     """
     saved = (run.ckpt or {}).get("model_config") or {}
+    try:
+        trains = read_record(run.path / SETTINGS_FILE).get("model") if run.path else None
+    except (OSError, ValueError, AttributeError):  # none (an older kit's run), or damaged (RecordError)
+        trains = None
+    if trains is not None and saved.get("name") is not None and saved["name"] != trains:
+        raise ValueError(f"resume {run.checkpoint}: it holds a {saved['name']} model, but the run in {run.path} "
+                         f"trains {trains} (its {SETTINGS_FILE}): a checkpoint of another run; resume the run's own "
+                         f"last.pt, or start a new run from this one (--weights {run.checkpoint})")
     nc, names = saved.get("nc"), saved.get("names")
     ours_nc, ours_names = getattr(model, "nc", None), list(getattr(model, "names", []) or [])
     if nc is not None and ours_nc is not None and int(ours_nc) != int(nc):
@@ -328,7 +344,6 @@ def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> 
                      f"about {size / 1e6:.3g} MB each)")
 
 
-
 SETTINGS_FILE = "settings.yaml"
 
 
@@ -351,6 +366,7 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
 
     step = trainer.step.to_dict() if getattr(trainer, "step", None) is not None else None
     settings = {
+        "model": str(getattr(unwrap(trainer.model), "name", "model")),  # as save_checkpoint names it
         "train_config": config.to_dict(), "step": step,
         "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
                     "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
