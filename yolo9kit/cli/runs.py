@@ -26,8 +26,14 @@ def run(args: argparse.Namespace) -> int:
         shown = table.drop(columns="path").astype(object)
         print(shown.where(shown.notna(), "").to_string(index=False))  # an empty cell, not None or NaN
     if args.csv:
-        from yolo9kit.files import write_text_atomically
+        from pathlib import Path
 
+        from yolo9kit.files import OwnInputError, write_text_atomically
+
+        out = Path(args.csv).resolve()
+        if out.exists() and any(out.is_relative_to(Path(p).resolve()) for p in table["path"]):
+            raise OwnInputError(f"--csv {args.csv} is a file of a run folder listed here: the table would replace it; "
+                                "choose a path outside the run folders")
         write_text_atomically(args.csv, table.to_csv(index=False))
         print(f"table written to {args.csv}")
     return 0
