@@ -38,10 +38,10 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
     Columns: ``run`` (the folder, relative to ``root``), ``state`` (running, finished, stopped early,
     interrupted, failed, killed, damaged; ``reason`` says why when it did not finish), ``epochs`` (done / planned),
     the best epoch's and the last epoch's ``mAP50`` and ``mAP50-95`` (the EMA's validation), the ``seed range``
-    of the last mAP50-95 over the listed runs whose settings differ only in the seed, the ``wall time (s)``
-    of all its parts, the median training ``images/s`` over its epochs, the ``peak memory (GiB)`` allocated on
-    CUDA (empty off CUDA), ``batch x accumulate`` after warmup; then every setting whose value differs between the
-    listed runs (``differing_settings``); ``reason`` and ``path`` last.
+    of the last mAP50-95 over the listed runs that ended on their own whose settings differ only in the seed,
+    the ``wall time (s)`` of all its parts, the median training ``images/s`` over its epochs, the ``peak memory
+    (GiB)`` allocated on CUDA (empty off CUDA), ``batch x accumulate`` after warmup; then every setting whose value
+    differs between the listed runs (``differing_settings``); ``reason`` and ``path`` last.
 
     Raises:
         FileNotFoundError: ``root`` is not a folder, or a listed run folder does not exist.
