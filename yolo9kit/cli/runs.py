@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,8 +27,6 @@ def run(args: argparse.Namespace) -> int:
         shown = table.drop(columns="path").astype(object)
         print(shown.where(shown.notna(), "").to_string(index=False))  # an empty cell, not None or NaN
     if args.csv:
-        from pathlib import Path
-
         from yolo9kit.files import OwnInputError, write_text_atomically
 
         out = Path(args.csv).resolve()
