@@ -3,8 +3,10 @@ interrupted, a killed and a damaged folder among them, and their curves side by 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,3 +117,72 @@ def test_the_runs_viewer_draws_the_chosen_runs_and_the_chosen_metric(root):
     assert output_png(app.outputs["curves"]) != before
     with pytest.raises(ValueError, match="metric"):
         runs_viewer(root, metric="accuracy")
+
+
+def _copy_run(root, name, to):
+    return Path(shutil.copytree(root / name, to / name))
+
+
+def test_the_csv_table_never_replaces_a_file_of_a_run_folder(root, tmp_path, capsys):
+    from yolo9kit.cli import main
+
+    run = _copy_run(root, "small", tmp_path)
+    for name in ("results.csv", "settings.yaml"):
+        target = run / name
+        before = target.read_bytes()
+        assert main(["runs", str(tmp_path), "--csv", str(target)]) == 2
+        assert f"--csv {target} is a file of a run folder" in capsys.readouterr().err
+        assert target.read_bytes() == before
+
+
+def test_the_copies_in_an_mlflow_store_are_not_runs(root, tmp_path):
+    """The default MLflow store inside the project copies results.csv, settings.yaml and state.yaml into
+    mlartifacts/: the run is listed once, and has no seed range of its own copy."""
+    from yolo9kit import runs
+
+    run = _copy_run(root, "small", tmp_path)
+    copy = tmp_path / "mlartifacts" / "1" / "0a1b2c" / "artifacts"
+    copy.mkdir(parents=True)
+    for name in ("results.csv", "settings.yaml", "state.yaml"):
+        shutil.copy(run / name, copy / name)
+    table = runs(tmp_path)
+    assert table["run"].tolist() == ["small"] and table["seed range"].isna().all()
+
+
+def test_a_record_with_aliases_or_over_a_mib_is_a_damaged_row_naming_it(root, tmp_path):
+    """A few hundred bytes of nested aliases expand to gigabytes once read ("billion laughs"): refused unread,
+    as is a record over 1 MiB; elsewhere (read_state) the refusal is an error naming the file."""
+    from yolo9kit import runs
+    from yolo9kit.files import RecordError
+    from yolo9kit.train.records import read_state
+
+    bomb = _copy_run(root, "small", tmp_path / "a")
+    (bomb / "state.yaml").write_text('a: &a ["x", "x", "x"]\nb: &b [*a, *a, *a]\nstate: [*b, *b, *b]\n')
+    huge = _copy_run(root, "small", tmp_path / "b")
+    with (huge / "settings.yaml").open("a") as f:
+        f.write("# " + "x" * (1 << 20) + "\n")
+    table = runs(tmp_path).set_index("run")
+    assert table.loc["a/small", "state"] == table.loc["b/small", "state"] == "damaged"
+    assert "state.yaml unreadable" in table.loc["a/small", "reason"] and "aliases" in table.loc["a/small", "reason"]
+    assert "settings.yaml unreadable" in table.loc["b/small", "reason"] and "MiB" in table.loc["b/small", "reason"]
+    with pytest.raises(RecordError, match="state.yaml: line 2: .*aliases"):
+        read_state(bomb)
+
+
+def test_one_bad_folder_is_a_damaged_row_and_never_ends_the_table(root, tmp_path, capsys):
+    """``epochs: abc`` in a settings.yaml (before: exit 2, no file named), a lock with a 20-digit pid (before:
+    OverflowError, exit 1): each is one row, the others are listed as ever."""
+    from yolo9kit import runs
+    from yolo9kit.cli import main
+
+    good = _copy_run(root, "small", tmp_path / "good")
+    bad = _copy_run(root, "small", tmp_path / "bad")
+    settings = bad / "settings.yaml"
+    settings.write_text(settings.read_text().replace("\n  epochs: 3\n", "\n  epochs: abc\n", 1))
+    (bad / "state.yaml").unlink()  # a run of an older kit: its state is inferred from the epochs
+    locked = _copy_run(root, "killed", tmp_path)
+    (locked / LOCK_NAME).write_text("9" * 20 + " " + __import__("socket").gethostname() + "\n")
+    table = runs(tmp_path).set_index("run")
+    assert table.loc["bad/small", "state"] == "damaged" and "settings.yaml" in table.loc["bad/small", "reason"]
+    assert table.loc["killed", "state"] == "killed" and table.loc["good/small", "state"] == "finished"
+    assert main(["runs", str(tmp_path)]) == 0 and str(good.relative_to(tmp_path)) in capsys.readouterr().out

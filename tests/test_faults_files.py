@@ -369,3 +369,26 @@ def test_predict_on_an_empty_image_or_a_tensor_says_what_it_takes():
     assert len(results) == 0 and results.skipped == [("array #0", "empty image (0 x 0 pixels)")]
     with pytest.raises(TypeError, match="a Tensor is not an image source: pass a BGR numpy image"):
         predict("yolov9-t", torch.zeros(3, 64, 64), imgsz=64)
+
+
+def test_the_yaml_a_run_reads_back_is_bounded_and_a_refusal_names_the_file(tmp_path):
+    """Aliases (a few hundred bytes that expand to gigabytes) and files over 1 MiB are refused unread by every
+    reader of the kit's YAML: --hyp, data.yaml, state.yaml (runs(): a damaged row, tests/test_experiments.py)."""
+    from yolo9kit.config.hyp import read_hyp
+    from yolo9kit.data import load_data_config
+    from yolo9kit.files import RecordError
+    from yolo9kit.train.records import read_state, write_state
+
+    hyp = tmp_path / "hyp.yaml"
+    hyp.write_text("lr0: &x 0.01\nlrf: *x\n")
+    with pytest.raises(ValueError, match=f"--hyp {hyp}: line 2: .*aliases"):
+        read_hyp(hyp)
+    data = tmp_path / "data.yaml"
+    data.write_text("train: &t images\nval: *t\nnames: [a]\n")
+    with pytest.raises(RecordError, match=f"{data}: line 2: .*aliases"):
+        load_data_config(data)
+    data.write_text("train: images\nval: images\nnames: [a]\n# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(RecordError, match="more than the 1.00 MiB"):
+        load_data_config(data)
+    write_state(tmp_path, "finished", None, 2, 2, 1.0)  # what the kit writes it reads back
+    assert read_state(tmp_path)["state"] == "finished"

@@ -2,7 +2,8 @@
 
 A run folder is any folder holding ``settings.yaml`` or ``results.csv`` (what ``fit`` writes). The table reads
 only those files, ``state.yaml`` and the folder's lock, never a checkpoint, so it stays fast on hundreds of runs.
-A folder whose files are damaged or half written is a row that says which file and why.
+A folder whose files are damaged, half written or refused (``files.read_record``) is a row that says which file
+and why. The copies of a run's files in an MLflow store (``mlartifacts/``, ``mlruns/``) are not run folders.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from yolo9kit.files import LOCK_NAME, FolderLock
-from yolo9kit.train.records import STATE_FILE
+from yolo9kit.files import LOCK_NAME, FolderLock, RecordError, read_record
+from yolo9kit.train.records import ENDED, STATE_FILE
 
 SETTINGS_FILE = "settings.yaml"
 RESULTS_FILE = "results.csv"
 # settings that name the run rather than describe it: never shown as a difference
 _NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "log_interval", "loggers", "mlflow_uri"}
+# MLflow's local stores, which keep copies of a run's results.csv, settings.yaml and state.yaml
+_COPIES = {"mlartifacts", "mlruns"}
 NUMBERS = ["best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "wall time (s)", "images/s", "peak memory (GiB)"]
 COLUMNS = ["run", "state", "epochs", "best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "seed range", "wall time (s)",
            "images/s", "peak memory (GiB)", "batch x accumulate"]
@@ -35,10 +38,10 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
     Columns: ``run`` (the folder, relative to ``root``), ``state`` (running, finished, stopped early,
     interrupted, failed, killed, damaged; ``reason`` says why when it did not finish), ``epochs`` (done / planned),
     the best epoch's and the last epoch's ``mAP50`` and ``mAP50-95`` (the EMA's validation), the ``seed range``
-    of the last mAP50-95 over the listed runs whose settings differ only in the seed, the ``wall time (s)``
-    of all its parts, the median training ``images/s`` over its epochs, the ``peak memory (GiB)`` allocated on
-    CUDA (empty off CUDA), ``batch x accumulate`` after warmup; then every setting whose value differs between the
-    listed runs (``differing_settings``); ``reason`` and ``path`` last.
+    of the last mAP50-95 over the listed runs that ended on their own whose settings differ only in the seed,
+    the ``wall time (s)`` of all its parts, the median training ``images/s`` over its epochs, the ``peak memory
+    (GiB)`` allocated on CUDA (empty off CUDA), ``batch x accumulate`` after warmup; then every setting whose value
+    differs between the listed runs (``differing_settings``); ``reason`` and ``path`` last.
 
     Raises:
         FileNotFoundError: ``root`` is not a folder, or a listed run folder does not exist.
@@ -47,7 +50,8 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
         base = Path(root)
         if not base.is_dir():
             raise FileNotFoundError(f"{base}: no such folder of runs (fit writes them under runs/train/ by default)")
-        folders = {p.parent for name in (SETTINGS_FILE, RESULTS_FILE) for p in base.rglob(name)}
+        folders = {p.parent for name in (SETTINGS_FILE, RESULTS_FILE) for p in base.rglob(name)
+                   if _COPIES.isdisjoint(p.relative_to(base).parts)}
     else:
         folders = {Path(f) for f in root}
         missing = [str(f) for f in folders if not f.is_dir()]
@@ -71,13 +75,14 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
 
 
 def _seed_range(table: pd.DataFrame, settings: list[dict[str, Any]]) -> list[float]:
-    """For each finished run, the range (max - min) of the last mAP50-95 over the finished runs whose settings are
-    its own but for the seed (at least two; else NaN): a difference between two settings inside it could come from
-    the seed alone (``fit_seeds`` makes such groups)."""
+    """For each run that ended on its own (finished, or stopped early by patience), the range (max - min) of the
+    last mAP50-95 over such runs whose settings are its own but for the seed (at least two; else NaN): a difference
+    between two settings inside it could come from the seed alone (``fit_seeds`` makes such groups, whatever the
+    folders are named)."""
     keys = [repr(sorted((k, _cell(v)) for k, v in c.items() if k not in _NOT_A_DIFFERENCE | {"seed"})) if c else None
             for c in settings]
-    finished = (table["state"] == "finished").to_numpy()
-    values = pd.Series(table["mAP50-95"].where(table["state"] == "finished").to_numpy(), index=keys)
+    finished = table["state"].isin(ENDED).to_numpy()
+    values = pd.Series(table["mAP50-95"].where(finished).to_numpy(), index=keys)
     ranges = []
     for key, done in zip(keys, finished):
         group = values[values.index == key].dropna() if key is not None and done else pd.Series(dtype=float)
@@ -92,14 +97,23 @@ def differing_settings(table: pd.DataFrame) -> list[str]:
 
 
 def _row(folder: Path, root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The table's row of one folder, and its settings (``train_config``; {} when unreadable)."""
+    """The table's row of one folder, and its settings (``train_config``; {} when unreadable). Any error in
+    reading the folder makes it a "damaged" row naming the error: one bad folder never ends the table."""
     name = folder.relative_to(root).as_posix() if folder.is_relative_to(root) else str(folder)
     row: dict[str, Any] = {"run": name if name != "." else folder.name, "path": str(folder)}
-    problems = []
+    try:
+        return _read_row(folder, row)
+    except Exception as e:  # a value the kit never writes (epochs: abc) in one of its files
+        files = " or ".join(n for n in (SETTINGS_FILE, STATE_FILE, RESULTS_FILE, LOCK_NAME) if (folder / n).exists())
+        return {**row, "state": "damaged", "reason": f"{files}: unexpected content ({type(e).__name__}: {e})"}, {}
+
+
+def _read_row(folder: Path, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    problems: list[str] = []
     settings = _read_yaml(folder / SETTINGS_FILE, problems)
     config = settings.get("train_config") if isinstance(settings.get("train_config"), dict) else {}
     results = _read_results(folder / RESULTS_FILE, problems)
-    state = _read_yaml(folder / STATE_FILE, [])  # older runs have none: the state is inferred below
+    state = _read_yaml(folder / STATE_FILE, problems)  # older runs have none: the state is inferred below
     planned = config.get("epochs") or state.get("epochs")
     row["epochs"] = f"{len(results)}/{planned}" if planned else str(len(results))
     row.update(_metrics(results))
@@ -143,9 +157,9 @@ def _read_yaml(path: Path, problems: list[str]) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        value = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        problems.append(f"{path.name} unreadable ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+        value = read_record(path)
+    except (OSError, RecordError) as e:
+        problems.append(f"{path.name} unreadable ({e})")
         return {}
     if value is not None and not isinstance(value, dict):
         problems.append(f"{path.name} holds no settings")

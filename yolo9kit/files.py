@@ -306,6 +306,8 @@ def _held_elsewhere(fd: int, exclusive: bool) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
+    if not 0 < pid < 2**31:  # no process has such an id (os.kill overflows, or signals a whole group)
+        return False
     if pid == os.getpid():
         return False  # this process is starting: none of its writes is in progress
     if os.name != "posix":  # Windows: os.kill(pid, 0) would end the process; an open file refuses unlink anyway
@@ -383,7 +385,10 @@ def read_record(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Any:
     try:
         return yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_RecordLoader)  # noqa: S506 (a safe loader)
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
-        raise RecordError(f"{path}: not a readable YAML record: {str(e).splitlines()[0] if str(e) else e!r}") from None
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or (str(e).splitlines()[0] if str(e) else repr(e))
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        raise RecordError(f"{path}:{where} not a readable YAML record ({problem})") from None
 
 
 def path_inside(folder: str | Path, name: str | Path, what: str) -> Path:

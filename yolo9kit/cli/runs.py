@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,8 +27,12 @@ def run(args: argparse.Namespace) -> int:
         shown = table.drop(columns="path").astype(object)
         print(shown.where(shown.notna(), "").to_string(index=False))  # an empty cell, not None or NaN
     if args.csv:
-        from yolo9kit.files import write_text_atomically
+        from yolo9kit.files import OwnInputError, write_text_atomically
 
+        out = Path(args.csv).resolve()
+        if out.exists() and any(out.is_relative_to(Path(p).resolve()) for p in table["path"]):
+            raise OwnInputError(f"--csv {args.csv} is a file of a run folder listed here: the table would replace it; "
+                                "choose a path outside the run folders")
         write_text_atomically(args.csv, table.to_csv(index=False))
         print(f"table written to {args.csv}")
     return 0

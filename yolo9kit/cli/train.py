@@ -51,8 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_train_flags(p)
     p.add_argument("--weights", default=None, help="official or kit .pt: same-name same-shape tensors are transferred")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="train N times, with --seed, --seed + 1, ..., each in its own folder <name>-seed<k>, and print "
-                        "the spread of the final mAP (how large a difference between runs the seed alone makes)")
+                   help="train N times (at most 100), with --seed, --seed + 1, ..., each in its own folder "
+                        "<name>-seed-<k>, and print the spread of the final mAP (how large a difference between runs "
+                        "the seed alone makes); the same command again continues the seeds that did not finish")
     p.set_defaults(func=run)
 
 
@@ -157,9 +158,14 @@ def _train(args: argparse.Namespace) -> int:
               f"(epoch {result.best_epoch + 1}); weights in {result.save_dir / 'weights'}")
         if result.interrupted:
             print(f"last.pt saved; continue with: python -m yolo9kit train --resume {result.save_dir}")
-    if result.interrupted:
-        return 143 if result.interrupted_by == "SIGTERM" else 130  # 128 + the signal, as a shell reports it
-    return 0
+    return _exit_status(result)
+
+
+def _exit_status(result) -> int:
+    """0 when the run was not interrupted, else 130 (SIGINT, Ctrl-C, a callback's stop) or 143 (SIGTERM)."""
+    if not result.interrupted:
+        return 0
+    return 143 if result.interrupted_by == "SIGTERM" else 130  # 128 + the signal, as a shell reports it
 
 
 def _train_seeds(args: argparse.Namespace) -> int:
@@ -167,12 +173,13 @@ def _train_seeds(args: argparse.Namespace) -> int:
     from yolo9kit.train.seeds import fit_seeds
 
     if args.seeds < 1 or args.resume or args.weights or not args.data:
-        raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume, and not with "
-                         "--weights: pass the checkpoint as --model, it is built anew for each seed")
+        raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume (the same --seeds "
+                         "command again continues its seeds), and not with --weights: pass the checkpoint as "
+                         "--model, it is built anew for each seed")
     spread = fit_seeds(args.model or DEFAULT_MODEL, args.data, config_from_args(args), seeds=args.seeds)
     print(spread.table.to_string(index=False))
     print(spread)
-    return 130 if any(result.interrupted for result in spread.results) else 0
+    return _exit_status(spread.results[-1]) if spread.results else 0  # a stop is the last run: it ends the command
 
 
 def _batch_size(text: str) -> int | str:

@@ -76,16 +76,12 @@ def read_hyp(path: str | Path) -> dict[str, float]:
         ValueError: the file is not ``name: number`` lines (naming the file and the line).
         FileNotFoundError: no such file.
     """
-    import yaml
+    from yolo9kit.files import RecordError, read_record
 
     try:
-        values = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as e:  # a syntax error, or a tag such as !!python/... that safe_load refuses
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"--hyp {path}:{where}: not a plain YAML mapping ({problem}); the file holds "
-                         "'name: number' lines (official hyp.*.yaml keys)") from None
+        values = read_record(path) or {}
+    except RecordError as e:  # a syntax error, a tag such as !!python/..., an alias, a file over 1 MiB
+        raise ValueError(f"--hyp {e}; the file holds 'name: number' lines (official hyp.*.yaml keys)") from None
     if not isinstance(values, dict):
         raise ValueError(f"--hyp {path}: expected 'name: number' lines, got a {type(values).__name__}")
     known = set(OPTIM_KEYS) | set(LOSS_KEYS) | set(DEFAULT_AUGMENT_HYP)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from yolo9kit.files import read_record
 
 IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
 SPLITS = ("train", "val", "test")
@@ -94,10 +94,7 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
         yaml_file = Path(data)
         if not yaml_file.is_file():
             raise FileNotFoundError(f"data config {yaml_file} not found: pass the path of a data.yaml")
-        try:
-            raw = yaml.safe_load(yaml_file.read_text())
-        except yaml.YAMLError as e:
-            raise ValueError(f"{yaml_file}: not valid YAML ({e})") from e
+        raw = read_record(yaml_file)  # RecordError (a ValueError) names the file and the line
         if not isinstance(raw, dict):
             raise ValueError(f"{yaml_file}: expected a mapping with train/val/names keys")
         where, base = str(yaml_file), yaml_file.resolve().parent

@@ -275,25 +275,23 @@ class MlflowLogger:
 
     def _resumed_run(self) -> str | None:
         """The run folder's MLflow run when this is a resume logging to the same place."""
-        import yaml
+        from yolo9kit.files import RecordError, read_record
 
         path = self.run_dir / MLFLOW_FILE
         if not self.resumed or not path.is_file():
             return None
         try:
-            record = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError):
+            record = read_record(path) or {}
+        except (OSError, RecordError):
             return None
         return record.get("run_id") if isinstance(record, dict) and record.get("uri") == self.uri else None
 
     def _write_record(self) -> None:
-        import yaml
-
-        from yolo9kit.files import write_text_atomically
+        from yolo9kit.files import dump_record, write_text_atomically
 
         path = self.run_dir / MLFLOW_FILE
-        write_text_atomically(path, yaml.safe_dump({"uri": self.uri, "experiment": self.experiment,
-                                                    "run_id": self.run_id}, sort_keys=False))
+        write_text_atomically(path, dump_record({"uri": self.uri, "experiment": self.experiment,
+                                                 "run_id": self.run_id}))
         self.files.append(path)
 
 

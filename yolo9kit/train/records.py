@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from yolo9kit.files import write_text_atomically
+from yolo9kit.files import dump_record, read_record, write_text_atomically
 
 if TYPE_CHECKING:
     from yolo9kit.train.loop import EpochStats
 
 STATE_FILE = "state.yaml"  # running, finished, stopped early, interrupted or failed: what yolo9kit.runs reads
+ENDED = ("finished", "stopped early")  # the states of a run that ended on its own: what a seed spread counts
 RESULTS_COLUMNS = [
     "epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
     "metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "fitness",
@@ -221,14 +222,12 @@ def write_state(folder: Path, state: str, reason: str | None, epochs_done: int |
     import logging
     import os
 
-    import yaml
-
     record = {"state": state, "reason": reason, "epochs_done": epochs_done, "epochs": epochs,
               "wall_s": round(wall_s, 1), "pid": os.getpid(),
               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     path = folder / STATE_FILE
     try:
-        write_text_atomically(path, yaml.safe_dump(record, sort_keys=False))
+        write_text_atomically(path, dump_record(record))
     except OSError as e:
         logging.getLogger(__name__).warning("%s: not written (%s)", path, e)
         return None
@@ -236,11 +235,11 @@ def write_state(folder: Path, state: str, reason: str | None, epochs_done: int |
 
 
 def read_state(folder: Path) -> dict:
-    """``state.yaml`` of a run folder as a dict ({} when it is missing or unreadable)."""
-    import yaml
+    """``state.yaml`` of a run folder as a dict ({} when it is missing or holds no mapping).
 
-    try:
-        value = yaml.safe_load((folder / STATE_FILE).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
+    Raises:
+        RecordError: the file is refused (too large, aliases, not YAML), naming it.
+    """
+    path = folder / STATE_FILE
+    value = read_record(path) if path.is_file() else None
     return value if isinstance(value, dict) else {}

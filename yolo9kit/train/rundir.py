@@ -359,9 +359,8 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
     if run.path is None:
         return
     import torch
-    import yaml
 
-    from yolo9kit.files import write_text_atomically
+    from yolo9kit.files import dump_record, write_text_atomically
     from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
 
     step = trainer.step.to_dict() if getattr(trainer, "step", None) is not None else None
@@ -378,7 +377,7 @@ def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: 
     }
     path = run.path / SETTINGS_FILE
     try:
-        write_text_atomically(path, yaml.safe_dump(_plain(settings), sort_keys=False))
+        write_text_atomically(path, dump_record(_plain(settings)))
     except OSError as e:
         LOGGER.warning("%s: not written (%s); training goes on", path, e)
         return

@@ -29,7 +29,7 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.config.hyp import EVOLVE_SPACE, LOG_SCALE, LOSS_KEYS, TUNABLE, hyp_of, hyp_settings, write_hyp
 from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.config.train import named_settings
-from yolo9kit.files import write_text_atomically
+from yolo9kit.files import dump_record, write_text_atomically
 
 if TYPE_CHECKING:  # the training modules (torch) are imported when a study runs: the CLI's parser reads this one
     import pandas as pd
@@ -354,6 +354,4 @@ def _plain(value: Any) -> Any:
 
 
 def _yaml(value: Any) -> str:
-    import yaml
-
-    return yaml.safe_dump(value, sort_keys=False)
+    return dump_record(value)
