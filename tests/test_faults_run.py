@@ -409,9 +409,10 @@ def test_refused_runs_leave_the_run_folder_as_they_found_it(tmp_path):
     assert _files(first.save_dir) == found  # results.csv not set aside, no "failed"
 
 
-def test_a_bad_state_yaml_never_blocks_a_resume(tmp_path):
+@pytest.mark.parametrize("text", ["state: interrupted\nwall_s: abc\n", "a: &x [1]\nb: *x\n", "state: [unclosed\n"])
+def test_a_bad_state_yaml_never_blocks_a_resume(tmp_path, text):
     first = _fit(_config(tmp_path, epochs=1))
-    (first.save_dir / "state.yaml").write_text("state: interrupted\nwall_s: abc\n")
+    (first.save_dir / "state.yaml").write_text(text)
     more = _fit(_config(tmp_path, epochs=2, resume=str(first.save_dir)))
     assert more.epochs_completed == 2 and not (more.save_dir / ".yolo9kit.lock").exists()
     state = read_state(more.save_dir)

@@ -1,13 +1,5 @@
 """The run folder: where a run starts or resumes, what a resume may change, the leftovers of killed writes,
-and room on the disk for an epoch's checkpoints.
-
-A run folder holds ``weights/`` (created at the first save), ``results.csv``, ``settings.yaml`` (the settings
-in effect, ``write_settings``), ``state.yaml`` (running, or how it ended: ``record_state``), ``auto_batch.json``
-and the pictures of ``yolo9kit.train.pictures``. Its
-``weights/last.pt`` is the commit point of an epoch: ``results.csv`` holds the rows of the epochs that
-last.pt records, and a resumed run rewrites it from the rows stored in last.pt, so that a crash at any
-instant never leaves an epoch twice or a row of an epoch that was not kept.
-"""
+and room on the disk for an epoch's checkpoints (docs/training.md, the run folder; docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +13,14 @@ from typing import Any
 from yolo9kit.config import TrainConfig
 from yolo9kit.config.declare import KEEP, declarations
 from yolo9kit.config.recipe import choose_recipe
-from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, read_record, remove_stale_temporaries
+from yolo9kit.files import (
+    FolderInUseError,
+    FolderLock,
+    RecordError,
+    check_free_space,
+    read_record,
+    remove_stale_temporaries,
+)
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.loggers import RunLoggers, check_loggers
@@ -68,8 +67,11 @@ class RunFolder:
             remove_stale_temporaries(folder)
         if self.ckpt is not None:
             _reconcile_results(self.path / "results.csv", self.ckpt)
-            wall_s = read_state(self.path).get("wall_s") or 0.0
-            self.earlier_s = wall_s if isinstance(wall_s, (int, float)) else 0.0  # damaged: never blocks a resume
+            try:  # a damaged state.yaml never blocks a resume: it is rewritten now
+                wall_s = read_state(self.path).get("wall_s") or 0.0
+                self.earlier_s = wall_s if isinstance(wall_s, (int, float)) else 0.0
+            except RecordError:
+                pass
         elif not self.new:
             _set_aside_results(self.path / "results.csv")
         self.begun = True
@@ -110,8 +112,7 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
 
 def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
                  epochs: int | None = None) -> None:
-    """``state.yaml`` (``records.write_state``) with the wall time of all the run's parts, once the run has begun
-    (a refused run leaves the one it found); a failed start removes it with the folder."""
+    """``state.yaml`` with the wall time of all the run's parts, once the run has begun (a refused run leaves it)."""
     if run.path is None or not run.begun or not run.path.is_dir():
         return
     path = write_state(run.path, state, reason, epochs_done, epochs, run.earlier_s + time.monotonic() - run.started)
@@ -120,9 +121,8 @@ def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_d
 
 
 def _set_aside_results(path: Path) -> None:
-    """A new run in an existing folder (``exist_ok``) starts its own results.csv: an earlier run's rows would
-    otherwise be continued by this run's epochs as if they were one run. The earlier file is kept as
-    ``results.previous.csv`` (replacing an older one of that name)."""
+    """A new run in an existing folder (``exist_ok``) starts its own results.csv; the earlier one is kept as
+    ``results.previous.csv`` (else its rows would be continued by this run's epochs as one run)."""
     if not path.is_file():
         return
     kept = path.with_name("results.previous.csv")
