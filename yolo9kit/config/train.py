@@ -197,6 +197,9 @@ class RunConfig:
                                  "--epochs may extend it)", flag="--resume", resume=RUN)
     save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
                                flag="--save-period", resume=CHANGE, integer=True)
+    # False for tune's trials unless keep_weights="all": the study removes the weights of all but the best
+    log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt at the end of the run",
+                                no_flag=_API, resume=CHANGE)
     # The run folder's pictures (yolo9kit.train.pictures): on a CPU about 0.4 s per epoch and 2 s per run
     # (docs/training.md); False for quiet or timed runs.
     plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
