@@ -99,7 +99,7 @@ def read_hyp(path: str | Path) -> dict[str, Any]:
     except (TypeError, ValueError) as e:
         raise ValueError(f"--hyp {path}: every value must be a number ({e})") from None
     from yolo9kit.config.declare import declarations
-    from yolo9kit.config.train import TrainConfig  # imports this module
+    from yolo9kit.config.train import TrainConfig  # which imports this module: read when called
 
     recipe = {k: values[k] for k in RECIPE_KEYS if k in values}
     for key, value in recipe.items():

@@ -110,8 +110,9 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
     try:
         study, opened, new = _open_study(optuna, folder, storage, config.run.name, record, _base(config, space))
         where = storage if isinstance(storage, str) else type(storage).__name__ if storage else "study.db"
-        write_text_atomically(folder / "tune.yaml", dump_record({
-            "study": config.run.name, "storage": _masked(where), "trials": trials, "data": str(data), **record}))
+        write_text_atomically(folder / "tune.yaml", dump_record({"study": config.run.name, "storage": _masked(where),
+                                                                "trials": trials, **record,
+                                                                "data": {"file": str(data), **seen}}))
         objective = _Objective(study, model, data, config.replace(project=str(folder),
                                                                   log_weights=keep_weights == "all"), space)
         interrupted = _optimize(study, objective, trials, _Keeper(folder, config, space, keep_weights))
@@ -155,8 +156,7 @@ def _optimize(study: Any, objective: _Objective, trials: int, keeper: _Keeper) -
         failed = [*failed, last.number] if last.state.name == "FAIL" else []
         if len(failed) == MAX_FAILED_IN_A_ROW:  # the settings do not train, whatever the hyper-parameters
             raise RuntimeError(f"tune: trials {', '.join(map(str, failed))} failed in a row (non-finite losses or "
-                               f"weights; their run folders in {keeper.folder} say why): the study's settings do "
-                               "not train")
+                               f"weights; their run folders in {keeper.folder} say why): the settings do not train")
     return False
 
 
