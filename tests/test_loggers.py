@@ -198,6 +198,23 @@ def test_a_local_mlflow_store_by_default_and_a_missing_package_stops_before_trai
     assert not (tmp_path / "runs" / "missing").exists()  # a failed start leaves nothing behind
 
 
+def test_a_local_mlflow_store_without_room_for_the_weights_gets_none(tmp_path, caplog, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from yolo9kit import files
+
+    real = files.free_bytes
+    monkeypatch.setattr(files, "free_bytes", lambda folder: 0 if "mlartifacts" in str(folder) else real(folder))
+    with caplog.at_level(logging.WARNING, logger="yolo9kit.train.loggers"):
+        result = _toy_fit(tmp_path / "runs", "room", loggers=("mlflow",))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.train.loggers"]
+    assert len(warnings) == 1 and warnings[0].startswith("mlflow: disk full: MLflow's copy of the weights needs")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name(str(tmp_path / "runs")).experiment_id])
+    assert not client.list_artifacts(run.info.run_id, "weights")
+    assert (result.save_dir / "weights" / "best.pt").is_file() and not result.interrupted
+
+
 def _sha(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 

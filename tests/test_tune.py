@@ -3,9 +3,13 @@ worker processes sharing one study, and best_hyp.yaml as a hyp file that train t
 
 from __future__ import annotations
 
+import importlib
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from train_toys import one_thread
@@ -42,6 +46,41 @@ def _config(root, name, **settings):
     return TrainConfig(project=str(root), name=name, epochs=2, batch_size=4, nominal_batch_size=4, imgsz=64,
                        warmup_epochs=0.0, workers=0, device="cpu", val=False, plots=False, progress_bar=False,
                        **settings)
+
+
+@pytest.fixture
+def fake_fit(monkeypatch):
+    """``fit`` replaced by a quick stand-in that holds the run folder's lock as fit does, writes best.pt and last.pt
+    and scores ``fitness(config)`` (lr0); ``calls`` gets the config of each trial, ``raises(config)`` an exception to
+    raise instead."""
+    from yolo9kit.files import FolderLock
+
+    fake = SimpleNamespace(calls=[], raises=lambda config: None, fitness=lambda config: config.optim.lr0)
+
+    def fit(model, data, config):
+        run = Path(config.run.project) / config.run.name
+        run.mkdir(parents=True, exist_ok=True)
+        lock = FolderLock(run).acquire()
+        try:
+            fake.calls.append(config)
+            error = fake.raises(config)
+            if error is not None:
+                raise error
+            (run / "weights").mkdir(exist_ok=True)
+            for name in ("best.pt", "last.pt"):
+                (run / "weights" / name).write_bytes(b"weights")
+        finally:
+            lock.release()
+        return SimpleNamespace(best_fitness=fake.fitness(config), interrupted=False, epochs_completed=config.epochs)
+
+    monkeypatch.setattr(importlib.import_module("yolo9kit.train.fit"), "fit", fit)
+    return fake
+
+
+def _study(folder):
+    import optuna
+
+    return optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
 
 
 def test_the_space_is_the_limits_evolve_mutates_of_what_yolov9_trains_with():
@@ -152,8 +191,6 @@ def test_two_worker_processes_share_one_study(shapes, tmp_path):
 
 
 def test_five_failed_trials_in_a_row_stop_the_study(shapes, tmp_path, monkeypatch):
-    import importlib
-
     from yolo9kit import tune
     from yolo9kit.train import NonFiniteLossError
 
@@ -168,3 +205,151 @@ def test_five_failed_trials_in_a_row_stop_the_study(shapes, tmp_path, monkeypatc
 
     study = optuna.load_study(study_name="diverges", storage=f"sqlite:///{tmp_path / 'diverges' / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["FAIL"] * 5
+
+
+@pytest.mark.parametrize("outside", ["../../victim", "absolute"])
+def test_a_run_name_in_the_storage_that_leads_out_of_the_study_is_refused(shapes, tmp_path, fake_fit, outside):
+    import optuna
+
+    from yolo9kit import tune
+
+    config = _config(tmp_path / "p", "s")
+    tune(SHAPES_WEIGHTS, shapes, config, trials=1, space=["lr0"])
+    victim = tmp_path / "victim" / "weights"
+    victim.mkdir(parents=True)
+    (victim / "best.pt").write_bytes(b"another run's weights")
+    # a worse trial, what any worker of a shared storage can write, whose weights the pruning would remove
+    _study(tmp_path / "p" / "s").add_trial(optuna.trial.create_trial(
+        params={"lr0": 1e-4}, distributions={"lr0": optuna.distributions.FloatDistribution(1e-5, 0.1, log=True)},
+        value=-1.0, user_attrs={"run": str(tmp_path / "victim") if outside == "absolute" else outside}))
+    with pytest.raises(ValueError, match=r"the run folder of trial 1 '.*victim' is not a name inside"):
+        tune(SHAPES_WEIGHTS, shapes, config, trials=3, space=["lr0"])
+    assert (victim / "best.pt").read_bytes() == b"another run's weights" and len(fake_fit.calls) == 1
+
+
+def test_a_study_is_its_data_set_too(tmp_path, fake_fit):
+    from yolo9kit import tune
+    from yolo9kit.data import make_shapes
+
+    four = make_shapes(tmp_path / "four", n_train=4, n_val=2, imgsz=64, num_classes=4)
+    two = make_shapes(tmp_path / "two", n_train=4, n_val=2, imgsz=64, num_classes=2)
+    config = _config(tmp_path, "s")
+    tune(SHAPES_WEIGHTS, four, config, trials=1, space=["lr0"])
+    record = (tmp_path / "s" / "tune.yaml").read_text()
+    with pytest.raises(ValueError, match=r"other settings: data \{'names': \[.*\], 'train images': 4"):
+        tune(SHAPES_WEIGHTS, two, config, trials=2, space=["lr0"])
+    assert (tmp_path / "s" / "tune.yaml").read_text() == record and len(fake_fit.calls) == 1
+
+
+def test_best_hyp_trains_the_recipe_the_study_found_it_with(shapes, tmp_path, fake_fit):
+    from yolo9kit.cli import build_parser, main
+    from yolo9kit.cli.train import config_from_args
+    from yolo9kit.config.recipe import choose_recipe
+
+    flags = ["--data", str(shapes), "--epochs", "2", "--batch-size", "4", "--imgsz", "64", "--workers", "0",
+             "--device", "cpu", "--noval", "--no-plots"]
+    fake_fit.fitness = lambda config: float(config.run.name == "trial-1")  # a sampled trial is the best
+    assert main(["tune", *flags, "--cos-lr", "--space", "lr0", "mosaic", "--trials", "2", "--project", str(tmp_path),
+                 "--name", "s"]) == 0
+    best = fake_fit.calls[1]
+    hyp = tmp_path / "s" / "best_hyp.yaml"
+
+    def trained(config):  # what fit trains with, but where it writes
+        config = choose_recipe(config, 8)[0]
+        return {**config.to_dict(), "hyp": config.pipeline.augment_hyp, "project": 0, "name": 0, "exist_ok": 0,
+                "resume": 0, "log_weights": 0}
+
+    # the study's flags but --cos-lr: the file holds the schedule, the optimizer, the nominal batch ... too
+    train = config_from_args(build_parser().parse_args(["train", *flags, "--hyp", str(hyp)]))
+    assert trained(train) == trained(best) and train.step.optimizer == "AdamW" and train.optim.schedule == "cosine"
+    sgd = config_from_args(build_parser().parse_args(["train", *flags, "--hyp", str(hyp), "--optimizer", "SGD"]))
+    assert sgd.step.optimizer == "SGD" and sgd.optim.lr0 == best.optim.lr0  # a flag given wins
+    bad = tmp_path / "bad_hyp.yaml"
+    bad.write_text(hyp.read_text().replace("optimizer: AdamW", "optimizer: Adam W"))
+    with pytest.raises(ValueError, match=r"bad_hyp.yaml: optimizer: 'Adam W': expected one of"):
+        config_from_args(build_parser().parse_args(["train", *flags, "--hyp", str(bad)]))
+
+
+def test_a_folder_whose_storage_lost_its_study_is_refused(shapes, tmp_path, fake_fit):
+    from yolo9kit import tune
+
+    config = _config(tmp_path, "s")
+    tune(SHAPES_WEIGHTS, shapes, config, trials=1, space=["lr0"])
+    best = (tmp_path / "s" / "best_hyp.yaml").read_bytes()
+    (tmp_path / "s" / "study.db").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"holds the study 's' \(tune.yaml\), which its storage does not hold"):
+        tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"])
+    assert (tmp_path / "s" / "best_hyp.yaml").read_bytes() == best and len(fake_fit.calls) == 1
+    assert [p.name for p in (tmp_path / "s").glob("trial-*")] == ["trial-0"]
+
+
+def test_a_refused_tune_leaves_nothing_behind(shapes, tmp_path, fake_fit, capsys):
+    from yolo9kit.cli import main
+
+    project = tmp_path / "p"
+    flags = ["--model", str(SHAPES_WEIGHTS), "--epochs", "2", "--space", "lr0", "--trials", "1", "--project",
+             str(project), "--name", "s"]
+    assert main(["tune", "--data", str(tmp_path / "typo.yaml"), *flags]) == 2
+    unreachable = f"sqlite:///{tmp_path / 'no' / 'such' / 'study.db'}"
+    assert main(["tune", "--data", str(shapes), *flags, "--storage", unreachable]) == 2
+    assert "cannot be opened" in capsys.readouterr().err
+    fake_fit.raises = lambda config: ValueError("refused")  # e.g. a model that does not build
+    assert main(["tune", "--data", str(shapes), *flags]) == 2
+    assert not project.exists() and not (tmp_path / "no").exists()
+    fake_fit.raises = lambda config: None
+    assert main(["tune", "--data", str(shapes), *flags]) == 0  # the corrected command: a new study
+    assert fake_fit.calls[-1].optim.lr0 == 0.0015  # its first trial trains the study's own values
+
+
+def test_a_trial_whose_run_folder_is_in_use_is_queued_again(shapes, tmp_path, fake_fit):
+    from yolo9kit import tune
+    from yolo9kit.files import FolderInUseError
+
+    config = _config(tmp_path, "s")
+    fake_fit.raises = lambda config: KeyboardInterrupt() if config.run.name == "trial-1" else None
+    assert tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"]).interrupted
+    fake_fit.raises = lambda config: None
+    lock = tmp_path / "s" / "trial-1" / ".yolo9kit.lock"
+    lock.write_text(f"{os.getpid()} another-host\n")  # a live process of a host whose processes cannot be seen
+    with pytest.raises(FolderInUseError):
+        tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"])
+    lock.unlink()
+    table = tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"]).trials.set_index("trial")
+    assert list(table["state"]) == ["complete", "fail", "fail", "complete"]
+    assert table.loc[3, "run"] == "trial-1" and table.loc[3, "continues"] == 1
+    assert table.loc[3, "lr0"] == table.loc[1, "lr0"]
+
+
+def test_a_killed_worker_rerun_on_its_host_continues_its_trial_at_once(shapes, tmp_path, fake_fit):
+    import optuna
+
+    from yolo9kit import tune
+
+    config = _config(tmp_path, "s")
+    tune(SHAPES_WEIGHTS, shapes, config, trials=1, space=["lr0"])
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    killed = _study(tmp_path / "s").ask({"lr0": optuna.distributions.FloatDistribution(1e-5, 0.1, log=True)})
+    killed.set_user_attr("run", "trial-1")
+    killed.set_user_attr("worker", f"{socket.gethostname()}:{gone.pid}")  # its heartbeat is younger than GRACE_S
+    last = tmp_path / "s" / "trial-1" / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"its last epoch")
+    table = tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"]).trials.set_index("trial")
+    assert list(table["state"]) == ["complete", "fail", "complete"] and fake_fit.calls[-1].run.resume == str(last)
+    assert table.loc[2, "run"] == "trial-1" and table.loc[2, "continues"] == 1
+    assert table.loc[2, "lr0"] == table.loc[1, "lr0"]
+
+
+@pytest.mark.slow
+def test_trials_whose_weights_are_removed_send_none_to_mlflow(shapes, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from yolo9kit import tune
+
+    done = tune(SHAPES_WEIGHTS, shapes, _config(tmp_path, "s", loggers=("mlflow",)), trials=2, space=["lr0"])
+    assert {p.parent.parent for p in tmp_path.rglob("*.pt")} == {done.best_run}  # nothing in mlartifacts
+    client = MlflowClient(f"sqlite:///{tmp_path / 's' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(str(tmp_path / "s")).experiment_id])
+    assert len(runs) == 2 and all(client.list_artifacts(run.info.run_id) for run in runs)
+    assert not any(client.list_artifacts(run.info.run_id, "weights") for run in runs)

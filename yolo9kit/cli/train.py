@@ -66,7 +66,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_MODEL})")
     add_setting_flags(p)
     add_model_limit_flag(p)
-    p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys)")
+    p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys; tune's best_hyp.yaml also holds "
+                                               "the recipe its trials trained); a flag given wins over the file")
     sched = p.add_mutually_exclusive_group()
     sched.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
     sched.add_argument("--flat-cos-lr", action="store_true", help="flat, then cosine")
@@ -195,13 +196,11 @@ def _batch_size(text: str) -> int | str:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig from the flags given (the others keep their declared defaults) and the --hyp yaml (which
-    means the official recipe unless --recipe says otherwise)."""
-    given = given_settings(args)
-    if args.hyp and "recipe" not in given:  # an official hyp yaml asks for its own hyper-parameters
-        given["recipe"] = "official"
-    from_hyp = _hyp_settings(args.hyp) if args.hyp else {}
-    return TrainConfig(**given, **(_PLAIN if args.plain_step else {}), **from_hyp)
+    """TrainConfig from the flags given (the others keep their declared defaults) and the --hyp yaml: its values
+    and recipe (tune's best_hyp.yaml holds the one its trials trained; an official file means the official recipe)
+    where no flag is given, a flag given wins."""
+    from_hyp = {"recipe": "official", **_hyp_settings(args.hyp)} if args.hyp else {}
+    return TrainConfig(**{**from_hyp, **given_settings(args)}, **(_PLAIN if args.plain_step else {}))
 
 
 def _hyp_settings(path: str) -> dict:

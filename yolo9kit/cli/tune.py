@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", default=None, metavar="URL",
                    help="an Optuna storage URL shared by the workers (default sqlite:///<study folder>/study.db)")
     p.add_argument("--keep-weights", default="best", choices=KEEP_WEIGHTS,
-                   help="best: remove the weights of every complete trial but the best (default); all: keep them")
+                   help="best: remove the weights of every complete trial but the best, and send none to MLflow "
+                        "(default); all: keep them")
     p.set_defaults(func=run)
 
 

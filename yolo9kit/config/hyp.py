@@ -49,6 +49,9 @@ LEFT_OUT = {
 }
 LOG_SCALE = {"lr0"}  # four decades: sampled on a log scale, the others evenly
 TUNABLE = (*OPTIM_KEYS, *LOSS_KEYS, *DEFAULT_AUGMENT_HYP)  # the keys a custom space of tune may hold
+# TrainConfig settings a hyp file of the kit may also hold (tune's best_hyp.yaml: the recipe its trials trained, so
+# that train --hyp trains it); train_dual.py ignores them
+RECIPE_KEYS = ("recipe", "optimizer", "nominal_batch_size", "schedule", "warmup_min_batches", "close_mosaic")
 # augmentation keys that are probabilities; the others are gains and ranges, >= 0
 _AUGMENT_PROBABILITIES = ("flipud", "fliplr", "mosaic", "mixup", "copy_paste")
 # the order of the official file
@@ -68,12 +71,12 @@ def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
                              f"{'a probability in [0, 1]' if probability else 'a finite number >= 0'}")
 
 
-def read_hyp(path: str | Path) -> dict[str, float]:
-    """The numbers of a hyp file, by official key (``label_smoothing`` and the ``IGNORED`` keys are read and
-    dropped; an unknown key is a warning).
+def read_hyp(path: str | Path) -> dict[str, Any]:
+    """The numbers of a hyp file, by official key, and the ``RECIPE_KEYS`` it holds (``label_smoothing`` and the
+    ``IGNORED`` keys are read and dropped; an unknown key is a warning).
 
     Raises:
-        ValueError: the file is not ``name: number`` lines (naming the file and the line).
+        ValueError: the file is not ``name: number`` lines, or a recipe key is out of its range (naming the file).
         FileNotFoundError: no such file.
     """
     from yolo9kit.files import RecordError, read_record
@@ -85,19 +88,30 @@ def read_hyp(path: str | Path) -> dict[str, float]:
     if not isinstance(values, dict):
         raise ValueError(f"--hyp {path}: expected 'name: number' lines, got a {type(values).__name__}")
     known = set(OPTIM_KEYS) | set(LOSS_KEYS) | set(DEFAULT_AUGMENT_HYP)
-    unknown = set(values) - known - set(IGNORED) - {"label_smoothing"}
+    unknown = set(values) - known - set(IGNORED) - {"label_smoothing", *RECIPE_KEYS}
     if unknown:
         LOGGER.warning("%s: ignoring unknown keys %s", path, sorted(unknown))
     try:
-        return {k: float(v) for k, v in values.items() if k in known}
+        numbers = {k: float(v) for k, v in values.items() if k in known}
     except (TypeError, ValueError) as e:
         raise ValueError(f"--hyp {path}: every value must be a number ({e})") from None
+    from yolo9kit.config.declare import declarations
+    from yolo9kit.config.train import TrainConfig  # which imports this module: read when called
+
+    recipe = {k: values[k] for k in RECIPE_KEYS if k in values}
+    for key, value in recipe.items():
+        problem = declarations(TrainConfig)[key][1].problem(value)
+        if problem is not None:
+            raise ValueError(f"--hyp {path}: {key}: {value!r}: expected {problem}")
+    return {**numbers, **recipe}
 
 
-def hyp_settings(values: Mapping[str, float], loss: Any) -> dict[str, Any]:
-    """The TrainConfig settings of hyp ``values`` (official keys): the optimizer's by name, ``hyp`` (the
-    augmentation, when the values hold any) and ``loss`` (``loss``, a LossConfig, with the gains the values hold)."""
+def hyp_settings(values: Mapping[str, Any], loss: Any) -> dict[str, Any]:
+    """The TrainConfig settings of hyp ``values`` (official keys, and ``RECIPE_KEYS``): the optimizer's and the
+    recipe's by name, ``hyp`` (the augmentation, when the values hold any) and ``loss`` (``loss``, a LossConfig, with
+    the gains the values hold)."""
     out: dict[str, Any] = {k: float(values[k]) for k in OPTIM_KEYS if k in values}
+    out.update({k: values[k] for k in RECIPE_KEYS if k in values})
     augment = {k: float(values[k]) for k in DEFAULT_AUGMENT_HYP if k in values}
     if augment:
         out["hyp"] = augment
@@ -107,28 +121,32 @@ def hyp_settings(values: Mapping[str, float], loss: Any) -> dict[str, Any]:
     return out
 
 
-def hyp_of(config: Any) -> dict[str, float]:
-    """Every key of an official hyp file, in its order, with the values ``config`` (a TrainConfig) trains with."""
+def hyp_of(config: Any) -> dict[str, Any]:
+    """Every key of an official hyp file, in its order, then the ``RECIPE_KEYS``, with the values ``config`` (a
+    TrainConfig) trains with."""
     optim = config.optim
     values = {k: getattr(optim, k) for k in OPTIM_KEYS}
     values.update({k: getattr(optim.loss, field) for k, field in LOSS_KEYS.items()})
     values.update(IGNORED)
     values.update(config.pipeline.augment_hyp)
-    return {k: float(values[k]) for k in _ORDER}
+    settings = config.to_dict()
+    return {**{k: float(values[k]) for k in _ORDER}, **{k: settings[k] for k in RECIPE_KEYS}}
 
 
-def write_hyp(path: str | Path, values: Mapping[str, float], header: str = "") -> Path:
-    """Write ``values`` as a hyp file (``header``: comment lines above them), atomically."""
+def write_hyp(path: str | Path, values: Mapping[str, Any], header: str = "") -> Path:
+    """Write ``values`` as a hyp file (``header``: comment lines above them; a value that is not a float, such as a
+    recipe key's, as it is), atomically."""
     from yolo9kit.files import write_text_atomically
 
     comments = "".join(f"# {line}\n" for line in header.splitlines())
-    lines = "".join(f"{k}: {_number(v)}\n" for k, v in values.items())
+    lines = "".join(f"{k}: {_number(v) if isinstance(v, float) else v}\n" for k, v in values.items())
     write_text_atomically(path, comments + lines)
     return Path(path)
 
 
 def _number(value: float) -> str:
-    """Six significant digits, as a float YAML 1.1 reads back (``1.0e-05``: PyYAML takes ``1e-05`` for a string)."""
-    text = repr(float(f"{float(value):.6g}"))
+    """Every digit (a tuned value read back is the value trained), as a float YAML 1.1 reads back (``1.0e-05``:
+    PyYAML takes ``1e-05`` for a string)."""
+    text = repr(float(value))
     mantissa, _, exponent = text.partition("e")
     return f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else text

@@ -1,25 +1,7 @@
-"""Training settings: frozen dataclasses with the official defaults and why they are what they are.
-
-``TrainConfig`` holds everything ``yolo9kit.train.fit`` needs besides the model and the data, as a composition
-of small frozen parts, each read by the functions it concerns:
-
-* ``step``, a ``StepConfig`` (``config.step``): the model-facing memory and speed settings of one
-  forward/backward, what the memory tools describe;
-* ``optim``, an ``OptimConfig``: the optimizer's hyper-parameters, its schedule and warmup, accumulation,
-  clipping, the EMA's decay and the loss gains (``LossConfig``);
-* ``pipeline``, a ``PipelineConfig``: the training data pipeline (which images, their batches, the
-  augmentation, the loaders);
-* ``run``, a ``RunConfig``: the device, the seed, the run folder, validation, saving and the guards;
-
-and its own ``epochs``, ``batch_size`` (the loader batch), ``recipe`` (``yolo9kit.config.recipe``: train_dual.py's
-or the kit's recipe for short runs) and the automatic batch's ``gpu`` and ``margin``.
-
-Every setting has one name (``config.declare``): a ``TrainConfig`` is made and changed by those names, whatever
-part holds them (``TrainConfig(epochs=50, batch_size=16, lr0=0.02)``, ``config.replace(micro_batch_size=8)``),
-and read through its part (``config.optim.lr0``, ``config.step.batch_size``). A whole part may be given too
-(``TrainConfig(step=plan.step)``); the names given beside it are applied on top of it. The hyper-parameter
-defaults are those of the official ``hyp.scratch-high.yaml`` (lr0 0.01, momentum 0.937, ...).
-"""
+"""Training settings: ``TrainConfig``, frozen parts (``step``, ``optim``, ``pipeline``, ``run``) with the official
+defaults and why they are what they are. Every setting has one name (``config.declare``): made and changed by that
+name whatever part holds it (``TrainConfig(lr0=0.02)``, ``config.replace(micro_batch_size=8)``), read through its
+part (``config.optim.lr0``). docs/training.md lists them all."""
 
 from __future__ import annotations
 
@@ -203,6 +185,9 @@ class RunConfig:
                                  "--epochs may extend it)", flag="--resume", resume=RUN)
     save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
                                flag="--save-period", resume=CHANGE, integer=True)
+    # False for tune's trials unless keep_weights="all": the study removes the weights of all but the best
+    log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt at the end of the run",
+                                no_flag=_API, resume=CHANGE)
     # The run folder's pictures (yolo9kit.train.pictures): on a CPU about 0.4 s per epoch and 2 s per run
     # (docs/training.md); False for quiet or timed runs.
     plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from yolo9kit.files import check_free_space
+
 LOGGER = logging.getLogger(__name__)
 
 # Seconds a logger may take, after the run ended, to send what it still holds (the weights to a server, say).
@@ -216,6 +218,7 @@ class MlflowLogger:
         self.run_dir, self.resumed, self.files = run_dir, resumed, files
         self.params = _flat(config.to_dict())
         self.pictures = _Pictures(run_dir)
+        self.log_weights = config.run.log_weights
 
     def open(self) -> None:
         from mlflow.tracking import MlflowClient
@@ -251,9 +254,16 @@ class MlflowLogger:
         for name in ("results.csv", "settings.yaml", "state.yaml"):
             if (self.run_dir / name).is_file():
                 self.client.log_artifact(self.run_id, str(self.run_dir / name))
-        for name in ("best.pt", "last.pt"):
-            if (self.run_dir / "weights" / name).is_file():
-                self.client.log_artifact(self.run_id, str(self.run_dir / "weights" / name), "weights")
+        files = (self.run_dir / "weights" / name for name in ("best.pt", "last.pt"))
+        weights = [path for path in files if path.is_file()] if self.log_weights else []
+        where = self.client.get_run(self.run_id).info.artifact_uri if weights else ""
+        if where.startswith("file:"):  # a local store copies them: room for the copies first
+            from mlflow.utils.file_utils import local_file_uri_to_path
+
+            check_free_space(Path(local_file_uri_to_path(where)), sum(path.stat().st_size for path in weights),
+                             "MLflow's copy of the weights")
+        for path in weights:
+            self.client.log_artifact(self.run_id, str(path), "weights")
         self.client.set_terminated(self.run_id, _STATUS.get(state, "FINISHED"))
 
     def _send_pictures(self) -> None:

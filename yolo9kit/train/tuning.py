@@ -1,16 +1,7 @@
-"""``tune``: search the hyper-parameters as train_dual.py's ``--evolve`` does, with Optuna as the engine.
-
-The search space is the official one: the hyper-parameters that ``--evolve`` mutates, within its limits (the
-``meta`` table of train_dual.py), less those that change nothing in YOLOv9 (``LEFT_OUT`` says why). Where
-``--evolve`` mutates the best of its generations at random, Optuna's TPE sampler models which values scored
-well; the first trial trains the study's own values, as ``--evolve``'s first generation does.
-
-Every trial is an ordinary run folder, ``<project>/<name>/trial-<n>`` (``yolo9kit.runs`` lists them), and its
-score is the fitness of its best.pt (0.1 mAP50 + 0.9 mAP50-95, official). The study lives in SQLite in the study
-folder (``study.db``), or in any Optuna storage: the same call continues a stopped study, and several processes
-or machines with the same storage and ``name`` share one. A trial stopped by Ctrl-C or SIGTERM is continued from
-its last.pt by the next call; one of a worker that was killed, once its heartbeat is ``GRACE_S`` old. The best
-hyper-parameters so far are a complete hyp file, ``best_hyp.yaml``, that ``train --hyp`` takes.
+"""``tune``: search the hyper-parameters in train_dual.py's ``--evolve`` space (``EVOLVE_SPACE``) with Optuna's sampler,
+from the study's own values. Every trial is a run folder, ``<project>/<name>/trial-<n>``, scored by the fitness of its
+best.pt; the study lives in ``study.db`` beside them, or in any Optuna storage its workers share, and the same call
+continues it. ``best_hyp.yaml`` holds the best hyper-parameters so far and their recipe, for ``train --hyp``.
 """
 
 from __future__ import annotations
@@ -18,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import socket
 import warnings
 from collections.abc import Mapping, Sequence
@@ -29,7 +21,7 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.config.hyp import EVOLVE_SPACE, LOG_SCALE, LOSS_KEYS, TUNABLE, hyp_of, hyp_settings, write_hyp
 from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.config.train import named_settings
-from yolo9kit.files import dump_record, write_text_atomically
+from yolo9kit.files import FolderInUseError, _pid_alive, dump_record, path_inside, write_text_atomically
 
 if TYPE_CHECKING:  # the training modules (torch) are imported when a study runs: the CLI's parser reads this one
     import pandas as pd
@@ -95,17 +87,49 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
         storage: an Optuna storage URL (``sqlite:///...``, ``postgresql://...``) or object; default
             ``sqlite:///<folder>/study.db``.
         keep_weights: "best" removes the weights of every complete trial but the best (a study of a large model
-            fills a disk otherwise), "all" keeps them.
+            fills a disk otherwise), and the mlflow logger gets none of them; "all" keeps them.
 
     Raises:
-        ValueError: a bad space, count or setting, optuna not installed, or a study of this name that was made
-            with other settings (named).
+        ValueError: a bad space, count, setting or data set, no optuna, a storage that cannot be opened, a study made
+            with other settings or data, a trial's run folder outside the study folder, or in use (the trial is queued
+            again); each named. A refused call, or a new study's first call refused so, leaves nothing behind.
     """
-    from yolo9kit.train.guards import NonFiniteLossError, NonFiniteWeightsError
-    from yolo9kit.train.rundir import training_images
+    from yolo9kit.train.rundir import _first_missing
 
     optuna = _optuna()
     space = _space(space)
+    _check(model, trials, keep_weights, config)
+    seen = _data_set(data)
+    config, recipe = choose_recipe(config, seen["train images"])  # one recipe for every trial
+    LOGGER.info("tune: %s", recipe)
+    folder = Path(config.run.project if "project" in named_settings(config) else TUNE_PROJECT) / config.run.name
+    record = _record(model, config, space, seen)
+    made, ours = _first_missing(folder), [p for p in (folder / "tune.yaml", folder / "study.db") if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    study = new = None
+    try:
+        study, opened, new = _open_study(optuna, folder, storage, config.run.name, record, _base(config, space))
+        where = storage if isinstance(storage, str) else type(storage).__name__ if storage else "study.db"
+        write_text_atomically(folder / "tune.yaml", dump_record({"study": config.run.name, "storage": _masked(where),
+                                                                "trials": trials, **record,
+                                                                "data": {"file": str(data), **seen}}))
+        objective = _Objective(study, model, data, config.replace(project=str(folder),
+                                                                  log_weights=keep_weights == "all"), space)
+        interrupted = _optimize(study, objective, trials, _Keeper(folder, config, space, keep_weights))
+    except (ValueError, LookupError, OSError):  # refused: nothing left behind, nor a new study that trained nothing
+        if study is None or new and not _complete(study):
+            if new:
+                optuna.delete_study(study_name=config.run.name, storage=opened)
+            if made:
+                shutil.rmtree(made, ignore_errors=True)
+            for path in ours:
+                path.unlink(missing_ok=True)
+        raise
+    return _result(study, folder, interrupted)
+
+
+def _check(model: Any, trials: Any, keep_weights: Any, config: TrainConfig) -> None:
+    """Refuse a model object (each trial builds its own), a count below 1, other ``KEEP_WEIGHTS``, a resume."""
     if not isinstance(model, (str, Path)):
         raise TypeError(f"tune needs a model name or file, built anew for each trial; got a {type(model).__name__}")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -115,31 +139,25 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
     if config.run.resume:
         raise ValueError("tune: a stopped study continues with the same call (same name and storage); resume is "
                          "for one run")
-    config, recipe = choose_recipe(config, training_images(data))  # one recipe for every trial
-    LOGGER.info("tune: %s", recipe)
-    folder = Path(config.run.project if "project" in named_settings(config) else TUNE_PROJECT) / config.run.name
-    folder.mkdir(parents=True, exist_ok=True)
-    record = _record(model, config, space)
-    study = _open_study(optuna, folder, storage, config.run.name, record, _base(config, space))
-    where = storage if isinstance(storage, str) else type(storage).__name__ if storage else "study.db"
-    write_text_atomically(folder / "tune.yaml", _yaml({
-        "study": config.run.name, "storage": re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", where), "trials": trials,
-        "data": str(data), **record}))
-    objective = _Objective(study, model, data, config.replace(project=str(folder)), space)
-    interrupted, failed = False, []
-    while _complete(study) < trials:
+
+
+def _optimize(study: Any, objective: _Objective, trials: int, keeper: _Keeper) -> bool:
+    """One trial after the other until the study holds ``trials`` complete ones; True when stopped in a trial."""
+    from yolo9kit.train.guards import NonFiniteLossError, NonFiniteWeightsError
+
+    failed: list[int] = []
+    while len(_complete(study)) < trials:
         try:
             study.optimize(objective, n_trials=1, catch=(NonFiniteLossError, NonFiniteWeightsError),
-                           callbacks=[_Keeper(folder, config, space, keep_weights)])
+                           callbacks=[keeper])
         except KeyboardInterrupt:
-            interrupted = True
-            break
+            return True
         last = study.get_trials(deepcopy=False)[objective.number]
         failed = [*failed, last.number] if last.state.name == "FAIL" else []
         if len(failed) == MAX_FAILED_IN_A_ROW:  # the settings do not train, whatever the hyper-parameters
             raise RuntimeError(f"tune: trials {', '.join(map(str, failed))} failed in a row (non-finite losses or "
-                               f"weights; their run folders in {folder} say why): the study's settings do not train")
-    return _result(study, folder, interrupted)
+                               f"weights; their run folders in {keeper.folder} say why): the settings do not train")
+    return False
 
 
 class _Objective:
@@ -158,7 +176,7 @@ class _Objective:
         values = {k: trial.suggest_float(k, low, high, log=k in LOG_SCALE) for k, (low, high) in self.space.items()}
         folder = Path(self.config.run.project)
         name = trial.user_attrs.get("run")
-        continued = name is not None and (folder / name).is_dir()
+        continued = name is not None and _run_dir(folder, trial).is_dir()
         if not continued:
             name = increment_path(folder / f"trial-{trial.number}").name
         trial.set_user_attr("run", name)
@@ -172,9 +190,11 @@ class _Objective:
             result = fit(str(self.model), self.data, config)
         except KeyboardInterrupt:
             result = None
+        except FolderInUseError:  # not lost: a later call continues it, once the folder is free
+            _queue_again(self.study, trial)
+            raise
         if result is None or result.interrupted:  # the next call continues it, from its last.pt
-            self.study.enqueue_trial(trial.params, user_attrs={
-                "continues": trial.user_attrs.get("continues", trial.number), "run": name})
+            _queue_again(self.study, trial)
             raise KeyboardInterrupt(f"trial {trial.number} stopped")
         trial.set_user_attr("epochs", result.epochs_completed)
         return float(result.best_fitness)
@@ -189,22 +209,18 @@ class _Keeper:
         self.folder, self.config, self.space, self.keep_weights = folder, config, space, keep_weights
 
     def __call__(self, study: Any, trial: Any) -> None:
-        import shutil
-
         best = _best(study)
         if best is None:
             return
-        values = hyp_of(_trial_config(self.config, best.params))
         header = (f"the best hyper-parameters of the study {self.folder.name} ({self.folder}): trial {best.number}, "
                   f"fitness {best.value:.5f} (0.1 mAP50 + 0.9 mAP50-95), run folder {best.user_attrs.get('run')}\n"
-                  f"searched: {', '.join(self.space)}; the rest are the study's settings\n"
-                  f"python -m yolo9kit train --hyp best_hyp.yaml --recipe {self.config.recipe} ... (the study's "
-                  "other settings)")
-        write_hyp(self.folder / "best_hyp.yaml", values, header)
+                  f"searched: {', '.join(self.space)}; the rest are the study's settings, and below them its recipe\n"
+                  "python -m yolo9kit train --hyp best_hyp.yaml ... trains that recipe (a flag given wins)")
+        write_hyp(self.folder / "best_hyp.yaml", hyp_of(_trial_config(self.config, best.params)), header)
         if self.keep_weights == "all":
             return
-        for done in study.get_trials(deepcopy=False, states=(_state("COMPLETE"),)):
-            weights = self.folder / str(done.user_attrs.get("run")) / "weights"
+        for done in _complete(study):
+            weights = _run_dir(self.folder, done) / "weights"
             if done.user_attrs.get("run") != best.user_attrs.get("run") and weights.is_dir():
                 shutil.rmtree(weights, ignore_errors=True)
 
@@ -215,12 +231,6 @@ def _optuna():
     except ImportError:
         raise ValueError("tune needs optuna: pip install 'yolo9kit[tune]'") from None
     return optuna
-
-
-def _state(name: str) -> Any:
-    from optuna.trial import TrialState
-
-    return TrialState[name]
 
 
 def _space(space: Mapping[str, tuple[float, float]] | Sequence[str] | None) -> dict[str, tuple[float, float]]:
@@ -263,9 +273,19 @@ def _base(config: TrainConfig, space: Mapping[str, tuple[float, float]]) -> dict
     return {k: min(max(values[k], low), high) for k, (low, high) in space.items()}
 
 
-def _record(model: str | Path, config: TrainConfig, space: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
-    """What every worker of a study must share: the model, the space, and the settings that change a trial's result
-    (those a resume keeps, and the epochs) but for the searched ones."""
+def _data_set(data: Any) -> dict[str, Any]:
+    """The data set as the study records it (its fitness is measured on it), wherever its files are on each worker:
+    its classes and images. One that cannot be read is refused here, before anything is written."""
+    from yolo9kit.data import load_data_config
+
+    found = load_data_config(data)
+    return {"names": found.names, "train images": len(found.images("train")), "val images": len(found.val)}
+
+
+def _record(model: str | Path, config: TrainConfig, space: Mapping[str, tuple[float, float]],
+            data: dict[str, Any]) -> dict[str, Any]:
+    """What every worker of a study must share: the model, the ``data`` set, the space, and the settings that change
+    a trial's result (those a resume keeps, and the epochs) but for the searched ones."""
     from yolo9kit.train.rundir import FIXED_ON_RESUME
 
     values = config.to_dict()
@@ -274,12 +294,14 @@ def _record(model: str | Path, config: TrainConfig, space: Mapping[str, tuple[fl
     for part, searched in (("hyp", set(space)), ("loss", gains)):
         if isinstance(settings.get(part), dict):
             settings[part] = {k: v for k, v in settings[part].items() if k not in searched}
-    return _plain({"model": str(model), "space": {k: list(v) for k, v in space.items()}, "settings": settings})
+    return _plain({"model": str(model), "data": data, "space": {k: list(v) for k, v in space.items()},
+                   "settings": settings})
 
 
-def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict, base: dict) -> Any:
-    """The study ``name`` in ``storage``, made (its first trial: the ``base`` values) or loaded and checked against
-    ``record``; one process at a time in the folder, so that two workers starting together make one study."""
+def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict, base: dict
+                ) -> tuple[Any, Any, bool]:
+    """The study ``name`` in ``storage`` made (its first trial: the ``base`` values) or loaded and checked against
+    ``record``, its storage, and whether it is new; one process at a time, so that two workers make one study."""
     import fcntl
 
     url = storage or f"sqlite:///{(folder / 'study.db').resolve().as_posix()}"
@@ -289,8 +311,16 @@ def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict
         if isinstance(url, str):
             from optuna.storages import RDBStorage
 
-            url = RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                             heartbeat_stale_trial_callback=_continue_stale)
+            try:
+                url = RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                 heartbeat_stale_trial_callback=_queue_again)
+            except Exception as e:  # SQLAlchemy's: a bad URL, a missing driver, a server or file out of reach
+                raise ValueError(_masked(f"the study storage {url} cannot be opened: {str(e).splitlines()[0]}; "
+                                         "check --storage")) from None
+        new = name not in optuna.get_all_study_names(url)
+        if new and (folder / "tune.yaml").is_file():  # its trial folders and best_hyp.yaml would be another's
+            raise ValueError(f"{folder} holds the study {name!r} (tune.yaml), which its storage does not hold: "
+                             "pass the --storage that holds it, or pick another --name")
         study = optuna.create_study(study_name=name, storage=url, direction="maximize", load_if_exists=True)
         saved = study.user_attrs.get("yolo9kit")
         if saved is None:
@@ -299,25 +329,36 @@ def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict
         elif saved != record:
             raise ValueError(f"the study {name!r} ({folder}) was made with other settings: "
                              f"{_differences(saved, record)}; run it with its own, or pick another --name")
-    return study
+        for trial in study.get_trials(deepcopy=False):
+            _run_dir(folder, trial)  # refused before anything trains or is removed
+            host, _, pid = str(trial.user_attrs.get("worker")).rpartition(":")
+            if trial.state.name == "RUNNING" and host == socket.gethostname() and pid.isdigit() and \
+                    not _pid_alive(int(pid)):  # its worker was killed (this host): continued now, not after GRACE_S
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                _queue_again(study, trial)
+    return study, url, new
 
 
-def _continue_stale(study: Any, trial: Any) -> None:
-    """A trial of a worker that is gone (Optuna's heartbeat): the same hyper-parameters again, in its folder."""
-    LOGGER.warning("tune: trial %d of a worker that is gone (no heartbeat for %d s): queued again", trial.number,
-                   GRACE_S)
+def _run_dir(folder: Path, trial: Any) -> Path:
+    """A trial's run folder, from the name the storage holds (any worker writes it), refused outside ``folder``."""
+    return path_inside(folder, str(trial.user_attrs.get("run")), f"the run folder of trial {trial.number}")
+
+
+def _queue_again(study: Any, trial: Any) -> None:
+    """The trial's hyper-parameters queued again, to be trained on in its run folder (from its last.pt): a trial
+    stopped, one whose folder is in use, or one of a worker that is gone (Optuna's heartbeat, a dead process)."""
+    LOGGER.warning("tune: trial %d queued again: the next trial continues it", trial.number)
     study.enqueue_trial(trial.params, user_attrs={k: v for k, v in (
         ("continues", trial.user_attrs.get("continues", trial.number)), ("run", trial.user_attrs.get("run")))
         if v is not None})
 
 
-def _complete(study: Any) -> int:
-    return len(study.get_trials(deepcopy=False, states=(_state("COMPLETE"),)))
+def _complete(study: Any) -> list[Any]:
+    return [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
 
 
 def _best(study: Any) -> Any:
-    complete = study.get_trials(deepcopy=False, states=(_state("COMPLETE"),))
-    return max(complete, key=lambda t: (t.value, -t.number)) if complete else None
+    return max(_complete(study), key=lambda t: (t.value, -t.number), default=None)
 
 
 def _result(study: Any, folder: Path, interrupted: bool) -> TuneResult:
@@ -332,13 +373,13 @@ def _result(study: Any, folder: Path, interrupted: bool) -> TuneResult:
                                         "continues", "worker"])
     table["continues"] = table["continues"].astype("Int64")  # a trial number, or empty
     return TuneResult(folder, table, dict(best.params) if best else {},
-                      float(best.value) if best else None, folder / best.user_attrs["run"] if best else None,
+                      float(best.value) if best else None, _run_dir(folder, best) if best else None,
                       hyp_file if best and hyp_file.is_file() else None, interrupted)
 
 
 def _differences(saved: dict, record: dict) -> str:
     out = []
-    for part in ("model", "space"):
+    for part in ("model", "data", "space"):
         if saved.get(part) != record[part]:
             out.append(f"{part} {saved.get(part)} (now {record[part]})")
     theirs = saved.get("settings", {})
@@ -353,5 +394,6 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def _yaml(value: Any) -> str:
-    return dump_record(value)
+def _masked(text: str) -> str:
+    """``text`` with the password of a URL in it (``//user:password@host``) as ``***``."""
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", text)
