@@ -11,6 +11,8 @@ beside the checkout) serve extra cases only; those tests skip, with the reason, 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,12 @@ def _own_calibrations(tmp_path_factory, monkeypatch):
     folder = tmp_path_factory.mktemp("memory_calibration")
     monkeypatch.setattr(calibration, "user_calibration_dir", lambda: folder)
     return folder
+
+
+def holding_the_lock(folder: Path) -> subprocess.Popen:
+    """Another process that takes ``folder``'s lock (``FolderLock``) and keeps it until killed."""
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from yolo9kit.files import FolderLock; "
+                              "FolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)",
+                              str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert other.stdout.readline() == "held\n"
+    return other

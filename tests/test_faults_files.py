@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, holding_the_lock
 from torch import nn
 from train_toys import one_thread
 
@@ -155,19 +155,10 @@ def _toy_run(tmp_path, **settings):
     return fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(2, 2), validate_fn=lambda m: {})
 
 
-def _holding_the_lock(folder: Path) -> subprocess.Popen:
-    """Another process that takes ``folder``'s lock and keeps it (until killed)."""
-    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from yolo9kit.files import FolderLock; "
-                              "FolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
-                              str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    assert other.stdout.readline() == "held\n"
-    return other
-
-
 def test_two_runs_into_one_folder_the_second_is_refused_naming_the_first(tmp_path):
     run = tmp_path / "runs" / "x"
     run.mkdir(parents=True)
-    other = _holding_the_lock(run)
+    other = holding_the_lock(run)
     try:
         with pytest.raises(FolderInUseError, match=f"in use by process {other.pid} on {socket.gethostname()} "
                                                    r"\(a training run\), which holds its lock .yolo9kit.lock"):

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import holding_the_lock
 from train_toys import one_thread
 
 from yolo9kit.config import LossConfig, TrainConfig
@@ -309,11 +310,13 @@ def test_a_trial_whose_run_folder_is_in_use_is_queued_again(shapes, tmp_path, fa
     fake_fit.raises = lambda config: KeyboardInterrupt() if config.run.name == "trial-1" else None
     assert tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"]).interrupted
     fake_fit.raises = lambda config: None
-    lock = tmp_path / "s" / "trial-1" / ".yolo9kit.lock"
-    lock.write_text(f"{os.getpid()} another-host\n")  # a live process of a host whose processes cannot be seen
-    with pytest.raises(FolderInUseError):
-        tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"])
-    lock.unlink()
+    other = holding_the_lock(tmp_path / "s" / "trial-1")  # a live run of another worker in the trial's folder
+    try:
+        with pytest.raises(FolderInUseError):
+            tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"])
+    finally:
+        other.kill()
+        other.wait()
     table = tune(SHAPES_WEIGHTS, shapes, config, trials=2, space=["lr0"]).trials.set_index("trial")
     assert list(table["state"]) == ["complete", "fail", "fail", "complete"]
     assert table.loc[3, "run"] == "trial-1" and table.loc[3, "continues"] == 1
