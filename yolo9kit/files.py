@@ -1,16 +1,6 @@
 """Files that survive crashes and full disks: the one way the kit writes a file (``write_file``) or a folder
-(``write_folder``), and the removal of temporary files left by killed writes.
-
-Every file the kit writes (checkpoints, ONNX files, pictures, annotated videos, label files, data sets,
-caches, run records) is written beside its destination under a temporary name, flushed to the disk and then
-moved over it: a reader sees the old file or the new one, never a mix, whatever stops the write (an error,
-a signal, a power cut). The free space is checked first; an error names the path; and a command never
-writes over one of its own input files.
-
-A temporary file is named ``.<name>.<pid>.tmp`` (``.<name>.<pid>.tmp<suffix>`` where a writer needs the
-suffix, e.g. a video) beside its destination, so that the next run in the folder can tell the leftovers of
-a killed process from a write in progress.
-"""
+(``write_folder``) (temporary ``.<name>.<pid>.tmp`` beside it, flushed, then moved over it), the run folder's lock,
+the removal of temporary files left by killed writes, and the bounded reading of YAML records (docs/faults.md)."""
 
 from __future__ import annotations
 
