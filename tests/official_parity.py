@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import functools
 import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from conftest import committed_fixture
@@ -60,6 +64,27 @@ def first_differing_layer(ours: dict, official: dict, rtol: float = 1e-4) -> str
     return "no layer statistic differs"
 
 
+def seed0_state(name: str) -> dict[str, torch.Tensor]:
+    """The seed-0 state_dict of our model ``name``, built in a new interpreter on one thread, as the reference.
+
+    In m/c/e the stride probe's BatchNorm statistics downstream of CBLinear's biases are float32 rounding
+    amplified (docs/parity.md): the thread count and whatever the process ran before (an autocast region, a
+    precision setting, other kernels) move them by percents; a new process on one thread has none of that.
+    """
+    code = ("import sys, torch\nfrom yolo9kit.models import build_model\ntorch.set_num_threads(1)\n"
+            "torch.manual_seed(0)\ntorch.save(build_model(sys.argv[1]).state_dict(), sys.argv[2])")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "state.pt"
+        subprocess.run([sys.executable, "-c", code, name, str(path)], check=True)
+        return torch.load(path, weights_only=True)
+
+
+def init_fingerprint(state: dict) -> torch.Tensor:
+    """(K, 2) float64 sum and abs sum of each float entry of a state_dict, as the references' ``init``."""
+    return torch.tensor([(float(v.double().sum()), float(v.double().abs().sum()))
+                         for v in state.values() if v.is_floating_point()], dtype=torch.float64)
+
+
 @functools.cache
 def run_kit(name: str) -> dict:
     """Our model ``name`` through the steps of the reference tool; returns small tensors and numbers only.
@@ -70,19 +95,10 @@ def run_kit(name: str) -> dict:
     """
     fx = torch.load(committed_fixture(f"{name}.parity.pt"), map_location="cpu", weights_only=True)
     x = fx["image"].float() / 255
-    # built on one thread, as the reference: in m/c/e the stride probe's training-mode BatchNorm statistics
-    # downstream of CBLinear's biases are ill-conditioned, and the thread count alone moves them by percents
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(0)
-        model = build_model(name)
-    finally:
-        torch.set_num_threads(threads)
-    state = model.state_dict()
+    state = seed0_state(name)
     layout = [(k, tuple(v.shape)) for k, v in state.items()]
-    init = torch.tensor([(float(v.double().sum()), float(v.double().abs().sum()))
-                         for v in state.values() if v.is_floating_point()], dtype=torch.float64)
+    init = init_fingerprint(state)
+    model = build_model(name)  # its own probe statistics do not matter: the parity weights replace them
     model.load_state_dict(parity_state_dict(state), strict=True)
 
     model.eval()

@@ -2,9 +2,9 @@
 
 It reproduces the loader's OpenCV path (``augment.bgr_to_rgb`` with gains): OpenCV's 8-bit RGB -> HSV
 (hue in [0, 180), its fixed-point division tables and rounding), the official look-up tables (hue
-``floor(h * g) % 180``, saturation and value ``clip(floor(x * g), 0, 255)``) and OpenCV's HSV -> RGB,
-rounded to uint8. The same gains give the same pixels as the OpenCV path up to rare one-level
-differences where float rounding falls on the other side of .5 (measured by ``tests/test_colour.py``).
+``floor(h * g) % 180``, saturation and value ``clip(floor(x * g), 0, 255)``) and OpenCV's HSV -> RGB as
+its vector loop computes it, truncated to uint8. OpenCV rounds instead in the last pixels of a row that its
+vector loop leaves over, so there the two differ by one level (docs/data.md, ``tests/test_colour.py``).
 
 Memory: the work is done ``chunk`` images at a time in float32, about 40 bytes per pixel of a chunk.
 """
@@ -62,16 +62,18 @@ def rgb_to_hsv_cv(rgb: torch.Tensor) -> torch.Tensor:
 def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """OpenCV's 8-bit HSV -> RGB for float32 tensors (h in half degrees, any real value; s, v in 0..255).
 
-    Float32 arithmetic in OpenCV's order (s scaled by 1/255, v kept in 0..255) and truncation to uint8.
+    The float32 arithmetic of OpenCV's vector loop (s and v scaled by 1/255, then 255 times the result)
+    and its truncation to uint8.
     """
     h = torch.remainder(h * torch.tensor(6.0 / 180.0, dtype=torch.float32), 6.0)
     sector = torch.floor(h).clamp_(0, 5)
     f = h - sector
     s = s * torch.tensor(1.0 / 255.0, dtype=torch.float32)
-    tab = torch.stack((v, v - v * s, v - v * (s * f), v - v * (s * (1 - f))), 1)  # v, p, q, t
+    v = v * torch.tensor(1.0 / 255.0, dtype=torch.float32)
+    tab = torch.stack((v, v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))), 1)  # v, p, q, t
     index = _sector_table(h.device)[sector.long()]  # (B, H, W, 3)
-    rgb = torch.gather(tab, 1, index.permute(0, 3, 1, 2))
-    return rgb.clamp_(0, 255).to(torch.uint8)  # truncation, as OpenCV's conversion
+    rgb = torch.gather(tab, 1, index.permute(0, 3, 1, 2)) * 255
+    return rgb.clamp_(0, 255).to(torch.uint8)  # truncation, as OpenCV's vector loop
 
 
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
