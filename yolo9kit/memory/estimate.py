@@ -66,13 +66,12 @@ class StepMemoryModel:
     slope: np.ndarray  # (rows, K)
     trace1: Trace
     trace2: Trace
-    aligned: bool
 
     @classmethod
     def fit(cls, trace1: Trace, trace2: Trace, b1: int, b2: int) -> StepMemoryModel:
         live1, live2 = trace1.live(), trace2.live()
         seg2 = {(name, k): (s, e) for k, (name, s, e) in _segments(trace2)}
-        rows1, rows2, aligned = [], [], True
+        rows1, rows2 = [], []
         for k, (name, s1, e1) in _segments(trace1):
             if e1 == s1:
                 continue
@@ -84,14 +83,13 @@ class StepMemoryModel:
             s2, e2 = seg2[(name, k)]
             r2 = live2[s2:e2]
             if name in _UNALIGNED_PHASES or len(r1) != len(r2) or len(r2) == 0:  # reduced to its peak moment
-                aligned = aligned and name in _UNALIGNED_PHASES
                 r1 = r1[[int(r1.sum(1).argmax())]]
                 r2 = r2[[int(r2.sum(1).argmax())]] if len(r2) else r1
             rows1.append(r1)
             rows2.append(r2)
         base = np.concatenate(rows1).astype(np.float64)
         slope = np.concatenate(rows2).astype(np.float64) - base
-        return cls(b1, b2, base, slope, trace1, trace2, aligned)
+        return cls(b1, b2, base, slope, trace1, trace2)
 
     def peak(self, batch_size: int) -> tuple[int, dict[str, int]]:
         """(peak live bytes, breakdown at that moment) for ``batch_size``."""

@@ -37,28 +37,25 @@ class GPUSpec:
     device_type: str = "cuda"  # "cpu" for the host memory a CPU run is sized against (``host_memory``)
 
 
-def _gpu(name: str, mib: int, bf16: bool, tflops: float, bw: float) -> GPUSpec:
-    return GPUSpec(name, mib * MIB, bf16, tflops, bw)
-
-
-GPUS: dict[str, GPUSpec] = {g.name: g for g in [
-    _gpu("T4", 15_360, False, 65.0, 320.0),
-    _gpu("V100-16GB", 16_160, False, 125.0, 900.0),
-    _gpu("V100-32GB", 32_510, False, 125.0, 900.0),
-    _gpu("RTX 3060", 12_288, True, 25.0, 360.0),
-    _gpu("RTX 3090", 24_576, True, 71.0, 936.0),
-    _gpu("RTX 4070", 12_282, True, 58.0, 504.0),
-    _gpu("RTX 4080", 16_376, True, 97.0, 717.0),
-    _gpu("RTX 4090", 24_564, True, 165.0, 1008.0),
-    _gpu("RTX 5090", 32_607, True, 210.0, 1792.0),
-    _gpu("RTX A6000", 49_140, True, 155.0, 768.0),
-    _gpu("A10", 23_028, True, 125.0, 600.0),
-    _gpu("L4", 23_034, True, 121.0, 300.0),
-    _gpu("L40S", 46_068, True, 362.0, 864.0),
-    _gpu("A100-40GB", 40_960, True, 312.0, 1555.0),
-    _gpu("A100-80GB", 81_920, True, 312.0, 2039.0),
-    _gpu("H100", 81_559, True, 989.0, 3350.0),
-    _gpu("H200", 143_771, True, 989.0, 4800.0),
+# name, nvidia-smi MiB, bf16, fp16 TFLOPs, GB/s
+GPUS: dict[str, GPUSpec] = {name: GPUSpec(name, mib * MIB, bf16, tflops, gbs) for name, mib, bf16, tflops, gbs in [
+    ("T4", 15_360, False, 65.0, 320.0),
+    ("V100-16GB", 16_160, False, 125.0, 900.0),
+    ("V100-32GB", 32_510, False, 125.0, 900.0),
+    ("RTX 3060", 12_288, True, 25.0, 360.0),
+    ("RTX 3090", 24_576, True, 71.0, 936.0),
+    ("RTX 4070", 12_282, True, 58.0, 504.0),
+    ("RTX 4080", 16_376, True, 97.0, 717.0),
+    ("RTX 4090", 24_564, True, 165.0, 1008.0),
+    ("RTX 5090", 32_607, True, 210.0, 1792.0),
+    ("RTX A6000", 49_140, True, 155.0, 768.0),
+    ("A10", 23_028, True, 125.0, 600.0),
+    ("L4", 23_034, True, 121.0, 300.0),
+    ("L40S", 46_068, True, 362.0, 864.0),
+    ("A100-40GB", 40_960, True, 312.0, 1555.0),
+    ("A100-80GB", 81_920, True, 312.0, 2039.0),
+    ("H100", 81_559, True, 989.0, 3350.0),
+    ("H200", 143_771, True, 989.0, 4800.0),
 ]}
 _ALIASES = {"4090": "RTX 4090", "3090": "RTX 3090", "A100": "A100-80GB", "A100-40G": "A100-40GB",
             "A100-80G": "A100-80GB", "H100-80GB": "H100", "H100 SXM": "H100", "V100": "V100-16GB",

@@ -148,27 +148,21 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
     trials: list[dict] = []
 
     def ok(b: int) -> bool:
-        oom = False
         try:
-            used = trial(b)
+            used, oom = trial(b), False
         except torch.cuda.OutOfMemoryError:
             used, oom = None, True
         if oom:  # outside the except block: the traceback and the tensors it holds are gone
             free_cuda_memory()
-            trials.append({"batch_size": b, "ok": False, "bytes": None, "reason": "out of memory"})
-            return False
-        fits = used is None or used <= budget
-        trials.append({"batch_size": b, "ok": fits, "bytes": used, "reason": "fits" if fits else "over the budget"})
+        fits = not oom and (used is None or used <= budget)
+        reason = "out of memory" if oom else "fits" if fits else "over the budget"
+        trials.append({"batch_size": b, "ok": fits, "bytes": used, "reason": reason})
         return fits
 
-    lo, hi, b = 0, None, max(1, start)
-    while b <= max_batch:
-        if ok(b):
-            lo, b = b, b * 2
-        else:
-            hi = b
-            break
-    hi = max_batch + 1 if hi is None else hi
+    lo, b = 0, max(1, start)
+    while b <= max_batch and ok(b):  # grow, then bisect between the last success and the first failure
+        lo, b = b, b * 2
+    hi = min(b, max_batch + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)

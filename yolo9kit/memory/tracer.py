@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -262,46 +261,33 @@ class AutocastEmulation(TorchFunctionMode):
         self.set_enabled(False)
 
 
-@dataclass
-class _BridgeState:
-    loss_fn: Any
-    targets: torch.Tensor
-    tracker: StorageTracker
-    spec: Any = None
-    positions: list[int] = field(default_factory=list)
-    real: list[torch.Tensor] | None = None
-    loss: torch.Tensor | None = None
-
-
 class _LossBridge(torch.autograd.Function):
-    """The loss on meta outputs: run for real on random CPU tensors of their shapes (the assigner picks by
-    value), under the same tracker; meta gradients of the outputs' shapes go back to the meta backward."""
+    """The loss of meta outputs, run for real on random CPU tensors of their shapes (the assigner picks by
+    value) under the same tracker; meta gradients of the outputs' shapes go back to the meta backward."""
 
     @staticmethod
-    def forward(ctx, state: _BridgeState, *outputs: torch.Tensor):
-        ctx.state = state
+    def forward(ctx, setup: tuple, *outputs: torch.Tensor):
+        loss_fn, targets, ctx.tracker, spec, positions = setup
         ctx.meta = [(o.shape, o.dtype) for o in outputs]
-        state.tracker.paused = True  # the stand-ins for the outputs are counted as activations already
+        ctx.tracker.paused = True  # the stand-ins for the outputs are counted as activations already
         g = torch.Generator().manual_seed(0)
-        real = [torch.randn(o.shape, generator=g).to(o.dtype).requires_grad_(True) for o in outputs]
-        state.tracker.paused = False
-        leaves: list = [None] * state.spec.num_leaves
-        for pos, r in zip(state.positions, real):
+        ctx.real = [torch.randn(o.shape, generator=g).to(o.dtype).requires_grad_(True) for o in outputs]
+        ctx.tracker.paused = False
+        leaves: list = [None] * spec.num_leaves
+        for pos, r in zip(positions, ctx.real):
             leaves[pos] = r
         with torch.enable_grad():
-            loss, _ = state.loss_fn(tree_unflatten(leaves, state.spec), state.targets)
-        state.real, state.loss = real, loss
+            ctx.loss, _ = loss_fn(tree_unflatten(leaves, spec), targets)
         first = outputs[0]
         return first.new_zeros((), dtype=torch.float32), first.new_zeros(3, dtype=torch.float32)
 
     @staticmethod
     def backward(ctx, grad_loss, grad_items):
-        state = ctx.state
-        state.tracker.set_phase("loss_backward")
-        grads = torch.autograd.grad(state.loss, state.real, allow_unused=True)
+        ctx.tracker.set_phase("loss_backward")
+        grads = torch.autograd.grad(ctx.loss, ctx.real, allow_unused=True)
         del grads  # freed before the meta gradients exist, as the real step would hand them on
-        state.loss = state.real = None
-        state.tracker.set_phase("backward")
+        ctx.loss = ctx.real = None
+        ctx.tracker.set_phase("backward")
         return (None, *[grad_loss.new_empty(shape, dtype=dtype) for shape, dtype in ctx.meta])
 
 
@@ -309,10 +295,9 @@ def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
     """A loss callable for meta outputs that runs ``loss_fn`` for real (``_LossBridge``)."""
 
     def call(outputs, _targets):
-        state = _BridgeState(loss_fn, real_targets, tracker)
-        leaves, state.spec = tree_flatten(outputs)
-        state.positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        return _LossBridge.apply(state, *[leaves[i] for i in state.positions])
+        leaves, spec = tree_flatten(outputs)
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        return _LossBridge.apply((loss_fn, real_targets, tracker, spec, positions), *[leaves[i] for i in positions])
 
     return call
 
