@@ -259,7 +259,7 @@ def _record_calibration(rows: list[dict], spec: GPUSpec, config: GPUCheckConfig,
         return "not recorded: fewer than two batches were measured"
     amp = points[0]["amp"]
     cal = gpus.calibration_from_points(points, spec.name, spec.total_bytes,
-                                  step=f"{config.model} {config.imgsz}px, the default step (checks --gpu)")
+                                       step=f"{config.model} {config.imgsz}px, the default step (checks --gpu)")
     fitted = cal["fits"][amp]["max_rel_error"]
     current = max(abs(r["error_reserved"]) for r in points)
     if current <= RECORD_ABOVE or fitted > current / 2:
