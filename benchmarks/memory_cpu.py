@@ -20,7 +20,7 @@ import argparse
 import time
 
 from yolo9kit import memory
-from yolo9kit.memory.calibration import packaged_calibrations
+from yolo9kit.memory.gpus import packaged_calibrations
 
 
 def official_points() -> dict[tuple[str, int], float]:

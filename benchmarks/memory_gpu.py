@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 
 from yolo9kit.memory import StepConfig, StepEstimator, measure
-from yolo9kit.memory.calibration import calibration_from_points
-from yolo9kit.memory.gpus import gpu_from_device, resolve_gpu
+from yolo9kit.memory.gpus import calibration_from_points, gpu_from_device, resolve_gpu
 
 GIB = 1 << 30
 SETTINGS = {"fp16": ("fp16", None), "bf16": ("bf16", None), "fp16+ckpt": ("fp16", "all")}

@@ -99,10 +99,10 @@ def load_extra_fixture(extra_fixture):
 def _own_calibrations(tmp_path_factory, monkeypatch):
     """Measured calibrations recorded on this machine (``checks --gpu``) live in the user's home; tests read
     and write an empty folder of their own instead, so a developer's measurements change no test."""
-    import yolo9kit.memory.calibration as calibration
+    import yolo9kit.memory.gpus as gpus
 
     folder = tmp_path_factory.mktemp("memory_calibration")
-    monkeypatch.setattr(calibration, "user_calibration_dir", lambda: folder)
+    monkeypatch.setattr(gpus, "user_calibration_dir", lambda: folder)
     return folder
 
 

@@ -12,7 +12,7 @@ from train_toys import one_thread
 from yolo9kit import memory
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.memory.autobatch import choose_batch, sizing_target
+from yolo9kit.memory.plan import choose_batch, sizing_target
 from yolo9kit.models import build_model
 from yolo9kit.train import fit
 from yolo9kit.train.optim import base_accumulate

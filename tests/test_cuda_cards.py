@@ -17,10 +17,10 @@ from train_toys import ToyNet, make_batches, one_thread, toy_loss
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import resolve_device
 from yolo9kit.memory import estimate, plan
-from yolo9kit.memory.autobatch import choose_batch, sizing_target
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import gpu_from_device
 from yolo9kit.memory.measure import require_cuda
+from yolo9kit.memory.plan import choose_batch, sizing_target
 from yolo9kit.models import build_model
 from yolo9kit.train import build_trainer
 from yolo9kit.train.guards import DistributedOutOfMemoryError

@@ -17,8 +17,7 @@ import yolo9kit
 from yolo9kit import gpu_check
 from yolo9kit.gpu_check import GPUCheckConfig, check_gpu
 from yolo9kit.memory import StepConfig, estimate
-from yolo9kit.memory.calibration import calibration_for
-from yolo9kit.memory.gpus import resolve_gpu
+from yolo9kit.memory.gpus import calibration_for, resolve_gpu
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

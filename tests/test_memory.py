@@ -21,12 +21,10 @@ from yolo9kit.memory import (
     plan,
     sweep,
 )
-from yolo9kit.memory.allocator import LARGE_BUFFER, SMALL_BUFFER, CachingAllocatorModel, round_size, segment_size
-from yolo9kit.memory.autocast_sim import AutocastEmulation
-from yolo9kit.memory.extrapolate import _live_matrix
-from yolo9kit.memory.measure import fit_to_total
-from yolo9kit.memory.step import build_real_trainer, prime_optimizer, synthetic_batch
-from yolo9kit.memory.steptrace import trace_real_step
+from yolo9kit.memory.estimate import build_meta_trainer, prime_optimizer
+from yolo9kit.memory.gpus import LARGE_BUFFER, SMALL_BUFFER, CachingAllocatorModel, round_size, segment_size
+from yolo9kit.memory.measure import _tracked_breakdown, build_real_trainer, fit_to_total
+from yolo9kit.memory.tracer import AutocastEmulation, synthetic_batch, trace_meta_step, trace_real_step
 
 GIB = 1 << 30
 
@@ -87,17 +85,11 @@ def real_trace(batch_size: int, imgsz: int = 64):
     return trace_real_step(trainer, images, targets, device_type="cuda")
 
 
-def peak_row(trace):
-    live = _live_matrix(trace)
-    i = int(live.sum(1).argmax())
-    return dict(zip(CATEGORIES, live[i].tolist())), live
-
-
 # ------------------------------------------------------------------- meta trace == real CPU step
 def test_meta_trace_equals_real_cpu_execution():
     est = toy_estimator()
     meta_peak, meta_parts = est.memory.peak(2)
-    real_parts, real_live = peak_row(real_trace(2))
+    real_parts = real_trace(2).peak()
     assert meta_peak == sum(real_parts.values())
     # every category at the peak, bytes for bytes (loss tensors: the mask size depends on values)
     for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):
@@ -126,7 +118,7 @@ def test_activations_equal_saved_tensors_of_real_forward():
     out_bytes = out[0].untyped_storage().nbytes()  # the output is alive too (not saved by any op)
     del out
     trace = real_trace(4)
-    live = _live_matrix(trace)
+    live = trace.live()
     start_backward = next(e for name, e in trace.phase_starts if name == "loss")
     activations = live[start_backward - 1, CATEGORIES.index("activations")]
     # the tracker rounds each storage to 512 B, as the CUDA allocator does
@@ -134,14 +126,11 @@ def test_activations_equal_saved_tensors_of_real_forward():
 
 
 def test_extrapolated_peak_equals_direct_trace_at_larger_batch():
-    from yolo9kit.memory.step import build_meta_trainer
-    from yolo9kit.memory.steptrace import trace_meta_step
-
     est = toy_estimator()
     trainer, loss_fn = build_meta_trainer(ToyDetector(), toy_step().resolve("cuda"))
     direct, _ = trace_meta_step(trainer, loss_fn, batch_size=6, imgsz=64, num_targets=4, num_classes=3,
                                 amp_dtype=None)
-    direct_parts, _ = peak_row(direct)
+    direct_parts = direct.peak()
     peak, parts = est.memory.peak(6)
     assert peak == pytest.approx(sum(direct_parts.values()), rel=0.02)
     assert parts["activations"] == pytest.approx(direct_parts["activations"], rel=0.02)
@@ -348,13 +337,11 @@ def test_estimate_single_report():
 def test_measured_breakdown_names_the_tracked_peak_and_sums_to_the_counter():
     """measure()'s breakdown step, run on the CPU: the tracked categories plus the unnamed remainder
     (cuDNN workspace on a GPU) sum to the allocator's peak."""
-    from yolo9kit.memory.measure import _tracked_breakdown
-
     torch.manual_seed(0)
     trainer = real_trainer()
     prime_optimizer(trainer.model, trainer.optimizer)
     images, targets = synthetic_batch(4, 64, 4, 3)
-    tracked, _ = peak_row(real_trace(4))
+    tracked = real_trace(4).peak()
     counter_peak = sum(tracked.values()) + (3 << 20)  # the counter saw 3 MiB more (workspace)
     parts = _tracked_breakdown(trainer, images, targets, counter_peak)
     assert sum(parts.values()) == counter_peak

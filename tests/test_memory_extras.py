@@ -1,4 +1,4 @@
-"""yolo9kit.memory: plots, GPU table, calibration files, snapshots/VRAM sampler on CPU, CLI, benchmark."""
+"""yolo9kit.memory: plots, GPU table, calibration files, snapshots on CPU, CLI, benchmark."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from yolo9kit.config import StepConfig
-from yolo9kit.memory import CATEGORIES, GPUS, MemoryReport, VramSampler, export_snapshot, resolve_gpu
-from yolo9kit.memory.calibration import calibration_for, fit_line, packaged_calibrations, read_calibration
+from yolo9kit.memory import CATEGORIES, GPUS, MemoryReport, export_snapshot, resolve_gpu
+from yolo9kit.memory.gpus import calibration_for, fit_line, packaged_calibrations, read_calibration
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -43,7 +43,7 @@ def test_gpu_table_and_names():
 def test_memory_vs_batch_and_breakdown_plots_return_figures():
     from matplotlib.figure import Figure
 
-    from yolo9kit.plots import memory_breakdown, memory_vs_batch, vram_trace
+    from yolo9kit.plots import memory_breakdown, memory_vs_batch
 
     rows = [{**report(b).as_row(), "oom": False} for b in (1, 8, 32)]
     rows += [{**report(b, "measured").as_row(), "oom": False} for b in (8, 32)]
@@ -57,10 +57,6 @@ def test_memory_vs_batch_and_breakdown_plots_return_figures():
     assert any("out of memory" in s for s in labels)
     assert isinstance(memory_breakdown([report(8), report(16)]), Figure)
     assert isinstance(memory_breakdown(report(8)), Figure)
-    sampler = VramSampler()
-    for _ in range(3):
-        sampler()
-    assert isinstance(vram_trace(sampler, gpu="T4"), Figure)
 
 
 def test_settings_with_the_same_memory_stay_visible_and_fp32_is_named_so():
@@ -75,16 +71,6 @@ def test_settings_with_the_same_memory_stay_visible_and_fp32_is_named_so():
     assert [c.get_label() for c in curves] == ["fp32 (estimated)", "fp16 (estimated)", "bf16 (estimated)"]
     assert len({(c.get_linestyle(), c.get_marker()) for c in curves}) == 3
     assert ax.get_title()
-
-
-def test_vram_sampler_is_a_noop_without_cuda():
-    sampler = VramSampler()
-    from types import SimpleNamespace
-
-    row = sampler(SimpleNamespace(ni=5))  # what it reads of a BatchRecord
-    assert row["step"] == 5 and list(sampler.frame().columns) == ["step", "allocated", "reserved", "max_allocated"]
-    if not torch.cuda.is_available():
-        assert not sampler.available and row["allocated"] == 0
 
 
 def test_export_snapshot_needs_cuda(tmp_path):

@@ -62,10 +62,7 @@ def test_the_described_step_is_the_step_fit_builds(switches):
     import torch
 
     from yolo9kit.config import TrainConfig
-    from yolo9kit.memory.extrapolate import _live_matrix
-    from yolo9kit.memory.step import synthetic_batch
-    from yolo9kit.memory.steptrace import trace_real_step
-    from yolo9kit.memory.tracker import CATEGORIES
+    from yolo9kit.memory.tracer import synthetic_batch, trace_real_step
     from yolo9kit.models import build_model
     from yolo9kit.train.step import build_trainer, describe_step, train_step
 
@@ -89,8 +86,7 @@ def test_the_described_step_is_the_step_fit_builds(switches):
             group["foreach"] = not group.get("fused")
         images, targets = synthetic_batch(b, 64, 4, 80)
         train_step(trainer, images, targets)  # steady state: the optimizer's momentum exists, as in the estimate
-        live = _live_matrix(trace_real_step(trainer, images, targets, device_type="cuda"))
-        real = dict(zip(CATEGORIES, live[int(live.sum(1).argmax())].tolist()))
+        real = trace_real_step(trainer, images, targets, device_type="cuda").peak()
         peak, parts = est.memory.peak(b)
         for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):
             # exact but for the 512-byte rounding of a few tiny per-channel storages, which the linear

@@ -80,7 +80,7 @@ def test_frozen_step_trains_only_the_unfrozen_parameters(yolov9_t):
     size), no gradient and no optimizer state for a frozen one, state for every trained one."""
     import copy
 
-    from yolo9kit.memory.step import synthetic_batch
+    from yolo9kit.memory.tracer import synthetic_batch
 
     model = copy.deepcopy(yolov9_t)
     config = TrainConfig(batch_size=2, imgsz=64, amp="off", device="cpu", freeze="backbone", lr0=0.05)
@@ -136,10 +136,7 @@ def test_estimate_of_the_frozen_step_is_lower_and_equals_the_traced_step():
     fewer activations (autograd saves nothing for layers whose inputs and weights need no gradient); it
     equals the kit's real step on the CPU traced by the same tracker, category by category at the peak."""
     from yolo9kit.memory import StepEstimator
-    from yolo9kit.memory.extrapolate import _live_matrix
-    from yolo9kit.memory.step import synthetic_batch
-    from yolo9kit.memory.steptrace import trace_real_step
-    from yolo9kit.memory.tracker import CATEGORIES
+    from yolo9kit.memory.tracer import synthetic_batch, trace_real_step
     from yolo9kit.train.step import describe_step
 
     config = TrainConfig(batch_size=2, imgsz=64, amp="off", device="cpu", freeze="backbone")
@@ -160,8 +157,7 @@ def test_estimate_of_the_frozen_step_is_lower_and_equals_the_traced_step():
         group["foreach"] = True
     images, targets = synthetic_batch(2, 64, 4, 80)
     train_step(trainer, images, targets)  # steady state: momentum exists, as in the estimate
-    live = _live_matrix(trace_real_step(trainer, images, targets, device_type="cuda"))
-    real = dict(zip(CATEGORIES, live[int(live.sum(1).argmax())].tolist()))
+    real = trace_real_step(trainer, images, targets, device_type="cuda").peak()
     for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):
         assert abs(frozen_parts[cat] - real[cat]) <= 4 * 512, (cat, frozen_parts[cat], real[cat])
     assert frozen_peak == pytest.approx(sum(real.values()), rel=0.01)

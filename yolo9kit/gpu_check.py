@@ -6,7 +6,7 @@ fused optimizer) and of the plain step (those switches off, the same AMP) from t
 batches and says whether their losses agree, and how many images per second each gets; (2) counts the
 host-device synchronisations of one fast step (``torch.cuda.set_sync_debug_mode``: it should be none);
 (3) measures the peak memory of the default step at two or three batch sizes beside the estimate and prints
-the error; (4) records that measurement as this machine's calibration (``memory.calibration``) when it makes
+the error; (4) records that measurement as this machine's calibration (``memory.gpus``) when it makes
 the estimate closer on the measured points, so later estimates for the card use it; (5) writes
 ``gpu_check.json``: the card, the versions, the figures and the command.
 """
@@ -32,11 +32,10 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.config.step import FAST_SWITCHES, StepConfig
 from yolo9kit.env import EnvReport, environment_report, free_cuda_memory, resolve_device
 from yolo9kit.files import write_text_atomically
-from yolo9kit.memory import calibration as memory_calibration
-from yolo9kit.memory import estimate, measure
+from yolo9kit.memory import estimate, gpus, measure
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, gpu_from_device
-from yolo9kit.memory.step import synthetic_batch
+from yolo9kit.memory.tracer import synthetic_batch
 from yolo9kit.models import build_model
 from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
 
@@ -134,7 +133,7 @@ def check_gpu(config: GPUCheckConfig | None = None, *, out: str | Path = ".", co
     """Run the GPU check on the current CUDA device (see the module docstring); without CUDA, say so.
 
     ``calibration_dir``: where the measured calibration is recorded (default
-    ``memory.calibration.user_calibration_dir()``, which the estimates read).
+    ``memory.gpus.user_calibration_dir()``, which the estimates read).
     """
     config = config or GPUCheckConfig()
     if not torch.cuda.is_available():
@@ -150,7 +149,7 @@ def check_gpu(config: GPUCheckConfig | None = None, *, out: str | Path = ".", co
     result.memory = _memory_points(config, device, spec, deadline=start + config.time_budget_s)
     if any("time budget" in str(row.get("skipped", "")) for row in result.memory):
         result.notes.append(f"memory points past the {config.time_budget_s:.0f} s budget were skipped")
-    folder = Path(calibration_dir) if calibration_dir is not None else memory_calibration.user_calibration_dir()
+    folder = Path(calibration_dir) if calibration_dir is not None else gpus.user_calibration_dir()
     result.calibration = _record_calibration(result.memory, spec, config, folder)
     result.seconds = time.perf_counter() - start
     path = Path(out) / RESULT_NAME
@@ -259,8 +258,8 @@ def _record_calibration(rows: list[dict], spec: GPUSpec, config: GPUCheckConfig,
     if len(points) < 2:
         return "not recorded: fewer than two batches were measured"
     amp = points[0]["amp"]
-    cal = memory_calibration.calibration_from_points(points, spec.name, spec.total_bytes,
-                                  step=f"{config.model} {config.imgsz}px, the default step (checks --gpu)")
+    cal = gpus.calibration_from_points(points, spec.name, spec.total_bytes,
+                                       step=f"{config.model} {config.imgsz}px, the default step (checks --gpu)")
     fitted = cal["fits"][amp]["max_rel_error"]
     current = max(abs(r["error_reserved"]) for r in points)
     if current <= RECORD_ABOVE or fitted > current / 2:
@@ -269,7 +268,7 @@ def _record_calibration(rows: list[dict], spec: GPUSpec, config: GPUCheckConfig,
     path = folder / f"{re.sub(r'[^A-Za-z0-9.-]+', '_', spec.name)}-{amp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps(cal, indent=1) + "\n")
-    read_from = memory_calibration.user_calibration_dir()
+    read_from = gpus.user_calibration_dir()
     read = folder.resolve() == read_from.resolve()
     return (f"recorded in {path} (error on the measured points {current:.1%} -> {fitted:.1%}); "
             + (f"later estimates for {spec.name} at {amp} use it" if read else

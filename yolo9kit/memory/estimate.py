@@ -1,154 +1,238 @@
-"""``estimate``: the memory of a training step on a GPU you may not have, predicted on the CPU.
-
-How (each step's assumptions are in its module):
-
-0. The step is a ``StepConfig`` resolved for the card (``StepConfig.resolve``: "auto" AMP and the
-   ``None`` switches decided as ``fit`` decides them on CUDA), so the estimate describes the step ``fit``
-   would run there.
-1. The kit's step (``steptrace.traced_step``: the kit's ``micro_step``, forward and loss under autocast
-   and backward, then its ``optimizer_step``, clip, SGD, EMA) runs on ``meta`` tensors, which carry
-   shapes, dtypes and strides but no data, under a ``StorageTracker`` that records every storage by
-   category and over time (``tracker``), with the autocast policy of the step's device applied by
-   ``autocast_sim`` and the real loss bridged in (``steptrace``).
-2. That is done at two small batch sizes; every storage is linear in the batch, so the live bytes
-   at every moment of the step, and their peak, follow for any batch (``extrapolate``).
-3. Peak reserved = peak allocated + a cuDNN workspace allowance + what the caching-allocator model
-   (``allocator``) holds on top (rounding, 2 / 20 MiB segments, cached blocks) in two replayed steps.
-4. When the package holds a measured calibration for the GPU (``calibration``), the measured lines
-   ``measured = a * estimated + b`` replace 3.
-
-Speed: tracing costs per op, not per byte, so the two traces take the same time for any batch or
-image size; after them a curve of any number of batch sizes is array arithmetic, plus one allocator
-replay at up to three batch sizes (the overhead is interpolated in between).
+"""``estimate``: the memory of a training step on a GPU you may not have, predicted on the CPU: the kit's step
+traced on ``meta`` tensors at batches 1 and 2 (``tracer``), extrapolated to any batch, with the caching
+allocator's overhead or a measured calibration on top (``gpus``). Steps and assumptions: docs/memory.md.
 """
 
 from __future__ import annotations
 
+import bisect
+import copy
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+import torch
 from torch import nn
 
-from yolo9kit.config import StepConfig
-from yolo9kit.memory.calibration import calibration_for
-from yolo9kit.memory.extrapolate import StepMemoryModel
-from yolo9kit.memory.gpus import GPUSpec, target_gpu
-from yolo9kit.memory.report import MemoryReport
-from yolo9kit.memory.step import as_step, build_meta_trainer, num_classes_of, resolve_model
-from yolo9kit.memory.throughput import ThroughputModel
+from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.loss import DetectionLoss
+from yolo9kit.memory.gpus import GPUSpec, ThroughputModel, calibration_for, replay, target_gpu
+from yolo9kit.memory.measure import MemoryReport, as_step, num_classes_of, resolve_model
+from yolo9kit.memory.tracer import CATEGORIES, Trace, trace_meta_step
+from yolo9kit.train.step import AMP_DTYPES, build_trainer
 
 LOGGER = logging.getLogger(__name__)
-
-# cuDNN allocates its convolution workspace through PyTorch's allocator, one convolution at a time.
-# Assumed allowance at the peak until a measured calibration gives the real figure.
+# cuDNN's convolution workspace at the peak, assumed until a measured calibration gives the real figure
 DEFAULT_WORKSPACE_BYTES = 64 << 20
 TRACE_BATCHES = (1, 2)
-_AMP_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "off": None}
-_CACHE_SIZE = 8  # traced steps kept (a trace takes seconds to a minute; an explorer revisits settings)
-_cache: OrderedDict[tuple, StepEstimator] = OrderedDict()  # (step at batch 1, module structure or None)
+_UNALIGNED_PHASES = {"loss", "loss_backward"}  # the assigner branches on data: its phases do not align
+_BATCH_CATEGORIES = {"activations", "loss_assigner", "workspace_other"}
+_CACHE_SIZE = 8  # traced steps kept: a trace takes seconds to a minute, and an explorer revisits settings
+_traced: OrderedDict[tuple, StepEstimator] = OrderedDict()
 
 
-def estimate(step: StepConfig | str | nn.Module, batch_size: int | None = None, *,
-             gpu: str | int | GPUSpec | None = None, **changes: Any) -> MemoryReport:
-    """Predict, on any machine, what ``measure`` would report for one training step on ``gpu``.
-
-    Args:
-        step: the step (a ``StepConfig``), or a model name / module for the step ``fit`` would run with
-            it. ``changes`` are ``StepConfig`` fields to change: ``estimate("yolov9-c", 16, imgsz=512,
-            activation_checkpointing="all")``.
-        batch_size: images per forward/backward (default: the step's).
-        gpu: the card (a name from ``GPUS``, a capacity in bytes, a ``GPUSpec``); None: this machine's
-            CUDA card, else ``DEFAULT_GPU``. The step is resolved for it ("auto" AMP is bf16 where it has
-            bf16, and the CUDA switches are on unless the step turns them off).
-
-    Returns:
-        MemoryReport with ``method="estimated"``, the breakdown at the peak, the reserved peak from the
-        allocator model (or the GPU's measured calibration) and a modelled step time.
-    """
-    step = as_step(step, batch_size, changes, caller="estimate", needs_batch=True)
-    spec = target_gpu(gpu)
-    return estimator_for(step, spec).reports([step.batch_size], spec)[0]
+def _segments(trace: Trace) -> list[tuple[int, tuple[str, int, int]]]:
+    """Each phase segment (name, start, end) with its ordinal among the segments of the same name."""
+    starts = trace.phase_starts + [("<end>", trace.num_events)]
+    seen: dict[str, int] = {}
+    out = []
+    for (name, s), (_, e) in zip(starts[:-1], starts[1:]):
+        seen[name] = seen.get(name, -1) + 1
+        out.append((seen[name], (name, s, e)))
+    return out
 
 
-def is_traced(step: StepConfig | str | nn.Module, gpu: str | int | GPUSpec | None = None, **changes: Any) -> bool:
-    """Whether ``estimate`` already holds the traced step for ``step`` on ``gpu``: then any batch size of it is
-    answered at once; otherwise the next estimate traces it first (seconds to a minute on a CPU)."""
-    step = as_step(step, None, changes, caller="is_traced")
-    spec = target_gpu(gpu)
-    return _key(step.resolve(spec.device_type, bf16=spec.bf16, gpu_name=spec.name), step) in _cache
+def _by_segment(trace: Trace) -> dict[tuple[int, str], list]:
+    starts = [s for _, s in trace.phase_starts]
+    out: dict[tuple[int, str], list] = {}
+    for rec in trace.records:
+        j = bisect.bisect_right(starts, rec.alloc) - 1  # the last phase started at or before the allocation
+        out.setdefault((j, trace.phase_starts[j][0]), []).append(rec)
+    return out
 
 
-def _key(resolved: StepConfig, step: StepConfig) -> tuple:
-    return replace(resolved, batch_size=1), None if isinstance(step.model, str) else _structure(step.model)
+@dataclass
+class StepMemoryModel:
+    """Live bytes per category over the step as ``base + f * slope``, ``f = (b - b1) / (b2 - b1)``: every
+    storage is linear in the batch, and the two traces align event for event but in the loss phases."""
+
+    b1: int
+    b2: int
+    base: np.ndarray  # (rows, K)
+    slope: np.ndarray  # (rows, K)
+    trace1: Trace
+    trace2: Trace
+
+    @classmethod
+    def fit(cls, trace1: Trace, trace2: Trace, b1: int, b2: int) -> StepMemoryModel:
+        live1, live2 = trace1.live(), trace2.live()
+        seg2 = {(name, k): (s, e) for k, (name, s, e) in _segments(trace2)}
+        rows1, rows2 = [], []
+        for k, (name, s1, e1) in _segments(trace1):
+            if e1 == s1:
+                continue
+            r1 = live1[s1:e1]
+            if (name, k) not in seg2:  # traced once only (optimizer, EMA): independent of the batch
+                rows1.append(r1)
+                rows2.append(r1)
+                continue
+            s2, e2 = seg2[(name, k)]
+            r2 = live2[s2:e2]
+            if name in _UNALIGNED_PHASES or len(r1) != len(r2) or len(r2) == 0:  # reduced to its peak moment
+                r1 = r1[[int(r1.sum(1).argmax())]]
+                r2 = r2[[int(r2.sum(1).argmax())]] if len(r2) else r1
+            rows1.append(r1)
+            rows2.append(r2)
+        base = np.concatenate(rows1).astype(np.float64)
+        slope = np.concatenate(rows2).astype(np.float64) - base
+        return cls(b1, b2, base, slope, trace1, trace2)
+
+    def peak(self, batch_size: int) -> tuple[int, dict[str, int]]:
+        """(peak live bytes, breakdown at that moment) for ``batch_size``."""
+        f = (batch_size - self.b1) / (self.b2 - self.b1)
+        rows = np.maximum(self.base + f * self.slope, 0)
+        i = int(rows.sum(1).argmax())
+        breakdown = {c: int(round(v)) for c, v in zip(CATEGORIES, rows[i])}
+        return sum(breakdown.values()), breakdown
+
+    def allocator_events(self, batch_size: int, steps: int = 2) -> list[tuple[int, int, int]]:
+        """Malloc/free events of ``steps`` consecutive steps at ``batch_size``, in the second trace's order;
+        sizes interpolated where a phase's records pair up one to one, else batch categories scaled by b / b2."""
+        t2 = self.trace2
+        f = (batch_size - self.b1) / (self.b2 - self.b1)
+        by_segment1 = _by_segment(self.trace1)
+        index2 = {id(rec): i for i, rec in enumerate(t2.records)}
+        sizes: dict[int, int] = {}
+        for key, recs2 in _by_segment(t2).items():
+            recs1 = by_segment1.get(key, [])
+            paired = len(recs1) == len(recs2)
+            for j, rec in enumerate(recs2):
+                if paired:
+                    size = recs1[j].nbytes + f * (rec.nbytes - recs1[j].nbytes)
+                elif t2.category(rec) in _BATCH_CATEGORIES:
+                    size = rec.nbytes * batch_size / self.b2
+                else:
+                    size = rec.nbytes
+                sizes[index2[id(rec)]] = max(int(size), 1)
+        persistent = [i for i, r in enumerate(t2.records) if r.phase == "setup" and r.free is None]
+        is_persistent = set(persistent)
+        step_recs = [i for i in range(len(t2.records)) if i not in is_persistent]
+        events = [(1, i, sizes[i]) for i in persistent]
+        for s in range(steps):
+            timeline = []
+            for i in step_recs:
+                rec = t2.records[i]
+                key = (s + 1) * len(t2.records) + i
+                timeline.append((rec.alloc, 1, key, sizes[i]))
+                timeline.append((rec.free if rec.free is not None else t2.num_events, -1, key, 0))
+            timeline.sort(key=lambda e: e[0])  # event indices are unique (never-freed ones end the step)
+            events.extend((kind, key, size) for _, kind, key, size in timeline)
+        return events
+
+    def reserved_overhead(self, batch_size: int) -> int:
+        """Allocator model: peak reserved minus peak allocated (rounding, segments, cached blocks)."""
+        sim = replay(self.allocator_events(batch_size))
+        return max(0, sim.peak_reserved - sim.peak_allocated)
 
 
-def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
-    """The traced step of ``step`` resolved for ``spec``, kept for the next call with the same step. A step of
-    a module is kept while the module's structure (its layers, parameter shapes, dtypes and which ones train)
-    stays the same: its weights do not change the memory, but a module may be edited between calls."""
-    resolved = step.resolve(spec.device_type, bf16=spec.bf16, gpu_name=spec.name)
-    key = _key(resolved, step)
-    if key in _cache:
-        _cache.move_to_end(key)
-        return _cache[key]
-    est = _cache[key] = StepEstimator(resolved)
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-    return est
+def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are ``meta`` tensors of the same shapes, dtypes and
+    strides (channels_last for 4-D weights when asked)."""
+    fmt = torch.channels_last if channels_last else torch.preserve_format
+
+    def meta(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(t, device="meta", memory_format=fmt if t.ndim == 4 else torch.preserve_format)
+
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(meta(p.detach()), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = meta(b)
+    stride = getattr(model, "stride", None)  # DetectionModel.stride: a plain tensor attribute
+    if isinstance(stride, torch.Tensor) and id(stride) not in memo:
+        memo[id(stride)] = meta(stride)
+    return copy.deepcopy(model, memo)
 
 
-def _structure(module: nn.Module) -> tuple:
-    """What a trace of ``module`` depends on besides the step: its layers and its parameters' shapes."""
-    return (tuple(type(m).__name__ for m in module.modules()),
-            tuple((name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in module.named_parameters()))
+def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Use the ``foreach`` kernels (the CUDA default) and make the optimizer state now, with one step on zero
+    gradients, so that a traced step is a steady-state step."""
+    for group in optimizer.param_groups:
+        group["foreach"] = True
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
-def trace_model(step: StepConfig) -> tuple[StepMemoryModel, float]:
-    """Trace the resolved step at the two ``TRACE_BATCHES`` -> (memory model, forward GFLOPs per image)."""
-    import torch
+class FusedStandIn:
+    """A fused optimizer on ``meta`` tensors, where its kernels do not run: its step allocates nothing (one
+    kernel per group updates in place), so the stand-in's does nothing; its state is the primed optimizer's."""
 
-    from yolo9kit.memory.steptrace import trace_meta_step
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.param_groups, self.state = optimizer.param_groups, optimizer.state
 
-    real = resolve_model(step, copy_model=False)
-    t0 = time.perf_counter()
-    trainer, loss_fn = build_meta_trainer(real, step)
-    LOGGER.debug("meta copy, EMA and optimizer state in %.1f s", time.perf_counter() - t0)
-    amp_dtype = getattr(torch, _AMP_DTYPES[step.amp]) if _AMP_DTYPES[step.amp] else None
-    traces, gflops = [], 0.0
-    for i, b in enumerate(TRACE_BATCHES):
-        trace, gflops = trace_meta_step(trainer, loss_fn, batch_size=b, imgsz=step.peak_imgsz,
-                                        num_targets=step.num_targets,
-                                        num_classes=num_classes_of(step, real), amp_dtype=amp_dtype, optimizer=i == 0,
-                                        autocast="cpu" if step.device_type == "cpu" else "cuda")
-        traces.append(trace)
-        LOGGER.debug("traced batch %d in %.1f s", b, time.perf_counter() - t0)
-    return StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES), gflops
+    def step(self, closure: Any = None) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def build_meta_trainer(real_model: nn.Module, step: StepConfig):
+    """The trainer ``fit`` would assemble (``yolo9kit.train.step.build_trainer``) for the resolved ``step``, over
+    a ``meta`` copy of ``real_model`` (only read), its optimizer state primed -> (trainer, loss_fn). The loss
+    (``step.loss_fn``, default ``DetectionLoss``) stays on the real model: the trace runs it for real."""
+    loss_fn = step.loss_fn
+    if loss_fn is None:
+        loss_fn = DetectionLoss(real_model, dense=bool(step.sync_free))
+    if step.activation_checkpointing is not None and not hasattr(real_model, "set_activation_checkpointing"):
+        raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
+                         f"set_activation_checkpointing(); {step.model_name} has none")
+    model = to_meta(real_model, bool(step.channels_last)).train()
+    config = TrainConfig(step=step.replace(batch_size=None))  # the trace sets the batch; the rest is the step's
+    trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"), step=step)
+    prime_optimizer(trainer.model, trainer.optimizer)
+    if step.fused_optimizer:
+        trainer.optimizer = FusedStandIn(trainer.optimizer)
+    return trainer, loss_fn
 
 
 class StepEstimator:
-    """One step, traced once; ``reports`` answers for any batch sizes and GPU.
+    """One step, traced once at ``TRACE_BATCHES``; ``reports`` answers for any batch sizes and GPU.
 
-    ``step`` is resolved for CUDA first when it is not yet (bf16 assumed for "auto"; ``estimator_for``
-    resolves for a given card).
+    Args:
+        step: a ``StepConfig`` or a model name, with ``changes`` (``StepConfig`` fields); resolved for CUDA
+            (bf16 for "auto") unless it is resolved already (``estimator_for`` resolves it for a card).
     """
 
-    def __init__(self, step: StepConfig | str | nn.Module, **changes: Any) -> None:
+    def __init__(self, step: StepConfig | str, **changes: Any) -> None:
         t0 = time.perf_counter()
         step = as_step(step, None, changes, caller="StepEstimator")
         self.step = step if step.device_type else step.resolve("cuda", bf16=True)
-        self.memory, self.gflops = trace_model(self.step)
+        real = resolve_model(self.step, copy_model=False)
+        trainer, loss_fn = build_meta_trainer(real, self.step)
+        traces = []
+        for i, b in enumerate(TRACE_BATCHES):
+            trace, self.gflops = trace_meta_step(
+                trainer, loss_fn, batch_size=b, imgsz=self.step.peak_imgsz, num_targets=self.step.num_targets,
+                num_classes=num_classes_of(self.step, real), amp_dtype=AMP_DTYPES[self.step.amp],
+                optimizer=i == 0, autocast="cpu" if self.step.device_type == "cpu" else "cuda")
+            traces.append(trace)
+        self.memory = StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
         LOGGER.info("memory of one %s step (%s) measured without a GPU in %.1f s", self.step.model_name,
                     self.step.label, self.trace_seconds)
 
     def _reserved_overheads(self, batch_sizes: Sequence[int]) -> dict[int, int]:
-        """Allocator-model overhead at the fixed anchors 1, 8, 64, 512, ... that bracket the batch sizes
-        (cached; fixed anchors make every curve through a batch size agree on it)."""
+        # at the fixed anchors 1, 8, 64, ... that bracket the batches: every curve through a batch agrees on it
         lo, hi = min(batch_sizes), max(batch_sizes)
         anchors = [8 ** k for k in range(8)]
         chosen = [a for a in anchors if a <= lo][-1:] + [a for a in anchors if lo < a < hi] + \
@@ -160,56 +244,99 @@ class StepEstimator:
 
     @property
     def train_gflops_per_image(self) -> float:
-        """Forward + backward (2x forward) + recompute when checkpointing, from the traced convolutions."""
+        """Forward + backward (2x forward) + the recompute when checkpointing, from the traced convolutions."""
         return self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
 
     def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = None,
                 throughput: ThroughputModel | None = None) -> list[MemoryReport]:
+        """One ``MemoryReport`` (``method="estimated"``) per batch size, for ``gpu`` (see ``estimate``).
+
+        Raises:
+            ValueError: an empty list or a batch size < 1.
+        """
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
         spec = target_gpu(gpu)
         cal = calibration_for(spec.name, self.step.amp) if spec.device_type == "cuda" else None
         overheads = self._reserved_overheads(batch_sizes) if cal is None and spec.device_type == "cuda" else {}
         throughput = throughput or ThroughputModel(**(cal or {}).get("throughput") or {})
-        return [_report(self, b, spec, cal, overheads, throughput) for b in batch_sizes]
+        return [self._report(b, spec, cal, overheads, throughput) for b in batch_sizes]
+
+    def _report(self, b: int, spec: GPUSpec, cal: dict | None, overheads: dict[int, int],
+                throughput: ThroughputModel) -> MemoryReport:
+        traced, breakdown = self.memory.peak(b)
+        if spec.device_type != "cuda":  # host memory: no caching allocator, no CUDA context
+            allocated = reserved = traced
+            note = "host memory of the traced step (no CUDA allocator on the CPU)"
+        elif cal is None:
+            breakdown["workspace_other"] += DEFAULT_WORKSPACE_BYTES
+            allocated = traced + DEFAULT_WORKSPACE_BYTES
+            reserved = allocated + int(_interpolate(overheads, b))
+            note = ("reserved from the caching-allocator model; cuDNN workspace assumed "
+                    f"{DEFAULT_WORKSPACE_BYTES >> 20} MiB (no measured calibration for this GPU)")
+        else:
+            (a_alloc, b_alloc), (a_res, b_res) = cal["allocated"], cal["reserved"]
+            allocated = max(traced, int(a_alloc * traced + b_alloc))
+            breakdown["workspace_other"] += allocated - traced
+            reserved = max(allocated, int(a_res * traced + b_res))
+            note = "allocated and reserved from the measured calibration of this GPU"
+        context = (cal or {}).get("context_bytes") or spec.context_bytes
+        step_s = throughput.step_s(spec, b, 1, self.train_gflops_per_image, self.step.amp)
+        return MemoryReport(step=replace(self.step, batch_size=b), method="estimated", device=spec.name,
+                            peak_allocated=allocated, peak_reserved=reserved, breakdown=breakdown,
+                            step_time_s=step_s, images_per_s=b / step_s, context_bytes=int(context),
+                            gpu_total_bytes=spec.total_bytes, notes=[note])
 
 
 def _interpolate(points: dict[int, int], b: int) -> float:
     xs = sorted(points)
-    if b <= xs[0]:
-        return points[xs[0]]
-    if b >= xs[-1]:
-        return points[xs[-1]]
-    for lo, hi in zip(xs[:-1], xs[1:]):
-        if lo <= b <= hi:
-            return points[lo] + (points[hi] - points[lo]) * (b - lo) / (hi - lo)
-    return points[xs[-1]]
+    lo, hi = max([x for x in xs if x <= b], default=xs[0]), min([x for x in xs if x >= b], default=xs[-1])
+    return points[lo] if lo == hi else points[lo] + (points[hi] - points[lo]) * (b - lo) / (hi - lo)
 
 
-def _report(est: StepEstimator, b: int, spec: GPUSpec, cal: dict | None, overheads: dict[int, int],
-            throughput: ThroughputModel) -> MemoryReport:
-    traced, breakdown = est.memory.peak(b)
-    notes = []
-    if spec.device_type != "cuda":  # host memory: no caching allocator model, no CUDA context
-        allocated = reserved = traced
-        notes.append("host memory of the traced step (no CUDA allocator on the CPU)")
-    elif cal is None:
-        workspace = DEFAULT_WORKSPACE_BYTES
-        breakdown["workspace_other"] += workspace
-        allocated = traced + workspace
-        reserved = allocated + int(_interpolate(overheads, b))
-        notes.append("reserved from the caching-allocator model; cuDNN workspace assumed "
-                     f"{workspace >> 20} MiB (no measured calibration for this GPU)")
-    else:
-        a_alloc, b_alloc = cal["allocated"]
-        a_res, b_res = cal["reserved"]
-        allocated = max(traced, int(a_alloc * traced + b_alloc))
-        breakdown["workspace_other"] += allocated - traced
-        reserved = max(allocated, int(a_res * traced + b_res))
-        notes.append("allocated and reserved from the measured calibration of this GPU")
-    context = (cal or {}).get("context_bytes") or spec.context_bytes
-    step_s = throughput.step_s(spec, b, 1, est.train_gflops_per_image, est.step.amp)
-    return MemoryReport(step=replace(est.step, batch_size=b), method="estimated",
-                        device=spec.name, peak_allocated=allocated, peak_reserved=reserved,
-                        breakdown=breakdown, step_time_s=step_s, images_per_s=b / step_s,
-                        context_bytes=int(context), gpu_total_bytes=spec.total_bytes, notes=notes)
+def _key(step: StepConfig, spec: GPUSpec) -> tuple[StepConfig, tuple]:
+    """The step resolved for the card, and what its trace depends on: that step at batch 1 and, for a module,
+    its layers and parameters (shapes, dtypes, which train; a module may be edited between calls)."""
+    resolved = step.resolve(spec.device_type, bf16=spec.bf16, gpu_name=spec.name)
+    model = step.model
+    structure = None if isinstance(model, str) else (
+        tuple(type(m).__name__ for m in model.modules()),
+        tuple((name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in model.named_parameters()))
+    return resolved, (replace(resolved, batch_size=1), structure)
+
+
+def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
+    """The traced step of ``step`` resolved for ``spec``, kept for the next call with the same step."""
+    resolved, key = _key(step, spec)
+    if key not in _traced:
+        _traced[key] = StepEstimator(resolved)
+        while len(_traced) > _CACHE_SIZE:
+            _traced.popitem(last=False)
+    _traced.move_to_end(key)
+    return _traced[key]
+
+
+def is_traced(step: StepConfig | str, gpu: str | int | GPUSpec | None = None, **changes: Any) -> bool:
+    """Whether ``estimate`` holds the traced step for ``step`` on ``gpu`` already: then any batch size of it is
+    answered at once; otherwise the next estimate traces it first (seconds to a minute on a CPU)."""
+    return _key(as_step(step, None, changes, caller="is_traced"), target_gpu(gpu))[1] in _traced
+
+
+def estimate(step: StepConfig | str, batch_size: int | None = None, *, gpu: str | int | GPUSpec | None = None,
+             **changes: Any) -> MemoryReport:
+    """Predict, on any machine, what ``measure`` would report for one training step on ``gpu``.
+
+    Args:
+        step: the step (a ``StepConfig``), or a model name for the step ``fit`` would run with it.
+        batch_size: images per forward/backward (default: the step's).
+        gpu: the card (a name from ``GPUS``, a capacity in bytes, a ``GPUSpec``); None: this machine's CUDA
+            card, else ``DEFAULT_GPU``. The step is resolved for it as ``fit`` would resolve it there.
+        **changes: ``StepConfig`` fields to change: ``estimate("yolov9-c", 16, imgsz=512, amp="fp16")``.
+
+    Returns:
+        MemoryReport with ``method="estimated"``: the breakdown at the peak, the reserved peak from the
+        allocator model (or the GPU's measured calibration) and a modelled step time.
+    """
+    step = as_step(step, batch_size, changes, caller="estimate", needs_batch=True)
+    spec = target_gpu(gpu)
+    return estimator_for(step, spec).reports([step.batch_size], spec)[0]

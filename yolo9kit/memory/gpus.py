@@ -1,68 +1,77 @@
-"""GPU specifications the estimator and the planner need: memory, bf16 support, rough speed.
-
-``total_bytes`` is the memory CUDA reports (``torch.cuda.get_device_properties(i).total_memory``,
-the nvidia-smi total in MiB x 2**20), not the marketing GB. ``tflops_fp16`` is the dense fp16 tensor
-rate with fp32 accumulation from the vendor data sheets (rough: YOLO training reaches a few percent of
-it, see the throughput model in ``plan``); ``bandwidth_gbs`` the memory bandwidth in GB/s.
-``context_bytes``: the CUDA context, cuDNN and cuBLAS handles, which nvidia-smi counts but PyTorch's
-counters do not; about 0.5 GiB with CUDA 12 lazy module loading (an assumption; a measured
-calibration replaces it).
+"""The cards a step is sized for, and what the estimate knows of them: the GPU table, measured calibrations,
+a model of PyTorch's CUDA caching allocator and a throughput model. Their figures and assumptions:
+docs/memory.md ("How `estimate` works", "Calibration files", "Throughput model").
 """
 
 from __future__ import annotations
 
+import bisect
+import datetime as dt
+import json
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
 
+import torch
+
+from yolo9kit.cpu import native_cpu_bf16
+from yolo9kit.env import memory_limits, native_bf16
+
+LOGGER = logging.getLogger(__name__)
 MIB = 1 << 20
-# The card a memory estimate or a plan is for when none is named and this machine has no CUDA device: the
-# common 24 GB single card of the people this kit is for.
+# The card of a figure when none is named and this machine has no CUDA device: the common 24 GB card.
 DEFAULT_GPU = "RTX 4090"
 
 
 @dataclass(frozen=True)
 class GPUSpec:
     name: str
-    total_bytes: int
+    total_bytes: int  # what CUDA reports (nvidia-smi's MiB x 2**20), not the marketing GB
     bf16: bool
-    tflops_fp16: float
+    tflops_fp16: float  # dense fp16 tensor rate, fp32 accumulation (data sheet)
     bandwidth_gbs: float
-    context_bytes: int = 512 * MIB
+    context_bytes: int = 512 * MIB  # CUDA context and library handles, outside PyTorch's counters (assumed)
     device_type: str = "cuda"  # "cpu" for the host memory a CPU run is sized against (``host_memory``)
 
 
-def _gpu(name: str, mib: int, bf16: bool, tflops: float, bw: float) -> GPUSpec:
-    return GPUSpec(name, mib * MIB, bf16, tflops, bw)
-
-
-GPUS: dict[str, GPUSpec] = {g.name: g for g in [
-    _gpu("T4", 15_360, False, 65.0, 320.0),
-    _gpu("V100-16GB", 16_160, False, 125.0, 900.0),
-    _gpu("V100-32GB", 32_510, False, 125.0, 900.0),
-    _gpu("RTX 3060", 12_288, True, 25.0, 360.0),
-    _gpu("RTX 3090", 24_576, True, 71.0, 936.0),
-    _gpu("RTX 4070", 12_282, True, 58.0, 504.0),
-    _gpu("RTX 4080", 16_376, True, 97.0, 717.0),
-    _gpu("RTX 4090", 24_564, True, 165.0, 1008.0),
-    _gpu("RTX 5090", 32_607, True, 210.0, 1792.0),
-    _gpu("RTX A6000", 49_140, True, 155.0, 768.0),
-    _gpu("A10", 23_028, True, 125.0, 600.0),
-    _gpu("L4", 23_034, True, 121.0, 300.0),
-    _gpu("L40S", 46_068, True, 362.0, 864.0),
-    _gpu("A100-40GB", 40_960, True, 312.0, 1555.0),
-    _gpu("A100-80GB", 81_920, True, 312.0, 2039.0),
-    _gpu("H100", 81_559, True, 989.0, 3350.0),
-    _gpu("H200", 143_771, True, 989.0, 4800.0),
+# name, nvidia-smi MiB, bf16, fp16 TFLOPs, GB/s
+GPUS: dict[str, GPUSpec] = {name: GPUSpec(name, mib * MIB, bf16, tflops, gbs) for name, mib, bf16, tflops, gbs in [
+    ("T4", 15_360, False, 65.0, 320.0),
+    ("V100-16GB", 16_160, False, 125.0, 900.0),
+    ("V100-32GB", 32_510, False, 125.0, 900.0),
+    ("RTX 3060", 12_288, True, 25.0, 360.0),
+    ("RTX 3090", 24_576, True, 71.0, 936.0),
+    ("RTX 4070", 12_282, True, 58.0, 504.0),
+    ("RTX 4080", 16_376, True, 97.0, 717.0),
+    ("RTX 4090", 24_564, True, 165.0, 1008.0),
+    ("RTX 5090", 32_607, True, 210.0, 1792.0),
+    ("RTX A6000", 49_140, True, 155.0, 768.0),
+    ("A10", 23_028, True, 125.0, 600.0),
+    ("L4", 23_034, True, 121.0, 300.0),
+    ("L40S", 46_068, True, 362.0, 864.0),
+    ("A100-40GB", 40_960, True, 312.0, 1555.0),
+    ("A100-80GB", 81_920, True, 312.0, 2039.0),
+    ("H100", 81_559, True, 989.0, 3350.0),
+    ("H200", 143_771, True, 989.0, 4800.0),
 ]}
-
 _ALIASES = {"4090": "RTX 4090", "3090": "RTX 3090", "A100": "A100-80GB", "A100-40G": "A100-40GB",
             "A100-80G": "A100-80GB", "H100-80GB": "H100", "H100 SXM": "H100", "V100": "V100-16GB",
             "TESLA T4": "T4", "NVIDIA H200": "H200", "NVIDIA H100 80GB HBM3": "H100"}
 
 
-def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
-    """A GPU name (case and spaces ignored, e.g. "rtx4090"), a capacity in bytes, a GPUSpec, or None.
+def _norm(name: str) -> str:
+    return name.upper().replace(" ", "").replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "")
 
-    A capacity in bytes gives an unnamed GPU with that memory, bf16 assumed, A100-like speed.
+
+def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
+    """A GPU name (case and spaces ignored, e.g. "rtx4090"), a capacity in bytes (bf16 assumed, A100-like
+    speed), a GPUSpec, or None.
+
+    Raises:
+        ValueError: an unknown name or a capacity <= 0.
     """
     if gpu is None or isinstance(gpu, GPUSpec):
         return gpu
@@ -70,11 +79,8 @@ def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
         if gpu <= 0:
             raise ValueError(f"gpu={gpu}: a capacity must be a positive number of bytes")
         return GPUSpec(f"{gpu / (1 << 30):.1f} GiB GPU", gpu, True, 312.0, 1555.0)
-    key = str(gpu).strip()
-    norm = key.upper().replace(" ", "").replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "")
     for name in [*GPUS, *_ALIASES]:
-        cand = name.upper().replace(" ", "").replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "")
-        if cand == norm:
+        if _norm(name) == _norm(str(gpu).strip()):
             return GPUS[_ALIASES.get(name, name)]
     raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPUS)} or a capacity in bytes "
                      "(e.g. gpu=24 * 2**30)")
@@ -82,11 +88,7 @@ def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
 
 def gpu_from_device(index: int | None = None) -> GPUSpec:
     """The spec of local CUDA device ``index`` (None: the current one): table values when the name is known,
-    its real capacity and its bf16 (``yolo9kit.env.native_bf16``, what ``StepConfig.resolve`` asks) always."""
-    import torch
-
-    from yolo9kit.env import native_bf16
-
+    its real capacity and its bf16 (``yolo9kit.env.native_bf16``) always."""
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
     try:
@@ -102,26 +104,255 @@ def gpu_from_device(index: int | None = None) -> GPUSpec:
 
 def target_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec:
     """The card a memory figure is for: ``gpu`` resolved, or when None this machine's CUDA device, else
-    ``DEFAULT_GPU``. The one meaning of ``gpu=None`` across the memory tools and the widgets."""
+    ``DEFAULT_GPU`` (the one meaning of ``gpu=None`` across the memory tools and the widgets)."""
     if gpu is not None:
         return resolve_gpu(gpu)
-    import torch
-
     return gpu_from_device() if torch.cuda.is_available() else resolve_gpu(DEFAULT_GPU)
 
 
 def host_memory() -> GPUSpec:
-    """The memory this process may use now, as the capacity a CPU training step must fit in: the smallest of
-    the RAM available, its rlimits (``ulimit -v``, ``prlimit``) and its cgroup's limit (a container), each less
-    what is already used (``yolo9kit.env.memory_limits``). The spec's name says which one bounds it."""
-    from yolo9kit.env import memory_limits
+    """The memory this process may use now, as the capacity a CPU training step must fit in: the least of
+    ``yolo9kit.env.memory_limits`` (RAM available, rlimits, cgroup), named in the spec's name.
 
+    Raises:
+        RuntimeError: no limit can be read.
+    """
     limits = memory_limits()
     if not limits:
         raise RuntimeError("cannot tell how much memory this process may use (no /proc/meminfo, no limits): "
                            "give TrainConfig(batch_size=...) explicitly")
     source = min(limits, key=limits.get)
     name = "CPU RAM" if source == "RAM" else f"CPU RAM ({source} limit)"
-    from yolo9kit.cpu import native_cpu_bf16
-
     return GPUSpec(name, limits[source], native_cpu_bf16(), 1.0, 50.0, context_bytes=0, device_type="cpu")
+
+
+# ------------------------------------------------------------------------------------------ calibrations
+FORMAT = "yolo9kit-memory-calibration"
+
+
+def _parse(text: str, source: str) -> dict:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source}: line {e.lineno}: not valid JSON ({e.msg})") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{source}: not a memory calibration file (expected \"format\": \"{FORMAT}\")")
+    if data.get("kind") not in ("measured", "reference"):
+        raise ValueError(f"{source}: \"kind\" must be \"measured\" or \"reference\", got {data.get('kind')!r}")
+    if not isinstance(data.get("gpu"), str):
+        raise ValueError(f"{source}: \"gpu\" must be a GPU name")
+    return data
+
+
+def read_calibration(path: str | Path) -> dict:
+    """Read and check one calibration JSON file (ValueError naming the file when it is not one)."""
+    return _parse(Path(path).read_text(), str(path))
+
+
+def _read_folder(folder) -> tuple[dict, ...]:
+    found = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name) if folder.is_dir() else []:
+        if entry.name.endswith(".json"):
+            try:
+                found.append(_parse(entry.read_text(), entry.name))
+            except (OSError, ValueError) as e:
+                LOGGER.warning("skipping calibration file %s: %s", entry.name, e)
+    return tuple(found)
+
+
+@lru_cache(maxsize=1)
+def packaged_calibrations() -> tuple[dict, ...]:
+    """The calibration files shipped in ``yolo9kit/memory_calibration/`` (a bad file is skipped, with a warning)."""
+    return _read_folder(resources.files("yolo9kit") / "memory_calibration")
+
+
+def user_calibration_dir() -> Path:
+    """Where this machine's own measurements are kept (``checks(gpu=True)`` writes them)."""
+    return Path.home() / ".cache" / "yolo9kit" / "memory_calibration"
+
+
+def calibration_for(gpu_name: str, amp: str, calibrations: tuple[dict, ...] | None = None) -> dict | None:
+    """The measured calibration of ``gpu_name`` for ``amp``, or None (then the allocator model is used).
+    By default this machine's own (read on each call: a check may just have written one), then the shipped."""
+    if calibrations is None:
+        calibrations = (*_read_folder(user_calibration_dir()), *packaged_calibrations())
+    for cal in calibrations:
+        if cal["kind"] == "measured" and not cal.get("smoke") and cal["gpu"] == gpu_name \
+                and amp in cal.get("fits", {}):
+            return {**cal["fits"][amp], "workspace_bytes": cal.get("workspace_bytes"),
+                    "context_bytes": cal.get("context_bytes"), "throughput": cal.get("throughput")}
+    return None
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least-squares ``y = a x + b``; with one point, ``a = y / x`` and ``b = 0``."""
+    n = len(x)
+    if n == 0:
+        raise ValueError("fit_line needs at least one point")
+    if n == 1:
+        return (y[0] / x[0] if x[0] else 1.0), 0.0
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((v - mx) ** 2 for v in x)
+    if sxx == 0:
+        return 1.0, my - mx
+    a = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
+    return a, my - a * mx
+
+
+def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
+                            step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
+    """A calibration (kind "measured") fitted on measured points, one line per AMP mode.
+
+    Args:
+        points: dicts of ``amp``, ``estimated_traced_bytes``, ``measured_peak_allocated``,
+            ``measured_peak_reserved`` and optionally ``context_bytes``; those without a measurement (out of
+            memory) are left out of the fits.
+        gpu_name: the card's name; gpu_bytes: its capacity.
+        smoke: a check of the script, never applied.
+        step: what was measured.
+
+    Returns:
+        The calibration as a dict, in the format of docs/memory.md.
+    """
+    fits = {}
+    for amp in sorted({p["amp"] for p in points}):
+        pts = [p for p in points if p["amp"] == amp and p.get("measured_peak_allocated")]
+        if not pts:
+            continue
+        x = [p["estimated_traced_bytes"] for p in pts]
+        a_alloc = fit_line(x, [p["measured_peak_allocated"] for p in pts])
+        a_res = fit_line(x, [p["measured_peak_reserved"] for p in pts])
+        err = max(abs(a_res[0] * xi + a_res[1] - p["measured_peak_reserved"]) / p["measured_peak_reserved"]
+                  for xi, p in zip(x, pts))
+        fits[amp] = {"allocated": list(a_alloc), "reserved": list(a_res), "n": len(pts), "max_rel_error": err}
+    contexts = [p["context_bytes"] for p in points if p.get("context_bytes")]
+    return {"format": FORMAT, "version": 1, "kind": "measured", "smoke": smoke, "gpu": gpu_name,
+            "gpu_total_bytes": gpu_bytes, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "step": step, "fits": fits,
+            "workspace_bytes": None, "context_bytes": int(sorted(contexts)[len(contexts) // 2]) if contexts else None,
+            "throughput": None, "points": points}
+
+
+# ------------------------------------------- the CUDA caching allocator (c10's constants, default settings)
+MIN_BLOCK = 512  # every request rounded up to a multiple of this (kMinBlockSize)
+SMALL_SIZE = 1 << 20  # up to this: the small pool (kSmallSize) ...
+SMALL_BUFFER = 2 << 20  # ... carved out of 2 MiB segments (kSmallBuffer)
+LARGE_BUFFER = 20 << 20  # a large request under kMinLargeAlloc gets a 20 MiB segment (kLargeBuffer) ...
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20  # ... a larger one its size rounded up to 2 MiB (kRoundLarge)
+
+
+def round_size(nbytes: int) -> int:
+    """Request size after rounding (kMinBlockSize)."""
+    return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+
+
+def segment_size(nbytes: int) -> int:
+    """Size of the segment the allocator asks the driver for when no cached block fits."""
+    if nbytes <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if nbytes < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return -(-nbytes // ROUND_LARGE) * ROUND_LARGE
+
+
+class CachingAllocatorModel:
+    """Replay allocations and frees (best fit in the request's pool, split, merge with free neighbours, no
+    segment ever released); ``reserved`` and ``peak_reserved`` in bytes. One stream, no expandable segments."""
+
+    def __init__(self) -> None:
+        self.free_blocks = {True: [], False: []}  # small pool?, sorted [(size, segment, offset)]
+        self.segments: list[dict[int, list]] = []  # per segment: offset -> [size, is_free]
+        self.offsets: list[list[int]] = []  # per segment: sorted block offsets
+        self.seg_small: list[bool] = []
+        self.live: dict[int, tuple[int, int]] = {}  # allocation key -> (segment, offset)
+        self.reserved = self.peak_reserved = self.allocated = self.peak_allocated = 0
+
+    def malloc(self, key: int, nbytes: int) -> None:
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        pool = self.free_blocks[small]
+        i = bisect.bisect_left(pool, (size, -1, -1))
+        if i < len(pool):
+            bsize, seg, off = pool.pop(i)
+        else:
+            bsize, off = segment_size(size), 0
+            seg = len(self.segments)
+            self.segments.append({0: [bsize, False]})
+            self.offsets.append([0])
+            self.seg_small.append(small)
+            self.reserved += bsize
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+        blocks = self.segments[seg]
+        rest = bsize - size
+        if (small and rest >= MIN_BLOCK) or (not small and rest > SMALL_SIZE):  # split
+            blocks[off] = [size, False]
+            blocks[off + size] = [rest, True]
+            bisect.insort(self.offsets[seg], off + size)
+            bisect.insort(pool, (rest, seg, off + size))
+        else:
+            blocks[off] = [bsize, False]
+            size = bsize
+        self.live[key] = (seg, off)
+        self.allocated += size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def free(self, key: int) -> None:
+        seg, off = self.live.pop(key)
+        blocks, offsets = self.segments[seg], self.offsets[seg]
+        pool = self.free_blocks[self.seg_small[seg]]
+        size = blocks[off][0]
+        self.allocated -= size
+        j = bisect.bisect_left(offsets, off)
+        if j + 1 < len(offsets):  # merge with the next block
+            nxt = offsets[j + 1]
+            if blocks[nxt][1]:
+                pool.remove((blocks[nxt][0], seg, nxt))
+                size += blocks.pop(nxt)[0]
+                offsets.pop(j + 1)
+        if j > 0:  # merge with the previous block
+            prv = offsets[j - 1]
+            if blocks[prv][1]:
+                pool.remove((blocks[prv][0], seg, prv))
+                size += blocks[prv][0]
+                blocks.pop(off)
+                offsets.pop(j)
+                off = prv
+        blocks[off] = [size, True]
+        bisect.insort(pool, (size, seg, off))
+
+
+def replay(events: Iterable[tuple[int, int, int]]) -> CachingAllocatorModel:
+    """Replay ``(kind, key, nbytes)`` events (kind +1 = malloc, -1 = free) and return the model."""
+    model = CachingAllocatorModel()
+    for kind, key, nbytes in events:
+        if kind > 0:
+            model.malloc(key, nbytes)
+        else:
+            model.free(key)
+    return model
+
+
+# ---------------------------------------------------------------------------------------- throughput
+_REF_BANDWIDTH_GBS, _REF_TFLOPS = 4800.0, 989.0  # the H200 the constants were fitted on (docs/memory.md)
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    """``step_s = accumulate * (micro_overhead_s + batch_size * per_image_s) + optimizer_overhead_s``."""
+
+    base_s: float = 1.58e-3  # per image, memory-bound part, scaled by bandwidth
+    s_per_gflop: float = 9.5e-6  # per training GFLOP, scaled by fp16 TFLOPs
+    micro_overhead_s: float = 0.20
+    optimizer_overhead_s: float = 0.056
+    fp32_factor: float = 2.0
+
+    def per_image_s(self, gpu: GPUSpec, train_gflops_per_image: float, amp: str) -> float:
+        t = self.base_s * _REF_BANDWIDTH_GBS / gpu.bandwidth_gbs \
+            + self.s_per_gflop * train_gflops_per_image * _REF_TFLOPS / gpu.tflops_fp16
+        return t * (self.fp32_factor if amp == "off" else 1.0)
+
+    def step_s(self, gpu: GPUSpec, batch_size: int, accumulate: int, train_gflops_per_image: float,
+               amp: str) -> float:
+        per_image = self.per_image_s(gpu, train_gflops_per_image, amp)
+        return accumulate * (self.micro_overhead_s + batch_size * per_image) + self.optimizer_overhead_s

@@ -1,19 +1,17 @@
-"""Curves, the largest batch that fits, and batch x accumulation plans that reach the nominal batch.
-
-Every function describes one ``StepConfig`` (or a model name, then the step ``fit`` would run with it).
-``sweep`` measures where a CUDA device is present and estimates otherwise (the ``method`` column says
-which); ``find_max_batch`` grows then bisects, surviving real out-of-memory errors; ``plan`` lists the
-batch x accumulation choices that reach ``nominal_batch_size`` with their memory and speed, and picks one
-(what ``TrainConfig(batch_size="auto")`` trains with).
+"""Curves over batch sizes (``sweep``), the largest batch that fits (``find_max_batch``), batch x accumulation
+plans that reach the nominal batch (``plan``) and ``TrainConfig(batch_size="auto")`` (``choose_batch``).
+Measured where a CUDA device is present, estimated otherwise; how each decides: docs/memory.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -23,15 +21,14 @@ from torch import nn
 from yolo9kit.config import DEFAULT_MARGIN, StepConfig, TrainConfig
 from yolo9kit.config.train import official_accumulate
 from yolo9kit.env import free_cuda_memory, parse_device
-from yolo9kit.files import format_bytes
+from yolo9kit.files import format_bytes, write_text_atomically
 from yolo9kit.memory.estimate import estimator_for
-from yolo9kit.memory.gpus import GPUSpec, target_gpu
-from yolo9kit.memory.report import GIB
-from yolo9kit.memory.step import as_step
-from yolo9kit.memory.throughput import ThroughputModel
+from yolo9kit.memory.gpus import GPUSpec, ThroughputModel, gpu_from_device, host_memory, resolve_gpu, target_gpu
+from yolo9kit.memory.measure import GIB, as_step, measure, require_cuda
 
 LOGGER = logging.getLogger(__name__)
 METHODS = ("auto", "measured", "estimated", "both")
+RECORD_NAME = "auto_batch.json"
 
 
 def _use_measure(method: str, device: Any) -> bool:
@@ -39,8 +36,6 @@ def _use_measure(method: str, device: Any) -> bool:
         raise ValueError(f"method={method!r}: expected one of {METHODS}")
     has_cuda = torch.cuda.is_available() and parse_device(device).type == "cuda"
     if method in ("measured", "both") and not has_cuda:
-        from yolo9kit.memory.measure import require_cuda
-
         require_cuda(device or "cuda")
     return method in ("measured", "both") or (method == "auto" and has_cuda)
 
@@ -57,39 +52,37 @@ def batch_grid(low: int, high: int) -> list[int]:
     return sorted(grid)
 
 
-def _curves(step: StepConfig | str | nn.Module | Sequence, changes: dict[str, Any], caller: str) -> list[StepConfig]:
-    """One step per curve: a list of steps, or every combination of the changes given as lists
-    (``amp=["fp16", "bf16"]``; a list of layer indices for ``activation_checkpointing`` is one setting)."""
-    if isinstance(step, (list, tuple)):
-        return [as_step(s, None, changes, caller=caller) for s in step]
-    several = {k: v for k, v in changes.items() if isinstance(v, (list, tuple))
-               and not (k == "activation_checkpointing" and all(isinstance(i, int) for i in v))}
-    single = {k: v for k, v in changes.items() if k not in several}
-    combos = itertools.product(*several.values()) if several else [()]
-    return [as_step(step, None, {**single, **dict(zip(several, combo))}, caller=caller) for combo in combos]
-
-
-def sweep(step: StepConfig | str | nn.Module | Sequence[StepConfig], batch_sizes: Sequence[int], *,
+def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[int], *,
           gpu: str | int | GPUSpec | None = None, method: str = "auto", device: str | None = None,
           **changes: Any) -> pd.DataFrame:
     """Memory (and speed) against batch size, one row per (step, batch size).
 
-    ``step`` may be a list of steps, and any ``StepConfig`` field given in ``changes`` as a list makes one
-    curve per value (``sweep("yolov9-s", [8, 16, 32], amp=["fp16", "bf16"])``), labelled in ``setting``.
-
     Args:
+        step: a step or model name, or a list of steps: one curve each, labelled in ``setting``.
+        batch_sizes: the batches of each curve.
+        gpu: the card the estimate is for (None: this machine's CUDA card, else ``DEFAULT_GPU``).
         method: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both" (measured
             points and estimated lines, for ``plots.memory_vs_batch``).
-        gpu: the card the estimate is for (None: this machine's CUDA card, else ``DEFAULT_GPU``).
+        device: the CUDA device to measure on.
+        **changes: ``StepConfig`` fields; one given as a list makes one curve per value
+            (``amp=["fp16", "bf16"]``; a list of layer indices for ``activation_checkpointing`` is one value).
 
     Returns:
-        DataFrame with the ``MemoryReport.as_row`` columns plus ``oom`` (a measured batch that ran out of
-        memory: its memory columns are NaN).
+        DataFrame of ``MemoryReport.as_row`` columns plus ``oom`` (a measured batch that ran out of memory:
+        its memory columns are NaN).
     """
     measured = _use_measure(method, device)
     spec = target_gpu(gpu)
+    if isinstance(step, (list, tuple)):
+        curves = [as_step(s, None, changes, caller="sweep") for s in step]
+    else:
+        several = {k: v for k, v in changes.items() if isinstance(v, (list, tuple))
+                   and not (k == "activation_checkpointing" and all(isinstance(i, int) for i in v))}
+        single = {k: v for k, v in changes.items() if k not in several}
+        combos = itertools.product(*several.values()) if several else [()]
+        curves = [as_step(step, None, {**single, **dict(zip(several, c))}, caller="sweep") for c in combos]
     rows = []
-    for one in _curves(step, changes, "sweep"):
+    for one in curves:
         if method in ("estimated", "both") or not measured:
             rows += [{**r.as_row(), "oom": False} for r in estimator_for(one, spec).reports(list(batch_sizes), spec)]
         if measured:
@@ -98,8 +91,6 @@ def sweep(step: StepConfig | str | nn.Module | Sequence[StepConfig], batch_sizes
 
 
 def _measured_rows(step: StepConfig, batch_sizes: Sequence[int], device: Any) -> list[dict]:
-    from yolo9kit.memory.measure import measure
-
     rows = []
     for b in batch_sizes:
         try:
@@ -126,25 +117,24 @@ class BatchSearch:
         return f"largest batch: {self.batch_size} ({self.reason})"
 
 
-def find_max_batch(step: StepConfig | str | nn.Module | None = None, *, gpu: str | int | GPUSpec | None = None,
+def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPUSpec | None = None,
                    margin: float = DEFAULT_MARGIN, max_batch: int = 1024, start: int = 1, method: str = "auto",
                    device: str | None = None, trial: Callable[[int], int | None] | None = None,
                    **changes: Any) -> BatchSearch:
-    """The largest batch size whose step runs and stays under ``(1 - margin)`` of the card.
-
-    Grows the batch by doubling from ``start`` until a trial fails, then bisects between the last
-    success and the first failure. A trial fails when it raises ``torch.cuda.OutOfMemoryError`` (the
-    error is dropped, garbage collected and the CUDA cache emptied before the next trial, so the
-    process can go on training) or when its memory exceeds the budget.
+    """The largest batch size whose step runs and stays under ``(1 - margin)`` of the card: doubling from
+    ``start``, then bisection. A trial fails over the budget or on ``torch.cuda.OutOfMemoryError``, which is
+    dropped and the CUDA cache emptied, so the process can go on training.
 
     Args:
         step: the step (or a model name); not needed when ``trial`` is given.
         gpu: the card to fit (None: this machine's CUDA card, else ``DEFAULT_GPU``).
-        margin: share of the card kept free for validation (2x batch, eval mode), more objects per image
-            and fragmentation over an epoch (default 0.10).
+        margin: share of the card kept free (validation, crowded images, fragmentation).
+        max_batch: the largest batch tried; start: the first.
         method: "auto" measures on CUDA and estimates otherwise; "measured" or "estimated".
+        device: the CUDA device to measure on.
         trial: ``trial(batch_size) -> bytes used or None`` replaces the built-in trial; it may raise
             ``torch.cuda.OutOfMemoryError``.
+        **changes: ``StepConfig`` fields to change.
 
     Returns:
         BatchSearch with the batch, the budget, every trial and the reason for the answer.
@@ -158,51 +148,37 @@ def find_max_batch(step: StepConfig | str | nn.Module | None = None, *, gpu: str
     trials: list[dict] = []
 
     def ok(b: int) -> bool:
-        oom = False
         try:
-            used = trial(b)
+            used, oom = trial(b), False
         except torch.cuda.OutOfMemoryError:
             used, oom = None, True
         if oom:  # outside the except block: the traceback and the tensors it holds are gone
             free_cuda_memory()
-            trials.append({"batch_size": b, "ok": False, "bytes": None, "reason": "out of memory"})
-            return False
-        fits = used is None or used <= budget
-        trials.append({"batch_size": b, "ok": fits, "bytes": used, "reason": "fits" if fits else "over the budget"})
+        fits = not oom and (used is None or used <= budget)
+        reason = "out of memory" if oom else "fits" if fits else "over the budget"
+        trials.append({"batch_size": b, "ok": fits, "bytes": used, "reason": reason})
         return fits
 
-    lo, hi, b = 0, None, max(1, start)
-    while b <= max_batch:
-        if ok(b):
-            lo, b = b, b * 2
-        else:
-            hi = b
-            break
-    hi = max_batch + 1 if hi is None else hi
+    lo, b = 0, max(1, start)
+    while b <= max_batch and ok(b):  # grow, then bisect between the last success and the first failure
+        lo, b = b, b * 2
+    hi = min(b, max_batch + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return BatchSearch(lo, budget, margin, trials, _search_reason(lo, max(1, start), max_batch, trials, budget,
-                                                                  margin, spec))
-
-
-def _search_reason(lo: int, start: int, max_batch: int, trials: list[dict], budget: int, margin: float,
-                   spec: GPUSpec) -> str:
     where = (f"a budget of {format_bytes(budget)}, {1 - margin:.0%} of the {format_bytes(spec.total_bytes)} "
              f"of {spec.name}")
     if lo >= max_batch:
-        return f"reached max_batch={max_batch} within {where}"
-    first_fail = next((t for t in trials if t["batch_size"] == (lo + 1 if lo else start)), None)
+        return BatchSearch(lo, budget, margin, trials, f"reached max_batch={max_batch} within {where}")
+    failing = lo + 1 if lo else max(1, start)
+    first_fail = next((t for t in trials if t["batch_size"] == failing), None)
     needs = f" needs {format_bytes(first_fail['bytes'])}" if first_fail and first_fail["bytes"] else \
         " runs out of memory"
-    failing = lo + 1 if lo else start
-    return f"batch {failing}{needs}, over {where}"
+    return BatchSearch(lo, budget, margin, trials, f"batch {failing}{needs}, over {where}")
 
 
 def _default_trial(step: StepConfig, method: str, device: Any, spec: GPUSpec) -> Callable[[int], int]:
     if _use_measure(method, device):
-        from yolo9kit.memory.measure import measure
-
         return lambda b: measure(step, b, device=device, breakdown=False).device_bytes
     est = estimator_for(step, spec)
     return lambda b: est.reports([b], spec)[0].device_bytes
@@ -210,9 +186,8 @@ def _default_trial(step: StepConfig, method: str, device: Any, spec: GPUSpec) ->
 
 @dataclass
 class BatchPlan:
-    """What ``plan`` found: ``table`` (one row per batch x accumulation), ``recommended`` (the chosen row,
-    None when nothing fits), ``reason`` (why), ``largest_batch`` (the largest batch that fits), and the step
-    and card it is for. ``train_config`` turns the recommendation into a ``TrainConfig``."""
+    """What ``plan`` found: ``table`` (one row per batch x accumulation), ``recommended`` (the chosen row, None
+    when nothing fits), ``reason``, ``largest_batch`` (the largest batch that fits), the step and the card."""
 
     table: pd.DataFrame
     recommended: dict | None
@@ -229,9 +204,12 @@ class BatchPlan:
         return f"{shown.to_string(index=False)}\n{self.reason}"
 
     def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
-        """``base`` (default ``TrainConfig()``) training the planned step: the plan's step as its ``step``
-        (switches as the step gave them, so ``fit`` decides the undecided ones for its device as the plan did
-        for the card), the recommended batch, whole (no micro-batches), and the nominal batch."""
+        """``base`` (default ``TrainConfig()``) training the plan: its step (the undecided switches left for
+        ``fit`` to decide), the recommended batch, whole, and the nominal batch.
+
+        Raises:
+            ValueError: nothing fits.
+        """
         if self.recommended is None:
             raise ValueError(f"nothing to train: {self.reason}")
         return (base or TrainConfig()).replace(step=self.step.replace(batch_size=None),
@@ -239,23 +217,28 @@ class BatchPlan:
                                                nominal_batch_size=self.nominal_batch_size)
 
 
-def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,
-         gpu: str | int | GPUSpec | None = None, margin: float = DEFAULT_MARGIN, method: str = "auto",
-         device: str | None = None, throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:
+def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int | GPUSpec | None = None,
+         margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None,
+         throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:
     """Batch x accumulation choices that reach ``nominal_batch_size``, their memory and speed, and a choice.
 
-    Candidates: every divisor of the nominal batch (exactly nominal images per optimizer step), and the
-    largest batch that fits when it is not one of them. Each trains with the accumulation of the official
-    rule ``max(round(nominal / batch), 1)``, which is what ``fit`` applies (so a batch of 24 for a nominal
-    64 accumulates 3: 72 images per step, with the weight decay scaled by 72/64 as officially).
-    Memory is measured on the local CUDA card (``method="auto"`` with CUDA) or estimated for ``gpu``.
-    Speed: the throughput model (``throughput.ThroughputModel``): each micro-step pays a fixed launch cost
-    and a per-image cost, each optimizer step a fixed cost; a measured step time replaces the modelled
-    one for the micro-step when memory was measured.
+    Candidates: the divisors of the nominal batch, and the largest batch that fits; each accumulates by the
+    official rule ``max(round(nominal / batch), 1)``, as ``fit`` does. The recommendation is the fitting row
+    with the most images per second, which is the largest batch that fits.
 
-    The recommendation is the fitting row (device bytes under ``(1 - margin)`` of the card) with the
-    most images per second, which is the largest batch that fits: accumulation does not save compute,
-    it only adds fixed costs per micro-step.
+    Args:
+        step: the step, or a model name.
+        nominal_batch_size: images per optimizer step to reach.
+        gpu: the card (None: this machine's CUDA card, else ``DEFAULT_GPU``).
+        margin: share of the card kept free.
+        method: "auto" measures on CUDA and estimates otherwise; "measured" or "estimated".
+        device: the CUDA device to measure on.
+        throughput: the speed model (default ``ThroughputModel()``; a measured step time replaces its
+            micro-step time when memory is measured).
+        **changes: ``StepConfig`` fields to change.
+
+    Returns:
+        BatchPlan (``train_config()`` turns it into a ``TrainConfig``).
     """
     if nominal_batch_size < 1:
         raise ValueError(f"nominal_batch_size={nominal_batch_size}: must be >= 1")
@@ -269,8 +252,7 @@ def plan(step: StepConfig | str | nn.Module, nominal_batch_size: int = 64, *,
                      | ({search.batch_size} if search.batch_size else set()))
     throughput = throughput or ThroughputModel()
     if measured:
-        df = sweep(step, batches, method="measured", device=device)
-        gflops = None
+        df, gflops = sweep(step, batches, method="measured", device=device), None
     else:
         est = estimator_for(step, spec)
         df = pd.DataFrame([{**r.as_row(), "oom": False} for r in est.reports(batches, spec)])
@@ -306,3 +288,84 @@ def _plan_row(row: dict, nominal: int, budget: int, spec: GPUSpec, gflops: float
     return {"batch_size": b, "accumulate": acc, "effective_batch": b * acc, "device_bytes": device_bytes,
             "device_gib": None if oom else device_bytes / GIB, "fits": (not oom) and device_bytes <= budget,
             "step_s": step_s, "images_per_s": b * acc / step_s, "method": row["method"]}
+
+
+@dataclass
+class AutoBatch:
+    """What ``batch_size="auto"`` chose and predicted (bytes), saved as ``auto_batch.json``; the measured peak
+    of the first epoch once known."""
+
+    batch_size: int  # images per loader batch, all DDP ranks together (what TrainConfig.batch_size becomes)
+    accumulate: int  # batches per optimizer step by the official rule
+    gpu: str  # the card (or "CPU RAM") the batch was sized for
+    capacity_bytes: int
+    margin: float
+    largest_batch: int  # the largest per-device batch that fits (the chosen one divides the nominal batch or is it)
+    step: dict  # the resolved StepConfig at the chosen per-device batch (StepConfig.to_dict)
+    predicted_peak_allocated: int
+    predicted_peak_reserved: int
+    predicted_device_bytes: int  # reserved + CUDA context: what must fit under (1 - margin) of the capacity
+    reason: str
+    measured_peak_allocated: int | None = None  # CUDA: torch.cuda.max_memory_allocated over the first epoch
+    measured_peak_reserved: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def record_measured_peak(self, device: torch.device, peak_allocated: int | None, run_dir: Path | None) -> None:
+        """On CUDA, once: the first epoch's measured peaks beside the prediction (rewrites auto_batch.json)."""
+        if self.measured_peak_allocated is not None or device.type != "cuda" or peak_allocated is None:
+            return
+        self.measured_peak_allocated = int(peak_allocated)
+        self.measured_peak_reserved = int(torch.cuda.max_memory_reserved(device))
+        if run_dir is not None:
+            self.save(run_dir)
+
+    def save(self, run_dir: Path) -> Path:
+        path = Path(run_dir) / RECORD_NAME
+        write_text_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")  # a reader never sees half
+        return path
+
+    def __str__(self) -> str:
+        return (f"batch_size='auto': batch {self.batch_size} x accumulate {self.accumulate} on {self.gpu}, "
+                f"predicted peak {format_bytes(self.predicted_device_bytes)} of {format_bytes(self.capacity_bytes)} "
+                f"({self.margin:.0%} kept free)")
+
+
+def sizing_target(config: TrainConfig, device: torch.device) -> GPUSpec:
+    """The capacity the batch is sized against: ``config.gpu`` when named, else the training device's card,
+    else (CPU training) the RAM available now."""
+    if config.gpu is not None:
+        return resolve_gpu(config.gpu)
+    if device.type == "cuda":
+        return gpu_from_device(device.index)  # None: the current CUDA device
+    return host_memory()
+
+
+def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1, *,
+                 loss_fn: Callable | None = None) -> tuple[TrainConfig, AutoBatch]:
+    """``config`` with ``batch_size="auto"`` replaced by ``plan``'s batch for the card, and the record of it.
+
+    Args:
+        config: the training settings; model: the model to train (only read); device: where it trains.
+        world_size: DDP ranks (the batch is per device).
+        loss_fn: the run's loss when it is not the kit's ``DetectionLoss``.
+
+    Raises:
+        RuntimeError: not even batch 1 fits (the message says what to change).
+    """
+    spec = sizing_target(config, device)
+    step = config.step.replace(model=model, batch_size=1, num_classes=getattr(model, "nc", None), loss_fn=loss_fn)
+    chosen = plan(step, config.optim.nominal_batch_size, gpu=spec, margin=config.margin, method="estimated")
+    if chosen.recommended is None:
+        raise RuntimeError(f"batch_size='auto' for {step.model_name} at {step.peak_imgsz} px: {chosen.reason}")
+    per_device = int(chosen.recommended["batch_size"])
+    report = estimator_for(step, spec).reports([per_device], spec)[0]
+    sized = dataclasses.replace(config, batch_size=per_device * world_size)
+    record = AutoBatch(batch_size=per_device * world_size, accumulate=int(chosen.recommended["accumulate"]),
+                       gpu=spec.name, capacity_bytes=spec.total_bytes, margin=config.margin,
+                       largest_batch=chosen.largest_batch, step=report.step.to_dict(),
+                       predicted_peak_allocated=report.peak_allocated, predicted_peak_reserved=report.peak_reserved,
+                       predicted_device_bytes=report.device_bytes, reason=chosen.reason)
+    LOGGER.info("%s", record)
+    return sized, record

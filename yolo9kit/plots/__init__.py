@@ -16,7 +16,6 @@ _EXPORTS = {
     "show_batch": "yolo9kit.plots.batch",
     "memory_breakdown": "yolo9kit.plots.memory",
     "memory_vs_batch": "yolo9kit.plots.memory",
-    "vram_trace": "yolo9kit.plots.memory",
     "plot_confusion_matrix": "yolo9kit.plots.metrics",
     "plot_labels": "yolo9kit.plots.batch",
     "plot_metric_curve": "yolo9kit.plots.metrics",
@@ -28,8 +27,7 @@ _EXPORTS = {
 }
 
 __all__ = ["compare", "memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_labels",
-           "plot_metric_curve", "plot_pr_curve", "plot_results", "plot_schedule", "plot_validation", "show_batch",
-           "vram_trace"]
+           "plot_metric_curve", "plot_pr_curve", "plot_results", "plot_schedule", "plot_validation", "show_batch"]
 
 
 def __getattr__(name: str):
@@ -46,6 +44,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.plots.batch import plot_labels, show_batch
-    from yolo9kit.plots.memory import memory_breakdown, memory_vs_batch, vram_trace
+    from yolo9kit.plots.memory import memory_breakdown, memory_vs_batch
     from yolo9kit.plots.metrics import plot_confusion_matrix, plot_metric_curve, plot_pr_curve, plot_validation
     from yolo9kit.plots.train import compare, plot_results, plot_schedule

@@ -1,4 +1,4 @@
-"""Memory plots: peak memory against batch size, the breakdown of a step, a VRAM trace.
+"""Memory plots: peak memory against batch size and the breakdown of a step.
 
 Each function takes ``ax=None`` and returns the figure (``yolo9kit.figure.axes_for``: built without pyplot
 when ``ax`` is None).
@@ -12,7 +12,7 @@ from typing import Any
 from yolo9kit.config.step import precision_name
 from yolo9kit.figure import axes_for
 
-__all__ = ["memory_breakdown", "memory_vs_batch", "vram_trace"]
+__all__ = ["memory_breakdown", "memory_vs_batch"]
 
 GIB = 1 << 30
 _COLORS = {"weights": "#4c72b0", "gradients": "#55a868", "optimizer_state": "#c44e52", "ema": "#8172b2",
@@ -95,7 +95,7 @@ def _capacity(df) -> int | None:
 def memory_breakdown(reports, ax=None, *, labels: Sequence[str] | None = None):
     """Stacked bars of the breakdown of one ``MemoryReport`` or a list (one bar each), in GiB, with the
     reserved peak marked above each bar."""
-    from yolo9kit.memory.tracker import CATEGORIES
+    from yolo9kit.memory.tracer import CATEGORIES
 
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
     fig, ax = axes_for(ax, (max(4.0, 1.1 * len(reports) + 3), 4.5))
@@ -115,22 +115,4 @@ def memory_breakdown(reports, ax=None, *, labels: Sequence[str] | None = None):
     ax.set_ylabel("GiB at the peak")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
-    return fig
-
-
-def vram_trace(sampler_or_frame, ax=None, *, gpu: Any = None):
-    """Allocated and reserved bytes per step from a ``memory.VramSampler`` (or its ``frame()``)."""
-    from yolo9kit.memory.gpus import resolve_gpu
-
-    df = sampler_or_frame.frame() if hasattr(sampler_or_frame, "frame") else sampler_or_frame
-    fig, ax = axes_for(ax, (7, 3))
-    ax.plot(df["step"], df["allocated"] / GIB, label="allocated")
-    ax.plot(df["step"], df["reserved"] / GIB, label="reserved")
-    spec = resolve_gpu(gpu) if gpu is not None else None
-    if spec is not None:
-        ax.axhline(spec.total_bytes / GIB, color="k", lw=1, label=spec.name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("GiB")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     return fig

@@ -76,7 +76,7 @@ class FitResult:
     oom_events: int = 0
     micro_batch_size: int | None = None
     step: StepConfig | None = None  # the step the run trained with (resolved for its device)
-    auto_batch: Any = None  # batch_size="auto": the memory.autobatch.AutoBatch record (also auto_batch.json)
+    auto_batch: Any = None  # batch_size="auto": the memory.plan.AutoBatch record (also auto_batch.json)
     # What stopped the run before its last epoch: "SIGINT" or "SIGTERM" (last.pt saved; the CLI exits 130 or 143),
     # or "KeyboardInterrupt" raised by code, e.g. a callback's planned stop. None: it ran out (or on patience).
     interrupted_by: str | None = None
@@ -102,7 +102,7 @@ class _Run:
     validate_fn: ValidateFn | None
     extra: dict[str, Any]
     results: list[dict] = field(default_factory=list)
-    auto_batch: Any = None  # memory.autobatch.AutoBatch when the batch was chosen from the estimate
+    auto_batch: Any = None  # memory.plan.AutoBatch when the batch was chosen from the estimate
     pictures: RunPictures = field(default_factory=lambda: RunPictures(None, None))  # the run folder's pictures
 
 
@@ -221,13 +221,13 @@ def _open_records(run: _Run, folder: RunFolder, data, loader: Iterable) -> None:
 
 def _size_batch(config: TrainConfig, model: nn.Module, device: torch.device, dist: ddp.DistInfo,
                 ckpt: dict | None, loss_fn: Callable | None) -> tuple[TrainConfig, Any]:
-    """``batch_size="auto"``: the planned batch (``yolo9kit.memory.autobatch``); a resumed run keeps the
+    """``batch_size="auto"``: the planned batch (``yolo9kit.memory.plan.choose_batch``); a resumed run keeps the
     batch it started with (the data order depends on it)."""
     if config.batch_size != "auto":
         return config, None
     if ckpt is not None and isinstance(ckpt.get("train_config", {}).get("batch_size"), int):
         return dataclasses.replace(config, batch_size=ckpt["train_config"]["batch_size"]), None
-    from yolo9kit.memory.autobatch import choose_batch
+    from yolo9kit.memory.plan import choose_batch
 
     return choose_batch(config, unwrap(model), device, dist.world_size, loss_fn=loss_fn)
 
