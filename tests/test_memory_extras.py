@@ -43,7 +43,7 @@ def test_gpu_table_and_names():
 def test_memory_vs_batch_and_breakdown_plots_return_figures():
     from matplotlib.figure import Figure
 
-    from yolo9kit.plots import memory_breakdown, memory_vs_batch, vram_trace
+    from yolo9kit.plots import memory_breakdown, memory_vs_batch
 
     rows = [{**report(b).as_row(), "oom": False} for b in (1, 8, 32)]
     rows += [{**report(b, "measured").as_row(), "oom": False} for b in (8, 32)]
@@ -57,10 +57,6 @@ def test_memory_vs_batch_and_breakdown_plots_return_figures():
     assert any("out of memory" in s for s in labels)
     assert isinstance(memory_breakdown([report(8), report(16)]), Figure)
     assert isinstance(memory_breakdown(report(8)), Figure)
-    sampler = VramSampler()
-    for _ in range(3):
-        sampler()
-    assert isinstance(vram_trace(sampler, gpu="T4"), Figure)
 
 
 def test_settings_with_the_same_memory_stay_visible_and_fp32_is_named_so():
