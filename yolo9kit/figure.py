@@ -1,7 +1,6 @@
 """Figures outside pyplot (freed like any object, shown inline as PNG, never twice) and the figures of what
-training and validation produce: batches, label statistics, validation curves, results.csv curves.
-Every plot takes ``ax=None`` (or ``fig=None`` when it lays out several axes), builds what it lacks with
-:func:`new_figure` and returns the figure. ``yolo9kit.plots`` re-exports the public ones."""
+training and validation produce: batches, label statistics, validation curves, results.csv curves. Every plot
+takes ``ax=None`` (or ``fig=None``), builds what it lacks with :func:`new_figure` and returns the figure."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from yolo9kit.files import write_file
 from yolo9kit.metrics import smooth
 
-_MAX_LEGEND_CLASSES = 20  # beyond this, per-class curves are grey and unlabelled
+_MAX_LEGEND_CLASSES = 20
 _METRICS = (("metrics/mAP50", "mAP50"), ("metrics/mAP50-95", "mAP50-95"), ("metrics/precision", "P"),
             ("metrics/recall", "R"))
 
@@ -49,14 +48,8 @@ def axes_for(ax, figsize: tuple[float, float]):
 
 
 def save_figure(figure: Figure, path, dpi: int = 100) -> Path:
-    """Write ``figure`` to ``path`` (format from the suffix), whole or not at all (``files.write_file``).
-
-    Args:
-        figure: the figure. path: the file. dpi: its resolution.
-
-    Returns:
-        The path written.
-    """
+    """Write ``figure`` to ``path`` (format from the suffix), whole or not at all (``files.write_file``);
+    returns the path."""
     path = Path(path)
     # not flushed to the disk like a checkpoint: a picture lost to a power cut is drawn again
     return write_file(path, lambda tmp: figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"),
@@ -80,18 +73,15 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
     """Draw the images of a loader batch with their boxes.
 
     Args:
-        batch: ``(images uint8 (B, 3, H, W) RGB, targets (N, 6) [image, class, cx, cy, w, h] normalised, ...)``
-            as ``yolo9kit.data.create_dataloader`` yields (float images in [0, 1] work too).
-        names: class names (list or {id: name}); ids are shown when None.
+        batch: ``(images (B, 3, H, W) uint8 RGB or float in [0, 1], targets (N, 6) [image, class, cx, cy, w, h]
+            normalised, ...)`` as ``yolo9kit.data.create_dataloader`` yields.
+        names: class names (list or {id: name}); ids when None.
         max_images: draw at most this many images.
         ax: one axes to draw a mosaic of the images into.
         fig: a figure to add a grid of axes to (when ``ax`` is None); None: a new one.
         ncols: columns of the grid (default: about the square root).
         tile_inches: the size of one image on a new figure.
-        title: a title above the grid (laid out with the images, so it never covers them).
-
-    Returns:
-        The figure.
+        title: a title above the grid (laid out with it, never over the images).
     """
     images, targets = batch[0], batch[1]
     n = min(len(images), max_images)
@@ -126,7 +116,7 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
 
 
 def _draw_boxes(ax, rows: np.ndarray, names, frame: tuple[float, float, int, int]) -> None:
-    """The labelled boxes of one image whose (x offset, y offset, width, height) on ``ax`` is ``frame``."""
+    """The labelled boxes of one image at (x offset, y offset, width, height) ``frame`` on ``ax``."""
     x_off, y_off, w, h = frame
     colours = matplotlib.colormaps["tab10"]
     for _, cls, cx, cy, bw, bh in rows:
@@ -146,9 +136,6 @@ def plot_labels(labels, names: list[str] | dict[int, str] | None = None, fig=Non
         names: class names (list or {id: name}); bars are labelled by id when None.
         fig: a figure to draw into (cleared), or None for a new one.
         max_boxes: boxes drawn in the outline panel (the first ones; all of them count in the others).
-
-    Returns:
-        The figure.
     """
     if isinstance(labels, (list, tuple)):
         labels = np.concatenate([np.asarray(x, dtype=np.float64).reshape(-1, 5) for x in labels]) if labels \
@@ -184,9 +171,6 @@ def draw_results(df: Any, fig=None):
     Args:
         df: a DataFrame with the results.csv columns, one row per epoch (metrics NaN where not validated).
         fig: a figure to draw into (cleared), or None for a new one (safe in a worker thread, no display).
-
-    Returns:
-        The figure.
     """
     fig = fig if fig is not None else new_figure((10, 6))
     fig.clear()
@@ -220,9 +204,6 @@ def plot_confusion_matrix(matrix, names: Sequence[str] = (), normalize: bool = T
         names: class names; the tick labels when there are fewer than 99 and they match nc.
         normalize: divide each column by its sum (values < 0.005 left blank), as the official plot.
         ax: axes to draw on.
-
-    Returns:
-        The figure.
     """
     counts = np.asarray(getattr(matrix, "matrix", matrix), dtype=float)
     nc = counts.shape[0] - 1
@@ -251,9 +232,6 @@ def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
         ap_result: :class:`yolo9kit.metrics.APResult`; None (no true positive) draws empty axes that say so.
         names: names of ``ap_result.classes`` in order (or of every class, indexed by class id).
         ax: axes to draw on.
-
-    Returns:
-        The figure.
     """
     fig, ax = axes_for(ax, (9, 6))
     if ap_result is None:
@@ -261,11 +239,7 @@ def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
                 ha="center", va="center", transform=ax.transAxes)
         return _finish(fig, ax, "Recall", "Precision", "Precision-Recall Curve")
     px, curves, ap = ap_result.px, ap_result.pr_curve, ap_result.ap
-    if 0 < len(curves) <= _MAX_LEGEND_CLASSES:
-        for label, curve, ap_class in zip(_class_labels(ap_result, names), curves, ap[:, 0]):
-            ax.plot(px, curve, linewidth=1, label=f"{label} {ap_class:.3f}")
-    elif len(curves):
-        ax.plot(px, curves.T, linewidth=1, color="grey")
+    _class_curves(ax, px, curves, [f"{n} {a:.3f}" for n, a in zip(_class_labels(ap_result, names), ap[:, 0])])
     if len(curves):
         ax.plot(px, curves.mean(0), linewidth=3, color="blue", label=f"all classes {ap[:, 0].mean():.3f} mAP@0.5")
     return _finish(fig, ax, "Recall", "Precision", "Precision-Recall Curve")
@@ -280,9 +254,6 @@ def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), 
         names: class names (as for :func:`plot_pr_curve`).
         ax: axes to draw on.
 
-    Returns:
-        The figure.
-
     Raises:
         ValueError: an unknown ``metric``.
     """
@@ -292,11 +263,7 @@ def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), 
     ylabel = {"f1": "F1", "p": "Precision", "r": "Recall"}[metric]
     fig, ax = axes_for(ax, (9, 6))
     px, y = ap_result.px, curves[metric]
-    if 0 < len(y) <= _MAX_LEGEND_CLASSES:
-        for label, curve in zip(_class_labels(ap_result, names), y):
-            ax.plot(px, curve, linewidth=1, label=str(label))
-    elif len(y):
-        ax.plot(px, y.T, linewidth=1, color="grey")
+    _class_curves(ax, px, y, _class_labels(ap_result, names))
     if len(y):
         mean = smooth(y.mean(0), 0.05)
         best = int(mean.argmax())
@@ -305,14 +272,12 @@ def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), 
 
 
 def plot_validation(confusion, ap_result, names: Sequence[str] = ()) -> dict:
-    """The official validation plots as a dict of figures keyed by their official file names.
+    """The official validation plots: {official file name: figure}.
 
     Args:
-        confusion: the confusion matrix. ap_result: the ``APResult``, None without any true positive (then the
-            confusion matrix and an empty PR curve, no F1, P and R curves). names: class names.
-
-    Returns:
-        {file name: figure}.
+        confusion: the ``ConfusionMatrix`` (or its array).
+        ap_result: the ``APResult``; None (no true positive): the matrix and an empty PR curve, no F1, P, R curves.
+        names: class names.
     """
     return {name: make() for name, make in validation_figure_makers(confusion, ap_result, names).items()}
 
@@ -328,11 +293,19 @@ def validation_figure_makers(confusion, ap_result, names: Sequence[str] = ()) ->
     return makers
 
 
+def _class_curves(ax, px, curves, labels: list[str]) -> None:
+    if 0 < len(curves) <= _MAX_LEGEND_CLASSES:
+        for label, curve in zip(labels, curves):
+            ax.plot(px, curve, linewidth=1, label=label)
+    elif len(curves):  # too many to name: grey and unlabelled
+        ax.plot(px, curves.T, linewidth=1, color="grey")
+
+
 def _class_labels(ap_result, names: Sequence[str]) -> list[str]:
     classes = [int(c) for c in ap_result.classes]
     names = list(names)
     if names and max(classes, default=-1) < len(names):
-        return [names[c] for c in classes]
+        return [str(names[c]) for c in classes]
     return [str(c) for c in classes]
 
 

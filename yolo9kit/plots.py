@@ -42,9 +42,6 @@ def plot_results(results: Any, fig=None):
     Args:
         results: a run folder, a results.csv path, a DataFrame, or ``FitResult.results`` (list of dicts).
         fig: a figure to draw into (cleared), or None for a new one.
-
-    Returns:
-        The figure.
     """
     if isinstance(results, (str, Path)):
         df = read_results(results)
@@ -92,9 +89,6 @@ def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
         config: a TrainConfig.
         batches_per_epoch: loader batches per epoch (``len(train_loader)``).
         ax: axes for the learning rates, or None.
-
-    Returns:
-        The figure.
     """
     nw = warmup_batches(config, batches_per_epoch)
     steps = range(config.epochs * batches_per_epoch)
@@ -122,9 +116,6 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes"
         ax: axes to draw on.
         value: the column, "device_bytes" (reserved + context, what must fit), "peak_reserved" or "peak_allocated".
         margin: also draw the budget line at ``(1 - margin)`` of the capacity.
-
-    Returns:
-        The figure.
     """
     fig, ax = axes_for(ax, (7, 4.5))
     spec = resolve_gpu(gpu) if gpu is not None else None
@@ -187,9 +178,6 @@ def memory_breakdown(reports, ax=None, *, labels: Sequence[str] | None = None):
         reports: a ``MemoryReport`` or a list of them.
         ax: axes to draw on.
         labels: a label per bar (default: model, batch, precision, checkpointing and method).
-
-    Returns:
-        The figure.
     """
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
     fig, ax = axes_for(ax, (max(4.0, 1.1 * len(reports) + 3), 4.5))

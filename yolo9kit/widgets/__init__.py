@@ -202,8 +202,8 @@ def _plan_html(search, batch_plan) -> str:
 
 def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou: float = 0.45,
                      head: str = "main", device: str | None = None) -> WidgetApp:
-    """Image, confidence and IoU sliders (and a head switch for dual-head models) over ``predict``: the model
-    runs once per (image, IoU, head) at ``CONF_FLOOR``; the confidence slider only filters.
+    """Image, confidence and IoU sliders (and a head switch for dual-head models) over ``predict``; the model runs
+    once per (image, IoU, head), the confidence slider only filters.
 
     Args:
         model: a DetectionModel (or anything ``yolo9kit.load_model`` accepts: a checkpoint, a model name).
@@ -255,10 +255,7 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
                               f"IoU {key[1]:.2f}, {chosen_head} head)", fontsize=10)
         app.figures["image"], app.state["prediction"] = fig, shown
         show_figure(outputs["image"], fig)
-        frame = shown.to_frame().round(1)
-        counts = frame.groupby("name").size().rename("boxes").reset_index() if len(frame) else frame
-        outputs["table"].value = (html_table(counts, "boxes per class") +
-                                  html_table(frame.head(20), "detections (top 20 by confidence)"))
+        outputs["table"].value = _detections_html(shown)
 
     container = w.VBox([w.HBox([controls["image"], *(c for k, c in controls.items() if k == "head")]),
                         w.HBox([controls["conf"], controls["iou"]]), w.HBox([outputs["image"], outputs["table"]])])
@@ -279,6 +276,12 @@ def _image_list(source: str | Path | Sequence[Any]) -> list[Any]:
     if not items:
         raise ValueError("detection_viewer needs at least one image")
     return items
+
+
+def _detections_html(shown) -> str:
+    frame = shown.to_frame().round(1)
+    counts = frame.groupby("name").size().rename("boxes").reset_index() if len(frame) else frame
+    return html_table(counts, "boxes per class") + html_table(frame.head(20), "detections (top 20 by confidence)")
 
 
 def filter_confidence(prediction, conf: float):

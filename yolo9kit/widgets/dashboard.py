@@ -24,16 +24,7 @@ from IPython.display import display
 from yolo9kit.files import format_bytes
 from yolo9kit.train import BatchRecord, EpochRecord, FitResult
 from yolo9kit.train.fit import fit  # the function: ``yolo9kit.train.fit`` may name the module
-from yolo9kit.widgets.panel import (
-    MAX_MESSAGES,
-    NO_VRAM,
-    build_panel,
-    draw_dashboard,
-    epoch_frame,
-    messages_html,
-    show_figure,
-    table_html,
-)
+from yolo9kit.widgets import panel
 
 
 @dataclass
@@ -269,7 +260,7 @@ class TrainDashboard:
     def container(self):
         """The ipywidgets panel (built on first use); display it, or call ``show()``."""
         if self._widgets is None:
-            self._widgets = build_panel(self)
+            self._widgets = panel.build_panel(self)
             self._set_buttons()
             self.update()
         return self._widgets["container"]
@@ -291,7 +282,7 @@ class TrainDashboard:
         """Add a line to the message area (``warning``: in orange, still not an error box)."""
         self.messages.append(("warning: " if warning else "") + text)
         if self._widgets is not None:
-            self._widgets["messages"].value = messages_html(self.messages[-MAX_MESSAGES:])
+            self._widgets["messages"].value = panel.messages_html(self.messages[-panel.MAX_MESSAGES:])
 
     def _set_buttons(self) -> None:
         if self._widgets is not None:
@@ -303,12 +294,12 @@ class TrainDashboard:
     def update(self) -> None:
         """Redraw the plots, the status line and the table from what the callbacks received."""
         self._last_draw = time.monotonic()
-        self.figure = draw_dashboard(self)
+        self.figure = panel.draw_dashboard(self)
         self.redraws += 1
         if self._widgets is not None:
-            show_figure(self._widgets["plot"], self.figure)
+            panel.show_figure(self._widgets["plot"], self.figure)
             self._widgets["status"].value = f"<b>{html.escape(self.status_text())}</b>"
-            self._widgets["table"].value = table_html(self.epoch_table())
+            self._widgets["table"].value = panel.table_html(self.epoch_table())
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
         """(ni, values) of one ``BatchRecord`` field in batch order: a batch seen twice (resume) keeps its latest
@@ -332,13 +323,13 @@ class TrainDashboard:
         epochs = f" of {self._epochs_total}" if self._epochs_total else ""
         what, _, values = self.memory_series()
         label = "peak VRAM" if what.startswith("peak VRAM") else "process memory"
-        memory = f"{label} {format_bytes(values[-1])}" if values else NO_VRAM
+        memory = f"{label} {format_bytes(values[-1])}" if values else panel.NO_VRAM
         state = "training" if self.running else "stopped" if self.result and self.result.interrupted else "idle"
         return f"{state}: epoch {last.epoch + 1}{epochs}, batch {last.ni + 1}, {last.images_per_s:.1f} img/s, {memory}"
 
     def epoch_table(self) -> pd.DataFrame:
         """The finished epochs, rounded and in readable units (losses, metrics when validated, img/s, time, memory)."""
-        return epoch_frame(self)
+        return panel.epoch_frame(self)
 
 def _chain(first, second):
     def both(record):
