@@ -138,7 +138,10 @@ class TrainDashboard:
         join ``config.run.callbacks`` and fit's progress bar is off.
 
         Args:
-            model: as for ``fit``. data: as for ``fit``. config: a TrainConfig. **kwargs: more arguments of ``fit``.
+            model: the model, as for ``fit``.
+            data: the data, as for ``fit``.
+            config: a TrainConfig.
+            **kwargs: more arguments of ``fit``.
 
         Returns:
             fit's ``FitResult``; ``interrupted=True`` after the stop button, ``interrupt_at`` or Kernel > Interrupt
