@@ -21,19 +21,18 @@ PACKAGE = "yolo9kit"
 # Bottom to top. A module may import from its own layer and the layers below it. The longest matching
 # prefix decides a module's layer; the bare package name matches only the top-level __init__.
 LAYERS: list[tuple[str, list[str]]] = [
-    # helpers with no kit dependencies: environment and devices, box formats, COCO ids, the inline matplotlib
-    # figure, crash-safe file writes and byte counts for people
-    ("base", ["yolo9kit.cpu", "yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure", "yolo9kit.files"]),
+    # helpers with no kit dependencies: environment and devices, box formats, COCO ids, crash-safe file writes
+    # and byte counts for people
+    ("base", ["yolo9kit.cpu", "yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.files"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),
     # the networks, the datasets and the tensor maths both sides share
     ("models and data", ["yolo9kit.models", "yolo9kit.data", "yolo9kit.metrics", "yolo9kit.ops",
                          "yolo9kit.assigner"]),
-    # what training and inference produce and store, and the figures of those result types
+    # what training and inference produce and store, and the figures of those result types, built outside pyplot
     # (and the weights that ship with the kit, loaded through the checkpoint module)
     ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.zoo", "yolo9kit.pretrained",
-                                    "yolo9kit.detections", "yolo9kit.plots.metrics", "yolo9kit.plots.batch",
-                                    "yolo9kit.plots.results"]),
+                                    "yolo9kit.detections", "yolo9kit.figure"]),
     # validation of a model on a dataset
     ("evaluation", ["yolo9kit.validate"]),
     # one training step: micro-steps, the optimizer step, its optimizer groups and schedules, the EMA
@@ -50,8 +49,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("GPU self-check", ["yolo9kit.gpu_check"]),
     # prediction on images and videos, and the deployed model as an ONNX file: nothing below imports them
     ("inference", ["yolo9kit.prediction", "yolo9kit.export_onnx"]),
-    # figures of training runs and memory, and the plots package that re-exports every figure
-    ("plots of training and memory", ["yolo9kit.plots.memory", "yolo9kit.plots.train", "yolo9kit.plots"]),
+    # figures of training runs and memory, in the plots module that also re-exports every figure below
+    ("plots of training and memory", ["yolo9kit.plots"]),
     # notebook widgets
     ("widgets", ["yolo9kit.widgets"]),
     # the command line, the package's public face, and what only a notebook uses (the verdicts of claims

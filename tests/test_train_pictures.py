@@ -109,8 +109,7 @@ def _toy_fit(tmp_path, **kw):
 def test_a_failing_picture_is_a_warning_naming_it_and_training_goes_on(tmp_path, monkeypatch, caplog):
     """The batch pictures fail to draw, results.png fails half-way through its save in the second epoch: four
     warnings naming the files, both epochs trained and saved, and results.png of the first epoch kept whole."""
-    import yolo9kit.plots.batch
-    import yolo9kit.plots.results
+    import yolo9kit.train.pictures as pictures
 
     def broken(*args, **kwargs):
         raise RuntimeError("no ink")
@@ -121,14 +120,14 @@ def test_a_failing_picture_is_a_warning_naming_it_and_training_goes_on(tmp_path,
             raise OSError(28, "No space left on device")
 
     curves = []
-    draw_results = yolo9kit.plots.results.draw_results
+    draw_results = pictures.draw_results
 
     def second_fails(*args, **kwargs):
         curves.append(len(curves))
         return draw_results(*args, **kwargs) if len(curves) == 1 else HalfWritten()
 
-    monkeypatch.setattr(yolo9kit.plots.batch, "show_batch", broken)
-    monkeypatch.setattr(yolo9kit.plots.results, "draw_results", second_fails)
+    monkeypatch.setattr(pictures, "show_batch", broken)
+    monkeypatch.setattr(pictures, "draw_results", second_fails)
     with caplog.at_level(logging.WARNING, logger="yolo9kit.train.pictures"):
         result = _toy_fit(tmp_path, epochs=2)
     assert result.epochs_completed == 2 and not result.interrupted

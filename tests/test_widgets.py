@@ -85,7 +85,7 @@ def test_dashboard_shows_the_first_batch_as_a_point_in_every_panel():
 
 def test_an_empty_dashboard_says_it_waits_and_numbers_no_axis():
     from yolo9kit.widgets import train_dashboard
-    from yolo9kit.widgets._dashboard_panel import draw_dashboard
+    from yolo9kit.widgets.panel import draw_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
     for ax in draw_dashboard(dash).axes:
@@ -97,7 +97,7 @@ def test_an_empty_dashboard_says_it_waits_and_numbers_no_axis():
 
 def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
     from yolo9kit.widgets import train_dashboard
-    from yolo9kit.widgets._dashboard_panel import table_html
+    from yolo9kit.widgets.panel import table_html
 
     dash = train_dashboard(min_interval_s=3600.0, show=False)
     for i in range(1, 6):
@@ -322,7 +322,7 @@ def test_output_png_round_trip():
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
-    from yolo9kit.widgets._common import output_png, show_figure
+    from yolo9kit.widgets.panel import output_png, show_figure
 
     out = w.Output()
     assert output_png(out) is None
@@ -404,7 +404,7 @@ def test_augmentation_viewer_sliders_change_the_batch(shapes):
 
 def test_augmentation_hyp_scales_hsv_and_keeps_other_keys():
     from yolo9kit.config import DEFAULT_AUGMENT_HYP
-    from yolo9kit.widgets.augmentation import augmentation_hyp
+    from yolo9kit.widgets import augmentation_hyp
 
     hyp = augmentation_hyp({"hsv": 0.5, "mixup": 0.0})
     assert hyp["hsv_v"] == pytest.approx(DEFAULT_AUGMENT_HYP["hsv_v"] / 2) and hyp["mixup"] == 0.0

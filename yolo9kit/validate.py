@@ -22,7 +22,7 @@ from yolo9kit.boxes import cxcywh_to_xyxy
 from yolo9kit.config import VAL_NMS, NMSConfig
 from yolo9kit.detections import speed_line
 from yolo9kit.env import resolve_device
-from yolo9kit.figure import save_figure
+from yolo9kit.figure import plot_validation, save_figure
 from yolo9kit.files import write_text_atomically
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
 from yolo9kit.models.inference import inference_layout, prepare_model, resolve_half, select_head
@@ -320,8 +320,6 @@ def _finish(state: _Accumulator, names, head, plots, save_dir, coco, coco_gt, co
     if save_dir is not None:
         save_dir.mkdir(parents=True, exist_ok=True)
     if plots:
-        from yolo9kit.plots.metrics import plot_validation
-
         out.figures = plot_validation(state.confusion, result, names)
         for name, figure in out.figures.items() if save_dir is not None else ():
             save_figure(figure, save_dir / name, 150)

@@ -12,8 +12,8 @@ it; training goes on and nothing already written is touched. The figures are bui
 (``yolo9kit.figure``) and rendered by Agg when saved: no display, no global backend change, safe in the worker
 thread of the notebook dashboard, and freed like any object (nothing is left in pyplot's registry).
 
-The drawing lives in the plots of the layers below (``yolo9kit.plots.batch``, ``.metrics``, ``.results``);
-this module only decides when and where, so the training run imports nothing above itself.
+The drawing lives in ``yolo9kit.figure``, a layer below; this module only decides when and where, so the
+training run imports nothing above itself.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from yolo9kit.figure import save_figure
+from yolo9kit.figure import draw_results, new_figure, plot_labels, save_figure, show_batch, validation_figure_makers
 
 LOGGER = logging.getLogger(__name__)
 
@@ -83,8 +83,6 @@ class RunPictures:
             return  # a resumed run keeps the picture it started with
 
         def make():
-            from yolo9kit.plots.batch import plot_labels
-
             return plot_labels(labels, self.names)
 
         self.draw(LABELS_PICTURE, make)
@@ -106,8 +104,6 @@ class RunPictures:
         def make():
             import pandas as pd
 
-            from yolo9kit.plots.results import draw_results
-
             return draw_results(pd.DataFrame(rows))
 
         self.draw(RESULTS_PICTURE, make)
@@ -122,8 +118,6 @@ class RunPictures:
             if self.enabled and validate_fn is not None:
                 LOGGER.info("no validation pictures: a custom validation function keeps no ValResult")
             return
-        from yolo9kit.plots.metrics import validation_figure_makers
-
         names = self.names or result.names
         for name, make in validation_figure_makers(result.confusion_matrix, result.ap_result, names).items():
             self.draw(name, make)
@@ -177,9 +171,6 @@ def _copy(x):
 
 
 def _batch_figure(batch, i: int, pictures: RunPictures):
-    from yolo9kit.figure import new_figure
-    from yolo9kit.plots.batch import show_batch
-
     n = max(min(len(batch[0]), 16), 1)
     ncols = math.ceil(math.sqrt(n))
     rows = math.ceil(n / ncols)
