@@ -217,29 +217,22 @@ def transform_boxes(boxes_xyxy: np.ndarray, M: np.ndarray, width: int, height: i
     return new
 
 
-def polygon_box(points: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Box (4,) xyxy of the polygon points that lie inside the image (official segment2box); zeros if none."""
-    x, y = points[:, 0], points[:, 1]
-    inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
-    if not inside.any():
-        return np.zeros(4)
-    x, y = x[inside], y[inside]
-    return np.array([x.min(), y.min(), x.max(), y.max()])
-
-
 def transform_polygon_boxes(polygons: list, M: np.ndarray, width: int, height: int) -> dict[int, np.ndarray]:
-    """Per row with a polygon: resample it to 1000 points evenly spaced in vertex index (official
-    resample_segments), map them through M, box the part inside the image."""
+    """Per row with a polygon: 1000 points evenly spaced in vertex index (official resample_segments) mapped
+    through M, and the box of those inside the image (official segment2box; zeros when none is)."""
     boxes = {}
     for row, poly in enumerate(polygons):
         if poly is None:
             continue
         closed = np.concatenate([poly, poly[:1]], 0)
-        x, xp = np.linspace(0, len(closed) - 1, 1000), np.arange(len(closed))
+        t, tp = np.linspace(0, len(closed) - 1, 1000), np.arange(len(closed))
         xy = np.ones((1000, 3))
-        xy[:, 0], xy[:, 1] = np.interp(x, xp, closed[:, 0]), np.interp(x, xp, closed[:, 1])
+        xy[:, 0], xy[:, 1] = np.interp(t, tp, closed[:, 0]), np.interp(t, tp, closed[:, 1])
         xy = xy @ M.T
-        boxes[row] = polygon_box(xy[:, :2] / xy[:, 2:3], width, height)
+        x, y = xy[:, 0] / xy[:, 2], xy[:, 1] / xy[:, 2]
+        inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
+        x, y = x[inside], y[inside]
+        boxes[row] = np.array([x.min(), y.min(), x.max(), y.max()]) if inside.any() else np.zeros(4)
     return boxes
 
 

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from yolo9kit.data.images import load_resized, resized_size
 from yolo9kit.data.labels import ImageRecord, Problem, check_image_label
 from yolo9kit.data.sources import label_path
+from yolo9kit.env import ram_available_bytes
 from yolo9kit.files import write_file, write_text_atomically
 
 log = logging.getLogger(__name__)
@@ -126,27 +127,12 @@ def scan_images(im_files: list[Path], sources: list[Path], nc: int, use_cache: b
     return records
 
 
-def available_memory() -> int | None:
-    """Available RAM in bytes (Linux /proc/meminfo MemAvailable), or None when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int, augment: bool,
                  budget_fraction: float, required: bool) -> list[np.ndarray] | None:
     """Every image decoded once, resized, in RAM; when it needs more than ``budget_fraction`` of the available
     RAM: MemoryError with the numbers when ``required`` (cache="ram"), else None with a log line."""
     need = sum(w * h * 3 for w, h in (resized_size(w0, h0, image_size) for w0, h0 in sizes))
-    avail = available_memory()
+    avail = ram_available_bytes()
     if avail is not None and need > budget_fraction * avail:
         msg = (f"caching {len(paths)} images at {image_size} px needs {need / 2**30:.2f} GiB but only "
                f"{avail / 2**30:.2f} GiB of RAM is available (limit {budget_fraction:.0%} of it)")

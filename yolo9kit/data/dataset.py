@@ -98,8 +98,8 @@ class YOLODataset(Dataset):
         rect: rectangular batches of ``batch_size`` (images sorted by aspect ratio, mosaic off).
         batch_size: images per rectangular batch.
         stride, pad: rect batch shapes are multiples of ``stride`` with ``pad`` strides of margin.
-        cache: ``CACHE_MODES``: "ram" (MemoryError when over ``cache_budget`` of the available RAM), "auto"
-            (RAM when it fits), None, or "disk" (a memory-mapped file; RAM as "auto" when it cannot be written).
+        cache: "ram" (MemoryError when over ``cache_budget`` of the free RAM), "auto" (RAM when it fits), None,
+            or "disk" (a memory-mapped file; as "auto" when it cannot be written).
         min_items: drop images with fewer boxes.
         single_cls: every class becomes 0.
         seed: augmentation draws depend only on (seed, epoch, index).
@@ -110,8 +110,7 @@ class YOLODataset(Dataset):
     Attributes:
         im_files, labels: image paths and per image (n, 5) ``class cx cy w h``, in sample order.
         shapes: (N, 2) original (width, height) after EXIF orientation, as the official ``shapes``.
-        names, nc: class names and count. report: the :class:`DatasetReport` of the check.
-        mosaic: whether the mosaic path is on (:func:`yolo9kit.data.set_mosaic`).
+        report: the :class:`DatasetReport` of the check. mosaic: the mosaic path is on (``set_mosaic``).
         colour_on_device: augmented samples carry their HSV gains for the loader (set by create_dataloader).
     """
 

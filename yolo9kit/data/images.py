@@ -17,12 +17,8 @@ _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_RE
 
 
 def read_bgr(path: str, reduce: int = 1) -> np.ndarray:
-    """(H, W, 3) uint8 BGR, EXIF orientation applied (IMREAD_COLOR also drops alpha, expands grayscale and maps
-    16-bit to 8-bit); ``reduce`` 2, 4 or 8 decodes a JPEG at 1/reduce of its size (DCT scaling).
-
-    Raises:
-        FileNotFoundError: the file is missing or no longer decodes.
-    """
+    """(H, W, 3) uint8 BGR, EXIF orientation applied, alpha dropped, grayscale and 16-bit made 8-bit BGR;
+    ``reduce`` 2, 4 or 8 decodes a JPEG at 1/reduce of its size (DCT scaling). FileNotFoundError when it fails."""
     flag = _REDUCED[reduce] if reduce > 1 and path.lower().endswith((".jpg", ".jpeg")) else cv2.IMREAD_COLOR
     image = cv2.imread(path, flag)
     if image is None:
@@ -46,21 +42,9 @@ def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:
 
 
 def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, int] | None = None) -> np.ndarray:
-    """Official load_image: (H, W, 3) uint8 BGR with the long side at ``image_size``.
-
-    Validation (``augment=False``) decodes the whole file then resizes (INTER_AREA when shrinking), exactly
-    as the official code; training decodes a JPEG that shrinks by more than 2x at a reduced size that stays
-    at least twice the target, then resizes with INTER_LINEAR (docs/data.md, "Reduced JPEG decoding").
-
-    Args:
-        path: the image file.
-        image_size: the long side in pixels.
-        augment: the training path.
-        size_wh: the (width, height) after EXIF orientation when known (saves a header read).
-
-    Returns:
-        The resized image.
-    """
+    """Official load_image: BGR with the long side at ``image_size``; the training path (``augment``) decodes
+    a JPEG that shrinks over 2x at a reduced size (docs/data.md, "Reduced JPEG decoding"). ``size_wh``: the
+    (width, height) after EXIF orientation when known."""
     if not augment:  # the official validation path: full decode, sizes from the decoded image
         image = read_bgr(path)
         h0, w0 = image.shape[:2]
@@ -126,9 +110,8 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
     return image, ratio, (float(dw), float(dh))
 
 
-# ---- HSV colour jitter in torch: OpenCV's 8-bit RGB <-> HSV and the official look-up tables -------------------
-# Memory: ``chunk`` images at a time in float32, about 40 bytes per pixel of a chunk.
-
+# HSV colour jitter in torch: OpenCV's 8-bit RGB <-> HSV and the official look-up tables (``hsv_jitter`` works
+# ``chunk`` images at a time in float32, about 40 bytes per pixel of a chunk).
 _SHIFT = 12  # OpenCV's hsv_shift: the division tables hold round((numerator << 12) / i)
 # HSV -> RGB: for each sector of the hue circle, which of (v, p, q, t) goes to R, G and B.
 _SECTOR_TO_RGB = ((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2))

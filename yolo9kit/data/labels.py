@@ -62,17 +62,9 @@ class DatasetReport:
     problems: list[Problem] = field(default_factory=list)
 
     @property
-    def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == ERROR]
-
-    @property
     def ok(self) -> bool:
         """True when no image had to be left out."""
-        return not self.errors
-
-    def counts(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in ("n_images", "n_usable", "n_labelled", "n_background", "n_skipped",
-                                             "n_instances", "n_duplicates_removed", "n_orphan_labels")}
+        return not any(p.severity == ERROR for p in self.problems)
 
     def to_frame(self):
         """One row per problem: columns file, severity, reason (a pandas DataFrame)."""

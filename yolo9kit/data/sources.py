@@ -86,16 +86,11 @@ def _resolve(entry: str | os.PathLike, root: Path) -> Path:
 
 
 def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
-    """Read a data.yaml (path or dict) with the official keys: path, train, val, test, names (list or dict).
-
-    A relative ``path`` is relative to the yaml file's folder (the current directory for a dict); ``nc`` is
-    ignored.
+    """Read a data.yaml with the official keys path (relative: to the yaml's folder, or the current one for a
+    dict), train, val, test and names (list or dict); ``nc`` is ignored.
 
     Args:
         data: the data.yaml path, a dict of its keys, or a DataConfig (returned as it is).
-
-    Returns:
-        The resolved DataConfig.
 
     Raises:
         FileNotFoundError: no such file.
@@ -134,8 +129,7 @@ def _listed(list_file: Path) -> list[tuple[int, Path]]:
     try:
         lines = list_file.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark too
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"list file {list_file} could not be read as text ({e}): a .txt list names one image "
-                         "(or, for predict, video) path a line") from e
+        raise ValueError(f"list file {list_file} could not be read as text ({e}): write one path a line") from e
     out = []
     for number, line in enumerate(lines, 1):
         entry = line.strip()
@@ -191,11 +185,8 @@ def label_path(image_path: str | os.PathLike) -> Path:
 
 
 def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]:
-    """Label files under the ``labels`` twin of each image folder of ``sources`` that no image has.
-
-    Only folder sources with an ``images`` part are searched: a list or glob may share its label folder
-    with other splits; ``classes.txt`` (labelImg) is not a label file.
-    """
+    """Label files (not labelImg's ``classes.txt``) that no image has, under the ``labels`` twin of each image
+    folder of ``sources``; a list or a glob may share its label folder with other splits: not searched."""
     expected = {os.path.normpath(f) for f in label_files}
     orphans: set[str] = set()
     for src in sources:
@@ -210,14 +201,13 @@ def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]
     return sorted(orphans)
 
 
-# ---- what predict reads -----------------------------------------------------------------------------------
 def is_video(item) -> bool:
     """True for a path (str or Path) whose suffix is a video format."""
     return isinstance(item, (str, Path)) and Path(item).suffix.lower() in VIDEO_SUFFIXES
 
 
 def _media_in(folder: Path) -> list[str]:
-    """The image and video files of ``folder`` (not recursive), sorted by name."""
+    """The image and video files of ``folder`` (not of its sub-folders), sorted."""
     suffixes = IMAGE_SUFFIXES | VIDEO_SUFFIXES
     return sorted(str(p) for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
 
@@ -245,7 +235,7 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
         source: an image or video file, a folder, a glob, a ``.txt`` list, a BGR numpy image, or a list of these.
 
     Returns:
-        (inputs: paths and arrays, skipped: ``(list_file:line, reason)`` per listed file that does not exist).
+        (paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist).
 
     Raises:
         FileNotFoundError: a named file, folder or pattern does not exist or matches nothing.
@@ -286,13 +276,9 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
 
 
 class VideoReader:
-    """The frames of one video, decoded one at a time; with ``vid_stride`` k it yields frames k-1, 2k-1, ...
-    (official ``LoadImages``).
-
-    Attributes:
-        error: why it cannot be read ("" when it opened). fps: frames per second (30 when the file does not
-        say). frame_count: frames the file announces (an estimate for some containers). size: (width, height).
-    """
+    """The frames of one video, decoded one at a time; with ``vid_stride`` k, frames k-1, 2k-1, ... (official
+    ``LoadImages``). ``error`` says why it cannot be read ("" when it opened); ``frame_count`` is what the file
+    announces (an estimate for some containers)."""
 
     def __init__(self, path: str, vid_stride: int = 1) -> None:
         if vid_stride < 1:
