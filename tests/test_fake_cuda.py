@@ -271,7 +271,7 @@ def test_predict_on_cuda_warms_up_in_the_input_layout(model):
 
 
 def test_colour_jitter_on_the_device_gives_the_cpu_pixels():
-    from yolo9kit.data.colour import hsv_jitter
+    from yolo9kit.data.images import hsv_jitter
 
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (3, 3, 16, 24), generator=g, dtype=torch.uint8)

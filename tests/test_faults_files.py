@@ -186,7 +186,7 @@ def test_a_lock_of_a_killed_process_of_another_host_is_taken_over(tmp_path, capl
 
 @pytest.mark.slow
 def test_a_video_detect_stopped_by_sigterm_leaves_a_playable_video(shapes, tmp_path):
-    from yolo9kit.data.media import write_video
+    from yolo9kit.data.sources import write_video
 
     frames = sorted((shapes.parent / "images" / "train").glob("*.jpg")) * 150
     video = write_video(frames, tmp_path / "clip.mp4", fps=10)

@@ -17,7 +17,7 @@ import pytest
 from yolo9kit.cli import main
 from yolo9kit.config import SaveConfig
 from yolo9kit.data import make_shapes
-from yolo9kit.data.media import VideoReader, expand_sources, write_video
+from yolo9kit.data.sources import VideoReader, expand_sources, write_video
 from yolo9kit.prediction import predict
 from yolo9kit.pretrained import SHAPES_IMGSZ, SHAPES_WEIGHTS, shapes_model
 

@@ -75,7 +75,7 @@ class Prediction:
         if self.image is not None:
             return self.image
         if self.frame is not None and self.path:
-            from yolo9kit.data.media import read_frame
+            from yolo9kit.data.sources import read_frame
 
             image = read_frame(str(self.path), self.frame)  # a video frame is not kept in memory: decode it again
         else:

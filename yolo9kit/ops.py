@@ -18,7 +18,7 @@ import torch
 import torchvision
 
 from yolo9kit.boxes import clip_boxes_xyxy, cxcywh_to_xyxy
-from yolo9kit.data.letterbox import letterbox  # re-exported: inference code needs one import
+from yolo9kit.data.images import letterbox  # re-exported: inference code needs one import
 
 LOGGER = logging.getLogger(__name__)
 

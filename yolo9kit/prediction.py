@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
-from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
+from yolo9kit.data.sources import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
 from yolo9kit.env import parse_device, resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically

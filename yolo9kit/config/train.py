@@ -141,7 +141,7 @@ class PipelineConfig:
                                 resume=CHANGE, choices=CACHE_MODES)
     # Train even when the training labels use class ids `names` does not name, hold no box at all, or lose
     # more than a tenth of the labelled images to errors. Off: such data stops the run before the first
-    # step with a DataError naming the data.yaml, the counts and the class ids (yolo9kit.data.guard), as the
+    # step with a DataError naming the data.yaml, the counts and the class ids (yolo9kit.data.labels), as the
     # official code stops on the first two, instead of training a model of what happened to be left.
     allow_bad_labels: bool = declare(False, "train even when labels use unnamed classes, no image has a box, or "
                                      "many labelled images would be dropped (refused by default, before the first "
