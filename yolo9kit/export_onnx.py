@@ -35,14 +35,13 @@ import numpy as np
 import torch
 
 from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
+from yolo9kit.detections import MAX_WH, non_max_suppression
 from yolo9kit.files import refuse_own_input, write_bytes_atomically
 from yolo9kit.models.inference import max_stride, prepare_model, select_head
-from yolo9kit.detections import non_max_suppression
 from yolo9kit.zoo import load_model
 
 LOGGER = logging.getLogger(__name__)
 EXTRA = "pip install 'yolo9kit[export]'"
-MAX_WH = 7680  # the official class offset of NMS: boxes of different classes never overlap
 
 __all__ = ["ExportCheckError", "ExportReport", "export"]
 

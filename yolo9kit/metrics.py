@@ -1,8 +1,6 @@
-"""Detection metrics with the official YOLOv9 semantics (matching, AP, confusion matrix), and the COCO-format
-records and ``COCOeval`` adapter of ``val_dual.py --save-json``; docs/validation.md says how the two differ.
-
-Detections are (N, 6) rows ``[x1, y1, x2, y2, conf, cls]``, labels (M, 5) rows ``[cls, x1, y1, x2, y2]``.
-"""
+"""Detection metrics as the official YOLOv9 code (matching, AP, confusion matrix), and the COCO records and
+``COCOeval`` adapter of ``val_dual.py --save-json`` (docs/validation.md says how the two differ). Detections are
+(N, 6) rows ``[x1, y1, x2, y2, conf, cls]``, labels (M, 5) rows ``[cls, x1, y1, x2, y2]``."""
 
 from __future__ import annotations
 
@@ -32,11 +30,8 @@ COCO80_TO_COCO91 = [
 ]
 
 # the 12 numbers of COCOeval.summarize(), in order (maxDets 100 unless named)
-COCOEVAL_NAMES = [
-    "AP50-95", "AP50", "AP75", "AP50-95 small", "AP50-95 medium", "AP50-95 large",
-    "AR50-95 maxDets1", "AR50-95 maxDets10", "AR50-95 maxDets100", "AR50-95 small", "AR50-95 medium",
-    "AR50-95 large",
-]
+COCOEVAL_NAMES = ["AP50-95", "AP50", "AP75", "AP50-95 small", "AP50-95 medium", "AP50-95 large", "AR50-95 maxDets1",
+                  "AR50-95 maxDets10", "AR50-95 maxDets100", "AR50-95 small", "AR50-95 medium", "AR50-95 large"]
 
 
 def _matches(iou: torch.Tensor, mask: torch.Tensor, resort: bool = False) -> np.ndarray:

@@ -130,10 +130,8 @@ def _read(item) -> tuple[np.ndarray | None, str | None, str]:
 
 
 def _inputs(items: list, vid_stride: int, skipped: list, videos: dict):
-    """(index, BGR image, path or None, frame or None, seconds to read it) per image and kept video frame.
-
-    Unreadable inputs go to ``skipped``; ``videos`` gets each opened video's reader (the writer needs its fps).
-    """
+    """(index, BGR image, path or None, frame or None, seconds to read it) per image and kept video frame;
+    unreadable inputs go to ``skipped``, each opened video's reader to ``videos`` (the writer needs its fps)."""
     for index, item in enumerate(items):
         if is_video(item):
             reader = VideoReader(str(item), vid_stride)
@@ -234,9 +232,7 @@ class _Run:
         self.writer = (path, writer, tmp, out)
         return writer
 
-    def close(self) -> None:
-        """Move the video being written into place: a run stopped by an error, Ctrl-C or SIGTERM leaves a
-        playable file of the frames so far, a killed one only its temporary file."""
+    def close(self) -> None:  # a run stopped by an error, Ctrl-C or SIGTERM leaves a playable video of its frames
         if self.writer is not None:
             _, writer, tmp, out = self.writer
             self.writer = None

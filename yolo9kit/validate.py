@@ -31,8 +31,8 @@ LOGGER = logging.getLogger(__name__)
 
 
 def prepare(model: torch.nn.Module, device: torch.device, half: bool, nhwc: bool = True, **kwargs):
-    """(the model to run, its input layout): ``prepare_model``'s (never the caller's moved or cast), channels_last
-    where ``nhwc`` and :func:`~yolo9kit.models.inference.inference_layout` say it pays."""
+    """(the model to run on ``device`` in FP16 or not, its input layout): ``prepare_model(model, **kwargs)``'s,
+    channels_last where ``nhwc`` and :func:`~yolo9kit.models.inference.inference_layout` say it pays."""
     prepared = prepare_model(model, device, half, **kwargs)
     layout = inference_layout(prepared, device, own_copy=prepared is not model) if nhwc else torch.contiguous_format
     if layout is torch.channels_last and prepared is not model:
@@ -41,13 +41,13 @@ def prepare(model: torch.nn.Module, device: torch.device, half: bool, nhwc: bool
 
 
 def model_input(images: torch.Tensor, device: torch.device, half: bool, layout) -> torch.Tensor:
-    """uint8 (B, 3, H, W) RGB -> FP16 or FP32 in [0, 1] on ``device``, in ``layout``."""
+    """uint8 (B, 3, H, W) RGB ``images`` -> FP16 (``half``) or FP32 in [0, 1] on ``device``, in ``layout``."""
     x = images.to(device, non_blocking=True)
     return ((x.half() if half else x.float()) / 255).contiguous(memory_format=layout)
 
 
 def clock(device: torch.device) -> float:
-    """``time.perf_counter()`` once the queued CUDA kernels are done, so that stage timers measure them."""
+    """``time.perf_counter()`` once the kernels queued on ``device`` are done, so that stage timers measure them."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
