@@ -22,7 +22,6 @@ from yolo9kit.detections import non_max_suppression, scale_boxes, speed_line
 from yolo9kit.env import resolve_device
 from yolo9kit.figure import save_figure
 from yolo9kit.files import write_text_atomically
-from yolo9kit.metrics import APResult, ConfusionMatrix
 from yolo9kit.models.inference import inference_layout, prepare_model, resolve_half, select_head
 from yolo9kit.plots.metrics import plot_validation
 from yolo9kit.zoo import load_model
@@ -67,8 +66,8 @@ class ValResult:
     maps: np.ndarray  # (nc,) mAP50-95 per class id; classes without labels get map50_95 (official convention)
     seen: int  # images evaluated
     instances: int  # labels in them
-    confusion_matrix: ConfusionMatrix
-    ap_result: APResult | None = None  # the curves; None without any true positive
+    confusion_matrix: metrics.ConfusionMatrix
+    ap_result: metrics.APResult | None = None  # the curves; None without any true positive
     figures: dict[str, Any] = field(default_factory=dict)  # name -> matplotlib figure (plots=True)
     coco: dict[str, float] | None = None  # the 12 COCOeval numbers (coco=True)
     coco_predictions: list[dict] | None = field(default=None, repr=False)  # its records
@@ -201,7 +200,7 @@ class _Validation:
     gt_images: list = field(default_factory=list)  # (path, (h0, w0), labels) for COCO ground truth
 
     def __post_init__(self):
-        self.confusion = ConfusionMatrix(len(self.names))
+        self.confusion = metrics.ConfusionMatrix(len(self.names))
 
 
 def _run_batches(model, layout, loader, device, half, state: _Validation, progress_bar: bool) -> None:
@@ -249,7 +248,7 @@ def _score_image(pred, labels, path, shape, input_hw, state: _Validation) -> Non
         state.records += metrics.coco_predictions(pred_original, path, state.class_map)
 
 
-def _per_class_frame(result: APResult | None, state: _Validation, target_cls: np.ndarray):
+def _per_class_frame(result: metrics.APResult | None, state: _Validation, target_cls: np.ndarray):
     import pandas as pd
 
     names = state.names
