@@ -15,14 +15,14 @@ import numpy as np
 import torch
 
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
-from yolo9kit.data import letterbox
+from yolo9kit.data import letterbox, preprocess_images
 from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
 from yolo9kit.data.sources import IMAGE_SUFFIXES
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, non_max_suppression, scale_boxes
 from yolo9kit.env import parse_device, resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
 from yolo9kit.models.inference import max_stride, resolve_half, select_head
-from yolo9kit.validate import clock, model_input, prepare
+from yolo9kit.validate import clock, prepare
 from yolo9kit.zoo import load_model
 
 LOGGER = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     device = resolve_device("cpu" if onnx else device)
     half = resolve_half(half, device)
     was_training = model.training
-    run_model, layout = prepare(model, device, half, nhwc=not onnx, deploy=deploy, head=head)
+    run_model, dtype, nhwc = prepare(model, device, half, nhwc=not onnx, deploy=deploy, head=head)
     forward = torch.compile(run_model, mode=compile if isinstance(compile, str) else None) if compile else run_model
     imgsz, input_size = _sizes(imgsz, max_stride(run_model))
     if onnx:  # an optional package runs it
@@ -79,10 +79,9 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
 
         forward = (OnnxRuntimeForward if backend == "onnxruntime" else OpenVinoForward)(model, input_size)
     report = (lambda result, index: on_result(result, index + 1, len(items))) if on_result else None
-    run = _Run(run_model, forward, device, half, layout, head, input_size, batch_size == 1 and not onnx,
+    run = _Run(run_model, forward, device, dtype, nhwc, head, input_size, batch_size == 1 and not onnx,
                (nms or NMSConfig()).filled(PREDICT_NMS), save or SaveConfig(), report)
     try:
-        run.start(batch_size)
         run.predict_all(items, vid_stride, skipped, batch_size)
     finally:
         run.close()
@@ -167,8 +166,8 @@ class _Run:
     model: torch.nn.Module  # the prepared model: class names and stride
     forward: Callable  # that model, compiled, or the exported one
     device: torch.device
-    half: bool
-    layout: torch.memory_format
+    dtype: torch.dtype  # of the input
+    nhwc: bool  # channels_last input
     head: str
     input_size: tuple[int, int]
     auto: bool  # letterbox to the minimal stride-multiple rectangle, not the full input size
@@ -184,14 +183,12 @@ class _Run:
     def save_dir(self) -> Path | None:
         return Path(self.save.save_dir) if self.save.save_dir is not None else None
 
-    def start(self, batch_size: int) -> None:
+    def predict_all(self, items: list, vid_stride: int, skipped: list, batch_size: int) -> None:
         if self.save_dir is not None:
             (self.save_dir / "labels" if self.save.txt else self.save_dir).mkdir(parents=True, exist_ok=True)
         if self.device.type == "cuda":  # warm-up: the first call pays for cuDNN autotuning and allocations
-            self.forward(model_input(torch.zeros(batch_size, 3, *self.input_size, dtype=torch.uint8), self.device,
-                                     self.half, self.layout))
-
-    def predict_all(self, items: list, vid_stride: int, skipped: list, batch_size: int) -> None:
+            self.forward(preprocess_images(torch.zeros(batch_size, 3, *self.input_size, dtype=torch.uint8), self.device,
+                                           self.dtype, self.nhwc))
         pending = []
         for index, image, path, frame, read_s in _inputs(items, vid_stride, skipped, self.videos):
             t0 = time.perf_counter()
@@ -253,7 +250,7 @@ def _run_batch(run: _Run, pending: list) -> list[tuple[Prediction, dict]]:
     """One forward pass over the letterboxed images of ``pending``; per image its Prediction and speed row."""
     n, device, nms = len(pending), run.device, run.nms
     t1 = clock(device)
-    x = model_input(torch.from_numpy(np.stack([chw for *_, chw, _ in pending])), device, run.half, run.layout)
+    x = preprocess_images(torch.from_numpy(np.stack([chw for *_, chw, _ in pending])), device, run.dtype, run.nhwc)
     t2 = clock(device)
     prediction = select_head(run.forward(x), run.head)
     t3 = clock(device)

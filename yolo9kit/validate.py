@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from yolo9kit import metrics
 from yolo9kit.boxes import cxcywh_to_xyxy
 from yolo9kit.config import VAL_NMS, NMSConfig
-from yolo9kit.data import create_dataloader, load_data_config
+from yolo9kit.data import create_dataloader, load_data_config, preprocess_images
 from yolo9kit.detections import non_max_suppression, scale_boxes, speed_line
 from yolo9kit.env import resolve_device
 from yolo9kit.figure import save_figure
@@ -30,19 +30,13 @@ LOGGER = logging.getLogger(__name__)
 
 
 def prepare(model: torch.nn.Module, device: torch.device, half: bool, nhwc: bool = True, **kwargs):
-    """(the model to run on ``device`` in FP16 or not, its input layout): ``prepare_model(model, **kwargs)``'s,
-    channels_last where ``nhwc`` and :func:`~yolo9kit.models.inference.inference_layout` say it pays."""
+    """(the model to run, its input's dtype, whether its input is channels_last): ``prepare_model``'s model on
+    ``device``, FP16 with ``half``, channels_last where ``nhwc`` and ``inference_layout`` say it pays."""
     prepared = prepare_model(model, device, half, **kwargs)
-    layout = inference_layout(prepared, device, own_copy=prepared is not model) if nhwc else torch.contiguous_format
-    if layout is torch.channels_last and prepared is not model:
-        prepared = prepared.to(memory_format=layout)
-    return prepared, layout
-
-
-def model_input(images: torch.Tensor, device: torch.device, half: bool, layout) -> torch.Tensor:
-    """uint8 (B, 3, H, W) RGB ``images`` -> FP16 (``half``) or FP32 in [0, 1] on ``device``, in ``layout``."""
-    x = images.to(device, non_blocking=True)
-    return ((x.half() if half else x.float()) / 255).contiguous(memory_format=layout)
+    nhwc = nhwc and inference_layout(prepared, device, own_copy=prepared is not model) is torch.channels_last
+    if nhwc and prepared is not model:
+        prepared = prepared.to(memory_format=torch.channels_last)
+    return prepared, torch.float16 if half else torch.float32, nhwc
 
 
 def clock(device: torch.device) -> float:
@@ -174,8 +168,8 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
                         metrics.COCO80_TO_COCO91 if coco_val else None, imgsz)
     was_training = model.training
     try:
-        run_model, layout = prepare(model, device, half)
-        _run_batches(run_model, layout, dataloader, device, half, state, progress_bar)
+        run_model, dtype, nhwc = prepare(model, device, half)
+        _run_batches(run_model, dtype, nhwc, dataloader, device, state, progress_bar)
     finally:
         model.train(was_training)
     return _finish(state, plots, Path(save_dir) if save_dir is not None else None, coco_gt, config)
@@ -203,11 +197,11 @@ class _Validation:
         self.confusion = metrics.ConfusionMatrix(len(self.names))
 
 
-def _run_batches(model, layout, loader, device, half, state: _Validation, progress_bar: bool) -> None:
+def _run_batches(model, dtype, nhwc: bool, loader, device, state: _Validation, progress_bar: bool) -> None:
     for images, targets, paths, shapes in tqdm(loader, desc=f"validate ({state.head} head)",
                                                disable=not progress_bar, leave=False):
         t0 = clock(device)
-        images = model_input(images, device, half, layout)
+        images = preprocess_images(images, device, dtype, channels_last=nhwc)
         targets = targets.to(device)
         batch, _, height, width = images.shape
         state.input_shape = state.input_shape or (batch, 3, state.imgsz, state.imgsz)
