@@ -21,14 +21,13 @@ PACKAGE = "yolo9kit"
 # Bottom to top. A module may import from its own layer and the layers below it. The longest matching
 # prefix decides a module's layer; the bare package name matches only the top-level __init__.
 LAYERS: list[tuple[str, list[str]]] = [
-    # helpers with no kit dependencies: environment and devices, box formats, COCO ids, crash-safe file writes
-    # and byte counts for people
-    ("base", ["yolo9kit.cpu", "yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.files"]),
+    # helpers with no kit dependencies: environment and devices, box formats, crash-safe file writes and byte
+    # counts for people
+    ("base", ["yolo9kit.cpu", "yolo9kit.env", "yolo9kit.boxes", "yolo9kit.files"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),
     # the networks, the datasets and the tensor maths both sides share
-    ("models and data", ["yolo9kit.models", "yolo9kit.data", "yolo9kit.metrics", "yolo9kit.ops",
-                         "yolo9kit.assigner"]),
+    ("models and data", ["yolo9kit.models", "yolo9kit.data", "yolo9kit.metrics", "yolo9kit.assigner"]),
     # what training and inference produce and store, and the figures of those result types, built outside pyplot
     # (and the weights that ship with the kit, loaded through the checkpoint module)
     ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.zoo", "yolo9kit.pretrained",
@@ -146,15 +145,15 @@ import yolo9kit.boxes as B
 if TYPE_CHECKING:
     from yolo9kit.train import fit
 else:
-    from yolo9kit.coco import COCO80_TO_91
+    from yolo9kit.metrics import COCO80_TO_COCO91
 def f():
     from yolo9kit.loss import DetectionLoss
 """
     found = imports_in("yolo9kit.config", source)
     assert found == [(1, "yolo9kit.models.layers"), (1, "yolo9kit.models"), (2, "yolo9kit.boxes"),
-                     (6, "yolo9kit.coco"), (8, "yolo9kit.loss")]
+                     (6, "yolo9kit.metrics"), (8, "yolo9kit.loss")]
     assert [t for _, t in imports_in("yolo9kit.config", source, eager_only=True)] == [
-        "yolo9kit.models.layers", "yolo9kit.models", "yolo9kit.boxes", "yolo9kit.coco"]
+        "yolo9kit.models.layers", "yolo9kit.models", "yolo9kit.boxes", "yolo9kit.metrics"]
 
 
 def test_imports_point_down():

@@ -14,9 +14,9 @@ import torch
 
 from yolo9kit.config import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
 from yolo9kit.data import create_dataloader, make_shapes
+from yolo9kit.detections import non_max_suppression
 from yolo9kit.models import build_model
 from yolo9kit.models.inference import prepare_model, resolve_half
-from yolo9kit.ops import non_max_suppression
 from yolo9kit.prediction import predict
 from yolo9kit.validate import evaluate
 

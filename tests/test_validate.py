@@ -167,7 +167,7 @@ def test_evaluate_coco_json_and_cocoeval(dataset, tmp_path):
 
 
 def test_coco_records_follow_the_official_rules():
-    from yolo9kit.coco import COCO80_TO_COCO91, coco_predictions, is_coco_val
+    from yolo9kit.metrics import COCO80_TO_COCO91, coco_predictions, is_coco_val
 
     det = torch.tensor([[10.12345, 20.0, 30.5, 60.25, 0.123456789, 11.0]])
     (record,) = coco_predictions(det, "images/val2017/000000000139.jpg", COCO80_TO_COCO91)

@@ -48,8 +48,8 @@ _EXPORTS: dict[str, str] = {
 
 # sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
 _SUBMODULES = {
-    "assigner", "boxes", "checkpoint", "cli", "coco", "config", "data", "env", "export_onnx", "loss", "memory",
-    "metrics", "models", "ops", "plots", "prediction", "pretrained", "train", "validate", "widgets", "zoo",
+    "assigner", "boxes", "checkpoint", "cli", "config", "data", "env", "export_onnx", "loss", "memory",
+    "metrics", "models", "plots", "prediction", "pretrained", "train", "validate", "widgets", "zoo",
 }
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
