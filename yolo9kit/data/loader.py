@@ -17,10 +17,10 @@ import torch
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolo9kit.config import LoaderConfig
-from yolo9kit.cpu import usable_cores
 from yolo9kit.data.colour import hsv_jitter
 from yolo9kit.data.dataset import SampleKey, YOLODataset
 from yolo9kit.data.sources import DataConfig
+from yolo9kit.env import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def set_mosaic(loader_or_dataset, enabled: bool) -> None:
 
 def default_workers(batch_size: int) -> int:
     """Official rule: min(cpu count // GPUs, batch size if > 1 else 0, 8), with the cores this process may use
-    (``cpu.usable_cores``: its affinity and a container's CPU quota), not the machine's count."""
+    (``env.usable_cores``: its affinity and a container's CPU quota), not the machine's count."""
     gpus = max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
     return min(usable_cores() // gpus, batch_size if batch_size > 1 else 0, 8)
 
