@@ -64,8 +64,7 @@ def make_anchors(
         feature_shapes: (H_i, W_i) per level.
         strides: stride per level, in input pixels.
         offset: 0.5 puts each point in the centre of its cell.
-        dtype: of the outputs.
-        device: of the outputs.
+        dtype, device: of the outputs.
 
     Returns:
         points (A, 2) x, y in grid units of their level; stride_per_point (A, 1).
@@ -103,10 +102,8 @@ def clip_boxes_xyxy(boxes_xyxy: Array, shape_hw: tuple[int, int]) -> Array:
     """Clip (N, 4) xyxy boxes in place to an image of shape (h, w); returns the same object."""
     h, w = shape_hw
     if isinstance(boxes_xyxy, torch.Tensor):
-        boxes_xyxy[..., 0].clamp_(0, w)
-        boxes_xyxy[..., 1].clamp_(0, h)
-        boxes_xyxy[..., 2].clamp_(0, w)
-        boxes_xyxy[..., 3].clamp_(0, h)
+        boxes_xyxy[..., 0::2].clamp_(0, w)
+        boxes_xyxy[..., 1::2].clamp_(0, h)
     else:
         boxes_xyxy[..., [0, 2]] = boxes_xyxy[..., [0, 2]].clip(0, w)
         boxes_xyxy[..., [1, 3]] = boxes_xyxy[..., [1, 3]].clip(0, h)

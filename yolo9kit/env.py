@@ -72,18 +72,17 @@ class EnvReport:
         lines = [f"yolo9kit {self.yolo9kit}  Python {self.python}  {self.platform}",
                  f"torch {self.torch}  torchvision {self.torchvision}  CUDA {self.cuda_version or '-'}"]
         lines += [f"GPU {i}: {gpu['name']}  {gpu['total_bytes'] / gib:.1f} GiB  sm_{gpu['capability']}"
-                  for i, gpu in enumerate(self.gpus)]
-        if not self.gpus:
-            lines.append("GPU: none (CPU only: memory figures are estimated, training runs on the CPU)")
+                  for i, gpu in enumerate(self.gpus)] or [
+            "GPU: none (CPU only: memory figures are estimated, training runs on the CPU)"]
         ram = f"{self.ram_total_bytes / gib:.1f} GiB" if self.ram_total_bytes else "unknown"
         free = f"{self.ram_available_bytes / gib:.1f} GiB" if self.ram_available_bytes else "unknown"
-        lines.append(f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads}), {self.cpu_isa}, bf16 in "
-                     f"hardware: {'yes' if self.cpu_bf16 else 'no'}  RAM: {ram} total, {free} available")
-        lines.append("packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()))
-        lines.append(f"JupyterLab widget extension: {self.widgets_extension}")
-        lines.append(f"package data ({self.location}): "
-                     + ", ".join(f"{k} {v} file(s)" for k, v in self.package_data.items()))
-        lines += [f"PROBLEM: {p}" for p in self.problems] + [f"WARNING: {w}" for w in self.warnings]
+        lines += [f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads}), {self.cpu_isa}, bf16 in "
+                  f"hardware: {'yes' if self.cpu_bf16 else 'no'}  RAM: {ram} total, {free} available",
+                  "packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()),
+                  f"JupyterLab widget extension: {self.widgets_extension}",
+                  f"package data ({self.location}): "
+                  + ", ".join(f"{k} {v} file(s)" for k, v in self.package_data.items()),
+                  *(f"PROBLEM: {p}" for p in self.problems), *(f"WARNING: {w}" for w in self.warnings)]
         if self.gpu_check is not None:
             lines.append(str(self.gpu_check))
         return "\n".join(lines)

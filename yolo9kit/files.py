@@ -214,8 +214,7 @@ class FolderLock:
     """
 
     def __init__(self, folder: str | Path, what: str = "a run") -> None:
-        self.path = Path(folder) / LOCK_NAME
-        self.what = what
+        self.path, self.what = Path(folder) / LOCK_NAME, what
         self.fd: int | None = None
 
     def acquire(self) -> FolderLock:
@@ -295,11 +294,8 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     """Delete the temporary files of killed writes in ``folder`` (a live process's stay); what was removed."""
-    folder = Path(folder)
-    removed = []
-    if not folder.is_dir():
-        return removed
-    for path in folder.iterdir():
+    folder, removed = Path(folder), []
+    for path in folder.iterdir() if folder.is_dir() else ():
         match = _TEMPORARY.match(path.name)
         if not match or not path.is_file() or _pid_alive(int(match["pid"])):
             continue
@@ -367,8 +363,7 @@ def path_inside(folder: str | Path, name: str | Path, what: str) -> Path:
     Raises:
         ValueError: ``name`` is absolute, empty, or resolves (``..``, a symbolic link) outside ``folder``.
     """
-    folder = Path(folder).resolve()
-    text = str(name)
+    folder, text = Path(folder).resolve(), str(name)
     target = (folder / text).resolve()
     if not text or Path(text).is_absolute() or target == folder or not target.is_relative_to(folder):
         raise ValueError(f"{what} {text!r} is not a name inside {folder}; refused")
