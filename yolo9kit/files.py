@@ -192,11 +192,9 @@ def write_text_atomically(path: Path, text: str, *, inputs: Iterable[str | Path]
     write_bytes_atomically(path, text.encode(), inputs=inputs)
 
 
-def write_bytes_atomically(path: Path, data: bytes, *, inputs: Iterable[str | Path] = (),
-                           durable: bool = True) -> None:
+def write_bytes_atomically(path: Path, data: bytes, *, inputs: Iterable[str | Path] = ()) -> None:
     """Replace ``path`` with ``data`` through ``write_file``; on failure the old file stays."""
-    write_file(path, lambda tmp: Path(tmp).write_bytes(data), needed=len(data) + 4096, inputs=inputs,
-               durable=durable)
+    write_file(path, lambda tmp: Path(tmp).write_bytes(data), needed=len(data) + 4096, inputs=inputs)
 
 
 class FolderInUseError(ValueError):
