@@ -47,10 +47,10 @@ def test_batch_auto_and_minus_one_are_the_same_and_validated():
 
 
 def test_cpu_training_is_sized_against_the_available_ram():
-    from yolo9kit.env import ram_available_bytes
+    from yolo9kit.env import memory_limits
 
     target = sizing_target(TrainConfig(batch_size="auto"), CPU)
-    assert target.device_type == "cpu" and target.total_bytes == pytest.approx(ram_available_bytes(), rel=0.05)
+    assert target.device_type == "cpu" and target.total_bytes == pytest.approx(memory_limits()["RAM"], rel=0.05)
     assert sizing_target(TrainConfig(batch_size="auto", gpu="T4"), CPU).name == "T4"
 
 

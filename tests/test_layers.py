@@ -23,7 +23,7 @@ PACKAGE = "yolo9kit"
 LAYERS: list[tuple[str, list[str]]] = [
     # helpers with no kit dependencies: environment and devices, box formats, crash-safe file writes and byte
     # counts for people
-    ("base", ["yolo9kit.cpu", "yolo9kit.env", "yolo9kit.boxes", "yolo9kit.files"]),
+    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.files"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),
     # the networks, the datasets and the tensor maths both sides share

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     prog = f"{parser.prog} {args.verb}"
-    from yolo9kit.cpu import set_cpu_threads
+    from yolo9kit.env import set_cpu_threads
 
     set_cpu_threads()  # at most the cores this process may use (a container's quota included)
     try:

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config.declare import CHANGE, check_declared, declare
-from yolo9kit.cpu import native_cpu_bf16
-from yolo9kit.env import native_bf16, parse_device
+from yolo9kit.env import native_bf16, native_cpu_bf16, parse_device
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
@@ -62,7 +61,7 @@ def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this
     "auto" is bf16 where the GPU computes it in hardware (``bf16``: compute capability 8.0 or more; no loss
     scaling needed), else fp16 (also when ``bf16`` is None: not known, no such card here). On the CPU "auto"
     and "fp16" are fp32: an explicit "bf16" autocasts where the processor computes bf16 in hardware (``bf16``:
-    ``cpu.native_cpu_bf16``, AVX512-BF16 or AMX; 1.65x the official step of yolov9-t with channels_last), but
+    ``env.native_cpu_bf16``, AVX512-BF16 or AMX; 1.65x the official step of yolov9-t with channels_last), but
     it is not the default, because the demo's 30 epochs reached mAP50 0.838 with it against 0.911 in fp32
     (``benchmarks/demo_recipe.py``, docs/benchmarks.md).
 
@@ -178,7 +177,7 @@ class StepConfig:
 
         ``bf16``: whether the device computes bf16 in hardware (default: ask the CUDA device named, or the
         current one; without CUDA on this machine it is not known: "auto" is fp16, an explicit "bf16" is kept;
-        for the CPU, this processor: ``cpu.native_cpu_bf16``).
+        for the CPU, this processor: ``env.native_cpu_bf16``).
         ``gpu_name`` names it in errors. Values already set are kept, so resolving twice changes nothing.
 
         Raises:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.cpu import set_cpu_threads
+from yolo9kit.env import set_cpu_threads
 from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals, stopped_by
