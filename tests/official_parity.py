@@ -17,7 +17,7 @@ from conftest import committed_fixture
 from parity_weights import parity_state_dict
 
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.models import build_model
+from yolo9kit.models import create_model
 
 SMALL = ("yolov9-t", "yolov9-s", "gelan-t", "gelan-s")  # under a few seconds each on a 2-core CPU
 
@@ -76,7 +76,7 @@ def run_kit(name: str) -> dict:
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        model = build_model(name)
+        model = create_model(name)
     finally:
         torch.set_num_threads(threads)
     state = model.state_dict()

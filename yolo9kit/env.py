@@ -19,9 +19,9 @@ from yolo9kit.cpu import COMPETING_CORES, competing_cores, native_cpu_bf16, set_
 # The data files a wheel must carry: (folder inside the package, pattern, what needs them). A missing
 # folder means an install that dropped its package data (for example a wheel built without it).
 PACKAGE_DATA = (
-    ("models/cfg", "*.yaml", "the model layer tables (build_model)"),
+    ("models/cfg", "*.yaml", "the model layer tables (create_model)"),
     ("memory_calibration", "*.json", "the memory calibration (memory.estimate)"),
-    ("pretrained", "*.pt", "the shipped shapes model (shapes_model)"),
+    ("models", "*.pt", "the shipped shapes model (create_model)"),
 )
 
 

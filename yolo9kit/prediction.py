@@ -22,9 +22,9 @@ from yolo9kit.data.media import VIDEO_SUFFIXES, VideoReader, expand_sources, is_
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, speed_line
 from yolo9kit.env import parse_device, resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
-from yolo9kit.models.inference import inference_layout, max_stride, prepare_model, resolve_half, select_head
+from yolo9kit.models import load_model
+from yolo9kit.models.deploy import inference_layout, max_stride, prepare_model, resolve_half, select_head
 from yolo9kit.ops import letterbox, non_max_suppression, scale_boxes
-from yolo9kit.zoo import load_model
 
 LOGGER = logging.getLogger(__name__)
 
@@ -71,14 +71,14 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     rectangle, run through the model; the ``head`` output (the main head by default, as detect_dual.py;
     GELAN models have only that) goes through class-aware NMS with one class per box, and boxes are scaled
     back to the original image and rounded. The caller's model is never moved or cast (see
-    :func:`~yolo9kit.models.inference.prepare_model`); its train/eval mode is restored.
+    :func:`~yolo9kit.models.deploy.prepare_model`); its train/eval mode is restored.
 
     A video is decoded one frame at a time (never held in memory as a whole); with ``save`` its annotated
     copy ``<stem>.mp4`` (mp4v, the frame size of the source) is written frame by frame and closed even when
     the run stops early, and label files are ``labels/<stem>_<frame>.txt``.
 
     Args:
-        model: a DetectionModel, or anything :func:`~yolo9kit.zoo.load_model` accepts (checkpoint path,
+        model: a DetectionModel, or anything :func:`~yolo9kit.models.load_model` accepts (checkpoint path,
             model name).
         source: image or video file, folder (its image and video files, sorted; not its sub-folders), glob
             pattern, ``.txt`` file listing image or video paths one a line (relative to the list's folder),

@@ -25,9 +25,9 @@ from yolo9kit.env import resolve_device
 from yolo9kit.figure import save_figure
 from yolo9kit.files import write_text_atomically
 from yolo9kit.metrics import IOU_THRESHOLDS, APResult, ConfusionMatrix, ap_per_class, fitness, match_predictions
-from yolo9kit.models.inference import inference_layout, prepare_model, resolve_half, select_head
+from yolo9kit.models import load_model
+from yolo9kit.models.deploy import inference_layout, prepare_model, resolve_half, select_head
 from yolo9kit.ops import non_max_suppression, scale_boxes
-from yolo9kit.zoo import load_model
 
 LOGGER = logging.getLogger(__name__)
 
@@ -135,10 +135,10 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
     AP per class with 101-point interpolation (:func:`~yolo9kit.metrics.ap_per_class`).
 
     The caller's model is never moved or cast: when ``device`` or ``half`` differ from its own, a copy
-    is evaluated (:func:`~yolo9kit.models.inference.prepare_model`); its train/eval mode is restored.
+    is evaluated (:func:`~yolo9kit.models.deploy.prepare_model`); its train/eval mode is restored.
 
     Args:
-        model: DetectionModel (or a checkpoint path / model name, see :func:`~yolo9kit.zoo.load_model`).
+        model: DetectionModel (or a checkpoint path / model name, see :func:`~yolo9kit.models.load_model`).
         data: data.yaml path or dict (not needed when ``dataloader`` is given, except for COCO detection).
         split: "val", "test" or "train". imgsz, batch_size, workers: loader settings.
         nms: an :class:`~yolo9kit.config.NMSConfig`; its unset fields (and None) take

@@ -54,9 +54,9 @@ def as_step(step: StepConfig | str | nn.Module, batch_size: int | None = None,
 @functools.lru_cache(maxsize=2)
 def _built_model(name: str, num_classes: int | None) -> nn.Module:
     """A freshly initialised CPU model, kept for the next estimate (callers deep-copy it)."""
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
 
-    return build_model(name, num_classes)
+    return create_model(name, num_classes)
 
 
 def resolve_model(step: StepConfig, *, copy_model: bool = True) -> nn.Module:

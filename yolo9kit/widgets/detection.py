@@ -64,8 +64,8 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
 
     from yolo9kit.config import NMSConfig
     from yolo9kit.figure import new_figure
+    from yolo9kit.models import load_model
     from yolo9kit.prediction import predict
-    from yolo9kit.zoo import load_model
 
     model = load_model(model)
     images = _image_list(source)
