@@ -62,16 +62,13 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, *, inputs: tuple =
     """Save ``model`` (a DetectionModel) and ``extra`` entries atomically, with a checksum of the weights.
 
     Args:
-        path: destination file; its folder is created.
+        path: destination file (returned); its folder is created.
         model: the model whose state_dict and config are stored.
         inputs: files the command read (the checkpoint is never written over one of them).
         **extra: further plain entries (e.g. ``ema=...state_dict()``, ``epoch=3``); not ``RESERVED_KEYS``.
 
-    Returns:
-        The path written.
-
     Raises:
-        DiskFullError: less free space than the checkpoint needs (checked first); the old file is intact.
+        DiskFullError: less free space than the checkpoint needs (checked first; the old file is intact).
         OwnInputError: ``path`` is one of ``inputs``.
     """
     clash = RESERVED_KEYS & extra.keys()

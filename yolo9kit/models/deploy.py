@@ -22,12 +22,8 @@ _DEPLOYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @torch.no_grad()
 def fuse(model: nn.Module) -> nn.Module:
-    """Fold every BatchNorm into its conv and collapse every RepConvN, in place, as the official
-    ``DetectionModel.fuse()``: for inference only (eval mode). Works on any module tree of these layers.
-
-    Returns:
-        ``model``.
-    """
+    """Fold every BatchNorm into its conv and collapse every RepConvN of any module tree, in place, as the
+    official ``DetectionModel.fuse()`` (for inference only: eval mode); returns ``model``."""
     if isinstance(model, DetectionModel):
         return model.fuse()
     return fuse_layers(model)
@@ -102,12 +98,8 @@ def _deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int
 
 @torch.no_grad()
 def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionModel:
-    """The inference model: yolov9-X -> gelan-X (same main output), then :func:`fuse`; eval mode. The input
-    model is not modified; a single-head model is copied and fused.
-
-    Args:
-        model: the DetectionModel. fuse_layers: also fold Conv+BN and collapse RepConvN.
-    """
+    """A copy of ``model`` for inference, in eval mode: yolov9-X -> gelan-X (the same main output), then
+    :func:`fuse` unless ``fuse_layers`` is False; a single-head model is copied (and fused)."""
     if not model.is_dual:
         deployed = copy.deepcopy(model)
     else:
@@ -157,11 +149,7 @@ def max_stride(model: nn.Module) -> int:
 
 
 def resolve_half(half: str | bool | None, device: torch.device) -> bool:
-    """FP16 or not: ``"auto"`` (or None) is FP16 on CUDA, FP32 on the CPU.
-
-    Raises:
-        ValueError: a value other than "auto", None, True or False.
-    """
+    """FP16 or not: ``"auto"`` (or None) is FP16 on CUDA, FP32 on the CPU; ValueError for other values."""
     if half is None or (isinstance(half, str) and half == "auto"):
         return device.type == "cuda"
     if isinstance(half, bool):
@@ -202,11 +190,8 @@ def prepare_model(model: nn.Module, device: torch.device, half: bool, deploy: bo
 
 
 def select_head(output, head: str = "main") -> torch.Tensor:
-    """The decoded (B, 4+nc, A) prediction of ``head`` ("main" or "aux") from an eval-mode forward.
-
-    Raises:
-        ValueError: another head name, or "aux" of a model without one.
-    """
+    """The decoded (B, 4+nc, A) prediction of ``head`` ("main" or "aux") from an eval-mode forward; ValueError
+    for another name, or "aux" of a model without one."""
     if head not in ("main", "aux"):
         raise ValueError(f"head must be 'main' or 'aux', got {head!r}")
     if isinstance(output, torch.Tensor):

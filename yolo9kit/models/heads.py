@@ -104,16 +104,13 @@ class DDetect(nn.Module):
         """(box branches, class branches, dfl) per head group, aux first."""
         return [(self.cv2, self.cv3, self.dfl)]
 
-    def forward_raw(self, xs: list[torch.Tensor]) -> DualOutput:
-        """Raw maps (B, 64+nc, H_i, W_i) per level and head group."""
+    def forward(self, xs: list[torch.Tensor], raw: bool = False) -> DualOutput:
+        """Raw maps (B, 64+nc, H_i, W_i) per level and head group in training mode or with ``raw``, else decoded."""
         maps = []
         for g, (box, cls, _) in enumerate(self._groups()):
             feats = xs[g * self.nl:(g + 1) * self.nl]
             maps.append([torch.cat((box[i](x), cls[i](x)), 1) for i, x in enumerate(feats)])
-        return DualOutput(maps[0], maps[1]) if len(maps) == 2 else DualOutput(None, maps[0])
-
-    def forward(self, xs: list[torch.Tensor], raw: bool = False) -> DualOutput:
-        maps = self.forward_raw(xs)
+        maps = DualOutput(maps[0], maps[1]) if len(maps) == 2 else DualOutput(None, maps[0])
         return maps if (raw or self.training) else self.decode(maps)
 
     def decode(self, maps: DualOutput) -> DualOutput:

@@ -1,6 +1,6 @@
 """DetectionModel: an official-format layer table (the ``backbone``/``head`` rows of a model yaml) built and run
-in index order, with the official state_dict layout; and the freezing of layers (official ``--freeze``).
-docs/models.md describes the table and the build; docs/training.md the freeze values.
+in index order, with the official state_dict layout (docs/models.md); and frozen layers (official ``--freeze``,
+docs/training.md).
 """
 
 from __future__ import annotations
@@ -37,46 +37,50 @@ CHANNEL_MODULES = {L.Conv, L.AConv, L.ADown, L.ELAN1, L.RepNCSPELAN4, L.RepNCSP,
 HEADS = (DDetect, DualDDetect)
 # blocks whose constructor takes a repeat count of their own: (position in the constructor's args, its name)
 BLOCK_REPEATS = {L.RepNCSPELAN4: (4, "c5 (RepNCSP depth)"), L.RepNCSP: (2, "n")}
-MAX_REPEATS = 64  # a row's repeats times depth_multiple, and a block's own repeat argument (official: 1 to 3)
 # optional top-level ``activation:`` values (the official files accept any Python expression; we accept these)
 ACTIVATIONS = {"nn.SiLU()": nn.SiLU, "nn.ReLU()": nn.ReLU, "nn.LeakyReLU(0.1)": lambda: nn.LeakyReLU(0.1),
                "nn.Hardswish()": nn.Hardswish, "nn.Identity()": nn.Identity}
 PROBE_SIZE = 256  # side of the all-zero image the official build runs once to measure the strides
-CheckpointLayers = None | str | Iterable[int]
+# Bounds on a table, checked row by row before the row is built (docs/faults.md): yolov9-e, the largest
+# official model, has 50 layers, repeats of 1 to 3, widths up to 1024; LVIS has 1203 classes.
+MAX_LAYERS = 400
+MAX_REPEATS = 64  # a row's repeats times depth_multiple, and a block's own repeat argument
+MAX_MULTIPLE = 4.0  # depth_multiple and width_multiple
+MAX_CHANNELS = 16384  # any integer argument of a row (widths, hidden widths, kernel sizes)
+MAX_CLASSES = 100_000
 
 
 class LayerTableError(ValueError):
-    """A model yaml row that cannot be built; the message names the file and the row."""
+    """A layer table that cannot be built, or is past the bounds; the message names the file and the row."""
 
 
-def make_divisible(x: float, divisor: int = 8) -> int:
-    """Smallest multiple of ``divisor`` >= x (official width rounding)."""
-    return int(math.ceil(x / divisor) * divisor)
+def _ints(value: Any) -> list[int]:
+    if isinstance(value, (list, tuple)):
+        return [i for v in value for i in _ints(v)]
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
 
 
-def _layer_args(cls: type, f: Any, args: list, ch: list[int], gw: float, nc: int) -> tuple[list, int | list]:
-    """Constructor args and output channels of one row (the rules of the official ``parse_model``)."""
+def _layer(cls: type, n: int, f: Any, args: list, ch: list[int], gw: float, nc: int, label: str):
+    """One row's module and output channels (the rules of the official ``parse_model``)."""
     if cls in CHANNEL_MODULES:
-        c1, c2 = ch[f], make_divisible(args[0] * gw, 8)
-        return [c1, c2, *args[1:]], c2
-    if cls is L.Concat:
-        return args, sum(ch[x] for x in f)
-    if cls is L.CBLinear:
-        return [ch[f], list(args[0]), *args[1:]], list(args[0])
-    if cls is L.CBFuse:
-        return args, ch[f[-1]]
-    if cls in HEADS:
-        return [args[0] if args else nc, [ch[x] for x in f]], 0
-    return args, ch[f] if isinstance(f, int) else ch[f[-1]]
-
-
-def _make_layer(cls: type, n: int, ctor_args: list, label: str) -> nn.Module:
-    if cls in BLOCK_REPEATS:  # bounded before the block is made: a depth of thousands takes minutes and gigabytes
+        c2 = int(math.ceil(args[0] * gw / 8) * 8)  # official make_divisible
+        args, c2 = [ch[f], c2, *args[1:]], c2
+    elif cls is L.Concat:
+        c2 = sum(ch[x] for x in f)
+    elif cls is L.CBLinear:
+        args, c2 = [ch[f], list(args[0]), *args[1:]], list(args[0])
+    elif cls is L.CBFuse:
+        c2 = ch[f[-1]]
+    elif cls in HEADS:
+        args, c2 = [args[0] if args else nc, [ch[x] for x in f]], 0
+    else:
+        c2 = ch[f] if isinstance(f, int) else ch[f[-1]]
+    if cls in BLOCK_REPEATS:  # before the block is made: a depth of thousands takes minutes and gigabytes
         at, name = BLOCK_REPEATS[cls]
-        value = ctor_args[at] if len(ctor_args) > at else 1
+        value = args[at] if len(args) > at else 1
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEATS:
             raise LayerTableError(f"{label}: {name}={value!r}: expected 1 to {MAX_REPEATS}")
-    return nn.Sequential(*(cls(*ctor_args) for _ in range(n))) if n > 1 else cls(*ctor_args)
+    return (nn.Sequential(*(cls(*args) for _ in range(n))) if n > 1 else cls(*args)), c2
 
 
 def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tuple[nn.Sequential, list[int]]:
@@ -84,7 +88,7 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
     of the layers whose outputs later rows read; ``source`` names the table in errors.
 
     Raises:
-        LayerTableError: a row that cannot be built (the message names it).
+        LayerTableError: a row that cannot be built or is past the bounds (the message names it).
     """
     try:
         gd, gw = float(cfg.get("depth_multiple", 1.0)), float(cfg.get("width_multiple", 1.0))
@@ -92,6 +96,12 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
     except (KeyError, TypeError, ValueError) as e:
         raise LayerTableError(f"{source}: expected 'backbone' and 'head' row lists and numeric "
                               f"depth_multiple/width_multiple ({e})") from e
+    if not 1 <= len(rows) <= MAX_LAYERS:
+        raise LayerTableError(f"{source}: {len(rows)} layer rows: expected 1 to {MAX_LAYERS}")
+    if not (0 < gd <= MAX_MULTIPLE and 0 < gw <= MAX_MULTIPLE):
+        raise LayerTableError(f"{source}: depth_multiple={gd}, width_multiple={gw}: expected (0, {MAX_MULTIPLE}]")
+    if not 1 <= nc <= MAX_CLASSES:
+        raise LayerTableError(f"{source}: nc={nc}: expected 1 to {MAX_CLASSES} classes")
     layers, save, chs = [], [], [ch]
     for i, row in enumerate(rows):
         section, j = ("backbone", i) if i < len(cfg["backbone"]) else ("head", i - len(cfg["backbone"]))
@@ -105,14 +115,16 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
         froms = [f] if isinstance(f, int) else list(f) if isinstance(f, (list, tuple)) else None
         if not froms or any(not isinstance(x, int) or not -i - 1 <= x < i for x in froms):
             raise LayerTableError(f"{label}: 'from' must be -1 or indices of earlier layers, got {f!r}")
-        if not isinstance(n, int) or n < 1:
-            raise LayerTableError(f"{label}: repeats must be a positive integer, got {n!r}")
+        if not isinstance(n, int) or n < 1 or round(n * gd) > MAX_REPEATS:
+            raise LayerTableError(f"{label}: {n!r} repeats (times depth_multiple {gd}): expected 1 to {MAX_REPEATS}")
+        widths = [abs(v) for v in _ints(args)]
+        if widths and max(widths) * max(gw, 1.0) > MAX_CHANNELS:
+            raise LayerTableError(f"{label}: argument {max(widths)}: expected layer widths up to {MAX_CHANNELS}")
         n = max(round(n * gd), 1) if n > 1 else n
         args = [{"nc": nc, "None": None, "True": True, "False": False, "anchors": cfg.get("anchors")}.get(a, a)
                 if isinstance(a, str) else a for a in (args or [])]
         try:
-            ctor_args, c2 = _layer_args(cls, f, args, chs, gw, nc)
-            module = _make_layer(cls, n, ctor_args, label)
+            module, c2 = _layer(cls, n, f, args, chs, gw, nc, label)
         except (TypeError, ValueError, IndexError, KeyError, AssertionError, RuntimeError) as e:
             raise LayerTableError(f"{label}: cannot build {name} with args {args!r}: {e}") from e
         module.i, module.f, module.type = i, f, name
@@ -128,16 +140,9 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
 
 
 class DetectionModel(nn.Module):
-    """YOLOv9 / GELAN detector built from an official-format config dict.
-
-    Attributes:
-        model: ``nn.Sequential`` of the layers (state_dict keys ``model.<i>.…``, identical to official).
-        yaml: the config dict (official format, with ``nc`` and ``ch`` filled in).
-        nc, names: number of classes and their names. stride: (3,) float buffer [8, 16, 32].
-        head: the last layer (DDetect or DualDDetect). is_dual: True for YOLOv9 (PGI auxiliary head).
-        save: indices of layers whose outputs later layers read.
-        fused: True after :meth:`fuse` (recorded in checkpoints).
-    """
+    """YOLOv9 / GELAN detector of an official-format table: ``model`` holds the layers (state_dict keys
+    ``model.<i>.…`` as official), ``yaml`` the table (``nc``, ``ch`` filled in), ``save`` the layers later ones
+    read; ``stride`` [8, 16, 32]; ``fused`` after :meth:`fuse` (checkpoints record it)."""
 
     fused = False
 
@@ -211,12 +216,8 @@ class DetectionModel(nn.Module):
         return self._max_stride
 
     def forward(self, x: torch.Tensor, raw: bool = False) -> DualOutput:
-        """Run the detector on images (B, ch, H, W) in [0, 1], H and W multiples of the largest stride.
-
-        Returns:
-            DualOutput: in training mode or with ``raw``, raw maps per head; in eval mode decoded
-            (B, 4+nc, A) predictions (see :class:`DualOutput`).
-        """
+        """The :class:`DualOutput` of images (B, ch, H, W) in [0, 1], H and W multiples of the largest stride: raw
+        maps in training mode or with ``raw``, decoded (B, 4+nc, A) predictions in eval mode."""
         s = self._max_stride
         if x.ndim != 4 or x.shape[1] != self.ch or x.shape[2] % s or x.shape[3] % s:
             raise ValueError(
@@ -246,17 +247,10 @@ class DetectionModel(nn.Module):
             outputs.append(x if m.i in self.save else None)
         return x
 
-    def set_activation_checkpointing(self, layers: CheckpointLayers) -> list[int]:
-        """Recompute the activations of chosen layers in the backward pass instead of storing them (training
-        mode with gradients only; outputs, gradients and BatchNorm statistics are unchanged).
-
-        Args:
-            layers: None (off), "all" (every layer with parameters), "backbone" (the yaml's backbone rows) or
-                layer indices.
-
-        Returns:
-            The sorted layer indices now checkpointed.
-        """
+    def set_activation_checkpointing(self, layers: str | Iterable[int] | None) -> list[int]:
+        """Recompute the activations of ``layers`` in backward instead of storing them (training mode with
+        gradients only; outputs, gradients and BatchNorm statistics unchanged): None (off), "all" (every layer
+        with parameters), "backbone" (the yaml's backbone rows) or layer indices. Returns the indices, sorted."""
         with_params = [m.i for m in self.model if any(True for _ in m.parameters())]
         if layers is None or layers is False:
             chosen: list[int] = []
@@ -308,16 +302,9 @@ def _frozen_bn_stats(module: nn.Module):
 
 
 def frozen_layer_indices(model: nn.Module, freeze: Freeze) -> list[int]:
-    """The layer indices ``freeze`` names for a DetectionModel (a DDP wrapper unwrapped first).
-
-    Args:
-        model: the detector (its layers in ``model.model``).
-        freeze: None or 0 (nothing), N (layers 0..N-1, official ``--freeze N``), "backbone" (the yaml's
-            ``backbone:`` rows) or a list of layer indices (official ``--freeze i j k``).
-
-    Raises:
-        ValueError: the model has no layer list, or an index is out of its range (the message names both).
-    """
+    """The layer indices ``freeze`` names for a DetectionModel (a DDP wrapper unwrapped first): None or 0
+    (nothing), N (layers 0..N-1, official ``--freeze N``), "backbone" (the yaml's ``backbone:`` rows) or a list
+    of layer indices (official ``--freeze i j k``). ValueError: no layer list, or an index out of range."""
     freeze = check_freeze(freeze, "TrainConfig")
     if not freeze:
         return []

@@ -1,6 +1,6 @@
-"""Reading weights files safely: bounds on the model a file describes, checked before anything is allocated
-(docs/faults.md), and official YOLOv9 ``.pt`` files read without their code (docs/models.md, "Official
-checkpoints, loaded safely"): their classes are empty stand-ins, our model is rebuilt from the pickled yaml.
+"""Reading weights files safely: the model a file describes is bounded before anything is allocated
+(docs/faults.md); official YOLOv9 ``.pt`` files are read without their code, their classes as empty stand-ins
+(docs/models.md, "Official checkpoints, loaded safely").
 """
 
 from __future__ import annotations
@@ -17,16 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolo9kit.models.model import MAX_REPEATS, DetectionModel
+from yolo9kit.models.model import DetectionModel, LayerTableError
 
 LOGGER = logging.getLogger(__name__)
 
-# Bounds on a layer table. The largest official model (yolov9-e) has 50 layers, repeats of 1 (3 with
-# depth_multiple 1), widths up to 1024 before the width multiple; LVIS has 1203 classes.
-MAX_LAYERS = 400
-MAX_MULTIPLE = 4.0  # depth_multiple and width_multiple
-MAX_CHANNELS = 16384  # any integer argument of a layer row (widths, hidden widths, kernel sizes)
-MAX_CLASSES = 100_000
 MAX_MODEL_BYTES = 4 << 30  # parameters plus the probe's layer outputs, float32: 12 times yolov9-e
 MAX_UNPACKED_EXTRA_BYTES = 64 << 20  # torch.save never compresses: what entries may unpack to beyond their size
 
@@ -50,55 +44,19 @@ class CheckpointError(ValueError):
     """A weights file (the kit's or an official one) that cannot be used; the message says why and what to do."""
 
 
-def table_problem(table: Any, nc: Any) -> str | None:
-    """What puts a layer table (the ``backbone``/``head`` dict) for ``nc`` classes past the bounds; None: nothing."""
-    if not isinstance(table, dict):
-        return "has no layer table"
-    if isinstance(nc, bool) or not isinstance(nc, int) or not 1 <= nc <= MAX_CLASSES:
-        return f"nc={nc!r}: expected 1 to {MAX_CLASSES} classes"
-    rows = [*(table.get("backbone") or []), *(table.get("head") or [])]
-    if not 1 <= len(rows) <= MAX_LAYERS:
-        return f"has {len(rows)} layer rows: expected 1 to {MAX_LAYERS}"
-    for key in ("depth_multiple", "width_multiple"):
-        value = table.get(key, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_MULTIPLE:
-            return f"{key}={value!r}: expected a number in (0, {MAX_MULTIPLE}]"
-    for i, row in enumerate(rows):
-        if not (isinstance(row, (list, tuple)) and len(row) == 4):
-            return f"layer {i} {row!r}: expected [from, repeats, module, args]"
-        n, depth = row[1], table.get("depth_multiple", 1.0)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or round(n * depth) > MAX_REPEATS:
-            return f"layer {i}: {n!r} repeats (times depth_multiple): expected 1 to {MAX_REPEATS}"
-        widths = [abs(v) for v in _ints(row[3])]
-        if widths and max(widths) * max(table.get("width_multiple", 1.0), 1.0) > MAX_CHANNELS:
-            return f"layer {i}: argument {max(widths)}: expected layer widths up to {MAX_CHANNELS}"
-    return None
-
-
-def _ints(value: Any) -> list[int]:
-    if isinstance(value, (list, tuple)):
-        return [i for v in value for i in _ints(v)]
-    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
-
-
 def check_model(table: dict, nc: int, source: str, max_model_bytes: int | None = None, *,
                 names: list | None = None, weights: dict | None = None, fused: bool = False) -> None:
-    """Refuse a layer table past the bounds before anything is allocated: checked row by row, then built on the
-    meta device, where its parameters and the stride probe's layer outputs must fit in ``max_model_bytes``.
+    """Refuse a layer table before anything is allocated: built on the meta device, row by row within the
+    bounds of :func:`~yolo9kit.models.model.parse_model`, its parameters and the stride probe's layer outputs
+    must fit in ``max_model_bytes`` (default 4 GiB) and its tensors match ``weights`` (names and shapes).
 
     Args:
-        table: the layer table. nc: its classes. source: names it in errors.
-        max_model_bytes: the limit (default ``MAX_MODEL_BYTES``, 4 GiB).
-        names: its class names. weights: a state_dict whose names and shapes must be the model's.
-        fused: the model is fused (Conv+BN folded), as the weights are.
+        table: the layer table. nc: its classes. source: names it in errors. max_model_bytes: the limit.
+        names: its class names. weights: a state_dict. fused: the model is fused, as the weights are.
 
     Raises:
-        CheckpointError: naming the bound, the figure and the limit, the row that cannot be built, or the
-            tensors that do not match.
+        CheckpointError: naming the bound, the figure and the limit, the row, or the tensors that differ.
     """
-    problem = table_problem(table, nc)
-    if problem:
-        raise CheckpointError(f"{source}: the layer table {problem}")
     outputs: list[int] = []
 
     def record(_module, _args, output) -> None:
@@ -117,7 +75,7 @@ def check_model(table: dict, nc: int, source: str, max_model_bytes: int | None =
             if fused:
                 shell.fuse()
     except Exception as e:  # noqa: BLE001 - a damaged table fails in many ways inside the builder
-        raise CheckpointError(f"{source}: the model cannot be built: {e}") from e
+        raise CheckpointError(str(e) if isinstance(e, LayerTableError) else f"{source}: cannot be built: {e}") from e
     limit = MAX_MODEL_BYTES if max_model_bytes is None else int(max_model_bytes)
     parameters = sum(p.numel() * 4 for p in shell.parameters())
     if parameters + sum(outputs) > limit:
