@@ -109,14 +109,7 @@ class RepConvN(nn.Module):
         """Fold both branches and their BatchNorms into one biased 3x3 ``conv`` (official ``fuse_convs``)."""
         w3, b3 = conv_bn_weights(self.conv1)
         w1, b1 = conv_bn_weights(self.conv2)
-        src = self.conv1.conv
-        conv = nn.Conv2d(src.in_channels, src.out_channels, 3, src.stride, 1, groups=self.g, bias=True)
-        conv = conv.to(device=w3.device, dtype=w3.dtype)
-        conv.weight.copy_(w3 + F.pad(w1, [1, 1, 1, 1]))
-        conv.bias.copy_(b3 + b1)
-        conv.weight.requires_grad_(False)
-        conv.bias.requires_grad_(False)
-        self.conv = conv
+        self.conv = _biased_conv(self.conv1.conv, w3 + F.pad(w1, [1, 1, 1, 1]), b3 + b1)
         del self.conv1, self.conv2
 
 
@@ -249,18 +242,13 @@ def conv_bn_weights(m: Conv) -> tuple[torch.Tensor, torch.Tensor]:
     return w * scale.view(-1, 1, 1, 1), m.bn.bias + (b - m.bn.running_mean) * scale
 
 
-@torch.no_grad()
-def _fold_conv(m: Conv) -> None:
-    if m.bn is None:
-        return
-    w, b = conv_bn_weights(m)
-    src = m.conv
+def _biased_conv(src: nn.Conv2d, w: torch.Tensor, b: torch.Tensor) -> nn.Conv2d:
+    """A frozen conv shaped as ``src``, with weight ``w`` and bias ``b``."""
     conv = nn.Conv2d(src.in_channels, src.out_channels, src.kernel_size, src.stride, src.padding,
                      dilation=src.dilation, groups=src.groups, bias=True).to(device=w.device, dtype=w.dtype)
     conv.weight.copy_(w)
     conv.bias.copy_(b)
-    conv.requires_grad_(False)
-    m.conv, m.bn = conv, None
+    return conv.requires_grad_(False)
 
 
 @torch.no_grad()
@@ -271,8 +259,8 @@ def fuse_layers(model: nn.Module) -> nn.Module:
         if isinstance(m, RepConvN) and not hasattr(m, "conv"):
             m.collapse()
     for m in list(model.modules()):
-        if isinstance(m, Conv):
-            _fold_conv(m)
+        if isinstance(m, Conv) and m.bn is not None:
+            m.conv, m.bn = _biased_conv(m.conv, *conv_bn_weights(m)), None
     return model
 
 
