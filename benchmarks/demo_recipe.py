@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from yolo9kit.cli.demo import NUM_CLASSES, recipe
     from yolo9kit.data import load_data_config, make_shapes
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.train import fit
 
     rows = []
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.step:
             config = recipe(args.epochs, args.imgsz, "cpu", Path(tmp) / name).replace(plots=False, progress_bar=False,
                                                                                     **STEPS[name])
-            model = build_model("yolov9-t", names=load_data_config(data).names)
+            model = create_model("yolov9-t", names=load_data_config(data).names)
             start = time.perf_counter()
             result = fit(model, data, config)
             seconds = time.perf_counter() - start

@@ -21,7 +21,7 @@ from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import gpu_from_device
 from yolo9kit.memory.measure import require_cuda
 from yolo9kit.memory.plan import choose_batch, sizing_target
-from yolo9kit.models import build_model
+from yolo9kit.models import create_model
 from yolo9kit.train import build_trainer
 from yolo9kit.train.guards import DistributedOutOfMemoryError
 from yolo9kit.train.state import Progress, capture_rng, restore_rng, restore_training_state, training_state
@@ -35,7 +35,7 @@ NATIVE_BF16 = {"T4": False, "V100": False, "A100": True, "RTX 4090": True, "H100
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return build_model("yolov9-t", num_classes=4)
+    return create_model("yolov9-t", num_classes=4)
 
 
 @pytest.mark.parametrize("card", list(CARDS))

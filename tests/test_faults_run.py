@@ -26,9 +26,9 @@ import torch
 from conftest import REPO
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
-from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
 from yolo9kit.files import DiskFullError
+from yolo9kit.models.checkpoint import read_checkpoint
 from yolo9kit.train import fit
 from yolo9kit.train.records import read_state
 
@@ -313,7 +313,7 @@ def test_cli_exit_status_says_how_the_run_ended(tmp_path, monkeypatch, capsys):
     parser = argparse.ArgumentParser()
     train_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["train", "--data", "d.yaml", "--project", str(tmp_path)])
-    monkeypatch.setattr("yolo9kit.zoo.create_model", lambda *a, **k: ToyNet())
+    monkeypatch.setattr("yolo9kit.models.create_model", lambda *a, **k: ToyNet())
     monkeypatch.setattr("yolo9kit.train.inputs.class_names", lambda *a, **k: ["thing"])  # no data.yaml read
     for by, code in ((None, 0), ("SIGINT", 130), ("SIGTERM", 143), ("KeyboardInterrupt", 130)):
         result = FitResult(ToyNet(), None, tmp_path, 1, 0.0, -1, interrupted=by is not None, interrupted_by=by)
@@ -335,13 +335,13 @@ def test_resume_refuses_settings_that_cannot_change(tmp_path):
 def test_cli_resume_refuses_fixed_flags_and_takes_epochs(tmp_path):
     import argparse
 
-    from yolo9kit.checkpoint import save_checkpoint
     from yolo9kit.cli import train as train_cli
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
+    from yolo9kit.models.checkpoint import save_checkpoint
     from yolo9kit.train.state import Progress
 
     saved = TrainConfig(epochs=2, batch_size=4, imgsz=64, device="cpu", seed=5).to_dict()
-    last = save_checkpoint(tmp_path / "run" / "weights" / "last.pt", build_model("gelan-t", num_classes=2),
+    last = save_checkpoint(tmp_path / "run" / "weights" / "last.pt", create_model("gelan-t", num_classes=2),
                            train_config=saved, progress=Progress(epoch=2).to_dict(), data=str(tmp_path / "d.yaml"))
     parser = argparse.ArgumentParser()
     train_cli.add_parser(parser.add_subparsers())

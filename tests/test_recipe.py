@@ -83,8 +83,8 @@ def test_the_command_line_takes_recipe_and_an_official_hyp_file_means_the_offici
 
 
 def test_a_short_run_says_its_recipe_first_and_records_it(tmp_path, caplog):
-    from yolo9kit.checkpoint import read_checkpoint
     from yolo9kit.data import make_shapes
+    from yolo9kit.models.checkpoint import read_checkpoint
 
     data = make_shapes(tmp_path / "d", n_train=4, n_val=2, imgsz=64, num_classes=2)
     args = _parse(["--data", str(data), "--model", "yolov9-t", "--batch", "4", "--epochs", "1", "--img", "64",

@@ -11,7 +11,7 @@ import torch
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.models import build_model
+from yolo9kit.models import create_model
 from yolo9kit.train import build_trainer, train_one_epoch, train_step
 from yolo9kit.train.guards import NonFiniteLossError
 from yolo9kit.train.state import Progress
@@ -74,7 +74,7 @@ def _trajectory(base, batches, switches: dict, lr0: float = 0.001):
 @pytest.fixture(scope="module")
 def yolov9_t():
     torch.manual_seed(0)
-    return build_model("yolov9-t", num_classes=4), _detection_batches(6, 2, 96)
+    return create_model("yolov9-t", num_classes=4), _detection_batches(6, 2, 96)
 
 
 def test_sync_free_fused_step_gives_the_same_loss_trajectory_as_the_plain_step(yolov9_t):
@@ -174,7 +174,7 @@ def test_lean_batchnorm_silu_keeps_less_for_backward_and_gives_the_same_gradient
     from yolo9kit.models.layers import set_lean
 
     torch.manual_seed(0)
-    base = build_model("yolov9-t", num_classes=4).train()
+    base = create_model("yolov9-t", num_classes=4).train()
     (images, targets), = _detection_batches(1, 2, 128)
     x = images.float() / 255
     out = {}

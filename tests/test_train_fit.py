@@ -11,8 +11,8 @@ import torch
 import yaml
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
-from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
+from yolo9kit.models.checkpoint import read_checkpoint
 from yolo9kit.train import BatchRecord, EpochRecord, NonFiniteLossError, fit
 from yolo9kit.train.records import RESULTS_COLUMNS
 

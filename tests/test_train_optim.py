@@ -94,7 +94,7 @@ def test_param_groups_and_optimizers():
 
 def test_param_group_counts_yolov9_t():
     models = pytest.importorskip("yolo9kit.models")
-    b, d, n = param_groups(models.build_model("yolov9-t"))
+    b, d, n = param_groups(models.create_model("yolov9-t"))
     assert (len(b), len(d), len(n)) == (303, 305, 291)  # counts of the official smart_optimizer
 
 

@@ -43,9 +43,9 @@ def _config(tmp_path, **kw):
 
 
 def _shapes_fit(data, config):
-    from yolo9kit.pretrained import shapes_model
+    from yolo9kit.models import create_model
 
-    return fit(shapes_model(), data, config)
+    return fit(create_model("yolov9-t-shapes").eval(), data, config)
 
 
 def _assert_picture(path):

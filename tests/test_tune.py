@@ -17,7 +17,7 @@ from train_toys import one_thread
 
 from yolo9kit.config import LossConfig, TrainConfig
 from yolo9kit.config.hyp import EVOLVE_SPACE, LEFT_OUT, hyp_of, hyp_settings, read_hyp
-from yolo9kit.pretrained import SHAPES_WEIGHTS
+from yolo9kit.models.checkpoint import SHAPES_WEIGHTS
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

@@ -348,11 +348,11 @@ def shapes(tmp_path_factory):
 def test_detection_viewer_sliders_filter_and_switch_images(shapes):
     import torch
 
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.widgets import detection_viewer, output_png
 
     torch.manual_seed(0)
-    model = build_model("yolov9-t", 3)
+    model = create_model("yolov9-t", 3)
     val_images = sorted((shapes.parent / "images" / "val").glob("*")) or sorted(shapes.parent.rglob("val*/*.png"))
     app = detection_viewer(model, [str(p) for p in val_images], imgsz=64, conf=0.001, iou=0.7, device="cpu")
     assert set(app.controls) == {"image", "conf", "iou", "head"}
@@ -374,11 +374,11 @@ def test_detection_viewer_sliders_filter_and_switch_images(shapes):
 
 @needs("yolo9kit.prediction", "predict")
 def test_detection_viewer_rejects_an_empty_folder(tmp_path):
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.widgets import detection_viewer
 
     with pytest.raises(ValueError, match="no image files"):
-        detection_viewer(build_model("gelan-t", 2), tmp_path)
+        detection_viewer(create_model("gelan-t", 2), tmp_path)
 
 
 # -- augmentation viewer ---------------------------------------------------------------------------

@@ -24,9 +24,9 @@ import torch
 
 # The data files a wheel must carry: (folder inside the package, pattern, what needs them).
 PACKAGE_DATA = (
-    ("models/cfg", "*.yaml", "the model layer tables (build_model)"),
+    ("models/cfg", "*.yaml", "the model layer tables (create_model)"),
     ("memory_calibration", "*.json", "the memory calibration (memory.estimate)"),
-    ("pretrained", "*.pt", "the shipped shapes model (shapes_model)"),
+    ("models", "*.pt", "the shipped shapes model (create_model)"),
 )
 COMPETING_CORES = 0.5  # busy cores of other processes (on this process's cores) from which the report warns
 PROC, CGROUP = Path("/proc"), Path("/sys/fs/cgroup")

@@ -22,7 +22,7 @@ import sys
 # verb modules, in the order ``--help`` lists them
 VERB_MODULES = ["checks", "models", "data", "train", "tune", "runs", "val", "detect", "export", "profile", "demo"]
 # errors of the input (exit code 2); anything else that escapes a verb is a failure while running (1).
-# ValueError covers the kit's own DataError, CheckpointError, OfficialCheckpointError and LayerTableError.
+# ValueError covers the kit's own DataError, CheckpointError and LayerTableError.
 INPUT_ERRORS = (ValueError, LookupError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
 MAX_MESSAGE = 600  # characters of one error line; the rest is shown with --verbose
 

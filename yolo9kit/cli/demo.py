@@ -47,12 +47,12 @@ def _build_models() -> None:
 def _checkpoint_round_trip(out: Path, name: str) -> None:
     import torch
 
-    from yolo9kit.checkpoint import load_checkpoint, save_checkpoint
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
+    from yolo9kit.models.checkpoint import save_checkpoint
 
-    model = build_model(name).eval()
+    model = create_model(name).eval()
     path = save_checkpoint(out / f"{name}-init.pt", model)
-    reloaded = load_checkpoint(path).eval()
+    reloaded = create_model(path).eval()
     x = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a, b = model(x).main, reloaded(x).main
@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"({time.perf_counter() - t:.0f} s)")
 
     _step("5. validate the trained model")
-    from yolo9kit.checkpoint import load_checkpoint
+    from yolo9kit.models import create_model
     from yolo9kit.validate import evaluate
 
-    model = load_checkpoint(best)
+    model = create_model(best).eval()
     result = evaluate(model, data_yaml, imgsz=args.imgsz, batch_size=16, device=args.device)
     print(result)
 
@@ -127,11 +127,11 @@ def recipe(epochs: int, imgsz: int, device: str | None, project: Path, validate:
 
 def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
     from yolo9kit.data import load_data_config
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.train import fit
 
     config = recipe(args.epochs or (2 if args.quick else 30), args.imgsz, args.device, out, validate=not args.quick)
-    model = build_model(args.model, names=load_data_config(data_yaml).names, seed=config.run.seed)
+    model = create_model(args.model, names=load_data_config(data_yaml).names, seed=config.run.seed)
     result = fit(model, data_yaml, config)
     print(f"trained {result.epochs_completed} epochs; weights in {result.save_dir}")
     return Path(result.best if result.best and Path(result.best).exists() else result.last)

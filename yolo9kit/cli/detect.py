@@ -75,8 +75,8 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from yolo9kit.config import NMSConfig, SaveConfig
+    from yolo9kit.models import load_model
     from yolo9kit.prediction import SPEED_COLUMNS, predict
-    from yolo9kit.zoo import load_model
 
     if len(args.imgsz) > 2:
         raise ValueError(f"--imgsz: expected one size or h w, got {len(args.imgsz)} values {args.imgsz}")

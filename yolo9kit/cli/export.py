@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from yolo9kit.config import ExportConfig, NMSConfig
     from yolo9kit.export_onnx import export
     from yolo9kit.files import refuse_own_input
-    from yolo9kit.zoo import load_model
+    from yolo9kit.models import load_model
 
     if len(args.imgsz) > 2:
         raise ValueError(f"--imgsz: expected one size or h w, got {len(args.imgsz)} values {args.imgsz}")

@@ -174,7 +174,7 @@ def device(text: str) -> str:
 
 
 def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
-    """``--max-model-gib``: the limit on the model a weights file describes (``yolo9kit.models.bounds``)."""
+    """``--max-model-gib``: the limit on the model a weights file describes (``yolo9kit.models.weights``)."""
     p.add_argument("--max-model-gib", type=lambda text: _float(text, "a size in GiB > 0"), default=None,
                    help="refuse a weights file whose model takes more than this (parameters and layer outputs "
                         "for one 256 px image; default 4): raise it for a model that really is that large")

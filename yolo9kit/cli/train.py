@@ -134,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from yolo9kit.models import create_model
     from yolo9kit.train import ddp, fit
     from yolo9kit.train.inputs import class_names
-    from yolo9kit.zoo import create_model
 
     if args.seeds != 1:
         return _train_seeds(args)
@@ -226,7 +226,7 @@ _PLAIN = dict.fromkeys((*FAST_SWITCHES, "colour_on_device"), False)  # --plain-s
 def _resume_setup(args: argparse.Namespace):
     """Model, data and config of the run to resume: its checkpoint's settings, with the flags of settings a
     resume may change (declared resume=CHANGE); a flag that would change the run is refused, naming it."""
-    from yolo9kit.checkpoint import check_model_config, read_checkpoint
+    from yolo9kit.models.checkpoint import check_model_config, read_checkpoint
     from yolo9kit.models.model import DetectionModel
     from yolo9kit.train.state import find_resume_checkpoint
 

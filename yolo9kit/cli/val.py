@@ -56,8 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from yolo9kit.cli.detect import increment_path
     from yolo9kit.config import NMSConfig
+    from yolo9kit.models import load_model
     from yolo9kit.validate import compare_heads, evaluate
-    from yolo9kit.zoo import load_model
 
     speed_task = args.task == "speed"
     model = load_model(args.weights, model_limit(args))  # first: a wrong --weights leaves no empty run folder behind

@@ -19,7 +19,7 @@ from yolo9kit.env import native_bf16, native_cpu_bf16, parse_device
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
-# What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
+# What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.model).
 Freeze = int | str | Sequence[int] | None
 # The speed switches that ``None`` leaves to the device: all on for CUDA, channels_last on the CPU (resolve).
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
@@ -126,7 +126,7 @@ class StepConfig:
     # Fine-tuning: layers whose parameters do not train (official --freeze): None or 0 nothing, an int N the
     # first N layers, "backbone" the model yaml's backbone rows, or a list of layer indices (stored as a
     # tuple). Frozen parameters get no gradient, no optimizer state and no EMA update, and autograd keeps no
-    # activation that only their gradients would need (yolo9kit.models.freeze has the rules).
+    # activation that only their gradients would need (yolo9kit.models.model has the rules).
     freeze: int | str | tuple[int, ...] | None = declare(
         None, "layers that do not train (fine-tuning): N for the first N layers (official: 10 is the yolov9-c "
         "backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)", flag="--freeze")

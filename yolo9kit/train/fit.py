@@ -152,7 +152,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             data = resume_data(data, folder)
         config = settle_settings(config, folder, training_images(data, train_loader))
         if isinstance(model, (str, Path)):
-            from yolo9kit.zoo import create_model
+            from yolo9kit.models import create_model
 
             model = create_model(model, names=class_names(data, config.pipeline.single_cls), seed=config.run.seed)
         if folder.ckpt is not None:

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.models.inference import max_stride
+from yolo9kit.models.deploy import max_stride
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
 from yolo9kit.train.inputs import multi_scale_rng, multi_scale_shape

@@ -88,7 +88,7 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
         FolderInUseError: another live process writes into the run folder.
     """
     if config.run.resume:
-        from yolo9kit.checkpoint import read_checkpoint
+        from yolo9kit.models.checkpoint import read_checkpoint
 
         path = find_resume_checkpoint(config.run.resume, config.run.project)
         run = RunFolder(run_dir_of(path), read_checkpoint(path), path)

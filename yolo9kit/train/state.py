@@ -165,8 +165,8 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
 def checkpoint_bytes(trainer: Trainer) -> int:
     """About the size of a training checkpoint of ``trainer``, in bytes: model, EMA and optimizer state (before
     the first step, SGD momentum is one copy of the parameters and Adam's moments two), plus the file's
-    overhead (``yolo9kit.checkpoint.estimate_checkpoint_bytes``)."""
-    from yolo9kit.checkpoint import estimate_checkpoint_bytes
+    overhead (``yolo9kit.models.checkpoint.estimate_checkpoint_bytes``)."""
+    from yolo9kit.models.checkpoint import estimate_checkpoint_bytes
 
     model = unwrap(trainer.model)
     parts: list = [model.state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
@@ -181,8 +181,8 @@ def checkpoint_bytes(trainer: Trainer) -> int:
 
 def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, config_dict: dict,
                              rng: dict | None = None, extra: dict | None = None) -> Path:
-    """Write ``path`` atomically through ``yolo9kit.checkpoint.save_checkpoint`` (temp file + rename)."""
-    from yolo9kit.checkpoint import save_checkpoint
+    """Write ``path`` atomically through ``yolo9kit.models.checkpoint.save_checkpoint`` (temp file + rename)."""
+    from yolo9kit.models.checkpoint import save_checkpoint
 
     path.parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(path, unwrap(trainer.model), **training_state(trainer, progress, config_dict, rng, extra))

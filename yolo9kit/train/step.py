@@ -19,8 +19,8 @@ from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import free_cuda_memory, resolve_device
-from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
+from yolo9kit.models.model import freeze_layers
 from yolo9kit.train.ema import ModelEMA, unwrap
 from yolo9kit.train.guards import DistributedOutOfMemoryError, halve_micro_batch, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
@@ -152,7 +152,7 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     to ``yolo9kit.loss.DetectionLoss(model, config.optim.loss)``.
 
     On CUDA the defaults are the fast ones: channels_last weights and inputs, a fused optimizer, a step
-    without host-device synchronisation, and the lean BatchNorm+SiLU (``yolo9kit.models.lean``: about a
+    without host-device synchronisation, and the lean BatchNorm+SiLU (``yolo9kit.models.layers``: about a
     quarter less activation memory); ``fit`` also switches cuDNN autotuning on for the run
     (``cudnn_autotune``). The scaler is on for fp16 (loss
     scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to skip a non-finite
