@@ -12,8 +12,8 @@ import torch
 from train_toys import one_thread
 
 from yolo9kit.checkpoint import read_checkpoint, save_checkpoint
-from yolo9kit.cli.flags import freeze as freeze_words
-from yolo9kit.cli.flags import freeze_token
+from yolo9kit.cli.train import freeze as freeze_words
+from yolo9kit.cli.train import freeze_token
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.models import build_model
 from yolo9kit.models.freeze import freeze_layers, frozen_layer_indices

@@ -15,7 +15,7 @@ import pytest
 from train_toys import one_thread
 
 from yolo9kit.config import LossConfig, TrainConfig
-from yolo9kit.config.hyp import EVOLVE_SPACE, LEFT_OUT, hyp_of, hyp_settings, read_hyp
+from yolo9kit.config.recipe import EVOLVE_SPACE, LEFT_OUT, hyp_of, hyp_settings, read_hyp
 from yolo9kit.pretrained import SHAPES_WEIGHTS
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
