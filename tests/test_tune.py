@@ -266,7 +266,7 @@ def test_best_hyp_trains_the_recipe_the_study_found_it_with(shapes, tmp_path, fa
     assert sgd.step.optimizer == "SGD" and sgd.optim.lr0 == best.optim.lr0  # a flag given wins
     bad = tmp_path / "bad_hyp.yaml"
     bad.write_text(hyp.read_text().replace("optimizer: AdamW", "optimizer: Adam W"))
-    with pytest.raises(ValueError, match=r"bad_hyp.yaml: optimizer: 'Adam W': expected one of"):
+    with pytest.raises(ValueError, match=r"bad_hyp.yaml: optimizer: TrainConfig.optimizer='Adam W': expected one of"):
         config_from_args(build_parser().parse_args(["train", *flags, "--hyp", str(bad)]))
 
 
