@@ -32,13 +32,6 @@ EVOLVE_SPACE: Mapping[str, tuple[float, float]] = MappingProxyType({
     "scale": (0.0, 0.9), "shear": (0.0, 10.0), "flipud": (0.0, 1.0), "mosaic": (0.0, 1.0), "mixup": (0.0, 1.0),
     "copy_paste": (0.0, 1.0),
 })
-LEFT_OUT = {
-    "box, cls": "--evolve mutates them in YOLOv5's ranges (box 0.02-0.2 where YOLOv9 trains with 7.5); the official "
-                "YOLOv9 loss ignores them (it hard-codes its gains), the kit's applies them",
-    "obj, obj_pw, anchor_t, anchors": "YOLOv5's objectness and anchors: YOLOv9 has neither",
-    "iou_t, fl_gamma, perspective, fliplr": "gain 0 in --evolve's table: never mutated",
-    "dfl": "not in --evolve's table",
-}
 LOG_SCALE = {"lr0"}  # four decades: sampled on a log scale, the others evenly
 TUNABLE = (*OPTIM_KEYS, *LOSS_KEYS, *DEFAULT_AUGMENT_HYP)  # the keys a custom space of tune may hold
 # TrainConfig settings a hyp file of the kit may also hold (tune's best_hyp.yaml: the recipe its trials trained, so

@@ -17,6 +17,7 @@ from yolo9kit.env import native_bf16, parse_device
 KEEP = "keep"  # the run's value: a resume that asks for another is refused (the data order, the schedule, ...)
 CHANGE = "change"  # a resume may set it (how long, where and how fast the run goes on)
 RUN = "run"  # the resume itself decides it (which run to resume, and where its folder is)
+API_ONLY = "API only: the official value serves every command-line run"  # a reason for no flag
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,18 @@ def check_setting(owner: str, name: str, f: dataclasses.Field, value: Any) -> No
         raise ValueError(f"{owner}.{name}={value!r}: expected {problem}")
 
 
-def check_declared(config: Any) -> None:
-    """Every declared value of ``config`` in its range, else a ValueError ``Type.name=value: expected ...``."""
-    for f in dataclasses.fields(config):
-        if "declared" in f.metadata:
-            check_setting(type(config).__name__, f.name, f, getattr(config, f.name))
+class Settings:
+    """A frozen dataclass of declared settings: each value checked when it is made (``Type.name=value: expected
+    ...``), ``replace`` for a changed copy."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if "declared" in f.metadata:
+                check_setting(type(self).__name__, f.name, f, getattr(self, f.name))
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with some settings changed."""
+        return dataclasses.replace(self, **changes)
 
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
@@ -130,25 +138,23 @@ _PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: de
 
 def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | None:
     """The freeze setting in its stored form (0 is None, a list a tuple), else a ValueError naming ``owner``."""
-    if value is None or value == "backbone":
-        return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value or None  # 0, the official default, freezes nothing
-    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and not isinstance(i, bool)
-                                                          and i >= 0 for i in value):
-        return tuple(value)
-    raise ValueError(f"{owner}.freeze={value!r}: expected None, a number of first layers (int >= 0), "
-                     "'backbone' or a non-empty list of layer indices >= 0")
+    return _layers(value, ("backbone",), f"{owner}.freeze", "a number of first layers (int >= 0), 'backbone'")
 
 
 def check_activation_checkpointing(value: Any, owner: str) -> tuple[int, ...] | str | None:
     """None, "backbone", "all" or a list of layer indices (stored as a tuple), else a ValueError naming ``owner``."""
-    if value is None or value in ACTIVATION_CHECKPOINTING:
+    return _layers(value, ACTIVATION_CHECKPOINTING, f"{owner}.activation_checkpointing", "'backbone', 'all'")
+
+
+def _layers(value: Any, words: tuple[str, ...], name: str, expected: str) -> tuple[int, ...] | str | None:
+    if value is None or value in words:
         return value
-    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and i >= 0 for i in value):
+    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and not isinstance(i, bool)
+                                                          and i >= 0 for i in value):
         return tuple(value)
-    raise ValueError(f"{owner}.activation_checkpointing={value!r}: expected None, 'backbone', 'all' "
-                     "or a list of layer indices")
+    raise ValueError(f"{name}={value!r}: expected None, {expected} or a non-empty list of layer indices >= 0")
 
 
 def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this GPU") -> str:
@@ -184,7 +190,7 @@ def precision_name(amp: str) -> str:
 
 
 @dataclass(frozen=True)
-class StepConfig:
+class StepConfig(Settings):
     """One training step, everything that sets its memory and speed: ``StepConfig("yolov9-s", 16)``.
 
     ``batch_size`` is the micro-batch (the setting ``micro_batch_size`` of a ``TrainConfig``, where None is the
@@ -222,24 +228,20 @@ class StepConfig:
                                   "max-autotune)", flag="--compile", resume=CHANGE)
     optimizer: str = declare("SGD", "the optimizer", flag="--optimizer", choices=OPTIMIZERS)
     ema: bool = declare(True, "keep an EMA of the weights (what is validated and saved)",
-                        no_flag="API only: the official value serves every command-line run")
+                        no_flag=API_ONLY)
     num_classes: int | None = None  # None: the model's own (80 for a registered name)
     num_targets: int = 8  # boxes per image of the memory tools' synthetic batch (the assigner grows with them)
     loss_fn: Callable | None = None  # memory tools: (outputs, targets) -> (loss, items); None: DetectionLoss
     device_type: str | None = None  # "cuda" or "cpu" once resolved for a device, else None
 
     def __post_init__(self) -> None:
-        check_declared(self)
+        super().__post_init__()
         if self.num_targets < 0:
             raise ValueError(f"StepConfig.num_targets={self.num_targets!r}: expected an integer >= 0")
         # hashable: the estimator cache is keyed by steps
         object.__setattr__(self, "activation_checkpointing",
                            check_activation_checkpointing(self.activation_checkpointing, "StepConfig"))
         object.__setattr__(self, "freeze", check_freeze(self.freeze, "StepConfig"))
-
-    def replace(self, **changes: Any) -> StepConfig:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
     @property
     def peak_imgsz(self) -> int:
@@ -258,10 +260,11 @@ class StepConfig:
             ValueError: ``amp="bf16"`` where the GPU or CPU has no bf16 (see :func:`amp_for`).
         """
         device_type = parse_device(device).type
-        if bf16 is None:
-            bf16 = _local_bf16(device) if device_type == "cuda" else native_cpu_bf16()
-        if gpu_name is None and device_type == "cuda":
-            gpu_name = _local_gpu_name(device)
+        if device_type == "cuda" and (bf16 is None or gpu_name is None):
+            local_bf16, local_name = _local_cuda(device)
+            bf16, gpu_name = local_bf16 if bf16 is None else bf16, gpu_name or local_name
+        elif bf16 is None:
+            bf16 = native_cpu_bf16()
         switches = {name: _fast_by_default(name, device_type) if getattr(self, name) is None
                     else bool(getattr(self, name)) for name in FAST_SWITCHES}
         return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16, gpu_name or "this GPU"),
@@ -318,23 +321,12 @@ def _fast_by_default(switch: str, device_type: str) -> bool:
     return switch == "channels_last" and device_type == "cpu" and torch.backends.mkldnn.is_available()
 
 
-def _cuda_index(device: Any) -> int | None:
-    """The index of the CUDA device ``device`` names on this machine (None: no CUDA here)."""
+def _local_cuda(device: Any) -> tuple[bool | None, str | None]:
+    """Whether the CUDA device ``device`` names (or the current one) has bf16, and its name; None without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
-        return None
+        return None, None
     index = parse_device(device).index
-    return torch.cuda.current_device() if index is None else index
-
-
-def _local_bf16(device: Any = None) -> bool | None:
-    index = _cuda_index(device)
-    return None if index is None else native_bf16(index)
-
-
-def _local_gpu_name(device: Any = None) -> str | None:
-    import torch
-
-    index = _cuda_index(device)
-    return None if index is None else f"{torch.cuda.get_device_name(index)} (cuda:{index})"
+    index = torch.cuda.current_device() if index is None else index
+    return native_bf16(index), f"{torch.cuda.get_device_name(index)} (cuda:{index})"

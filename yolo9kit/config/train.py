@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from yolo9kit.config.step import CHANGE, RUN, StepConfig, check_declared, check_setting, declare, part, settings
+from yolo9kit.config.step import API_ONLY, CHANGE, RUN, Settings, StepConfig, check_setting, declare, part, settings
 
-# Share of a card kept free when sizing a batch (docs/memory.md: validation, crowded images, fragmentation).
-DEFAULT_MARGIN = 0.10
-# The image cache of a dataset, a loader and a run (yolo9kit.data.dataset): None reads the files every time.
-CACHE_MODES = ("auto", "ram", "disk", None)
+DEFAULT_MARGIN = 0.10  # share of a card kept free when sizing a batch (docs/memory.md)
+CACHE_MODES = ("auto", "ram", "disk", None)  # the image cache (yolo9kit.data.dataset); None reads the files
 SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 RECIPES = ("auto", "official", "short")  # yolo9kit.config.recipe
 CALLBACK_NAMES = ("on_batch", "on_epoch_end")
@@ -27,57 +25,44 @@ GRAD_CLIP = 10.0  # the largest total gradient norm after unscaling
 LOG_INTERVAL = 10  # sync-free step: batches between read-backs of the losses (progress bar, callbacks)
 MAX_NONFINITE_BATCHES = 10  # non-finite losses in a row that stop a run
 OOM_BACKOFF = True  # on CUDA out-of-memory halve the micro-batch and retry
-# Augmentation hyper-parameters of the official hyp.scratch-high.yaml (passed to the data layer).
-DEFAULT_AUGMENT_HYP: dict[str, float] = {
-    "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.9,
-    "shear": 0.0, "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.15,
-    "copy_paste": 0.3,
-}
+DEFAULT_AUGMENT_HYP: dict[str, float] = {  # the augmentation of the official hyp.scratch-high.yaml
+    "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.9, "shear": 0.0,
+    "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.15, "copy_paste": 0.3}
 _AUGMENT_PROBABILITIES = ("flipud", "fliplr", "mosaic", "mixup", "copy_paste")  # the others: gains >= 0
 _HYP = "--hyp reads it from an official hyp yaml"
-_API = "API only: the official value serves every command-line run"
+_PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: decided for the device)"
 
 
 def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
-    """Augmentation hyper-parameters in range (probabilities in [0, 1], gains finite and >= 0), else a ValueError
-    naming ``owner`` and the key."""
+    """Probabilities in [0, 1], gains finite and >= 0, else a ValueError naming ``owner`` and the key."""
     for key, value in values.items():
-        if key not in DEFAULT_AUGMENT_HYP:
-            continue
         probability = key in _AUGMENT_PROBABILITIES
-        if not (0 <= value <= 1 if probability else 0 <= value < math.inf):  # nan fails both
+        if key in DEFAULT_AUGMENT_HYP and not (0 <= value <= 1 if probability else 0 <= value < math.inf):
             raise ValueError(f"{owner}[{key!r}]={value!r}: expected "
                              f"{'a probability in [0, 1]' if probability else 'a finite number >= 0'}")
 
 
 @dataclass(frozen=True)
-class LossConfig:
+class LossConfig(Settings):
     """Loss settings, the official values (docs/loss.md: the official loss hard-codes them)."""
 
     # The gains are the hyp keys box, cls, dfl and cls_pw; a gain of 0 turns its loss off (cls for one class).
     box_gain: float = declare(7.5, "weight of the CIoU box loss", no_flag=_HYP, low=0)
     cls_gain: float = declare(0.5, "weight of the BCE class loss", no_flag=_HYP, low=0)
     dfl_gain: float = declare(1.5, "weight of the distribution focal loss", no_flag=_HYP, low=0)
-    aux_weight: float = declare(0.25, "the auxiliary (PGI) head's share; the main head counts 1", no_flag=_API, low=0)
-    topk: int = declare(10, "candidate anchors per GT in the assigner", no_flag=_API, integer=True, low=1)
-    alpha: float = declare(0.5, "class-score exponent of the alignment metric", no_flag=_API, low=0)
-    beta: float = declare(6.0, "CIoU exponent of the alignment metric", no_flag=_API, low=0)
-    eps: float = declare(1e-9, "assigner in-box margin and normalisation epsilon", no_flag=_API, low=0, low_open=True)
+    aux_weight: float = declare(0.25, "the auxiliary (PGI) head's share (the main head's: 1)", no_flag=API_ONLY, low=0)
+    topk: int = declare(10, "candidate anchors per GT in the assigner", no_flag=API_ONLY, integer=True, low=1)
+    alpha: float = declare(0.5, "class-score exponent of the alignment metric", no_flag=API_ONLY, low=0)
+    beta: float = declare(6.0, "CIoU exponent of the alignment metric", no_flag=API_ONLY, low=0)
+    eps: float = declare(1e-9, "assigner in-box margin, normalisation epsilon", no_flag=API_ONLY, low=0, low_open=True)
     cls_pos_weight: float = declare(1.0, "BCE pos_weight of the positives", no_flag=_HYP, low=0, low_open=True)
-    # bounds the assigner near 250 MB however crowded the images (docs/loss.md)
-    max_assign_chunk: int | None = declare(8_388_608, "assigner pairs per chunk (None: the whole batch)",
-                                           no_flag=_API, integer=True, low=1)
-
-    def __post_init__(self) -> None:
-        check_declared(self)
-
-    def replace(self, **changes: Any) -> LossConfig:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
+    max_assign_chunk: int | None = declare(8_388_608, "assigner pairs per chunk (None: the whole batch; the default "
+                                           "bounds it near 250 MB: docs/loss.md)", no_flag=API_ONLY, integer=True,
+                                           low=1)
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(Settings):
     """The optimizer's hyper-parameters, its schedule, accumulation and the loss (official hyp.scratch-high)."""
 
     lr0: float = declare(0.01, "initial learning rate", no_flag=_HYP, low=0, low_open=True)
@@ -88,7 +73,7 @@ class OptimConfig:
                             no_flag="--cos-lr, --flat-cos-lr or --fixed-lr (the official flag names)",
                             choices=SCHEDULES)
     warmup_epochs: float = declare(3.0, "epochs of warmup", no_flag=_HYP, low=0)
-    warmup_min_batches: int = declare(100, "the fewest warmup batches", no_flag=_API, integer=True, low=0)
+    warmup_min_batches: int = declare(100, "the fewest warmup batches", no_flag=API_ONLY, integer=True, low=0)
     warmup_momentum: float = declare(0.8, "momentum at the start of warmup", no_flag=_HYP, low=0, high=1)
     warmup_bias_lr: float = declare(0.1, "bias learning rate at the start of warmup", no_flag=_HYP, low=0)
     nominal_batch_size: int = declare(64, "images per optimizer step the hyper-parameters assume",
@@ -100,39 +85,36 @@ class OptimConfig:
                                no_flag="--hyp (the official box, cls, dfl and cls_pw keys)")
 
     def __post_init__(self) -> None:
-        check_declared(self)
+        super().__post_init__()
         if not isinstance(self.loss, LossConfig):
             raise ValueError(f"OptimConfig.loss={self.loss!r}: expected a LossConfig")
 
 
 @dataclass(frozen=True)
-class PipelineConfig:
+class PipelineConfig(Settings):
     """The training data: which images (train_dual.py's data options), the augmentation and the loaders."""
 
-    rect: bool = declare(False, "rectangular training batches (images sorted by aspect ratio; no mosaic, no "
-                         "shuffling)", flag="--rect")
+    rect: bool = declare(False, "rectangular training batches (sorted by aspect ratio; no mosaic, no shuffling)",
+                         flag="--rect")
     single_cls: bool = declare(False, "train multi-class data as one class (\"item\")", flag="--single-cls")
     min_items: int = declare(0, "drop training images with fewer labelled boxes (official --min-items)",
                              flag="--min-items", integer=True, low=0)
     close_mosaic: int = declare(0, "mosaic off for the last N epochs", flag="--close-mosaic", integer=True, low=0)
     hyp: Mapping[str, float] | None = declare(None, "augmentation dict for the data layer; None = official defaults",
                                               no_flag="--hyp reads an official hyp yaml (its augmentation keys)")
-    colour_on_device: bool | None = declare(
-        None, "HSV colour jitter on the training device, not in the loader",
-        no_flag="--plain-step turns the CUDA speed switches off together (None: decided for the device)",
-        resume=CHANGE)
+    colour_on_device: bool | None = declare(None, "HSV colour jitter on the training device, not in the loader",
+                                            no_flag=_PLAIN_STEP, resume=CHANGE)
     cache: str | None = declare("auto", "cache the decoded images: auto (in RAM when they fit), ram (always; the "
                                 "flag alone), disk (a memory-mapped file beside the labels), or None", flag="--cache",
                                 resume=CHANGE, choices=CACHE_MODES)
-    # off: such data stops the run before the first step with a DataError (yolo9kit.data.guard)
     allow_bad_labels: bool = declare(False, "train even when labels use unnamed classes, no image has a box, or "
-                                     "many labelled images would be dropped (refused by default, before the first "
-                                     "step)", flag="--allow-bad-labels", resume=CHANGE)
+                                     "many would be dropped (refused before the first step: yolo9kit.data.guard)",
+                                     flag="--allow-bad-labels", resume=CHANGE)
     workers: int | None = declare(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
                                   resume=CHANGE, integer=True, low=0)
 
     def __post_init__(self) -> None:
-        check_declared(self)
+        super().__post_init__()
         check_augment_hyp(self.augment_hyp, "TrainConfig.hyp")
 
     @property
@@ -142,16 +124,15 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(Settings):
     """Where and how the run goes: the device, the seed, the run folder, validation, saving and logging."""
 
     device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
                                  resume=CHANGE)
     seed: int = declare(0, "the seed of the initial weights (of a model fit builds from a name), the data order "
                         "and the augmentation", flag="--seed", integer=True)
-    deterministic: bool = declare(False, "deterministic CUDA kernels (torch.use_deterministic_algorithms, cuDNN "
-                                  "without autotuning): the same numbers on the same GPU, slower",
-                                  flag="--deterministic", resume=CHANGE)
+    deterministic: bool = declare(False, "deterministic CUDA kernels, no cuDNN autotuning: the same numbers on the "
+                                  "same GPU, slower", flag="--deterministic", resume=CHANGE)
     val: bool = declare(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
                         negate=True, resume=CHANGE)
     patience: int = declare(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
@@ -166,7 +147,7 @@ class RunConfig:
                                flag="--save-period", resume=CHANGE, integer=True)
     # False for tune's trials unless keep_weights="all": the study removes the weights of all but the best
     log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt at the end of the run",
-                                no_flag=_API, resume=CHANGE)
+                                no_flag=API_ONLY, resume=CHANGE)
     plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
                           "plots)", flag="--no-plots", negate=True, resume=CHANGE)
     progress_bar: bool = declare(True, "tqdm bars of each epoch and its validation (rank 0)",
@@ -178,11 +159,10 @@ class RunConfig:
                                      "default sqlite:///<project>/mlflow.db", flag="--mlflow-uri", resume=CHANGE)
     # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
     callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
-        None, "functions called after each step and epoch", no_flag="API only: functions", resume=CHANGE,
-        compare=False)
+        None, "functions called after each step and epoch", no_flag="API only", resume=CHANGE, compare=False)
 
     def __post_init__(self) -> None:
-        check_declared(self)
+        super().__post_init__()
         loggers = (self.loggers,) if isinstance(self.loggers, str) else tuple(self.loggers or ())
         if not set(loggers) <= set(LOGGERS) or len(set(loggers)) != len(loggers):
             raise ValueError(f"TrainConfig.loggers={self.loggers!r}: expected some of {LOGGERS}, each once")
@@ -199,7 +179,7 @@ class RunConfig:
 
 
 @dataclass(frozen=True, init=False)
-class TrainConfig:
+class TrainConfig(Settings):
     """How to train: ``epochs``, the loader's ``batch_size``, the ``recipe`` and the parts ``step``, ``optim``,
     ``pipeline``, ``run`` (docs/training.md).
 
@@ -265,10 +245,6 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.micro_batch_size={micro!r}: expected at most batch_size="
                              f"{self.batch_size} (a batch is split into micro-batches)")
 
-    def replace(self, **changes: Any) -> TrainConfig:
-        """A copy with some settings (or whole parts) changed: ``config.replace(epochs=10, lr0=0.02)``."""
-        return dataclasses.replace(self, **changes)
-
     def to_dict(self) -> dict[str, Any]:
         """Every setting by its name, as plain values for checkpoints and settings.yaml; callbacks are left out."""
         out: dict[str, Any] = {}
@@ -276,9 +252,10 @@ class TrainConfig:
             value = getattr(self if holder is None else getattr(self, holder), f.name)
             if dataclasses.is_dataclass(value):
                 value = {"__dataclass__": type(value).__name__, **dataclasses.asdict(value)}
-            elif isinstance(value, (Mapping, Path, tuple)):  # tuples: lists in checkpoints and YAML
-                value = dict(value) if isinstance(value, Mapping) else str(value) if isinstance(value, Path) \
-                    else list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, (Path, tuple)):  # tuples: lists in checkpoints and YAML
+                value = str(value) if isinstance(value, Path) else list(value)
             out[name] = value
         del out["callbacks"]
         return out
