@@ -19,8 +19,8 @@ import torch
 
 from yolo9kit.checkpoint import load_checkpoint, save_checkpoint
 from yolo9kit.cli import export, predict, runs, train, tune
-from yolo9kit.cli.train import activation_checkpointing, checked, device, freeze, freeze_token, setting_type
-from yolo9kit.config import AMP_MODES, SaveConfig, StepConfig, TrainConfig
+from yolo9kit.cli.train import add_setting_flag, checked, freeze, setting_type
+from yolo9kit.config import SaveConfig, StepConfig, TrainConfig
 from yolo9kit.cpu import set_cpu_threads
 from yolo9kit.data import check, coco_to_yolo, create_dataloader, load_data_config, make_shapes
 from yolo9kit.env import environment_report
@@ -52,17 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log at DEBUG level and show the traceback of an error")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-    p = verbs.add_parser("checks", help="versions, CUDA, GPUs, CPU, RAM, JupyterLab widgets, package data; "
-                                        "--gpu: the two-minute check on this machine's GPU")
-    p.add_argument("--gpu", action="store_true",
-                   help="run the GPU check (fast vs plain step, images/s, syncs, memory vs estimate) and write "
-                        "gpu_check.json; without CUDA it says so and exits 0")
+    p = verbs.add_parser("checks", help="versions, CUDA, GPUs, CPU, RAM, widgets, package data; --gpu: the GPU check")
+    p.add_argument("--gpu", action="store_true", help="the two-minute check of this machine's GPU (fast vs plain "
+                   "step, images/s, syncs, memory vs estimate) into gpu_check.json; without CUDA it says so, exit 0")
     p.add_argument("--out", default=".", help="folder for gpu_check.json (default: the current folder)")
     p.set_defaults(func=run_checks)
     p = verbs.add_parser("models", help="list the models: parameters, GFLOPs at 640, deploy (fused gelan) size",
-                         description="Build each model on the CPU and print its size. GFLOPs are counted with "
-                                     "torch.utils.flop_counter on a 64x64 input and scaled by (imgsz/64)^2, about 1% "
-                                     "below the official thop figures, which also count BatchNorm and pooling.")
+                         description="GFLOPs: torch.utils.flop_counter at 64x64 scaled by (imgsz/64)^2, about 1% "
+                                     "below the official thop figures (which count BatchNorm and pooling too).")
     p.add_argument("names", nargs="*", help="models to list (default: all registered models)")
     p.add_argument("--imgsz", type=checked(int, low=1), default=640, help="image side of the GFLOPs (default 640)")
     p.add_argument("--num-classes", type=checked(int, low=1), default=80, help="number of classes (default 80)")
@@ -99,20 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     set_cpu_threads()  # at most the cores this process may use (a container's quota included)
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Exception) as e:
         if args.verbose:
             raise
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:
-        if args.verbose:
-            raise
-        if isinstance(e, INPUT_ERRORS):
-            print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
-            return 2
-        print(f"{prog}: failed ({type(e).__name__}): {one_line(e)} (add --verbose for the traceback)",
-              file=sys.stderr)
-        return 1
+        code, line = (130, "interrupted") if isinstance(e, KeyboardInterrupt) else \
+            (2, f"error: {one_line(e)}") if isinstance(e, INPUT_ERRORS) else \
+            (1, f"failed ({type(e).__name__}): {one_line(e)} (add --verbose for the traceback)")
+        print(f"{prog}: {line}", file=sys.stderr)
+        return code
 
 
 def one_line(error: BaseException) -> str:
@@ -168,8 +159,7 @@ def _add_data(verbs: argparse._SubParsersAction) -> None:
     mk.add_argument("--overwrite", action="store_true",
                     help="replace what OUT holds (without it a folder with other files is refused)")
     mk.set_defaults(func=run_make_shapes)
-    ck = actions.add_parser("check", help="check images and labels; exit code 1 when files had to be skipped, "
-                                          "2 when the data set cannot be read")
+    ck = actions.add_parser("check", help="check images and labels (exit 1: files skipped, 2: unreadable data set)")
     ck.add_argument("data", help="path of a data.yaml")
     ck.add_argument("--split", default="train", choices=["train", "val", "test"])
     ck.add_argument("--no-cache", action="store_true", help="check every file again, ignore the label cache")
@@ -180,8 +170,7 @@ def _add_data(verbs: argparse._SubParsersAction) -> None:
     cv.add_argument("--images", help="folder of the images (default OUT/images/<split>)")
     cv.add_argument("--split", default="train")
     cv.add_argument("--holdout", type=float, default=0.2,
-                    help="share of the train split's images held out for validation (val.txt; 0: validate on the "
-                         "training images)")
+                    help="share of the images held out for validation (val.txt; 0: validate on the training images)")
     cv.add_argument("--overwrite", action="store_true",
                     help="replace OUT/labels/<split> and OUT/data.yaml (without it existing ones are refused)")
     cv.set_defaults(func=run_convert_coco)
@@ -226,15 +215,10 @@ def _add_profile(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="yolov9-s", help="registered model name (default yolov9-s)")
     p.add_argument("--batch-size", "--batch", dest="batch_size", type=checked(int, low=1), nargs="+",
                    default=[8, 16, 32, 64], help="batch sizes (default 8 16 32 64)")
-    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=setting_type("imgsz"), default=640,
-                   help="image size, a multiple of 32 (default 640)")
-    p.add_argument("--amp", nargs="+", default=["auto"], choices=AMP_MODES,
-                   help="mixed precision: auto (bf16 where the GPU has it, else fp16; off on the CPU), fp16, bf16 "
-                        "(also on a CPU with bf16 in hardware), off (default auto)")
-    p.add_argument("--activation-checkpointing", type=activation_checkpointing, default=None, metavar="LAYERS",
-                   help="recompute layers in backward: none, backbone, all, or layer indices 1,2,3")
-    p.add_argument("--freeze", nargs="+", type=freeze_token, default=None, metavar="LAYERS",
-                   help=train.SETTINGS["freeze"][2].help)
+    add_setting_flag(p, "imgsz", default=640)
+    add_setting_flag(p, "amp", nargs="+", default=["auto"])
+    add_setting_flag(p, "activation_checkpointing")
+    add_setting_flag(p, "freeze")
     for name, what in (("channels-last", "NHWC weights and inputs"),
                        ("lean-activations", "BatchNorm+SiLU keep one activation for backward")):
         p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
@@ -245,8 +229,7 @@ def _add_profile(verbs: argparse._SubParsersAction) -> None:
                    help="boxes per image in the synthetic batch (default 8)")
     p.add_argument("--nominal-batch-size", type=setting_type("nominal_batch_size"), default=None,
                    help="also plan batch x accumulation for this many images per optimizer step (e.g. 64)")
-    p.add_argument("--margin", type=setting_type("margin"), default=0.10,
-                   help="share of the card kept free (default 0.10)")
+    add_setting_flag(p, "margin", default=0.10, help="share of the card kept free (default 0.10)")
     p.add_argument("--method", default="auto", choices=["auto", "measured", "estimated", "both"],
                    help="measure (CUDA), estimate, or auto (default)")
     p.add_argument("--csv", default=None, help="also write the sweep to this CSV file")
@@ -278,13 +261,11 @@ def _add_demo(verbs: argparse._SubParsersAction) -> None:
                                       "file to bring: the shapes data, yolov9-t, a few minutes on a CPU)")
     p.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     p.add_argument("--model", default="yolov9-t", help="model to train (default: yolov9-t)")
-    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=setting_type("imgsz"), default=160,
-                   help="image size (default: 160, CPU-friendly)")
-    p.add_argument("--epochs", type=setting_type("epochs"), default=None,
-                   help="training epochs (default: the built-in recipe)")
+    add_setting_flag(p, "imgsz", default=160, help="image size (default: 160, CPU-friendly)")
+    add_setting_flag(p, "epochs", help="training epochs (default: the built-in recipe)")
     p.add_argument("--n-train", type=checked(int, low=1), default=None, help="synthetic training images (default: "
                                                                                  "recipe)")
-    p.add_argument("--device", type=device, default=None, help="cuda, cpu, ... (default: cuda when available)")
+    add_setting_flag(p, "device", help="cuda, cpu, ... (default: cuda when available)")
     p.add_argument("--quick", action="store_true", help="a one-minute smoke run: tiny data, one short epoch")
     p.set_defaults(func=run_demo)
 

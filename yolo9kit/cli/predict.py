@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
-from yolo9kit.cli.train import add_model_limit_flag, checked, device, model_limit
+from yolo9kit.cli.train import add_model_limit_flag, add_setting_flag, checked, device, model_limit
 from yolo9kit.config import PREDICT_NMS, VAL_NMS, NMSConfig, SaveConfig
 from yolo9kit.files import write_text_atomically
 from yolo9kit.prediction import SPEED_COLUMNS, predict
@@ -26,12 +26,8 @@ def _add_shared(p: argparse.ArgumentParser, verb: str, nms: NMSConfig, batch_siz
     p.add_argument("--weights", required=True, help="kit checkpoint, official .pt, or a model name (random weights)")
     p.add_argument("--batch-size", type=checked(int, low=1), default=batch_size,
                    help=f"images per forward pass (default {batch_size}; detect: above 1, full-size letterbox)")
-    p.add_argument("--conf-thres", type=checked(float, low=0, high=1), default=nms.conf,
-                   help=f"confidence threshold (default {nms.conf})")
-    p.add_argument("--iou-thres", type=checked(float, low=0, high=1), default=nms.iou,
-                   help=f"NMS IoU threshold (default {nms.iou})")
-    p.add_argument("--max-det", type=checked(int, low=1), default=nms.max_det,
-                   help=f"maximum detections per image (default {nms.max_det})")
+    for name in ("conf", "iou", "max_det"):  # --conf-thres, --iou-thres, --max-det
+        add_setting_flag(p, name, NMSConfig, default=getattr(nms, name))
     p.add_argument("--device", type=device, default="", help="cuda device (0) or cpu; default: CUDA when available")
     p.add_argument("--half", action=argparse.BooleanOptionalAction, default="auto",
                    help="FP16 model and inputs (default: on CUDA, off on the CPU; --no-half for the official FP32)")
@@ -89,7 +85,7 @@ def run_detect(args: argparse.Namespace) -> int:
         raise ValueError(f"--imgsz: expected one size or h w, got {len(args.imgsz)} values {args.imgsz}")
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)  # made by predict, once it can run
-    nms = NMSConfig(conf=args.conf_thres, iou=args.iou_thres, max_det=args.max_det, classes=args.classes,
+    nms = NMSConfig(conf=args.conf, iou=args.iou, max_det=args.max_det, classes=args.classes,
                     agnostic=args.agnostic_nms)
     save = SaveConfig(save_dir, txt=args.save_txt, conf=args.save_conf, images=not args.nosave,
                       line_width=args.line_thickness)
@@ -154,7 +150,7 @@ def run_val(args: argparse.Namespace) -> int:
     speed_task = args.task == "speed"
     model = load_model(args.weights, model_limit(args))  # first: a wrong --weights leaves no empty run folder behind
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)  # made once there is a result
-    nms = NMSConfig(conf=0.25 if speed_task else args.conf_thres, iou=0.45 if speed_task else args.iou_thres,
+    nms = NMSConfig(conf=0.25 if speed_task else args.conf, iou=0.45 if speed_task else args.iou,
                     max_det=args.max_det)  # the official speed task times the detect thresholds
     settings = dict(split="val" if speed_task else args.task, imgsz=args.imgsz, batch_size=args.batch_size, nms=nms,
                     half=args.half, device=args.device or None, single_cls=args.single_cls, workers=args.workers)

@@ -1,10 +1,8 @@
 """``python -m yolo9kit train``: train a model (official flag names), and the value checks every verb shares.
 
-    python -m yolo9kit train --data data.yaml --model yolov9-s --batch-size 16 --epochs 100 --imgsz 640
     python -m yolo9kit train --data data.yaml --model yolov9-c --batch-size auto   # sized from the estimate
     python -m yolo9kit train --data data.yaml --model yolov9-c.pt --freeze backbone --rect   # fine-tune
     python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt
-    torchrun --nproc_per_node 2 -m yolo9kit train --data data.yaml --model yolov9-s --batch-size 64 --sync-bn
 """
 
 from __future__ import annotations
@@ -16,13 +14,12 @@ from typing import Any
 
 import torch
 
-from yolo9kit.checkpoint import check_model_config, read_checkpoint
+from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import FAST_SWITCHES, LossConfig, TrainConfig
 from yolo9kit.config.recipe import hyp_settings, read_hyp
 from yolo9kit.config.step import CHANGE, KEEP, Declared, settings
 from yolo9kit.config.train import LOGGERS
 from yolo9kit.env import parse_device
-from yolo9kit.models.model import DetectionModel
 from yolo9kit.train import ddp, fit  # the function (yolo9kit.train.fit is also its module)
 from yolo9kit.train.inputs import class_names
 from yolo9kit.train.rundir import resume_conflicts
@@ -41,9 +38,9 @@ def checked(kind: type, **rule: Any) -> functools.partial:
                                                      **rule))
 
 
-def setting_type(name: str) -> functools.partial:
-    """An argparse type: the text as the TrainConfig setting ``name`` takes it, checked by its declaration."""
-    _, f, declared = SETTINGS[name]
+def setting_type(name: str, of: type = TrainConfig) -> functools.partial:
+    """An argparse type: the text as the setting ``name`` of ``of`` takes it, checked by its declaration."""
+    _, f, declared = settings(of)[name]
     return functools.partial(_parsed, int if "int" in f.type else float if "float" in f.type else str, declared)
 
 
@@ -70,12 +67,12 @@ def device(text: str) -> str:
         dev = parse_device(spec)
     except RuntimeError:
         dev = None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if dev is None or dev.type not in ("cpu", "cuda", "mps"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected cpu, cuda, cuda:N or a GPU index N (e.g. 0)")
-    count = torch.cuda.device_count() if dev.type == "cuda" and torch.cuda.is_available() else 0
     if dev.type == "cuda" and not count:
         raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine; use --device cpu")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= count:
+    if dev.type == "cuda" and (dev.index or 0) >= count:
         raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s), 0..{count - 1}")
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine; use --device cpu")
@@ -160,24 +157,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of a run (``train`` and ``tune``): --data, --model, a flag per declared setting (every default
-    None: "not given", so that a resume sees a flag given with its default value), --hyp, the schedule flags."""
+    """The flags of a run (``train`` and ``tune``): --data, --model, a flag per declared setting, --hyp, ..."""
     p.add_argument("--data", help="data.yaml")
     p.add_argument("--model", "--cfg", default=None,
                    help=f"model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from (default "
                         f"{DEFAULT_MODEL})")
-    for name, (_, f, declared) in SETTINGS.items():
-        if declared.flag is None:
-            continue
-        shown = "" if f.default is None or f.default is False or declared.negate else f" (default {f.default})"
-        options: dict[str, Any] = {"dest": name, "default": None, "help": declared.help + shown}
-        if str(f.type) == "bool":  # a switch: its flag turns it on (off when negated)
-            options.update(action="store_const", const=not declared.negate)
-        elif declared.choices is not None:
-            options.update(choices=declared.choices)
-        else:
-            options.update(type=setting_type(name))
-        p.add_argument(declared.flag, *declared.aliases, **{**options, **_FORMS.get(name, {})})
+    for name, (_, _, declared) in SETTINGS.items():
+        if declared.flag is not None:
+            add_setting_flag(p, name)
     add_model_limit_flag(p)
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys; tune's best_hyp.yaml also holds "
                                                "the recipe its trials trained); a flag given wins over the file")
@@ -190,6 +177,23 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plain-step", action="store_true",
                    help="turn the CUDA speed switches off (channels_last, lean activations, sync-free step, fused "
                         "optimizer, colour jitter on the GPU): the official step's layout")
+
+
+def add_setting_flag(p: argparse.ArgumentParser, name: str, of: type = TrainConfig, **changes: Any) -> None:
+    """The flag of the setting ``name`` of ``of`` as its declaration has it (spellings, help, type or choices;
+    default None: "not given", so that a resume sees a flag given with its default value), with ``changes``."""
+    _, f, declared = settings(of)[name]
+    default = changes.get("default", f.default)
+    shown = "" if default is None or default is False or declared.negate else f" (default {default})"
+    options: dict[str, Any] = {"dest": name, "default": None, "help": declared.help + shown}
+    if f.type == "bool":  # a switch: its flag turns it on (off when negated)
+        options.update(action="store_const", const=not declared.negate)
+    elif declared.choices is not None:
+        options.update(choices=declared.choices)
+    else:
+        options.update(type=setting_type(name, of))
+    forms = _FORMS.get(name, {}) if of is TrainConfig else {}
+    p.add_argument(declared.flag, *declared.aliases, **{**options, **forms, **changes})
 
 
 def given_settings(args: argparse.Namespace) -> dict:
@@ -275,8 +279,7 @@ def _resume_setup(args: argparse.Namespace):
     changes = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == CHANGE}
     config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path), **changes,
                                    **(_PLAIN if args.plain_step else {}))
-    cfg = check_model_config(ckpt, path, ckpt["model"], model_limit(args))
-    model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"))
+    model = create_model(path, max_model_bytes=model_limit(args))  # the run's model; fit loads its state
     data = args.data or ckpt.get("data")
     if not data:
         raise ValueError(f"{path} does not record its data; pass --data")
