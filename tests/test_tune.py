@@ -203,7 +203,7 @@ def test_five_failed_trials_in_a_row_stop_the_study(shapes, tmp_path, monkeypatc
     from yolo9kit import tune
     from yolo9kit.train import NonFiniteLossError
 
-    def diverges(model, data, config):  # what fit raises after max_nonfinite_batches non-finite losses
+    def diverges(model, data, config):  # what fit raises after MAX_NONFINITE_BATCHES non-finite losses
         raise NonFiniteLossError(10, 0, 9)
 
     # the module (the package attribute yolo9kit.train.fit is the function once something asked for it)

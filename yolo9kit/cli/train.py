@@ -296,11 +296,10 @@ def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict
     for name in ("name", "exist_ok", "model", "weights", "hyp"):
         value = getattr(args, name)
         if value is not None and (name not in runs or runs[name] != value):
-            conflicts[name] = (runs.get(name, argparse.SUPPRESS), value)
+            conflicts[name] = (runs.get(name), value)
     refused = []
     for name, (theirs, value) in conflicts.items():
-        flag = SETTINGS[name][2].flag if name in SETTINGS else f"--{name}"
-        flag = flag or "--cos-lr/--flat-cos-lr/--fixed-lr"
-        theirs = "" if theirs is argparse.SUPPRESS else f" (the run's: {theirs})"
+        flag = (SETTINGS[name][2].flag if name in SETTINGS else f"--{name}") or "--cos-lr/--flat-cos-lr/--fixed-lr"
+        theirs = f" (the run's: {theirs})" if name in runs else ""
         refused.append(flag if value is True else f"{flag} {value}{theirs}")
     return refused
