@@ -2,8 +2,7 @@
 
 An error is one line on stderr (a traceback with ``-v``/``--verbose``, before or after the verb). Exit codes:
 0 done; 1 the work failed while running; 2 the input is wrong (fix it and run again); 130 interrupted with Ctrl-C;
-``data check``: 1 when files had to be skipped (docs/faults.md).
-"""
+``data check``: 1 when files had to be skipped (docs/faults.md)."""
 
 from __future__ import annotations
 

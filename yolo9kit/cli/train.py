@@ -2,8 +2,7 @@
 
     python -m yolo9kit train --data data.yaml --model yolov9-c --batch-size auto   # sized from the estimate
     python -m yolo9kit train --data data.yaml --model yolov9-c.pt --freeze backbone --rect   # fine-tune
-    python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt
-"""
+    python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt"""
 
 from __future__ import annotations
 
