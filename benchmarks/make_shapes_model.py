@@ -4,7 +4,7 @@
     python benchmarks/make_shapes_model.py --quick --out /tmp/tiny.pt                   # a smoke run (seconds)
 
 yolov9-t (with its auxiliary head, so ``compare_heads`` works on it) trained from scratch on the synthetic
-shapes data with the demo's CPU recipe (``yolo9kit.cli.demo.recipe``), on the data the notebooks generate:
+shapes data with the demo's CPU recipe (``yolo9kit.cli.demo_config``), on the data the notebooks generate:
 3 classes, up to 6 objects per image. The network works at 160 px (``yolo9kit.models.checkpoint.SHAPES_IMGSZ``);
 a quarter of the training images are generated at 64 px and so reach the network enlarged 2.5 times, as the
 notebooks' 64-pixel smoke-mode images do when they are predicted at 160 px. The validation split is the
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from yolo9kit.cli.demo import recipe
+    from yolo9kit.cli import demo_config
     from yolo9kit.models import create_model
     from yolo9kit.train import fit
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     data, val_small = _data(work, args)
     torch.manual_seed(0)
     model = create_model(args.model, names=data["names"])
-    config = replace(recipe(args.epochs, args.imgsz, args.device, work / "runs", validate=not args.quick),
+    config = replace(demo_config(args.epochs, args.imgsz, args.device, work / "runs", validate=not args.quick),
                      progress_bar=False, callbacks={"on_epoch_end": _epoch_line(start)})
     print(f"training {args.model} on {args.train} + {args.train_small} images, {args.epochs} epochs at "
           f"{args.imgsz} px on {args.device}, torch threads {torch.get_num_threads()}; work folder {work}", flush=True)

@@ -189,10 +189,11 @@ def test_training_step_variants_are_sync_free_on_cuda(model, change):
     assert syncs == [], [str(s) for s in syncs]
 
 
-def test_an_epoch_with_multi_scale_reads_back_once_per_log_interval(model):
+def test_an_epoch_with_multi_scale_reads_back_once_per_log_interval(model, monkeypatch):
     """train_one_epoch as fit runs it: multi-scale resizing on the device, the losses read back every
-    log_interval batches (two transfers each: the loss items and the finite flags) and nothing else."""
-    config = TrainConfig(device="cuda", epochs=1, multi_scale=True, imgsz=64, log_interval=2, **NO_WARMUP)
+    LOG_INTERVAL batches (two transfers each: the loss items and the finite flags) and nothing else."""
+    monkeypatch.setattr("yolo9kit.train.loop.LOG_INTERVAL", 2)
+    config = TrainConfig(device="cuda", epochs=1, multi_scale=True, imgsz=64, **NO_WARMUP)
     with fake_cuda("RTX 4090") as fake:
         trainer = build_trainer(copy.deepcopy(model), config, device=resolve_device("cuda"))
         batches = _batches(5)
@@ -319,7 +320,7 @@ def test_build_trainer_leaves_cudnn_autotuning_alone(model):
     assert torch.backends.cudnn.benchmark == previous
 
 
-def test_fit_on_cuda_end_to_end(model, tmp_path):
+def test_fit_on_cuda_end_to_end(model, tmp_path, monkeypatch):
     """fit as a user calls it on a card: the loader's batches jittered on the device, the sync-free step, the
     FP16 validation of the EMA, the checkpoints (they load on a CPU), cuDNN autotuning for the run only. The
     only syncs of the epoch's training are the read-backs of the logged losses; validation and the saves read
@@ -330,9 +331,10 @@ def test_fit_on_cuda_end_to_end(model, tmp_path):
     data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64)
     autotuned = []
     config = TrainConfig(epochs=1, batch_size=4, imgsz=64, workers=0, project=str(tmp_path / "runs"), name="cuda",
-                         plots=False, progress_bar=False, log_interval=1,
+                         plots=False, progress_bar=False,
                          callbacks={"on_batch": lambda record: autotuned.append(torch.backends.cudnn.benchmark)})
     previous = torch.backends.cudnn.benchmark
+    monkeypatch.setattr("yolo9kit.train.loop.LOG_INTERVAL", 1)
     with fake_cuda("A100") as fake:
         result = fit(copy.deepcopy(model), data, config)
     assert result.epochs_completed == 1 and result.step.amp == "bf16" and result.step.sync_free

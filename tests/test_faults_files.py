@@ -364,7 +364,7 @@ def test_predict_on_an_empty_image_or_a_tensor_says_what_it_takes():
 def test_the_yaml_a_run_reads_back_is_bounded_and_a_refusal_names_the_file(tmp_path):
     """Aliases (a few hundred bytes that expand to gigabytes) and files over 1 MiB are refused unread by every
     reader of the kit's YAML: --hyp, data.yaml, state.yaml (runs(): a damaged row, tests/test_experiments.py)."""
-    from yolo9kit.config.hyp import read_hyp
+    from yolo9kit.config.recipe import read_hyp
     from yolo9kit.data import load_data_config
     from yolo9kit.files import RecordError
     from yolo9kit.train.records import read_state, write_state

@@ -313,11 +313,11 @@ def test_cli_exit_status_says_how_the_run_ended(tmp_path, monkeypatch, capsys):
     parser = argparse.ArgumentParser()
     train_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["train", "--data", "d.yaml", "--project", str(tmp_path)])
-    monkeypatch.setattr("yolo9kit.models.create_model", lambda *a, **k: ToyNet())
-    monkeypatch.setattr("yolo9kit.train.inputs.class_names", lambda *a, **k: ["thing"])  # no data.yaml read
+    monkeypatch.setattr(train_cli, "create_model", lambda *a, **k: ToyNet())
+    monkeypatch.setattr(train_cli, "class_names", lambda *a, **k: ["thing"])  # no data.yaml read
     for by, code in ((None, 0), ("SIGINT", 130), ("SIGTERM", 143), ("KeyboardInterrupt", 130)):
         result = FitResult(ToyNet(), None, tmp_path, 1, 0.0, -1, interrupted=by is not None, interrupted_by=by)
-        monkeypatch.setattr("yolo9kit.train.fit", lambda *a, result=result, **k: result)
+        monkeypatch.setattr(train_cli, "fit", lambda *a, result=result, **k: result)
         assert train_cli.run(args) == code, by
         if by:
             assert f"interrupted by {by}" in capsys.readouterr().out

@@ -245,16 +245,11 @@ def test_flop_count_matches_the_reference_measurement(gelan_t):
 
 
 def test_models_cli_prints_the_table(capsys):
-    import argparse
+    from yolo9kit.cli import build_parser, main
 
-    from yolo9kit.cli import models as models_cli
-
-    parser = argparse.ArgumentParser()
-    models_cli.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["models", "gelan-t", "--num-classes", "80"])
+    args = build_parser().parse_args(["models", "gelan-t", "--num-classes", "80"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "gelan-t" in out and "2,442,640" in out and "2,407,632" in out and " 9.9 " in out
-    from yolo9kit.cli import main
 
     assert main(["models", "yolov9-x"]) == 2 and "unknown model" in capsys.readouterr().err

@@ -138,14 +138,10 @@ def test_evaluate_takes_the_trainer_s_bool_half(model, shapes):
 
 
 def test_cli_half_flags_default_to_auto():
-    import argparse
+    from yolo9kit.cli import build_parser
 
-    from yolo9kit.cli import detect, val
-
-    for module, required in ((detect, ["--weights", "w", "--source", "s"]), (val, ["--weights", "w", "--data", "d"])):
-        parser = argparse.ArgumentParser()
-        module.add_parser(parser.add_subparsers())
-        name = module.__name__.rsplit(".", 1)[1]
+    parser = build_parser()
+    for name, required in (("detect", ["--weights", "w", "--source", "s"]), ("val", ["--weights", "w", "--data", "d"])):
         assert parser.parse_args([name, *required]).half == "auto"
         assert parser.parse_args([name, *required, "--half"]).half is True
         assert parser.parse_args([name, *required, "--no-half"]).half is False

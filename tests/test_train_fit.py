@@ -150,7 +150,7 @@ def test_keyboard_interrupt_saves_last(tmp_path):
         assert torch.equal(ckpt["model"][k], v)
 
 
-def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tmp_path):
+def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tmp_path, monkeypatch):
     calls = {"n": 0}
 
     def nan_after_first_epoch(outputs, targets):
@@ -158,7 +158,8 @@ def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tm
         loss, items = toy_loss(outputs, targets)
         return (loss * float("nan"), items) if calls["n"] > 5 else (loss, items)
 
-    config = _config(tmp_path, epochs=3, max_nonfinite_batches=3)
+    monkeypatch.setattr("yolo9kit.train.loop.MAX_NONFINITE_BATCHES", 3)
+    config = _config(tmp_path, epochs=3)
     with pytest.raises(NonFiniteLossError, match="3 non-finite losses in a row") as info:
         _fit(config, loss_fn=nan_after_first_epoch)
     run = tmp_path / "runs" / "exp"
@@ -169,7 +170,7 @@ def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tm
 
 
 def test_a_run_whose_every_step_was_skipped_did_not_finish(tmp_path):
-    """Fewer non-finite losses than max_nonfinite_batches (dfl: 1e300 makes every one inf): an epoch that trained
+    """Fewer non-finite losses than MAX_NONFINITE_BATCHES (dfl: 1e300 makes every one inf): an epoch that trained
     nothing fails the run, naming the cause, instead of a "finished" run with an untrained best.pt."""
     calls = {"n": 0}
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from train_toys import one_thread
 
-from yolo9kit.cli.flags import freeze as freeze_words
-from yolo9kit.cli.flags import freeze_token
+from yolo9kit.cli.train import freeze as freeze_words
+from yolo9kit.cli.train import freeze_token
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint, save_checkpoint

@@ -255,23 +255,19 @@ def test_predict_bad_inputs(tmp_path):
 # ---------------------------------------------------------------------------------------------- CLI
 
 
-def _cli(module, argv):
-    import argparse
+def _cli(argv):
+    from yolo9kit.cli import build_parser
 
-    parser = argparse.ArgumentParser()
-    module.add_parser(parser.add_subparsers())
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 
 def test_detect_cli_prints_speed_and_writes_run_folder(dataset, tmp_path, capsys):
-    from yolo9kit.cli import detect
-
     data, _ = dataset
     argv = ["detect", "--weights", "gelan-t", "--source", str(data.parent / "images" / "val"), "--imgsz", "64",
             "--device", "cpu", "--save-txt", "--project", str(tmp_path / "runs"), "--name", "exp"]
-    assert _cli(detect, argv) == 0
-    assert _cli(detect, argv) == 0  # a second run goes to exp2
+    assert _cli(argv) == 0
+    assert _cli(argv) == 0  # a second run goes to exp2
     out = capsys.readouterr().out
     assert "image 1/3 " in out and ": 64x64 " in out  # 64x96 letterboxed to imgsz 64 -> 64x64 rectangle
     assert "Speed: " in out and "per image at shape (1, 3, 64, 64)" in out
@@ -290,14 +286,13 @@ def test_half_evaluation_leaves_the_callers_fp32_weights_alone(dataset):
 
 
 def test_val_cli_on_a_kit_checkpoint(dataset, tmp_path, capsys):
-    from yolo9kit.cli import val
     from yolo9kit.models.checkpoint import save_checkpoint
 
     data, _ = dataset
     weights = save_checkpoint(tmp_path / "gelan.pt", create_model("gelan-t", num_classes=2, names=NAMES))
     argv = ["val", "--data", str(data), "--weights", str(weights), "--imgsz", "64", "--batch-size", "2",
             "--workers", "0", "--device", "cpu", "--save-json", "--project", str(tmp_path / "runs")]
-    assert _cli(val, argv) == 0
+    assert _cli(argv) == 0
     out = capsys.readouterr().out
     assert "Class     Images  Instances" in out and "per image at shape (2, 3, 64, 64)" in out
     record = json.loads((tmp_path / "runs" / "exp" / "results.json").read_text())

@@ -239,7 +239,7 @@ def _epochs(run: _Run, loader: Iterable, loggers: RunLoggers) -> str | None:
     warmup = warmup_batches(config, nb)
     at = _Position(epoch=progress.epoch)
     with StopSignals(install=not run.dist.distributed) as signals, \
-            cudnn_autotune(run.trainer.device, config.step.cudnn_benchmark and not config.run.deterministic), \
+            cudnn_autotune(run.trainer.device, not config.run.deterministic), \
             deterministic_kernels(config.run.deterministic):
         try:
             _validate_unvalidated_end(run)

@@ -65,7 +65,7 @@ def make_loader(data, split: str, config: TrainConfig, dist: ddp.DistInfo, devic
                                  colour_device=device if on_device else None, allow_bad_labels=d.allow_bad_labels,
                                  rect=d.rect, min_items=d.min_items, single_cls=d.single_cls)
     return create_dataloader(data, split, imgsz=config.step.imgsz,
-                             batch_size=d.val_batch_size or 2 * config.batch_size,  # rank 0 validates alone
+                             batch_size=2 * config.batch_size,  # official; rank 0 validates alone
                              augment=False, workers=d.workers, cache=d.cache, single_cls=d.single_cls)
 
 

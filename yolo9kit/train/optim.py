@@ -138,9 +138,8 @@ def step_settings(config: TrainConfig, ni: int, epoch: int, warmup: int) -> Step
     accumulate = base_accumulate(config)
     if ni > warmup or warmup <= 0:
         return StepSettings(accumulate, (target_lr,) * 3, o.momentum)
-    if o.accumulate_warmup:
-        end = o.nominal_batch_size / config.batch_size if o.accumulate_steps is None else accumulate
-        accumulate = max(1, round(_interp(ni, warmup, 1.0, end)))
+    end = o.nominal_batch_size / config.batch_size if o.accumulate_steps is None else accumulate
+    accumulate = max(1, round(_interp(ni, warmup, 1.0, end)))  # ramped up from 1 (official)
     lrs = (
         _interp(ni, warmup, o.warmup_bias_lr, target_lr),
         _interp(ni, warmup, 0.0, target_lr),

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.config.declare import KEEP, declarations
 from yolo9kit.config.recipe import choose_recipe
+from yolo9kit.config.step import KEEP, settings
 from yolo9kit.files import (
     FolderInUseError,
     FolderLock,
@@ -33,7 +33,7 @@ LOGGER = logging.getLogger(__name__)
 # TrainConfig fields a resumed run keeps (declared resume=KEEP): they decide the data order, the schedule, the
 # loss or what is trained, so a change would silently give a run that is neither the old one nor a new one.
 # The others (epochs, patience, device, workers, cache, validation, the speed and memory switches) may change.
-FIXED_ON_RESUME = tuple(name for name, (_, declared) in declarations(TrainConfig).items() if declared.resume == KEEP)
+FIXED_ON_RESUME = tuple(name for name, (_, _, declared) in settings(TrainConfig).items() if declared.resume == KEEP)
 # Room for a results.csv row, auto_batch.json and the file system's own blocks, besides the checkpoints.
 _SMALL_FILES_BYTES = 1 << 20
 
@@ -206,9 +206,6 @@ def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> 
         check_loggers(config)
     if run.ckpt is not None:
         check_resume(config, run)
-    if config.optim.label_smoothing:
-        LOGGER.warning("label_smoothing=%g changes nothing: the official dual loss computes smoothed BCE targets "
-                       "and never uses them, and the kit follows it (docs/training.md)", config.optim.label_smoothing)
     return config
 
 
@@ -225,13 +222,7 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
     """
     ckpt, path = run.ckpt or {}, run.checkpoint
     saved = ckpt.get("train_config", {})
-    ours = config.to_dict()
-    try:  # the saved values in today's form (an older run's loss None is the official LossConfig)
-        theirs = {k: v for k, v in TrainConfig.from_dict(saved).to_dict().items() if k in saved}
-    except (TypeError, ValueError):
-        theirs = saved
-    changed = [f"{k} {saved[k]!r} -> {ours[k]!r}" for k in FIXED_ON_RESUME
-               if k in theirs and not (k == "batch_size" and ours[k] == "auto") and ours[k] != theirs[k]]
+    changed = [f"{k} {old!r} -> {new!r}" for k, (old, new) in resume_conflicts(saved, config).items()]
     if changed:
         raise ValueError(f"resume {path}: {', '.join(changed)}: these cannot change in the middle of a run; "
                          "resume with the run's settings (TrainConfig.from_dict(read_checkpoint(path)"
@@ -246,6 +237,14 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
     elif config.epochs != saved.get("epochs", config.epochs):
         LOGGER.info("%s: training to %d epochs instead of %d; the learning rate follows the schedule of %d epochs "
                     "from epoch %d", path, config.epochs, saved["epochs"], config.epochs, done + 1)
+
+
+def resume_conflicts(saved: dict, config: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """{setting: (the run's ``saved`` value, ``config``'s)} for each setting a resume keeps (``FIXED_ON_RESUME``)
+    that ``config`` changes (the train command asks it too); an automatic batch size is the run's."""
+    ours, theirs = config.to_dict(), TrainConfig.from_dict(saved).to_dict()  # theirs: in today's form
+    return {k: (saved[k], ours[k]) for k in FIXED_ON_RESUME
+            if k in saved and ours[k] != theirs[k] and not (k == "batch_size" and ours[k] == "auto")}
 
 
 def check_resume_model(model: Any, run: RunFolder) -> None:

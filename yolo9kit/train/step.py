@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.config.train import GRAD_CLIP, OOM_BACKOFF
 from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.models.layers import set_lean
 from yolo9kit.models.model import freeze_layers
@@ -176,15 +177,15 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     amp_dtype = None if meta else AMP_DTYPES[step.amp]
     scaler = make_scaler("none" if meta else scaler_kind(amp_dtype, step.sync_free), torch.device("cpu") if meta
                          else device)
-    ema = ModelEMA(model, config.optim.ema_decay, config.optim.ema_tau) if step.ema else None
+    ema = ModelEMA(model) if step.ema else None  # the official decay 0.9999, ramped over 2000 updates
     optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer and not meta)
     compiled = None
     if config.step.compile and not meta:
         mode = config.step.compile if isinstance(config.step.compile, str) else None
         compiled = torch.compile(model, mode=mode)
     return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, ema=ema, device=device,
-                   step=step, amp_dtype=amp_dtype, grad_clip=config.optim.grad_clip, world_size=world_size,
-                   compiled=compiled, micro_batch_size=config.step.batch_size, oom_backoff=config.run.oom_backoff)
+                   step=step, amp_dtype=amp_dtype, grad_clip=GRAD_CLIP, world_size=world_size,
+                   compiled=compiled, micro_batch_size=config.step.batch_size, oom_backoff=OOM_BACKOFF)
 
 
 @contextlib.contextmanager
