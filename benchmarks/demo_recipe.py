@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from yolo9kit.cli.demo import NUM_CLASSES, recipe
     from yolo9kit.data import load_data_config, make_shapes
     from yolo9kit.models import build_model
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

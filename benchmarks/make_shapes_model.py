@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     from yolo9kit.checkpoint import load_checkpoint
     from yolo9kit.cli.demo import recipe
     from yolo9kit.models import build_model
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

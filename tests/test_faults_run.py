@@ -29,10 +29,9 @@ from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
 from yolo9kit.files import DiskFullError
-from yolo9kit.train import fit
+from yolo9kit.train.fit import fit
 from yolo9kit.train.records import read_state
 
-# the module (the package's ``fit`` attribute is the function: the module is reached through sys.modules)
 fit_module = sys.modules["yolo9kit.train.fit"]
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -314,10 +313,10 @@ def test_cli_exit_status_says_how_the_run_ended(tmp_path, monkeypatch, capsys):
     train_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["train", "--data", "d.yaml", "--project", str(tmp_path)])
     monkeypatch.setattr("yolo9kit.zoo.create_model", lambda *a, **k: ToyNet())
-    monkeypatch.setattr("yolo9kit.train.inputs.class_names", lambda *a, **k: ["thing"])  # no data.yaml read
+    monkeypatch.setattr("yolo9kit.train.fit.class_names", lambda *a, **k: ["thing"])  # no data.yaml read
     for by, code in ((None, 0), ("SIGINT", 130), ("SIGTERM", 143), ("KeyboardInterrupt", 130)):
         result = FitResult(ToyNet(), None, tmp_path, 1, 0.0, -1, interrupted=by is not None, interrupted_by=by)
-        monkeypatch.setattr("yolo9kit.train.fit", lambda *a, result=result, **k: result)
+        monkeypatch.setattr("yolo9kit.train.fit.fit", lambda *a, result=result, **k: result)
         assert train_cli.run(args) == code, by
         if by:
             assert f"interrupted by {by}" in capsys.readouterr().out

@@ -13,8 +13,9 @@ from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import BatchRecord, EpochRecord, NonFiniteLossError, fit
-from yolo9kit.train.records import RESULTS_COLUMNS
+from yolo9kit.train.fit import fit
+from yolo9kit.train.guards import NonFiniteLossError
+from yolo9kit.train.records import RESULTS_COLUMNS, BatchRecord, EpochRecord
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

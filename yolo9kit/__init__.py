@@ -35,9 +35,9 @@ _EXPORTS: dict[str, str] = {
     "SaveConfig": "yolo9kit.config",
     "LoaderConfig": "yolo9kit.config",
     "ExportConfig": "yolo9kit.config",
-    "fit": "yolo9kit.train",
-    "fit_seeds": "yolo9kit.train",
-    "tune": "yolo9kit.train",
+    "fit": "yolo9kit.train.fit",
+    "fit_seeds": "yolo9kit.train.seeds",
+    "tune": "yolo9kit.train.tuning",
     "runs": "yolo9kit.experiments",
     "predict": "yolo9kit.prediction",
     "export": "yolo9kit.export_onnx",
@@ -97,6 +97,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from yolo9kit.prediction import predict
     from yolo9kit.pretrained import shapes_model
-    from yolo9kit.train import fit, fit_seeds, tune
+    from yolo9kit.train.fit import fit
+    from yolo9kit.train.seeds import fit_seeds
+    from yolo9kit.train.tuning import tune
     from yolo9kit.validate import compare_heads, evaluate
     from yolo9kit.zoo import create_model, load_model

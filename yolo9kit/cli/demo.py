@@ -128,7 +128,7 @@ def recipe(epochs: int, imgsz: int, device: str | None, project: Path, validate:
 def _train(args: argparse.Namespace, data_yaml: Path, out: Path) -> Path:
     from yolo9kit.data import load_data_config
     from yolo9kit.models import build_model
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     config = recipe(args.epochs or (2 if args.quick else 30), args.imgsz, args.device, out, validate=not args.quick)
     model = build_model(args.model, names=load_data_config(data_yaml).names, seed=config.run.seed)

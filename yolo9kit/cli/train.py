@@ -125,17 +125,17 @@ def given_settings(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Train; exit status 0 when the run finished, 130 when interrupted (SIGINT, Ctrl-C), 143 (SIGTERM)."""
-    from yolo9kit.train import ddp
+    from yolo9kit.train.state import finish_processes, init_from_env
 
-    ddp.init_from_env()
+    init_from_env()
     code = _train(args)
-    ddp.finish()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
+    finish_processes()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
     return code
 
 
 def _train(args: argparse.Namespace) -> int:
-    from yolo9kit.train import ddp, fit
-    from yolo9kit.train.inputs import class_names
+    from yolo9kit.train.fit import class_names, fit
+    from yolo9kit.train.state import current
     from yolo9kit.zoo import create_model
 
     if args.seeds != 1:
@@ -150,7 +150,7 @@ def _train(args: argparse.Namespace) -> int:
         model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.pipeline.single_cls),
                              weights=args.weights, max_model_bytes=model_limit(args), seed=config.run.seed)
     result = fit(model, data, config)
-    main = ddp.current().is_main
+    main = current().is_main
     if main and result.auto_batch is not None:
         print(result.auto_batch)
     if main and result.save_dir:
@@ -228,7 +228,7 @@ def _resume_setup(args: argparse.Namespace):
     resume may change (declared resume=CHANGE); a flag that would change the run is refused, naming it."""
     from yolo9kit.checkpoint import check_model_config, read_checkpoint
     from yolo9kit.models.model import DetectionModel
-    from yolo9kit.train.state import find_resume_checkpoint
+    from yolo9kit.train.rundir import find_resume_checkpoint
 
     path = find_resume_checkpoint(args.resume, args.project or declarations(TrainConfig)["project"][0].default)
     ckpt = read_checkpoint(path)

@@ -29,8 +29,8 @@ SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 # optimizer step per batch of 16, lighter augmentation), "auto" the short one for runs of at most
 # SHORT_RUN_UPDATES optimizer steps, as Ultralytics' optimizer="auto" picks AdamW for short runs.
 RECIPES = ("auto", "official", "short")
-CALLBACK_NAMES = ("on_batch", "on_epoch_end")
-# Experiment loggers beside the run folder (yolo9kit.train.loggers), each an optional extra of the package.
+CALLBACK_NAMES = ("on_batch", "on_epoch_end", "on_run_end")
+# Experiment loggers beside the run folder (entry points "yolo9kit.loggers"), each an optional extra of the package.
 LOGGERS = ("tensorboard", "mlflow")
 
 # Why some settings have no flag of their own (config.declare: every setting has a flag or a reason).
@@ -206,7 +206,7 @@ class RunConfig:
                                        "mlflow (--mlflow-uri)", flag="--loggers", resume=CHANGE)
     mlflow_uri: str | None = declare(None, "the MLflow tracking server (http://host:5000) or store (sqlite:///FILE); "
                                      "default sqlite:///<project>/mlflow.db", flag="--mlflow-uri", resume=CHANGE)
-    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
+    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord), "on_run_end": h(state)} (rank 0). Not saved.
     callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
         None, "functions called after each step and epoch", no_flag="API only: functions", resume=CHANGE,
         compare=False)

@@ -1,41 +1,47 @@
-"""The run folder: where a run starts or resumes, what a resume may change, the leftovers of killed writes,
-and room on the disk for an epoch's checkpoints (docs/training.md, the run folder; docs/faults.md)."""
+"""The run folder: where a run starts or resumes, what a resume may change, its loggers, settings.yaml and
+state.yaml, and room for an epoch's checkpoints. Its promises: docs/training.md (the run folder), docs/faults.md."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import torch
+
+from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
 from yolo9kit.config.declare import KEEP, declarations
 from yolo9kit.config.recipe import choose_recipe
+from yolo9kit.data import load_data_config
 from yolo9kit.files import (
     FolderInUseError,
     FolderLock,
     RecordError,
     check_free_space,
+    dump_record,
     read_record,
     remove_stale_temporaries,
+    write_text_atomically,
 )
-from yolo9kit.train import ddp
 from yolo9kit.train.ema import unwrap
-from yolo9kit.train.loggers import RunLoggers, check_loggers
-from yolo9kit.train.records import read_state, write_results, write_state
-from yolo9kit.train.state import checkpoint_bytes, find_resume_checkpoint, increment_path, run_dir_of
+from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
+from yolo9kit.train.records import call_back, read_state, write_results, write_state
+from yolo9kit.train.state import DistInfo, broadcast_object, checkpoint_bytes
 from yolo9kit.train.step import Trainer
 
 LOGGER = logging.getLogger(__name__)
 
-# TrainConfig fields a resumed run keeps (declared resume=KEEP): they decide the data order, the schedule, the
-# loss or what is trained, so a change would silently give a run that is neither the old one nor a new one.
-# The others (epochs, patience, device, workers, cache, validation, the speed and memory switches) may change.
+# The settings a resumed run keeps (declared resume=KEEP): the data order, the schedule, the loss, what is trained.
 FIXED_ON_RESUME = tuple(name for name, (_, declared) in declarations(TrainConfig).items() if declared.resume == KEEP)
-# Room for a results.csv row, auto_batch.json and the file system's own blocks, besides the checkpoints.
-_SMALL_FILES_BYTES = 1 << 20
+SETTINGS_FILE = "settings.yaml"
+_SMALL_FILES_BYTES = 1 << 20  # room for a results.csv row, auto_batch.json and the file system's own blocks
 
 
 @dataclass
@@ -47,55 +53,51 @@ class RunFolder:
     checkpoint: Path | None = None  # its file
     new: bool = False  # made by this run: removed again when the run fails before writing into it
     made: Path | None = None  # the topmost folder this run created (the project folder too, when it was new)
-    # settings.yaml, auto_batch.json and the pictures this run wrote: removed with a new folder when the run
-    # fails before its first checkpoint (a failed start leaves nothing behind)
-    files: list[Path] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # written by this run: removed with a new folder on a failed start
     lock: FolderLock | None = None  # held while the run writes (one process per run folder)
-    recipe: str = ""  # which recipe the run trains with and why (settle_settings), for settings.yaml
+    recipe: str = ""  # which recipe and why (settle_settings), for settings.yaml
     started: float = field(default_factory=time.monotonic)  # this process's part of the wall time
-    earlier_s: float = 0.0  # the wall time of the parts before a resume (from their state.yaml)
-    loggers: RunLoggers = field(default_factory=RunLoggers)  # opened with settings.yaml, closed with state.yaml
+    earlier_s: float = 0.0  # the wall time of the parts before a resume (their state.yaml)
+    loggers: list[Any] = field(default_factory=list)  # the logger classes of TrainConfig.loggers (entry points)
+    callbacks: list[Any] = field(default_factory=list)  # the started loggers, then TrainConfig.callbacks
     begun: bool = False  # its checks passed and it writes into the folder (``begin``)
 
     def begin(self) -> None:
-        """Once every check passed (rank 0): the temporary files of killed saves removed, a resumed run's
-        results.csv rewritten from the rows its last.pt recorded (an earlier run's set aside), state.yaml
-        "running"."""
+        """Once every check passed: killed saves' temporaries removed, a resumed run's results.csv rewritten from
+        its last.pt (a new run's predecessor kept as results.previous.csv), state.yaml "running"."""
         if self.path is None:
             return
         for folder in (self.path, self.path / "weights"):
             remove_stale_temporaries(folder)
+        results = self.path / "results.csv"
         if self.ckpt is not None:
-            _reconcile_results(self.path / "results.csv", self.ckpt)
+            _reconcile_results(results, self.ckpt.get("results") or [])
             try:  # a damaged state.yaml never blocks a resume: it is rewritten now
                 wall_s = read_state(self.path).get("wall_s") or 0.0
                 self.earlier_s = wall_s if isinstance(wall_s, (int, float)) else 0.0
             except RecordError:
                 pass
-        elif not self.new:
-            _set_aside_results(self.path / "results.csv")
+        elif not self.new and results.is_file():
+            results.replace(results.with_name("results.previous.csv"))
+            LOGGER.warning("%s is an earlier run's: kept as results.previous.csv, this run writes its own", results)
         self.begun = True
         record_state(self, "running")
 
 
-def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
-    """The checkpoint to resume (or None) and the run folder; rank 0 creates it (``weights/`` comes with the
-    first save, so a run that fails early leaves no empty weights folder) and holds its lock (``FolderLock``:
-    a second run into the same folder, e.g. two ``--exist-ok`` runs at once, is refused naming the first).
-    Nothing the folder holds changes before ``RunFolder.begin``: a run refused by its checks leaves it as it was.
+def open_run(config: TrainConfig, dist: DistInfo) -> RunFolder:
+    """The checkpoint to resume (or None) and the run folder, which rank 0 creates and locks; nothing in it
+    changes before ``RunFolder.begin``.
 
     Raises:
         FolderInUseError: another live process writes into the run folder.
     """
     if config.run.resume:
-        from yolo9kit.checkpoint import read_checkpoint
-
         path = find_resume_checkpoint(config.run.resume, config.run.project)
         run = RunFolder(run_dir_of(path), read_checkpoint(path), path)
     else:
         where = config.run
         run_dir = increment_path(Path(where.project) / where.name, where.exist_ok) if dist.is_main else None
-        run = RunFolder(ddp.broadcast_object(run_dir, dist))
+        run = RunFolder(broadcast_object(run_dir, dist))
     if not dist.is_main:
         return RunFolder(None, run.ckpt, run.checkpoint)
     run.new = not run.path.exists()
@@ -110,6 +112,62 @@ def open_run(config: TrainConfig, dist: ddp.DistInfo) -> RunFolder:
     return run
 
 
+def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
+    """``runs/train/exp`` -> itself if free (or ``exist_ok``), else ``exp2``, ``exp3``, ... (official rule)."""
+    path = Path(path)
+    if exist_ok or not path.exists():
+        return path
+    n = 2
+    while (candidate := path.with_name(f"{path.name}{n}")).exists():
+        n += 1
+    return candidate
+
+
+def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
+    """The checkpoint to resume: the given path or run folder, or (``resume=True``) the newest last.pt under
+    ``project``.
+
+    Raises:
+        FileNotFoundError: no such checkpoint.
+    """
+    if resume is True:
+        candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
+        if not candidates:
+            raise FileNotFoundError(f"resume=True: no last.pt under {project}; pass the checkpoint path instead")
+        return candidates[-1]
+    path = Path(resume)
+    if path.is_dir():
+        path = path / "weights" / "last.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"resume={resume!r}: {path} does not exist; pass a run folder or a last.pt")
+    return path
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """Run folder of ``<run>/weights/last.pt``."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "weights" else checkpoint.parent
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of ``path`` and its parents that does not exist yet (None: it exists)."""
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    return missing[-1] if missing else None
+
+
+def _reconcile_results(path: Path, rows: list[dict]) -> None:
+    """results.csv := the rows last.pt recorded (a crash after a row and before last.pt leaves one too many)."""
+    if not rows and not path.exists():
+        return
+    try:
+        before = max(len(path.read_text().splitlines()) - 1, 0)
+    except OSError:
+        before = None
+    write_results(path, rows)
+    if before is not None and before != len(rows):
+        LOGGER.warning("%s: %d rows, the checkpoint records %d epochs: rewritten from the checkpoint", path, before,
+                       len(rows))
+
+
 def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
                  epochs: int | None = None) -> None:
     """``state.yaml`` with the wall time of all the run's parts, once the run has begun (a refused run leaves it)."""
@@ -120,70 +178,48 @@ def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_d
         run.files.append(path)
 
 
-def _set_aside_results(path: Path) -> None:
-    """A new run in an existing folder (``exist_ok``) starts its own results.csv; the earlier one is kept as
-    ``results.previous.csv`` (else its rows would be continued by this run's epochs as one run)."""
-    if not path.is_file():
-        return
-    kept = path.with_name("results.previous.csv")
-    path.replace(kept)
-    LOGGER.warning("%s is an earlier run's: kept as %s, this run writes its own", path, kept.name)
+def find_loggers(config: TrainConfig) -> list[Any]:
+    """The logger classes ``config.run.loggers`` names: entry points of the group "yolo9kit.loggers".
+
+    Raises:
+        ValueError: a logger that is not installed, naming the extra that installs it.
+    """
+    points = {point.name: point for point in entry_points(group="yolo9kit.loggers")}
+    for name in config.run.loggers:
+        if name not in points or importlib.util.find_spec(name) is None:  # a logger is named after its package
+            raise ValueError(f"TrainConfig.loggers: {name} needs the {name} package: pip install 'yolo9kit[{name}]'")
+    if config.run.mlflow_uri and "mlflow" not in config.run.loggers:
+        LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
+                       config.run.mlflow_uri)
+    return [points[name].load() for name in config.run.loggers]
 
 
-def _first_missing(path: Path) -> Path | None:
-    """The topmost of ``path`` and its parents that does not exist yet (None: it exists)."""
-    missing = [p for p in [path, *path.parents] if not p.exists()]
-    return missing[-1] if missing else None
-
-
-def _reconcile_results(path: Path, ckpt: dict) -> None:
-    """results.csv := the rows last.pt recorded (a crash after a row and before last.pt leaves one too many)."""
-    rows = ckpt.get("results")
-    if rows is None or (not rows and not path.exists()):  # a checkpoint of an older kit: nothing to go by
-        return
-    before = _count_rows(path)
-    write_results(path, rows)
-    if before is not None and before != len(rows):
-        LOGGER.warning("%s: %d rows, the checkpoint records %d epochs: rewritten from the checkpoint", path, before,
-                       len(rows))
-
-
-def _count_rows(path: Path) -> int | None:
-    try:
-        return max(len(path.read_text().splitlines()) - 1, 0)
-    except OSError:
-        return None
+def open_callbacks(run: RunFolder, config: TrainConfig) -> None:
+    """Rank 0's callbacks: the loggers started (their files go to ``run.files``), then ``TrainConfig.callbacks``."""
+    if run.path is not None:
+        loggers = [logger(config, run.path, run.ckpt is not None, run.files) for logger in run.loggers]
+        run.callbacks = [*loggers, SimpleNamespace(**(config.run.callbacks or {}))]
 
 
 def close_run(run: RunFolder, interrupted_by: str | None = None, epochs_done: int | None = None,
               epochs: int | None = None) -> None:
-    """After a run that returned: how it ended in ``state.yaml``, its loggers closed, then its lock released."""
+    """After a run that returned: how it ended in state.yaml, ``on_run_end``, the lock released."""
     state = "interrupted" if interrupted_by else "finished" if epochs_done == epochs else "stopped early"
-    record_state(run, state, interrupted_by or ("patience" if state == "stopped early" else None), epochs_done,
-                 epochs)
-    try:
-        run.loggers.close(state)
-    finally:  # also when Ctrl-C ends the loggers' wait
-        if run.lock is not None:
-            run.lock.release()
+    _end(run, state, interrupted_by or ("patience" if state == "stopped early" else None), epochs_done, epochs)
 
 
 def close_failed(run: RunFolder, error: BaseException) -> None:
-    """After a failed run: remove an empty ``weights/``, and the run folder when this run made it and it is empty
-    (the loggers are closed and the lock released first); a begun run's folder says why in ``state.yaml``."""
+    """After a failed run: as ``close_run``, then what a failed start leaves removed (the files it wrote and the
+    folders it made, when nothing was saved in ``weights/``)."""
     if run.path is None:
         return
-    state = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-    try:
-        run.loggers.close(state)
-    finally:  # also when Ctrl-C ends the loggers' wait
-        if run.lock is not None:
-            run.lock.release()
+    reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if str(error) else type(error).__name__
+    _end(run, "interrupted" if isinstance(error, KeyboardInterrupt) else "failed", reason)
     weights = run.path / "weights"
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
             path.unlink(missing_ok=True)
-    folders = [run.path / "weights"]
+    folders = [weights]
     if run.new and run.made is not None:  # the run folder and the parents this run made (runs/train/)
         folders += [run.path, *(p for p in run.path.parents if run.made == p or run.made in p.parents)]
     for folder in folders:
@@ -192,18 +228,26 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
                 folder.rmdir()
         except OSError:  # not ours to insist on: the error that ended the run matters more
             pass
-    reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if str(error) else type(error).__name__
-    record_state(run, state, reason)
+
+
+def _end(run: RunFolder, state: str, reason: str | None, epochs_done: int | None = None,
+         epochs: int | None = None) -> None:
+    record_state(run, state, reason, epochs_done, epochs)
+    try:
+        call_back(run.callbacks, "on_run_end", state)
+    finally:  # also when Ctrl-C ends a logger's wait
+        if run.lock is not None:
+            run.lock.release()
 
 
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
-    """The settings the run trains with: its recipe decided for ``images`` training images (``choose_recipe``;
-    a resumed run keeps its own), said in the log and in settings.yaml; the loggers and a resume checked."""
+    """The settings the run trains with: its recipe for ``images`` training images (a resumed run keeps its own),
+    logged; its loggers found and a resume checked."""
     config, run.recipe = choose_recipe(config, images, run.ckpt.get("train_config", {}) if run.ckpt else None)
     if run.path is not None:
         LOGGER.info("%s", run.recipe)  # the first line of a run's output
         LOGGER.info("run folder %s", run.path)
-        check_loggers(config)
+        run.loggers = find_loggers(config)
     if run.ckpt is not None:
         check_resume(config, run)
     if config.optim.label_smoothing:
@@ -213,12 +257,8 @@ def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> 
 
 
 def check_resume(config: TrainConfig, run: RunFolder) -> None:
-    """Refuse a resumed run whose ``config`` changes what cannot change mid-run (``FIXED_ON_RESUME``); accept
-    a new ``epochs`` of at least the epochs done.
-
-    A larger ``epochs`` extends the run, also a finished one: the learning rate then follows the schedule of
-    the new total from the epoch reached (official train_dual.py evaluates its LambdaLR from ``epochs`` the
-    same way, so the rate jumps to the new curve), and ``close_mosaic`` counts from the new end.
+    """Refuse a resume whose ``config`` changes what cannot change mid-run (``FIXED_ON_RESUME``); a larger
+    ``epochs`` extends the run, the schedule following the new total from the epoch reached (as officially).
 
     Raises:
         ValueError: the changed fields (old and new values) or an ``epochs`` below the epochs done.
@@ -226,10 +266,7 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
     ckpt, path = run.ckpt or {}, run.checkpoint
     saved = ckpt.get("train_config", {})
     ours = config.to_dict()
-    try:  # the saved values in today's form (an older run's loss None is the official LossConfig)
-        theirs = {k: v for k, v in TrainConfig.from_dict(saved).to_dict().items() if k in saved}
-    except (TypeError, ValueError):
-        theirs = saved
+    theirs = {k: v for k, v in TrainConfig.from_dict(saved).to_dict().items() if k in saved}  # in today's form
     changed = [f"{k} {saved[k]!r} -> {ours[k]!r}" for k in FIXED_ON_RESUME
                if k in theirs and not (k == "batch_size" and ours[k] == "auto") and ours[k] != theirs[k]]
     if changed:
@@ -249,8 +286,8 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
 
 
 def check_resume_model(model: Any, run: RunFolder) -> None:
-    """The model to resume must predict the run's classes, under the run's names, and be the one its folder's
-    settings.yaml names (a last.pt copied from another run is refused).
+    """The model to resume must predict the run's classes, under its names, and be the model its settings.yaml
+    names (a last.pt copied from another run is refused).
 
     Raises:
         ValueError: another number of classes, other names or another model (both named).
@@ -258,7 +295,7 @@ def check_resume_model(model: Any, run: RunFolder) -> None:
     saved = (run.ckpt or {}).get("model_config") or {}
     try:
         trains = read_record(run.path / SETTINGS_FILE).get("model") if run.path else None
-    except (OSError, ValueError, AttributeError):  # none (an older kit's run), or damaged (RecordError)
+    except (OSError, ValueError, AttributeError):  # none, or damaged (RecordError)
         trains = None
     if trains is not None and saved.get("name") is not None and saved["name"] != trains:
         raise ValueError(f"resume {run.checkpoint}: it holds a {saved['name']} model, but the run in {run.path} "
@@ -291,18 +328,15 @@ def resume_data(data: Any, run: RunFolder) -> Any:
 
 
 def training_images(data: Any, loader: Any = None) -> int | None:
-    """Training images per epoch: the given loader's dataset, else the data.yaml's train split (None: unknown,
-    or the split cannot be listed; the loader built from it then says why)."""
+    """Training images per epoch: the given loader's dataset, else the data.yaml's train split (None: unknown)."""
     if loader is not None:
         dataset = getattr(loader, "dataset", None)
         return len(dataset) if hasattr(dataset, "__len__") else None
     if data is None:
         return None
-    from yolo9kit.data import load_data_config
-
     try:
         return len(load_data_config(data).images("train"))
-    except (KeyError, OSError, ValueError):
+    except (KeyError, OSError, ValueError):  # the loader built from it says why
         return None
 
 
@@ -312,17 +346,15 @@ def data_record(data: Any) -> str | None:
 
 
 def epoch_files(config: TrainConfig, epoch: int, best: bool) -> list[str]:
-    """The checkpoints an epoch ends with, in the order they are written (last.pt last: the commit point).
-
-    ``save_period`` N > 0: epoch<e>.pt for the 0-based epochs e with e % N == 0 (0, N, 2N, ...), the official
-    rule and names (train_dual.py saves ``epoch{epoch}.pt`` when ``epoch % save_period == 0``)."""
+    """The checkpoints an epoch ends with, in their order (last.pt, the commit point, last); epoch<e>.pt when
+    ``e % save_period == 0`` (official)."""
     period = config.run.save_period > 0 and epoch % config.run.save_period == 0
     return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
 
 
 def earns_best(fitness: float | None, best_fitness: float, run_dir: Path | None) -> bool:
-    """Does an epoch's fitness earn best.pt? Above the best so far; equal to it when positive (official ties);
-    a fitness of 0 (nothing detected: an untrained or broken model) only when there is no best.pt yet."""
+    """Above the best so far; equal to it when positive (official ties); 0 (nothing detected) only without a
+    best.pt."""
     if fitness is None:
         return False
     have_best = run_dir is not None and (run_dir / "weights" / "best.pt").exists()
@@ -330,43 +362,26 @@ def earns_best(fitness: float | None, best_fitness: float, run_dir: Path | None)
 
 
 def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> None:
-    """Before training an epoch: is there room for the checkpoints it ends with (``names``, written in that
-    order, each through a temporary file)? The peak is one temporary file plus the files new so far.
+    """Room for the checkpoints ``names`` an epoch ends with: one temporary file plus the files new so far.
 
     Raises:
         DiskFullError: naming the folder and the space needed; nothing has been written.
     """
     weights = run_dir / "weights"
     size = checkpoint_bytes(trainer)
-    new_before_last = sum(not (weights / name).exists() for name in names[:-1])
-    needed = size * (1 + new_before_last) + _SMALL_FILES_BYTES
+    needed = size * (1 + sum(not (weights / name).exists() for name in names[:-1])) + _SMALL_FILES_BYTES
     check_free_space(weights, needed, f"the checkpoints of the next epoch ({', '.join(names)}, "
                      f"about {size / 1e6:.3g} MB each)")
 
 
-SETTINGS_FILE = "settings.yaml"
-
-
 def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int) -> None:
-    """``settings.yaml``: the settings the run trains with, as a person reads them back.
-
-    ``train_config`` is ``TrainConfig.to_dict()`` (an automatic batch resolved); ``step`` the training step
-    resolved for the device (amp, the speed switches); ``derived`` what the training computes from them (the
-    accumulation after warmup, the scaled weight decay, the warmup batches, which recipe and why); ``hyp`` the
-    augmentation and ``loss`` the loss settings in effect, defaults included; ``data`` the data.yaml. Rewritten
-    when a run resumes (its settings may change there: epochs, patience, device, ...). A failed write is a warning.
-    """
+    """``settings.yaml``: the settings, the resolved step, what training derives from them, the augmentation, the
+    loss and the data (rewritten on resume; a failed write is a warning)."""
     if run.path is None:
         return
-    import torch
-
-    from yolo9kit.files import dump_record, write_text_atomically
-    from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
-
-    step = trainer.step.to_dict() if getattr(trainer, "step", None) is not None else None
     settings = {
         "model": str(getattr(unwrap(trainer.model), "name", "model")),  # as save_checkpoint names it
-        "train_config": config.to_dict(), "step": step,
+        "train_config": config.to_dict(), "step": trainer.step.to_dict() if trainer.step is not None else None,
         "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
                     "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
                     "weight_decay": scaled_weight_decay(config),

@@ -1,4 +1,5 @@
-"""Checkpoints of a training run, resume, random-number-generator states and the run folder."""
+"""Where a training process stands: its rank in a DDP run (``torchrun``), its ``Progress``, its random state, and
+the training checkpoint that saves and restores them (docs/training.md, resume)."""
 
 from __future__ import annotations
 
@@ -14,20 +15,84 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch import nn
 
+from yolo9kit.checkpoint import estimate_checkpoint_bytes, save_checkpoint
 from yolo9kit.train.ema import unwrap
-from yolo9kit.train.step import FIXED_SCALE_GROWTH_INTERVAL, Trainer, scaler_kind
+from yolo9kit.train.step import Trainer, scaler_kind
 
 LOGGER = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class DistInfo:
+    """Rank of this process, number of processes, GPU index on this node; rank 0 logs, validates and saves."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_from_env() -> DistInfo:
+    """The default process group when launched by torchrun (WORLD_SIZE > 1; nccl on CUDA, else gloo); rank 0 of 1
+    otherwise. Only this function reads the launcher's variables."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend)
+    return current()
+
+
+def finish_processes() -> None:
+    """After a finished run: each rank waits for the others (rank 0 may still be saving), then the group ends."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def current() -> DistInfo:
+    """The DistInfo of the initialised process group (rank 0 of 1 when none)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return DistInfo()
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(torch.cuda.device_count(), 1)))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, sync_bn: bool = False) -> nn.Module:
+    """SyncBatchNorm (``sync_bn``) and DistributedDataParallel in a DDP run; the model itself otherwise."""
+    if not info.distributed:
+        return model
+    if sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        LOGGER.info("using SyncBatchNorm")
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def broadcast_object(value, info: DistInfo):
+    """``value`` of rank 0 on every rank."""
+    if not info.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 @dataclass
 class Progress:
-    """Where training stands. ``ni`` counts loader batches since the start (official ``ni``).
-
-    ``epoch`` is the epoch being trained; ``last_opt_step`` is the ``ni`` of the last optimizer step
-    (official, starts at -1).
-    """
+    """Where training stands: ``epoch`` being trained, ``ni`` loader batches since the start and ``last_opt_step``
+    the ``ni`` of the last optimizer step (official names), the best fitness and the non-finite counts."""
 
     epoch: int = 0
     ni: int = 0
@@ -48,12 +113,8 @@ class Progress:
 
 
 def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
-    """Python, NumPy, torch CPU and, on CUDA, the training device's generator states, as plain lists/tensors.
-
-    Only the state of ``device`` (the one the run trains on; None: the current CUDA device once CUDA is
-    initialised) is kept: a run resumed on a machine with fewer GPUs, or on another GPU index, restores it
-    onto its own device (``restore_rng``).
-    """
+    """Python, NumPy, torch CPU and the CUDA generator of ``device`` (None: the current one once CUDA started):
+    one CUDA state, so that a resume on another GPU index or machine restores it onto its own device."""
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np_state, "torch": torch.get_rng_state()}
@@ -65,9 +126,7 @@ def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
-    """Inverse of ``capture_rng``: the CUDA state goes to ``device`` (None: the current CUDA device). A
-    checkpoint of an older version holds one state per visible GPU: the one of the same index is used, else
-    the first."""
+    """Inverse of ``capture_rng``: the CUDA state goes to ``device`` (None: the current CUDA device)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = dict(state["numpy"])
@@ -76,11 +135,8 @@ def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> No
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is None or not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
         return
-    index = torch.cuda.current_device() if device is None or device.index is None else device.index
-    cuda = state["cuda"]
-    if isinstance(cuda, (list, tuple)):  # one per GPU of the machine that saved it
-        cuda = cuda[index] if index < len(cuda) else cuda[0]
-    torch.cuda.set_rng_state(cuda, index)
+    torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device() if device is None or device.index is None
+                             else device.index)
 
 
 def seed_everything(seed: int) -> None:
@@ -92,10 +148,8 @@ def seed_everything(seed: int) -> None:
 
 @contextlib.contextmanager
 def deterministic_kernels(enabled: bool) -> Iterator[None]:
-    """Deterministic algorithms for the block, the previous settings back after it: PyTorch's deterministic
-    versions of the ops that add in a varying order on CUDA, cuDNN's deterministic kernels, cuBLAS with a fixed
-    workspace (``CUBLAS_WORKSPACE_CONFIG``, read when CUDA starts: a process that already used CUDA keeps its
-    own). An op without a deterministic version warns and runs (``warn_only``), as in the official code."""
+    """Deterministic algorithms for the block (torch's ops, cuDNN, cuBLAS's fixed workspace, read when CUDA starts);
+    an op without a deterministic version warns and runs, as officially. The previous settings come back after."""
     if not enabled:
         yield
         return
@@ -109,37 +163,6 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.backends.cudnn.deterministic = previous[2]
-
-
-def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
-    """``runs/train/exp`` -> itself if free (or ``exist_ok``), else ``exp2``, ``exp3``, ... (official rule)."""
-    path = Path(path)
-    if exist_ok or not path.exists():
-        return path
-    n = 2
-    while (candidate := path.with_name(f"{path.name}{n}")).exists():
-        n += 1
-    return candidate
-
-
-def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
-    """The checkpoint to resume: the given path, or (``resume=True``) the newest ``last.pt`` under ``project``."""
-    if resume is True:
-        candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
-        if not candidates:
-            raise FileNotFoundError(f"resume=True: no last.pt under {project}; pass the checkpoint path instead")
-        return candidates[-1]
-    path = Path(resume)
-    if path.is_dir():
-        path = path / "weights" / "last.pt"
-    if not path.is_file():
-        raise FileNotFoundError(f"resume={resume!r}: {path} does not exist; pass a run folder or a last.pt")
-    return path
-
-
-def run_dir_of(checkpoint: Path) -> Path:
-    """Run folder of ``<run>/weights/last.pt``."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "weights" else checkpoint.parent
 
 
 def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng: dict | None = None,
@@ -162,14 +185,18 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
     }
 
 
-def checkpoint_bytes(trainer: Trainer) -> int:
-    """About the size of a training checkpoint of ``trainer``, in bytes: model, EMA and optimizer state (before
-    the first step, SGD momentum is one copy of the parameters and Adam's moments two), plus the file's
-    overhead (``yolo9kit.checkpoint.estimate_checkpoint_bytes``)."""
-    from yolo9kit.checkpoint import estimate_checkpoint_bytes
+def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, config_dict: dict,
+                             rng: dict | None = None, extra: dict | None = None) -> Path:
+    """Write ``path`` atomically (``yolo9kit.checkpoint.save_checkpoint``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(path, unwrap(trainer.model), **training_state(trainer, progress, config_dict, rng, extra))
+    return path
 
-    model = unwrap(trainer.model)
-    parts: list = [model.state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
+
+def checkpoint_bytes(trainer: Trainer) -> int:
+    """About the size of a training checkpoint of ``trainer``: model, EMA and optimizer state (before the first
+    step SGD's momentum is one copy of the parameters, Adam's moments two)."""
+    parts: list = [unwrap(trainer.model).state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
     optimizer = trainer.optimizer
     if optimizer.state:
         parts.append(optimizer.state_dict()["state"])
@@ -179,24 +206,12 @@ def checkpoint_bytes(trainer: Trainer) -> int:
     return estimate_checkpoint_bytes(parts)
 
 
-def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, config_dict: dict,
-                             rng: dict | None = None, extra: dict | None = None) -> Path:
-    """Write ``path`` atomically through ``yolo9kit.checkpoint.save_checkpoint`` (temp file + rename)."""
-    from yolo9kit.checkpoint import save_checkpoint
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(path, unwrap(trainer.model), **training_state(trainer, progress, config_dict, rng, extra))
-    return path
-
-
 def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "the checkpoint") -> Progress:
-    """Load model, EMA, optimizer, scaler and counters from a ``read_checkpoint`` dict into ``trainer``.
-
-    RNG states are not restored here: the loop restores them right before the first batch it trains.
+    """Load model, EMA, optimizer, scaler and counters of a ``read_checkpoint`` dict into ``trainer`` (the random
+    states are restored later, right before the first batch).
 
     Raises:
-        ValueError: no training state, or one that is not finite (NaN or Inf in the weights, the EMA, the
-            optimizer state or the loss scaler: a resume would train from it); ``source`` names the file.
+        ValueError: no training state, or one with NaN or Inf (weights, EMA, optimizer state, loss scale).
     """
     if "progress" not in ckpt or "optimizer" not in ckpt:
         raise ValueError(f"{source} has no training state (a stripped or foreign file): "
@@ -213,12 +228,15 @@ def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "t
         trainer.ema.ema.load_state_dict(ckpt["ema"])
         trainer.ema.updates = int(ckpt.get("ema_updates", 0))
     trainer.optimizer.load_state_dict(ckpt["optimizer"])
-    _restore_scaler(trainer, ckpt.get("scaler") or {}, ckpt.get("scaler_kind"))
+    # another kind's scaler state is never inherited: an fp16 run would take the sync-free fixed scale of 1
+    saved, kind = ckpt.get("scaler_kind"), scaler_kind(trainer.amp_dtype, trainer.sync_free)
+    if saved == kind and ckpt.get("scaler"):
+        trainer.scaler.load_state_dict(ckpt["scaler"])
+    elif saved != kind:
+        LOGGER.info("resume: the checkpoint's loss scaler is %s, this run's is %s: it starts afresh", saved, kind)
     trainer.micro_batch_size = ckpt.get("micro_batch_size", trainer.micro_batch_size)
     trainer.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
     return Progress.from_dict(ckpt["progress"])
-
-
 
 
 def nonfinite_entries(value: Any, where: str = "") -> list[str]:
@@ -246,30 +264,7 @@ def nonfinite_weights(trainer: Trainer) -> list[str]:
     return [k for (k, _), ok in zip(named, finite.tolist()) if not ok]
 
 
-def _restore_scaler(trainer: Trainer, state: dict, saved_kind: str | None) -> None:
-    """The saved GradScaler state when it is of the kind this run uses; otherwise the run's own fresh scaler.
-
-    A kind is what the scaler does (``scaler_kind``): dynamic fp16 loss scaling, a fixed scale of 1 (the
-    sync-free step's skip of non-finite steps) or nothing. Another kind's state is never inherited: an fp16 run
-    resumed from a sync-free bf16 state would otherwise train at scale 1 with a growth interval of 2**30,
-    fp16 without loss scaling, and a disabled scaler's empty state cannot be loaded into an enabled one.
-    """
-    saved_kind = saved_kind or _kind_of_state(state)
-    kind = scaler_kind(trainer.amp_dtype, trainer.sync_free)
-    if saved_kind == kind and state:
-        trainer.scaler.load_state_dict(state)
-    elif saved_kind != kind:
-        LOGGER.info("resume: the checkpoint's loss scaler is %s, this run's is %s: it starts afresh", saved_kind, kind)
-
-
-def _kind_of_state(state: dict) -> str:
-    """The ``scaler_kind`` of a scaler state saved before the kind was recorded."""
-    if not state:
-        return "off"
-    return "fixed" if state.get("growth_interval", 0) >= FIXED_SCALE_GROWTH_INTERVAL else "dynamic"
-
-
-def _load_model_weights(model: torch.nn.Module, weights: dict) -> None:
+def _load_model_weights(model: nn.Module, weights: dict) -> None:
     """``load_state_dict`` with a short message when the checkpoint is of another architecture."""
     own = model.state_dict()
     missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())

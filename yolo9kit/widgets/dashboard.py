@@ -47,7 +47,7 @@ from yolo9kit.widgets._dashboard_panel import (
 )
 
 if TYPE_CHECKING:
-    from yolo9kit.train import FitResult
+    from yolo9kit.train.fit import FitResult
     from yolo9kit.train.records import BatchRecord, EpochRecord
 
 @dataclass
@@ -225,7 +225,7 @@ class TrainDashboard:
 
     def _work(self, job: _Job) -> None:
         """The worker thread: fit with the dashboard's callbacks, its log records shown here."""
-        from yolo9kit.train import fit
+        from yolo9kit.train.fit import fit
 
         config = dataclasses.replace(job.config, callbacks=self._merged_callbacks(job.config.run.callbacks),
                                      progress_bar=False)
