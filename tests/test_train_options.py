@@ -18,9 +18,10 @@ from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
 from yolo9kit.cli import train as train_cli
 from yolo9kit.config import TrainConfig
-from yolo9kit.train.fit import check_classes, fit, make_loader
+from yolo9kit.train.fit import fit, make_loader
 from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.optim import multi_scale_rng, multi_scale_shape
+from yolo9kit.train.rundir import check_classes
 from yolo9kit.train.state import Progress, current
 from yolo9kit.train.step import build_trainer
 
@@ -115,7 +116,7 @@ def test_multi_scale_training_feeds_the_drawn_sizes():
 
 def test_single_cls_makes_one_class(mixed):
     from yolo9kit import create_model
-    from yolo9kit.train.fit import class_names
+    from yolo9kit.train.rundir import class_names
 
     still = {"scale": 0.0, "translate": 0.0, "fliplr": 0.0, "mixup": 0.0, "copy_paste": 0.0}  # every box kept
     config = TrainConfig(single_cls=True, batch_size=7, imgsz=64, workers=0, rect=True, hyp=still)

@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from yolo9kit.train.fit import class_names, fit
+    from yolo9kit.train.fit import fit
+    from yolo9kit.train.rundir import class_names
     from yolo9kit.train.state import current
     from yolo9kit.zoo import create_model
 
@@ -228,7 +229,7 @@ def _resume_setup(args: argparse.Namespace):
     resume may change (declared resume=CHANGE); a flag that would change the run is refused, naming it."""
     from yolo9kit.checkpoint import check_model_config, read_checkpoint
     from yolo9kit.models.model import DetectionModel
-    from yolo9kit.train.rundir import find_resume_checkpoint
+    from yolo9kit.train.state import find_resume_checkpoint
 
     path = find_resume_checkpoint(args.resume, args.project or declarations(TrainConfig)["project"][0].default)
     ckpt = read_checkpoint(path)

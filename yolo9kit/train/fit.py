@@ -1,5 +1,5 @@
-"""``fit``: the loaders and the set-up, the epoch loop, validation of the EMA, checkpoints, resume and interrupts.
-What no crash or signal may break is in docs/faults.md; the run folder's bookkeeping is ``train.rundir``."""
+"""``fit``: the set-up and the loaders, the epoch loop, validation of the EMA, checkpoints, resume, interrupts.
+What no crash or signal may break: docs/faults.md."""
 
 from __future__ import annotations
 
@@ -16,43 +16,16 @@ from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.cpu import set_cpu_threads
-from yolo9kit.data import create_dataloader, load_data_config, set_mosaic
+from yolo9kit.data import create_dataloader, set_mosaic
 from yolo9kit.memory.plan import choose_batch
+from yolo9kit.train import records, rundir, state
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals, stopped_by
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_batches
-from yolo9kit.train.records import EpochRecord, RunPictures, append_results, call_back, metric_columns, write_results
-from yolo9kit.train.rundir import (
-    RunFolder,
-    check_resume_model,
-    check_space_for_epoch,
-    close_failed,
-    close_run,
-    data_record,
-    earns_best,
-    epoch_files,
-    open_callbacks,
-    open_run,
-    resume_data,
-    settle_settings,
-    training_images,
-    write_settings,
-)
-from yolo9kit.train.state import (
-    DistInfo,
-    Progress,
-    broadcast_object,
-    capture_rng,
-    current,
-    deterministic_kernels,
-    nonfinite_weights,
-    restore_rng,
-    restore_training_state,
-    save_training_checkpoint,
-    seed_everything,
-    wrap_model,
-)
+from yolo9kit.train.records import EpochRecord, RunPictures
+from yolo9kit.train.rundir import RunFolder
+from yolo9kit.train.state import DistInfo, Progress
 from yolo9kit.train.step import Trainer, build_trainer, cudnn_autotune, describe_step, place_model, resolve_device
 from yolo9kit.validate import evaluate
 from yolo9kit.zoo import create_model
@@ -105,7 +78,7 @@ class _Run:
     validate_fn: ValidateFn | None
     extra: dict[str, Any]
     results: list[dict] = field(default_factory=list)
-    auto_batch: Any = None  # memory.plan.AutoBatch when the batch was chosen from the estimate
+    auto_batch: Any = None  # FitResult.auto_batch
     pictures: RunPictures = field(default_factory=lambda: RunPictures(None, None))
 
     @property
@@ -130,36 +103,34 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     """Train ``model`` on ``data`` as the official train_dual.py does (docs/training.md).
 
     Args:
-        model: a ``DetectionModel`` (any module with a matching ``loss_fn``), or a name / yaml / checkpoint path
-            built for the data's classes with the run's seed.
+        model: a ``DetectionModel`` (any module with a matching ``loss_fn``), or a name, yaml or checkpoint to build.
         data: data.yaml path or dict; None with both loaders given, or when resuming (the run's data).
-        config: the TrainConfig; ``config.run.resume`` continues a run from its last.pt.
+        config: the settings; ``config.run.resume`` continues a run from its last.pt.
         loss_fn: ``(outputs, targets) -> (loss, loss_items (3,))``; default ``DetectionLoss``.
         train_loader: a ready training loader (default: built from ``data``).
         val_loader: a ready validation loader (default: built from ``data``).
-        validate_fn: ``ema_model -> {"precision", "recall", "map50", "map50_95", "fitness"}``; default
-            ``yolo9kit.validate.evaluate`` on the val loader.
+        validate_fn: ``ema_model -> {"precision", "recall", "map50", "map50_95", "fitness"}``; default ``evaluate``.
 
     Returns:
-        FitResult; a run stopped by SIGINT/SIGTERM or a ``KeyboardInterrupt`` returns with ``interrupted_by`` set,
-        after saving last.pt.
+        FitResult; after SIGINT, SIGTERM or a ``KeyboardInterrupt``, with ``interrupted_by`` set and last.pt saved.
 
     Raises:
         NonFiniteLossError: too many non-finite losses in a row, or an epoch of them (last.pt is kept).
         DiskFullError: no room for the next checkpoints (checked before each epoch and each save).
-        ValueError: a resume that changes what cannot change (named in the message).
+        ValueError: a resume that changes what cannot change, or a model of other classes (named).
     """
-    dist = current()
-    folder = open_run(config, dist)
+    dist = state.current()
+    folder = rundir.open_run(config, dist)
     try:
         if folder.ckpt is not None:
-            data = resume_data(data, folder)
-        config = settle_settings(config, folder, training_images(data, train_loader))
+            data = rundir.resume_data(data, folder)
+        config = rundir.settle_settings(config, folder, rundir.training_images(data, train_loader))
         if isinstance(model, (str, Path)):
-            model = create_model(model, names=class_names(data, config.pipeline.single_cls), seed=config.run.seed)
+            names = rundir.class_names(data, config.pipeline.single_cls)
+            model = create_model(model, names=names, seed=config.run.seed)
         if folder.ckpt is not None:
-            check_resume_model(model, folder)
-        check_classes(model, data, single_cls=config.pipeline.single_cls)
+            rundir.check_resume_model(model, folder)
+        rundir.check_classes(model, data, single_cls=config.pipeline.single_cls)
         run = _set_up(model, data, config, folder, loss_fn, validate_fn)
         if train_loader is None:
             train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
@@ -169,17 +140,17 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
                                             run.config, device=run.trainer.device, half=half)
         _open_records(run, data, train_loader)  # every check passed: from here on the run writes
         if folder.ckpt:  # the random states restored last, so that nothing of the set-up consumes them
-            restore_rng(folder.ckpt["rng"], run.trainer.device)
+            state.restore_rng(folder.ckpt["rng"], run.trainer.device)
             LOGGER.info("resuming %s in epoch %d of %d", folder.path, run.progress.epoch + 1, config.epochs)
         interrupted_by = _epochs(run, train_loader)
     except NonFiniteLossError as e:
-        close_failed(folder, e)
+        rundir.close_failed(folder, e)
         raise e.in_run(folder.path) from None  # the loop knows no folder; the message names where last.pt is
     except BaseException as e:
-        close_failed(folder, e)
+        rundir.close_failed(folder, e)
         raise
     trainer, progress = run.trainer, run.progress
-    close_run(folder, interrupted_by, progress.epoch, config.epochs)
+    rundir.close_run(folder, interrupted_by, progress.epoch, config.epochs)
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, folder.path, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted=interrupted_by is not None,
                      results=run.results, optimizer_steps=trainer.optimizer_steps,
@@ -191,7 +162,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
 def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss_fn: Callable | None,
             validate_fn: ValidateFn | None) -> _Run:
     """The device, the batch, the trainer (restored when resuming) and the run record."""
-    dist = current()
+    dist = state.current()
     set_cpu_threads()  # at most the cores this process may use
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.run.device)
@@ -202,13 +173,13 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
             config = dataclasses.replace(config, batch_size=saved)
         else:
             config, auto_batch = choose_batch(config, unwrap(model), device, dist.world_size, loss_fn=loss_fn)
-    seed_everything(config.run.seed + dist.rank)
+    state.seed_everything(config.run.seed + dist.rank)
     # frozen, on the device and in the step's layout before DDP, whose buckets follow the trainable parameters
     place_model(model, describe_step(config, model, device, dist.world_size), device)
-    model = wrap_model(model, dist, device, config.run.sync_bn)
+    model = state.wrap_model(model, dist, device, config.run.sync_bn)
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=device, world_size=dist.world_size)
-    progress = restore_training_state(folder.ckpt, trainer, folder.checkpoint) if folder.ckpt else Progress()
-    return _Run(config, trainer, progress, dist, folder, validate_fn, {"data": data_record(data)},
+    progress = state.restore_training_state(folder.ckpt, trainer, folder.checkpoint) if folder.ckpt else Progress()
+    return _Run(config, trainer, progress, dist, folder, validate_fn, {"data": records.data_record(data)},
                 results=list(folder.ckpt.get("results", [])) if folder.ckpt else [], auto_batch=auto_batch)
 
 
@@ -218,8 +189,9 @@ def _open_records(run: _Run, data, loader: Iterable) -> None:
     folder.begin()
     if run.auto_batch is not None and folder.path is not None:
         folder.files.append(run.auto_batch.save(folder.path))  # removed with the folder if the run fails early
-    write_settings(folder, run.config, run.trainer, data, len(loader))  # type: ignore[arg-type]
-    open_callbacks(folder, run.config)
+    nb = len(loader)  # type: ignore[arg-type]
+    records.write_settings(folder.path, run.config, run.trainer, data, nb, folder.recipe, folder.files)
+    rundir.open_callbacks(folder, run.config)
     if run.config.run.plots and folder.path is not None:
         names = getattr(getattr(loader, "dataset", None), "names", None) or \
             getattr(unwrap(run.trainer.model), "names", None)
@@ -233,20 +205,20 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
     nb = len(loader)  # type: ignore[arg-type]
     at = _Position(epoch=progress.epoch)
     hooks = [hook for hook in run.folder.callbacks if getattr(hook, "on_batch", None)]
-    on_batch = functools.partial(call_back, hooks, "on_batch") if hooks else None
+    on_batch = functools.partial(records.call_back, hooks, "on_batch") if hooks else None
     with StopSignals(install=not run.dist.distributed) as signals, \
             cudnn_autotune(run.trainer.device, config.step.cudnn_benchmark and not config.run.deterministic), \
-            deterministic_kernels(config.run.deterministic):
+            state.deterministic_kernels(config.run.deterministic):
         try:
             _validate_unvalidated_end(run)
             for epoch in range(progress.epoch, config.epochs):
                 at = _Position("training", epoch)
                 progress.epoch = epoch
                 if run.dist.is_main and run.run_dir:  # room for the epoch's checkpoints: a full disk costs no epoch
-                    check_space_for_epoch(run.run_dir, run.trainer,
-                                          epoch_files(config, epoch, run.validate_fn is not None))
+                    rundir.check_space_for_epoch(run.run_dir, run.trainer,
+                                          rundir.epoch_files(config, epoch, run.validate_fn is not None))
                 set_epoch_data(loader, config, epoch)
-                at.rng_epoch_start = capture_rng(run.trainer.device)
+                at.rng_epoch_start = state.capture_rng(run.trainer.device)
                 batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.run.plots)
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup_batches(config, nb), start_batch=progress.ni - epoch * nb,
@@ -304,46 +276,43 @@ def _validate(run: _Run, epoch: int) -> dict[str, float]:
 
 
 def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
-    """Record the trained epoch ``at.epoch`` in the order no crash breaks (docs/faults.md): the state in memory,
-    best.pt (before last.pt, which records its fitness), epoch<n>.pt, last.pt (the commit point), the csv row."""
-    config, progress, epoch = run.config, run.progress, at.epoch
-    record = EpochRecord.from_stats(epoch, at.stats, at.metrics, run.dist.world_size)
-    progress.epoch, progress.ni = epoch + 1, (epoch + 1) * nb
-    if not run.dist.is_main:
-        return record
-    if not run.results or run.results[-1]["epoch"] != epoch:
-        run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
-    is_best = earns_best(at.metrics.get("fitness"), run.progress.best_fitness, run.run_dir)
-    if is_best:
-        progress.best_fitness, progress.best_epoch = float(at.metrics["fitness"]), epoch
-    if run.run_dir:
-        rng = capture_rng(run.trainer.device)
-        for name in epoch_files(config, epoch, is_best):
-            _save(run, name, rng)
-        append_results(run.run_dir / "results.csv", record)
+    """Record the trained epoch in the order no crash breaks (docs/faults.md): the state in memory, its
+    checkpoints (``_keep``), then its results.csv row."""
+    record = EpochRecord.from_stats(at.epoch, at.stats, at.metrics, run.dist.world_size)
+    run.progress.epoch, run.progress.ni = at.epoch + 1, (at.epoch + 1) * nb
+    if run.dist.is_main:
+        if not run.results or run.results[-1]["epoch"] != at.epoch:
+            run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
+        _keep(run, at.epoch, at.metrics)
+        if run.run_dir:
+            records.append_results(run.run_dir / "results.csv", record)
     return record
+
+
+def _keep(run: _Run, epoch: int, metrics: dict, period: bool = True) -> None:
+    """best.pt when ``metrics`` earn it (before last.pt, which records the best fitness), epoch<n>.pt
+    (``period``), then last.pt: the commit point."""
+    best = rundir.earns_best(metrics.get("fitness"), run.progress.best_fitness, run.run_dir)
+    if best:
+        run.progress.best_fitness, run.progress.best_epoch = float(metrics["fitness"]), epoch
+    if run.run_dir:
+        rng = state.capture_rng(run.trainer.device)
+        for name in rundir.epoch_files(run.config, epoch, best, period):
+            _save(run, name, rng)
 
 
 def _validate_unvalidated_end(run: _Run) -> None:
     """A run whose last epoch was saved without its metrics (stopped in its validation) is validated on resume."""
-    config, progress = run.config, run.progress
-    if progress.epoch != config.epochs or not run.results or not run.dist.is_main or run.validate_fn is None:
-        return
-    last = run.results[-1]
-    if last.get("fitness") is not None or last.get("epoch") != progress.epoch - 1:
+    progress, last = run.progress, run.results[-1] if run.results else {}
+    if progress.epoch != run.config.epochs or not run.dist.is_main or run.validate_fn is None or \
+            last.get("fitness") is not None or last.get("epoch") != progress.epoch - 1:
         return
     LOGGER.info("epoch %d was saved before its validation finished: validating it now", progress.epoch)
     metrics = dict(run.validate_fn(_eval_model(run.trainer)))
-    last.update(metric_columns(metrics))
-    files = ["last.pt"]
-    if earns_best(metrics.get("fitness"), progress.best_fitness, run.run_dir):
-        progress.best_fitness, progress.best_epoch = float(metrics["fitness"]), progress.epoch - 1
-        files.insert(0, "best.pt")
+    last.update(records.metric_columns(metrics))
+    _keep(run, progress.epoch - 1, metrics, period=False)
     if run.run_dir:
-        rng = capture_rng(run.trainer.device)
-        for name in files:
-            _save(run, name, rng)
-        write_results(run.run_dir / "results.csv", run.results)
+        records.write_results(run.run_dir / "results.csv", run.results)
 
 
 def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:
@@ -352,21 +321,21 @@ def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:
     run.pictures.epoch_end(run.results)  # after the commit: never in the epoch's time
     stop = False
     if run.dist.is_main:
-        call_back(run.folder.callbacks, "on_epoch_end", record)
+        records.call_back(run.folder.callbacks, "on_epoch_end", record)
         stop = progress.best_epoch >= 0 and epoch - progress.best_epoch >= config.run.patience
         if stop:
             LOGGER.info("early stop: no better fitness for %d epochs (best epoch %d)", config.run.patience,
                         progress.best_epoch + 1)
-    return bool(broadcast_object(stop, run.dist))
+    return bool(state.broadcast_object(stop, run.dist))
 
 
 def _save(run: _Run, name: str, rng: dict | None) -> None:
     """One checkpoint of the run; never of non-finite weights (``NonFiniteWeightsError``, nothing written)."""
-    bad = nonfinite_weights(run.trainer)
+    bad = state.nonfinite_weights(run.trainer)
     if bad:
         raise NonFiniteWeightsError(run.run_dir, f"epoch {run.progress.epoch}, {name}", bad)
     extra = {**run.extra, "results": run.results}
-    save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
+    state.save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
                              rng=rng, extra=extra)
 
 
@@ -374,56 +343,29 @@ def _eval_model(trainer: Trainer) -> nn.Module:
     return trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)
 
 
-def class_names(data, single_cls: bool = False) -> list[str]:
-    """The classes a model trained on ``data`` predicts: the data.yaml's names, or with ``single_cls`` one class,
-    named "item" unless the data has a single name (official)."""
-    names = list(load_data_config(data).names)
-    return (names if len(names) == 1 else ["item"]) if single_cls else names
-
-
-def check_classes(model: nn.Module, data, single_cls: bool = False) -> None:
-    """The model must predict as many classes as the data has (one with ``single_cls``).
-
-    Raises:
-        ValueError: another number of classes, saying how to build the right model.
-    """
-    if data is None or not hasattr(model, "nc"):
-        return
-    names = load_data_config(data).names
-    if single_cls and int(model.nc) != 1:
-        raise ValueError(f"single_cls: the model predicts {model.nc} classes, expected 1; build it with "
-                         "create_model(name, names=class_names(data, single_cls=True)) or pass the model name to fit")
-    if not single_cls and int(model.nc) != len(names):
-        raise ValueError(f"the model predicts {model.nc} classes but {data} has {len(names)} ({names[:5]}...): "
-                         f"build it with create_model(name, num_classes={len(names)}) or pass the model name to fit")
-
-
 def make_loader(data, split: str, config: TrainConfig, dist: DistInfo, device: torch.device | None = None):
-    """The loaders of ``yolo9kit.data``: train augmented, shuffled, this rank's part of the batch (colour jitter on
-    ``device`` when ``colour_on_device``, by default on CUDA); val rect, twice the batch (rank 0 validates alone)."""
+    """The loaders of ``yolo9kit.data``: train augmented and shuffled, this rank's part of the batch (the colour
+    jitter on ``device`` with ``colour_on_device``, by default on CUDA); val rect, twice the batch (rank 0 only)."""
     d = config.pipeline
-    if split == "train":
-        on_device = (device is not None and device.type == "cuda") if d.colour_on_device is None else d.colour_on_device
-        return create_dataloader(data, "train", imgsz=config.step.imgsz,
-                                 batch_size=config.batch_size // dist.world_size, augment=True, workers=d.workers,
-                                 cache=d.cache, hyp=d.augment_hyp,
-                                 seed=config.run.seed, distributed=dist.distributed,  # same seed: ranks split one order
-                                 colour_device=device if on_device else None, allow_bad_labels=d.allow_bad_labels,
-                                 rect=d.rect, min_items=d.min_items, single_cls=d.single_cls)
-    return create_dataloader(data, split, imgsz=config.step.imgsz, batch_size=d.val_batch_size or 2 * config.batch_size,
-                             augment=False, workers=d.workers, cache=d.cache, single_cls=d.single_cls)
+    common = dict(imgsz=config.step.imgsz, workers=d.workers, cache=d.cache, single_cls=d.single_cls)
+    if split != "train":
+        return create_dataloader(data, split, batch_size=d.val_batch_size or 2 * config.batch_size, augment=False,
+                                 **common)
+    on_device = (device is not None and device.type == "cuda") if d.colour_on_device is None else d.colour_on_device
+    return create_dataloader(data, "train", batch_size=config.batch_size // dist.world_size, augment=True,
+                             hyp=d.augment_hyp, seed=config.run.seed,  # one seed: the ranks split one order
+                             distributed=dist.distributed, colour_device=device if on_device else None,
+                             allow_bad_labels=d.allow_bad_labels, rect=d.rect, min_items=d.min_items, **common)
 
 
 def set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
-    """The loader's epoch (order and augmentation); mosaic off for the last ``close_mosaic`` epochs (>=: a resumed
-    run closes it too)."""
-    sampler = getattr(loader, "sampler", None)
+    """The loader's epoch (its order and augmentation); mosaic off for the last ``close_mosaic`` epochs."""
     if hasattr(loader, "set_epoch"):  # yolo9kit loaders
         loader.set_epoch(epoch)
-    elif hasattr(sampler, "set_epoch"):  # a plain DataLoader with a DistributedSampler
-        sampler.set_epoch(epoch)
+    elif hasattr(getattr(loader, "sampler", None), "set_epoch"):  # a plain DataLoader with a DistributedSampler
+        loader.sampler.set_epoch(epoch)
     close = config.pipeline.close_mosaic
-    if close and epoch >= config.epochs - close and hasattr(loader, "dataset"):
+    if close and epoch >= config.epochs - close and hasattr(loader, "dataset"):  # >=: a resumed run closes it too
         if getattr(loader.dataset, "mosaic", True):
             LOGGER.info("closing mosaic for the last %d epochs", close)
         set_mosaic(loader, False)
@@ -438,9 +380,9 @@ class EMAValidation:
         self.result = None
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
-        config = self.config
-        r = evaluate(model, self.data, dataloader=self.loader, imgsz=config.step.imgsz, half=self.half,
-                     device=self.device, single_cls=config.pipeline.single_cls, progress_bar=config.run.progress_bar)
-        self.result = r
+        c = self.config
+        r = self.result = evaluate(model, self.data, dataloader=self.loader, imgsz=c.step.imgsz, half=self.half,
+                                   device=self.device, single_cls=c.pipeline.single_cls,
+                                   progress_bar=c.run.progress_bar)
         return {"precision": float(r.precision), "recall": float(r.recall), "map50": float(r.map50),
                 "map50_95": float(r.map50_95), "fitness": float(r.fitness)}

@@ -1,5 +1,5 @@
 """The optimizer and what the official train_dual.py sets per batch (learning rates, momentum, accumulation, the
-multi-scale size): small pure functions of the config and ``ni``, the batches seen since the start."""
+multi-scale size): pure functions of the config and ``ni``, the loader batches since the start."""
 
 from __future__ import annotations
 
@@ -20,15 +20,8 @@ _NORM_TYPES = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance
 
 def param_groups(model: nn.Module, trainable_only: bool = False
                  ) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """The official ``smart_optimizer`` groups: (biases, decayed weights, normalisation weights).
-
-    Args:
-        model: the model whose modules' own parameters are split.
-        trainable_only: leave out ``requires_grad=False`` parameters (frozen layers); the official groups keep them.
-
-    Returns:
-        The three lists of parameters (yolov9-t: 303, 305 and 291 tensors).
-    """
+    """The official ``smart_optimizer`` groups: (biases, decayed weights, normalisation weights), for yolov9-t 303,
+    305 and 291 tensors. ``trainable_only`` leaves out frozen parameters (the official groups keep them)."""
     biases, decayed, norm_weights = [], [], []
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
@@ -56,16 +49,9 @@ def scaled_weight_decay(config: TrainConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool = False) -> torch.optim.Optimizer:
-    """The official optimizer (``smart_optimizer``) over ``param_groups`` with lr0 and the scaled decay on group 1.
-
-    Args:
-        model: the model to optimize; with ``config.step.freeze`` its groups hold only what trains.
-        config: SGD (nesterov), Adam or AdamW (amsgrad, decoupled decay), betas (momentum, 0.999).
-        fused_optimizer: torch's fused implementation (the same update up to float rounding).
-
-    Returns:
-        The optimizer with the groups [biases, decayed weights, norm weights].
-    """
+    """The official optimizer (``smart_optimizer``): SGD (nesterov), Adam or AdamW (amsgrad, decoupled decay) over
+    the three ``param_groups`` (only what trains with ``config.step.freeze``), lr0, the scaled decay on group 1.
+    ``fused_optimizer``: torch's fused implementation, the same update up to float rounding."""
     biases, decayed, norm_weights = param_groups(model, trainable_only=config.step.freeze is not None)
     lr, momentum, decay = config.optim.lr0, config.optim.momentum, scaled_weight_decay(config)
     kw = {"fused": True} if fused_optimizer else {}
@@ -83,8 +69,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool
 
 
 def lr_factor(config: TrainConfig, epoch: int) -> float:
-    """Multiplier of lr0 for ``epoch`` (0-based), stepped once per epoch like the official LambdaLR: linear,
-    cosine, flat-cosine (1 for the first half, then a cosine to lrf) or fixed (1)."""
+    """Multiplier of lr0 in ``epoch`` (official LambdaLR): linear, cosine, flat-cosine (1, then a cosine to lrf
+    over the second half) or fixed."""
     e, n, lrf = epoch, config.epochs, config.optim.lrf
     if config.optim.schedule == "linear":
         return (1 - e / n) * (1.0 - lrf) + lrf
@@ -120,19 +106,9 @@ class StepSettings:
 
 
 def step_settings(config: TrainConfig, ni: int, epoch: int, warmup: int) -> StepSettings:
-    """Accumulation, learning rates and momentum for integrated batch ``ni`` in ``epoch`` (official warmup: for
-    ni <= warmup, accumulation ramps from 1, the bias LR from warmup_bias_lr and the others from 0 to
-    lr0 * lr_factor, momentum from warmup_momentum).
-
-    Args:
-        config: the run's settings.
-        ni: loader batches since the start.
-        epoch: the epoch of ``ni``.
-        warmup: warmup batches (``warmup_batches``).
-
-    Returns:
-        The ``StepSettings`` of the batch.
-    """
+    """Accumulation, learning rates and momentum for batch ``ni`` in ``epoch``. Official warmup, for ``ni <=
+    warmup``: accumulation ramps up from 1, the bias LR from warmup_bias_lr and the others from 0 to
+    lr0 * lr_factor, momentum from warmup_momentum."""
     o = config.optim
     target_lr = o.lr0 * lr_factor(config, epoch)
     accumulate = base_accumulate(config)

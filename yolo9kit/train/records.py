@@ -3,13 +3,14 @@ the run folder's pictures (docs/training.md, the run folder)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import dataclasses
 import datetime
 import io
 import logging
 import math
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,17 +19,22 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from yolo9kit.config import TrainConfig
 from yolo9kit.figure import new_figure, save_figure
 from yolo9kit.files import dump_record, read_record, write_text_atomically
 from yolo9kit.plots.batch import plot_labels, show_batch
 from yolo9kit.plots.metrics import validation_figure_makers
 from yolo9kit.plots.results import draw_results
+from yolo9kit.train.ema import unwrap
+from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
+from yolo9kit.train.step import Trainer
 
 if TYPE_CHECKING:
     from yolo9kit.train.loop import EpochStats
 
 LOGGER = logging.getLogger(__name__)
 
+SETTINGS_FILE = "settings.yaml"
 STATE_FILE = "state.yaml"  # running, finished, stopped early, interrupted or failed: what yolo9kit.runs reads
 ENDED = ("finished", "stopped early")  # the states of a run that ended on its own: what a seed spread counts
 RESULTS_COLUMNS = [
@@ -201,6 +207,51 @@ def read_state(folder: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def data_record(data: Any) -> str | None:
+    """The data path a checkpoint records: absolute, so that a resume works from any folder."""
+    return str(Path(data).resolve()) if isinstance(data, (str, Path)) else None
+
+
+def write_settings(run_dir: Path | None, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int,
+                   recipe: str, written: list[Path]) -> None:
+    """``settings.yaml``: the settings, the resolved step, what training derives from them, the augmentation, the
+    loss and the data (rewritten on resume; a failed write is a warning). ``written`` receives the file."""
+    if run_dir is None:
+        return
+    settings = {
+        "model": str(getattr(unwrap(trainer.model), "name", "model")),  # as save_checkpoint names it
+        "train_config": config.to_dict(), "step": trainer.step.to_dict() if trainer.step is not None else None,
+        "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
+                    "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
+                    "weight_decay": scaled_weight_decay(config),
+                    "warmup_batches": warmup_batches(config, batches_per_epoch),
+                    "cpu_threads": torch.get_num_threads(), "recipe": recipe},
+        "hyp": config.pipeline.augment_hyp, "loss": dataclasses.asdict(config.optim.loss),
+        "data": data if isinstance(data, dict) else data_record(data),
+    }
+    path = run_dir / SETTINGS_FILE
+    try:
+        write_text_atomically(path, dump_record(_plain(settings)))
+    except OSError as e:
+        LOGGER.warning("%s: not written (%s); training goes on", path, e)
+        return
+    if path not in written:
+        written.append(path)
+
+
+def _plain(value: Any) -> Any:
+    """Numbers, strings, lists and dicts only (what ``yaml.safe_dump`` writes); anything else by its name."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    return getattr(value, "__name__", None) or str(value)
+
+
 class RunPictures:
     """The run folder's pictures (``TrainConfig.plots``). A picture that fails is a warning naming it.
 
@@ -231,7 +282,8 @@ class RunPictures:
             LOGGER.warning("%s: picture not drawn (%s: %s); training goes on without it", path, type(e).__name__, e)
             return None
         finally:
-            _release(figure)
+            with contextlib.suppress(Exception):  # frees it now, not at the next garbage collection
+                figure.clear()
         if path not in self.written:
             self.written.append(path)
         return path
@@ -283,16 +335,3 @@ class RunPictures:
         rows = math.ceil(max(min(len(batch[0]), 16), 1) / ncols)
         return show_batch(batch, self.names, max_images=16, ncols=ncols, fig=new_figure((2.5 * ncols, 2.5 * rows)),
                           title=f"training batch {i}")
-
-
-def _release(figure: Any) -> None:
-    """Free a saved figure now (a long run draws one per epoch); one made through pyplot leaves its registry."""
-    if figure is None:
-        return
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    try:
-        if pyplot is not None and pyplot.fignum_exists(getattr(figure, "number", -1)):
-            pyplot.close(figure)
-        figure.clear()
-    except Exception:  # noqa: BLE001 - releasing is a courtesy: a figure that will not clear is left to the GC
-        pass

@@ -1,9 +1,8 @@
-"""The run folder: where a run starts or resumes, what a resume may change, its loggers, settings.yaml and
-state.yaml, and room for an epoch's checkpoints. Its promises: docs/training.md (the run folder), docs/faults.md."""
+"""The run folder: where a run starts or resumes, the checks before it writes (resume, model, classes), its
+callbacks and loggers, how it ends, room for an epoch's checkpoints (docs/training.md, docs/faults.md)."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import logging
 import time
@@ -12,8 +11,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-
-import torch
 
 from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
@@ -25,22 +22,17 @@ from yolo9kit.files import (
     FolderLock,
     RecordError,
     check_free_space,
-    dump_record,
     read_record,
     remove_stale_temporaries,
-    write_text_atomically,
 )
-from yolo9kit.train.ema import unwrap
-from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
-from yolo9kit.train.records import call_back, read_state, write_results, write_state
-from yolo9kit.train.state import DistInfo, broadcast_object, checkpoint_bytes
+from yolo9kit.train.records import SETTINGS_FILE, call_back, read_state, write_results, write_state
+from yolo9kit.train.state import DistInfo, broadcast_object, checkpoint_bytes, find_resume_checkpoint, increment_path
 from yolo9kit.train.step import Trainer
 
 LOGGER = logging.getLogger(__name__)
 
 # The settings a resumed run keeps (declared resume=KEEP): the data order, the schedule, the loss, what is trained.
 FIXED_ON_RESUME = tuple(name for name, (_, declared) in declarations(TrainConfig).items() if declared.resume == KEEP)
-SETTINGS_FILE = "settings.yaml"
 _SMALL_FILES_BYTES = 1 << 20  # room for a results.csv row, auto_batch.json and the file system's own blocks
 
 
@@ -71,7 +63,13 @@ class RunFolder:
             remove_stale_temporaries(folder)
         results = self.path / "results.csv"
         if self.ckpt is not None:
-            _reconcile_results(results, self.ckpt.get("results") or [])
+            rows = self.ckpt.get("results") or []
+            before = max(len(results.read_text().splitlines()) - 1, 0) if results.is_file() else None
+            if rows or results.exists():
+                write_results(results, rows)  # a crash after a row and before last.pt leaves one too many
+            if before is not None and before != len(rows):
+                LOGGER.warning("%s: %d rows, the checkpoint records %d epochs: rewritten from the checkpoint", results,
+                               before, len(rows))
             try:  # a damaged state.yaml never blocks a resume: it is rewritten now
                 wall_s = read_state(self.path).get("wall_s") or 0.0
                 self.earlier_s = wall_s if isinstance(wall_s, (int, float)) else 0.0
@@ -85,15 +83,15 @@ class RunFolder:
 
 
 def open_run(config: TrainConfig, dist: DistInfo) -> RunFolder:
-    """The checkpoint to resume (or None) and the run folder, which rank 0 creates and locks; nothing in it
-    changes before ``RunFolder.begin``.
+    """The run folder (rank 0 creates and locks it; nothing in it changes before ``begin``) and its checkpoint.
 
     Raises:
         FolderInUseError: another live process writes into the run folder.
     """
     if config.run.resume:
         path = find_resume_checkpoint(config.run.resume, config.run.project)
-        run = RunFolder(run_dir_of(path), read_checkpoint(path), path)
+        run_dir = path.parent.parent if path.parent.name == "weights" else path.parent
+        run = RunFolder(run_dir, read_checkpoint(path), path)
     else:
         where = config.run
         run_dir = increment_path(Path(where.project) / where.name, where.exist_ok) if dist.is_main else None
@@ -112,65 +110,15 @@ def open_run(config: TrainConfig, dist: DistInfo) -> RunFolder:
     return run
 
 
-def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
-    """``runs/train/exp`` -> itself if free (or ``exist_ok``), else ``exp2``, ``exp3``, ... (official rule)."""
-    path = Path(path)
-    if exist_ok or not path.exists():
-        return path
-    n = 2
-    while (candidate := path.with_name(f"{path.name}{n}")).exists():
-        n += 1
-    return candidate
-
-
-def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
-    """The checkpoint to resume: the given path or run folder, or (``resume=True``) the newest last.pt under
-    ``project``.
-
-    Raises:
-        FileNotFoundError: no such checkpoint.
-    """
-    if resume is True:
-        candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
-        if not candidates:
-            raise FileNotFoundError(f"resume=True: no last.pt under {project}; pass the checkpoint path instead")
-        return candidates[-1]
-    path = Path(resume)
-    if path.is_dir():
-        path = path / "weights" / "last.pt"
-    if not path.is_file():
-        raise FileNotFoundError(f"resume={resume!r}: {path} does not exist; pass a run folder or a last.pt")
-    return path
-
-
-def run_dir_of(checkpoint: Path) -> Path:
-    """Run folder of ``<run>/weights/last.pt``."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "weights" else checkpoint.parent
-
-
 def _first_missing(path: Path) -> Path | None:
     """The topmost of ``path`` and its parents that does not exist yet (None: it exists)."""
     missing = [p for p in [path, *path.parents] if not p.exists()]
     return missing[-1] if missing else None
 
 
-def _reconcile_results(path: Path, rows: list[dict]) -> None:
-    """results.csv := the rows last.pt recorded (a crash after a row and before last.pt leaves one too many)."""
-    if not rows and not path.exists():
-        return
-    try:
-        before = max(len(path.read_text().splitlines()) - 1, 0)
-    except OSError:
-        before = None
-    write_results(path, rows)
-    if before is not None and before != len(rows):
-        LOGGER.warning("%s: %d rows, the checkpoint records %d epochs: rewritten from the checkpoint", path, before,
-                       len(rows))
-
-
 def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
                  epochs: int | None = None) -> None:
-    """``state.yaml`` with the wall time of all the run's parts, once the run has begun (a refused run leaves it)."""
+    """``state.yaml`` with the wall time of all the run's parts, once the run has begun."""
     if run.path is None or not run.begun or not run.path.is_dir():
         return
     path = write_state(run.path, state, reason, epochs_done, epochs, run.earlier_s + time.monotonic() - run.started)
@@ -179,7 +127,7 @@ def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_d
 
 
 def find_loggers(config: TrainConfig) -> list[Any]:
-    """The logger classes ``config.run.loggers`` names: entry points of the group "yolo9kit.loggers".
+    """The logger classes ``config.run.loggers`` names, entry points of the group "yolo9kit.loggers".
 
     Raises:
         ValueError: a logger that is not installed, naming the extra that installs it.
@@ -209,8 +157,7 @@ def close_run(run: RunFolder, interrupted_by: str | None = None, epochs_done: in
 
 
 def close_failed(run: RunFolder, error: BaseException) -> None:
-    """After a failed run: as ``close_run``, then what a failed start leaves removed (the files it wrote and the
-    folders it made, when nothing was saved in ``weights/``)."""
+    """After a failed run: as ``close_run``; a new folder without weights is removed with what the run wrote."""
     if run.path is None:
         return
     reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if str(error) else type(error).__name__
@@ -241,8 +188,8 @@ def _end(run: RunFolder, state: str, reason: str | None, epochs_done: int | None
 
 
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
-    """The settings the run trains with: its recipe for ``images`` training images (a resumed run keeps its own),
-    logged; its loggers found and a resume checked."""
+    """The settings the run trains with (its recipe for ``images`` training images, a resumed run's own); its
+    loggers found, a resume checked."""
     config, run.recipe = choose_recipe(config, images, run.ckpt.get("train_config", {}) if run.ckpt else None)
     if run.path is not None:
         LOGGER.info("%s", run.recipe)  # the first line of a run's output
@@ -286,8 +233,7 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
 
 
 def check_resume_model(model: Any, run: RunFolder) -> None:
-    """The model to resume must predict the run's classes, under its names, and be the model its settings.yaml
-    names (a last.pt copied from another run is refused).
+    """The model to resume predicts the run's classes by their names, and is the model of its settings.yaml.
 
     Raises:
         ValueError: another number of classes, other names or another model (both named).
@@ -312,8 +258,7 @@ def check_resume_model(model: Any, run: RunFolder) -> None:
 
 
 def resume_data(data: Any, run: RunFolder) -> Any:
-    """The data of a resumed run: the recorded one when ``data`` is None; a path must name the recorded file
-    (moved data is accepted when the recorded file is gone).
+    """The data of a resumed run: the recorded one when ``data`` is None; a path names it (or it moved).
 
     Raises:
         ValueError: another data.yaml than the run's.
@@ -340,21 +285,38 @@ def training_images(data: Any, loader: Any = None) -> int | None:
         return None
 
 
-def data_record(data: Any) -> str | None:
-    """The data path a checkpoint records: absolute, so that a resume works from any folder."""
-    return str(Path(data).resolve()) if isinstance(data, (str, Path)) else None
+def class_names(data, single_cls: bool = False) -> list[str]:
+    """The classes a model trained on ``data`` predicts: the data.yaml's names, or with ``single_cls`` one class,
+    named "item" unless the data has a single name (official)."""
+    names = list(load_data_config(data).names)
+    return (names if len(names) == 1 else ["item"]) if single_cls else names
 
 
-def epoch_files(config: TrainConfig, epoch: int, best: bool) -> list[str]:
-    """The checkpoints an epoch ends with, in their order (last.pt, the commit point, last); epoch<e>.pt when
+def check_classes(model: Any, data, single_cls: bool = False) -> None:
+    """The model must predict as many classes as the data has (one with ``single_cls``).
+
+    Raises:
+        ValueError: another number of classes, saying how to build the right model.
+    """
+    if data is None or not hasattr(model, "nc"):
+        return
+    names = class_names(data, single_cls)
+    if int(model.nc) != len(names):
+        how = "names=class_names(data, single_cls=True)" if single_cls else f"num_classes={len(names)}"
+        raise ValueError(f"{'single_cls: ' if single_cls else ''}the model predicts {model.nc} classes but {data} has "
+                         f"{len(names)} ({names[:5]}): build it with create_model(name, {how}) or pass the model name "
+                         "to fit")
+
+
+def epoch_files(config: TrainConfig, epoch: int, best: bool, period: bool = True) -> list[str]:
+    """The checkpoints an epoch ends with, last.pt (the commit point) last; epoch<e>.pt with ``period`` when
     ``e % save_period == 0`` (official)."""
-    period = config.run.save_period > 0 and epoch % config.run.save_period == 0
+    period = period and config.run.save_period > 0 and epoch % config.run.save_period == 0
     return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
 
 
 def earns_best(fitness: float | None, best_fitness: float, run_dir: Path | None) -> bool:
-    """Above the best so far; equal to it when positive (official ties); 0 (nothing detected) only without a
-    best.pt."""
+    """Above the best so far; equal when positive (official); 0 (nothing detected) only without a best.pt."""
     if fitness is None:
         return False
     have_best = run_dir is not None and (run_dir / "weights" / "best.pt").exists()
@@ -372,42 +334,3 @@ def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> 
     needed = size * (1 + sum(not (weights / name).exists() for name in names[:-1])) + _SMALL_FILES_BYTES
     check_free_space(weights, needed, f"the checkpoints of the next epoch ({', '.join(names)}, "
                      f"about {size / 1e6:.3g} MB each)")
-
-
-def write_settings(run: RunFolder, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int) -> None:
-    """``settings.yaml``: the settings, the resolved step, what training derives from them, the augmentation, the
-    loss and the data (rewritten on resume; a failed write is a warning)."""
-    if run.path is None:
-        return
-    settings = {
-        "model": str(getattr(unwrap(trainer.model), "name", "model")),  # as save_checkpoint names it
-        "train_config": config.to_dict(), "step": trainer.step.to_dict() if trainer.step is not None else None,
-        "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
-                    "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
-                    "weight_decay": scaled_weight_decay(config),
-                    "warmup_batches": warmup_batches(config, batches_per_epoch),
-                    "cpu_threads": torch.get_num_threads(), "recipe": run.recipe},
-        "hyp": config.pipeline.augment_hyp, "loss": dataclasses.asdict(config.optim.loss),
-        "data": data if isinstance(data, dict) else data_record(data),
-    }
-    path = run.path / SETTINGS_FILE
-    try:
-        write_text_atomically(path, dump_record(_plain(settings)))
-    except OSError as e:
-        LOGGER.warning("%s: not written (%s); training goes on", path, e)
-        return
-    if path not in run.files:
-        run.files.append(path)
-
-
-def _plain(value: Any) -> Any:
-    """Numbers, strings, lists and dicts only (what ``yaml.safe_dump`` writes); anything else by its name."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _plain(dataclasses.asdict(value))
-    return getattr(value, "__name__", None) or str(value)

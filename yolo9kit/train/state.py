@@ -33,13 +33,8 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
+    is_main = property(lambda self: self.rank == 0)
+    distributed = property(lambda self: self.world_size > 1)
 
 
 def init_from_env() -> DistInfo:
@@ -165,6 +160,37 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
         torch.backends.cudnn.deterministic = previous[2]
 
 
+def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
+    """``runs/train/exp`` -> itself if free (or ``exist_ok``), else ``exp2``, ``exp3``, ... (official rule)."""
+    path = Path(path)
+    if exist_ok or not path.exists():
+        return path
+    n = 2
+    while (candidate := path.with_name(f"{path.name}{n}")).exists():
+        n += 1
+    return candidate
+
+
+def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
+    """The checkpoint to resume: the given path or run folder, or (``resume=True``) the newest last.pt under
+    ``project``.
+
+    Raises:
+        FileNotFoundError: no such checkpoint.
+    """
+    if resume is True:
+        candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
+        if not candidates:
+            raise FileNotFoundError(f"resume=True: no last.pt under {project}; pass the checkpoint path instead")
+        return candidates[-1]
+    path = Path(resume)
+    if path.is_dir():
+        path = path / "weights" / "last.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"resume={resume!r}: {path} does not exist; pass a run folder or a last.pt")
+    return path
+
+
 def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng: dict | None = None,
                    extra: dict | None = None) -> dict[str, Any]:
     """The resumable state, all plain tensors/dicts/lists/numbers/strings (loads with weights_only=True)."""
@@ -240,28 +266,32 @@ def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "t
 
 
 def nonfinite_entries(value: Any, where: str = "") -> list[str]:
-    """Key paths of the floating-point tensors and numbers in nested dicts/lists that are NaN or Inf."""
-    if isinstance(value, torch.Tensor):
-        return [where] if value.is_floating_point() and not bool(torch.isfinite(value).all()) else []
-    if isinstance(value, float):
-        return [] if np.isfinite(value) else [where]
-    if isinstance(value, dict):
-        return [w for k, v in value.items() for w in nonfinite_entries(v, f"{where}.{k}" if where else str(k))]
-    if isinstance(value, (list, tuple)):
-        return [w for i, v in enumerate(value) for w in nonfinite_entries(v, f"{where}.{i}")]
-    return []
+    """Key paths of the NaN or Inf floating-point tensors and numbers in nested dicts/lists (tensors on one device:
+    a single read-back)."""
+    found = list(_floats(value, where))
+    if not found:
+        return []
+    finite = torch.stack([torch.isfinite(v).all() for _, v in found]).cpu()
+    return [k for (k, _), ok in zip(found, finite.tolist()) if not ok]
+
+
+def _floats(value: Any, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+        yield where, value
+    elif isinstance(value, float):
+        yield where, torch.tensor(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _floats(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _floats(v, f"{where}.{i}")
 
 
 def nonfinite_weights(trainer: Trainer) -> list[str]:
-    """Names of the model's and the EMA's floating-point tensors that hold NaN or Inf (one read-back)."""
-    named = [(f"model.{k}", v) for k, v in unwrap(trainer.model).state_dict().items()]
-    if trainer.ema is not None:
-        named += [(f"ema.{k}", v) for k, v in trainer.ema.ema.state_dict().items()]
-    named = [(k, v) for k, v in named if v.is_floating_point() and v.numel()]
-    if not named:
-        return []
-    finite = torch.stack([torch.isfinite(v).all() for _, v in named]).cpu()  # a sync: once per checkpoint
-    return [k for (k, _), ok in zip(named, finite.tolist()) if not ok]
+    """Names of the model's and the EMA's floating-point tensors that hold NaN or Inf."""
+    return nonfinite_entries({"model": unwrap(trainer.model).state_dict(),
+                              **({"ema": trainer.ema.ema.state_dict()} if trainer.ema is not None else {})})
 
 
 def _load_model_weights(model: nn.Module, weights: dict) -> None:

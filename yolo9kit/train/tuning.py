@@ -170,7 +170,7 @@ class _Objective:
 
     def __call__(self, trial: Any) -> float:
         from yolo9kit.train.fit import fit
-        from yolo9kit.train.rundir import increment_path
+        from yolo9kit.train.state import increment_path
 
         self.number = trial.number
         values = {k: trial.suggest_float(k, low, high, log=k in LOG_SCALE) for k, (low, high) in self.space.items()}
