@@ -188,7 +188,7 @@ class RunConfig:
     # False for tune's trials unless keep_weights="all": the study removes the weights of all but the best
     log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt at the end of the run",
                                 no_flag=_API, resume=CHANGE)
-    # The run folder's pictures (yolo9kit.train.pictures): on a CPU about 0.4 s per epoch and 2 s per run
+    # The run folder's pictures (yolo9kit.train.records.RunPictures): on a CPU about 0.4 s per epoch and 2 s per run
     # (docs/training.md); False for quiet or timed runs.
     plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
                           "plots)", flag="--no-plots", negate=True, resume=CHANGE)

@@ -215,8 +215,8 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 at = _Position("training", epoch)
                 progress.epoch = epoch
                 if run.dist.is_main and run.run_dir:  # room for the epoch's checkpoints: a full disk costs no epoch
-                    rundir.check_space_for_epoch(run.run_dir, run.trainer,
-                                          rundir.epoch_files(config, epoch, run.validate_fn is not None))
+                    names = rundir.epoch_files(config, epoch, run.validate_fn is not None)
+                    rundir.check_space_for_epoch(run.run_dir, run.trainer, names)
                 set_epoch_data(loader, config, epoch)
                 at.rng_epoch_start = state.capture_rng(run.trainer.device)
                 batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.run.plots)
@@ -336,7 +336,7 @@ def _save(run: _Run, name: str, rng: dict | None) -> None:
         raise NonFiniteWeightsError(run.run_dir, f"epoch {run.progress.epoch}, {name}", bad)
     extra = {**run.extra, "results": run.results}
     state.save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
-                             rng=rng, extra=extra)
+                                   rng=rng, extra=extra)
 
 
 def _eval_model(trainer: Trainer) -> nn.Module:

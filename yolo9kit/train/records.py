@@ -1,5 +1,5 @@
-"""What a run reports: the ``BatchRecord`` and ``EpochRecord`` its callbacks receive, results.csv, state.yaml and
-the run folder's pictures (docs/training.md, the run folder)."""
+"""What a run reports: the ``BatchRecord`` and ``EpochRecord`` its callbacks receive, results.csv, settings.yaml,
+state.yaml and the run folder's pictures (docs/training.md, the run folder)."""
 
 from __future__ import annotations
 
@@ -93,10 +93,8 @@ class EpochRecord:
     def from_stats(cls, epoch: int, stats: EpochStats, metrics: Mapping[str, float],
                    world_size: int = 1) -> EpochRecord:
         """The record of ``epoch`` from the loop's ``stats`` (this rank's images) and the validation ``metrics``."""
-        box, cls_, dfl = (float(v) for v in stats.mean_items)
-        lr_bias, lr_weight, lr_norm_weight = (float(lr) for lr in stats.lrs)
-        return cls(epoch, box, cls_, dfl, lr_bias, lr_weight, lr_norm_weight, *metric_columns(metrics).values(),
-                   peak_allocated=stats.peak_allocated,
+        return cls(epoch, *(float(v) for v in stats.mean_items), *(float(lr) for lr in stats.lrs),
+                   *metric_columns(metrics).values(), peak_allocated=stats.peak_allocated,
                    images_per_s=stats.images * world_size / max(stats.seconds, 1e-9), epoch_s=stats.seconds)
 
     def row(self) -> dict[str, float | int | None]:
@@ -155,16 +153,14 @@ def read_results(path: str | Path) -> pd.DataFrame:
     return pd.read_csv(path / "results.csv" if path.is_dir() else path)
 
 
-def device_memory_bytes(device: torch.device, peak: bool = False) -> int:
-    """Allocated (or peak allocated since the last reset) bytes on a CUDA device; 0 on CPU."""
-    if device.type != "cuda":
-        return 0
-    return int(torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device))
+def device_memory_bytes(device: torch.device) -> int:
+    """Allocated bytes on a CUDA device; 0 elsewhere."""
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
 
 
 def read_peak_allocated(device: torch.device) -> int | None:
-    """Peak allocated bytes on a CUDA device since the last reset; None on other devices (not measured)."""
-    return device_memory_bytes(device, peak=True) if device.type == "cuda" else None
+    """Peak allocated bytes on a CUDA device since the last reset; None elsewhere (not measured)."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -182,8 +178,8 @@ def bar_text(mean_items: torch.Tensor, peak_allocated: int, images_per_s: float,
 
 def write_state(folder: Path, state: str, reason: str | None, epochs_done: int | None, epochs: int | None,
                 wall_s: float) -> Path | None:
-    """``state.yaml`` of a run folder: how it stands or ended (``state``, ``reason``), its epochs, the wall time of
-    all its parts, when and by which process. A failed write is a warning and returns None."""
+    """``state.yaml``: how the run stands or ended, why, its epochs, its wall time, when and by which process; a
+    failed write is a warning (None)."""
     record = {"state": state, "reason": reason, "epochs_done": epochs_done, "epochs": epochs,
               "wall_s": round(wall_s, 1), "pid": os.getpid(),
               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -197,7 +193,7 @@ def write_state(folder: Path, state: str, reason: str | None, epochs_done: int |
 
 
 def read_state(folder: Path) -> dict:
-    """``state.yaml`` of a run folder as a dict ({} when it is missing or holds no mapping).
+    """``state.yaml`` of a run folder ({} when there is none).
 
     Raises:
         RecordError: the file is refused (too large, aliases, not YAML), naming it.
@@ -215,7 +211,7 @@ def data_record(data: Any) -> str | None:
 def write_settings(run_dir: Path | None, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int,
                    recipe: str, written: list[Path]) -> None:
     """``settings.yaml``: the settings, the resolved step, what training derives from them, the augmentation, the
-    loss and the data (rewritten on resume; a failed write is a warning). ``written`` receives the file."""
+    loss, the data; rewritten on resume, a failed write a warning; ``written`` receives the file."""
     if run_dir is None:
         return
     settings = {
@@ -253,13 +249,8 @@ def _plain(value: Any) -> Any:
 
 
 class RunPictures:
-    """The run folder's pictures (``TrainConfig.plots``). A picture that fails is a warning naming it.
-
-    Args:
-        run_dir: the run folder, or None (a rank that writes nothing, or pictures off).
-        names: class names for the labels of boxes and axes.
-        written: receives each file written (removed with a new folder when the run fails before its first save).
-    """
+    """The run folder's pictures (``TrainConfig.plots``) into ``run_dir`` (None: none), boxes and axes labelled
+    with the class ``names``; ``written`` receives each file. A picture that fails is a warning naming it."""
 
     def __init__(self, run_dir: Path | None, names: Sequence[str] | Mapping[int, str] | None,
                  written: list[Path] | None = None):
@@ -320,8 +311,8 @@ class RunPictures:
             self.draw("results.png", lambda: draw_results(pd.DataFrame(rows)))
 
     def validation(self, result: Any, custom: bool) -> None:
-        """The confusion matrix and the PR, F1, P and R curves of the last default validation (``result``, a
-        ``ValResult``; ``custom``: a validation function of the caller's, which keeps none)."""
+        """The confusion matrix and the PR, F1, P, R curves of the last default validation's ``ValResult``
+        (``custom``: the caller's validation function, which keeps none)."""
         if self.run_dir is None or result is None:
             if self.run_dir is not None and custom:
                 LOGGER.info("no validation pictures: a custom validation function keeps no ValResult")
@@ -331,7 +322,7 @@ class RunPictures:
             self.draw(name, make)
 
     def _batch_figure(self, batch, i: int):
-        ncols = math.ceil(math.sqrt(max(min(len(batch[0]), 16), 1)))
-        rows = math.ceil(max(min(len(batch[0]), 16), 1) / ncols)
-        return show_batch(batch, self.names, max_images=16, ncols=ncols, fig=new_figure((2.5 * ncols, 2.5 * rows)),
-                          title=f"training batch {i}")
+        n = max(min(len(batch[0]), 16), 1)
+        ncols = math.ceil(math.sqrt(n))
+        return show_batch(batch, self.names, max_images=16, ncols=ncols, title=f"training batch {i}",
+                          fig=new_figure((2.5 * ncols, 2.5 * math.ceil(n / ncols))))
