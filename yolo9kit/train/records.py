@@ -261,23 +261,19 @@ class RunPictures:
         self.written = written if written is not None else []
         self.pending: list[tuple[int, tuple]] = []  # (index, first images of a batch) to draw after the epoch
 
-    def draw(self, name: str, make: Callable[[], Any]) -> Path | None:
-        """Save ``make()`` (a figure) as ``run_dir/name``; on any error a warning naming it, and None."""
-        if self.run_dir is None:
-            return None
+    def draw(self, name: str, make: Callable[[], Any]) -> None:
+        """Save ``make()`` (a figure) as ``run_dir/name``; on any error a warning naming it."""
         path, figure = self.run_dir / name, None
         try:
             figure = make()
             save_figure(figure, path, _DPI)  # in one step: a failed save keeps the previous picture
+            if path not in self.written:
+                self.written.append(path)
         except Exception as e:  # noqa: BLE001 - any plotting error: the picture is lost, the run is not
             LOGGER.warning("%s: picture not drawn (%s: %s); training goes on without it", path, type(e).__name__, e)
-            return None
         finally:
             with contextlib.suppress(Exception):  # frees it now, not at the next garbage collection
                 figure.clear()
-        if path not in self.written:
-            self.written.append(path)
-        return path
 
     def labels(self, loader: Iterable) -> None:
         """``labels.jpg`` from the training dataset's labels; a resumed run keeps the one it started with."""

@@ -8,7 +8,7 @@ import logging
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -100,11 +100,6 @@ class Progress:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Progress:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
 
 def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
@@ -262,7 +257,7 @@ def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "t
         LOGGER.info("resume: the checkpoint's loss scaler is %s, this run's is %s: it starts afresh", saved, kind)
     trainer.micro_batch_size = ckpt.get("micro_batch_size", trainer.micro_batch_size)
     trainer.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
-    return Progress.from_dict(ckpt["progress"])
+    return Progress(**ckpt["progress"])
 
 
 def nonfinite_entries(value: Any, where: str = "") -> list[str]:
