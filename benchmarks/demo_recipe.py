@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from yolo9kit.cli import DEMO_CLASSES, demo_config
     from yolo9kit.data import load_data_config, make_shapes
     from yolo9kit.models import create_model
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -91,7 +91,7 @@ def _count_syncs(step, device: torch.device) -> int | None:
 def kit_step(model_name: str, batch: int, args, device, **config) -> tuple[dict, object]:
     from yolo9kit.config import TrainConfig
     from yolo9kit.models import create_model
-    from yolo9kit.train import build_trainer, train_step
+    from yolo9kit.train.step import build_trainer, train_step
 
     torch.manual_seed(0)
     images, targets = synthetic_batch(batch, args.imgsz, 80)
@@ -219,7 +219,7 @@ def compile_step(args, device, report) -> None:
                             device, compile=args.compile_mode or True)
     first_s = time.perf_counter() - t
     images, targets = synthetic_batch(batch, args.imgsz, 80)
-    from yolo9kit.train import train_step
+    from yolo9kit.train.step import train_step
 
     row = _timed(lambda: train_step(trainer, images, targets), device, args.warmup, args.steps)
     report.add("compile", {"model": model_name, "batch": batch, "mode": args.compile_mode or "default",
@@ -231,8 +231,9 @@ def epoch(args, device, report) -> None:
     from yolo9kit.config import TrainConfig
     from yolo9kit.data import create_dataloader
     from yolo9kit.models import create_model
-    from yolo9kit.train import build_trainer, train_one_epoch
+    from yolo9kit.train.loop import train_one_epoch
     from yolo9kit.train.state import Progress
+    from yolo9kit.train.step import build_trainer
 
     model_name, batch = args.models[min(1, len(args.models) - 1)], args.epoch_batch
     colour = device if device.type == "cuda" else None

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
 
     from yolo9kit.cli import demo_config
     from yolo9kit.models import create_model
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     from yolo9kit.config import TrainConfig
     from yolo9kit.data import make_shapes
     from yolo9kit.models import create_model
-    from yolo9kit.train import EpochRecord, fit
+    from yolo9kit.train.fit import fit
+    from yolo9kit.train.records import EpochRecord
 
     if args.threads:
         torch.set_num_threads(args.threads)

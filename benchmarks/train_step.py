@@ -59,8 +59,7 @@ class _Clock:
 def time_kit(args, device, images, targets) -> dict:
     from yolo9kit.config import TrainConfig
     from yolo9kit.models import create_model
-    from yolo9kit.train import build_trainer, train_step
-    from yolo9kit.train.step import to_input
+    from yolo9kit.train.step import build_trainer, to_input, train_step
 
     torch.manual_seed(0)
     model = create_model(args.model, num_classes=args.nc).train()
@@ -156,7 +155,7 @@ def accumulation_gap(args, device, images, targets) -> None:
     frozen to its running statistics (isolates the loss's per-micro-batch normalisation by target_scores_sum)."""
     from yolo9kit.config import TrainConfig
     from yolo9kit.models import create_model
-    from yolo9kit.train import build_trainer, run_batch
+    from yolo9kit.train.step import build_trainer, run_batch
 
     def grads(micro, frozen_bn):
         torch.manual_seed(0)

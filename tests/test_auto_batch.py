@@ -14,7 +14,7 @@ from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.memory.plan import choose_batch, sizing_target
 from yolo9kit.models import create_model
-from yolo9kit.train import fit
+from yolo9kit.train.fit import fit
 from yolo9kit.train.optim import base_accumulate
 from yolo9kit.train.step import describe_step
 

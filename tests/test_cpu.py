@@ -16,7 +16,7 @@ from yolo9kit import env
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.config import step as step_module
 from yolo9kit.data import loader
-from yolo9kit.train import build_trainer, train_step
+from yolo9kit.train.step import build_trainer, train_step
 
 AFFINITY = len(os.sched_getaffinity(0))
 

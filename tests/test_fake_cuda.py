@@ -20,10 +20,10 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.env import resolve_device
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.models import create_model
-from yolo9kit.train import build_trainer, train_one_epoch
 from yolo9kit.train.ema import ModelEMA
+from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.state import Progress
-from yolo9kit.train.step import optimizer_step, run_batch, train_step
+from yolo9kit.train.step import build_trainer, optimizer_step, run_batch, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -326,7 +326,7 @@ def test_fit_on_cuda_end_to_end(model, tmp_path, monkeypatch):
     only syncs of the epoch's training are the read-backs of the logged losses; validation and the saves read
     back as they must (NMS, metrics, the checkpoint's bytes)."""
     from yolo9kit.data import make_shapes
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64)
     autotuned = []

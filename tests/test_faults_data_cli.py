@@ -70,7 +70,7 @@ def _fit(data: Path, tmp_path: Path, **changes):
     """fit a toy network (one class, like the shortened names) on ``data``: the real training loader."""
     from train_toys import ToyNet, toy_loss
 
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     config = TrainConfig(epochs=1, batch_size=2, imgsz=64, workers=0, device="cpu", val=False, progress_bar=False,
                          project=str(tmp_path / "runs"), warmup_min_batches=0, **changes)

@@ -147,7 +147,7 @@ def _toy_run(tmp_path, **settings):
     from train_toys import ToyNet, make_batches, toy_loss
 
     from yolo9kit.config import TrainConfig
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     config = TrainConfig(**{**dict(epochs=1, batch_size=2, device="cpu", amp="off", project=str(tmp_path / "runs"),
                                    name="x", exist_ok=True, plots=False, progress_bar=False), **settings})

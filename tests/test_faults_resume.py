@@ -18,7 +18,7 @@ from yolo9kit.cli import main
 from yolo9kit.config import TrainConfig
 from yolo9kit.env import memory_limits
 from yolo9kit.models.checkpoint import read_checkpoint
-from yolo9kit.train import fit
+from yolo9kit.train.fit import fit
 from yolo9kit.train.guards import NonFiniteWeightsError
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -135,8 +135,9 @@ def test_batches_whose_boxes_no_anchor_holds_are_named(caplog):
     """At 32 pixels a box of a tenth of the image holds no anchor point of any level: the batch trains on
     background only, and the epoch says so once."""
     from yolo9kit.models import create_model
-    from yolo9kit.train import build_trainer, train_one_epoch
+    from yolo9kit.train.loop import train_one_epoch
     from yolo9kit.train.state import Progress
+    from yolo9kit.train.step import build_trainer
 
     torch.manual_seed(0)
     model = create_model("yolov9-t", num_classes=1)

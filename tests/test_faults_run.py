@@ -29,11 +29,10 @@ from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 from yolo9kit.config import TrainConfig
 from yolo9kit.files import DiskFullError
 from yolo9kit.models.checkpoint import read_checkpoint
-from yolo9kit.train import fit
+from yolo9kit.train import records, state
+from yolo9kit.train.fit import fit
 from yolo9kit.train.records import read_state
 
-# the module (the package's ``fit`` attribute is the function: the module is reached through sys.modules)
-fit_module = sys.modules["yolo9kit.train.fit"]
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 DEAD_PID = 4_194_305  # above Linux's largest pid_max: no process has it
@@ -98,7 +97,7 @@ def _files(folder):
 def _kill_at(monkeypatch, target, epoch):
     """Die like a killed process when epoch ``epoch`` writes ``target`` (a checkpoint name or results.csv),
     leaving the temporary file of a write that was cut short."""
-    save, append = fit_module.save_training_checkpoint, fit_module.append_results
+    save, append = state.save_training_checkpoint, records.append_results
 
     def dying_save(path, trainer, progress, *args, **kwargs):
         if path.name == target and progress.epoch == epoch + 1:
@@ -112,8 +111,8 @@ def _kill_at(monkeypatch, target, epoch):
             raise _Killed
         return append(path, record)
 
-    monkeypatch.setattr(fit_module, "save_training_checkpoint", dying_save)
-    monkeypatch.setattr(fit_module, "append_results", dying_append)
+    monkeypatch.setattr(state, "save_training_checkpoint", dying_save)
+    monkeypatch.setattr(records, "append_results", dying_append)
 
 
 @pytest.mark.parametrize("target", ["best.pt", "last.pt", "results.csv"])
@@ -191,8 +190,6 @@ def test_a_disk_that_fills_during_a_save_keeps_every_file_written_before(tmp_pat
 
 
 def test_a_failed_results_append_leaves_the_file_as_it_was(tmp_path, monkeypatch):
-    import yolo9kit.train.records as records
-
     result = _fit(_config(tmp_path, epochs=1))
     path = result.save_dir / "results.csv"
     before = path.read_bytes()
@@ -281,14 +278,14 @@ def test_a_signal_during_validation_saves_the_epoch_without_metrics(tmp_path):
 def test_a_signal_while_checkpoints_are_written_waits_for_them(tmp_path, monkeypatch):
     """Ctrl-C while best.pt of epoch 0 is written: best.pt, last.pt and the row are all written, then the run
     stops."""
-    save = fit_module.save_training_checkpoint
+    save = state.save_training_checkpoint
 
     def save_and_ctrl_c(path, *args, **kwargs):
         if path.name == "best.pt":
             os.kill(os.getpid(), signal.SIGINT)
         return save(path, *args, **kwargs)
 
-    monkeypatch.setattr(fit_module, "save_training_checkpoint", save_and_ctrl_c)
+    monkeypatch.setattr(state, "save_training_checkpoint", save_and_ctrl_c)
     result = _fit(_config(tmp_path, epochs=3))
     assert result.interrupted_by == "SIGINT" and result.epochs_completed == 1
     assert _epochs_in_csv(result.save_dir) == ["0"]

@@ -142,7 +142,7 @@ def test_the_parser_sees_lazy_imports_and_skips_type_checking():
     source = """from yolo9kit.models import layers, create_model
 import yolo9kit.boxes as B
 if TYPE_CHECKING:
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 else:
     from yolo9kit.metrics import COCO80_TO_COCO91
 def f():

@@ -60,7 +60,7 @@ def test_create_model_for_the_data_transfers_weights(tmp_path, caplog):
     from yolo9kit import create_model
     from yolo9kit.data import make_shapes
     from yolo9kit.models.checkpoint import save_checkpoint
-    from yolo9kit.train import class_names
+    from yolo9kit.train.rundir import class_names
 
     data = make_shapes(tmp_path / "d", n_train=2, n_val=1, imgsz=64, num_classes=3)
     source = create_model("gelan-t", num_classes=5)

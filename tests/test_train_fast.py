@@ -12,9 +12,10 @@ from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.models import create_model
-from yolo9kit.train import build_trainer, train_one_epoch, train_step
 from yolo9kit.train.guards import NonFiniteLossError
+from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.state import Progress
+from yolo9kit.train.step import build_trainer, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

@@ -13,8 +13,9 @@ from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.models.checkpoint import read_checkpoint
-from yolo9kit.train import BatchRecord, EpochRecord, NonFiniteLossError, fit
-from yolo9kit.train.records import RESULTS_COLUMNS
+from yolo9kit.train.fit import fit
+from yolo9kit.train.guards import NonFiniteLossError
+from yolo9kit.train.records import RESULTS_COLUMNS, BatchRecord, EpochRecord
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -87,8 +88,10 @@ def test_a_new_run_in_an_existing_folder_writes_its_own_results_and_keeps_the_ea
 
 
 def test_callbacks_get_step_and_epoch_records_and_the_epoch_record_is_the_results_row(tmp_path):
-    steps, epochs = [], []
-    result = _fit(_config(tmp_path, callbacks={"on_batch": steps.append, "on_epoch_end": epochs.append}))
+    steps, epochs, ends = [], [], []
+    result = _fit(_config(tmp_path, callbacks={"on_batch": steps.append, "on_epoch_end": epochs.append,
+                                               "on_run_end": ends.append}))
+    assert ends == ["finished"]  # state.yaml's word, once, after the last epoch
     assert all(type(r) is BatchRecord for r in steps) and all(type(r) is EpochRecord for r in epochs)
     assert [(r.epoch, r.batch_index, r.ni) for r in steps] == [(e, i, 5 * e + i) for e in (0, 1) for i in range(5)]
     assert [r.optimizer_steps for r in steps] == [1, 2, 2, 3, 3, 4, 4, 5, 5, 6]  # steps at ni 0, 1, 3, 5, 7, 9

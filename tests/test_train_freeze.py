@@ -17,8 +17,10 @@ from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint, save_checkpoint
 from yolo9kit.models.model import freeze_layers, frozen_layer_indices
-from yolo9kit.train import build_optimizer, build_trainer, fit, train_step
 from yolo9kit.train.ema import ModelEMA
+from yolo9kit.train.fit import fit
+from yolo9kit.train.optim import build_optimizer
+from yolo9kit.train.step import build_trainer, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

@@ -9,8 +9,16 @@ import torch
 from train_toys import ToyNet, one_thread
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import ModelEMA, base_accumulate, build_optimizer, lr_factor, param_groups, scaled_weight_decay
-from yolo9kit.train.optim import step_settings, warmup_batches
+from yolo9kit.train.ema import ModelEMA
+from yolo9kit.train.optim import (
+    base_accumulate,
+    build_optimizer,
+    lr_factor,
+    param_groups,
+    scaled_weight_decay,
+    step_settings,
+    warmup_batches,
+)
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

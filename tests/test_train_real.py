@@ -9,7 +9,7 @@ from train_toys import one_thread
 from yolo9kit.config import TrainConfig
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint
-from yolo9kit.train import fit
+from yolo9kit.train.fit import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

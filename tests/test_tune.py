@@ -202,12 +202,11 @@ def test_two_worker_processes_share_one_study(shapes, tmp_path):
 
 def test_five_failed_trials_in_a_row_stop_the_study(shapes, tmp_path, monkeypatch):
     from yolo9kit import tune
-    from yolo9kit.train import NonFiniteLossError
+    from yolo9kit.train.guards import NonFiniteLossError
 
     def diverges(model, data, config):  # what fit raises after MAX_NONFINITE_BATCHES non-finite losses
         raise NonFiniteLossError(10, 0, 9)
 
-    # the module (the package attribute yolo9kit.train.fit is the function once something asked for it)
     monkeypatch.setattr(importlib.import_module("yolo9kit.train.fit"), "fit", diverges)
     with pytest.raises(RuntimeError, match="trials 0, 1, 2, 3, 4 failed in a row"):
         tune(SHAPES_WEIGHTS, shapes, _config(tmp_path, "diverges"), trials=2, space=["lr0"])

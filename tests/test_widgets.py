@@ -31,7 +31,7 @@ def needs(module: str, *names: str):
 
 def _step(i: int, **changes):
     """The ``BatchRecord`` that ``train_one_epoch`` would pass to ``on_batch`` at batch ``ni = i``."""
-    from yolo9kit.train import BatchRecord
+    from yolo9kit.train.records import BatchRecord
 
     values = dict(epoch=0, batch_index=i, ni=i, optimizer_steps=i // 2, box_loss=3.0 - 0.1 * i, cls_loss=2.0,
                   dfl_loss=1.5, lr_bias=0.01 * i, lr_weight=0.01, lr_norm_weight=0.01, momentum=0.9,
@@ -41,7 +41,7 @@ def _step(i: int, **changes):
 
 def _epoch(epoch: int, **changes):
     """An ``EpochRecord`` of an epoch that was not validated, unless ``changes`` say otherwise."""
-    from yolo9kit.train import EpochRecord
+    from yolo9kit.train.records import EpochRecord
 
     values = dict(epoch=epoch, box_loss=2.5, cls_loss=2.0, dfl_loss=1.5, lr_bias=0.01, lr_weight=0.01,
                   lr_norm_weight=0.01, precision=None, recall=None, map50=None, map50_95=None, fitness=None,

@@ -32,9 +32,9 @@ _EXPORTS: dict[str, str] = {
     "SaveConfig": "yolo9kit.config",
     "LoaderConfig": "yolo9kit.config",
     "ExportConfig": "yolo9kit.config",
-    "fit": "yolo9kit.train",
-    "fit_seeds": "yolo9kit.train",
-    "tune": "yolo9kit.train",
+    "fit": "yolo9kit.train.fit",
+    "fit_seeds": "yolo9kit.train.seeds",
+    "tune": "yolo9kit.train.tuning",
     "runs": "yolo9kit.experiments",
     "predict": "yolo9kit.prediction",
     "export": "yolo9kit.export_onnx",
@@ -85,5 +85,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.models import DualOutput, create_model, fuse, list_models, model_table, to_deploy
     from yolo9kit.models.checkpoint import read_checkpoint, save_checkpoint
     from yolo9kit.prediction import predict
-    from yolo9kit.train import fit, fit_seeds, tune
+    from yolo9kit.train.fit import fit
+    from yolo9kit.train.seeds import fit_seeds
+    from yolo9kit.train.tuning import tune
     from yolo9kit.validate import compare_heads, evaluate

@@ -19,9 +19,8 @@ import pandas as pd
 import yaml
 
 from yolo9kit.files import LOCK_NAME, FolderLock, RecordError, read_record
-from yolo9kit.train.records import ENDED, STATE_FILE
+from yolo9kit.train.records import ENDED, SETTINGS_FILE, STATE_FILE
 
-SETTINGS_FILE = "settings.yaml"
 RESULTS_FILE = "results.csv"
 # settings that name the run rather than describe it: never shown as a difference
 _NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "loggers", "mlflow_uri"}

@@ -28,7 +28,7 @@ from yolo9kit.models import create_model, list_models, model_table
 from yolo9kit.models.checkpoint import save_checkpoint
 from yolo9kit.plots import show_batch
 from yolo9kit.prediction import predict as predict_images
-from yolo9kit.train import fit
+from yolo9kit.train.fit import fit
 from yolo9kit.validate import evaluate
 
 # errors of the input (exit code 2); anything else that escapes a verb is a failure while running (1).

@@ -20,11 +20,10 @@ from yolo9kit.config.train import LOGGERS
 from yolo9kit.env import parse_device
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint
-from yolo9kit.train import ddp, fit  # the function (yolo9kit.train.fit is also its module)
-from yolo9kit.train.inputs import class_names
-from yolo9kit.train.rundir import resume_conflicts
+from yolo9kit.train.fit import fit
+from yolo9kit.train.rundir import class_names, resume_conflicts
 from yolo9kit.train.seeds import fit_seeds
-from yolo9kit.train.state import find_resume_checkpoint
+from yolo9kit.train.state import current, find_resume_checkpoint, finish_processes, init_from_env
 
 LOGGER = logging.getLogger(__name__)
 DEFAULT_MODEL = "yolov9-t"
@@ -218,9 +217,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Train; exit status 0 when the run finished, 130 when interrupted (SIGINT, Ctrl-C), 143 (SIGTERM)."""
-    ddp.init_from_env()
+    init_from_env()
     code = _train(args) if args.seeds == 1 else _train_seeds(args)
-    ddp.finish()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
+    finish_processes()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
     return code
 
 
@@ -234,9 +233,10 @@ def _train(args: argparse.Namespace) -> int:
         model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.pipeline.single_cls),
                              weights=args.weights, max_model_bytes=model_limit(args), seed=config.run.seed)
     result = fit(model, data, config)
-    if ddp.current().is_main and result.auto_batch is not None:
+    main = current().is_main
+    if main and result.auto_batch is not None:
         print(result.auto_batch)
-    if ddp.current().is_main and result.save_dir:
+    if main and result.save_dir:
         state = f"interrupted by {result.interrupted_by}" if result.interrupted else "done"
         print(f"{state}: {result.epochs_completed} epochs, best fitness {result.best_fitness:.4f} "
               f"(epoch {result.best_epoch + 1}); weights in {result.save_dir / 'weights'}")

@@ -18,8 +18,8 @@ DEFAULT_MARGIN = 0.10  # share of a card kept free when sizing a batch (docs/mem
 CACHE_MODES = ("auto", "ram", "disk", None)  # the image cache (yolo9kit.data.dataset); None reads the files
 SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
 RECIPES = ("auto", "official", "short")  # yolo9kit.config.recipe
-CALLBACK_NAMES = ("on_batch", "on_epoch_end")
-LOGGERS = ("tensorboard", "mlflow")  # yolo9kit.train.loggers, each an optional extra of the package
+CALLBACK_NAMES = ("on_batch", "on_epoch_end", "on_run_end")
+LOGGERS = ("tensorboard", "mlflow")  # entry points "yolo9kit.loggers", each an optional extra of the package
 # Fixed at the official values (docs/training.md):
 GRAD_CLIP = 10.0  # the largest total gradient norm after unscaling
 LOG_INTERVAL = 10  # sync-free step: batches between read-backs of the losses (progress bar, callbacks)
@@ -157,7 +157,7 @@ class RunConfig(Settings):
                                        "mlflow (--mlflow-uri)", flag="--loggers", resume=CHANGE)
     mlflow_uri: str | None = declare(None, "the MLflow tracking server (http://host:5000) or store (sqlite:///FILE); "
                                      "default sqlite:///<project>/mlflow.db", flag="--mlflow-uri", resume=CHANGE)
-    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord)} (yolo9kit.train.records; rank 0 only). Not saved.
+    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord), "on_run_end": h(state)} (rank 0). Not saved.
     callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
         None, "functions called after each step and epoch", no_flag="API only", resume=CHANGE, compare=False)
 

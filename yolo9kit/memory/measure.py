@@ -169,7 +169,7 @@ def require_cuda(device: str | torch.device) -> torch.device:
 
 def measure(step: StepConfig | str, batch_size: int | None = None, *, device: str | torch.device | None = None,
             repeats: int = 3, warmup_repeats: int = 1, breakdown: bool = True, **changes: Any) -> MemoryReport:
-    """Run ``warmup_repeats + repeats`` real training steps (``yolo9kit.train.train_step``) of ``step`` on a
+    """Run ``warmup_repeats + repeats`` real training steps (``yolo9kit.train.step.train_step``) of ``step`` on a
     CUDA device, resolved as ``fit`` would run it there. Isolated: its own copy of the model, what earlier
     cells hold subtracted, everything freed before returning.
 

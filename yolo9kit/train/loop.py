@@ -19,8 +19,7 @@ from yolo9kit.config.train import LOG_INTERVAL, MAX_NONFINITE_BATCHES
 from yolo9kit.models.deploy import max_stride
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
-from yolo9kit.train.inputs import multi_scale_rng, multi_scale_shape
-from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
+from yolo9kit.train.optim import StepSettings, apply_settings, multi_scale_rng, multi_scale_shape, step_settings
 from yolo9kit.train.records import BatchRecord, bar_text, device_memory_bytes, read_peak_allocated, reset_peak_memory
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import Trainer, optimizer_step, run_batch
@@ -156,7 +155,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     it belonged to is lost, as in the plain step).
 
     ``on_batch`` receives a ``BatchRecord`` for each trained batch (sync-free: in groups, at each read-back).
-    With ``config.step.multi_scale`` each batch is resized to a random size (``inputs.multi_scale_shape``).
+    With ``config.step.multi_scale`` each batch is resized to a random size (``optim.multi_scale_shape``).
 
     ``interrupt`` is asked before each batch; a reason (e.g. ``"SIGTERM"``) stops the epoch there with
     ``Interrupted``. On any ``KeyboardInterrupt`` the BatchNorm running statistics are put back to the start
