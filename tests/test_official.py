@@ -231,7 +231,7 @@ def test_extra_golden_deploy_keeps_main_output(golden, golden_model):
                                        "yolov9-t.official-train.pt"])
 def test_extra_full_size_official_checkpoints_load(extra_fixture, file_name):
     """Full-width (80-class) official files: they load strictly and run."""
-    model = create_model(extra_fixture(file_name))
+    model = create_model(extra_fixture(file_name)).eval()
     assert model.nc == 80 and model.names[:2] == ["0", "1"]
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 64))
