@@ -285,7 +285,8 @@ class _BatchNormSiLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        groups = [ctx.saved_tensors[i:i + 5] for i in range(0, len(ctx.saved_tensors), 5)]
+        saved = ctx.saved_tensors  # unpacked once: a checkpointed graph allows one unpack
+        groups = [saved[i:i + 5] for i in range(0, len(saved), 5)]
         total = None
         for x, w, b, mean, invstd in groups:  # the BatchNorm outputs, recomputed
             shape = (1, -1, 1, 1)
