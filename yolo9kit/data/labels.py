@@ -1,9 +1,10 @@
-"""Checking a split: each image and its label file (official ``verify_image_label``), the report, and the
-refusal of a training split that lost its labels. docs/data.md, "Checks", lists every case."""
+"""Checking a split: each image and label file (official ``verify_image_label``), the report, and the refusal of
+a training split that lost its labels (docs/data.md, "Checks")."""
 
 from __future__ import annotations
 
 import html
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,27 +18,21 @@ ERROR, WARNING, INFO = "error", "warning", "info"
 MIN_IMAGE_SIDE = 10  # pixels, as in the official checks
 PIL_FORMATS = {"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PFM"}
 _TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
-# how far (a share of the image side) a box may reach past an edge before it is reported: six-decimal labels
-# round cx and w to 5e-7 each; converters that clip in pixels land within a pixel of the edge
-OVERHANG = 1e-3
-# beyond a tenth of the labelled images lost to errors something systematic is wrong (names, format, layout)
-MAX_DROPPED_SHARE = 0.10
+OVERHANG = 1e-3  # share of a side a box may pass an edge unreported: rounding, converters clipping in pixels
+MAX_DROPPED_SHARE = 0.10  # more labelled images lost to errors: something systematic is wrong
 _PROCEED = "or pass allow_bad_labels=True (TrainConfig, create_dataloader) to train on the images that are left"
 
 
 class DataError(ValueError):
-    """A data set that cannot be used as it is; the message names the data.yaml, the split, the counts and
-    what to do."""
+    """A data set that cannot be used as it is; the message says where, the counts and what to do."""
 
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows in a notebook: the message without the traceback (``%tb`` still prints it)."""
+    def _render_traceback_(self) -> list[str]:  # what IPython shows: the message, no traceback (%tb prints it)
         return [f"\x1b[31mDataError\x1b[0m: {self}"]
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding: ``error`` leaves the image out, ``warning`` keeps it (something fixed or odd), ``info``
-    keeps it as it is."""
+    """One finding: ``error`` leaves the image out, ``warning`` keeps it (fixed or odd), ``info`` as it is."""
 
     file: str
     reason: str
@@ -46,9 +41,7 @@ class Problem:
 
 @dataclass
 class DatasetReport:
-    """What :func:`yolo9kit.data.check` found in one split: the counts (``n_images``, ``n_usable`` = labelled
-    + background, ``n_labelled``, ``n_background``, ``n_skipped``, ``n_instances``, ``n_duplicates_removed``,
-    ``n_orphan_labels``) and every finding, in file order."""
+    """What :func:`yolo9kit.data.check` found in one split: the counts and every finding, in file order."""
 
     split: str
     n_images: int = 0
@@ -97,9 +90,8 @@ class DatasetReport:
 
 @dataclass
 class ImageRecord:
-    """What the check found for one image: ``size`` (w, h) after EXIF orientation, (0, 0) when unreadable;
-    ``labels`` (n, 5) ``class cx cy w h``; ``segments`` one (k, 2) polygon per row when the file held
-    polygons; ``unnamed_classes`` ids >= nc (the image is left out, a training split refused)."""
+    """The check of one image: ``size`` (w, h) after EXIF orientation, ``labels`` (n, 5) ``class cx cy w h``,
+    ``segments`` one (k, 2) polygon per row (or none), ``unnamed_classes`` ids >= nc."""
 
     im_file: str
     lb_file: str
@@ -116,7 +108,6 @@ class ImageRecord:
 
 
 def exif_size(image: Image.Image) -> tuple[int, int]:
-    """(width, height) of a PIL image once its EXIF orientation is applied."""
     w, h = image.size
     try:
         orientation = image.getexif().get(0x0112)
@@ -128,15 +119,12 @@ def exif_size(image: Image.Image) -> tuple[int, int]:
 def _jpeg_trailing_bytes(path: str) -> int | None:
     """Bytes after the end-of-image marker; None when there is none or the image does not decode fully."""
     data = Path(path).read_bytes()  # only for the rare JPEG that does not end with its marker
-    end = data.rfind(b"\xff\xd9")
-    if end < 0:
-        return None
     try:
         with Image.open(path) as im:
             im.load()  # a truncated scan raises here, even when an EXIF thumbnail holds an end marker
     except Exception:  # PIL raises many types for damaged data
         return None
-    return len(data) - end - 2
+    return len(data) - data.rfind(b"\xff\xd9") - 2 if b"\xff\xd9" in data else None
 
 
 def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
@@ -152,8 +140,7 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
         trailing = _jpeg_trailing_bytes(path)
         if trailing is None:
             return (0, 0), "corrupt or truncated JPEG (no end-of-image marker)", None
-        note = (f"{trailing} bytes after the JPEG end-of-image marker: ignored when decoding "
-                f"(the file is left as it is)")
+        note = f"{trailing} bytes after the JPEG end-of-image marker: ignored when decoding (the file is left as it is)"
     try:
         with Image.open(path) as im:
             im.verify()
@@ -202,13 +189,9 @@ def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.nda
 
 
 def _unnamed_classes(rows: list[list[str]], nc: int) -> tuple[int, ...]:
-    """Whole-number class ids >= ``nc`` in the first column (what a short ``names`` list leaves unnamed)."""
-    ids = set()
-    for row in rows:
-        value = float(row[0]) if _is_float(row[0]) else np.nan
-        if np.isfinite(value) and value == int(value) and value >= nc:
-            ids.add(int(value))
-    return tuple(sorted(ids))
+    """Whole-number class ids >= ``nc`` (what a short ``names`` list leaves unnamed)."""
+    ids = {float(row[0]) for row in rows if _is_float(row[0])}
+    return tuple(sorted(int(v) for v in ids if math.isfinite(v) and v == int(v) and v >= nc))
 
 
 def _is_float(text: str) -> bool:
@@ -224,7 +207,7 @@ def _rows_noted(lb_file: str, mask: np.ndarray, what: str) -> Problem:
 
 
 def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> ImageRecord:
-    """Check one image and its label file; never raises for bad content (the record holds the problems)."""
+    """Check one image and its label file; bad content goes to the record's problems, never raised."""
     im_file, lb_file = str(im_file), str(lb_file)
     rec = ImageRecord(im_file, lb_file)
     rec.size, reason, note = _check_image(im_file)
@@ -251,9 +234,8 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
         return rec
     if segments:
         rec.problems.append(Problem(lb_file, f"{len(segments)} polygons read as their bounding boxes", INFO))
-    cx, cy, w, h = boxes[:, 1], boxes[:, 2], boxes[:, 3], boxes[:, 4]
-    overhang = (cx - w / 2 < -OVERHANG) | (cx + w / 2 > 1 + OVERHANG) | (cy - h / 2 < -OVERHANG) | \
-        (cy + h / 2 > 1 + OVERHANG)
+    centre, half = boxes[:, 1:3], boxes[:, 3:5] / 2
+    overhang = ((centre - half < -OVERHANG) | (centre + half > 1 + OVERHANG)).any(1)
     if overhang.any():  # training clips the box to the image: what it learns is not the box in the file
         rec.problems.append(_rows_noted(lb_file, overhang, "box reaches past the image edge, training clips it to "
                                                            "the image"))
@@ -274,7 +256,7 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
 
 
 def build_report(split: str, records: list[ImageRecord], sources: list[Path] | None = None) -> DatasetReport:
-    """Counts and problems of a scanned split; with ``sources``, label files without an image too (warnings)."""
+    """Counts and problems of a scanned split; with ``sources``, label files without an image too."""
     report = DatasetReport(split=split, n_images=len(records))
     for r in records:
         report.problems += r.problems
@@ -301,7 +283,7 @@ def check_command(config: DataConfig, split: str) -> str:
 
 def refuse_bad_labels(config: DataConfig, split: str, report: DatasetReport, records: list[ImageRecord]) -> None:
     """Raise :class:`DataError` for unnamed class ids (official assert), no box at all (official "no labels
-    found"), or more than :data:`MAX_DROPPED_SHARE` of the non-background images lost to errors."""
+    found") or more than ``MAX_DROPPED_SHARE`` of the labelled images lost to errors."""
     where = f"{config.yaml_file or 'the data config'} ({split} split)"
     unnamed = sorted({c for r in records for c in r.unnamed_classes})
     if unnamed:

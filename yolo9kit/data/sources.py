@@ -1,6 +1,5 @@
-"""Every file discovery: data.yaml and the images of a split (official ``check_dataset``, ``img2label_paths``),
-the label file of an image, and what ``predict`` reads (official ``LoadImages``; docs/validation.md says
-where the kit differs)."""
+"""Finding files: data.yaml and a split's images (official ``check_dataset``, ``img2label_paths``), label
+files, and what ``predict`` reads (official ``LoadImages``; docs/validation.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
 VIDEO_SUFFIXES = {".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv"}
-SPLITS = ("train", "val", "test")
 
 
 def _is_glob(text: str) -> bool:
@@ -30,8 +28,7 @@ def _is_glob(text: str) -> bool:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """A resolved data.yaml: ``path`` (root), ``names`` (index = class id), ``sources`` (per split, the
-    entries as absolute paths), ``yaml_file`` (None for a dict); ``nc`` is ``len(names)``."""
+    """A resolved data.yaml: root ``path``, ``names`` (index = class id), absolute ``sources`` per split."""
 
     path: Path
     names: list[str]
@@ -43,7 +40,7 @@ class DataConfig:
         return len(self.names)
 
     def images(self, split: str) -> list[Path]:
-        """Sorted image files of ``split`` (folders searched recursively, list files read, globs expanded)."""
+        """Sorted image files of ``split`` (folders recursively, list files, globs)."""
         if split not in self.sources:
             raise KeyError(f"split {split!r} is not defined in {self.yaml_file or 'the data config'}; "
                            f"defined: {sorted(self.sources)}")
@@ -74,27 +71,21 @@ def _names_list(names, where: str) -> list[str]:
 
 
 def _resolve(entry: str | os.PathLike, root: Path) -> Path:
-    p = Path(os.path.expanduser(str(entry)))
-    if p.is_absolute():
-        return p
-    candidate = root / p
-    if not candidate.exists() and str(entry).startswith("../"):  # official fallback: drop the ../
-        alt = root / str(entry)[3:]
-        if alt.exists():
-            return alt
-    return candidate
+    path = root / os.path.expanduser(str(entry))  # an absolute entry stays as it is
+    if not path.exists() and str(entry).startswith("../") and (root / str(entry)[3:]).exists():
+        return root / str(entry)[3:]  # the official fallback: without the ../
+    return path
 
 
 def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
-    """Read a data.yaml with the official keys path (relative: to the yaml's folder, or the current one for a
-    dict), train, val, test and names (list or dict); ``nc`` is ignored.
+    """Read a data.yaml (official keys path, train, val, test, names; a relative path is relative to the yaml).
 
     Args:
-        data: the data.yaml path, a dict of its keys, or a DataConfig (returned as it is).
+        data: the data.yaml path, a dict of its keys (relative to the current folder), or a DataConfig.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a mapping, a required key (train, val, names) missing, or bad ``names``.
+        ValueError: not a mapping, train, val or names missing, or bad ``names``.
     """
     if isinstance(data, DataConfig):
         return data
@@ -112,20 +103,17 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
     missing = [k for k in ("train", "val", "names") if k not in raw]
     if missing:
         raise ValueError(f"{where}: missing required key(s) {missing}; a data.yaml needs train, val and names")
-    root = Path(os.path.expanduser(str(raw.get("path") or ".")))
-    root = root if root.is_absolute() else (base / root)
+    root = base / os.path.expanduser(str(raw.get("path") or "."))
     sources = {}
-    for split in SPLITS:
-        entry = raw.get(split)
-        if entry:
-            entries = entry if isinstance(entry, (list, tuple)) else [entry]
-            sources[split] = [_resolve(e, root) for e in entries]
+    for split in (s for s in ("train", "val", "test") if raw.get(s)):
+        entries = raw[split] if isinstance(raw[split], (list, tuple)) else [raw[split]]
+        sources[split] = [_resolve(e, root) for e in entries]
     return DataConfig(path=root.resolve(), names=_names_list(raw["names"], where), sources=sources,
                       yaml_file=yaml_file)
 
 
 def _listed(list_file: Path) -> list[tuple[int, Path]]:
-    """(line number, path) per line of a ``.txt`` list; relative paths (``./x`` too) are relative to its folder."""
+    """(line number, path) per line of a ``.txt`` list, relative to its folder."""
     try:
         lines = list_file.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark too
     except (OSError, UnicodeDecodeError) as e:
@@ -139,21 +127,16 @@ def _listed(list_file: Path) -> list[tuple[int, Path]]:
     return out
 
 
-def _walk(folder: Path) -> Iterator[tuple[str, list[str]]]:
-    """``os.walk`` following links, each real folder once: a link back up the tree is not followed round."""
+def _walk(folder: str | Path) -> Iterator[str]:
+    """The files under ``folder``, following links but each real folder once (no loop round a link)."""
     seen = set()
     for dirpath, dirs, files in os.walk(folder, followlinks=True):
         st = os.stat(dirpath)
         if (st.st_dev, st.st_ino) in seen:
-            dirs[:] = []  # nor what is below it
+            dirs[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        yield dirpath, files
-
-
-def _walk_images(folder: Path) -> list[str]:
-    return [os.path.join(dirpath, f) for dirpath, files in _walk(folder) for f in files
-            if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES]
+        yield from (os.path.join(dirpath, f) for f in files)
 
 
 def list_images(sources: list[Path]) -> list[Path]:
@@ -163,9 +146,9 @@ def list_images(sources: list[Path]) -> list[Path]:
         s = str(src)
         if _is_glob(s):
             for g in glob.glob(s, recursive=True):
-                files += _walk_images(Path(g)) if os.path.isdir(g) else [g]
+                files += _walk(g) if os.path.isdir(g) else [g]
         elif src.is_dir():
-            files += _walk_images(src)
+            files += _walk(src)
         elif src.is_file():
             files += [s] if src.suffix.lower() in IMAGE_SUFFIXES else [str(p) for _, p in _listed(src)]
         else:
@@ -176,33 +159,24 @@ def list_images(sources: list[Path]) -> list[Path]:
 
 def label_path(image_path: str | os.PathLike) -> Path:
     """Label file of an image: the last ``/images/`` in the path becomes ``/labels/``, the suffix ``.txt``."""
-    s = str(image_path)
-    a, b = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
-    if a in s:
-        head, _, tail = s.rpartition(a)
-        s = head + b + tail
+    head, sep, tail = str(image_path).rpartition(f"{os.sep}images{os.sep}")
+    s = f"{head}{os.sep}labels{os.sep}{tail}" if sep else tail
     return Path(os.path.splitext(s)[0] + ".txt")
 
 
 def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]:
-    """Label files (not labelImg's ``classes.txt``) that no image has, under the ``labels`` twin of each image
-    folder of ``sources``; a list or a glob may share its label folder with other splits: not searched."""
-    expected = {os.path.normpath(f) for f in label_files}
+    """Label files (not labelImg's ``classes.txt``) no image has, in the ``labels`` twin of each image folder
+    of ``sources`` (not of lists or globs: their label folder may hold other splits)."""
     orphans: set[str] = set()
     for src in sources:
-        if _is_glob(str(src)) or not src.is_dir():
-            continue
         folder = label_path(src / "image.jpg").parent
-        if folder == src or not folder.is_dir():
-            continue
-        for dirpath, files in _walk(folder):
-            orphans |= {path for path in (os.path.normpath(os.path.join(dirpath, f)) for f in files
-                                          if f.endswith(".txt") and f != "classes.txt") if path not in expected}
-    return sorted(orphans)
+        if not _is_glob(str(src)) and src.is_dir() and folder != src and folder.is_dir():
+            orphans |= {os.path.normpath(f) for f in _walk(folder)
+                        if f.endswith(".txt") and os.path.basename(f) != "classes.txt"}
+    return sorted(orphans - {os.path.normpath(f) for f in label_files})
 
 
 def is_video(item) -> bool:
-    """True for a path (str or Path) whose suffix is a video format."""
     return isinstance(item, (str, Path)) and Path(item).suffix.lower() in VIDEO_SUFFIXES
 
 
@@ -213,7 +187,7 @@ def _media_in(folder: Path) -> list[str]:
 
 
 def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
-    """The files a ``.txt`` list names; a line naming no file is recorded in ``skipped``."""
+    """The files a ``.txt`` list names; a line naming no file goes to ``skipped``."""
     out: list[str] = []
     for number, path in _listed(list_file):
         if path.is_dir():
@@ -229,10 +203,8 @@ def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
 
 
 def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]]]:
-    """The inputs ``source`` names, in order, and the listed files that are missing.
-
-    Args:
-        source: an image or video file, a folder, a glob, a ``.txt`` list, a BGR numpy image, or a list of these.
+    """The inputs ``source`` names, in order: an image or video file, a folder, a glob, a ``.txt`` list, a BGR
+    numpy image, or a list of these.
 
     Returns:
         (paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist).
@@ -276,9 +248,8 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
 
 
 class VideoReader:
-    """The frames of one video, decoded one at a time; with ``vid_stride`` k, frames k-1, 2k-1, ... (official
-    ``LoadImages``). ``error`` says why it cannot be read ("" when it opened); ``frame_count`` is what the file
-    announces (an estimate for some containers)."""
+    """The frames of a video; with ``vid_stride`` k, frames k-1, 2k-1, ... (official ``LoadImages``). ``error``:
+    why it cannot be read ("" when it opened); ``frame_count``: what the file announces (may be an estimate)."""
 
     def __init__(self, path: str, vid_stride: int = 1) -> None:
         if vid_stride < 1:
@@ -294,7 +265,7 @@ class VideoReader:
         self.frames_read = 0
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray, float]]:
-        """(0-based frame index, BGR image (H, W, 3) uint8, seconds spent decoding it) per kept frame."""
+        """(frame index, BGR image, seconds spent decoding it) per kept frame."""
         index = -1
         try:
             while not self.error:
@@ -311,10 +282,7 @@ class VideoReader:
                 self.frames_read += 1
                 yield index, image, time.perf_counter() - t0
         finally:
-            self.close()
-
-    def close(self) -> None:
-        self._capture.release()
+            self._capture.release()
 
 
 def read_frame(path: str, frame: int) -> np.ndarray | None:
@@ -329,12 +297,7 @@ def read_frame(path: str, frame: int) -> np.ndarray | None:
 
 
 def write_video(images, path: str | Path, fps: float = 10.0) -> Path:
-    """Write image files (all the size of the first) as an mp4v video, one frame each: a clip to predict on.
-
-    Args:
-        images: image paths, in frame order.
-        path: the .mp4 file to write (lossy: the frames read back are close to the images, not equal).
-        fps: frames per second.
+    """Write image files (all of one size) as the frames of a (lossy) mp4v video: a clip to predict on.
 
     Returns:
         ``path``.
