@@ -1,6 +1,5 @@
-"""Training augmentations with the semantics of the official ``load_mosaic``, ``random_perspective``,
-``box_candidates``, ``mixup``, ``augment_hsv`` and ``copy_paste``; each tile is warped once, straight into the
-output (docs/data.md, "Why it is fast"). Boxes follow the official arithmetic exactly."""
+"""Training augmentations with the official semantics (``random_perspective``, ``mixup``, ``augment_hsv``,
+``copy_paste``), each tile warped once into the output (docs/data.md, "Why it is fast")."""
 
 from __future__ import annotations
 
@@ -36,18 +35,17 @@ class Hyp:
 
     @classmethod
     def from_dict(cls, hyp: dict | Hyp | None) -> Hyp:
-        """Build from a dict such as an official hyp yaml; unknown keys (lr0, box, ...) are ignored."""
+        """From a dict such as an official hyp yaml; other keys (lr0, box, ...) are ignored."""
         if hyp is None or isinstance(hyp, Hyp):
             return hyp or cls()
         known = set(asdict(cls()))
         return cls(**{k: float(v) for k, v in hyp.items() if k in known})
 
 
-# ---- 3x3 pixel matrices -------------------------------------------------------------------------------------
 def random_affine_matrix(rng: np.random.Generator, hyp: Hyp, in_size: tuple[int, int],
                          out_size: tuple[int, int]) -> tuple[np.ndarray, float]:
-    """The random_perspective matrix M = T @ S @ R @ P @ C (official order and distributions) from an
-    ``in_size`` (w, h) image to an ``out_size`` one; returns (M, zoom)."""
+    """(M, zoom): official random_perspective's M = T @ S @ R @ P @ C from an ``in_size`` (w, h) image to an
+    ``out_size`` one."""
     C = np.eye(3)
     C[0, 2], C[1, 2] = -in_size[0] / 2, -in_size[1] / 2
     P = np.eye(3)
@@ -64,26 +62,8 @@ def random_affine_matrix(rng: np.random.Generator, hyp: Hyp, in_size: tuple[int,
     return T @ S @ R @ P @ C, s
 
 
-def flip_matrix(width: int, height: int, lr: bool, ud: bool) -> np.ndarray:
-    """Pixel-index flip (x -> W - 1 - x), the same as np.fliplr / np.flipud of the warped image."""
-    F = np.eye(3)
-    if lr:
-        F[0, 0], F[0, 2] = -1, width - 1
-    if ud:
-        F[1, 1], F[1, 2] = -1, height - 1
-    return F
-
-
 def translation(dx: float, dy: float) -> np.ndarray:
-    T = np.eye(3)
-    T[0, 2], T[1, 2] = dx, dy
-    return T
-
-
-def inverse_scale_translate(A: np.ndarray) -> np.ndarray:
-    """Inverse of a 3x3 scale-and-translate matrix, without a general solver (it runs per tile)."""
-    sx, sy = A[0, 0], A[1, 1]
-    return np.array([[1 / sx, 0, -A[0, 2] / sx], [0, 1 / sy, -A[1, 2] / sy], [0, 0, 1.0]])
+    return np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1.0]])
 
 
 def resize_matrix(src_w: int, src_h: int, dst_w: float, dst_h: float) -> np.ndarray:
@@ -92,21 +72,27 @@ def resize_matrix(src_w: int, src_h: int, dst_w: float, dst_h: float) -> np.ndar
     return np.array([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5], [0, 0, 1.0]])
 
 
+def mapped_corners(A: np.ndarray, x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+    """(4, 2) corners of the rectangle [x0, x1] x [y0, y1] mapped by A."""
+    xy = np.array([[x0, y0, 1], [x1, y0, 1], [x0, y1, 1], [x1, y1, 1]], np.float64) @ A.T
+    return xy[:, :2] / xy[:, 2:3]
+
+
 def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
     """Does the rectangle [0, w] x [0, h] mapped by A overlap the output?"""
-    corners = np.array([[0, 0, 1], [w, 0, 1], [0, h, 1], [w, h, 1]], np.float64) @ A.T
-    xy = corners[:, :2] / corners[:, 2:3]
+    xy = mapped_corners(A, 0, 0, w, h)
     return bool(xy[:, 0].max() > 0 and xy[:, 0].min() < out_w and xy[:, 1].max() > 0 and xy[:, 1].min() < out_h)
 
 
-# ---- pixels -------------------------------------------------------------------------------------------------
-def warp_into(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
-    """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, bilinear, over the warped
-    source's bounding rectangle only; other pixels keep their value, so tiles can share one output."""
+def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
+    """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, bilinear, over the warped source's
+    bounding rectangle only (tiles share one output); a positive scale + translate is pasted (faster)."""
+    if not perspective and A[0, 1] == 0 and A[1, 0] == 0 and A[2, 0] == 0 and A[2, 1] == 0 and A[0, 0] > 0 \
+            and A[1, 1] > 0:
+        return paste_scaled(out, src, A)
     h, w = src.shape[:2]
     H, W = out.shape[:2]
-    corners = np.array([[-0.5, -0.5, 1], [w - 0.5, -0.5, 1], [-0.5, h - 0.5, 1], [w - 0.5, h - 0.5, 1]]) @ A.T
-    xy = corners[:, :2] / corners[:, 2:3]
+    xy = mapped_corners(A, -0.5, -0.5, w - 0.5, h - 0.5)
     x0, y0 = max(int(math.floor(xy[:, 0].min())), 0), max(int(math.floor(xy[:, 1].min())), 0)
     x1, y1 = min(int(math.ceil(xy[:, 0].max())) + 1, W), min(int(math.ceil(xy[:, 1].max())) + 1, H)
     if x1 <= x0 or y1 <= y0:
@@ -136,8 +122,7 @@ def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, in
 
 
 def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
-    """:func:`warp_into` for a scale-and-translate A as crop + cv2.resize + paste: several times cheaper,
-    within half a pixel of the exact warp."""
+    """:func:`place` for a scale-and-translate A as crop + cv2.resize + paste, within half a pixel."""
     H, W = out.shape[:2]
     px = _axis_plan(A[0, 0], A[0, 2], src.shape[1], W)
     py = _axis_plan(A[1, 1], A[1, 2], src.shape[0], H)
@@ -153,15 +138,6 @@ def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
         out[m0 + oy:m1 + oy, k0 + ox:k1 + ox] = crop[m0:m1, k0:k1]
 
 
-def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
-    """Warp ``src`` by ``A`` into ``out``; a positive scale + translate (the default hyp) is pasted."""
-    if not perspective and A[0, 1] == 0 and A[1, 0] == 0 and A[2, 0] == 0 and A[2, 1] == 0 and A[0, 0] > 0 \
-            and A[1, 1] > 0:
-        paste_scaled(out, src, A)
-    else:
-        warp_into(out, src, A, perspective)
-
-
 def flip_image(image: np.ndarray, lr: bool, ud: bool) -> np.ndarray:
     """np.fliplr / np.flipud as one OpenCV call (a contiguous copy)."""
     if lr and ud:
@@ -172,18 +148,14 @@ def flip_image(image: np.ndarray, lr: bool, ud: bool) -> np.ndarray:
 
 
 def hsv_gains(rng: np.random.Generator, hyp: Hyp) -> np.ndarray | None:
-    """Random (3,) gains for H, S, V: 1 + U(-1, 1) * (hsv_h, hsv_s, hsv_v) (official augment_hsv), or None."""
+    """Gains for H, S, V: 1 + U(-1, 1) * (hsv_h, hsv_s, hsv_v) (official augment_hsv), or None."""
     if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
         return None
     return rng.uniform(-1, 1, 3) * [hyp.hsv_h, hyp.hsv_s, hyp.hsv_v] + 1
 
 
 def bgr_to_rgb(image_bgr: np.ndarray, gains: np.ndarray | None) -> np.ndarray:
-    """BGR -> RGB, through the HSV jitter when ``gains`` is given.
-
-    One ``cv2.transform`` computes the official tables' ``floor(x * g)`` with saturation; a hue past 179 is
-    left for the HSV -> RGB conversion, which wraps hue modulo 180 itself: the same colours.
-    """
+    """BGR -> RGB, through the HSV jitter when ``gains`` is given (docs/data.md, "Why it is fast")."""
     if gains is None:
         return cv2.cvtColor(image_bgr, cv2.COLOR_BGR2RGB)
     hsv = cv2.cvtColor(image_bgr, cv2.COLOR_BGR2HSV)
@@ -202,21 +174,7 @@ def mixup(image: np.ndarray, labels: np.ndarray, image2: np.ndarray, labels2: np
     return image, np.concatenate([labels, labels2], 0)
 
 
-# ---- labels: (n, 5) rows ``cls x1 y1 x2 y2`` in pixels ----------------------------------------------------------
-def transform_boxes(boxes_xyxy: np.ndarray, M: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Map boxes by their 4 corners through M, take the enclosing box, clip to the output (official)."""
-    n = len(boxes_xyxy)
-    xy = np.ones((n * 4, 3))
-    xy[:, :2] = boxes_xyxy[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(n * 4, 2)
-    xy = xy @ M.T
-    xy = (xy[:, :2] / xy[:, 2:3]).reshape(n, 8)
-    x, y = xy[:, [0, 2, 4, 6]], xy[:, [1, 3, 5, 7]]
-    new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
-    new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
-    new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
-    return new
-
-
+# labels from here on: (n, 5) rows ``cls x1 y1 x2 y2`` in pixels
 def transform_polygon_boxes(polygons: list, M: np.ndarray, width: int, height: int) -> dict[int, np.ndarray]:
     """Per row with a polygon: 1000 points evenly spaced in vertex index (official resample_segments) mapped
     through M, and the box of those inside the image (official segment2box; zeros when none is)."""
@@ -250,9 +208,17 @@ def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, he
                   polygons: list | None = None) -> np.ndarray:
     """Apply the random affine to pixel labels and drop lost boxes (official); rows with a polygon
     (canvas pixels) are boxed from the transformed polygon, and the area threshold is then 0.01."""
-    if not len(labels):
+    n = len(labels)
+    if not n:
         return labels
-    new = transform_boxes(labels[:, 1:5], M, width, height)
+    xy = np.ones((n * 4, 3))
+    xy[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)  # the 4 corners of each box
+    xy = xy @ M.T
+    xy = (xy[:, :2] / xy[:, 2:3]).reshape(n, 8)
+    x, y = xy[:, [0, 2, 4, 6]], xy[:, [1, 3, 5, 7]]
+    new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
+    new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
+    new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
     boxes = transform_polygon_boxes(polygons, M, width, height) if polygons else {}
     for row, box in boxes.items():
         new[row] = box

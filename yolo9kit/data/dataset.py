@@ -273,7 +273,8 @@ class YOLODataset(Dataset):
                 continue  # this tile lands outside the output: never decode it
             src, to_nominal = self._source(i, zoom)
             # crop the source to the part of the tile that lies on the canvas
-            inv = A.inverse_scale_translate(to_nominal)
+            sx, sy = to_nominal[0, 0], to_nominal[1, 1]
+            inv = np.array([[1 / sx, 0, -to_nominal[0, 2] / sx], [0, 1 / sy, -to_nominal[1, 2] / sy], [0, 0, 1.0]])
             x1b, y1b = x1a - padw, y1a - padh
             (sx0, sy0), (sx1, sy1) = ((inv @ [x1b - 0.5, y1b - 0.5, 1])[:2],
                                       (inv @ [x1b + tile_w - 0.5, y1b + tile_h - 0.5, 1])[:2])
@@ -303,7 +304,7 @@ class YOLODataset(Dataset):
         self._render(out, tiles, M, zoom)
         if pasted:  # pasted regions show the left-right mirrored canvas
             mirrored = np.full_like(out, PAD_VALUE)
-            self._render(mirrored, tiles, M @ A.flip_matrix(2 * s, 2 * s, True, False), zoom)
+            self._render(mirrored, tiles, M @ np.array([[-1, 0, 2 * s - 1], [0, 1, 0], [0, 0, 1.0]]), zoom)
             mask = np.zeros((s, s), np.uint8)
             for poly in pasted:
                 xy = np.c_[poly, np.ones(len(poly))] @ M.T
