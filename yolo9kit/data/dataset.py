@@ -35,16 +35,14 @@ def _scan(config: DataConfig, split: str, use_cache: bool) -> tuple[list[ImageRe
 
 def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache: bool = True,
           for_training: bool = False) -> DatasetReport:
-    """Check every image and label file of ``split``: the check any opening of the data set runs.
+    """Check every image and label file of ``split`` (the check any opening of the data set runs).
 
     Args:
-        data: data.yaml path, dict or DataConfig.
-        split: train / val / test.
-        use_cache: reuse (and write) the label cache.
-        for_training: also raise the ``DataError`` that training on ``split`` would raise before its first step.
+        data: data.yaml path, dict or DataConfig; use_cache: reuse (and write) the label cache.
+        for_training: also raise the ``DataError`` that training on ``split`` would raise.
 
     Returns:
-        DatasetReport; ``report.to_frame()`` has one row per problem (file, severity, reason).
+        The DatasetReport.
 
     Raises:
         DataError: the split has no image at all, or (``for_training``) it would not train.
@@ -57,7 +55,7 @@ def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache:
 
 
 class SampleKey(NamedTuple):
-    """What the sampler sends to a worker: the state lives here, so persistent workers always see it."""
+    """What the sampler sends to a worker: persistent workers see the state in it."""
 
     index: int
     epoch: int = 0
@@ -66,11 +64,7 @@ class SampleKey(NamedTuple):
 
 def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, imgsz: int, stride: int = 32,
                       pad: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Aspect-ratio order and per-batch (h, w) shapes of rectangular batches (official ``rect`` branch).
-
-    Returns:
-        (order (n,) indices sorting images by h/w, batch_shapes (n_batches, 2) int (h, w) in pixels).
-    """
+    """(order of the images by h/w, (n_batches, 2) int (h, w) batch shapes): official rectangular batches."""
     ar = sizes_wh[:, 1] / sizes_wh[:, 0]
     order = ar.argsort()
     ar = ar[order]
@@ -90,42 +84,32 @@ class YOLODataset(Dataset):
     """A checked YOLO-format split with official-semantics augmentation (docs/data.md).
 
     Args:
-        data: data.yaml path, dict or DataConfig.
-        split: train / val / test.
-        imgsz: training size in pixels (long side of each loaded image).
-        augment: official training augmentation (mosaic, mixup, affine, HSV, flips).
+        imgsz: long side of each loaded image; augment: official training augmentation.
         hyp: augmentation hyper-parameters (dict with official keys, or :class:`Hyp`); default hyp.scratch-high.
-        rect: rectangular batches of ``batch_size`` (images sorted by aspect ratio, mosaic off).
-        batch_size: images per rectangular batch.
-        stride, pad: rect batch shapes are multiples of ``stride`` with ``pad`` strides of margin.
-        cache: "ram" (MemoryError when over ``cache_budget`` of the free RAM), "auto" (RAM when it fits), None,
-            or "disk" (a memory-mapped file; as "auto" when it cannot be written).
-        min_items: drop images with fewer boxes.
-        single_cls: every class becomes 0.
+        rect, batch_size, stride, pad: rectangular batches (aspect-ratio order, mosaic off), their shapes
+            multiples of ``stride`` with ``pad`` strides of margin.
+        cache: "ram" (MemoryError over ``cache_budget`` of the free RAM), "auto" (RAM when it fits), None, or
+            "disk" (a memory-mapped file; as "auto" when it cannot be written).
+        min_items: drop images with fewer boxes; single_cls: every class becomes 0.
         seed: augmentation draws depend only on (seed, epoch, index).
-        use_label_cache: reuse and write the label cache.
-        cache_budget: the share of the available RAM the image cache may take.
-        allow_bad_labels: open a ``train`` split that would raise a ``DataError`` (other splits never do).
+        allow_bad_labels: open a ``train`` split that would raise a ``DataError``.
 
     Attributes:
-        im_files, labels: image paths and per image (n, 5) ``class cx cy w h``, in sample order.
-        shapes: (N, 2) original (width, height) after EXIF orientation, as the official ``shapes``.
-        report: the :class:`DatasetReport` of the check. mosaic: the mosaic path is on (``set_mosaic``).
-        colour_on_device: augmented samples carry their HSV gains for the loader (set by create_dataloader).
+        im_files, labels (per image (n, 5) ``class cx cy w h``), shapes ((N, 2) width, height), report,
+        mosaic (``set_mosaic``), colour_on_device (samples carry their HSV gains, set by create_dataloader).
     """
 
     def __init__(self, data: str | Path | dict | DataConfig, split: str = "train", imgsz: int = 640,
                  augment: bool = False, hyp: dict | A.Hyp | None = None, rect: bool = False, batch_size: int = 16,
                  stride: int = 32, pad: float = 0.0, cache: str | None = None, min_items: int = 0,
-                 single_cls: bool = False, seed: int = 0, use_label_cache: bool = True,
-                 cache_budget: float = 0.5, allow_bad_labels: bool = False):
+                 single_cls: bool = False, seed: int = 0, cache_budget: float = 0.5, allow_bad_labels: bool = False):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache must be one of {CACHE_MODES} (None: no cache), got {cache!r}")
         self.config = load_data_config(data)
         self.split, self.image_size, self.augment, self.rect, self.seed = split, imgsz, augment, rect, seed
         self.hyp = A.Hyp.from_dict(hyp)
         self.names, self.nc = list(self.config.names), self.config.nc
-        records, self.report = _scan(self.config, split, use_label_cache)
+        records, self.report = _scan(self.config, split, use_cache=True)
         if any(p.severity != "info" for p in self.report.problems):
             log.warning("%s: `%s` lists them (in Python: the dataset's .report)", self.report.summary(),
                         check_command(self.config, split))
@@ -169,14 +153,13 @@ class YOLODataset(Dataset):
         return len(self.im_files)
 
     def load_image(self, i: int) -> np.ndarray:
-        """Official load_image: BGR, long side = image_size (from the image cache when there is one)."""
+        """Official load_image: BGR, long side = image_size."""
         if self.images is not None:
             return self.images[i]
         return load_resized(self.im_files[i], self.image_size, self.augment, tuple(int(v) for v in self.shapes[i]))
 
     def _source(self, i: int, zoom: float) -> tuple[np.ndarray, np.ndarray]:
-        """An image to warp from and the matrix to the nominal resized image: without a cache the file itself,
-        decoded smaller when the warp shrinks it 2x or more (one interpolation instead of two)."""
+        """An image to warp from and its matrix to the nominal resized image (docs/data.md, "Why it is fast")."""
         w, h = self.nominal[i]
         if self.images is not None:
             return self.images[i], np.eye(3)
@@ -222,7 +205,7 @@ class YOLODataset(Dataset):
         return self.image_size, self.image_size
 
     def _letterboxed(self, index: int):
-        """Validation path, pixel-identical to the official one: load_image then letterbox (no scale-up)."""
+        """Validation path (official): load_image then letterbox."""
         image = self.load_image(index)
         h, w = image.shape[:2]
         w0, h0 = (int(v) for v in self.shapes[index])
@@ -231,7 +214,7 @@ class YOLODataset(Dataset):
         return self._output(A.bgr_to_rgb(image, None), labels, index, ((h0, w0), ((h / h0, w / w0), pad)))
 
     def _single_augmented(self, index: int, rng: np.random.Generator):
-        """Mosaic off: letterbox to the target shape, then the random affine without border, as one warp."""
+        """Mosaic off: letterbox, then the random affine, as one warp."""
         H, W = self._target_shape(index)
         w, h = (int(v) for v in self.nominal[index])
         w0, h0 = (int(v) for v in self.shapes[index])
@@ -265,7 +248,7 @@ class YOLODataset(Dataset):
         return tiles
 
     def _render(self, out: np.ndarray, tiles, G: np.ndarray, zoom: float) -> None:
-        """Draw the mosaic tiles into ``out`` through G (canvas pixels -> output pixels), visible ones only."""
+        """Draw the visible mosaic tiles into ``out`` through G (canvas pixels -> output pixels)."""
         H, W = out.shape[:2]
         for i, x1a, y1a, x2a, y2a, padw, padh in tiles:
             tile_w, tile_h = x2a - x1a, y2a - y1a
@@ -285,8 +268,7 @@ class YOLODataset(Dataset):
                     self.hyp.perspective != 0)
 
     def _mosaic(self, index: int, rng: np.random.Generator):
-        """4-image mosaic + copy-paste + random affine, drawn straight into the s x s output (official
-        load_mosaic semantics, without building the 2s x 2s canvas)."""
+        """Official load_mosaic (4 images, copy-paste, random affine), drawn straight into the s x s output."""
         s = self.image_size
         tiles = self._mosaic_layout(index, rng)
         labels, polygons = [], []

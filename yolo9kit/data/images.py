@@ -1,7 +1,9 @@
-"""Pixels: reading and resizing an image (official ``load_image``), letterbox (official ``letterbox``), and the
-HSV colour jitter in torch for the device (docs/data.md, "Loader", says how close it is to OpenCV's)."""
+"""Pixels: reading and resizing an image (official ``load_image``), ``letterbox``, and the HSV colour jitter in
+torch for the device (docs/data.md, "Loader")."""
 
 from __future__ import annotations
+
+import functools
 
 import cv2
 import numpy as np
@@ -17,8 +19,7 @@ _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_RE
 
 
 def read_bgr(path: str, reduce: int = 1) -> np.ndarray:
-    """(H, W, 3) uint8 BGR, EXIF orientation applied, alpha dropped, grayscale and 16-bit made 8-bit BGR;
-    ``reduce`` 2, 4 or 8 decodes a JPEG at 1/reduce of its size (DCT scaling). FileNotFoundError when it fails."""
+    """(H, W, 3) uint8 BGR as displayed (EXIF orientation); ``reduce`` 2, 4 or 8 decodes a JPEG at 1/reduce."""
     flag = _REDUCED[reduce] if reduce > 1 and path.lower().endswith((".jpg", ".jpeg")) else cv2.IMREAD_COLOR
     image = cv2.imread(path, flag)
     if image is None:
@@ -28,7 +29,7 @@ def read_bgr(path: str, reduce: int = 1) -> np.ndarray:
 
 
 def reduce_factor(scale: float) -> int:
-    """Largest JPEG DCT reduction (1, 2, 4, 8) that still leaves at least one source pixel per output pixel."""
+    """Largest JPEG reduction (1, 2, 4, 8) that leaves at least one source pixel per output pixel."""
     for factor in (8, 4, 2):
         if scale * factor <= 1.0:
             return factor
@@ -42,48 +43,36 @@ def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:
 
 
 def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, int] | None = None) -> np.ndarray:
-    """Official load_image: BGR with the long side at ``image_size``; the training path (``augment``) decodes
-    a JPEG that shrinks over 2x at a reduced size (docs/data.md, "Reduced JPEG decoding"). ``size_wh``: the
-    (width, height) after EXIF orientation when known."""
-    if not augment:  # the official validation path: full decode, sizes from the decoded image
+    """Official load_image: BGR with the long side at ``image_size``; for training (``augment``) a JPEG that
+    shrinks over 2x is decoded reduced (docs/data.md). ``size_wh``: (width, height) as displayed, when known."""
+    if augment:
+        if size_wh is None:
+            with Image.open(path) as im:
+                size_wh = exif_size(im)
+        w0, h0 = size_wh
+        image = read_bgr(path, reduce_factor(image_size / max(h0, w0) * 2))
+    else:  # the official validation path: full decode, sizes from the decoded image
         image = read_bgr(path)
         h0, w0 = image.shape[:2]
-        w_new, h_new = resized_size(w0, h0, image_size)
-        if (w0, h0) == (w_new, h_new):
-            return image
-        interp = cv2.INTER_AREA if image_size < max(h0, w0) else cv2.INTER_LINEAR
-        return cv2.resize(image, (w_new, h_new), interpolation=interp)
-    if size_wh is None:
-        with Image.open(path) as im:
-            size_wh = exif_size(im)
-    w0, h0 = size_wh
-    r = image_size / max(h0, w0)
-    image = read_bgr(path, reduce_factor(r * 2) if r < 0.5 else 1)
-    h, w = image.shape[:2]
-    w_new, h_new = resized_size(w0, h0, image_size)
-    if (w, h) != (w_new, h_new):
-        image = cv2.resize(image, (w_new, h_new), interpolation=cv2.INTER_LINEAR)
-    return image
+    size = resized_size(w0, h0, image_size)
+    if image.shape[1::-1] == size:
+        return image
+    interp = cv2.INTER_AREA if not augment and image_size < max(h0, w0) else cv2.INTER_LINEAR
+    return cv2.resize(image, size, interpolation=interp)
 
 
 def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
               color: tuple[int, int, int] = (PAD_VALUE, PAD_VALUE, PAD_VALUE), auto: bool = True,
               scale_fill: bool = False, scaleup: bool = True, stride: int = 32
               ) -> tuple[np.ndarray, tuple[float, float], tuple[float, float]]:
-    """Resize keeping the aspect ratio, then pad to ``new_shape``; equals the official letterbox.
+    """Resize keeping the aspect ratio, then pad to ``new_shape`` (height, width): the official letterbox.
 
     Args:
-        image: (H, W, C) uint8 array (any channel order).
-        new_shape: target (height, width), or one int for a square.
-        color: padding value per channel.
-        auto: pad only up to the next multiple of ``stride`` instead of the full shape.
-        scale_fill: stretch to ``new_shape`` without padding.
+        auto: pad only up to the next multiple of ``stride``; scale_fill: stretch, no padding.
         scaleup: allow enlarging (False caps the ratio at 1).
-        stride: the multiple used by ``auto``.
 
     Returns:
-        ``(image, (rw, rh), (pad_w, pad_h))``: the padded image, the ratios applied and the padding on the
-        left and on the top (half the total, may be fractional).
+        ``(image, (rw, rh), (pad_w, pad_h))``: the ratios applied and half the padding (may be fractional).
     """
     shape = image.shape[:2]
     if isinstance(new_shape, int):
@@ -110,32 +99,22 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
     return image, ratio, (float(dw), float(dh))
 
 
-# HSV colour jitter in torch: OpenCV's 8-bit RGB <-> HSV and the official look-up tables (``hsv_jitter`` works
-# ``chunk`` images at a time in float32, about 40 bytes per pixel of a chunk).
+# HSV colour jitter in torch: OpenCV's 8-bit RGB <-> HSV and the official look-up tables
 _SHIFT = 12  # OpenCV's hsv_shift: the division tables hold round((numerator << 12) / i)
 # HSV -> RGB: for each sector of the hue circle, which of (v, p, q, t) goes to R, G and B.
 _SECTOR_TO_RGB = ((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2))
 
 
-_TABLES: dict = {}
-
-
+@functools.cache  # once per device: a copy to the GPU waits for it
 def _sector_table(device: torch.device) -> torch.Tensor:
-    """``_SECTOR_TO_RGB`` on ``device``, made once per device (a copy to the GPU waits for it)."""
-    key = ("sector", str(device))
-    if key not in _TABLES:
-        _TABLES[key] = torch.tensor(_SECTOR_TO_RGB, device=device)
-    return _TABLES[key]
+    return torch.tensor(_SECTOR_TO_RGB, device=device)
 
 
+@functools.cache
 def _div_table(numerator: float, device: torch.device) -> torch.Tensor:
-    """OpenCV's ``saturate_cast<int>((numerator << 12) / i)`` for i in 0..255 (entry 0 is 0); cached per device."""
-    key = (numerator, str(device))
-    if key not in _TABLES:
-        i = torch.arange(256, dtype=torch.float64, device=device)
-        table = torch.where(i > 0, torch.round(numerator * (1 << _SHIFT) / i.clamp(min=1)), torch.zeros_like(i))
-        _TABLES[key] = table.to(torch.int32)
-    return _TABLES[key]
+    """OpenCV's ``saturate_cast<int>((numerator << 12) / i)`` for i in 0..255 (entry 0 is 0)."""
+    i = torch.arange(256, dtype=torch.float64, device=device)
+    return torch.where(i > 0, torch.round(numerator * (1 << _SHIFT) / i.clamp(min=1)), torch.zeros_like(i)).int()
 
 
 def _fixed_round(x: torch.Tensor) -> torch.Tensor:
@@ -157,9 +136,8 @@ def rgb_to_hsv_cv(rgb: torch.Tensor) -> torch.Tensor:
 
 
 def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """OpenCV's 8-bit HSV -> RGB for float32 tensors (h in half degrees, any real value; s, v in 0..255), as
-    OpenCV's vector loop computes it: s and v scaled by 1/255, 255 times the result, truncated to uint8. OpenCV
-    rounds instead in the pixels its vector loop leaves over at the end of a row (docs/data.md)."""
+    """OpenCV's 8-bit HSV -> RGB (as its vector loop: truncated; docs/data.md) for float32 h (half degrees, any
+    value), s and v (0..255)."""
     h = torch.remainder(h * torch.tensor(6.0 / 180.0, dtype=torch.float32), 6.0)
     sector = torch.floor(h).clamp_(0, 5)
     f = h - sector
@@ -172,10 +150,11 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
-    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W); returns a new uint8 batch.
+    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` images at a time (float32,
+    about 40 bytes a pixel); gains (1, 1, 1) leave an image as it is. Returns a new uint8 batch.
 
-    A row of gains equal to (1, 1, 1) leaves its image unchanged (no colour round trip). Works in slices
-    of ``chunk`` images, with no host-device synchronisation (the gains are copied without waiting).
+    Raises:
+        ValueError: images not uint8 (B, 3, H, W), or gains not (B, 3).
     """
     if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"expected uint8 images (B, 3, H, W), got {images.dtype} {tuple(images.shape)}")
