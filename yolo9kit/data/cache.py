@@ -1,6 +1,5 @@
-"""The caches of a split (docs/data.md, "Format rules" and "Loader"): the label cache (official
-``cache_labels``, an ``.npz`` without pickles), the decoded images in RAM, and ``cache="disk"``: the decoded
-images back to back in one memory-mapped file. Both files are rebuilt when any file changes."""
+"""The caches of a split (docs/data.md): the label cache (official ``cache_labels``, in JSON), the decoded images
+in RAM, and ``cache="disk"``, the decoded images in one memory-mapped file."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from yolo9kit.env import memory_limits
 from yolo9kit.files import write_file, write_text_atomically
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 3  # 2: unnamed class ids per image; 3: label files with a byte-order mark read (not errors)
+CACHE_VERSION = 4  # 3: label files with a byte-order mark read (not errors); 4: JSON
 CACHE_SUFFIX = ".yolo9kit.cache"  # not the official ".cache" (a pickle): both tools keep theirs side by side
 DISK_CACHE_VERSION = 2  # 2: validation images fully decoded (1 reduced large JPEGs), official sizes
 DISK_SUFFIX = ".yolo9kit-images"
@@ -51,86 +50,48 @@ def cache_path(sources: list[Path], label_files: list[str]) -> Path:
     return base.with_name(base.stem + CACHE_SUFFIX) if base.is_file() else base.with_name(base.name + CACHE_SUFFIX)
 
 
-def save_cache(path: Path, records: list[ImageRecord], file_hash: str, nc: int) -> None:
-    """Write the records atomically; an unwritable folder only logs a warning."""
-    labels = [r.labels for r in records]
-    segs = [s for r in records for s in r.segments]
-    meta = {
-        "version": CACHE_VERSION, "hash": file_hash, "nc": nc,
-        "im_files": [r.im_file for r in records], "lb_files": [r.lb_file for r in records],
-        "sizes": [list(r.size) for r in records], "n_duplicates": [r.n_duplicates for r in records],
-        "unnamed_classes": [list(r.unnamed_classes) for r in records],
-        "problems": [[p.file, p.reason, p.severity, i] for i, r in enumerate(records) for p in r.problems],
-    }
-    arrays = {
-        "meta": np.array(json.dumps(meta)),
-        "labels": np.concatenate(labels) if labels else np.zeros((0, 5), np.float32),
-        "label_counts": np.array([len(x) for x in labels], np.int64),
-        "seg_counts": np.array([len(r.segments) for r in records], np.int64),
-        "seg_lengths": np.array([len(s) for s in segs], np.int64),
-        "seg_points": np.concatenate(segs).astype(np.float32) if segs else np.zeros((0, 2), np.float32),
-    }
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a path
-            np.savez(f, **arrays)
-
-    try:
-        write_file(path, write, needed=sum(a.nbytes for a in arrays.values()) + (1 << 20),
-                   what=f"writing the label cache {path}", durable=False)
-    except OSError as e:
-        log.warning("could not write the label cache %s (%s); the labels will be checked again next time", path, e)
-
-
-def load_cache(path: Path, file_hash: str, nc: int) -> list[ImageRecord] | None:
-    """Records from a cache that matches ``file_hash`` and ``nc``, else None."""
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["meta"]))
-            if meta.get("version") != CACHE_VERSION or meta.get("hash") != file_hash or meta.get("nc") != nc:
-                return None
-            labels = np.split(z["labels"], np.cumsum(z["label_counts"])[:-1])
-            seg_all = np.split(z["seg_points"], np.cumsum(z["seg_lengths"])[:-1]) if len(z["seg_lengths"]) else []
-            seg_offsets = np.concatenate([[0], np.cumsum(z["seg_counts"])])
-    except Exception as e:  # a damaged cache is rebuilt, never trusted
-        log.warning("ignoring unreadable label cache %s (%s)", path, e)
-        return None
-    records = [ImageRecord(im, lb, tuple(size), lab.reshape(-1, 5), list(seg_all[seg_offsets[i]:seg_offsets[i + 1]]),
-                           [], dup, tuple(unnamed))
-               for i, (im, lb, size, lab, dup, unnamed) in enumerate(zip(
-                   meta["im_files"], meta["lb_files"], meta["sizes"], labels, meta["n_duplicates"],
-                   meta["unnamed_classes"]))]
-    for file, reason, severity, i in meta["problems"]:
-        records[i].problems.append(Problem(file, reason, severity))
-    return records
+def _record(row: list) -> ImageRecord:
+    im, lb, size, labels, segments, problems, n_duplicates, unnamed = row
+    return ImageRecord(im, lb, tuple(size), np.array(labels, np.float32).reshape(-1, 5),
+                       [np.array(seg, np.float32) for seg in segments], [Problem(*p) for p in problems],
+                       n_duplicates, tuple(unnamed))
 
 
 def scan_images(im_files: list[Path], sources: list[Path], nc: int, use_cache: bool = True,
                 desc: str = "checking") -> list[ImageRecord]:
-    """Check every image/label pair, reusing the cache when nothing changed."""
+    """Check every image/label pair, reusing the label cache when nothing changed."""
     ims = [str(p) for p in im_files]
     lbs = [str(label_path(p)) for p in ims]
-    file_hash = files_hash(ims + lbs)
-    path = cache_path(sources, lbs) if ims else None
-    if use_cache and path is not None:
-        records = load_cache(path, file_hash, nc)
-        if records is not None:
-            log.debug("label cache %s reused", path)
-            return records
+    key, path = {"version": CACHE_VERSION, "hash": files_hash(ims + lbs), "nc": nc}, cache_path(sources, lbs)
+    if use_cache and path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            if {k: cached.get(k) for k in key} == key:
+                log.debug("label cache %s reused", path)
+                return [_record(row) for row in cached["records"]]
+        except Exception as e:  # a damaged cache is rebuilt, never trusted
+            log.warning("ignoring unreadable label cache %s (%s)", path, e)
     with _pool() as pool:
         records = list(tqdm(pool.map(check_image_label, ims, lbs, [nc] * len(ims)), total=len(ims), desc=desc,
                             disable=len(ims) < 1000))
-    if use_cache and path is not None:
-        save_cache(path, records, file_hash, nc)
+    if use_cache:
+        text = json.dumps({**key, "records": [
+            [r.im_file, r.lb_file, r.size, r.labels.tolist(), [seg.tolist() for seg in r.segments],
+             [[p.file, p.reason, p.severity] for p in r.problems], r.n_duplicates, r.unnamed_classes]
+            for r in records]})
+        try:
+            write_file(path, lambda tmp: tmp.write_text(text), needed=len(text) + (1 << 20),
+                       what=f"writing the label cache {path}", durable=False)
+        except OSError as e:
+            log.warning("could not write the label cache %s (%s); the labels will be checked again next time",
+                        path, e)
     return records
 
 
 def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int, augment: bool,
                  budget_fraction: float, required: bool) -> list[np.ndarray] | None:
-    """Every image decoded once, resized, in RAM; when it needs more than ``budget_fraction`` of the available
-    RAM: MemoryError with the numbers when ``required`` (cache="ram"), else None with a log line."""
+    """Every image decoded once, resized, in RAM; over ``budget_fraction`` of the available RAM: MemoryError with
+    the numbers when ``required`` (cache="ram"), else None."""
     need = sum(w * h * 3 for w, h in (resized_size(w0, h0, image_size) for w0, h0 in sizes))
     avail = memory_limits().get("RAM")
     if avail is not None and need > budget_fraction * avail:
@@ -182,7 +143,7 @@ def disk_cache_path(label_cache: Path, image_size: int, augment: bool) -> Path:
 
 def open_disk_cache(path: Path, paths: list[str], sizes: list[tuple[int, int]], image_size: int,
                     augment: bool) -> DiskImages:
-    """The cache at ``path`` for these images (a JSON header beside it), built first when missing or out of date.
+    """The disk cache at ``path`` of these images (a JSON header beside it), built when missing or out of date.
 
     Raises:
         OSError: the folder is not writable or the disk has not enough free space (the numbers are given).
