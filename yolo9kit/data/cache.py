@@ -16,8 +16,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from yolo9kit.data.images import load_resized, resized_size
-from yolo9kit.data.labels import ImageRecord, Problem, check_image_label
-from yolo9kit.data.sources import label_path
+from yolo9kit.data.labels import DataError, DatasetReport, ImageRecord, Problem, build_report, check_image_label
+from yolo9kit.data.sources import DataConfig, label_path
 from yolo9kit.env import memory_limits
 from yolo9kit.files import write_file, write_text_atomically
 
@@ -57,35 +57,41 @@ def _record(row: list) -> ImageRecord:
                        n_duplicates, tuple(unnamed))
 
 
-def scan_images(im_files: list[Path], sources: list[Path], nc: int, use_cache: bool = True,
-                desc: str = "checking") -> list[ImageRecord]:
-    """Check every image/label pair, reusing the label cache when nothing changed."""
-    ims = [str(p) for p in im_files]
+def scan_split(config: DataConfig, split: str, use_cache: bool) -> tuple[list[ImageRecord], DatasetReport]:
+    """Every image of ``split`` checked (from the label cache when nothing changed) and the report."""
+    ims, sources = [str(p) for p in config.images(split)], config.sources[split]
+    if not ims:
+        raise DataError(f"{config.yaml_file or 'the data config'}: the {split} split has no images in "
+                        f"{', '.join(map(str, sources))}; put images there (folders are searched recursively) or "
+                        f"fix its {split}: entry")
     lbs = [str(label_path(p)) for p in ims]
-    key, path = {"version": CACHE_VERSION, "hash": files_hash(ims + lbs), "nc": nc}, cache_path(sources, lbs)
+    key, path = {"version": CACHE_VERSION, "hash": files_hash(ims + lbs), "nc": config.nc}, cache_path(sources, lbs)
+    records = None
     if use_cache and path.is_file():
         try:
             cached = json.loads(path.read_text())
             if {k: cached.get(k) for k in key} == key:
-                log.debug("label cache %s reused", path)
-                return [_record(row) for row in cached["records"]]
+                records = [_record(row) for row in cached["records"]]
         except Exception as e:  # a damaged cache is rebuilt, never trusted
             log.warning("ignoring unreadable label cache %s (%s)", path, e)
-    with _pool() as pool:
-        records = list(tqdm(pool.map(check_image_label, ims, lbs, [nc] * len(ims)), total=len(ims), desc=desc,
-                            disable=len(ims) < 1000))
-    if use_cache:
-        text = json.dumps({**key, "records": [
-            [r.im_file, r.lb_file, r.size, r.labels.tolist(), [seg.tolist() for seg in r.segments],
-             [[p.file, p.reason, p.severity] for p in r.problems], r.n_duplicates, r.unnamed_classes]
-            for r in records]})
-        try:
-            write_file(path, lambda tmp: tmp.write_text(text), needed=len(text) + (1 << 20),
-                       what=f"writing the label cache {path}", durable=False)
-        except OSError as e:
-            log.warning("could not write the label cache %s (%s); the labels will be checked again next time",
-                        path, e)
-    return records
+    if records is None:
+        with _pool() as pool:
+            records = list(tqdm(pool.map(check_image_label, ims, lbs, [config.nc] * len(ims)), total=len(ims),
+                                desc=f"checking {split}", disable=len(ims) < 1000))
+        if use_cache:
+            _save_cache(path, key, records)
+    return records, build_report(split, records, sources)
+
+
+def _save_cache(path: Path, key: dict, records: list[ImageRecord]) -> None:
+    text = json.dumps({**key, "records": [
+        [r.im_file, r.lb_file, r.size, r.labels.tolist(), [seg.tolist() for seg in r.segments],
+         [[p.file, p.reason, p.severity] for p in r.problems], r.n_duplicates, r.unnamed_classes] for r in records]})
+    try:
+        write_file(path, lambda tmp: tmp.write_text(text), needed=len(text) + (1 << 20),
+                   what=f"writing the label cache {path}", durable=False)
+    except OSError as e:
+        log.warning("could not write the label cache %s (%s); the labels will be checked again next time", path, e)
 
 
 def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int, augment: bool,

@@ -14,23 +14,12 @@ from torch.utils.data import Dataset
 
 from yolo9kit.config.train import CACHE_MODES
 from yolo9kit.data import augment as A
-from yolo9kit.data.cache import cache_images, cache_path, disk_cache_path, open_disk_cache, scan_images
+from yolo9kit.data.cache import cache_images, cache_path, disk_cache_path, open_disk_cache, scan_split
 from yolo9kit.data.images import PAD_VALUE, letterbox, load_resized, read_bgr, reduce_factor, resized_size
-from yolo9kit.data.labels import DataError, DatasetReport, ImageRecord, build_report, check_command, refuse_bad_labels
+from yolo9kit.data.labels import DatasetReport, check_command, refuse_bad_labels
 from yolo9kit.data.sources import DataConfig, load_data_config
 
 log = logging.getLogger(__name__)
-
-
-def _scan(config: DataConfig, split: str, use_cache: bool) -> tuple[list[ImageRecord], DatasetReport]:
-    """Every image of ``split`` checked (from the label cache when nothing changed) and the report."""
-    images = config.images(split)
-    if not images:
-        raise DataError(f"{config.yaml_file or 'the data config'}: the {split} split has no images in "
-                        f"{', '.join(map(str, config.sources[split]))}; put images there (folders are searched "
-                        f"recursively) or fix its {split}: entry")
-    records = scan_images(images, config.sources[split], config.nc, use_cache, desc=f"checking {split}")
-    return records, build_report(split, records, config.sources[split])
 
 
 def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache: bool = True,
@@ -48,7 +37,7 @@ def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache:
         DataError: the split has no image at all, or (``for_training``) it would not train.
     """
     config = load_data_config(data)
-    records, report = _scan(config, split, use_cache)
+    records, report = scan_split(config, split, use_cache)
     if for_training:
         refuse_bad_labels(config, split, report, records)
     return report
@@ -68,7 +57,7 @@ def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, imgsz: int, stride:
     ar = sizes_wh[:, 1] / sizes_wh[:, 0]
     order = ar.argsort()
     ar = ar[order]
-    n_batches = int(math.floor((len(ar) - 1) / batch_size)) + 1 if len(ar) else 0
+    n_batches = -(-len(ar) // batch_size)
     shapes = np.ones((n_batches, 2))
     for b in range(n_batches):
         ari = ar[b * batch_size:(b + 1) * batch_size]
@@ -109,7 +98,7 @@ class YOLODataset(Dataset):
         self.split, self.image_size, self.augment, self.rect, self.seed = split, imgsz, augment, rect, seed
         self.hyp = A.Hyp.from_dict(hyp)
         self.names, self.nc = list(self.config.names), self.config.nc
-        records, self.report = _scan(self.config, split, use_cache=True)
+        records, self.report = scan_split(self.config, split, use_cache=True)
         if any(p.severity != "info" for p in self.report.problems):
             log.warning("%s: `%s` lists them (in Python: the dataset's .report)", self.report.summary(),
                         check_command(self.config, split))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from PIL import Image
 
 from yolo9kit.data.sources import DataConfig, orphan_label_files
@@ -59,10 +60,8 @@ class DatasetReport:
         """True when no image had to be left out."""
         return not any(p.severity == ERROR for p in self.problems)
 
-    def to_frame(self):
-        """One row per problem: columns file, severity, reason (a pandas DataFrame)."""
-        import pandas as pd
-
+    def to_frame(self) -> pd.DataFrame:
+        """One row per problem: columns file, severity, reason."""
         return pd.DataFrame([(p.file, p.severity, p.reason) for p in self.problems],
                             columns=["file", "severity", "reason"])
 
@@ -81,10 +80,7 @@ class DatasetReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{html.escape(p.severity)}</td><td>{html.escape(p.file)}</td>"
-                       f"<td>{html.escape(p.reason)}</td></tr>" for p in self.problems)
-        table = (f"<table><thead><tr><th>severity</th><th>file</th><th>reason</th></tr></thead>"
-                 f"<tbody>{rows}</tbody></table>") if rows else "<p>no problems found</p>"
+        table = self.to_frame().to_html(index=False) if self.problems else "<p>no problems found</p>"
         return f"<div><p><b>{html.escape(self.summary())}</b></p>{table}</div>"
 
 
@@ -116,17 +112,6 @@ def exif_size(image: Image.Image) -> tuple[int, int]:
     return (h, w) if orientation in _TRANSPOSED_ORIENTATIONS else (w, h)
 
 
-def _jpeg_trailing_bytes(path: str) -> int | None:
-    """Bytes after the end-of-image marker; None when there is none or the image does not decode fully."""
-    data = Path(path).read_bytes()  # only for the rare JPEG that does not end with its marker
-    try:
-        with Image.open(path) as im:
-            im.load()  # a truncated scan raises here, even when an EXIF thumbnail holds an end marker
-    except Exception:  # PIL raises many types for damaged data
-        return None
-    return len(data) - data.rfind(b"\xff\xd9") - 2 if b"\xff\xd9" in data else None
-
-
 def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
     """Size, error reason (None when fine) and a warning (None when nothing is odd)."""
     if not os.path.isfile(path):
@@ -137,9 +122,15 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
         f.seek(-2, 2) if os.path.getsize(path) >= 4 else None
         tail = f.read(2)
     if head == b"\xff\xd8" and tail != b"\xff\xd9":  # kept, never re-saved as the official code does
-        trailing = _jpeg_trailing_bytes(path)
-        if trailing is None:
+        end = Path(path).read_bytes().rfind(b"\xff\xd9")  # only for the rare JPEG that does not end with it
+        try:
+            with Image.open(path) as im:
+                im.load()  # a truncated scan raises here, even when an EXIF thumbnail holds an end marker
+        except Exception:  # PIL raises many types for damaged data
+            end = -1
+        if end < 0:
             return (0, 0), "corrupt or truncated JPEG (no end-of-image marker)", None
+        trailing = os.path.getsize(path) - end - 2
         note = f"{trailing} bytes after the JPEG end-of-image marker: ignored when decoding (the file is left as it is)"
     try:
         with Image.open(path) as im:
@@ -188,12 +179,6 @@ def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.nda
     return np.array(boxes, np.float32).reshape(-1, 5), segments, None
 
 
-def _unnamed_classes(rows: list[list[str]], nc: int) -> tuple[int, ...]:
-    """Whole-number class ids >= ``nc`` (what a short ``names`` list leaves unnamed)."""
-    ids = {float(row[0]) for row in rows if _is_float(row[0])}
-    return tuple(sorted(int(v) for v in ids if math.isfinite(v) and v == int(v) and v >= nc))
-
-
 def _is_float(text: str) -> bool:
     try:
         float(text)
@@ -230,7 +215,8 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     boxes, segments, reason = _parse_rows(rows, nc)
     if reason:
         rec.problems.append(Problem(lb_file, reason, ERROR))
-        rec.unnamed_classes = _unnamed_classes(rows, nc)
+        ids = {float(row[0]) for row in rows if _is_float(row[0])}  # whole numbers >= nc: a short names list
+        rec.unnamed_classes = tuple(sorted(int(v) for v in ids if math.isfinite(v) and v == int(v) and v >= nc))
         return rec
     if segments:
         rec.problems.append(Problem(lb_file, f"{len(segments)} polygons read as their bounding boxes", INFO))
@@ -255,30 +241,23 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     return rec
 
 
-def build_report(split: str, records: list[ImageRecord], sources: list[Path] | None = None) -> DatasetReport:
-    """Counts and problems of a scanned split; with ``sources``, label files without an image too."""
-    report = DatasetReport(split=split, n_images=len(records))
-    for r in records:
-        report.problems += r.problems
-        if not r.usable:
-            report.n_skipped += 1
-            continue
-        report.n_usable += 1
-        report.n_duplicates_removed += r.n_duplicates
-        report.n_instances += len(r.labels)
-        report.n_labelled += bool(len(r.labels))
-    report.n_background = report.n_usable - report.n_labelled
-    orphans = orphan_label_files(sources, [r.lb_file for r in records]) if sources else []
-    report.n_orphan_labels = len(orphans)
-    report.problems += [Problem(f, "label file with no image: not used", WARNING) for f in orphans]
-    return report
+def build_report(split: str, records: list[ImageRecord], sources: list[Path]) -> DatasetReport:
+    """Counts and problems of a scanned split, label files without an image in ``sources`` included."""
+    usable = [r for r in records if r.usable]
+    n_labelled = sum(bool(len(r.labels)) for r in usable)
+    orphans = orphan_label_files(sources, [r.lb_file for r in records])
+    return DatasetReport(split, n_images=len(records), n_usable=len(usable), n_labelled=n_labelled,
+                         n_background=len(usable) - n_labelled, n_skipped=len(records) - len(usable),
+                         n_instances=sum(len(r.labels) for r in usable),
+                         n_duplicates_removed=sum(r.n_duplicates for r in usable), n_orphan_labels=len(orphans),
+                         problems=[p for r in records for p in r.problems]
+                         + [Problem(f, "label file with no image: not used", WARNING) for f in orphans])
 
 
 def check_command(config: DataConfig, split: str) -> str:
     """What a shell user runs to see every problem of ``split`` (a Python call for a dict config)."""
-    if config.yaml_file is None:
-        return f"yolo9kit.data.check(data, split={split!r})"
-    return f"python -m yolo9kit data check {config.yaml_file} --split {split}"
+    return (f"python -m yolo9kit data check {config.yaml_file} --split {split}" if config.yaml_file else
+            f"yolo9kit.data.check(data, split={split!r})")
 
 
 def refuse_bad_labels(config: DataConfig, split: str, report: DatasetReport, records: list[ImageRecord]) -> None:
