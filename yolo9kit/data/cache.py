@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -94,23 +93,33 @@ def _save_cache(path: Path, key: dict, records: list[ImageRecord]) -> None:
         log.warning("could not write the label cache %s (%s); the labels will be checked again next time", path, e)
 
 
-def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int, augment: bool,
-                 budget_fraction: float, required: bool) -> list[np.ndarray] | None:
-    """Every image decoded once, resized, in RAM; over ``budget_fraction`` of the available RAM: MemoryError with
-    the numbers when ``required`` (cache="ram"), else None."""
+def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int, augment: bool, mode: str,
+                 budget_fraction: float, label_cache: Path) -> Sequence[np.ndarray] | None:
+    """The images decoded once and resized, for cache ``mode`` (docs/data.md, "Loader"): "disk" (a memory map
+    beside ``label_cache``; else as "auto"), "auto" (in RAM when they fit in ``budget_fraction`` of it; else None)
+    or "ram" (MemoryError with the numbers when they do not fit)."""
+    if mode == "disk":
+        tag = f"{image_size}px-{'linear' if augment else 'area'}"  # one file per size and interpolation
+        path = label_cache.with_name(f"{label_cache.name.split('.yolo9kit')[0]}.{tag}{DISK_SUFFIX}")
+        try:
+            return _disk_images(path, paths, sizes, image_size, augment)
+        except OSError as e:  # read-only data, a full disk: the run goes on, as with the label cache
+            log.warning("cache='disk': cannot write the image cache in %s (%s); caching the images in RAM instead "
+                        "when they fit in %.0f%% of the available memory (else no cache)", path.parent, e,
+                        100 * budget_fraction)
     need = sum(w * h * 3 for w, h in (resized_size(w0, h0, image_size) for w0, h0 in sizes))
     avail = memory_limits().get("RAM")
     if avail is not None and need > budget_fraction * avail:
         msg = (f"caching {len(paths)} images at {image_size} px needs {need / 2**30:.2f} GiB but only "
                f"{avail / 2**30:.2f} GiB of RAM is available (limit {budget_fraction:.0%} of it)")
-        if required:
+        if mode == "ram":
             raise MemoryError(msg + ": use cache=None or a smaller image size")
         log.info("%s: not caching images", msg)
         return None
     with _pool() as pool:
         images = list(tqdm(pool.map(lambda p, wh: load_resized(p, image_size, augment, wh), paths, sizes),
-                           total=len(paths),
-                           desc=f"caching images ({need / 2**30:.2f} GiB)", disable=len(paths) < 1000))
+                           total=len(paths), desc=f"caching images ({need / 2**30:.2f} GiB)",
+                           disable=len(paths) < 1000))
     log.info("cached %d images in RAM (%.2f GiB)", len(paths), need / 2**30)
     return images
 
@@ -120,8 +129,8 @@ class DiskImages(Sequence):
 
     def __init__(self, path: Path, shapes_hw: list[tuple[int, int]]):
         self.path, self.shapes = Path(path), [tuple(s) for s in shapes_hw]
-        sizes = np.array([h * w * 3 for h, w in self.shapes], np.int64)
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
+        self.offsets = np.concatenate([[0], np.cumsum([h * w * 3 for h, w in self.shapes], dtype=np.int64)])
+        self.nbytes = int(self.offsets[-1])
         self._map = None
 
     def __len__(self) -> int:
@@ -136,24 +145,11 @@ class DiskImages(Sequence):
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_map": None}
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.offsets[-1])
 
-
-def disk_cache_path(label_cache: Path, image_size: int, augment: bool) -> Path:
-    """Beside the label cache, one file per size and interpolation (``train.640px-linear.yolo9kit-images``)."""
-    tag = f"{image_size}px-{'linear' if augment else 'area'}"
-    return label_cache.with_name(f"{label_cache.name.split('.yolo9kit')[0]}.{tag}{DISK_SUFFIX}")
-
-
-def open_disk_cache(path: Path, paths: list[str], sizes: list[tuple[int, int]], image_size: int,
-                    augment: bool) -> DiskImages:
-    """The disk cache at ``path`` of these images (a JSON header beside it), built when missing or out of date.
-
-    Raises:
-        OSError: the folder is not writable or the disk has not enough free space (the numbers are given).
-    """
+def _disk_images(path: Path, paths: list[str], sizes: list[tuple[int, int]], image_size: int,
+                 augment: bool) -> DiskImages:
+    """The disk cache at ``path`` (a JSON header beside it), built when missing or out of date; OSError when it
+    cannot be written."""
     shapes = [tuple(reversed(resized_size(w, h, image_size))) for w, h in sizes]  # (h, w)
     meta = {"version": DISK_CACHE_VERSION, "hash": files_hash(paths), "image_size": image_size,
             "augment": augment, "shapes": [list(s) for s in shapes]}
@@ -164,10 +160,6 @@ def open_disk_cache(path: Path, paths: list[str], sizes: list[tuple[int, int]], 
             return images
     except (OSError, ValueError):
         pass  # missing or damaged: rebuilt below
-    free = shutil.disk_usage(path.parent).free
-    if images.nbytes > free:
-        raise OSError(f"cache='disk' needs {images.nbytes / 2**30:.2f} GiB for {len(paths)} images at {image_size} px "
-                      f"in {path.parent}, which has {free / 2**30:.2f} GiB free: use cache=None or a smaller size")
 
     def write(tmp: Path) -> None:
         bar = tqdm(total=len(paths), disable=len(paths) < 1000,

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from yolo9kit.config.train import CACHE_MODES
 from yolo9kit.data import augment as A
-from yolo9kit.data.cache import cache_images, cache_path, disk_cache_path, open_disk_cache, scan_split
+from yolo9kit.data.cache import cache_images, cache_path, scan_split
 from yolo9kit.data.images import PAD_VALUE, letterbox, load_resized, read_bgr, reduce_factor, resized_size
 from yolo9kit.data.labels import DatasetReport, check_command, refuse_bad_labels
 from yolo9kit.data.sources import DataConfig, load_data_config
@@ -125,18 +125,9 @@ class YOLODataset(Dataset):
         self.nominal = np.array([resized_size(w, h, imgsz) for w, h in self.shapes], np.int64)  # (w, h)
         self.mosaic = augment and not rect and self.hyp.mosaic > 0
         self.colour_on_device = False
-        sizes = [tuple(int(v) for v in s) for s in self.shapes]
-        self.images = None
-        if cache == "disk":
-            path = disk_cache_path(cache_path(self.config.sources[split], [r.lb_file for r in records]), imgsz, augment)
-            try:
-                self.images = open_disk_cache(path, self.im_files, sizes, imgsz, augment)
-            except OSError as e:  # read-only data, a full disk: the run goes on, as with the label cache
-                log.warning("cache='disk': cannot write the image cache in %s (%s); caching the images in RAM "
-                            "instead when they fit in %.0f%% of the available memory (else no cache)", path.parent,
-                            e, 100 * cache_budget)
-        if cache is not None and self.images is None:
-            self.images = cache_images(self.im_files, sizes, imgsz, augment, cache_budget, required=cache == "ram")
+        self.images = None if cache is None else cache_images(
+            self.im_files, [tuple(int(v) for v in s) for s in self.shapes], imgsz, augment, cache, cache_budget,
+            cache_path(self.config.sources[split], [r.lb_file for r in records]))
 
     def __len__(self) -> int:
         return len(self.im_files)
