@@ -108,13 +108,12 @@ class YOLODataset(Dataset):
         if not records:
             raise ValueError(f"no usable image in the {split} split of {self.config.yaml_file or self.config.path}: "
                              f"{self.report.summary()}; `{check_command(self.config, split)}` gives the reasons")
-        order = np.arange(len(records))
         self.batch_shapes = None
         if rect:
             order, self.batch_shapes = rect_batch_shapes(np.array([r.size for r in records]), batch_size, imgsz,
                                                          stride, pad)
             self.batch_index = np.arange(len(order)) // batch_size
-        records = [records[i] for i in order]
+            records = [records[i] for i in order]
         self.im_files = [r.im_file for r in records]
         self.labels = [r.labels.copy() for r in records]
         self.segments = [r.segments for r in records]  # per image: one (k, 2) polygon per row, or []
@@ -147,10 +146,15 @@ class YOLODataset(Dataset):
         return src, A.resize_matrix(src.shape[1], src.shape[0], w, h)
 
     def __getitem__(self, key: int | SampleKey):
-        key = SampleKey(int(key), 0, self.mosaic) if not isinstance(key, SampleKey) else key
+        key = key if isinstance(key, SampleKey) else SampleKey(int(key), 0, self.mosaic)
         index = key.index
-        if not self.augment:
-            return self._letterboxed(index)
+        if not self.augment:  # the official validation path: load_image, then letterbox
+            image = self.load_image(index)
+            h, w = image.shape[:2]
+            w0, h0 = (int(v) for v in self.shapes[index])
+            image, ratio, pad = letterbox(image, self._target_shape(index), auto=False, scaleup=False)
+            labels = A.cxcywh_norm_to_xyxy(self.labels[index], ratio[0] * w, ratio[1] * h, pad[0], pad[1])
+            return self._output(A.bgr_to_rgb(image, None), labels, index, ((h0, w0), ((h / h0, w / w0), pad)))
         rng = np.random.default_rng([self.seed, key.epoch, index])
         if key.mosaic and not self.rect and rng.random() < self.hyp.mosaic:
             image, labels = self._mosaic(index, rng)
@@ -173,25 +177,13 @@ class YOLODataset(Dataset):
     def _output(self, image_rgb: np.ndarray, labels_xyxy: np.ndarray, index: int, shapes):
         h, w = image_rgb.shape[:2]
         labels = A.xyxy_to_cxcywh_norm(labels_xyxy, w, h) if len(labels_xyxy) else np.zeros((0, 5), np.float32)
-        targets = torch.zeros((len(labels), 6))
-        targets[:, 1:] = torch.from_numpy(labels)
+        targets = torch.cat([torch.zeros(len(labels), 1), torch.from_numpy(labels)], 1)  # (n, 6): image, class, box
         image = torch.from_numpy(image_rgb).permute(2, 0, 1)  # (3, H, W) view of HWC memory: channels_last
         return image, targets, self.im_files[index], shapes
 
     def _target_shape(self, index: int) -> tuple[int, int]:
-        if self.rect:
-            h, w = self.batch_shapes[self.batch_index[index]]
-            return int(h), int(w)
-        return self.image_size, self.image_size
-
-    def _letterboxed(self, index: int):
-        """Validation path (official): load_image then letterbox."""
-        image = self.load_image(index)
-        h, w = image.shape[:2]
-        w0, h0 = (int(v) for v in self.shapes[index])
-        image, ratio, pad = letterbox(image, self._target_shape(index), auto=False, scaleup=self.augment)
-        labels = A.cxcywh_norm_to_xyxy(self.labels[index], ratio[0] * w, ratio[1] * h, pad[0], pad[1])
-        return self._output(A.bgr_to_rgb(image, None), labels, index, ((h0, w0), ((h / h0, w / w0), pad)))
+        h, w = self.batch_shapes[self.batch_index[index]] if self.rect else (self.image_size, self.image_size)
+        return int(h), int(w)
 
     def _single_augmented(self, index: int, rng: np.random.Generator):
         """Mosaic off: letterbox, then the random affine, as one warp."""
@@ -210,22 +202,6 @@ class YOLODataset(Dataset):
         labels = A.cxcywh_norm_to_xyxy(self.labels[index], r * w, r * h, dw, dh)
         labels = A.affine_labels(labels, M, zoom, W, H)
         return image, labels, ((h0, w0), ((h / h0, w / w0), (dw, dh)))
-
-    def _mosaic_layout(self, index: int, rng: np.random.Generator) -> list[tuple[int, int, int, int, int, int, int]]:
-        """Tiles of the official 2s x 2s mosaic: (image, x1a, y1a, x2a, y2a, padw, padh) canvas pixels."""
-        s = self.image_size
-        xc, yc = (int(v) for v in rng.uniform(s // 2, 2 * s - s // 2, 2))
-        indices = [index, *rng.integers(0, len(self), 3).tolist()]
-        rng.shuffle(indices)
-        tiles = []
-        for k, i in enumerate(indices):
-            w, h = (int(v) for v in self.nominal[i])
-            x1a, x2a = (max(xc - w, 0), xc) if k in (0, 2) else (xc, min(xc + w, s * 2))
-            y1a, y2a = (max(yc - h, 0), yc) if k in (0, 1) else (yc, min(yc + h, s * 2))
-            x1b = w - (x2a - x1a) if k in (0, 2) else 0
-            y1b = h - (y2a - y1a) if k in (0, 1) else 0
-            tiles.append((i, x1a, y1a, x2a, y2a, x1a - x1b, y1a - y1b))
-        return tiles
 
     def _render(self, out: np.ndarray, tiles, G: np.ndarray, zoom: float) -> None:
         """Draw the visible mosaic tiles into ``out`` through G (canvas pixels -> output pixels)."""
@@ -250,13 +226,19 @@ class YOLODataset(Dataset):
     def _mosaic(self, index: int, rng: np.random.Generator):
         """Official load_mosaic (4 images, copy-paste, random affine), drawn straight into the s x s output."""
         s = self.image_size
-        tiles = self._mosaic_layout(index, rng)
-        labels, polygons = [], []
-        for i, _, _, _, _, padw, padh in tiles:
-            w, h = self.nominal[i]
-            labels.append(A.cxcywh_norm_to_xyxy(self.labels[i], w, h, padw, padh))
-            segs = self.segments[i]
-            polygons += [np.clip(p * (w, h) + (padw, padh), 0, 2 * s) for p in segs] if segs else \
+        xc, yc = (int(v) for v in rng.uniform(s // 2, 2 * s - s // 2, 2))
+        indices = [index, *rng.integers(0, len(self), 3).tolist()]
+        rng.shuffle(indices)
+        tiles, labels, polygons = [], [], []  # tile: (image, x1a, y1a, x2a, y2a, padw, padh) in canvas pixels
+        for k, i in enumerate(indices):
+            w, h = (int(v) for v in self.nominal[i])
+            x1a, x2a = (max(xc - w, 0), xc) if k in (0, 2) else (xc, min(xc + w, s * 2))
+            y1a, y2a = (max(yc - h, 0), yc) if k in (0, 1) else (yc, min(yc + h, s * 2))
+            padw, padh = x1a - (w - (x2a - x1a) if k in (0, 2) else 0), y1a - (h - (y2a - y1a) if k in (0, 1) else 0)
+            tiles.append((i, x1a, y1a, x2a, y2a, padw, padh))
+            wh = self.nominal[i]  # numpy ints: the boxes in float64
+            labels.append(A.cxcywh_norm_to_xyxy(self.labels[i], *wh, padw, padh))
+            polygons += [np.clip(p * wh + (padw, padh), 0, 2 * s) for p in self.segments[i]] or \
                 [None] * len(self.labels[i])
         labels = np.concatenate(labels, 0)
         np.clip(labels[:, 1:], 0, 2 * s, out=labels[:, 1:])
