@@ -38,27 +38,22 @@ class Hyp:
         """From a dict such as an official hyp yaml; other keys (lr0, box, ...) are ignored."""
         if hyp is None or isinstance(hyp, Hyp):
             return hyp or cls()
-        known = set(asdict(cls()))
-        return cls(**{k: float(v) for k, v in hyp.items() if k in known})
+        return cls(**{k: float(v) for k, v in hyp.items() if k in cls.__dataclass_fields__})
 
 
 def random_affine_matrix(rng: np.random.Generator, hyp: Hyp, in_size: tuple[int, int],
                          out_size: tuple[int, int]) -> tuple[np.ndarray, float]:
     """(M, zoom): official random_perspective's M = T @ S @ R @ P @ C from an ``in_size`` (w, h) image to an
     ``out_size`` one."""
-    C = np.eye(3)
-    C[0, 2], C[1, 2] = -in_size[0] / 2, -in_size[1] / 2
+    C = translation(-in_size[0] / 2, -in_size[1] / 2)
     P = np.eye(3)
-    P[2, 0], P[2, 1] = rng.uniform(-hyp.perspective, hyp.perspective, 2)
-    R = np.eye(3)
-    angle = rng.uniform(-hyp.degrees, hyp.degrees)
-    s = rng.uniform(1 - hyp.scale, 1 + hyp.scale)
-    R[:2] = cv2.getRotationMatrix2D(angle=angle, center=(0, 0), scale=s)
+    P[2, :2] = rng.uniform(-hyp.perspective, hyp.perspective, 2)
+    angle, s = rng.uniform(-hyp.degrees, hyp.degrees), rng.uniform(1 - hyp.scale, 1 + hyp.scale)
+    R = np.vstack([cv2.getRotationMatrix2D(angle=angle, center=(0, 0), scale=s), [0, 0, 1]])
     S = np.eye(3)
     S[0, 1], S[1, 0] = np.tan(np.radians(rng.uniform(-hyp.shear, hyp.shear, 2)))
-    T = np.eye(3)
-    T[0, 2] = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate) * out_size[0]
-    T[1, 2] = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate) * out_size[1]
+    T = translation(rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate) * out_size[0],
+                    rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate) * out_size[1])
     return T @ S @ R @ P @ C, s
 
 
@@ -87,8 +82,7 @@ def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
 def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
     """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, bilinear, over the warped source's
     bounding rectangle only (tiles share one output); a positive scale + translate is pasted (faster)."""
-    if not perspective and A[0, 1] == 0 and A[1, 0] == 0 and A[2, 0] == 0 and A[2, 1] == 0 and A[0, 0] > 0 \
-            and A[1, 1] > 0:
+    if not perspective and not A[[0, 1, 2, 2], [1, 0, 0, 1]].any() and A[0, 0] > 0 and A[1, 1] > 0:
         return paste_scaled(out, src, A)
     h, w = src.shape[:2]
     H, W = out.shape[:2]
@@ -98,13 +92,11 @@ def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = F
     if x1 <= x0 or y1 <= y0:
         return
     B = translation(-x0, -y0) @ A
-    roi = out[y0:y1, x0:x1]
+    kw = dict(dst=out[y0:y1, x0:x1], flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
     if perspective:
-        cv2.warpPerspective(src, B, (x1 - x0, y1 - y0), dst=roi, flags=cv2.INTER_LINEAR,
-                            borderMode=cv2.BORDER_TRANSPARENT)
+        cv2.warpPerspective(src, B, (x1 - x0, y1 - y0), **kw)
     else:
-        cv2.warpAffine(src, B[:2], (x1 - x0, y1 - y0), dst=roi, flags=cv2.INTER_LINEAR,
-                       borderMode=cv2.BORDER_TRANSPARENT)
+        cv2.warpAffine(src, B[:2], (x1 - x0, y1 - y0), **kw)
 
 
 def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, int, int, int, int] | None:
@@ -140,10 +132,8 @@ def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
 
 def flip_image(image: np.ndarray, lr: bool, ud: bool) -> np.ndarray:
     """np.fliplr / np.flipud as one OpenCV call (a contiguous copy)."""
-    if lr and ud:
-        return cv2.flip(image, -1)
     if lr or ud:
-        return cv2.flip(image, 1 if lr else 0)
+        return cv2.flip(image, -1 if lr and ud else 1 if lr else 0)
     return image
 
 
@@ -159,9 +149,7 @@ def bgr_to_rgb(image_bgr: np.ndarray, gains: np.ndarray | None) -> np.ndarray:
     if gains is None:
         return cv2.cvtColor(image_bgr, cv2.COLOR_BGR2RGB)
     hsv = cv2.cvtColor(image_bgr, cv2.COLOR_BGR2HSV)
-    m = np.zeros((3, 4))
-    m[[0, 1, 2], [0, 1, 2]] = gains
-    m[:, 3] = -0.5 + 1e-4  # round(y - 0.5 + 1e-4) == floor(y): truncation like astype(uint8)
+    m = np.c_[np.diag(gains), np.full(3, -0.5 + 1e-4)]  # round(y - 0.5 + 1e-4) == floor(y): truncation
     cv2.transform(hsv, m, dst=hsv)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
@@ -175,25 +163,6 @@ def mixup(image: np.ndarray, labels: np.ndarray, image2: np.ndarray, labels2: np
 
 
 # labels from here on: (n, 5) rows ``cls x1 y1 x2 y2`` in pixels
-def transform_polygon_boxes(polygons: list, M: np.ndarray, width: int, height: int) -> dict[int, np.ndarray]:
-    """Per row with a polygon: 1000 points evenly spaced in vertex index (official resample_segments) mapped
-    through M, and the box of those inside the image (official segment2box; zeros when none is)."""
-    boxes = {}
-    for row, poly in enumerate(polygons):
-        if poly is None:
-            continue
-        closed = np.concatenate([poly, poly[:1]], 0)
-        t, tp = np.linspace(0, len(closed) - 1, 1000), np.arange(len(closed))
-        xy = np.ones((1000, 3))
-        xy[:, 0], xy[:, 1] = np.interp(t, tp, closed[:, 0]), np.interp(t, tp, closed[:, 1])
-        xy = xy @ M.T
-        x, y = xy[:, 0] / xy[:, 2], xy[:, 1] / xy[:, 2]
-        inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
-        x, y = x[inside], y[inside]
-        boxes[row] = np.array([x.min(), y.min(), x.max(), y.max()]) if inside.any() else np.zeros(4)
-    return boxes
-
-
 def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr: float = 100,
                    area_thr: float = 0.1, eps: float = 1e-16) -> np.ndarray:
     """Keep boxes wider and taller than ``wh_thr`` px, with area ratio after/before above ``area_thr`` and
@@ -206,8 +175,8 @@ def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr
 
 def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, height: int,
                   polygons: list | None = None) -> np.ndarray:
-    """Apply the random affine to pixel labels and drop lost boxes (official); rows with a polygon
-    (canvas pixels) are boxed from the transformed polygon, and the area threshold is then 0.01."""
+    """Apply the random affine to pixel labels and drop lost boxes (official); a row with a polygon (canvas
+    pixels, or None) is boxed from the transformed polygon, and the area threshold is then 0.01."""
     n = len(labels)
     if not n:
         return labels
@@ -219,10 +188,22 @@ def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, he
     new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
     new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
     new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
-    boxes = transform_polygon_boxes(polygons, M, width, height) if polygons else {}
-    for row, box in boxes.items():
-        new[row] = box
-    keep = box_candidates(labels[:, 1:5].T * zoom, new.T, area_thr=0.01 if boxes else 0.10)
+    reboxed = False
+    for row, poly in enumerate(polygons or []):
+        if poly is None:
+            continue
+        # 1000 points evenly spaced in vertex index (official resample_segments), boxed where inside (segment2box)
+        closed = np.concatenate([poly, poly[:1]], 0)
+        t, tp = np.linspace(0, len(closed) - 1, 1000), np.arange(len(closed))
+        xy = np.ones((1000, 3))
+        xy[:, 0], xy[:, 1] = np.interp(t, tp, closed[:, 0]), np.interp(t, tp, closed[:, 1])
+        xy = xy @ M.T
+        x, y = xy[:, 0] / xy[:, 2], xy[:, 1] / xy[:, 2]
+        inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
+        x, y = x[inside], y[inside]
+        new[row] = np.array([x.min(), y.min(), x.max(), y.max()]) if inside.any() else np.zeros(4)
+        reboxed = True
+    keep = box_candidates(labels[:, 1:5].T * zoom, new.T, area_thr=0.01 if reboxed else 0.10)
     # An object wholly outside the mosaic canvas has a zero-size clipped box, but its clipped polygon is a
     # line along the canvas edge that a rotation turns into a box of nothing; the official code keeps it.
     keep &= (labels[:, 3] > labels[:, 1]) & (labels[:, 4] > labels[:, 2])
@@ -257,16 +238,12 @@ def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Gene
     mirrored = np.stack([canvas_width - b[:, 2], b[:, 1], canvas_width - b[:, 0], b[:, 3]], 1)
     candidates = [rows[k] for k in np.flatnonzero((box_ioa(mirrored, labels[:, 1:5]) < 0.30).all(1))]
     chosen = rng.permutation(candidates)[:round(p * len(candidates))] if candidates else []
-    new_rows, pasted = [], []
-    for j in chosen:
-        poly = polygons[j].copy()
-        poly[:, 0] = canvas_width - poly[:, 0]
-        x1, x2 = canvas_width - labels[j, 3], canvas_width - labels[j, 1]
-        new_rows.append([labels[j, 0], x1, labels[j, 2], x2, labels[j, 4]])
-        pasted.append(poly)
-    if not new_rows:
+    if not len(chosen):
         return labels, polygons, []
-    return np.concatenate([labels, np.array(new_rows)], 0), [*polygons, *pasted], pasted
+    new = labels[chosen]
+    new[:, [1, 3]] = canvas_width - new[:, [3, 1]]
+    pasted = [np.c_[canvas_width - polygons[j][:, 0], polygons[j][:, 1]] for j in chosen]
+    return np.concatenate([labels, new], 0), [*polygons, *pasted], pasted
 
 
 def flip_labels(labels: np.ndarray, width: int, height: int, lr: bool, ud: bool) -> np.ndarray:

@@ -254,4 +254,4 @@ class YOLODataset(Dataset):
                 xy = np.c_[poly, np.ones(len(poly))] @ M.T
                 cv2.fillPoly(mask, [np.round(xy[:, :2] / xy[:, 2:3]).astype(np.int32)], 1)
             out[mask.astype(bool)] = mirrored[mask.astype(bool)]
-        return out, A.affine_labels(labels, M, zoom, s, s, polygons if any(p is not None for p in polygons) else None)
+        return out, A.affine_labels(labels, M, zoom, s, s, polygons)
