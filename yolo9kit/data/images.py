@@ -75,11 +75,9 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
         ``(image, (rw, rh), (pad_w, pad_h))``: the ratios applied and half the padding (may be fractional).
     """
     shape = image.shape[:2]
-    if isinstance(new_shape, int):
-        new_shape = (new_shape, new_shape)
+    new_shape = (new_shape, new_shape) if isinstance(new_shape, int) else new_shape
     r = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
-    if not scaleup:
-        r = min(r, 1.0)
+    r = r if scaleup else min(r, 1.0)
     ratio = (r, r)
     new_unpad = (int(round(shape[1] * r)), int(round(shape[0] * r)))  # (w, h)
     dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
@@ -89,8 +87,7 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
         dw, dh = 0.0, 0.0
         new_unpad = (new_shape[1], new_shape[0])
         ratio = (new_shape[1] / shape[1], new_shape[0] / shape[0])
-    dw /= 2
-    dh /= 2
+    dw, dh = dw / 2, dh / 2
     if shape[::-1] != new_unpad:
         image = cv2.resize(image, new_unpad, interpolation=cv2.INTER_LINEAR)
     top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
@@ -141,8 +138,8 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
     h = torch.remainder(h * torch.tensor(6.0 / 180.0, dtype=torch.float32), 6.0)
     sector = torch.floor(h).clamp_(0, 5)
     f = h - sector
-    s = s * torch.tensor(1.0 / 255.0, dtype=torch.float32)
-    v = v * torch.tensor(1.0 / 255.0, dtype=torch.float32)
+    scale = torch.tensor(1.0 / 255.0, dtype=torch.float32)
+    s, v = s * scale, v * scale
     tab = torch.stack((v, v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))), 1)  # v, p, q, t
     index = _sector_table(h.device)[sector.long()]  # (B, H, W, 3)
     rgb = torch.gather(tab, 1, index.permute(0, 3, 1, 2)) * 255
@@ -169,8 +166,7 @@ def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> tor
     out = torch.empty_like(images)
     for start in range(0, images.shape[0], chunk):
         sl = slice(start, start + chunk)
-        g = g_all[sl]
-        hsv = rgb_to_hsv_cv(images[sl]).float()
+        hsv, g = rgb_to_hsv_cv(images[sl]).float(), g_all[sl]
         # The official tables: floor(x * gain), hue taken modulo 180, saturation and value clipped.
         h = torch.remainder(torch.floor(hsv[:, 0:1] * g[:, 0:1]), 180.0)
         sv = torch.floor(hsv[:, 1:] * g[:, 1:]).clamp_(0, 255)

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import cv2
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
@@ -56,9 +54,6 @@ def collate(batch):
 
 def _worker_init(worker_id: int) -> None:
     cv2.setNumThreads(0)  # one process per core already: OpenCV's own threads only compete
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
 
 
 class YOLOLoader:
@@ -101,15 +96,13 @@ class YOLOLoader:
 def set_mosaic(loader_or_dataset: YOLOLoader | YOLODataset, enabled: bool) -> None:
     """Switch the mosaic path (of an augmented, non-rect dataset) on or off from the next epoch, in every worker
     (the sampler puts the flag into every sample key)."""
-    if isinstance(loader_or_dataset, YOLOLoader):
-        loader_or_dataset = loader_or_dataset.dataset
-    loader_or_dataset.mosaic = enabled and loader_or_dataset.augment and not loader_or_dataset.rect
+    dataset = loader_or_dataset.dataset if isinstance(loader_or_dataset, YOLOLoader) else loader_or_dataset
+    dataset.mosaic = enabled and dataset.augment and not dataset.rect
 
 
 def default_workers(batch_size: int) -> int:
     """Official rule: min(cores // GPUs, batch size if > 1 else 0, 8), with the cores this process may use."""
-    gpus = max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
-    return min(usable_cores() // gpus, batch_size if batch_size > 1 else 0, 8)
+    return min(usable_cores() // max(torch.cuda.device_count(), 1), batch_size if batch_size > 1 else 0, 8)
 
 
 def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split: str = "train",
@@ -154,7 +147,7 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         collate_fn=collate, pin_memory=pin_memory, persistent_workers=workers > 0,
                         prefetch_factor=options.prefetch_factor if workers > 0 else None,
-                        worker_init_fn=_worker_init if workers > 0 else None, drop_last=False)
+                        worker_init_fn=_worker_init)
     return YOLOLoader(dataset, loader, sampler, colour_device)
 
 
@@ -165,6 +158,5 @@ def preprocess_images(images: torch.Tensor, device: torch.device | str, dtype: t
     Returns:
         The converted batch (``channels_last``: in that memory format).
     """
-    images = images.to(device, non_blocking=True)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return images.to(dtype=dtype, memory_format=fmt).div_(255)
+    return images.to(device, non_blocking=True).to(dtype=dtype, memory_format=fmt).div_(255)

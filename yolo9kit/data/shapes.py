@@ -32,21 +32,6 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     return np.clip(image + ramp.astype(np.int16) + grain, 0, 255).astype(np.uint8)
 
 
-def _polygon(kind: str, cx: float, cy: float, radius: float, angle: float) -> np.ndarray:
-    """Vertices (K, 2) of a regular shape centred on (cx, cy), rotated by ``angle`` radians."""
-    if kind == "cross":
-        a = radius * 0.33
-        pts = np.array([(-a, -radius), (a, -radius), (a, -a), (radius, -a), (radius, a), (a, a), (a, radius),
-                        (-a, radius), (-a, a), (-radius, a), (-radius, -a), (-a, -a)])
-        c, s = math.cos(angle), math.sin(angle)
-        return pts @ np.array([[c, s], [-s, c]]) + (cx, cy)
-    n, radii = {"triangle": (3, [radius]), "star": (10, [radius, radius * 0.45]), "hexagon": (6, [radius]),
-                "diamond": (4, [radius, radius * 0.6])}[kind]  # radii repeat round the vertices
-    t = angle + np.arange(n) * 2 * np.pi / n
-    r = np.resize(radii, n)
-    return np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], 1)
-
-
 def _shape_mask(kind: str, height: int, width: int, cx: float, cy: float, size: float,
                 rng: np.random.Generator) -> np.ndarray:
     """Binary mask (H, W) of one shape of diameter ``size`` pixels."""
@@ -63,9 +48,17 @@ def _shape_mask(kind: str, height: int, width: int, cx: float, cy: float, size: 
         if kind == "ring":
             inner = (max(1, axes[0] // 2), max(1, axes[1] // 2))
             cv2.ellipse(mask, (round(cx), round(cy)), inner, math.degrees(angle), 0, 360, 0, -1, cv2.LINE_8)
-    else:
-        pts = np.round(_polygon(kind, cx, cy, radius, angle)).astype(np.int32)
-        cv2.fillPoly(mask, [pts], 1, cv2.LINE_8)
+    elif kind == "cross":
+        a, c, s = radius * 0.33, math.cos(angle), math.sin(angle)
+        pts = np.array([(-a, -radius), (a, -radius), (a, -a), (radius, -a), (radius, a), (a, a), (a, radius),
+                        (-a, radius), (-a, a), (-radius, a), (-radius, -a), (-a, -a)])
+        cv2.fillPoly(mask, [np.round(pts @ np.array([[c, s], [-s, c]]) + (cx, cy)).astype(np.int32)], 1, cv2.LINE_8)
+    else:  # a regular polygon; its radii repeat round the vertices
+        n, radii = {"triangle": (3, [radius]), "star": (10, [radius, radius * 0.45]), "hexagon": (6, [radius]),
+                    "diamond": (4, [radius, radius * 0.6])}[kind]
+        t, r = angle + np.arange(n) * 2 * np.pi / n, np.resize(radii, n)
+        pts = np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], 1)
+        cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], 1, cv2.LINE_8)
     return mask
 
 
@@ -74,8 +67,7 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
     """One BGR image and its labels ``(class, cx, cy, w, h)`` normalised."""
     image = _background(rng, height, width)
     owner = np.full((height, width), -1, np.int16)  # index of the object that shows at each pixel
-    areas: list[int] = []
-    labels = []
+    areas, labels = [], []
     short = min(height, width)
     for _ in range(int(rng.integers(1, max_objects + 1))):
         for _attempt in range(10):  # overlaps are fine, hiding most of an earlier object is not
@@ -90,9 +82,8 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
         else:
             continue
         ys, xs = np.nonzero(mask)
-        colour = rng.integers(0, 256, 3)
-        shade = np.clip(colour + rng.integers(-15, 16, (xs.size, 3)), 0, 255).astype(np.uint8)
-        image[ys, xs] = shade  # slight texture inside the shape too
+        shade = np.clip(rng.integers(0, 256, 3) + rng.integers(-15, 16, (xs.size, 3)), 0, 255)
+        image[ys, xs] = shade.astype(np.uint8)  # a random colour, slightly textured
         owner[ys, xs] = len(areas)
         areas.append(xs.size)
         x1, x2, y1, y2 = xs.min(), xs.max() + 1, ys.min(), ys.max() + 1  # pixel edges: exact extent
@@ -188,8 +179,9 @@ def _require(cond: bool, json_path: Path, what: str) -> None:
         raise ValueError(f"{json_path}: malformed COCO annotations: {what}")
 
 
-def _read_coco(json_path: Path) -> tuple[dict, list[dict], dict[int, tuple[str, float, float]]]:
-    """The JSON, its categories in id order and ``{image id: (file_name, width, height)}``."""
+def _read_coco(json_path: Path) -> tuple[dict, list[dict], dict[int, tuple[str, float, float]], dict]:
+    """The JSON, its categories in id order, ``{image id: (file_name, width, height)}`` and ``{image id: label
+    file}`` (``file_name`` with ``.txt``, relative to the labels folder)."""
     try:
         coco = json.loads(json_path.read_text())
     except json.JSONDecodeError as e:
@@ -204,7 +196,18 @@ def _read_coco(json_path: Path) -> tuple[dict, list[dict], dict[int, tuple[str, 
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{json_path}: malformed COCO annotations: a category needs 'id' and an image needs "
                          f"'id', 'file_name', 'width' and 'height' ({type(e).__name__}: {e})") from e
-    return coco, cats, images
+    seen: dict[PurePosixPath, int] = {}
+    for image_id, (file_name, width, height) in images.items():
+        _require(math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0, json_path,
+                 f"image {image_id} ({file_name}) has a non-positive or non-finite size {width} x {height}")
+        relative = PurePosixPath(file_name.replace("\\", "/"))
+        _require(not relative.is_absolute() and ".." not in relative.parts and relative.name, json_path,
+                 f"image {image_id} has file_name {file_name!r}, which is not inside the images folder")
+        label = relative.with_suffix(".txt")
+        _require(label not in seen, json_path, f"images {seen.get(label)} and {image_id} both have the label file "
+                                               f"{label} (file names {file_name!r}): give them distinct names")
+        seen[label] = image_id
+    return coco, cats, images, {image_id: label for label, image_id in seen.items()}
 
 
 def _label_rows(coco: dict, cat_to_class: dict[int, int], images: dict, json_path: Path,
@@ -263,8 +266,7 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
     if not overwrite and yaml_path.exists():
         raise FileExistsError(f"{yaml_path} exists: converting into {out_dir} would overwrite it; choose an empty "
                               "folder or pass overwrite (--overwrite)")
-    coco, cats, images = _read_coco(json_path)
-    label_files = _label_files(images, json_path)
+    coco, cats, images, label_files = _read_coco(json_path)
     result = CocoConversion(yaml_path, [str(c.get("name", c["id"])) for c in cats], [int(c["id"]) for c in cats])
     rows = _label_rows(coco, {cat: i for i, cat in enumerate(result.category_ids)}, images, json_path, result)
 
@@ -319,20 +321,3 @@ def _place_images(images: dict[int, tuple[str, float, float]], placed_dir: Path,
         log.warning("%d of %d images are not in %s and were left out", result.n_missing_images, len(images),
                     images_dir or placed_dir)
     return out
-
-
-def _label_files(images: dict[int, tuple[str, float, float]], json_path: Path) -> dict[int, PurePosixPath]:
-    """Each image's label file, relative to the labels folder: its ``file_name`` with ``.txt``."""
-    seen: dict[PurePosixPath, int] = {}
-    for image_id, (file_name, width, height) in images.items():
-        _require(math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0, json_path,
-                 f"image {image_id} ({file_name}) has a non-positive or non-finite size {width} x {height}")
-        relative = PurePosixPath(file_name.replace("\\", "/"))
-        _require(not relative.is_absolute() and ".." not in relative.parts and relative.name, json_path,
-                 f"image {image_id} has file_name {file_name!r}, which is not inside the images folder")
-        label = relative.with_suffix(".txt")
-        _require(label not in seen, json_path, f"images {seen.get(label)} and {image_id} both have the label file "
-                                               f"{label} (file names {file_name!r}): give them distinct names")
-        seen[label] = image_id
-    return {image_id: label for label, image_id in seen.items()}
-
