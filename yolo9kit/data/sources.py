@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
 VIDEO_SUFFIXES = {".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv"}
+MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES
 
 
 def _is_glob(text: str) -> bool:
@@ -89,17 +90,16 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
     """
     if isinstance(data, DataConfig):
         return data
-    yaml_file = None
     if isinstance(data, dict):
-        raw, where, base = dict(data), "data config", Path.cwd()
+        raw, yaml_file, base = dict(data), None, Path.cwd()
     else:
         yaml_file = Path(data)
         if not yaml_file.is_file():
             raise FileNotFoundError(f"data config {yaml_file} not found: pass the path of a data.yaml")
-        raw = read_record(yaml_file)  # RecordError (a ValueError) names the file and the line
+        raw, base = read_record(yaml_file), yaml_file.resolve().parent  # RecordError names the file and the line
         if not isinstance(raw, dict):
             raise ValueError(f"{yaml_file}: expected a mapping with train/val/names keys")
-        where, base = str(yaml_file), yaml_file.resolve().parent
+    where = yaml_file or "data config"
     missing = [k for k in ("train", "val", "names") if k not in raw]
     if missing:
         raise ValueError(f"{where}: missing required key(s) {missing}; a data.yaml needs train, val and names")
@@ -118,13 +118,8 @@ def _listed(list_file: Path) -> list[tuple[int, Path]]:
         lines = list_file.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark too
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"list file {list_file} could not be read as text ({e}): write one path a line") from e
-    out = []
-    for number, line in enumerate(lines, 1):
-        entry = line.strip()
-        if entry:
-            path = Path(entry[2:] if entry.startswith("./") else entry).expanduser()
-            out.append((number, path if path.is_absolute() else list_file.parent / path))
-    return out
+    return [(number, list_file.parent / Path(line.strip()).expanduser()) for number, line in enumerate(lines, 1)
+            if line.strip()]
 
 
 def _walk(folder: str | Path) -> Iterator[str]:
@@ -153,8 +148,7 @@ def list_images(sources: list[Path]) -> list[Path]:
             files += [s] if src.suffix.lower() in IMAGE_SUFFIXES else [str(p) for _, p in _listed(src)]
         else:
             raise FileNotFoundError(f"{src} does not exist: expected an image folder, a .txt list of images or a glob")
-    unique = sorted({f for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES})
-    return [Path(f) for f in unique]
+    return [Path(f) for f in sorted({f for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES})]
 
 
 def label_path(image_path: str | os.PathLike) -> Path:
@@ -182,18 +176,15 @@ def is_video(item) -> bool:
 
 def _media_in(folder: Path) -> list[str]:
     """The image and video files of ``folder`` (not of its sub-folders), sorted."""
-    suffixes = IMAGE_SUFFIXES | VIDEO_SUFFIXES
-    return sorted(str(p) for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
+    return sorted(str(p) for p in folder.iterdir() if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES)
 
 
 def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
     """The files a ``.txt`` list names; a line naming no file goes to ``skipped``."""
     out: list[str] = []
     for number, path in _listed(list_file):
-        if path.is_dir():
-            out += _media_in(path)
-        elif path.is_file():
-            out.append(str(path))
+        if path.exists():
+            out += _media_in(path) if path.is_dir() else [str(path)]
         else:
             log.warning("skipping %s:%d: %s does not exist", list_file, number, path)
             skipped.append((f"{list_file}:{number}", f"the listed file {path} does not exist"))
@@ -214,8 +205,7 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
         ValueError: a folder without images or videos, a list file that names none, nothing to read.
         TypeError: a torch tensor.
     """
-    out: list[str | np.ndarray] = []
-    skipped: list[tuple[str, str]] = []
+    out, skipped = [], []
     for item in source if isinstance(source, (list, tuple)) else [source]:
         if isinstance(item, np.ndarray):
             out.append(item)
@@ -235,7 +225,7 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
             files = _media_in(path)
             if not files:
                 raise ValueError(f"no images found in folder {text}, nor videos (looked for "
-                                 f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))})")
+                                 f"{', '.join(sorted(MEDIA_SUFFIXES))})")
             out += files
         elif path.is_file():
             out += _read_list(path, skipped) if path.suffix.lower() == ".txt" else [str(path)]
@@ -270,13 +260,11 @@ class VideoReader:
         try:
             while not self.error:
                 t0 = time.perf_counter()
-                grabbed = True
                 for _ in range(self.vid_stride):
-                    grabbed = self._capture.grab()
                     index += 1
-                    if not grabbed:
-                        break
-                ok, image = self._capture.retrieve() if grabbed else (False, None)
+                    if not self._capture.grab():
+                        return
+                ok, image = self._capture.retrieve()
                 if not ok or image is None:
                     return
                 self.frames_read += 1
@@ -288,12 +276,10 @@ class VideoReader:
 def read_frame(path: str, frame: int) -> np.ndarray | None:
     """Frame ``frame`` (0-based) of a video as a BGR image, or None when it cannot be decoded."""
     capture = cv2.VideoCapture(path)
-    try:
-        capture.set(cv2.CAP_PROP_POS_FRAMES, frame)
-        ok, image = capture.read()
-        return image if ok else None
-    finally:
-        capture.release()
+    capture.set(cv2.CAP_PROP_POS_FRAMES, frame)
+    ok, image = capture.read()
+    capture.release()
+    return image if ok else None
 
 
 def write_video(images, path: str | Path, fps: float = 10.0) -> Path:
