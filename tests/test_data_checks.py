@@ -144,7 +144,7 @@ def test_cache_file_holds_no_pickle(tmp_path):
 
 def test_cache_in_unwritable_folder_only_warns(tmp_path, caplog, monkeypatch):
     yaml_path = _dataset(tmp_path, {"a": GOOD_LABEL})
-    import yolo9kit.data.cache as cache
+    import yolo9kit.data.labels as cache
 
     def refuse(*args, **kwargs):
         raise PermissionError("read-only file system")

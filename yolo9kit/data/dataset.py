@@ -14,9 +14,8 @@ from torch.utils.data import Dataset
 
 from yolo9kit.config.train import CACHE_MODES
 from yolo9kit.data import augment as A
-from yolo9kit.data.cache import cache_images, cache_path, scan_split
-from yolo9kit.data.images import PAD_VALUE, letterbox, load_resized, read_bgr, reduce_factor, resized_size
-from yolo9kit.data.labels import DatasetReport, check_command, refuse_bad_labels
+from yolo9kit.data.images import PAD_VALUE, cache_images, letterbox, load_resized, read_bgr, reduce_factor, resized_size
+from yolo9kit.data.labels import DatasetReport, cache_path, check_command, refuse_bad_labels, scan_split
 from yolo9kit.data.sources import DataConfig, load_data_config
 
 log = logging.getLogger(__name__)

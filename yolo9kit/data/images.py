@@ -1,21 +1,31 @@
-"""Pixels: reading and resizing an image (official ``load_image``), ``letterbox``, and the HSV colour jitter in
-torch for the device (docs/data.md, "Loader")."""
+"""Pixels: reading and resizing an image (official ``load_image``), the image caches, ``letterbox``, and the HSV
+colour jitter in torch for the device (docs/data.md, "Loader")."""
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
 from PIL import Image
+from tqdm.auto import tqdm
 
-from yolo9kit.data.labels import exif_size
-from yolo9kit.env import to_device_async
+from yolo9kit.data.labels import decode_pool, exif_size, files_hash
+from yolo9kit.env import memory_limits, to_device_async
+from yolo9kit.files import write_file, write_text_atomically
+
+log = logging.getLogger(__name__)
 
 PAD_VALUE = 114  # grey used for every padded or uncovered pixel, as in the official pipeline
 _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
             8: cv2.IMREAD_REDUCED_COLOR_8}
+DISK_CACHE_VERSION = 2  # 2: validation images fully decoded (1 reduced large JPEGs), official sizes
+DISK_SUFFIX = ".yolo9kit-images"
 
 
 def read_bgr(path: str, reduce: int = 1) -> np.ndarray:
@@ -59,6 +69,94 @@ def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, 
         return image
     interp = cv2.INTER_AREA if not augment and image_size < max(h0, w0) else cv2.INTER_LINEAR
     return cv2.resize(image, size, interpolation=interp)
+
+
+def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int, augment: bool, mode: str,
+                 budget_fraction: float, label_cache: Path) -> Sequence[np.ndarray] | None:
+    """The images decoded once and resized, for cache ``mode`` (docs/data.md, "Loader"): "disk" (a memory map
+    beside ``label_cache``; else as "auto"), "auto" (in RAM when they fit in ``budget_fraction`` of it; else None)
+    or "ram" (MemoryError with the numbers when they do not fit)."""
+    if mode == "disk":
+        tag = f"{image_size}px-{'linear' if augment else 'area'}"  # one file per size and interpolation
+        path = label_cache.with_name(f"{label_cache.name.split('.yolo9kit')[0]}.{tag}{DISK_SUFFIX}")
+        try:
+            return _disk_images(path, paths, sizes, image_size, augment)
+        except OSError as e:  # read-only data, a full disk: the run goes on, as with the label cache
+            log.warning("cache='disk': cannot write the image cache in %s (%s); caching the images in RAM instead "
+                        "when they fit in %.0f%% of the available memory (else no cache)", path.parent, e,
+                        100 * budget_fraction)
+    need = sum(w * h * 3 for w, h in (resized_size(w0, h0, image_size) for w0, h0 in sizes))
+    avail = memory_limits().get("RAM")
+    if avail is not None and need > budget_fraction * avail:
+        msg = (f"caching {len(paths)} images at {image_size} px needs {need / 2**30:.2f} GiB but only "
+               f"{avail / 2**30:.2f} GiB of RAM is available (limit {budget_fraction:.0%} of it)")
+        if mode == "ram":
+            raise MemoryError(msg + ": use cache=None or a smaller image size")
+        log.info("%s: not caching images", msg)
+        return None
+    with decode_pool() as pool:
+        images = list(tqdm(pool.map(lambda p, wh: load_resized(p, image_size, augment, wh), paths, sizes),
+                           total=len(paths), desc=f"caching images ({need / 2**30:.2f} GiB)",
+                           disable=len(paths) < 1000))
+    log.info("cached %d images in RAM (%.2f GiB)", len(paths), need / 2**30)
+    return images
+
+
+class DiskImages(Sequence):
+    """Read-only (H, W, 3) uint8 views into the disk cache file, by image index (as the RAM cache's list)."""
+
+    def __init__(self, path: Path, shapes_hw: list[tuple[int, int]]):
+        self.path, self.shapes = Path(path), [tuple(s) for s in shapes_hw]
+        self.offsets = np.concatenate([[0], np.cumsum([h * w * 3 for h, w in self.shapes], dtype=np.int64)])
+        self.nbytes = int(self.offsets[-1])
+        self._map = None
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self._map is None:  # opened lazily, so that worker processes map the file themselves
+            self._map = np.memmap(self.path, np.uint8, "r")
+        h, w = self.shapes[i]
+        return np.asarray(self._map[self.offsets[i]:self.offsets[i + 1]]).reshape(h, w, 3)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_map": None}
+
+
+def _disk_images(path: Path, paths: list[str], sizes: list[tuple[int, int]], image_size: int,
+                 augment: bool) -> DiskImages:
+    """The disk cache at ``path`` (a JSON header beside it), built when missing or out of date; OSError when it
+    cannot be written."""
+    shapes = [tuple(reversed(resized_size(w, h, image_size))) for w, h in sizes]  # (h, w)
+    meta = {"version": DISK_CACHE_VERSION, "hash": files_hash(paths), "image_size": image_size,
+            "augment": augment, "shapes": [list(s) for s in shapes]}
+    images, header = DiskImages(path, shapes), path.with_name(path.name + ".json")
+    try:
+        if json.loads(header.read_text()) == meta and path.stat().st_size == images.nbytes:
+            log.info("using the disk image cache %s (%.2f GiB)", path, images.nbytes / 2**30)
+            return images
+    except (OSError, ValueError):
+        pass  # missing or damaged: rebuilt below
+
+    def write(tmp: Path) -> None:
+        bar = tqdm(total=len(paths), disable=len(paths) < 1000,
+                   desc=f"writing the disk image cache ({images.nbytes / 2**30:.2f} GiB)")
+        with open(tmp, "wb") as f, decode_pool() as pool:
+            for start in range(0, len(paths), 256):  # bounded: decoded images never pile up in RAM
+                part = slice(start, start + 256)
+                decoded = pool.map(lambda p, wh: load_resized(p, image_size, augment, wh), paths[part], sizes[part])
+                for path_i, image, shape in zip(paths[part], decoded, shapes[part]):
+                    if image.shape[:2] != shape:  # the file changed between the check and now
+                        raise OSError(f"{path_i} changed while caching: expected {shape}, got {image.shape[:2]}")
+                    f.write(np.ascontiguousarray(image).data)
+                bar.update(len(shapes[part]))
+        bar.close()
+
+    write_file(path, write, needed=images.nbytes, what=f"writing the disk image cache {path}", durable=False)
+    write_text_atomically(header, json.dumps(meta))
+    log.info("wrote the disk image cache %s (%.2f GiB)", path, images.nbytes / 2**30)
+    return images
 
 
 def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,

@@ -1,19 +1,27 @@
-"""Checking a split: each image and label file (official ``verify_image_label``), the report, and the refusal of
-a training split that lost its labels (docs/data.md, "Checks")."""
+"""Checking a split: each image and label file (official ``verify_image_label``), the report, the label cache
+(official ``cache_labels``, in JSON) and the refusal of a training split that lost its labels (docs/data.md)."""
 
 from __future__ import annotations
 
+import hashlib
 import html
+import json
+import logging
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from PIL import Image
+from tqdm.auto import tqdm
 
-from yolo9kit.data.sources import DataConfig, orphan_label_files
+from yolo9kit.data.sources import DataConfig, label_path, orphan_label_files
+from yolo9kit.files import write_file
+
+log = logging.getLogger(__name__)
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 MIN_IMAGE_SIDE = 10  # pixels, as in the official checks
@@ -22,6 +30,8 @@ _TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and
 OVERHANG = 1e-3  # share of a side a box may pass an edge unreported: rounding, converters clipping in pixels
 MAX_DROPPED_SHARE = 0.10  # more labelled images lost to errors: something systematic is wrong
 _PROCEED = "or pass allow_bad_labels=True (TrainConfig, create_dataloader) to train on the images that are left"
+CACHE_VERSION = 4  # 3: label files with a byte-order mark read (not errors); 4: JSON
+CACHE_SUFFIX = ".yolo9kit.cache"  # not the official ".cache" (a pickle): both tools keep theirs side by side
 
 
 class DataError(ValueError):
@@ -287,3 +297,69 @@ def refuse_bad_labels(config: DataConfig, split: str, report: DatasetReport, rec
             f"{where}: {report.n_skipped} of {candidates} images with labels would be left out because of errors "
             f"(more than {MAX_DROPPED_SHARE:.0%}), {report.n_labelled} kept; `{check_command(config, split)}` "
             f"lists the files and reasons: fix them, {_PROCEED}")
+
+
+def decode_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(min(8, os.cpu_count() or 1))  # cv2 and PIL release the GIL while decoding
+
+
+def files_hash(paths: list[str]) -> str:
+    """MD5 over path, size and mtime (ns) of each file (missing files count as absent)."""
+    md5 = hashlib.md5()
+    for p in paths:
+        try:
+            st = os.stat(p)
+            md5.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            md5.update(f"{p}\0-\n".encode())
+    return md5.hexdigest()
+
+
+def cache_path(sources: list[Path], label_files: list[str]) -> Path:
+    """``<list file>.yolo9kit.cache`` for a single ``.txt`` source, else ``<label folder>.yolo9kit.cache``."""
+    base = sources[0] if len(sources) == 1 and sources[0].is_file() else Path(label_files[0]).parent
+    return base.with_name(base.stem + CACHE_SUFFIX) if base.is_file() else base.with_name(base.name + CACHE_SUFFIX)
+
+
+def _record(row: list) -> ImageRecord:
+    im, lb, size, labels, segments, problems, n_duplicates, unnamed = row
+    return ImageRecord(im, lb, tuple(size), np.array(labels, np.float32).reshape(-1, 5),
+                       [np.array(seg, np.float32) for seg in segments], [Problem(*p) for p in problems],
+                       n_duplicates, tuple(unnamed))
+
+
+def scan_split(config: DataConfig, split: str, use_cache: bool) -> tuple[list[ImageRecord], DatasetReport]:
+    """Every image of ``split`` checked (from the label cache when nothing changed) and the report."""
+    ims, sources = [str(p) for p in config.images(split)], config.sources[split]
+    if not ims:
+        raise DataError(f"{config.yaml_file or 'the data config'}: the {split} split has no images in "
+                        f"{', '.join(map(str, sources))}; put images there (folders are searched recursively) or "
+                        f"fix its {split}: entry")
+    lbs = [str(label_path(p)) for p in ims]
+    key, path = {"version": CACHE_VERSION, "hash": files_hash(ims + lbs), "nc": config.nc}, cache_path(sources, lbs)
+    records = None
+    if use_cache and path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            if {k: cached.get(k) for k in key} == key:
+                records = [_record(row) for row in cached["records"]]
+        except Exception as e:  # a damaged cache is rebuilt, never trusted
+            log.warning("ignoring unreadable label cache %s (%s)", path, e)
+    if records is None:
+        with decode_pool() as pool:
+            records = list(tqdm(pool.map(check_image_label, ims, lbs, [config.nc] * len(ims)), total=len(ims),
+                                desc=f"checking {split}", disable=len(ims) < 1000))
+        if use_cache:
+            _save_cache(path, key, records)
+    return records, build_report(split, records, sources)
+
+
+def _save_cache(path: Path, key: dict, records: list[ImageRecord]) -> None:
+    text = json.dumps({**key, "records": [
+        [r.im_file, r.lb_file, r.size, r.labels.tolist(), [seg.tolist() for seg in r.segments],
+         [[p.file, p.reason, p.severity] for p in r.problems], r.n_duplicates, r.unnamed_classes] for r in records]})
+    try:
+        write_file(path, lambda tmp: tmp.write_text(text), needed=len(text) + (1 << 20),
+                   what=f"writing the label cache {path}", durable=False)
+    except OSError as e:
+        log.warning("could not write the label cache %s (%s); the labels will be checked again next time", path, e)
