@@ -82,12 +82,9 @@ class DatasetReport:
                 f"{self.n_duplicates_removed} duplicate rows removed{orphans}, {len(self.problems)} problems")
 
     def __str__(self) -> str:
-        lines = [self.summary()]
-        if self.problems:
-            width = min(max(len(p.file) for p in self.problems), 80)
-            lines.append(f"{'severity':8}  {'file':{width}}  reason")
-            lines += [f"{p.severity:8}  {p.file:{width}}  {p.reason}" for p in self.problems]
-        return "\n".join(lines)
+        width = min(max((len(p.file) for p in self.problems), default=0), 80)
+        rows = [f"{p.severity:8}  {p.file:{width}}  {p.reason}" for p in self.problems]
+        return "\n".join([self.summary(), *([f"{'severity':8}  {'file':{width}}  reason", *rows] if rows else [])])
 
     def _repr_html_(self) -> str:
         table = self.to_frame().to_html(index=False) if self.problems else "<p>no problems found</p>"
@@ -175,17 +172,14 @@ def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.nda
         cls = values[0]
         if cls != int(cls) or not 0 <= cls < nc:
             return boxes, segments, f"line {i}: class id {row[0]} outside 0..{nc - 1} (nc={nc})"
-        if is_polygon:
+        if (values[1:] < 0).any() or (values[1:] > 1).any():  # official rule; overhanging boxes are clipped later
+            return boxes, segments, f"line {i}: coordinates outside [0, 1] ({' '.join(row[1:5])}...)"
+        if is_polygon:  # read as its bounding box
             pts = values[1:].reshape(-1, 2)
             segments.append(pts.astype(np.float32))
             (x1, y1), (x2, y2) = pts.min(0), pts.max(0)
-            coords = np.array([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1])
-            raw = pts.ravel()
-        else:
-            coords = raw = values[1:]
-        if (raw < 0).any() or (raw > 1).any():  # official rule; boxes overhanging an edge are clipped later
-            return boxes, segments, f"line {i}: coordinates outside [0, 1] ({' '.join(row[1:5])}...)"
-        boxes.append(np.concatenate([[cls], coords]))
+            values = np.array([cls, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1])
+        boxes.append(values)
     return np.array(boxes, np.float32).reshape(-1, 5), segments, None
 
 
