@@ -1,5 +1,4 @@
-"""Training augmentations with the official semantics (``random_perspective``, ``mixup``, ``augment_hsv``,
-``copy_paste``), each tile warped once into the output (docs/data.md, "Why it is fast")."""
+"""Official training augmentations, each tile warped once into the output (docs/data.md, "Why it is fast")."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class Hyp:
 
 def random_affine_matrix(rng: np.random.Generator, hyp: Hyp, in_size: tuple[int, int],
                          out_size: tuple[int, int]) -> tuple[np.ndarray, float]:
-    """(M, zoom): official random_perspective's M = T @ S @ R @ P @ C from an ``in_size`` (w, h) image to an
-    ``out_size`` one."""
+    """(M, zoom): official random_perspective's M = T @ S @ R @ P @ C from ``in_size`` (w, h) to ``out_size``."""
     C = translation(-in_size[0] / 2, -in_size[1] / 2)
     P = np.eye(3)
     P[2, :2] = rng.uniform(-hyp.perspective, hyp.perspective, 2)
@@ -80,10 +78,9 @@ def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
 
 
 def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
-    """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, bilinear, over the warped source's
-    bounding rectangle only (tiles share one output); a positive scale + translate is pasted (faster)."""
+    """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, over its bounding rectangle only."""
     if not perspective and not A[[0, 1, 2, 2], [1, 0, 0, 1]].any() and A[0, 0] > 0 and A[1, 1] > 0:
-        return paste_scaled(out, src, A)
+        return paste_scaled(out, src, A)  # a positive scale + translate: crop, resize, paste (faster)
     h, w = src.shape[:2]
     H, W = out.shape[:2]
     xy = mapped_corners(A, -0.5, -0.5, w - 0.5, h - 0.5)
@@ -100,8 +97,7 @@ def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = F
 
 
 def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, int, int, int, int] | None:
-    """For x_out = a * x_src + b: output range [i0, i1), source crop [c0, c1), resized length and the output
-    offset of the resized crop; None when nothing lands in the output."""
+    """x_out = a * x_src + b: output [i0, i1), source crop [c0, c1), resized length, its offset; or None."""
     i0 = max(math.ceil(a * -0.5 + b), 0)
     i1 = min(math.ceil(a * (n_src - 0.5) + b), n_out)
     if i1 <= i0:
@@ -165,8 +161,7 @@ def mixup(image: np.ndarray, labels: np.ndarray, image2: np.ndarray, labels2: np
 # labels from here on: (n, 5) rows ``cls x1 y1 x2 y2`` in pixels
 def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr: float = 100,
                    area_thr: float = 0.1, eps: float = 1e-16) -> np.ndarray:
-    """Keep boxes wider and taller than ``wh_thr`` px, with area ratio after/before above ``area_thr`` and
-    aspect ratio below ``ar_thr``; matches the official box_candidates. Boxes are (4, n) xyxy."""
+    """Official box_candidates: which (4, n) xyxy boxes stay after the warp (size, area ratio, aspect ratio)."""
     w1, h1 = box1[2] - box1[0], box1[3] - box1[1]
     w2, h2 = box2[2] - box2[0], box2[3] - box2[1]
     ar = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
@@ -175,8 +170,7 @@ def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr
 
 def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, height: int,
                   polygons: list | None = None) -> np.ndarray:
-    """Apply the random affine to pixel labels and drop lost boxes (official); a row with a polygon (canvas
-    pixels, or None) is boxed from the transformed polygon, and the area threshold is then 0.01."""
+    """The random affine on pixel labels, lost boxes dropped (official); rows with a polygon are boxed from it."""
     n = len(labels)
     if not n:
         return labels
@@ -204,8 +198,7 @@ def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, he
         new[row] = np.array([x.min(), y.min(), x.max(), y.max()]) if inside.any() else np.zeros(4)
         reboxed = True
     keep = box_candidates(labels[:, 1:5].T * zoom, new.T, area_thr=0.01 if reboxed else 0.10)
-    # An object wholly outside the mosaic canvas has a zero-size clipped box, but its clipped polygon is a
-    # line along the canvas edge that a rotation turns into a box of nothing; the official code keeps it.
+    # a box clipped to nothing off the canvas: its polygon, an edge line, may rotate into a box (official keeps it)
     keep &= (labels[:, 3] > labels[:, 1]) & (labels[:, 4] > labels[:, 2])
     labels = labels[keep]
     labels[:, 1:5] = new[keep]
@@ -225,12 +218,8 @@ def box_ioa(boxes1: np.ndarray, boxes2: np.ndarray, eps: float = 1e-7) -> np.nda
 
 def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Generator,
                canvas_width: int) -> tuple[np.ndarray, list, list[np.ndarray]]:
-    """Choose polygons to mirror left-right and paste (official copy_paste, on label level): rows whose
-    mirrored box covers less than 30 % of every box are candidates, round(p * n) of them are appended.
-
-    ``polygons`` holds per row a (k, 2) polygon in canvas pixels or None; returns (labels, polygons, the
-    pasted polygons: the regions to fill from the mirrored image).
-    """
+    """Official copy_paste on labels: rows whose mirrored box covers < 30 % of every box are candidates, round(p * n)
+    appended; ``polygons``: per row (k, 2) canvas pixels or None. Returns (labels, polygons, pasted polygons)."""
     rows = [i for i, poly in enumerate(polygons) if poly is not None]
     if not p or not rows:
         return labels, polygons, []
@@ -244,15 +233,6 @@ def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Gene
     new[:, [1, 3]] = canvas_width - new[:, [3, 1]]
     pasted = [np.c_[canvas_width - polygons[j][:, 0], polygons[j][:, 1]] for j in chosen]
     return np.concatenate([labels, new], 0), [*polygons, *pasted], pasted
-
-
-def flip_labels(labels: np.ndarray, width: int, height: int, lr: bool, ud: bool) -> np.ndarray:
-    """Mirror pixel labels the way the image was flipped."""
-    if lr:
-        labels[:, [1, 3]] = width - labels[:, [3, 1]]
-    if ud:
-        labels[:, [2, 4]] = height - labels[:, [4, 2]]
-    return labels
 
 
 def xyxy_to_cxcywh_norm(labels: np.ndarray, width: int, height: int, eps: float = 1e-3) -> np.ndarray:

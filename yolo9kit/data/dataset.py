@@ -167,7 +167,10 @@ class YOLODataset(Dataset):
         flip_ud, flip_lr = rng.random() < self.hyp.flipud, rng.random() < self.hyp.fliplr
         h, w = image.shape[:2]
         image = A.flip_image(A.bgr_to_rgb(image, None if self.colour_on_device else gains), flip_lr, flip_ud)
-        labels = A.flip_labels(labels, w, h, flip_lr, flip_ud)
+        if flip_lr:
+            labels[:, [1, 3]] = w - labels[:, [3, 1]]
+        if flip_ud:
+            labels[:, [2, 4]] = h - labels[:, [4, 2]]
         if self.colour_on_device:  # the gains travel with the sample; the loader applies them on its device
             return *self._output(image, labels, index, shapes), torch.as_tensor(
                 np.ones(3) if gains is None else gains, dtype=torch.float32)

@@ -1,5 +1,4 @@
-"""Pixels: reading and resizing an image (official ``load_image``), the image caches, ``letterbox``, and the HSV
-colour jitter in torch for the device (docs/data.md, "Loader")."""
+"""Pixels: reading and resizing (official ``load_image``), the image caches, ``letterbox``, the HSV jitter in torch."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:
 
 
 def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, int] | None = None) -> np.ndarray:
-    """Official load_image: BGR with the long side at ``image_size``; for training (``augment``) a JPEG that
-    shrinks over 2x is decoded reduced (docs/data.md). ``size_wh``: (width, height) as displayed, when known."""
+    """Official load_image: BGR, long side ``image_size``; ``augment`` decodes a large JPEG reduced (docs/data.md)."""
     if augment:
         if size_wh is None:
             with Image.open(path) as im:
@@ -73,9 +71,7 @@ def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, 
 
 def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int, augment: bool, mode: str,
                  budget_fraction: float, label_cache: Path) -> Sequence[np.ndarray] | None:
-    """The images decoded once and resized, for cache ``mode`` (docs/data.md, "Loader"): "disk" (a memory map
-    beside ``label_cache``; else as "auto"), "auto" (in RAM when they fit in ``budget_fraction`` of it; else None)
-    or "ram" (MemoryError with the numbers when they do not fit)."""
+    """The images decoded once and resized for cache ``mode`` "disk", "auto" or "ram" (docs/data.md, "Loader")."""
     if mode == "disk":
         tag = f"{image_size}px-{'linear' if augment else 'area'}"  # one file per size and interpolation
         path = label_cache.with_name(f"{label_cache.name.split('.yolo9kit')[0]}.{tag}{DISK_SUFFIX}")
@@ -126,8 +122,7 @@ class DiskImages(Sequence):
 
 def _disk_images(path: Path, paths: list[str], sizes: list[tuple[int, int]], image_size: int,
                  augment: bool) -> DiskImages:
-    """The disk cache at ``path`` (a JSON header beside it), built when missing or out of date; OSError when it
-    cannot be written."""
+    """The disk cache at ``path`` (a JSON header beside it), built when missing or out of date."""
     shapes = [tuple(reversed(resized_size(w, h, image_size))) for w, h in sizes]  # (h, w)
     meta = {"version": DISK_CACHE_VERSION, "hash": files_hash(paths), "image_size": image_size,
             "augment": augment, "shapes": [list(s) for s in shapes]}
@@ -231,8 +226,7 @@ def rgb_to_hsv_cv(rgb: torch.Tensor) -> torch.Tensor:
 
 
 def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """OpenCV's 8-bit HSV -> RGB (as its vector loop: truncated; docs/data.md) for float32 h (half degrees, any
-    value), s and v (0..255)."""
+    """OpenCV's 8-bit HSV -> RGB (its vector loop) for float32 h (half degrees, any value), s and v (0..255)."""
     h = torch.remainder(h * torch.tensor(6.0 / 180.0, dtype=torch.float32), 6.0)
     sector = torch.floor(h).clamp_(0, 5)
     f = h - sector
@@ -245,8 +239,10 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
-    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` images at a time (float32,
-    about 40 bytes a pixel); gains (1, 1, 1) leave an image as it is. Returns a new uint8 batch.
+    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` images at a time.
+
+    Returns:
+        A new uint8 batch; gains (1, 1, 1) leave an image as it is.
 
     Raises:
         ValueError: images not uint8 (B, 3, H, W), or gains not (B, 3).

@@ -1,5 +1,4 @@
-"""Checking a split: each image and label file (official ``verify_image_label``), the report, the label cache
-(official ``cache_labels``, in JSON) and the refusal of a training split that lost its labels (docs/data.md)."""
+"""Checking a split: each image and label file (official ``verify_image_label``), the report, the label cache."""
 
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ log = logging.getLogger(__name__)
 ERROR, WARNING, INFO = "error", "warning", "info"
 MIN_IMAGE_SIDE = 10  # pixels, as in the official checks
 PIL_FORMATS = {"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PFM"}
-_TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 OVERHANG = 1e-3  # share of a side a box may pass an edge unreported: rounding, converters clipping in pixels
 MAX_DROPPED_SHARE = 0.10  # more labelled images lost to errors: something systematic is wrong
 _PROCEED = "or pass allow_bad_labels=True (TrainConfig, create_dataloader) to train on the images that are left"
@@ -93,8 +91,7 @@ class DatasetReport:
 
 @dataclass
 class ImageRecord:
-    """The check of one image: ``size`` (w, h) after EXIF orientation, ``labels`` (n, 5) ``class cx cy w h``,
-    ``segments`` one (k, 2) polygon per row (or none), ``unnamed_classes`` ids >= nc."""
+    """One image checked: ``size`` (w, h) as displayed, ``labels`` (n, 5), ``segments`` a polygon per row or none."""
 
     im_file: str
     lb_file: str
@@ -116,7 +113,7 @@ def exif_size(image: Image.Image) -> tuple[int, int]:
         orientation = image.getexif().get(0x0112)
     except Exception:  # a broken EXIF block is not a reason to drop the image
         orientation = None
-    return (h, w) if orientation in _TRANSPOSED_ORIENTATIONS else (w, h)
+    return (h, w) if orientation in {5, 6, 7, 8} else (w, h)  # EXIF orientations that swap width and height
 
 
 def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
@@ -265,8 +262,7 @@ def check_command(config: DataConfig, split: str) -> str:
 
 
 def refuse_bad_labels(config: DataConfig, split: str, report: DatasetReport, records: list[ImageRecord]) -> None:
-    """Raise :class:`DataError` for unnamed class ids (official assert), no box at all (official "no labels
-    found") or more than ``MAX_DROPPED_SHARE`` of the labelled images lost to errors."""
+    """Raise :class:`DataError` for unnamed class ids, no box at all or too many labelled images lost (docs/data.md)."""
     where = f"{config.yaml_file or 'the data config'} ({split} split)"
     unnamed = sorted({c for r in records for c in r.unnamed_classes})
     if unnamed:

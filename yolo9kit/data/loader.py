@@ -1,5 +1,4 @@
-"""create_dataloader: uint8 batches that depend only on the seed and the epoch, whatever the number of workers
-(the sampler sends :class:`SampleKey` (index, epoch, mosaic); docs/data.md, "Loader")."""
+"""create_dataloader: uint8 batches that depend only on the seed and the epoch (docs/data.md, "Loader")."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from yolo9kit.env import usable_cores
 
 
 class KeySampler(Sampler):
-    """SampleKeys shuffled by (seed, epoch); each rank takes every world_size-th of the padded order (as torch's
-    DistributedSampler)."""
+    """SampleKeys shuffled by (seed, epoch); a rank takes every world_size-th of the padded order (as torch's)."""
 
     def __init__(self, n: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1, dataset=None):
         self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
@@ -94,8 +92,7 @@ class YOLOLoader:
 
 
 def set_mosaic(loader_or_dataset: YOLOLoader | YOLODataset, enabled: bool) -> None:
-    """Switch the mosaic path (of an augmented, non-rect dataset) on or off from the next epoch, in every worker
-    (the sampler puts the flag into every sample key)."""
+    """Switch the mosaic (of an augmented, non-rect dataset) on or off from the next epoch, in every worker."""
     dataset = loader_or_dataset.dataset if isinstance(loader_or_dataset, YOLOLoader) else loader_or_dataset
     dataset.mosaic = enabled and dataset.augment and not dataset.rect
 
@@ -153,10 +150,6 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
 
 def preprocess_images(images: torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32,
                       channels_last: bool = False) -> torch.Tensor:
-    """uint8 (B, 3, H, W) -> ``dtype`` in [0, 1] on ``device`` (the uint8 bytes are copied, then converted).
-
-    Returns:
-        The converted batch (``channels_last``: in that memory format).
-    """
+    """uint8 (B, 3, H, W) -> ``dtype`` in [0, 1] on ``device`` (copied as uint8, then converted)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return images.to(device, non_blocking=True).to(dtype=dtype, memory_format=fmt).div_(255)

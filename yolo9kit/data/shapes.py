@@ -24,7 +24,6 @@ _MANIFEST = "shapes.json"
 
 
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    """Smooth colour blobs + a gradient + fine grain: objects are not on a flat colour."""
     coarse = rng.integers(40, 216, (rng.integers(3, 7), rng.integers(3, 7), 3), dtype=np.uint8)
     image = cv2.resize(coarse, (width, height), interpolation=cv2.INTER_CUBIC).astype(np.int16)
     ramp = np.linspace(-25, 25, width, dtype=np.float32)[None, :, None] * rng.uniform(-1, 1)
@@ -34,7 +33,6 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
 
 def _shape_mask(kind: str, height: int, width: int, cx: float, cy: float, size: float,
                 rng: np.random.Generator) -> np.ndarray:
-    """Binary mask (H, W) of one shape of diameter ``size`` pixels."""
     mask = np.zeros((height, width), np.uint8)
     radius = size / 2
     angle = rng.uniform(0, 2 * np.pi)
@@ -116,12 +114,10 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
     """Write the synthetic shapes data set (``images/``, ``labels/``, ``data.yaml``) under ``root``.
 
     Args:
-        n_train, n_val: images per split; max_objects: at most this many per image (at least one).
-        imgsz: square side in pixels, or ``(width, height)``.
-        num_classes: 1 to 8 (rectangle, ellipse, triangle, star, cross, hexagon, diamond, ring).
+        n_train, n_val, max_objects: images per split, at most this many objects per image (at least one).
+        imgsz: square side in pixels, or ``(width, height)``; num_classes: 1 to 8 (``SHAPE_NAMES``).
         seed: the same seed and arguments give byte-identical files.
-        overwrite: replace other files in ``root`` or regenerate this data set; without it other files are
-            refused, another shapes data set is replaced with a warning.
+        overwrite: replace other files in ``root`` (without it another shapes data set is replaced, with a warning).
 
     Returns:
         Path of the written ``data.yaml``.
@@ -180,8 +176,7 @@ def _require(cond: bool, json_path: Path, what: str) -> None:
 
 
 def _read_coco(json_path: Path) -> tuple[dict, list[dict], dict[int, tuple[str, float, float]], dict]:
-    """The JSON, its categories in id order, ``{image id: (file_name, width, height)}`` and ``{image id: label
-    file}`` (``file_name`` with ``.txt``, relative to the labels folder)."""
+    """The JSON, its categories in id order, ``{image id: (file_name, width, height)}``, ``{image id: label file}``."""
     try:
         coco = json.loads(json_path.read_text())
     except json.JSONDecodeError as e:
@@ -255,8 +250,7 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
         The CocoConversion.
 
     Raises:
-        ValueError: ``holdout`` outside [0, 1); invalid JSON, missing fields, a non-finite number, an image of
-            non-positive size, a ``file_name`` outside the folder or two images of one label file (named).
+        ValueError: ``holdout`` outside [0, 1) or malformed annotations (named).
         FileExistsError: a data.yaml exists there and ``overwrite`` is False.
     """
     json_path, out_dir = Path(json_path), Path(out_dir)

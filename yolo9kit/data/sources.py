@@ -1,5 +1,4 @@
-"""Finding files: data.yaml and a split's images (official ``check_dataset``, ``img2label_paths``), label
-files, and what ``predict`` reads (official ``LoadImages``; docs/validation.md)."""
+"""Finding files: data.yaml, a split's images and label files, and what ``predict`` reads (official ``LoadImages``)."""
 
 from __future__ import annotations
 
@@ -159,8 +158,7 @@ def label_path(image_path: str | os.PathLike) -> Path:
 
 
 def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]:
-    """Label files (not labelImg's ``classes.txt``) no image has, in the ``labels`` twin of each image folder
-    of ``sources`` (not of lists or globs: their label folder may hold other splits)."""
+    """Label files no image has in the ``labels`` twin of each image folder of ``sources`` (docs/data.md)."""
     orphans: set[str] = set()
     for src in sources:
         folder = label_path(src / "image.jpg").parent
@@ -194,8 +192,7 @@ def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
 
 
 def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]]]:
-    """The inputs ``source`` names, in order: an image or video file, a folder, a glob, a ``.txt`` list, a BGR
-    numpy image, or a list of these.
+    """The inputs ``source`` names: an image or video file, folder, glob, ``.txt`` list, BGR array, or a list.
 
     Returns:
         (paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist).
@@ -238,8 +235,7 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
 
 
 class VideoReader:
-    """The frames of a video; with ``vid_stride`` k, frames k-1, 2k-1, ... (official ``LoadImages``). ``error``:
-    why it cannot be read ("" when it opened); ``frame_count``: what the file announces (may be an estimate)."""
+    """Frames k-1, 2k-1, ... of a video for ``vid_stride`` k (official); ``error`` is "" when it opened."""
 
     def __init__(self, path: str, vid_stride: int = 1) -> None:
         if vid_stride < 1:
@@ -283,7 +279,7 @@ def read_frame(path: str, frame: int) -> np.ndarray | None:
 
 
 def write_video(images, path: str | Path, fps: float = 10.0) -> Path:
-    """Write image files (all of one size) as the frames of a (lossy) mp4v video: a clip to predict on.
+    """Write image files (all of one size) as the frames of an mp4v video: a clip to predict on.
 
     Returns:
         ``path``.
