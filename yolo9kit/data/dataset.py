@@ -23,14 +23,11 @@ log = logging.getLogger(__name__)
 
 def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache: bool = True,
           for_training: bool = False) -> DatasetReport:
-    """Check every image and label file of ``split`` (the check any opening of the data set runs).
+    """Check every image and label file of ``split`` (the check any opening of the data set runs): its report.
 
     Args:
         data: data.yaml path, dict or DataConfig; use_cache: reuse (and write) the label cache.
         for_training: also raise the ``DataError`` that training on ``split`` would raise.
-
-    Returns:
-        The DatasetReport.
 
     Raises:
         DataError: the split has no image at all, or (``for_training``) it would not train.
@@ -55,16 +52,11 @@ def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, imgsz: int, stride:
     """(order of the images by h/w, (n_batches, 2) int (h, w) batch shapes): official rectangular batches."""
     ar = sizes_wh[:, 1] / sizes_wh[:, 0]
     order = ar.argsort()
-    ar = ar[order]
-    n_batches = -(-len(ar) // batch_size)
-    shapes = np.ones((n_batches, 2))
-    for b in range(n_batches):
-        ari = ar[b * batch_size:(b + 1) * batch_size]
-        lo, hi = ari.min(), ari.max()
-        if hi < 1:
-            shapes[b] = [hi, 1]
-        elif lo > 1:
-            shapes[b] = [1, 1 / lo]
+    starts = np.arange(0, len(ar), batch_size)
+    lo, hi = np.minimum.reduceat(ar[order], starts), np.maximum.reduceat(ar[order], starts)
+    shapes = np.ones((len(starts), 2))
+    shapes[hi < 1, 0] = hi[hi < 1]
+    shapes[lo > 1, 1] = 1 / lo[lo > 1]
     return order, (np.ceil(shapes * imgsz / stride + pad).astype(int) * stride)
 
 
@@ -72,12 +64,9 @@ class YOLODataset(Dataset):
     """A checked YOLO-format split with official-semantics augmentation (docs/data.md).
 
     Args:
-        imgsz: long side of each loaded image; augment: official training augmentation.
-        hyp: augmentation hyper-parameters (dict with official keys, or :class:`Hyp`); default hyp.scratch-high.
-        rect, batch_size, stride, pad: rectangular batches (aspect-ratio order, mosaic off), their shapes
-            multiples of ``stride`` with ``pad`` strides of margin.
-        cache: "ram" (MemoryError over ``cache_budget`` of the free RAM), "auto" (RAM when it fits), None, or
-            "disk" (a memory-mapped file; as "auto" when it cannot be written).
+        imgsz: long side of each loaded image; hyp: dict of official keys or :class:`Hyp` (hyp.scratch-high).
+        rect, batch_size, stride, pad: rectangular batches (aspect-ratio order, mosaic off), ``pad`` strides wide.
+        cache: "ram", "auto" (RAM within ``cache_budget`` of it), "disk" (memory-mapped) or None (docs/data.md).
         min_items: drop images with fewer boxes; single_cls: every class becomes 0.
         seed: augmentation draws depend only on (seed, epoch, index).
         allow_bad_labels: open a ``train`` split that would raise a ``DataError``.

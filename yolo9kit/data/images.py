@@ -39,10 +39,7 @@ def read_bgr(path: str, reduce: int = 1) -> np.ndarray:
 
 def reduce_factor(scale: float) -> int:
     """Largest JPEG reduction (1, 2, 4, 8) that leaves at least one source pixel per output pixel."""
-    for factor in (8, 4, 2):
-        if scale * factor <= 1.0:
-            return factor
-    return 1
+    return next((factor for factor in (8, 4, 2) if scale * factor <= 1.0), 1)
 
 
 def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:

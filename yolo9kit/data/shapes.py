@@ -246,9 +246,6 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
         split: the split the images make; overwrite: replace an earlier conversion.
         holdout: share of a train split held out for validation (0: validate on the training images).
 
-    Returns:
-        The CocoConversion.
-
     Raises:
         ValueError: ``holdout`` outside [0, 1) or malformed annotations (named).
         FileExistsError: a data.yaml exists there and ``overwrite`` is False.

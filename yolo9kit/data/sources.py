@@ -279,10 +279,7 @@ def read_frame(path: str, frame: int) -> np.ndarray | None:
 
 
 def write_video(images, path: str | Path, fps: float = 10.0) -> Path:
-    """Write image files (all of one size) as the frames of an mp4v video: a clip to predict on.
-
-    Returns:
-        ``path``.
+    """Write image files (all of one size) as the frames of an mp4v video at ``path``: a clip to predict on.
 
     Raises:
         ValueError: no images, an image that cannot be read, or one of another size (each named).
