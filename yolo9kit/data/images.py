@@ -188,13 +188,12 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
 
 # HSV colour jitter in torch: OpenCV's 8-bit RGB <-> HSV and the official look-up tables
 _SHIFT = 12  # OpenCV's hsv_shift: the division tables hold round((numerator << 12) / i)
-# HSV -> RGB: for each sector of the hue circle, which of (v, p, q, t) goes to R, G and B.
-_SECTOR_TO_RGB = ((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2))
 
 
 @functools.cache  # once per device: a copy to the GPU waits for it
 def _sector_table(device: torch.device) -> torch.Tensor:
-    return torch.tensor(_SECTOR_TO_RGB, device=device)
+    """HSV -> RGB: for each sector of the hue circle, which of (v, p, q, t) goes to R, G and B."""
+    return torch.tensor(((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2)), device=device)
 
 
 @functools.cache
