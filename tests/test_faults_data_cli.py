@@ -205,7 +205,7 @@ def test_disk_cache_on_read_only_data_falls_back_to_ram(shapes, caplog, monkeypa
     check(shapes)  # the label cache exists; only the image cache is new
     if os.geteuid() == 0:
         # root writes into a read-only folder anyway: the failure chmod would cause is simulated
-        import yolo9kit.data.cache as disk_cache
+        import yolo9kit.data.images as disk_cache
 
         def refuse(*args, **kwargs):
             raise PermissionError(13, "Permission denied", str(folder))

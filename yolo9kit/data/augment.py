@@ -1,6 +1,4 @@
-"""Training augmentations with the semantics of the official ``load_mosaic``, ``random_perspective``,
-``box_candidates``, ``mixup``, ``augment_hsv`` and ``copy_paste``; each tile is warped once, straight into the
-output (docs/data.md, "Why it is fast"). Boxes follow the official arithmetic exactly."""
+"""Official training augmentations, each tile warped once into the output (docs/data.md, "Why it is fast")."""
 
 from __future__ import annotations
 
@@ -36,54 +34,29 @@ class Hyp:
 
     @classmethod
     def from_dict(cls, hyp: dict | Hyp | None) -> Hyp:
-        """Build from a dict such as an official hyp yaml; unknown keys (lr0, box, ...) are ignored."""
+        """From a dict such as an official hyp yaml; other keys (lr0, box, ...) are ignored."""
         if hyp is None or isinstance(hyp, Hyp):
             return hyp or cls()
-        known = set(asdict(cls()))
-        return cls(**{k: float(v) for k, v in hyp.items() if k in known})
+        return cls(**{k: float(v) for k, v in hyp.items() if k in cls.__dataclass_fields__})
 
 
-# ---- 3x3 pixel matrices -------------------------------------------------------------------------------------
 def random_affine_matrix(rng: np.random.Generator, hyp: Hyp, in_size: tuple[int, int],
                          out_size: tuple[int, int]) -> tuple[np.ndarray, float]:
-    """The random_perspective matrix M = T @ S @ R @ P @ C (official order and distributions) from an
-    ``in_size`` (w, h) image to an ``out_size`` one; returns (M, zoom)."""
-    C = np.eye(3)
-    C[0, 2], C[1, 2] = -in_size[0] / 2, -in_size[1] / 2
+    """(M, zoom): official random_perspective's M = T @ S @ R @ P @ C from ``in_size`` (w, h) to ``out_size``."""
+    C = translation(-in_size[0] / 2, -in_size[1] / 2)
     P = np.eye(3)
-    P[2, 0], P[2, 1] = rng.uniform(-hyp.perspective, hyp.perspective, 2)
-    R = np.eye(3)
-    angle = rng.uniform(-hyp.degrees, hyp.degrees)
-    s = rng.uniform(1 - hyp.scale, 1 + hyp.scale)
-    R[:2] = cv2.getRotationMatrix2D(angle=angle, center=(0, 0), scale=s)
+    P[2, :2] = rng.uniform(-hyp.perspective, hyp.perspective, 2)
+    angle, s = rng.uniform(-hyp.degrees, hyp.degrees), rng.uniform(1 - hyp.scale, 1 + hyp.scale)
+    R = np.vstack([cv2.getRotationMatrix2D(angle=angle, center=(0, 0), scale=s), [0, 0, 1]])
     S = np.eye(3)
     S[0, 1], S[1, 0] = np.tan(np.radians(rng.uniform(-hyp.shear, hyp.shear, 2)))
-    T = np.eye(3)
-    T[0, 2] = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate) * out_size[0]
-    T[1, 2] = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate) * out_size[1]
+    T = translation(rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate) * out_size[0],
+                    rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate) * out_size[1])
     return T @ S @ R @ P @ C, s
 
 
-def flip_matrix(width: int, height: int, lr: bool, ud: bool) -> np.ndarray:
-    """Pixel-index flip (x -> W - 1 - x), the same as np.fliplr / np.flipud of the warped image."""
-    F = np.eye(3)
-    if lr:
-        F[0, 0], F[0, 2] = -1, width - 1
-    if ud:
-        F[1, 1], F[1, 2] = -1, height - 1
-    return F
-
-
 def translation(dx: float, dy: float) -> np.ndarray:
-    T = np.eye(3)
-    T[0, 2], T[1, 2] = dx, dy
-    return T
-
-
-def inverse_scale_translate(A: np.ndarray) -> np.ndarray:
-    """Inverse of a 3x3 scale-and-translate matrix, without a general solver (it runs per tile)."""
-    sx, sy = A[0, 0], A[1, 1]
-    return np.array([[1 / sx, 0, -A[0, 2] / sx], [0, 1 / sy, -A[1, 2] / sy], [0, 0, 1.0]])
+    return np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1.0]])
 
 
 def resize_matrix(src_w: int, src_h: int, dst_w: float, dst_h: float) -> np.ndarray:
@@ -92,38 +65,39 @@ def resize_matrix(src_w: int, src_h: int, dst_w: float, dst_h: float) -> np.ndar
     return np.array([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5], [0, 0, 1.0]])
 
 
+def mapped_corners(A: np.ndarray, x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+    """(4, 2) corners of the rectangle [x0, x1] x [y0, y1] mapped by A."""
+    xy = np.array([[x0, y0, 1], [x1, y0, 1], [x0, y1, 1], [x1, y1, 1]], np.float64) @ A.T
+    return xy[:, :2] / xy[:, 2:3]
+
+
 def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
     """Does the rectangle [0, w] x [0, h] mapped by A overlap the output?"""
-    corners = np.array([[0, 0, 1], [w, 0, 1], [0, h, 1], [w, h, 1]], np.float64) @ A.T
-    xy = corners[:, :2] / corners[:, 2:3]
+    xy = mapped_corners(A, 0, 0, w, h)
     return bool(xy[:, 0].max() > 0 and xy[:, 0].min() < out_w and xy[:, 1].max() > 0 and xy[:, 1].min() < out_h)
 
 
-# ---- pixels -------------------------------------------------------------------------------------------------
-def warp_into(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
-    """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, bilinear, over the warped
-    source's bounding rectangle only; other pixels keep their value, so tiles can share one output."""
+def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
+    """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, over its bounding rectangle only."""
+    if not perspective and not A[[0, 1, 2, 2], [1, 0, 0, 1]].any() and A[0, 0] > 0 and A[1, 1] > 0:
+        return paste_scaled(out, src, A)  # a positive scale + translate: crop, resize, paste (faster)
     h, w = src.shape[:2]
     H, W = out.shape[:2]
-    corners = np.array([[-0.5, -0.5, 1], [w - 0.5, -0.5, 1], [-0.5, h - 0.5, 1], [w - 0.5, h - 0.5, 1]]) @ A.T
-    xy = corners[:, :2] / corners[:, 2:3]
+    xy = mapped_corners(A, -0.5, -0.5, w - 0.5, h - 0.5)
     x0, y0 = max(int(math.floor(xy[:, 0].min())), 0), max(int(math.floor(xy[:, 1].min())), 0)
     x1, y1 = min(int(math.ceil(xy[:, 0].max())) + 1, W), min(int(math.ceil(xy[:, 1].max())) + 1, H)
     if x1 <= x0 or y1 <= y0:
         return
     B = translation(-x0, -y0) @ A
-    roi = out[y0:y1, x0:x1]
+    kw = dict(dst=out[y0:y1, x0:x1], flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
     if perspective:
-        cv2.warpPerspective(src, B, (x1 - x0, y1 - y0), dst=roi, flags=cv2.INTER_LINEAR,
-                            borderMode=cv2.BORDER_TRANSPARENT)
+        cv2.warpPerspective(src, B, (x1 - x0, y1 - y0), **kw)
     else:
-        cv2.warpAffine(src, B[:2], (x1 - x0, y1 - y0), dst=roi, flags=cv2.INTER_LINEAR,
-                       borderMode=cv2.BORDER_TRANSPARENT)
+        cv2.warpAffine(src, B[:2], (x1 - x0, y1 - y0), **kw)
 
 
 def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, int, int, int, int] | None:
-    """For x_out = a * x_src + b: output range [i0, i1), source crop [c0, c1), resized length and the output
-    offset of the resized crop; None when nothing lands in the output."""
+    """x_out = a * x_src + b: output [i0, i1), source crop [c0, c1), resized length, its offset; or None."""
     i0 = max(math.ceil(a * -0.5 + b), 0)
     i1 = min(math.ceil(a * (n_src - 0.5) + b), n_out)
     if i1 <= i0:
@@ -136,8 +110,7 @@ def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, in
 
 
 def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
-    """:func:`warp_into` for a scale-and-translate A as crop + cv2.resize + paste: several times cheaper,
-    within half a pixel of the exact warp."""
+    """:func:`place` for a scale-and-translate A as crop + cv2.resize + paste, within half a pixel."""
     H, W = out.shape[:2]
     px = _axis_plan(A[0, 0], A[0, 2], src.shape[1], W)
     py = _axis_plan(A[1, 1], A[1, 2], src.shape[0], H)
@@ -153,43 +126,26 @@ def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
         out[m0 + oy:m1 + oy, k0 + ox:k1 + ox] = crop[m0:m1, k0:k1]
 
 
-def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
-    """Warp ``src`` by ``A`` into ``out``; a positive scale + translate (the default hyp) is pasted."""
-    if not perspective and A[0, 1] == 0 and A[1, 0] == 0 and A[2, 0] == 0 and A[2, 1] == 0 and A[0, 0] > 0 \
-            and A[1, 1] > 0:
-        paste_scaled(out, src, A)
-    else:
-        warp_into(out, src, A, perspective)
-
-
 def flip_image(image: np.ndarray, lr: bool, ud: bool) -> np.ndarray:
     """np.fliplr / np.flipud as one OpenCV call (a contiguous copy)."""
-    if lr and ud:
-        return cv2.flip(image, -1)
     if lr or ud:
-        return cv2.flip(image, 1 if lr else 0)
+        return cv2.flip(image, -1 if lr and ud else 1 if lr else 0)
     return image
 
 
 def hsv_gains(rng: np.random.Generator, hyp: Hyp) -> np.ndarray | None:
-    """Random (3,) gains for H, S, V: 1 + U(-1, 1) * (hsv_h, hsv_s, hsv_v) (official augment_hsv), or None."""
+    """Gains for H, S, V: 1 + U(-1, 1) * (hsv_h, hsv_s, hsv_v) (official augment_hsv), or None."""
     if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
         return None
     return rng.uniform(-1, 1, 3) * [hyp.hsv_h, hyp.hsv_s, hyp.hsv_v] + 1
 
 
 def bgr_to_rgb(image_bgr: np.ndarray, gains: np.ndarray | None) -> np.ndarray:
-    """BGR -> RGB, through the HSV jitter when ``gains`` is given.
-
-    One ``cv2.transform`` computes the official tables' ``floor(x * g)`` with saturation; a hue past 179 is
-    left for the HSV -> RGB conversion, which wraps hue modulo 180 itself: the same colours.
-    """
+    """BGR -> RGB, through the HSV jitter when ``gains`` is given (docs/data.md, "Why it is fast")."""
     if gains is None:
         return cv2.cvtColor(image_bgr, cv2.COLOR_BGR2RGB)
     hsv = cv2.cvtColor(image_bgr, cv2.COLOR_BGR2HSV)
-    m = np.zeros((3, 4))
-    m[[0, 1, 2], [0, 1, 2]] = gains
-    m[:, 3] = -0.5 + 1e-4  # round(y - 0.5 + 1e-4) == floor(y): truncation like astype(uint8)
+    m = np.c_[np.diag(gains), np.full(3, -0.5 + 1e-4)]  # round(y - 0.5 + 1e-4) == floor(y): truncation
     cv2.transform(hsv, m, dst=hsv)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
@@ -202,44 +158,10 @@ def mixup(image: np.ndarray, labels: np.ndarray, image2: np.ndarray, labels2: np
     return image, np.concatenate([labels, labels2], 0)
 
 
-# ---- labels: (n, 5) rows ``cls x1 y1 x2 y2`` in pixels ----------------------------------------------------------
-def transform_boxes(boxes_xyxy: np.ndarray, M: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Map boxes by their 4 corners through M, take the enclosing box, clip to the output (official)."""
-    n = len(boxes_xyxy)
-    xy = np.ones((n * 4, 3))
-    xy[:, :2] = boxes_xyxy[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(n * 4, 2)
-    xy = xy @ M.T
-    xy = (xy[:, :2] / xy[:, 2:3]).reshape(n, 8)
-    x, y = xy[:, [0, 2, 4, 6]], xy[:, [1, 3, 5, 7]]
-    new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
-    new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
-    new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
-    return new
-
-
-def transform_polygon_boxes(polygons: list, M: np.ndarray, width: int, height: int) -> dict[int, np.ndarray]:
-    """Per row with a polygon: 1000 points evenly spaced in vertex index (official resample_segments) mapped
-    through M, and the box of those inside the image (official segment2box; zeros when none is)."""
-    boxes = {}
-    for row, poly in enumerate(polygons):
-        if poly is None:
-            continue
-        closed = np.concatenate([poly, poly[:1]], 0)
-        t, tp = np.linspace(0, len(closed) - 1, 1000), np.arange(len(closed))
-        xy = np.ones((1000, 3))
-        xy[:, 0], xy[:, 1] = np.interp(t, tp, closed[:, 0]), np.interp(t, tp, closed[:, 1])
-        xy = xy @ M.T
-        x, y = xy[:, 0] / xy[:, 2], xy[:, 1] / xy[:, 2]
-        inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
-        x, y = x[inside], y[inside]
-        boxes[row] = np.array([x.min(), y.min(), x.max(), y.max()]) if inside.any() else np.zeros(4)
-    return boxes
-
-
+# labels from here on: (n, 5) rows ``cls x1 y1 x2 y2`` in pixels
 def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr: float = 100,
                    area_thr: float = 0.1, eps: float = 1e-16) -> np.ndarray:
-    """Keep boxes wider and taller than ``wh_thr`` px, with area ratio after/before above ``area_thr`` and
-    aspect ratio below ``ar_thr``; matches the official box_candidates. Boxes are (4, n) xyxy."""
+    """Official box_candidates: which (4, n) xyxy boxes stay after the warp (size, area ratio, aspect ratio)."""
     w1, h1 = box1[2] - box1[0], box1[3] - box1[1]
     w2, h2 = box2[2] - box2[0], box2[3] - box2[1]
     ar = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
@@ -248,17 +170,35 @@ def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr
 
 def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, height: int,
                   polygons: list | None = None) -> np.ndarray:
-    """Apply the random affine to pixel labels and drop lost boxes (official); rows with a polygon
-    (canvas pixels) are boxed from the transformed polygon, and the area threshold is then 0.01."""
-    if not len(labels):
+    """The random affine on pixel labels, lost boxes dropped (official); rows with a polygon are boxed from it."""
+    n = len(labels)
+    if not n:
         return labels
-    new = transform_boxes(labels[:, 1:5], M, width, height)
-    boxes = transform_polygon_boxes(polygons, M, width, height) if polygons else {}
-    for row, box in boxes.items():
-        new[row] = box
-    keep = box_candidates(labels[:, 1:5].T * zoom, new.T, area_thr=0.01 if boxes else 0.10)
-    # An object wholly outside the mosaic canvas has a zero-size clipped box, but its clipped polygon is a
-    # line along the canvas edge that a rotation turns into a box of nothing; the official code keeps it.
+    xy = np.ones((n * 4, 3))
+    xy[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)  # the 4 corners of each box
+    xy = xy @ M.T
+    xy = (xy[:, :2] / xy[:, 2:3]).reshape(n, 8)
+    x, y = xy[:, [0, 2, 4, 6]], xy[:, [1, 3, 5, 7]]
+    new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
+    new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
+    new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
+    reboxed = False
+    for row, poly in enumerate(polygons or []):
+        if poly is None:
+            continue
+        # 1000 points evenly spaced in vertex index (official resample_segments), boxed where inside (segment2box)
+        closed = np.concatenate([poly, poly[:1]], 0)
+        t, tp = np.linspace(0, len(closed) - 1, 1000), np.arange(len(closed))
+        xy = np.ones((1000, 3))
+        xy[:, 0], xy[:, 1] = np.interp(t, tp, closed[:, 0]), np.interp(t, tp, closed[:, 1])
+        xy = xy @ M.T
+        x, y = xy[:, 0] / xy[:, 2], xy[:, 1] / xy[:, 2]
+        inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
+        x, y = x[inside], y[inside]
+        new[row] = np.array([x.min(), y.min(), x.max(), y.max()]) if inside.any() else np.zeros(4)
+        reboxed = True
+    keep = box_candidates(labels[:, 1:5].T * zoom, new.T, area_thr=0.01 if reboxed else 0.10)
+    # a box clipped to nothing off the canvas: its polygon, an edge line, may rotate into a box (official keeps it)
     keep &= (labels[:, 3] > labels[:, 1]) & (labels[:, 4] > labels[:, 2])
     labels = labels[keep]
     labels[:, 1:5] = new[keep]
@@ -278,12 +218,8 @@ def box_ioa(boxes1: np.ndarray, boxes2: np.ndarray, eps: float = 1e-7) -> np.nda
 
 def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Generator,
                canvas_width: int) -> tuple[np.ndarray, list, list[np.ndarray]]:
-    """Choose polygons to mirror left-right and paste (official copy_paste, on label level): rows whose
-    mirrored box covers less than 30 % of every box are candidates, round(p * n) of them are appended.
-
-    ``polygons`` holds per row a (k, 2) polygon in canvas pixels or None; returns (labels, polygons, the
-    pasted polygons: the regions to fill from the mirrored image).
-    """
+    """Official copy_paste on labels: rows whose mirrored box covers < 30 % of every box are candidates, round(p * n)
+    appended; ``polygons``: per row (k, 2) canvas pixels or None. Returns (labels, polygons, pasted polygons)."""
     rows = [i for i, poly in enumerate(polygons) if poly is not None]
     if not p or not rows:
         return labels, polygons, []
@@ -291,25 +227,12 @@ def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Gene
     mirrored = np.stack([canvas_width - b[:, 2], b[:, 1], canvas_width - b[:, 0], b[:, 3]], 1)
     candidates = [rows[k] for k in np.flatnonzero((box_ioa(mirrored, labels[:, 1:5]) < 0.30).all(1))]
     chosen = rng.permutation(candidates)[:round(p * len(candidates))] if candidates else []
-    new_rows, pasted = [], []
-    for j in chosen:
-        poly = polygons[j].copy()
-        poly[:, 0] = canvas_width - poly[:, 0]
-        x1, x2 = canvas_width - labels[j, 3], canvas_width - labels[j, 1]
-        new_rows.append([labels[j, 0], x1, labels[j, 2], x2, labels[j, 4]])
-        pasted.append(poly)
-    if not new_rows:
+    if not len(chosen):
         return labels, polygons, []
-    return np.concatenate([labels, np.array(new_rows)], 0), [*polygons, *pasted], pasted
-
-
-def flip_labels(labels: np.ndarray, width: int, height: int, lr: bool, ud: bool) -> np.ndarray:
-    """Mirror pixel labels the way the image was flipped."""
-    if lr:
-        labels[:, [1, 3]] = width - labels[:, [3, 1]]
-    if ud:
-        labels[:, [2, 4]] = height - labels[:, [4, 2]]
-    return labels
+    new = labels[chosen]
+    new[:, [1, 3]] = canvas_width - new[:, [3, 1]]
+    pasted = [np.c_[canvas_width - polygons[j][:, 0], polygons[j][:, 1]] for j in chosen]
+    return np.concatenate([labels, new], 0), [*polygons, *pasted], pasted
 
 
 def xyxy_to_cxcywh_norm(labels: np.ndarray, width: int, height: int, eps: float = 1e-3) -> np.ndarray:

@@ -1,24 +1,34 @@
-"""Pixels: reading and resizing an image (official ``load_image``), letterbox (official ``letterbox``), and the
-HSV colour jitter in torch for the device (docs/data.md, "Loader", says how close it is to OpenCV's)."""
+"""Pixels: reading and resizing (official ``load_image``), the image caches, ``letterbox``, the HSV jitter in torch."""
 
 from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
 from PIL import Image
+from tqdm.auto import tqdm
 
-from yolo9kit.data.labels import exif_size
-from yolo9kit.env import to_device_async
+from yolo9kit.data.labels import decode_pool, exif_size, files_hash
+from yolo9kit.env import memory_limits, to_device_async
+from yolo9kit.files import write_file, write_text_atomically
+
+log = logging.getLogger(__name__)
 
 PAD_VALUE = 114  # grey used for every padded or uncovered pixel, as in the official pipeline
 _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
             8: cv2.IMREAD_REDUCED_COLOR_8}
+DISK_CACHE_VERSION = 2  # 2: validation images fully decoded (1 reduced large JPEGs), official sizes
+DISK_SUFFIX = ".yolo9kit-images"
 
 
 def read_bgr(path: str, reduce: int = 1) -> np.ndarray:
-    """(H, W, 3) uint8 BGR, EXIF orientation applied, alpha dropped, grayscale and 16-bit made 8-bit BGR;
-    ``reduce`` 2, 4 or 8 decodes a JPEG at 1/reduce of its size (DCT scaling). FileNotFoundError when it fails."""
+    """(H, W, 3) uint8 BGR as displayed (EXIF orientation); ``reduce`` 2, 4 or 8 decodes a JPEG at 1/reduce."""
     flag = _REDUCED[reduce] if reduce > 1 and path.lower().endswith((".jpg", ".jpeg")) else cv2.IMREAD_COLOR
     image = cv2.imread(path, flag)
     if image is None:
@@ -28,11 +38,8 @@ def read_bgr(path: str, reduce: int = 1) -> np.ndarray:
 
 
 def reduce_factor(scale: float) -> int:
-    """Largest JPEG DCT reduction (1, 2, 4, 8) that still leaves at least one source pixel per output pixel."""
-    for factor in (8, 4, 2):
-        if scale * factor <= 1.0:
-            return factor
-    return 1
+    """Largest JPEG reduction (1, 2, 4, 8) that leaves at least one source pixel per output pixel."""
+    return next((factor for factor in (8, 4, 2) if scale * factor <= 1.0), 1)
 
 
 def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:
@@ -42,55 +49,125 @@ def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:
 
 
 def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, int] | None = None) -> np.ndarray:
-    """Official load_image: BGR with the long side at ``image_size``; the training path (``augment``) decodes
-    a JPEG that shrinks over 2x at a reduced size (docs/data.md, "Reduced JPEG decoding"). ``size_wh``: the
-    (width, height) after EXIF orientation when known."""
-    if not augment:  # the official validation path: full decode, sizes from the decoded image
+    """Official load_image: BGR, long side ``image_size``; ``augment`` decodes a large JPEG reduced (docs/data.md)."""
+    if augment:
+        if size_wh is None:
+            with Image.open(path) as im:
+                size_wh = exif_size(im)
+        w0, h0 = size_wh
+        image = read_bgr(path, reduce_factor(image_size / max(h0, w0) * 2))
+    else:  # the official validation path: full decode, sizes from the decoded image
         image = read_bgr(path)
         h0, w0 = image.shape[:2]
-        w_new, h_new = resized_size(w0, h0, image_size)
-        if (w0, h0) == (w_new, h_new):
-            return image
-        interp = cv2.INTER_AREA if image_size < max(h0, w0) else cv2.INTER_LINEAR
-        return cv2.resize(image, (w_new, h_new), interpolation=interp)
-    if size_wh is None:
-        with Image.open(path) as im:
-            size_wh = exif_size(im)
-    w0, h0 = size_wh
-    r = image_size / max(h0, w0)
-    image = read_bgr(path, reduce_factor(r * 2) if r < 0.5 else 1)
-    h, w = image.shape[:2]
-    w_new, h_new = resized_size(w0, h0, image_size)
-    if (w, h) != (w_new, h_new):
-        image = cv2.resize(image, (w_new, h_new), interpolation=cv2.INTER_LINEAR)
-    return image
+    size = resized_size(w0, h0, image_size)
+    if image.shape[1::-1] == size:
+        return image
+    interp = cv2.INTER_AREA if not augment and image_size < max(h0, w0) else cv2.INTER_LINEAR
+    return cv2.resize(image, size, interpolation=interp)
+
+
+def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int, augment: bool, mode: str,
+                 budget_fraction: float, label_cache: Path) -> Sequence[np.ndarray] | None:
+    """The images decoded once and resized for cache ``mode`` "disk", "auto" or "ram" (docs/data.md, "Loader")."""
+    if mode == "disk":
+        tag = f"{image_size}px-{'linear' if augment else 'area'}"  # one file per size and interpolation
+        path = label_cache.with_name(f"{label_cache.name.split('.yolo9kit')[0]}.{tag}{DISK_SUFFIX}")
+        try:
+            return _disk_images(path, paths, sizes, image_size, augment)
+        except OSError as e:  # read-only data, a full disk: the run goes on, as with the label cache
+            log.warning("cache='disk': cannot write the image cache in %s (%s); caching the images in RAM instead "
+                        "when they fit in %.0f%% of the available memory (else no cache)", path.parent, e,
+                        100 * budget_fraction)
+    need = sum(w * h * 3 for w, h in (resized_size(w0, h0, image_size) for w0, h0 in sizes))
+    avail = memory_limits().get("RAM")
+    if avail is not None and need > budget_fraction * avail:
+        msg = (f"caching {len(paths)} images at {image_size} px needs {need / 2**30:.2f} GiB but only "
+               f"{avail / 2**30:.2f} GiB of RAM is available (limit {budget_fraction:.0%} of it)")
+        if mode == "ram":
+            raise MemoryError(msg + ": use cache=None or a smaller image size")
+        log.info("%s: not caching images", msg)
+        return None
+    with decode_pool() as pool:
+        images = list(tqdm(pool.map(lambda p, wh: load_resized(p, image_size, augment, wh), paths, sizes),
+                           total=len(paths), desc=f"caching images ({need / 2**30:.2f} GiB)",
+                           disable=len(paths) < 1000))
+    log.info("cached %d images in RAM (%.2f GiB)", len(paths), need / 2**30)
+    return images
+
+
+class DiskImages(Sequence):
+    """Read-only (H, W, 3) uint8 views into the disk cache file, by image index (as the RAM cache's list)."""
+
+    def __init__(self, path: Path, shapes_hw: list[tuple[int, int]]):
+        self.path, self.shapes = Path(path), [tuple(s) for s in shapes_hw]
+        self.offsets = np.concatenate([[0], np.cumsum([h * w * 3 for h, w in self.shapes], dtype=np.int64)])
+        self.nbytes = int(self.offsets[-1])
+        self._map = None
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self._map is None:  # opened lazily, so that worker processes map the file themselves
+            self._map = np.memmap(self.path, np.uint8, "r")
+        h, w = self.shapes[i]
+        return np.asarray(self._map[self.offsets[i]:self.offsets[i + 1]]).reshape(h, w, 3)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_map": None}
+
+
+def _disk_images(path: Path, paths: list[str], sizes: list[tuple[int, int]], image_size: int,
+                 augment: bool) -> DiskImages:
+    """The disk cache at ``path`` (a JSON header beside it), built when missing or out of date."""
+    shapes = [tuple(reversed(resized_size(w, h, image_size))) for w, h in sizes]  # (h, w)
+    meta = {"version": DISK_CACHE_VERSION, "hash": files_hash(paths), "image_size": image_size,
+            "augment": augment, "shapes": [list(s) for s in shapes]}
+    images, header = DiskImages(path, shapes), path.with_name(path.name + ".json")
+    try:
+        if json.loads(header.read_text()) == meta and path.stat().st_size == images.nbytes:
+            log.info("using the disk image cache %s (%.2f GiB)", path, images.nbytes / 2**30)
+            return images
+    except (OSError, ValueError):
+        pass  # missing or damaged: rebuilt below
+
+    def write(tmp: Path) -> None:
+        bar = tqdm(total=len(paths), disable=len(paths) < 1000,
+                   desc=f"writing the disk image cache ({images.nbytes / 2**30:.2f} GiB)")
+        with open(tmp, "wb") as f, decode_pool() as pool:
+            for start in range(0, len(paths), 256):  # bounded: decoded images never pile up in RAM
+                part = slice(start, start + 256)
+                decoded = pool.map(lambda p, wh: load_resized(p, image_size, augment, wh), paths[part], sizes[part])
+                for path_i, image, shape in zip(paths[part], decoded, shapes[part]):
+                    if image.shape[:2] != shape:  # the file changed between the check and now
+                        raise OSError(f"{path_i} changed while caching: expected {shape}, got {image.shape[:2]}")
+                    f.write(np.ascontiguousarray(image).data)
+                bar.update(len(shapes[part]))
+        bar.close()
+
+    write_file(path, write, needed=images.nbytes, what=f"writing the disk image cache {path}", durable=False)
+    write_text_atomically(header, json.dumps(meta))
+    log.info("wrote the disk image cache %s (%.2f GiB)", path, images.nbytes / 2**30)
+    return images
 
 
 def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
               color: tuple[int, int, int] = (PAD_VALUE, PAD_VALUE, PAD_VALUE), auto: bool = True,
               scale_fill: bool = False, scaleup: bool = True, stride: int = 32
               ) -> tuple[np.ndarray, tuple[float, float], tuple[float, float]]:
-    """Resize keeping the aspect ratio, then pad to ``new_shape``; equals the official letterbox.
+    """Resize keeping the aspect ratio, then pad to ``new_shape`` (height, width): the official letterbox.
 
     Args:
-        image: (H, W, C) uint8 array (any channel order).
-        new_shape: target (height, width), or one int for a square.
-        color: padding value per channel.
-        auto: pad only up to the next multiple of ``stride`` instead of the full shape.
-        scale_fill: stretch to ``new_shape`` without padding.
+        auto: pad only up to the next multiple of ``stride``; scale_fill: stretch, no padding.
         scaleup: allow enlarging (False caps the ratio at 1).
-        stride: the multiple used by ``auto``.
 
     Returns:
-        ``(image, (rw, rh), (pad_w, pad_h))``: the padded image, the ratios applied and the padding on the
-        left and on the top (half the total, may be fractional).
+        ``(image, (rw, rh), (pad_w, pad_h))``: the ratios applied and half the padding (may be fractional).
     """
     shape = image.shape[:2]
-    if isinstance(new_shape, int):
-        new_shape = (new_shape, new_shape)
+    new_shape = (new_shape, new_shape) if isinstance(new_shape, int) else new_shape
     r = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
-    if not scaleup:
-        r = min(r, 1.0)
+    r = r if scaleup else min(r, 1.0)
     ratio = (r, r)
     new_unpad = (int(round(shape[1] * r)), int(round(shape[0] * r)))  # (w, h)
     dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
@@ -100,8 +177,7 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
         dw, dh = 0.0, 0.0
         new_unpad = (new_shape[1], new_shape[0])
         ratio = (new_shape[1] / shape[1], new_shape[0] / shape[0])
-    dw /= 2
-    dh /= 2
+    dw, dh = dw / 2, dh / 2
     if shape[::-1] != new_unpad:
         image = cv2.resize(image, new_unpad, interpolation=cv2.INTER_LINEAR)
     top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
@@ -110,32 +186,21 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
     return image, ratio, (float(dw), float(dh))
 
 
-# HSV colour jitter in torch: OpenCV's 8-bit RGB <-> HSV and the official look-up tables (``hsv_jitter`` works
-# ``chunk`` images at a time in float32, about 40 bytes per pixel of a chunk).
+# HSV colour jitter in torch: OpenCV's 8-bit RGB <-> HSV and the official look-up tables
 _SHIFT = 12  # OpenCV's hsv_shift: the division tables hold round((numerator << 12) / i)
-# HSV -> RGB: for each sector of the hue circle, which of (v, p, q, t) goes to R, G and B.
-_SECTOR_TO_RGB = ((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2))
 
 
-_TABLES: dict = {}
-
-
+@functools.cache  # once per device: a copy to the GPU waits for it
 def _sector_table(device: torch.device) -> torch.Tensor:
-    """``_SECTOR_TO_RGB`` on ``device``, made once per device (a copy to the GPU waits for it)."""
-    key = ("sector", str(device))
-    if key not in _TABLES:
-        _TABLES[key] = torch.tensor(_SECTOR_TO_RGB, device=device)
-    return _TABLES[key]
+    """HSV -> RGB: for each sector of the hue circle, which of (v, p, q, t) goes to R, G and B."""
+    return torch.tensor(((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2)), device=device)
 
 
+@functools.cache
 def _div_table(numerator: float, device: torch.device) -> torch.Tensor:
-    """OpenCV's ``saturate_cast<int>((numerator << 12) / i)`` for i in 0..255 (entry 0 is 0); cached per device."""
-    key = (numerator, str(device))
-    if key not in _TABLES:
-        i = torch.arange(256, dtype=torch.float64, device=device)
-        table = torch.where(i > 0, torch.round(numerator * (1 << _SHIFT) / i.clamp(min=1)), torch.zeros_like(i))
-        _TABLES[key] = table.to(torch.int32)
-    return _TABLES[key]
+    """OpenCV's ``saturate_cast<int>((numerator << 12) / i)`` for i in 0..255 (entry 0 is 0)."""
+    i = torch.arange(256, dtype=torch.float64, device=device)
+    return torch.where(i > 0, torch.round(numerator * (1 << _SHIFT) / i.clamp(min=1)), torch.zeros_like(i)).int()
 
 
 def _fixed_round(x: torch.Tensor) -> torch.Tensor:
@@ -157,14 +222,12 @@ def rgb_to_hsv_cv(rgb: torch.Tensor) -> torch.Tensor:
 
 
 def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """OpenCV's 8-bit HSV -> RGB for float32 tensors (h in half degrees, any real value; s, v in 0..255), as
-    OpenCV's vector loop computes it: s and v scaled by 1/255, 255 times the result, truncated to uint8. OpenCV
-    rounds instead in the pixels its vector loop leaves over at the end of a row (docs/data.md)."""
+    """OpenCV's 8-bit HSV -> RGB (its vector loop) for float32 h (half degrees, any value), s and v (0..255)."""
     h = torch.remainder(h * torch.tensor(6.0 / 180.0, dtype=torch.float32), 6.0)
     sector = torch.floor(h).clamp_(0, 5)
     f = h - sector
-    s = s * torch.tensor(1.0 / 255.0, dtype=torch.float32)
-    v = v * torch.tensor(1.0 / 255.0, dtype=torch.float32)
+    scale = torch.tensor(1.0 / 255.0, dtype=torch.float32)
+    s, v = s * scale, v * scale
     tab = torch.stack((v, v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))), 1)  # v, p, q, t
     index = _sector_table(h.device)[sector.long()]  # (B, H, W, 3)
     rgb = torch.gather(tab, 1, index.permute(0, 3, 1, 2)) * 255
@@ -172,10 +235,13 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
-    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W); returns a new uint8 batch.
+    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` images at a time.
 
-    A row of gains equal to (1, 1, 1) leaves its image unchanged (no colour round trip). Works in slices
-    of ``chunk`` images, with no host-device synchronisation (the gains are copied without waiting).
+    Returns:
+        A new uint8 batch; gains (1, 1, 1) leave an image as it is.
+
+    Raises:
+        ValueError: images not uint8 (B, 3, H, W), or gains not (B, 3).
     """
     if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"expected uint8 images (B, 3, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -190,8 +256,7 @@ def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> tor
     out = torch.empty_like(images)
     for start in range(0, images.shape[0], chunk):
         sl = slice(start, start + chunk)
-        g = g_all[sl]
-        hsv = rgb_to_hsv_cv(images[sl]).float()
+        hsv, g = rgb_to_hsv_cv(images[sl]).float(), g_all[sl]
         # The official tables: floor(x * gain), hue taken modulo 180, saturation and value clipped.
         h = torch.remainder(torch.floor(hsv[:, 0:1] * g[:, 0:1]), 180.0)
         sv = torch.floor(hsv[:, 1:] * g[:, 1:]).clamp_(0, 255)

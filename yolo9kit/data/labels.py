@@ -1,43 +1,47 @@
-"""Checking a split: each image and its label file (official ``verify_image_label``), the report, and the
-refusal of a training split that lost its labels. docs/data.md, "Checks", lists every case."""
+"""Checking a split: each image and label file (official ``verify_image_label``), the report, the label cache."""
 
 from __future__ import annotations
 
+import hashlib
 import html
+import json
+import logging
+import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from PIL import Image
+from tqdm.auto import tqdm
 
-from yolo9kit.data.sources import DataConfig, orphan_label_files
+from yolo9kit.data.sources import DataConfig, label_path, orphan_label_files
+from yolo9kit.files import write_file
+
+log = logging.getLogger(__name__)
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 MIN_IMAGE_SIDE = 10  # pixels, as in the official checks
 PIL_FORMATS = {"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PFM"}
-_TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
-# how far (a share of the image side) a box may reach past an edge before it is reported: six-decimal labels
-# round cx and w to 5e-7 each; converters that clip in pixels land within a pixel of the edge
-OVERHANG = 1e-3
-# beyond a tenth of the labelled images lost to errors something systematic is wrong (names, format, layout)
-MAX_DROPPED_SHARE = 0.10
+OVERHANG = 1e-3  # share of a side a box may pass an edge unreported: rounding, converters clipping in pixels
+MAX_DROPPED_SHARE = 0.10  # more labelled images lost to errors: something systematic is wrong
 _PROCEED = "or pass allow_bad_labels=True (TrainConfig, create_dataloader) to train on the images that are left"
+CACHE_VERSION = 4  # 3: label files with a byte-order mark read (not errors); 4: JSON
+CACHE_SUFFIX = ".yolo9kit.cache"  # not the official ".cache" (a pickle): both tools keep theirs side by side
 
 
 class DataError(ValueError):
-    """A data set that cannot be used as it is; the message names the data.yaml, the split, the counts and
-    what to do."""
+    """A data set that cannot be used as it is; the message says where, the counts and what to do."""
 
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows in a notebook: the message without the traceback (``%tb`` still prints it)."""
+    def _render_traceback_(self) -> list[str]:  # what IPython shows: the message, no traceback (%tb prints it)
         return [f"\x1b[31mDataError\x1b[0m: {self}"]
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding: ``error`` leaves the image out, ``warning`` keeps it (something fixed or odd), ``info``
-    keeps it as it is."""
+    """One finding: ``error`` leaves the image out, ``warning`` keeps it (fixed or odd), ``info`` as it is."""
 
     file: str
     reason: str
@@ -46,9 +50,7 @@ class Problem:
 
 @dataclass
 class DatasetReport:
-    """What :func:`yolo9kit.data.check` found in one split: the counts (``n_images``, ``n_usable`` = labelled
-    + background, ``n_labelled``, ``n_background``, ``n_skipped``, ``n_instances``, ``n_duplicates_removed``,
-    ``n_orphan_labels``) and every finding, in file order."""
+    """What :func:`yolo9kit.data.check` found in one split: the counts and every finding, in file order."""
 
     split: str
     n_images: int = 0
@@ -66,10 +68,8 @@ class DatasetReport:
         """True when no image had to be left out."""
         return not any(p.severity == ERROR for p in self.problems)
 
-    def to_frame(self):
-        """One row per problem: columns file, severity, reason (a pandas DataFrame)."""
-        import pandas as pd
-
+    def to_frame(self) -> pd.DataFrame:
+        """One row per problem: columns file, severity, reason."""
         return pd.DataFrame([(p.file, p.severity, p.reason) for p in self.problems],
                             columns=["file", "severity", "reason"])
 
@@ -80,26 +80,18 @@ class DatasetReport:
                 f"{self.n_duplicates_removed} duplicate rows removed{orphans}, {len(self.problems)} problems")
 
     def __str__(self) -> str:
-        lines = [self.summary()]
-        if self.problems:
-            width = min(max(len(p.file) for p in self.problems), 80)
-            lines.append(f"{'severity':8}  {'file':{width}}  reason")
-            lines += [f"{p.severity:8}  {p.file:{width}}  {p.reason}" for p in self.problems]
-        return "\n".join(lines)
+        width = min(max((len(p.file) for p in self.problems), default=0), 80)
+        rows = [f"{p.severity:8}  {p.file:{width}}  {p.reason}" for p in self.problems]
+        return "\n".join([self.summary(), *([f"{'severity':8}  {'file':{width}}  reason", *rows] if rows else [])])
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{html.escape(p.severity)}</td><td>{html.escape(p.file)}</td>"
-                       f"<td>{html.escape(p.reason)}</td></tr>" for p in self.problems)
-        table = (f"<table><thead><tr><th>severity</th><th>file</th><th>reason</th></tr></thead>"
-                 f"<tbody>{rows}</tbody></table>") if rows else "<p>no problems found</p>"
+        table = self.to_frame().to_html(index=False) if self.problems else "<p>no problems found</p>"
         return f"<div><p><b>{html.escape(self.summary())}</b></p>{table}</div>"
 
 
 @dataclass
 class ImageRecord:
-    """What the check found for one image: ``size`` (w, h) after EXIF orientation, (0, 0) when unreadable;
-    ``labels`` (n, 5) ``class cx cy w h``; ``segments`` one (k, 2) polygon per row when the file held
-    polygons; ``unnamed_classes`` ids >= nc (the image is left out, a training split refused)."""
+    """One image checked: ``size`` (w, h) as displayed, ``labels`` (n, 5), ``segments`` a polygon per row or none."""
 
     im_file: str
     lb_file: str
@@ -116,27 +108,12 @@ class ImageRecord:
 
 
 def exif_size(image: Image.Image) -> tuple[int, int]:
-    """(width, height) of a PIL image once its EXIF orientation is applied."""
     w, h = image.size
     try:
         orientation = image.getexif().get(0x0112)
     except Exception:  # a broken EXIF block is not a reason to drop the image
         orientation = None
-    return (h, w) if orientation in _TRANSPOSED_ORIENTATIONS else (w, h)
-
-
-def _jpeg_trailing_bytes(path: str) -> int | None:
-    """Bytes after the end-of-image marker; None when there is none or the image does not decode fully."""
-    data = Path(path).read_bytes()  # only for the rare JPEG that does not end with its marker
-    end = data.rfind(b"\xff\xd9")
-    if end < 0:
-        return None
-    try:
-        with Image.open(path) as im:
-            im.load()  # a truncated scan raises here, even when an EXIF thumbnail holds an end marker
-    except Exception:  # PIL raises many types for damaged data
-        return None
-    return len(data) - end - 2
+    return (h, w) if orientation in {5, 6, 7, 8} else (w, h)  # EXIF orientations that swap width and height
 
 
 def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
@@ -149,11 +126,16 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
         f.seek(-2, 2) if os.path.getsize(path) >= 4 else None
         tail = f.read(2)
     if head == b"\xff\xd8" and tail != b"\xff\xd9":  # kept, never re-saved as the official code does
-        trailing = _jpeg_trailing_bytes(path)
-        if trailing is None:
+        end = Path(path).read_bytes().rfind(b"\xff\xd9")  # only for the rare JPEG that does not end with it
+        try:
+            with Image.open(path) as im:
+                im.load()  # a truncated scan raises here, even when an EXIF thumbnail holds an end marker
+        except Exception:  # PIL raises many types for damaged data
+            end = -1
+        if end < 0:
             return (0, 0), "corrupt or truncated JPEG (no end-of-image marker)", None
-        note = (f"{trailing} bytes after the JPEG end-of-image marker: ignored when decoding "
-                f"(the file is left as it is)")
+        trailing = os.path.getsize(path) - end - 2
+        note = f"{trailing} bytes after the JPEG end-of-image marker: ignored when decoding (the file is left as it is)"
     try:
         with Image.open(path) as im:
             im.verify()
@@ -187,28 +169,15 @@ def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.nda
         cls = values[0]
         if cls != int(cls) or not 0 <= cls < nc:
             return boxes, segments, f"line {i}: class id {row[0]} outside 0..{nc - 1} (nc={nc})"
-        if is_polygon:
+        if (values[1:] < 0).any() or (values[1:] > 1).any():  # official rule; overhanging boxes are clipped later
+            return boxes, segments, f"line {i}: coordinates outside [0, 1] ({' '.join(row[1:5])}...)"
+        if is_polygon:  # read as its bounding box
             pts = values[1:].reshape(-1, 2)
             segments.append(pts.astype(np.float32))
             (x1, y1), (x2, y2) = pts.min(0), pts.max(0)
-            coords = np.array([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1])
-            raw = pts.ravel()
-        else:
-            coords = raw = values[1:]
-        if (raw < 0).any() or (raw > 1).any():  # official rule; boxes overhanging an edge are clipped later
-            return boxes, segments, f"line {i}: coordinates outside [0, 1] ({' '.join(row[1:5])}...)"
-        boxes.append(np.concatenate([[cls], coords]))
+            values = np.array([cls, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1])
+        boxes.append(values)
     return np.array(boxes, np.float32).reshape(-1, 5), segments, None
-
-
-def _unnamed_classes(rows: list[list[str]], nc: int) -> tuple[int, ...]:
-    """Whole-number class ids >= ``nc`` in the first column (what a short ``names`` list leaves unnamed)."""
-    ids = set()
-    for row in rows:
-        value = float(row[0]) if _is_float(row[0]) else np.nan
-        if np.isfinite(value) and value == int(value) and value >= nc:
-            ids.add(int(value))
-    return tuple(sorted(ids))
 
 
 def _is_float(text: str) -> bool:
@@ -224,7 +193,7 @@ def _rows_noted(lb_file: str, mask: np.ndarray, what: str) -> Problem:
 
 
 def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> ImageRecord:
-    """Check one image and its label file; never raises for bad content (the record holds the problems)."""
+    """Check one image and its label file; bad content goes to the record's problems, never raised."""
     im_file, lb_file = str(im_file), str(lb_file)
     rec = ImageRecord(im_file, lb_file)
     rec.size, reason, note = _check_image(im_file)
@@ -247,13 +216,13 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     boxes, segments, reason = _parse_rows(rows, nc)
     if reason:
         rec.problems.append(Problem(lb_file, reason, ERROR))
-        rec.unnamed_classes = _unnamed_classes(rows, nc)
+        ids = {float(row[0]) for row in rows if _is_float(row[0])}  # whole numbers >= nc: a short names list
+        rec.unnamed_classes = tuple(sorted(int(v) for v in ids if math.isfinite(v) and v == int(v) and v >= nc))
         return rec
     if segments:
         rec.problems.append(Problem(lb_file, f"{len(segments)} polygons read as their bounding boxes", INFO))
-    cx, cy, w, h = boxes[:, 1], boxes[:, 2], boxes[:, 3], boxes[:, 4]
-    overhang = (cx - w / 2 < -OVERHANG) | (cx + w / 2 > 1 + OVERHANG) | (cy - h / 2 < -OVERHANG) | \
-        (cy + h / 2 > 1 + OVERHANG)
+    centre, half = boxes[:, 1:3], boxes[:, 3:5] / 2
+    overhang = ((centre - half < -OVERHANG) | (centre + half > 1 + OVERHANG)).any(1)
     if overhang.any():  # training clips the box to the image: what it learns is not the box in the file
         rec.problems.append(_rows_noted(lb_file, overhang, "box reaches past the image edge, training clips it to "
                                                            "the image"))
@@ -273,35 +242,27 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     return rec
 
 
-def build_report(split: str, records: list[ImageRecord], sources: list[Path] | None = None) -> DatasetReport:
-    """Counts and problems of a scanned split; with ``sources``, label files without an image too (warnings)."""
-    report = DatasetReport(split=split, n_images=len(records))
-    for r in records:
-        report.problems += r.problems
-        if not r.usable:
-            report.n_skipped += 1
-            continue
-        report.n_usable += 1
-        report.n_duplicates_removed += r.n_duplicates
-        report.n_instances += len(r.labels)
-        report.n_labelled += bool(len(r.labels))
-    report.n_background = report.n_usable - report.n_labelled
-    orphans = orphan_label_files(sources, [r.lb_file for r in records]) if sources else []
-    report.n_orphan_labels = len(orphans)
-    report.problems += [Problem(f, "label file with no image: not used", WARNING) for f in orphans]
-    return report
+def build_report(split: str, records: list[ImageRecord], sources: list[Path]) -> DatasetReport:
+    """Counts and problems of a scanned split, label files without an image in ``sources`` included."""
+    usable = [r for r in records if r.usable]
+    n_labelled = sum(bool(len(r.labels)) for r in usable)
+    orphans = orphan_label_files(sources, [r.lb_file for r in records])
+    return DatasetReport(split, n_images=len(records), n_usable=len(usable), n_labelled=n_labelled,
+                         n_background=len(usable) - n_labelled, n_skipped=len(records) - len(usable),
+                         n_instances=sum(len(r.labels) for r in usable),
+                         n_duplicates_removed=sum(r.n_duplicates for r in usable), n_orphan_labels=len(orphans),
+                         problems=[p for r in records for p in r.problems]
+                         + [Problem(f, "label file with no image: not used", WARNING) for f in orphans])
 
 
 def check_command(config: DataConfig, split: str) -> str:
     """What a shell user runs to see every problem of ``split`` (a Python call for a dict config)."""
-    if config.yaml_file is None:
-        return f"yolo9kit.data.check(data, split={split!r})"
-    return f"python -m yolo9kit data check {config.yaml_file} --split {split}"
+    return (f"python -m yolo9kit data check {config.yaml_file} --split {split}" if config.yaml_file else
+            f"yolo9kit.data.check(data, split={split!r})")
 
 
 def refuse_bad_labels(config: DataConfig, split: str, report: DatasetReport, records: list[ImageRecord]) -> None:
-    """Raise :class:`DataError` for unnamed class ids (official assert), no box at all (official "no labels
-    found"), or more than :data:`MAX_DROPPED_SHARE` of the non-background images lost to errors."""
+    """Raise :class:`DataError` for unnamed class ids, no box at all or too many labelled images lost (docs/data.md)."""
     where = f"{config.yaml_file or 'the data config'} ({split} split)"
     unnamed = sorted({c for r in records for c in r.unnamed_classes})
     if unnamed:
@@ -326,3 +287,69 @@ def refuse_bad_labels(config: DataConfig, split: str, report: DatasetReport, rec
             f"{where}: {report.n_skipped} of {candidates} images with labels would be left out because of errors "
             f"(more than {MAX_DROPPED_SHARE:.0%}), {report.n_labelled} kept; `{check_command(config, split)}` "
             f"lists the files and reasons: fix them, {_PROCEED}")
+
+
+def decode_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(min(8, os.cpu_count() or 1))  # cv2 and PIL release the GIL while decoding
+
+
+def files_hash(paths: list[str]) -> str:
+    """MD5 over path, size and mtime (ns) of each file (missing files count as absent)."""
+    md5 = hashlib.md5()
+    for p in paths:
+        try:
+            st = os.stat(p)
+            md5.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            md5.update(f"{p}\0-\n".encode())
+    return md5.hexdigest()
+
+
+def cache_path(sources: list[Path], label_files: list[str]) -> Path:
+    """``<list file>.yolo9kit.cache`` for a single ``.txt`` source, else ``<label folder>.yolo9kit.cache``."""
+    base = sources[0] if len(sources) == 1 and sources[0].is_file() else Path(label_files[0]).parent
+    return base.with_name(base.stem + CACHE_SUFFIX) if base.is_file() else base.with_name(base.name + CACHE_SUFFIX)
+
+
+def _record(row: list) -> ImageRecord:
+    im, lb, size, labels, segments, problems, n_duplicates, unnamed = row
+    return ImageRecord(im, lb, tuple(size), np.array(labels, np.float32).reshape(-1, 5),
+                       [np.array(seg, np.float32) for seg in segments], [Problem(*p) for p in problems],
+                       n_duplicates, tuple(unnamed))
+
+
+def scan_split(config: DataConfig, split: str, use_cache: bool) -> tuple[list[ImageRecord], DatasetReport]:
+    """Every image of ``split`` checked (from the label cache when nothing changed) and the report."""
+    ims, sources = [str(p) for p in config.images(split)], config.sources[split]
+    if not ims:
+        raise DataError(f"{config.yaml_file or 'the data config'}: the {split} split has no images in "
+                        f"{', '.join(map(str, sources))}; put images there (folders are searched recursively) or "
+                        f"fix its {split}: entry")
+    lbs = [str(label_path(p)) for p in ims]
+    key, path = {"version": CACHE_VERSION, "hash": files_hash(ims + lbs), "nc": config.nc}, cache_path(sources, lbs)
+    records = None
+    if use_cache and path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            if {k: cached.get(k) for k in key} == key:
+                records = [_record(row) for row in cached["records"]]
+        except Exception as e:  # a damaged cache is rebuilt, never trusted
+            log.warning("ignoring unreadable label cache %s (%s)", path, e)
+    if records is None:
+        with decode_pool() as pool:
+            records = list(tqdm(pool.map(check_image_label, ims, lbs, [config.nc] * len(ims)), total=len(ims),
+                                desc=f"checking {split}", disable=len(ims) < 1000))
+        if use_cache:
+            _save_cache(path, key, records)
+    return records, build_report(split, records, sources)
+
+
+def _save_cache(path: Path, key: dict, records: list[ImageRecord]) -> None:
+    text = json.dumps({**key, "records": [
+        [r.im_file, r.lb_file, r.size, r.labels.tolist(), [seg.tolist() for seg in r.segments],
+         [[p.file, p.reason, p.severity] for p in r.problems], r.n_duplicates, r.unnamed_classes] for r in records]})
+    try:
+        write_file(path, lambda tmp: tmp.write_text(text), needed=len(text) + (1 << 20),
+                   what=f"writing the label cache {path}", durable=False)
+    except OSError as e:
+        log.warning("could not write the label cache %s (%s); the labels will be checked again next time", path, e)

@@ -1,14 +1,10 @@
-"""create_dataloader: uint8 batches that depend only on the seed and the epoch, with any number of workers: the
-sampler sends :class:`SampleKey` (index, epoch, mosaic) and every draw of a sample comes from a generator seeded
-by (seed, epoch, index) (docs/data.md, "Loader")."""
+"""create_dataloader: uint8 batches that depend only on the seed and the epoch (docs/data.md, "Loader")."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import cv2
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
@@ -20,8 +16,7 @@ from yolo9kit.env import usable_cores
 
 
 class KeySampler(Sampler):
-    """Yields SampleKey(index, epoch, mosaic), shuffled by a generator seeded by (seed, epoch); with several
-    ranks each takes every world_size-th index of the padded order, as torch's DistributedSampler."""
+    """SampleKeys shuffled by (seed, epoch); a rank takes every world_size-th of the padded order (as torch's)."""
 
     def __init__(self, n: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1, dataset=None):
         self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
@@ -33,10 +28,8 @@ class KeySampler(Sampler):
         return self.num_samples
 
     def __iter__(self):
-        if self.shuffle:
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-        else:
-            order = list(range(self.n))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=generator).tolist() if self.shuffle else list(range(self.n))
         if self.world_size > 1:
             total = self.num_samples * self.world_size
             order = (order * (total // max(len(order), 1) + 1))[:total][self.rank::self.world_size]
@@ -45,39 +38,28 @@ class KeySampler(Sampler):
 
 
 def collate(batch):
-    """Stack samples: (images uint8 (B, 3, H, W) in channels_last memory, targets (N, 6), paths, shapes[, gains]);
-    in a worker the images go straight into shared memory."""
+    """(images uint8 (B, 3, H, W) in channels_last memory, targets (N, 6), paths, shapes[, HSV gains (B, 3)])."""
     images, targets, paths, shapes, *gains = zip(*batch)
-    h, w = images[0].shape[1:]
-    shape = (len(images), h, w, 3)
-    if get_worker_info() is not None:
-        out = torch.empty(0, dtype=torch.uint8).new_empty(shape).share_memory_()
-    else:
-        out = torch.empty(shape, dtype=torch.uint8)
-    for i, im in enumerate(images):
+    out = torch.empty((len(images), *images[0].shape[1:], 3), dtype=torch.uint8)
+    if get_worker_info() is not None:  # in a worker the images go straight into shared memory
+        out.share_memory_()
+    for i, (im, t) in enumerate(zip(images, targets)):
         out[i].copy_(im.permute(1, 2, 0))
-    for i, t in enumerate(targets):
         t[:, 0] = i
-    if gains:  # colour jitter left for the device: (B, 3) HSV gains as a 5th field
-        return out.permute(0, 3, 1, 2), torch.cat(targets, 0), list(paths), list(shapes), torch.stack(gains[0])
-    return out.permute(0, 3, 1, 2), torch.cat(targets, 0), list(paths), list(shapes)
+    batch = (out.permute(0, 3, 1, 2), torch.cat(targets, 0), list(paths), list(shapes))
+    return (*batch, torch.stack(gains[0])) if gains else batch
 
 
 def _worker_init(worker_id: int) -> None:
     cv2.setNumThreads(0)  # one process per core already: OpenCV's own threads only compete
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
 
 
 class YOLOLoader:
-    """Iterable over batches; each full pass is one epoch (``set_epoch`` chooses it, e.g. on resume).
-    ``dataset``, ``sampler`` and ``loader`` (the torch DataLoader) are attributes."""
+    """Iterable over batches, one epoch per pass (``set_epoch`` chooses it); ``loader`` is the torch DataLoader."""
 
     def __init__(self, dataset: YOLODataset, loader: DataLoader, sampler: KeySampler,
                  colour_device: torch.device | None = None):
         self.dataset, self.loader, self.sampler = dataset, loader, sampler
-        self.batch_size = loader.batch_size
         self.colour_device = colour_device
         self._epoch_set = self._started = False
 
@@ -110,22 +92,14 @@ class YOLOLoader:
 
 
 def set_mosaic(loader_or_dataset: YOLOLoader | YOLODataset, enabled: bool) -> None:
-    """Switch the mosaic path on or off (close-mosaic) from the next epoch, in every worker: the sampler puts
-    the main process's flag into every sample key.
-
-    Args:
-        loader_or_dataset: a YOLOLoader or its YOLODataset.
-        enabled: mosaic on (still only for an augmented, non-rect dataset).
-    """
-    if isinstance(loader_or_dataset, YOLOLoader):
-        loader_or_dataset = loader_or_dataset.dataset
-    loader_or_dataset.mosaic = enabled and loader_or_dataset.augment and not loader_or_dataset.rect
+    """Switch the mosaic (of an augmented, non-rect dataset) on or off from the next epoch, in every worker."""
+    dataset = loader_or_dataset.dataset if isinstance(loader_or_dataset, YOLOLoader) else loader_or_dataset
+    dataset.mosaic = enabled and dataset.augment and not dataset.rect
 
 
 def default_workers(batch_size: int) -> int:
     """Official rule: min(cores // GPUs, batch size if > 1 else 0, 8), with the cores this process may use."""
-    gpus = max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
-    return min(usable_cores() // gpus, batch_size if batch_size > 1 else 0, 8)
+    return min(usable_cores() // max(torch.cuda.device_count(), 1), batch_size if batch_size > 1 else 0, 8)
 
 
 def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split: str = "train",
@@ -139,27 +113,13 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
 
     Args:
         data: data.yaml path, dict, DataConfig, or a YOLODataset (then the dataset keywords are not used).
-        split: train / val / test.
-        imgsz: training size (long side for rect batches).
-        batch_size: images per batch.
-        augment: official training augmentation; default True for train.
+        augment, rect, shuffle: default: augmented and shuffled for train, rectangular batches for other splits.
         workers: worker processes; default min(cores, batch size, 8); 0 loads in the main process.
-        rect: rectangular batches (aspect-ratio order, no shuffle, no mosaic); default True except for train.
-        shuffle: default True for train (False with rect).
-        seed: the same seed gives the same batches, whatever the number of workers.
-        cache: "auto" (RAM when it fits in ``options.cache_budget``), "ram", "disk" or None (``YOLODataset``).
-        hyp: augmentation hyper-parameters (dict, official keys); default hyp.scratch-high.
-        distributed: split the samples over torch.distributed ranks.
-        stride: rect batch shapes are multiples of it.
+        seed, cache, hyp, stride, min_items, single_cls, allow_bad_labels: as :class:`YOLODataset`.
         pad: rect padding in strides; default 0.5 for validation, 0.0 for training.
-        min_items: drop images with fewer boxes.
-        single_cls: every class becomes 0.
+        distributed: split the samples over torch.distributed ranks.
         colour_device: apply the HSV jitter there, batched in torch (the batches come out on that device).
         options: a :class:`~yolo9kit.config.LoaderConfig`: speed and memory, never the batches.
-        allow_bad_labels: open a ``train`` split that would raise a ``DataError``.
-
-    Returns:
-        A YOLOLoader.
     """
     options = options or LoaderConfig()
     train = split == "train"
@@ -180,24 +140,12 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         collate_fn=collate, pin_memory=pin_memory, persistent_workers=workers > 0,
                         prefetch_factor=options.prefetch_factor if workers > 0 else None,
-                        worker_init_fn=_worker_init if workers > 0 else None, drop_last=False)
+                        worker_init_fn=_worker_init)
     return YOLOLoader(dataset, loader, sampler, colour_device)
 
 
 def preprocess_images(images: torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32,
                       channels_last: bool = False) -> torch.Tensor:
-    """uint8 (B, 3, H, W) -> ``dtype`` in [0, 1] on ``device``: the uint8 bytes are copied (4x fewer than
-    float32; non-blocking from pinned memory), then converted there.
-
-    Args:
-        images: the uint8 batch.
-        device: where the result goes.
-        dtype: the result's dtype.
-        channels_last: the result's memory format.
-
-    Returns:
-        The converted batch.
-    """
-    images = images.to(device, non_blocking=True)
+    """uint8 (B, 3, H, W) -> ``dtype`` in [0, 1] on ``device`` (copied as uint8, then converted)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return images.to(dtype=dtype, memory_format=fmt).div_(255)
+    return images.to(device, non_blocking=True).to(dtype=dtype, memory_format=fmt).div_(255)

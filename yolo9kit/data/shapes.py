@@ -1,5 +1,4 @@
-"""Making data sets: the synthetic shapes data set (docs/data.md: exact boxes, byte-identical files for a seed)
-and the conversion of COCO annotations to YOLO labels."""
+"""Making data sets: the synthetic shapes data set (docs/data.md) and COCO annotations converted to YOLO."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ _MANIFEST = "shapes.json"
 
 
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    """Smooth colour blobs + a gradient + fine grain, so that objects are not on a flat colour."""
     coarse = rng.integers(40, 216, (rng.integers(3, 7), rng.integers(3, 7), 3), dtype=np.uint8)
     image = cv2.resize(coarse, (width, height), interpolation=cv2.INTER_CUBIC).astype(np.int16)
     ramp = np.linspace(-25, 25, width, dtype=np.float32)[None, :, None] * rng.uniform(-1, 1)
@@ -33,24 +31,8 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     return np.clip(image + ramp.astype(np.int16) + grain, 0, 255).astype(np.uint8)
 
 
-def _polygon(kind: str, cx: float, cy: float, radius: float, angle: float) -> np.ndarray:
-    """Vertices (K, 2) of a regular shape centred on (cx, cy), rotated by ``angle`` radians."""
-    if kind == "cross":
-        a = radius * 0.33
-        pts = np.array([(-a, -radius), (a, -radius), (a, -a), (radius, -a), (radius, a), (a, a), (a, radius),
-                        (-a, radius), (-a, a), (-radius, a), (-radius, -a), (-a, -a)])
-        c, s = math.cos(angle), math.sin(angle)
-        return pts @ np.array([[c, s], [-s, c]]) + (cx, cy)
-    n, radii = {"triangle": (3, [radius]), "star": (10, [radius, radius * 0.45]), "hexagon": (6, [radius]),
-                "diamond": (4, [radius, radius * 0.6])}[kind]  # radii repeat round the vertices
-    t = angle + np.arange(n) * 2 * np.pi / n
-    r = np.resize(radii, n)
-    return np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], 1)
-
-
 def _shape_mask(kind: str, height: int, width: int, cx: float, cy: float, size: float,
                 rng: np.random.Generator) -> np.ndarray:
-    """Binary mask (H, W) uint8 of one shape; ``size`` is its nominal diameter in pixels."""
     mask = np.zeros((height, width), np.uint8)
     radius = size / 2
     angle = rng.uniform(0, 2 * np.pi)
@@ -64,9 +46,17 @@ def _shape_mask(kind: str, height: int, width: int, cx: float, cy: float, size: 
         if kind == "ring":
             inner = (max(1, axes[0] // 2), max(1, axes[1] // 2))
             cv2.ellipse(mask, (round(cx), round(cy)), inner, math.degrees(angle), 0, 360, 0, -1, cv2.LINE_8)
-    else:
-        pts = np.round(_polygon(kind, cx, cy, radius, angle)).astype(np.int32)
-        cv2.fillPoly(mask, [pts], 1, cv2.LINE_8)
+    elif kind == "cross":
+        a, c, s = radius * 0.33, math.cos(angle), math.sin(angle)
+        pts = np.array([(-a, -radius), (a, -radius), (a, -a), (radius, -a), (radius, a), (a, a), (a, radius),
+                        (-a, radius), (-a, a), (-radius, a), (-radius, -a), (-a, -a)])
+        cv2.fillPoly(mask, [np.round(pts @ np.array([[c, s], [-s, c]]) + (cx, cy)).astype(np.int32)], 1, cv2.LINE_8)
+    else:  # a regular polygon; its radii repeat round the vertices
+        n, radii = {"triangle": (3, [radius]), "star": (10, [radius, radius * 0.45]), "hexagon": (6, [radius]),
+                    "diamond": (4, [radius, radius * 0.6])}[kind]
+        t, r = angle + np.arange(n) * 2 * np.pi / n, np.resize(radii, n)
+        pts = np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], 1)
+        cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], 1, cv2.LINE_8)
     return mask
 
 
@@ -75,8 +65,7 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
     """One BGR image and its labels ``(class, cx, cy, w, h)`` normalised."""
     image = _background(rng, height, width)
     owner = np.full((height, width), -1, np.int16)  # index of the object that shows at each pixel
-    areas: list[int] = []
-    labels = []
+    areas, labels = [], []
     short = min(height, width)
     for _ in range(int(rng.integers(1, max_objects + 1))):
         for _attempt in range(10):  # overlaps are fine, hiding most of an earlier object is not
@@ -91,9 +80,8 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
         else:
             continue
         ys, xs = np.nonzero(mask)
-        colour = rng.integers(0, 256, 3)
-        shade = np.clip(colour + rng.integers(-15, 16, (xs.size, 3)), 0, 255).astype(np.uint8)
-        image[ys, xs] = shade  # slight texture inside the shape too
+        shade = np.clip(rng.integers(0, 256, 3) + rng.integers(-15, 16, (xs.size, 3)), 0, 255)
+        image[ys, xs] = shade.astype(np.uint8)  # a random colour, slightly textured
         owner[ys, xs] = len(areas)
         areas.append(xs.size)
         x1, x2, y1, y2 = xs.min(), xs.max() + 1, ys.min(), ys.max() + 1  # pixel edges: exact extent
@@ -102,8 +90,7 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
 
 
 def _write_shapes(folder: Path, root: Path, params: dict) -> None:
-    """The shapes data set ``params`` describes (images, labels, data.yaml, manifest) into ``folder``, the
-    temporary twin of ``root``."""
+    """The shapes data set of ``params`` into ``folder``, the temporary twin of ``root``."""
     for split_id, split in enumerate(("train", "val")):
         image_dir, label_dir = folder / "images" / split, folder / "labels" / split
         image_dir.mkdir(parents=True, exist_ok=True)
@@ -124,17 +111,13 @@ def _write_shapes(folder: Path, root: Path, params: dict) -> None:
 
 def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: int | tuple[int, int] = 320,
                 num_classes: int = 4, seed: int = 0, max_objects: int = 6, overwrite: bool = False) -> Path:
-    """Write the synthetic shapes data set (JPEG images, YOLO labels, data.yaml) under ``root``.
+    """Write the synthetic shapes data set (``images/``, ``labels/``, ``data.yaml``) under ``root``.
 
     Args:
-        root: output folder; ``images/{train,val}``, ``labels/{train,val}`` and ``data.yaml`` are written there.
-        n_train, n_val: number of images per split.
-        imgsz: square side in pixels, or ``(width, height)``.
-        num_classes: 1 to 8 shape classes (rectangle, ellipse, triangle, star, cross, hexagon, diamond, ring).
-        seed: the same seed (and arguments) gives byte-identical files.
-        max_objects: at most this many objects per image (at least one).
-        overwrite: replace other files in ``root``, or regenerate this same data set; without it other files
-            are refused, and another shapes data set (its manifest says so) is replaced with a warning.
+        n_train, n_val, max_objects: images per split, at most this many objects per image (at least one).
+        imgsz: square side in pixels, or ``(width, height)``; num_classes: 1 to 8 (``SHAPE_NAMES``).
+        seed: the same seed and arguments give byte-identical files.
+        overwrite: replace other files in ``root`` (without it another shapes data set is replaced, with a warning).
 
     Returns:
         Path of the written ``data.yaml``.
@@ -171,7 +154,6 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
     return yaml_path
 
 
-# ---- COCO -> YOLO ---------------------------------------------------------------------------------------------
 @dataclass
 class CocoConversion:
     """Result of :func:`coco_to_yolo`: the data.yaml written, class names and counts."""
@@ -193,8 +175,8 @@ def _require(cond: bool, json_path: Path, what: str) -> None:
         raise ValueError(f"{json_path}: malformed COCO annotations: {what}")
 
 
-def _read_coco(json_path: Path) -> tuple[dict, list[dict], dict[int, tuple[str, float, float]]]:
-    """The JSON, its categories in id order and ``{image id: (file_name, width, height)}``."""
+def _read_coco(json_path: Path) -> tuple[dict, list[dict], dict[int, tuple[str, float, float]], dict]:
+    """The JSON, its categories in id order, ``{image id: (file_name, width, height)}``, ``{image id: label file}``."""
     try:
         coco = json.loads(json_path.read_text())
     except json.JSONDecodeError as e:
@@ -209,7 +191,18 @@ def _read_coco(json_path: Path) -> tuple[dict, list[dict], dict[int, tuple[str, 
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{json_path}: malformed COCO annotations: a category needs 'id' and an image needs "
                          f"'id', 'file_name', 'width' and 'height' ({type(e).__name__}: {e})") from e
-    return coco, cats, images
+    seen: dict[PurePosixPath, int] = {}
+    for image_id, (file_name, width, height) in images.items():
+        _require(math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0, json_path,
+                 f"image {image_id} ({file_name}) has a non-positive or non-finite size {width} x {height}")
+        relative = PurePosixPath(file_name.replace("\\", "/"))
+        _require(not relative.is_absolute() and ".." not in relative.parts and relative.name, json_path,
+                 f"image {image_id} has file_name {file_name!r}, which is not inside the images folder")
+        label = relative.with_suffix(".txt")
+        _require(label not in seen, json_path, f"images {seen.get(label)} and {image_id} both have the label file "
+                                               f"{label} (file names {file_name!r}): give them distinct names")
+        seen[label] = image_id
+    return coco, cats, images, {image_id: label for label, image_id in seen.items()}
 
 
 def _label_rows(coco: dict, cat_to_class: dict[int, int], images: dict, json_path: Path,
@@ -229,41 +222,33 @@ def _label_rows(coco: dict, cat_to_class: dict[int, int], images: dict, json_pat
         if ann.get("iscrowd", 0):
             result.n_crowd_skipped += 1
             continue
-        row, why = _yolo_row(cat_to_class[cat], x, y, w, h, *images[image_id][1:])
-        if row is None:
+        file_name, width, height = images[image_id]
+        x1, y1, x2, y2 = max(x, 0.0), max(y, 0.0), min(x + w, width), min(y + h, height)  # clipped to the image
+        why = (f"box of size {w} x {h} (zero or negative)" if w <= 0 or h <= 0 else
+               f"box [{x}, {y}, {w}, {h}] lies wholly outside the {width:g} x {height:g} image"
+               if x2 <= x1 or y2 <= y1 else "")
+        if why:
             result.n_invalid_skipped += 1
-            result.skipped.append(f"annotation {k} ({images[image_id][0]}): {why}")
+            result.skipped.append(f"annotation {k} ({file_name}): {why}")
             log.warning("%s: %s: dropped", json_path, result.skipped[-1])
             continue
-        rows[image_id].append(row)
+        cx, cy, bw, bh = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height
+        rows[image_id].append(f"{cat_to_class[cat]} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}")
     return rows
 
 
 def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | Path | None = None,
                  split: str = "train", overwrite: bool = False, holdout: float = 0.2) -> CocoConversion:
-    """Write YOLO labels, a list file of the images and a data.yaml: a data set that trains as it is.
-
-    Category ids become classes 0..K-1 in id order; a box is clipped to its image, one wholly outside or of no
-    size is dropped (named in ``skipped``), ``iscrowd`` ones are counted. Labels go to
-    ``out_dir/labels/<split>/<file_name>.txt`` (sub-folders kept), written whole or not at all. Images from
-    another folder are linked into ``out_dir/images/<split>/`` (hard link, else symbolic); missing ones are
-    left out (``skipped``). For the train split a share ``holdout`` of the images goes to ``val.txt``.
+    """Convert COCO annotations into a YOLO data set in ``out_dir`` that trains as it is (docs/data.md).
 
     Args:
-        json_path: the COCO annotations file.
-        out_dir: the data set folder written.
-        images_dir: where the images are; default ``out_dir/images/<split>``.
-        split: the split the images make.
-        overwrite: replace an earlier conversion.
+        images_dir: where the images are (linked into ``out_dir/images/<split>``); default that folder.
+        split: the split the images make; overwrite: replace an earlier conversion.
         holdout: share of a train split held out for validation (0: validate on the training images).
 
-    Returns:
-        The CocoConversion.
-
     Raises:
-        ValueError: ``holdout`` outside [0, 1); invalid JSON, missing fields, a non-finite number, an image of
-            non-positive size, a ``file_name`` outside the folder or two images of one label file (named).
-        FileExistsError: labels or a data.yaml exist there and ``overwrite`` is False.
+        ValueError: ``holdout`` outside [0, 1) or malformed annotations (named).
+        FileExistsError: a data.yaml exists there and ``overwrite`` is False.
     """
     json_path, out_dir = Path(json_path), Path(out_dir)
     if not 0 <= holdout < 1:
@@ -272,8 +257,7 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
     if not overwrite and yaml_path.exists():
         raise FileExistsError(f"{yaml_path} exists: converting into {out_dir} would overwrite it; choose an empty "
                               "folder or pass overwrite (--overwrite)")
-    coco, cats, images = _read_coco(json_path)
-    label_files = _label_files(images, json_path)
+    coco, cats, images, label_files = _read_coco(json_path)
     result = CocoConversion(yaml_path, [str(c.get("name", c["id"])) for c in cats], [int(c["id"]) for c in cats])
     rows = _label_rows(coco, {cat: i for i, cat in enumerate(result.category_ids)}, images, json_path, result)
 
@@ -287,7 +271,9 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
                  overwrite=overwrite, what=f"writing the labels of {json_path.name}")
     result.n_boxes, result.n_images = sum(len(rows[image_id]) for image_id in label_files), len(images)
     placed = _place_images(images, out_dir / "images" / split, Path(images_dir) if images_dir else None, result)
-    val = _held_out(sorted(placed), holdout) if split == "train" else []
+    # a share ``holdout`` of the images, at least one of two or more
+    n_val = min(max(round(len(placed) * holdout), 1), len(placed) - 1) if holdout and len(placed) > 1 else 0
+    val = sorted(random.Random(0).sample(sorted(placed), n_val)) if split == "train" else []
     result.n_val = len(val)
     for name, ids in {split: [i for i in sorted(placed) if i not in set(val)], **({"val": val} if val else {})}.items():
         write_text_atomically(out_dir / f"{name}.txt", "".join(f"./images/{split}/{placed[i]}\n" for i in ids))
@@ -303,8 +289,7 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
 
 def _place_images(images: dict[int, tuple[str, float, float]], placed_dir: Path, images_dir: Path | None,
                   result: CocoConversion) -> dict[int, str]:
-    """{image id: its file name under ``placed_dir``} for the images found there or in ``images_dir`` (linked
-    into ``placed_dir``); the others are recorded as skipped."""
+    """{image id: file name under ``placed_dir``} of the images found (linked from ``images_dir``)."""
     out = {}
     for image_id, (file_name, _, _) in images.items():
         relative = file_name.replace("\\", "/")
@@ -327,41 +312,3 @@ def _place_images(images: dict[int, tuple[str, float, float]], placed_dir: Path,
         log.warning("%d of %d images are not in %s and were left out", result.n_missing_images, len(images),
                     images_dir or placed_dir)
     return out
-
-
-def _held_out(ids: list[int], holdout: float) -> list[int]:
-    """The image ids held out for validation: a share ``holdout`` of them, at least one of two or more."""
-    if holdout == 0 or len(ids) < 2:
-        return []
-    count = min(max(round(len(ids) * holdout), 1), len(ids) - 1)
-    return sorted(random.Random(0).sample(ids, count))
-
-
-def _label_files(images: dict[int, tuple[str, float, float]], json_path: Path) -> dict[int, PurePosixPath]:
-    """Each image's label file, relative to the labels folder: its ``file_name`` with ``.txt``."""
-    seen: dict[PurePosixPath, int] = {}
-    out = {}
-    for image_id, (file_name, width, height) in images.items():
-        _require(math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0, json_path,
-                 f"image {image_id} ({file_name}) has a non-positive or non-finite size {width} x {height}")
-        relative = PurePosixPath(file_name.replace("\\", "/"))
-        _require(not relative.is_absolute() and ".." not in relative.parts and relative.name, json_path,
-                 f"image {image_id} has file_name {file_name!r}, which is not inside the images folder")
-        label = relative.with_suffix(".txt")
-        _require(label not in seen, json_path, f"images {seen.get(label)} and {image_id} both have the label file "
-                                               f"{label} (file names {file_name!r}): give them distinct names")
-        seen[label] = image_id
-        out[image_id] = label
-    return out
-
-
-def _yolo_row(cls: int, x: float, y: float, w: float, h: float, width: float, height: float
-              ) -> tuple[str | None, str]:
-    """The label row of a COCO box clipped to its image, or (None, why it is dropped)."""
-    if w <= 0 or h <= 0:
-        return None, f"box of size {w} x {h} (zero or negative)"
-    x1, y1, x2, y2 = max(x, 0.0), max(y, 0.0), min(x + w, width), min(y + h, height)
-    if x2 <= x1 or y2 <= y1:
-        return None, f"box [{x}, {y}, {w}, {h}] lies wholly outside the {width:g} x {height:g} image"
-    cx, cy, bw, bh = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height
-    return f"{cls} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}", ""

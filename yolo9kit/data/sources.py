@@ -1,6 +1,4 @@
-"""Every file discovery: data.yaml and the images of a split (official ``check_dataset``, ``img2label_paths``),
-the label file of an image, and what ``predict`` reads (official ``LoadImages``; docs/validation.md says
-where the kit differs)."""
+"""Finding files: data.yaml, a split's images and label files, and what ``predict`` reads (official ``LoadImages``)."""
 
 from __future__ import annotations
 
@@ -21,7 +19,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
 VIDEO_SUFFIXES = {".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv"}
-SPLITS = ("train", "val", "test")
+MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES
 
 
 def _is_glob(text: str) -> bool:
@@ -30,8 +28,7 @@ def _is_glob(text: str) -> bool:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """A resolved data.yaml: ``path`` (root), ``names`` (index = class id), ``sources`` (per split, the
-    entries as absolute paths), ``yaml_file`` (None for a dict); ``nc`` is ``len(names)``."""
+    """A resolved data.yaml: root ``path``, ``names`` (index = class id), absolute ``sources`` per split."""
 
     path: Path
     names: list[str]
@@ -43,7 +40,7 @@ class DataConfig:
         return len(self.names)
 
     def images(self, split: str) -> list[Path]:
-        """Sorted image files of ``split`` (folders searched recursively, list files read, globs expanded)."""
+        """Sorted image files of ``split`` (folders recursively, list files, globs)."""
         if split not in self.sources:
             raise KeyError(f"split {split!r} is not defined in {self.yaml_file or 'the data config'}; "
                            f"defined: {sorted(self.sources)}")
@@ -74,86 +71,66 @@ def _names_list(names, where: str) -> list[str]:
 
 
 def _resolve(entry: str | os.PathLike, root: Path) -> Path:
-    p = Path(os.path.expanduser(str(entry)))
-    if p.is_absolute():
-        return p
-    candidate = root / p
-    if not candidate.exists() and str(entry).startswith("../"):  # official fallback: drop the ../
-        alt = root / str(entry)[3:]
-        if alt.exists():
-            return alt
-    return candidate
+    path = root / os.path.expanduser(str(entry))  # an absolute entry stays as it is
+    if not path.exists() and str(entry).startswith("../") and (root / str(entry)[3:]).exists():
+        return root / str(entry)[3:]  # the official fallback: without the ../
+    return path
 
 
 def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
-    """Read a data.yaml with the official keys path (relative: to the yaml's folder, or the current one for a
-    dict), train, val, test and names (list or dict); ``nc`` is ignored.
+    """Read a data.yaml (official keys path, train, val, test, names; a relative path is relative to the yaml).
 
     Args:
-        data: the data.yaml path, a dict of its keys, or a DataConfig (returned as it is).
+        data: the data.yaml path, a dict of its keys (relative to the current folder), or a DataConfig.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a mapping, a required key (train, val, names) missing, or bad ``names``.
+        ValueError: not a mapping, train, val or names missing, or bad ``names``.
     """
     if isinstance(data, DataConfig):
         return data
-    yaml_file = None
     if isinstance(data, dict):
-        raw, where, base = dict(data), "data config", Path.cwd()
+        raw, yaml_file, base = dict(data), None, Path.cwd()
     else:
         yaml_file = Path(data)
         if not yaml_file.is_file():
             raise FileNotFoundError(f"data config {yaml_file} not found: pass the path of a data.yaml")
-        raw = read_record(yaml_file)  # RecordError (a ValueError) names the file and the line
+        raw, base = read_record(yaml_file), yaml_file.resolve().parent  # RecordError names the file and the line
         if not isinstance(raw, dict):
             raise ValueError(f"{yaml_file}: expected a mapping with train/val/names keys")
-        where, base = str(yaml_file), yaml_file.resolve().parent
+    where = yaml_file or "data config"
     missing = [k for k in ("train", "val", "names") if k not in raw]
     if missing:
         raise ValueError(f"{where}: missing required key(s) {missing}; a data.yaml needs train, val and names")
-    root = Path(os.path.expanduser(str(raw.get("path") or ".")))
-    root = root if root.is_absolute() else (base / root)
+    root = base / os.path.expanduser(str(raw.get("path") or "."))
     sources = {}
-    for split in SPLITS:
-        entry = raw.get(split)
-        if entry:
-            entries = entry if isinstance(entry, (list, tuple)) else [entry]
-            sources[split] = [_resolve(e, root) for e in entries]
+    for split in (s for s in ("train", "val", "test") if raw.get(s)):
+        entries = raw[split] if isinstance(raw[split], (list, tuple)) else [raw[split]]
+        sources[split] = [_resolve(e, root) for e in entries]
     return DataConfig(path=root.resolve(), names=_names_list(raw["names"], where), sources=sources,
                       yaml_file=yaml_file)
 
 
 def _listed(list_file: Path) -> list[tuple[int, Path]]:
-    """(line number, path) per line of a ``.txt`` list; relative paths (``./x`` too) are relative to its folder."""
+    """(line number, path) per line of a ``.txt`` list, relative to its folder."""
     try:
         lines = list_file.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark too
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"list file {list_file} could not be read as text ({e}): write one path a line") from e
-    out = []
-    for number, line in enumerate(lines, 1):
-        entry = line.strip()
-        if entry:
-            path = Path(entry[2:] if entry.startswith("./") else entry).expanduser()
-            out.append((number, path if path.is_absolute() else list_file.parent / path))
-    return out
+    return [(number, list_file.parent / Path(line.strip()).expanduser()) for number, line in enumerate(lines, 1)
+            if line.strip()]
 
 
-def _walk(folder: Path) -> Iterator[tuple[str, list[str]]]:
-    """``os.walk`` following links, each real folder once: a link back up the tree is not followed round."""
+def _walk(folder: str | Path) -> Iterator[str]:
+    """The files under ``folder``, following links but each real folder once (no loop round a link)."""
     seen = set()
     for dirpath, dirs, files in os.walk(folder, followlinks=True):
         st = os.stat(dirpath)
         if (st.st_dev, st.st_ino) in seen:
-            dirs[:] = []  # nor what is below it
+            dirs[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        yield dirpath, files
-
-
-def _walk_images(folder: Path) -> list[str]:
-    return [os.path.join(dirpath, f) for dirpath, files in _walk(folder) for f in files
-            if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES]
+        yield from (os.path.join(dirpath, f) for f in files)
 
 
 def list_images(sources: list[Path]) -> list[Path]:
@@ -163,63 +140,49 @@ def list_images(sources: list[Path]) -> list[Path]:
         s = str(src)
         if _is_glob(s):
             for g in glob.glob(s, recursive=True):
-                files += _walk_images(Path(g)) if os.path.isdir(g) else [g]
+                files += _walk(g) if os.path.isdir(g) else [g]
         elif src.is_dir():
-            files += _walk_images(src)
+            files += _walk(src)
         elif src.is_file():
             files += [s] if src.suffix.lower() in IMAGE_SUFFIXES else [str(p) for _, p in _listed(src)]
         else:
             raise FileNotFoundError(f"{src} does not exist: expected an image folder, a .txt list of images or a glob")
-    unique = sorted({f for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES})
-    return [Path(f) for f in unique]
+    return [Path(f) for f in sorted({f for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES})]
 
 
 def label_path(image_path: str | os.PathLike) -> Path:
     """Label file of an image: the last ``/images/`` in the path becomes ``/labels/``, the suffix ``.txt``."""
-    s = str(image_path)
-    a, b = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
-    if a in s:
-        head, _, tail = s.rpartition(a)
-        s = head + b + tail
+    head, sep, tail = str(image_path).rpartition(f"{os.sep}images{os.sep}")
+    s = f"{head}{os.sep}labels{os.sep}{tail}" if sep else tail
     return Path(os.path.splitext(s)[0] + ".txt")
 
 
 def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]:
-    """Label files (not labelImg's ``classes.txt``) that no image has, under the ``labels`` twin of each image
-    folder of ``sources``; a list or a glob may share its label folder with other splits: not searched."""
-    expected = {os.path.normpath(f) for f in label_files}
+    """Label files no image has in the ``labels`` twin of each image folder of ``sources`` (docs/data.md)."""
     orphans: set[str] = set()
     for src in sources:
-        if _is_glob(str(src)) or not src.is_dir():
-            continue
         folder = label_path(src / "image.jpg").parent
-        if folder == src or not folder.is_dir():
-            continue
-        for dirpath, files in _walk(folder):
-            orphans |= {path for path in (os.path.normpath(os.path.join(dirpath, f)) for f in files
-                                          if f.endswith(".txt") and f != "classes.txt") if path not in expected}
-    return sorted(orphans)
+        if not _is_glob(str(src)) and src.is_dir() and folder != src and folder.is_dir():
+            orphans |= {os.path.normpath(f) for f in _walk(folder)
+                        if f.endswith(".txt") and os.path.basename(f) != "classes.txt"}
+    return sorted(orphans - {os.path.normpath(f) for f in label_files})
 
 
 def is_video(item) -> bool:
-    """True for a path (str or Path) whose suffix is a video format."""
     return isinstance(item, (str, Path)) and Path(item).suffix.lower() in VIDEO_SUFFIXES
 
 
 def _media_in(folder: Path) -> list[str]:
     """The image and video files of ``folder`` (not of its sub-folders), sorted."""
-    suffixes = IMAGE_SUFFIXES | VIDEO_SUFFIXES
-    return sorted(str(p) for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
+    return sorted(str(p) for p in folder.iterdir() if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES)
 
 
 def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
-    """The files a ``.txt`` list names; a line naming no file is recorded in ``skipped``."""
+    """The files a ``.txt`` list names; a line naming no file goes to ``skipped``."""
     out: list[str] = []
     for number, path in _listed(list_file):
-        if path.is_dir():
-            out += _media_in(path)
-        elif path.is_file():
-            out.append(str(path))
+        if path.exists():
+            out += _media_in(path) if path.is_dir() else [str(path)]
         else:
             log.warning("skipping %s:%d: %s does not exist", list_file, number, path)
             skipped.append((f"{list_file}:{number}", f"the listed file {path} does not exist"))
@@ -229,10 +192,7 @@ def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
 
 
 def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]]]:
-    """The inputs ``source`` names, in order, and the listed files that are missing.
-
-    Args:
-        source: an image or video file, a folder, a glob, a ``.txt`` list, a BGR numpy image, or a list of these.
+    """The inputs ``source`` names: an image or video file, folder, glob, ``.txt`` list, BGR array, or a list.
 
     Returns:
         (paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist).
@@ -242,8 +202,7 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
         ValueError: a folder without images or videos, a list file that names none, nothing to read.
         TypeError: a torch tensor.
     """
-    out: list[str | np.ndarray] = []
-    skipped: list[tuple[str, str]] = []
+    out, skipped = [], []
     for item in source if isinstance(source, (list, tuple)) else [source]:
         if isinstance(item, np.ndarray):
             out.append(item)
@@ -263,7 +222,7 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
             files = _media_in(path)
             if not files:
                 raise ValueError(f"no images found in folder {text}, nor videos (looked for "
-                                 f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))})")
+                                 f"{', '.join(sorted(MEDIA_SUFFIXES))})")
             out += files
         elif path.is_file():
             out += _read_list(path, skipped) if path.suffix.lower() == ".txt" else [str(path)]
@@ -276,9 +235,7 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
 
 
 class VideoReader:
-    """The frames of one video, decoded one at a time; with ``vid_stride`` k, frames k-1, 2k-1, ... (official
-    ``LoadImages``). ``error`` says why it cannot be read ("" when it opened); ``frame_count`` is what the file
-    announces (an estimate for some containers)."""
+    """Frames k-1, 2k-1, ... of a video for ``vid_stride`` k (official); ``error`` is "" when it opened."""
 
     def __init__(self, path: str, vid_stride: int = 1) -> None:
         if vid_stride < 1:
@@ -294,50 +251,35 @@ class VideoReader:
         self.frames_read = 0
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray, float]]:
-        """(0-based frame index, BGR image (H, W, 3) uint8, seconds spent decoding it) per kept frame."""
+        """(frame index, BGR image, seconds spent decoding it) per kept frame."""
         index = -1
         try:
             while not self.error:
                 t0 = time.perf_counter()
-                grabbed = True
                 for _ in range(self.vid_stride):
-                    grabbed = self._capture.grab()
                     index += 1
-                    if not grabbed:
-                        break
-                ok, image = self._capture.retrieve() if grabbed else (False, None)
+                    if not self._capture.grab():
+                        return
+                ok, image = self._capture.retrieve()
                 if not ok or image is None:
                     return
                 self.frames_read += 1
                 yield index, image, time.perf_counter() - t0
         finally:
-            self.close()
-
-    def close(self) -> None:
-        self._capture.release()
+            self._capture.release()
 
 
 def read_frame(path: str, frame: int) -> np.ndarray | None:
     """Frame ``frame`` (0-based) of a video as a BGR image, or None when it cannot be decoded."""
     capture = cv2.VideoCapture(path)
-    try:
-        capture.set(cv2.CAP_PROP_POS_FRAMES, frame)
-        ok, image = capture.read()
-        return image if ok else None
-    finally:
-        capture.release()
+    capture.set(cv2.CAP_PROP_POS_FRAMES, frame)
+    ok, image = capture.read()
+    capture.release()
+    return image if ok else None
 
 
 def write_video(images, path: str | Path, fps: float = 10.0) -> Path:
-    """Write image files (all the size of the first) as an mp4v video, one frame each: a clip to predict on.
-
-    Args:
-        images: image paths, in frame order.
-        path: the .mp4 file to write (lossy: the frames read back are close to the images, not equal).
-        fps: frames per second.
-
-    Returns:
-        ``path``.
+    """Write image files (all of one size) as the frames of an mp4v video at ``path``: a clip to predict on.
 
     Raises:
         ValueError: no images, an image that cannot be read, or one of another size (each named).
