@@ -377,7 +377,7 @@ def test_detection_viewer_rejects_an_empty_folder(tmp_path):
     from yolo9kit.models import create_model
     from yolo9kit.widgets import detection_viewer
 
-    with pytest.raises(ValueError, match="no image files"):
+    with pytest.raises(ValueError, match="no images"):
         detection_viewer(create_model("gelan-t", 2), tmp_path)
 
 
