@@ -149,16 +149,13 @@ def _explore(app: WidgetApp, settings: dict[str, Any], num_classes: int, nominal
 
 
 def _plan_html(search, batch_plan) -> str:
-    name = batch_plan.gpu.name
-    if search.batch_size < 1:
-        return f"<b>Nothing fits on {name}</b>: {search.reason}. {batch_plan.reason}."
-    text = f"<b>Largest batch on {name}: {search.batch_size}</b> ({search.reason}).<br>"
-    best, nominal = batch_plan.recommended, batch_plan.nominal_batch_size
+    text = f"<b>Largest batch on {batch_plan.gpu.name}: {search.batch_size}</b> ({search.reason}).<br>"
+    best = batch_plan.recommended
     if best is None:
         return text + batch_plan.reason
-    return text + (f"Plan: <b>batch {best['batch_size']} x accumulate {best['accumulate']} = "
-                   f"{best['effective_batch']} images per optimizer step</b> for a nominal {nominal} "
-                   f"(yolo9kit.memory.plan; official accumulation max(round({nominal} / batch), 1)).")
+    return text + (f"Plan (yolo9kit.memory.plan): <b>batch {best['batch_size']} x accumulate {best['accumulate']} = "
+                   f"{best['effective_batch']} images per optimizer step</b> for a nominal "
+                   f"{batch_plan.nominal_batch_size}.")
 
 
 def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou: float = 0.45,

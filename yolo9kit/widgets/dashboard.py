@@ -22,8 +22,10 @@ from IPython.display import display
 from yolo9kit.files import format_bytes
 from yolo9kit.train.fit import FitResult, fit
 from yolo9kit.train.records import BatchRecord, EpochRecord
-from yolo9kit.widgets.panel import NO_VRAM, draw_dashboard, show_figure, table_html
+from yolo9kit.widgets.panel import NO_VRAM, draw_dashboard, html_table, show_figure
 
+_TABLE_NOTE = ("finished epochs (counted from 1, as the progress bar and results.png count them; losses: means over "
+               "the epoch; P, R, mAP: validation of the EMA)")
 MAX_MESSAGES = 8  # message lines kept on screen; older ones stay in ``dash.messages``
 _COLUMNS = ("epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s", "time", "peak VRAM", "peak RSS")
 
@@ -298,7 +300,8 @@ class TrainDashboard:
         if self._widgets is not None:
             show_figure(self._widgets["plot"], self.figure)
             self._widgets["status"].value = f"<b>{html.escape(self.status_text())}</b>"
-            self._widgets["table"].value = table_html(self.epoch_table())
+            table = self.epoch_table()
+            self._widgets["table"].value = html_table(table, _TABLE_NOTE, "{:g}") if len(table) else ""
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
         """(ni, values) of one ``BatchRecord`` field in batch order: a batch seen twice (resume) keeps its latest

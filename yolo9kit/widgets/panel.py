@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from yolo9kit.figure import InlineFigure
@@ -69,9 +68,10 @@ def show_error(output, message: str) -> None:
 
 
 def html_table(df, caption: str | None = None, float_format: str = "{:.3g}") -> str:
-    """An HTML table of a DataFrame for an ``ipywidgets.HTML``."""
+    """An HTML table of a DataFrame for an ``ipywidgets.HTML``, scrolling rather than cut off."""
     head = f"<b>{html.escape(caption)}</b>" if caption else ""
-    return head + df.to_html(index=False, float_format=lambda v: float_format.format(v), border=0)
+    body = df.to_html(index=False, float_format=lambda v: float_format.format(v), border=0, na_rep="-")
+    return f"<div style='max-width:100%; overflow-x:auto'>{head}{body}</div>"
 
 
 def output_png(output) -> bytes | None:
@@ -114,17 +114,3 @@ def draw_dashboard(dash) -> InlineFigure:
                          fontsize="small")
     fig.suptitle(dash.title)
     return fig
-
-
-def table_html(table: pd.DataFrame) -> str:
-    """The epoch table for the panel: small, as wide as its content, scrolling rather than cut off."""
-    if not len(table):
-        return ""
-    body = table.to_html(index=False, border=0, na_rep="-", float_format=lambda v: f"{v:g}",
-                         classes="yolo9kit-epochs")
-    style = ("<style>.yolo9kit-epochs {font-size: 90%; width: auto; border-collapse: collapse}"
-             ".yolo9kit-epochs th, .yolo9kit-epochs td {padding: 1px 10px; text-align: right}"
-             ".yolo9kit-epochs thead th {border-bottom: 1px solid #999}</style>")
-    note = ("finished epochs (counted from 1, as the progress bar and results.png count them; losses: means over "
-            "the epoch; P, R, mAP: validation of the EMA)")
-    return f"<div style='max-width:100%; overflow-x:auto'>{style}<div>{note}</div>{body}</div>"
