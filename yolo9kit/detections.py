@@ -33,13 +33,12 @@ def non_max_suppression(prediction: torch.Tensor | Sequence[torch.Tensor], conf:
 
     Args:
         prediction: decoded head output (B, 4+nc, A), boxes cx cy w h in pixels; of a (decoded, raw) pair the first.
-        conf: minimum class score (exclusive); iou: IoU above which the lower-scored box of a class is dropped.
-        classes: keep only these class ids (None: all); agnostic: suppress across classes.
+        conf, iou: minimum class score (exclusive); IoU above which the lower-scored box of a class is dropped.
         multi_label: a row per (box, class) above ``conf`` (validation), not the best class only.
         time_limit_s: then stop with a warning, the later images empty (None: the official ``2.5 + 0.05 * B``).
 
     Returns:
-        B tensors (n, 6) ``[x1, y1, x2, y2, conf, cls]`` on the prediction's device, by descending conf.
+        B tensors (n, 6) ``[x1, y1, x2, y2, conf, cls]``, by descending conf.
 
     Raises:
         ValueError: ``conf`` or ``iou`` outside [0, 1], a prediction not (B, 4+nc, A).
@@ -188,11 +187,8 @@ class Prediction:
         return ax.figure
 
     def save(self, path: str | Path, line_width: int | None = None, *, inputs: tuple = ()) -> Path:
-        """Write the annotated image, whole or not at all, never over one of ``inputs``; the suffix gives the format.
-
-        Raises:
-            ValueError: not an image format OpenCV writes. DiskFullError: no room for the file.
-        """
+        """Write the annotated image, whole or not at all, never over one of ``inputs``; the suffix gives the format
+        (ValueError when OpenCV writes no such format)."""
         path = Path(path)
         ok, encoded = cv2.imencode(path.suffix or ".jpg", self.annotated(line_width))
         if not ok:

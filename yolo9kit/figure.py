@@ -68,16 +68,8 @@ def _class_name(names: Sequence[str] | dict[int, str] | None, c: int) -> str:
 
 def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_images: int = 16, ax=None, fig=None,
                ncols: int | None = None, tile_inches: float = 3.0, title: str | None = None):
-    """Draw the images of a loader batch with their boxes.
-
-    Args:
-        batch: ``(images (B, 3, H, W) uint8 RGB or float in [0, 1], targets (N, 6) [image, class, cx, cy, w, h]
-            normalised, ...)`` as ``create_dataloader`` yields.
-        names: class names (list or {id: name}); ids when None.
-        ax: one axes to draw a mosaic of the images into; else ``fig`` (None: a new one) gets a grid of axes.
-        ncols, tile_inches: columns of the grid (default: about the square root), inches per image of a new figure.
-        title: a title above the grid.
-    """
+    """Draw the images of a loader batch (uint8 RGB or float in [0, 1]) with their boxes and class names (a list,
+    a dict or None: the ids): a mosaic into ``ax``, else a grid of ``ncols`` axes on ``fig`` (None: a new one)."""
     images, targets = batch[0], batch[1]
     n = min(len(images), max_images)
     ncols = ncols or math.ceil(math.sqrt(n))
@@ -118,13 +110,8 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
 
 
 def plot_labels(labels, names: list[str] | dict[int, str] | None = None, fig=None):
-    """Boxes per class, box centres, box sizes, and the outlines of the first 1000 boxes about one centre (2 x 2).
-
-    Args:
-        labels: rows ``[class, cx, cy, w, h]`` normalised, shape (N, 5), or a list of such arrays (one per image).
-        names: class names (list or {id: name}); ids when None.
-        fig: a figure to draw into (cleared), or None for a new one.
-    """
+    """Boxes per class, box centres, box sizes, and the outlines of the first 1000 boxes about one centre (2 x 2)
+    of normalised ``[class, cx, cy, w, h]`` rows (N, 5), or a list of them per image, into ``fig`` (cleared)."""
     if isinstance(labels, (list, tuple)):
         labels = np.concatenate([np.zeros((0, 5)), *(np.asarray(x, dtype=np.float64).reshape(-1, 5) for x in labels)])
     labels = np.asarray(labels, dtype=np.float64).reshape(-1, 5)
@@ -179,13 +166,8 @@ def draw_results(df: Any, fig=None):
 
 
 def plot_confusion_matrix(matrix, names: Sequence[str] = (), normalize: bool = True, ax=None):
-    """Heat map of a (nc+1, nc+1) confusion matrix (rows predicted, columns true, last = background).
-
-    Args:
-        matrix: a :class:`yolo9kit.metrics.ConfusionMatrix` or its ``.matrix`` array.
-        names: class names; the tick labels when there are fewer than 99 and they match nc.
-        normalize: divide each column by its sum (values < 0.005 left blank), as the official plot.
-    """
+    """Heat map of a ``ConfusionMatrix`` (or its array), rows predicted, columns true, the last background;
+    ``normalize``: each column divided by its sum (values < 0.005 left blank), as the official plot."""
     counts = np.asarray(getattr(matrix, "matrix", matrix), dtype=float)
     nc = counts.shape[0] - 1
     array = counts / (counts.sum(0, keepdims=True) + 1e-9) if normalize else counts.copy()
@@ -223,11 +205,8 @@ def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
 
 
 def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), ax=None):
-    """``metric`` ("f1", "p" or "r") against confidence per class, and the smoothed class mean with its best point.
-
-    Raises:
-        ValueError: an unknown ``metric``.
-    """
+    """``metric`` ("f1", "p" or "r", else ValueError) against confidence per class, and the smoothed class mean
+    with its best point."""
     curves = {"f1": ap_result.f1_curve, "p": ap_result.p_curve, "r": ap_result.r_curve}
     if metric not in curves:
         raise ValueError(f"metric must be one of 'f1', 'p', 'r', got {metric!r}")

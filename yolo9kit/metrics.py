@@ -21,12 +21,8 @@ LOGGER = logging.getLogger(__name__)
 # The 10 COCO IoU thresholds 0.50, 0.55, ..., 0.95, as the float32 values the official code compares with.
 IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)
 
-# index = 80-class id, value = COCO category id (1..90 without the ten unused ids)
-COCO80_TO_COCO91 = [
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32, 33,
-    34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61,
-    62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
-]
+# index = 80-class id, value = COCO category id: 1..90 without the ten unused ids
+COCO80_TO_COCO91 = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83)]
 
 # the 12 numbers of COCOeval.summarize(), in order (maxDets 100 unless named)
 COCOEVAL_NAMES = ["AP50-95", "AP50", "AP75", "AP50-95 small", "AP50-95 medium", "AP50-95 large", "AR50-95 maxDets1",
@@ -48,10 +44,8 @@ def _matches(iou: torch.Tensor, mask: torch.Tensor, resort: bool = False) -> np.
 
 
 def match_predictions(detections: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """(N, 10) bool true-positive flags at each of :data:`IOU_THRESHOLDS`, as the official ``process_batch``.
-
-    A label goes to its first matching detection in NMS order (the most confident), not to the highest IoU.
-    """
+    """(N, 10) true-positive flags at each of :data:`IOU_THRESHOLDS`, as the official ``process_batch``: a label
+    goes to its first matching detection in NMS order (the most confident), not to the highest IoU."""
     thresholds = IOU_THRESHOLDS.to(detections.device)
     correct = np.zeros((detections.shape[0], thresholds.shape[0]), dtype=bool)
     if detections.shape[0] and labels.shape[0]:
@@ -103,15 +97,9 @@ def _to_numpy(x) -> np.ndarray:
 
 
 def ap_per_class(tp, conf, pred_cls, target_cls) -> APResult:
-    """Per-class AP at every IoU threshold, and P, R, F1 at the best mean-F1 confidence, as the official code.
-
-    Args:
-        tp: (N, T) true-positive flags (:func:`match_predictions`); conf, pred_cls: (N,) scores and class ids.
-        target_cls: (L,) class ids of all labels.
-
-    Returns:
-        :class:`APResult`; classes with labels but no predictions get zeros.
-    """
+    """Per-class AP at every IoU threshold, and P, R, F1 at the best mean-F1 confidence, as the official code:
+    ``tp`` (N, T) flags of :func:`match_predictions`, ``conf`` and ``pred_cls`` per detection, ``target_cls`` per
+    label. Classes with labels but no predictions get zeros."""
     eps = 1e-16
     tp, conf, pred_cls, target_cls = map(_to_numpy, (tp, conf, pred_cls, target_cls))
     order = np.argsort(-conf)
@@ -123,7 +111,7 @@ def ap_per_class(tp, conf, pred_cls, target_cls) -> APResult:
     p_curve, r_curve, pr_curve = (np.zeros((num_classes, 1000)) for _ in range(3))
     for ci, c in enumerate(classes):
         mask = pred_cls == c
-        if mask.sum() == 0 or n_labels[ci] == 0:
+        if not mask.any():
             continue
         fp_cum = (1 - tp[mask]).cumsum(0)
         tp_cum = tp[mask].cumsum(0)
@@ -192,11 +180,8 @@ def image_id_from_path(path: str | Path) -> int | str:
 
 
 def coco_predictions(detections, path: str | Path, class_map: Sequence[int] | None = None) -> list[dict]:
-    """COCO result records of one image's detections (original-image pixels), as ``val_dual.py --save-json``.
-
-    Args:
-        class_map: class id -> category id (``COCO80_TO_COCO91`` for COCO); None keeps the class id.
-    """
+    """COCO result records of one image's detections (original-image pixels), as ``val_dual.py --save-json``;
+    ``class_map``: class id -> category id (``COCO80_TO_COCO91`` for COCO), None keeps the class id."""
     image_id = image_id_from_path(path)
     records = []
     for x1, y1, x2, y2, conf, cls in _to_numpy(detections).tolist():

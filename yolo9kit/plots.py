@@ -44,15 +44,8 @@ def plot_results(results: Any, fig=None):
 
 
 def compare(runs: Any, metric: str = "metrics/mAP50-95", ax=None):
-    """The runs' curves of ``metric`` (a results.csv column) against the epoch, each labelled by the settings that
-    differ between them (by its folder when none differ); a run without data is "(no data)" in the legend.
-
-    Args:
-        runs: rows of a ``yolo9kit.runs()`` table, or run folders.
-
-    Raises:
-        ValueError: no runs.
-    """
+    """The curves of ``metric`` (a results.csv column) against the epoch of ``runs`` (rows of a ``yolo9kit.runs()``
+    table, or run folders; ValueError for none), each labelled by the settings that differ between them."""
     table = runs if isinstance(runs, pd.DataFrame) else runs_table(list(runs))
     if table.empty:
         raise ValueError("compare: no runs to draw")
@@ -89,14 +82,9 @@ def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
 
 
 def memory_vs_batch(df, gpu: Any = None, ax=None, *, margin: float | None = None):
-    """Peak memory (``device_bytes``: reserved + context) against batch size, one curve per ``setting`` of a
-    ``memory.sweep`` DataFrame: estimated rows as lines, measured as points, out of memory as an x.
-
-    Args:
-        gpu: a name, bytes or GPUSpec whose capacity and out-of-memory region are drawn (default: the rows'
-            ``gpu_total_bytes``).
-        margin: also draw the budget line at ``(1 - margin)`` of the capacity.
-    """
+    """Peak memory (``device_bytes``) against batch size, a curve per ``setting`` of a ``memory.sweep`` DataFrame
+    (estimated: lines, measured: points, out of memory: an x), under the capacity of ``gpu`` (default: the rows'
+    card) and the budget line at ``1 - margin`` of it."""
     fig, ax = axes_for(ax, (7, 4.5))
     spec = resolve_gpu(gpu) if gpu is not None else None
     capacity = spec.total_bytes if spec is not None else None

@@ -40,25 +40,19 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     Args:
         model: a DetectionModel or what :func:`~yolo9kit.models.load_model` takes; never moved or cast (a copy runs).
         source: image or video file, folder, glob, ``.txt`` list of paths, BGR numpy image, or a list of these.
-        imgsz: inference size, int or (h, w), rounded up to a multiple of the stride.
-        nms: :class:`~yolo9kit.config.NMSConfig`; unset fields take :data:`~yolo9kit.config.PREDICT_NMS`.
-        save: :class:`~yolo9kit.config.SaveConfig`, what to write where; None writes nothing.
-        half, device, head: as :func:`~yolo9kit.validate.evaluate`.
+        imgsz: int or (h, w), rounded up to a multiple of the stride; nms: unset fields take ``PREDICT_NMS``.
+        save: what to write where (None: nothing); half, device, head: as :func:`~yolo9kit.validate.evaluate`.
         batch_size: images per forward pass; above 1 each is letterboxed to the full ``imgsz``.
-        deploy: run the deployed equivalent (auxiliary branch dropped, Conv+BN fused), within float rounding.
-        compile: ``torch.compile`` the model (True or a mode).
+        deploy: run the deployed equivalent (auxiliary branch dropped, Conv+BN fused); compile: True or a mode.
         vid_stride: keep every k-th video frame: frames k-1, 2k-1, ... (0-based).
         backend: "torch", or "onnxruntime" / "openvino": the exported model on the CPU at the full ``imgsz``.
         on_result: called with each Prediction once done, its input's number (from 1) and the number of inputs.
 
     Returns:
-        :class:`~yolo9kit.detections.Predictions`, one per image or kept video frame; unreadable inputs are in
-        ``.skipped`` with the reason.
+        A Prediction per image or kept video frame; the inputs that could not be read in ``.skipped``, with why.
 
     Raises:
-        FileNotFoundError: a named file, folder or pattern that does not exist or matches nothing.
-        ValueError: no images or videos; batch_size or vid_stride < 1; a bad ``half`` or ``backend``; an exported
-            backend asked for a GPU, FP16, the aux head, compile or no deploy.
+        FileNotFoundError: a named source that does not exist. ValueError: no images or videos, a bad setting.
     """
     _check(backend, device, half, head, compile, deploy, batch_size, vid_stride)
     onnx = backend != "torch"  # an exported model

@@ -1,5 +1,5 @@
-"""Validation as the official ``val_dual.py`` (docs/validation.md), with an optional COCOeval of the same
-predictions; and the model plumbing ``predict`` shares with it."""
+"""Validation as the official ``val_dual.py`` with an optional COCOeval (docs/validation.md), and the model
+plumbing ``predict`` shares."""
 
 from __future__ import annotations
 
@@ -129,20 +129,14 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
     Args:
         model: DetectionModel or what :func:`~yolo9kit.models.load_model` takes; never moved or cast (a copy runs).
         data: data.yaml path or dict (optional with ``dataloader``, except to find COCO's annotation file).
-        split, imgsz, batch_size, workers: the loader's settings ("val", "test" or "train").
-        nms: :class:`~yolo9kit.config.NMSConfig`; unset fields take :data:`~yolo9kit.config.VAL_NMS`.
-        head: "main" (as val_dual.py) or "aux".
+        split, imgsz, batch_size, workers, single_cls: the loader's settings (single_cls: every class as one).
+        nms: unset fields take ``VAL_NMS``; head: "main" (as val_dual.py) or "aux".
         dataloader: a loader of (images uint8 (B,3,H,W), targets (N,6), paths, shapes) to use instead.
         half: FP16: "auto" (on CUDA), True or False (False reproduces val_dual.py's FP32 numbers).
         device: None: the first CUDA device when there is one, else the CPU.
-        plots: confusion matrix, PR, F1, P and R figures in ``.figures``.
-        save_dir: the folder for the figures (PNG) and COCO JSON files; None writes nothing.
-        coco: also score COCO-format predictions with pycocotools (``.coco``).
-        coco_gt: COCO ground truth, JSON path or dict; None: COCO's own under the data path, else converted.
-        single_cls: every class counted as one (class-agnostic NMS).
-
-    Returns:
-        :class:`ValResult`.
+        plots: confusion matrix, PR, F1, P and R figures in ``.figures``, written to ``save_dir`` when given.
+        coco: also score with pycocotools (``.coco``) against ``coco_gt`` (JSON path or dict; None: COCO's own
+            under the data path, else converted from the labels), its JSON files written to ``save_dir``.
 
     Raises:
         ValueError: neither ``data`` nor ``dataloader``; another head; a model whose classes differ from the data's.
@@ -293,13 +287,8 @@ def _cocoeval(state: _Validation, save_dir: Path | None, coco_gt, config) -> dic
 
 
 def compare_heads(model, data=None, dataloader=None, **kwargs):
-    """Evaluate the main and the auxiliary head of a dual-head (YOLOv9) model on the same batches.
-
-    Args:
-        model, data, dataloader, **kwargs: as :func:`evaluate` (but ``head``); a loader is built once for both.
-
-    Returns:
-        DataFrame indexed by head ("main", "aux") with P, R, mAP50, mAP50-95, fitness.
+    """A DataFrame indexed by head ("main", "aux") of P, R, mAP50, mAP50-95 and fitness, each head of a dual-head
+    (YOLOv9) model evaluated on the same batches; the arguments as :func:`evaluate`.
 
     Raises:
         ValueError: a model with one head; neither ``data`` nor ``dataloader``.

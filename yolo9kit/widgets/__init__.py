@@ -31,7 +31,6 @@ CHECKPOINTING = {"none": None, "backbone": "backbone", "all": "all"}  # label ->
 STAGES = 4  # the steps of one update the progress bar counts: trace, curve, largest batch, plan and breakdown
 SWITCHES = {"fit's defaults": None, "off (official layout)": False}  # label -> channels_last, lean, ... values
 CONF_FLOOR = 0.001  # predictions cached at this confidence: the confidence slider then only filters
-FIGURE_WIDTH_IN = 5.0  # the detection picture sits beside its table in one row of a notebook
 # augmentation slider -> (official hyp key(s), min, max, step); hsv scales the three official HSV gains together
 _SLIDERS = {"mosaic": (("mosaic",), 0.0, 1.0, 0.05), "mixup": (("mixup",), 0.0, 1.0, 0.05),
             "hsv": (("hsv_h", "hsv_s", "hsv_v"), 0.0, 2.0, 0.1), "scale": (("scale",), 0.0, 0.9, 0.05),
@@ -42,19 +41,15 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
                     amp: str = "auto", activation_checkpointing: str | None = None, gpu: str | None = None,
                     nominal_batch_size: int = 64, imgsz_range: tuple[int, int] = (64, 1280),
                     max_batch: int = 512, num_classes: int = 80, method: str = "auto") -> WidgetApp:
-    """Peak VRAM against batch size (predicted anywhere, measured on CUDA), the breakdown and the batch plan.
+    """Peak VRAM against batch size (estimated anywhere, measured on CUDA), the breakdown and the batch plan.
 
     Args:
-        model, imgsz, batch_range, amp, activation_checkpointing: the controls' starting values.
-        gpu: target card (a name of ``yolo9kit.memory.GPUS``); None: this machine's, else ``memory.DEFAULT_GPU``.
-        nominal_batch_size: images per optimizer step the plan aims for.
-        imgsz_range, max_batch: the sliders' limits (max_batch also the largest batch search's).
+        gpu: target card (a name of ``memory.GPUS``); None: this machine's, else ``memory.DEFAULT_GPU``.
+        nominal_batch_size: images per optimizer step the plan aims for; max_batch: also the largest batch search's.
         method: "auto" (measured where CUDA is, else estimated), "estimated" or "measured".
 
     Returns:
-        WidgetApp with a control per argument above (and ``switches``); outputs ``curve`` and ``breakdown``
-        (figures), ``plan``, ``progress`` and ``status``; ``state`` holds ``step``, ``frame`` (the curve's rows),
-        ``search``, ``plan`` (a ``BatchPlan``) and ``report`` (the breakdown's).
+        WidgetApp; ``state`` holds ``step``, ``frame`` (the curve's rows), ``search``, ``plan`` and ``report``.
     """
     has_cuda = torch.cuda.is_available()
     local = memory.target_gpu(None)
@@ -108,8 +103,7 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
 
 
 def _explore(app: WidgetApp, settings: dict[str, Any], num_classes: int, nominal_batch_size: int, max_batch: int):
-    """Compute what the explorer shows with ``yolo9kit.memory``, saying each stage, and draw it; returns the
-    breakdown's report."""
+    """Compute with ``yolo9kit.memory`` what the explorer shows, saying each stage, and draw it."""
     def progress(done: int, text: str) -> None:  # sent to the page at once, while the cell still computes
         app.outputs["progress"].value, app.outputs["progress"].layout.visibility = done, "visible"
         app.outputs["status"].value = f"<i>{done + 1}/{STAGES} {text}...</i>"
@@ -164,16 +158,10 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
     once per (image, IoU, head), the confidence slider only filters.
 
     Args:
-        model: a DetectionModel or what ``yolo9kit.load_model`` takes.
-        source: images, as ``predict`` takes them (videos are left out).
-        imgsz, head, device: as ``predict``; conf, iou: the sliders' starting values.
+        source: images, as ``predict`` takes them (videos are left out); model, imgsz, head, device: as ``predict``.
 
     Returns:
-        WidgetApp with controls ``image``, ``conf``, ``iou`` (and ``head`` for dual-head models), outputs
-        ``image`` (the annotated picture) and ``table``; ``state["prediction"]`` is the filtered ``Prediction``.
-
-    Raises:
-        ValueError: no images in ``source``.
+        WidgetApp; ``state["prediction"]`` is the filtered ``Prediction`` shown.
     """
     model = load_model(model)
     images = [item for item in expand_sources(source)[0] if not is_video(item)]
@@ -206,7 +194,7 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
         shown = dataclasses.replace(cache[key], boxes=cache[key].boxes[keep], scores=cache[key].scores[keep],
                                     classes=cache[key].classes[keep])
         h0, w0 = shown.orig_shape
-        fig = shown.plot(new_figure((FIGURE_WIDTH_IN, FIGURE_WIDTH_IN * h0 / max(w0, 1))).add_subplot())
+        fig = shown.plot(new_figure((5, 5 * h0 / max(w0, 1))).add_subplot())  # beside its table in a notebook
         name = Path(images[index]).name if isinstance(images[index], (str, Path)) else f"image {index}"
         fig.axes[0].set_title(f"{name}: {len(shown)} boxes\n(conf >= {controls['conf'].value:.2f}, "
                               f"IoU {key[1]:.2f}, {chosen_head} head)", fontsize=10)
@@ -239,12 +227,10 @@ def augmentation_viewer(data, *, imgsz: int = 320, batch_size: int = 4, seed: in
     ``show_batch`` from a loader rebuilt on each change (``workers=0``, fixed seed: same sliders, same batch).
 
     Args:
-        data, imgsz, batch_size: as ``create_dataloader``; seed: the seed slider's start.
         hyp: starting augmentation hyper-parameters (default: official hyp.scratch-high).
 
     Returns:
-        WidgetApp with controls ``mosaic``, ``mixup``, ``hsv``, ``scale``, ``fliplr``, ``seed``; output
-        ``batch``; ``state["hyp"]`` the hyper-parameters used, ``state["batch"]`` the batch.
+        WidgetApp; ``state["hyp"]`` holds the hyper-parameters used, ``state["batch"]`` the batch.
     """
     start = augmentation_hyp({}, hyp)
     controls: dict[str, Any] = {

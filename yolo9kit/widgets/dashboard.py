@@ -62,17 +62,9 @@ class _LogToDashboard(logging.Handler):
 
 @dataclass(repr=False)
 class TrainDashboard:
-    """Live plots of a training run with stop and resume buttons; ``await dash.fit(model, data, config)``.
-
-    Attributes:
-        history, epochs: the ``BatchRecord`` of every trained batch (a resumed run repeats those of its interrupted
-            accumulation window) and the ``EpochRecord`` of every finished epoch.
-        resumes: batch indices ``ni`` at which a resumed run started again (dotted lines).
-        process_memory: ``ni`` -> resident set size in bytes of the batches trained off CUDA.
-        min_interval_s: redraw at most this often; an epoch end always redraws.
-        interrupt_at: stop once this many batches are trained (counted from 1), as the stop button would.
-        result: the ``FitResult`` of the last run; messages: the lines under the plots.
-    """
+    """Live plots of a training run with stop and resume buttons (docs/notebooks.md): ``history`` and ``epochs``
+    hold the records drawn, ``resumes`` the ``ni`` where a resumed run started, ``process_memory`` the resident set
+    size per ``ni`` off CUDA, ``messages`` the lines under the plots, ``result`` the last run's ``FitResult``."""
 
     title: str = "training"
     min_interval_s: float = 1.0
@@ -122,8 +114,7 @@ class TrainDashboard:
     @property
     def running(self) -> bool:
         """True while a run started by ``fit``, ``resume`` or the resume button is training."""
-        job = self._job
-        return job is not None and job.result is None and job.error is None and not job.done.is_set()
+        return self._job is not None and self._job.result is None and self._job.error is None
 
     def request_stop(self) -> None:
         """What the stop button does: the next trained batch raises ``KeyboardInterrupt`` inside ``fit``."""
@@ -133,19 +124,12 @@ class TrainDashboard:
 
     async def fit(self, model, data, config, **kwargs) -> FitResult:
         """``yolo9kit.train.fit(model, data, config, **kwargs)`` in a worker thread, drawn live here, with the
-        dashboard's callbacks beside ``config.run.callbacks`` and no progress bar.
-
-        Returns:
-            fit's ``FitResult``; ``interrupted=True`` after a stop (button, ``interrupt_at``, Kernel > Interrupt).
-        """
+        dashboard's callbacks beside ``config.run.callbacks``; its ``FitResult`` is ``interrupted`` after a stop."""
         return await self._wait(self._start(_Job(model, data, config, dict(kwargs), resume=False)))
 
     async def resume(self) -> FitResult:
-        """Continue the last stopped run from its last.pt; waits for (or returns) the resume button's run.
-
-        Raises:
-            RuntimeError: no stopped run to continue (none, it finished or failed, or it still trains).
-        """
+        """Continue the last stopped run from its last.pt (RuntimeError when there is none); waits for (or returns)
+        the resume button's run."""
         job = self._job
         if job is not None and job.resume:  # the resume button's run: wait for it, or return how it finished
             if not job.done.is_set() or (job.error is None and not job.result.interrupted):
@@ -363,12 +347,8 @@ def _format_seconds(seconds: float) -> str:
 
 def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, interrupt_at: int | None = None,
                     show: bool = True) -> TrainDashboard:
-    """A live dashboard for ``fit``: ``dash = train_dashboard(); result = await dash.fit(model, data, config)``.
-
-    Args:
-        title: shown above the plots; min_interval_s, interrupt_at: as :class:`TrainDashboard`.
-        show: display the panel in the current cell now (False in scripts and tests).
-    """
+    """A live dashboard for ``fit``: ``dash = train_dashboard(); result = await dash.fit(model, data, config)``;
+    ``interrupt_at`` presses stop after that many batches, ``show`` displays the panel in the cell at once."""
     dash = TrainDashboard(title=title, min_interval_s=min_interval_s, interrupt_at=interrupt_at)
     if show:
         dash.show()

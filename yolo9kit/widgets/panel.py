@@ -21,22 +21,14 @@ _POINT = {"marker": "o", "ms": 3}  # markers on every series: the first batch is
 
 @dataclass
 class WidgetApp:
-    """What every widget front end returns.
+    """What every widget front end returns; a control's ``.value`` set from code redraws it."""
 
-    Attributes:
-        container: the top-level widget; display it (or leave the app as the last value of a cell).
-        controls: name -> input widget (slider, dropdown, ...); set ``.value`` to drive the app.
-        outputs: name -> output widget (``Output`` for figures, ``HTML`` for tables and text).
-        update: recompute and redraw from the current control values (called on every change).
-        figures, state: name -> the last matplotlib figure drawn, the last computed results.
-    """
-
-    container: Any
-    controls: dict[str, Any]
-    outputs: dict[str, Any]
-    update: Callable[[], None]
-    figures: dict[str, Any] = field(default_factory=dict)
-    state: dict[str, Any] = field(default_factory=dict)
+    container: Any  # the top-level widget: the app displays it
+    controls: dict[str, Any]  # name -> input widget (slider, dropdown, ...)
+    outputs: dict[str, Any]  # name -> ``Output`` (figures) or ``HTML`` (tables and text)
+    update: Callable[[], None]  # recompute and redraw from the controls (called on every change)
+    figures: dict[str, Any] = field(default_factory=dict)  # name -> the last figure drawn
+    state: dict[str, Any] = field(default_factory=dict)  # name -> the last computed results
 
     def _repr_mimebundle_(self, **kwargs):
         return self.container._repr_mimebundle_(**kwargs)
