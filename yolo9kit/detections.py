@@ -11,6 +11,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pandas as pd
 import torch
 import torchvision
 
@@ -123,8 +124,6 @@ class Prediction:
 
     def to_frame(self):
         """A DataFrame, one row per detection: x1, y1, x2, y2, conf, class, name."""
-        import pandas as pd
-
         return pd.DataFrame({"x1": self.boxes[:, 0], "y1": self.boxes[:, 1], "x2": self.boxes[:, 2],
                              "y2": self.boxes[:, 3], "conf": self.scores, "class": self.classes,
                              "name": [self.names[int(c)] for c in self.classes]})
@@ -208,8 +207,6 @@ class Predictions(list):
 
     def to_frame(self):
         """All detections in one DataFrame with an ``image`` column (path or index) and, for videos, ``frame``."""
-        import pandas as pd
-
         videos = any(p.frame is not None for p in self)
         frames = [p.to_frame().assign(image=p.path or i, **({"frame": p.frame} if videos else {}))
                   for i, p in enumerate(self)]

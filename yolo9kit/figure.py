@@ -74,8 +74,9 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
     n = min(len(images), max_images)
     ncols = ncols or math.ceil(math.sqrt(n))
     nrows = math.ceil(n / ncols)
-    if ax is not None:
-        axes, fig = None, ax.figure
+    mosaic = ax is not None  # one axes: the images laid out on a grid in data coordinates
+    if mosaic:
+        fig, axes = ax.figure, [ax] * (nrows * ncols)
     else:
         fig = fig if fig is not None else new_figure((ncols * tile_inches, nrows * tile_inches))
         axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
@@ -87,22 +88,17 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
         if image.dtype != np.uint8:
             image = (image.clip(0, 1) * 255).astype(np.uint8)
         h, w = image.shape[:2]
-        if axes is not None:
-            a, x_off, y_off = axes[i], 0, 0
-            a.imshow(image)
-        else:  # one axes: lay the images out on a grid in data coordinates
-            a, x_off, y_off = ax, (i % ncols) * w, (i // ncols) * h
-            a.imshow(image, extent=(x_off, x_off + w, y_off + h, y_off))
+        x_off, y_off = ((i % ncols) * w, (i // ncols) * h) if mosaic else (0, 0)
+        axes[i].imshow(image, extent=(x_off, x_off + w, y_off + h, y_off))
         for _, cls, cx, cy, bw, bh in targets[targets[:, 0] == i]:
             colour = colours(int(cls) % 10)
             x1, y1 = x_off + (cx - bw / 2) * w, y_off + (cy - bh / 2) * h
-            a.add_patch(Rectangle((x1, y1), bw * w, bh * h, fill=False, edgecolor=colour, linewidth=1.5))
-            a.text(x1, y1, _class_name(names, int(cls)), color="white", fontsize=7, va="bottom",
-                   bbox={"facecolor": colour, "alpha": 0.8, "pad": 1, "edgecolor": "none"})
+            axes[i].add_patch(Rectangle((x1, y1), bw * w, bh * h, fill=False, edgecolor=colour, linewidth=1.5))
+            axes[i].text(x1, y1, _class_name(names, int(cls)), color="white", fontsize=7, va="bottom",
+                         bbox={"facecolor": colour, "alpha": 0.8, "pad": 1, "edgecolor": "none"})
+    for a in axes:
         a.set_axis_off()
-    for a in axes[n:] if axes is not None else ():
-        a.set_axis_off()
-    if axes is None:
+    if mosaic:
         ax.set(xlim=(0, ncols * w), ylim=(nrows * h, 0))
     if title:
         fig.suptitle(title, fontsize=10)
@@ -191,34 +187,32 @@ def plot_confusion_matrix(matrix, names: Sequence[str] = (), normalize: bool = T
 def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
     """Precision-recall curve at IoU 0.5 per class and their mean, with mAP@0.5 in the legend; ``ap_result`` None
     (no true positive) draws empty axes that say so. ``names``: of every class, by class id."""
-    fig, ax = axes_for(ax, (9, 6))
+    _, ax = axes_for(ax, (9, 6))
     if ap_result is None:
         ax.text(0.5, 0.5, "no true positive at any confidence:\nno precision-recall curve (mAP 0)",
                 ha="center", va="center", transform=ax.transAxes)
-        return _finish(fig, ax, "Recall", "Precision", "Precision-Recall Curve")
-    px, curves, ap = ap_result.px, ap_result.pr_curve, ap_result.ap
-    labels = [f"{_class_name(names, int(c))} {a:.3f}" for c, a in zip(ap_result.classes, ap[:, 0])]
-    _class_curves(ax, px, curves, labels)
-    if len(curves):
-        ax.plot(px, curves.mean(0), linewidth=3, color="blue", label=f"all classes {ap[:, 0].mean():.3f} mAP@0.5")
-    return _finish(fig, ax, "Recall", "Precision", "Precision-Recall Curve")
+        return _finish(ax, "Recall", "Precision")
+    ap = ap_result.ap[:, 0]
+    labels = [f"{_class_name(names, int(c))} {a:.3f}" for c, a in zip(ap_result.classes, ap)]
+    _class_curves(ax, ap_result.px, ap_result.pr_curve, labels)
+    ax.plot(ap_result.px, ap_result.pr_curve.mean(0), linewidth=3, color="blue",
+            label=f"all classes {ap.mean():.3f} mAP@0.5")
+    return _finish(ax, "Recall", "Precision")
 
 
 def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), ax=None):
     """``metric`` ("f1", "p" or "r", else ValueError) against confidence per class, and the smoothed class mean
     with its best point."""
-    curves = {"f1": ap_result.f1_curve, "p": ap_result.p_curve, "r": ap_result.r_curve}
-    if metric not in curves:
+    ylabel = {"f1": "F1", "p": "Precision", "r": "Recall"}.get(metric)
+    if ylabel is None:
         raise ValueError(f"metric must be one of 'f1', 'p', 'r', got {metric!r}")
-    ylabel = {"f1": "F1", "p": "Precision", "r": "Recall"}[metric]
-    fig, ax = axes_for(ax, (9, 6))
-    px, y = ap_result.px, curves[metric]
+    y, px = getattr(ap_result, f"{metric}_curve"), ap_result.px
+    _, ax = axes_for(ax, (9, 6))
     _class_curves(ax, px, y, [_class_name(names, int(c)) for c in ap_result.classes])
-    if len(y):
-        mean = smooth(y.mean(0), 0.05)
-        best = int(mean.argmax())
-        ax.plot(px, mean, linewidth=3, color="blue", label=f"all classes {mean[best]:.2f} at {px[best]:.3f}")
-    return _finish(fig, ax, "Confidence", ylabel, f"{ylabel}-Confidence Curve")
+    mean = smooth(y.mean(0), 0.05)
+    best = int(mean.argmax())
+    ax.plot(px, mean, linewidth=3, color="blue", label=f"all classes {mean[best]:.2f} at {px[best]:.3f}")
+    return _finish(ax, "Confidence", ylabel)
 
 
 def plot_validation(confusion, ap_result, names: Sequence[str] = ()) -> dict:
@@ -236,15 +230,15 @@ def validation_figure_makers(confusion, ap_result, names: Sequence[str] = ()) ->
 
 
 def _class_curves(ax, px, curves, labels: list[str]) -> None:
-    if 0 < len(curves) <= _MAX_LEGEND_CLASSES:
+    if len(curves) <= _MAX_LEGEND_CLASSES:
         for label, curve in zip(labels, curves):
             ax.plot(px, curve, linewidth=1, label=label)
-    elif len(curves):  # too many to name: grey and unlabelled
+    else:  # too many to name: grey and unlabelled
         ax.plot(px, curves.T, linewidth=1, color="grey")
 
 
-def _finish(fig, ax, xlabel: str, ylabel: str, title: str):
-    ax.set(xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1), title=title)
+def _finish(ax, xlabel: str, ylabel: str):
+    ax.set(xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1), title=f"{ylabel}-{xlabel} Curve")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left")
-    return fig
+    return ax.figure

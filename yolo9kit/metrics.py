@@ -209,15 +209,12 @@ def coco_ground_truth(images: Iterable[tuple[str | Path, tuple[int, int], np.nda
     return out
 
 
-def run_cocoeval(ground_truth: dict | str | Path, predictions: list[dict] | str | Path,
-                 image_ids: Iterable | None = None) -> dict[str, float]:
-    """The 12 numbers of pycocotools ``COCOeval(..., "bbox")`` keyed by :data:`COCOEVAL_NAMES` (all 0 without
-    predictions); ground truth and predictions as dicts or JSON paths, only ``image_ids`` scored when given."""
+def run_cocoeval(ground_truth: dict | str | Path, predictions: list[dict], image_ids: Iterable) -> dict[str, float]:
+    """The 12 numbers of pycocotools ``COCOeval(..., "bbox")`` of the images ``image_ids``, keyed by
+    :data:`COCOEVAL_NAMES` (all 0 without predictions); the ground truth as a dict or a JSON path."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    if isinstance(predictions, (str, Path)):
-        predictions = json.loads(Path(predictions).read_text())
     if not predictions:
         LOGGER.warning("COCOeval: no predictions to score; all 12 numbers are 0")
         return dict.fromkeys(COCOEVAL_NAMES, 0.0)
@@ -228,8 +225,7 @@ def run_cocoeval(ground_truth: dict | str | Path, predictions: list[dict] | str 
             else ground_truth
         gt.createIndex()
         evaluator = COCOeval(gt, gt.loadRes(predictions), "bbox")
-        if image_ids is not None:
-            evaluator.params.imgIds = sorted(set(image_ids))
+        evaluator.params.imgIds = sorted(set(image_ids))
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()

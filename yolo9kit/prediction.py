@@ -12,6 +12,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pandas as pd
 import torch
 
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
@@ -220,8 +221,6 @@ class _Run:
                 replace_durably(tmp, out)
 
     def speed_frame(self):
-        import pandas as pd
-
         frame = pd.DataFrame(self.rows, columns=["path", "load_ms", *SPEED_COLUMNS])
         if any(result.frame is not None for result in self.results):  # None for images: JSON null, not NaN
             frame.insert(1, "frame", pd.Series([result.frame for result in self.results], dtype=object))

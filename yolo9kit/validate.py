@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -227,8 +228,6 @@ def _score_image(pred, labels, path, shape, input_hw, state: _Validation) -> Non
 
 
 def _per_class_frame(result: metrics.APResult | None, state: _Validation, target_cls: np.ndarray):
-    import pandas as pd
-
     names = state.names
     images_per_class = np.zeros(len(names), dtype=int)
     for *_, labels_cls in state.stats:
@@ -293,8 +292,6 @@ def compare_heads(model, data=None, dataloader=None, **kwargs):
     Raises:
         ValueError: a model with one head; neither ``data`` nor ``dataloader``.
     """
-    import pandas as pd
-
     model = load_model(model)
     if not getattr(model, "is_dual", False):
         raise ValueError("compare_heads needs a dual-head YOLOv9 model; GELAN / converted models have one head")

@@ -27,9 +27,8 @@ from yolo9kit.widgets.runs import runs_viewer
 __all__ = ["TrainDashboard", "WidgetApp", "augmentation_viewer", "detection_viewer", "memory_explorer", "output_png",
            "runs_viewer", "train_dashboard"]
 
-CHECKPOINTING = {"none": None, "backbone": "backbone", "all": "all"}  # label -> ``activation_checkpointing``
 STAGES = 4  # the steps of one update the progress bar counts: trace, curve, largest batch, plan and breakdown
-SWITCHES = {"fit's defaults": None, "off (official layout)": False}  # label -> channels_last, lean, ... values
+SWITCHES = ("fit's defaults", "off (official layout)")  # channels_last, lean_activations, ...: None or False
 CONF_FLOOR = 0.001  # predictions cached at this confidence: the confidence slider then only filters
 # augmentation slider -> (official hyp key(s), min, max, step); hsv scales the three official HSV gains together
 _SLIDERS = {"mosaic": (("mosaic",), 0.0, 1.0, 0.05), "mixup": (("mixup",), 0.0, 1.0, 0.05),
@@ -64,10 +63,9 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
         "batch": w.IntRangeSlider(value=batch_range, min=1, max=max_batch, description="batch sizes", **wide),
         "amp": w.ToggleButtons(options=[("auto", "auto"), ("fp16", "fp16"), ("bf16", "bf16"), ("off (fp32)", "off")],
                                value=amp, description="amp"),
-        "activation_checkpointing": w.Dropdown(options=list(CHECKPOINTING), description="act. checkpointing",
-                                               value=next(k for k, v in CHECKPOINTING.items()
-                                                          if v == activation_checkpointing)),
-        "switches": w.Dropdown(options=list(SWITCHES), value="fit's defaults", description="speed switches"),
+        "activation_checkpointing": w.Dropdown(options=["none", "backbone", "all"], description="act. checkpointing",
+                                               value=activation_checkpointing or "none"),
+        "switches": w.Dropdown(options=SWITCHES, value=SWITCHES[0], description="speed switches"),
         "gpu": w.Dropdown(options=gpus, value=gpu if gpu is not None else (local if has_cuda else local.name),
                           description="target GPU"),
         "method": w.ToggleButtons(options=["estimated", "measured"] if has_cuda else ["estimated"],
@@ -80,66 +78,63 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
     outputs = {"curve": w.Output(), "breakdown": w.Output(), "plan": w.HTML(), "status": w.HTML(),
                "progress": w.IntProgress(min=0, max=STAGES, layout=w.Layout(width="300px", visibility="hidden"))}
 
-    def update() -> None:
-        t0 = time.perf_counter()
-        try:
-            drawn = _explore(app, {k: c.value for k, c in controls.items()}, num_classes, nominal_batch_size,
-                             max_batch)
-        except (ValueError, RuntimeError) as error:
-            show_error(outputs["curve"], f"cannot compute this setting: {error}")
-            outputs["status"].value = ""
-            return
-        finally:
-            outputs["progress"].layout.visibility = "hidden"
-        outputs["status"].value = (f"breakdown at batch {drawn.batch_size}: {format_bytes(drawn.device_bytes)} "
-                                   f"on the card (computed in {time.perf_counter() - t0:.1f} s)")
-
     left = w.VBox([controls[k] for k in ("model", "imgsz", "batch", "amp")])
     right = w.VBox([controls[k] for k in ("activation_checkpointing", "switches", "gpu", "method")]
                    + [outputs["progress"], outputs["status"]])
     container = w.VBox([w.HBox([left, right]), outputs["plan"], w.HBox([outputs["curve"], outputs["breakdown"]])])
-    app = WidgetApp(container, controls, outputs, update)
+    app = WidgetApp(container, controls, outputs, lambda: _explore(app, num_classes, nominal_batch_size, max_batch))
     return launch(app)
 
 
-def _explore(app: WidgetApp, settings: dict[str, Any], num_classes: int, nominal_batch_size: int, max_batch: int):
-    """Compute with ``yolo9kit.memory`` what the explorer shows, saying each stage, and draw it."""
-    def progress(done: int, text: str) -> None:  # sent to the page at once, while the cell still computes
-        app.outputs["progress"].value, app.outputs["progress"].layout.visibility = done, "visible"
-        app.outputs["status"].value = f"<i>{done + 1}/{STAGES} {text}...</i>"
+def _explore(app: WidgetApp, num_classes: int, nominal_batch_size: int, max_batch: int) -> None:
+    """Compute with ``yolo9kit.memory`` what the explorer's controls describe, saying each stage, and draw it."""
+    settings, outputs, t0 = {k: c.value for k, c in app.controls.items()}, app.outputs, time.perf_counter()
 
-    switch = SWITCHES[settings["switches"]]
-    step = StepConfig(settings["model"], imgsz=settings["imgsz"], amp=settings["amp"], num_classes=num_classes,
-                      activation_checkpointing=CHECKPOINTING[settings["activation_checkpointing"]],
-                      channels_last=switch, lean_activations=switch, sync_free=switch, fused_optimizer=switch)
+    def progress(done: int, text: str) -> None:  # sent to the page at once, while the cell still computes
+        outputs["progress"].value, outputs["progress"].layout.visibility = done, "visible"
+        outputs["status"].value = f"<i>{done + 1}/{STAGES} {text}...</i>"
+
+    switch = None if settings["switches"] == SWITCHES[0] else False
+    checkpointing = None if settings["activation_checkpointing"] == "none" else settings["activation_checkpointing"]
     spec, method = memory.target_gpu(settings["gpu"]), settings["method"]
-    if method == "measured":
-        progress(0, "measuring the step on this card")
-    elif memory.is_traced(step, spec):
-        progress(0, "this setting was traced before")
-    else:
-        progress(0, f"tracing {step.model_name} at {step.imgsz} px, once for this setting (seconds to a minute; "
-                    "a setting seen before is instant)")
-        memory.estimate(step, 1, gpu=spec)  # the trace every figure below reads
-    grid = memory.batch_grid(*settings["batch"])
-    progress(1, f"the curve at {len(grid)} batch sizes")
-    frame = memory.sweep(step, grid, gpu=spec, method=method)
-    progress(2, "the largest batch")
-    search = memory.find_max_batch(step, gpu=spec, max_batch=max_batch, method=method)
-    progress(3, "the plan and the breakdown")
-    batch_plan = memory.plan(step, nominal_batch_size, gpu=spec, method=method)
-    fitting = frame[frame["device_bytes"] <= search.budget_bytes]["batch_size"]
-    shown = int(fitting.max()) if len(fitting) else int(frame["batch_size"].min())
-    report = memory.measure(step, shown) if method == "measured" else memory.estimate(step, shown, gpu=spec)
+    try:
+        step = StepConfig(settings["model"], imgsz=settings["imgsz"], amp=settings["amp"], num_classes=num_classes,
+                          activation_checkpointing=checkpointing, channels_last=switch, lean_activations=switch,
+                          sync_free=switch, fused_optimizer=switch)
+        if method == "measured":
+            progress(0, "measuring the step on this card")
+        elif memory.is_traced(step, spec):
+            progress(0, "this setting was traced before")
+        else:
+            progress(0, f"tracing {step.model_name} at {step.imgsz} px, once for this setting (seconds to a minute; "
+                        "a setting seen before is instant)")
+            memory.estimate(step, 1, gpu=spec)  # the trace every figure below reads
+        grid = memory.batch_grid(*settings["batch"])
+        progress(1, f"the curve at {len(grid)} batch sizes")
+        frame = memory.sweep(step, grid, gpu=spec, method=method)
+        progress(2, "the largest batch")
+        search = memory.find_max_batch(step, gpu=spec, max_batch=max_batch, method=method)
+        progress(3, "the plan and the breakdown")
+        batch_plan = memory.plan(step, nominal_batch_size, gpu=spec, method=method)
+        fitting = frame[frame["device_bytes"] <= search.budget_bytes]["batch_size"]
+        shown = int(fitting.max()) if len(fitting) else int(frame["batch_size"].min())
+        report = memory.measure(step, shown) if method == "measured" else memory.estimate(step, shown, gpu=spec)
+    except (ValueError, RuntimeError) as error:
+        show_error(outputs["curve"], f"cannot compute this setting: {error}")
+        outputs["status"].value = ""
+        return
+    finally:
+        outputs["progress"].layout.visibility = "hidden"
     curve = memory_vs_batch(frame, gpu=spec, margin=search.margin)
     curve.axes[0].set_title(f"{settings['model']}, {report.step.label}: {method} for {spec.name}", fontsize=9)
     app.figures.update(curve=curve, breakdown=memory_breakdown(report))
     app.state.update(step=step, spec=spec, frame=frame, search=search, plan=batch_plan, report=report,
                      max_batch=search.batch_size)
-    show_figure(app.outputs["curve"], curve)
-    show_figure(app.outputs["breakdown"], app.figures["breakdown"])
-    app.outputs["plan"].value = _plan_html(search, batch_plan)
-    return report
+    show_figure(outputs["curve"], curve)
+    show_figure(outputs["breakdown"], app.figures["breakdown"])
+    outputs["plan"].value = _plan_html(search, batch_plan)
+    outputs["status"].value = (f"breakdown at batch {report.batch_size}: {format_bytes(report.device_bytes)} on the "
+                               f"card (computed in {time.perf_counter() - t0:.1f} s)")
 
 
 def _plan_html(search, batch_plan) -> str:
