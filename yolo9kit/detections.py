@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 import torchvision
+from matplotlib.patches import Rectangle
 
 from yolo9kit.boxes import clip_boxes_xyxy, cxcywh_to_xyxy
 from yolo9kit.data.sources import read_frame
@@ -173,12 +174,17 @@ class Prediction:
                         cv2.LINE_AA)
         return image
 
-    def plot(self, ax=None, line_width: int | None = None):
-        """A figure of :meth:`annotated` (returns the figure; shows inline in Jupyter)."""
+    def plot(self, ax=None, line_width: float = 2.0):
+        """Matplotlib figure of the image with its boxes (returns the figure; shows inline in Jupyter)."""
         if ax is None:
             h0, w0 = self.orig_shape
             ax = new_figure((6, 6 * h0 / max(w0, 1))).add_subplot()
-        ax.imshow(self.annotated(line_width)[..., ::-1])
+        ax.imshow(self._bgr()[..., ::-1])
+        for (x1, y1, x2, y2), conf, cls in zip(self.boxes.tolist(), self.scores, self.classes):
+            color = tuple(c / 255 for c in _color(int(cls))[::-1])
+            ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=color, linewidth=line_width))
+            ax.text(x1, y1, f"{self.names[int(cls)]} {conf:.2f}", color="white", fontsize=8, va="bottom",
+                    bbox={"facecolor": color, "edgecolor": "none", "pad": 1})
         ax.set_axis_off()
         name = Path(self.path).name if self.path else "image"
         name += f" frame {self.frame}" if self.frame is not None else ""
