@@ -1,5 +1,5 @@
-"""From the head output to detections: the official NMS and rescaling (parity-tested, docs/validation.md),
-and the result types :class:`Prediction` (one image) and :class:`Predictions` (a run) that ``predict`` returns."""
+"""From the head output to detections: the official NMS and rescaling (docs/validation.md), and the results
+``predict`` returns: :class:`Prediction` (one image) and :class:`Predictions` (a run)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pandas as pd
 import torch
 import torchvision
+from matplotlib.patches import Rectangle
 
 from yolo9kit.boxes import clip_boxes_xyxy, cxcywh_to_xyxy
 from yolo9kit.data.sources import read_frame
@@ -33,16 +35,12 @@ def non_max_suppression(prediction: torch.Tensor | Sequence[torch.Tensor], conf:
 
     Args:
         prediction: decoded head output (B, 4+nc, A), boxes cx cy w h in pixels; of a (decoded, raw) pair the first.
-        conf: minimum class score (exclusive), in [0, 1].
-        iou: IoU above which the lower-scored box of a class is dropped, in [0, 1].
-        classes: keep only these class ids (None: all).
-        agnostic: suppress across classes.
+        conf, iou: minimum class score (exclusive); IoU above which the lower-scored box of a class is dropped.
         multi_label: a row per (box, class) above ``conf`` (validation), not the best class only.
-        max_det: at most this many rows per image.
         time_limit_s: then stop with a warning, the later images empty (None: the official ``2.5 + 0.05 * B``).
 
     Returns:
-        B tensors (n, 6) ``[x1, y1, x2, y2, conf, cls]`` on the prediction's device, by descending conf.
+        B tensors (n, 6) ``[x1, y1, x2, y2, conf, cls]``, by descending conf.
 
     Raises:
         ValueError: ``conf`` or ``iou`` outside [0, 1], a prediction not (B, 4+nc, A).
@@ -91,17 +89,9 @@ def _rows(candidates: torch.Tensor, conf: float, classes, multi_label: bool) -> 
 
 def scale_boxes(input_shape_hw: tuple[int, int], boxes_xyxy: torch.Tensor | np.ndarray,
                 original_shape_hw: tuple[int, ...], ratio_pad: tuple | None = None):
-    """Map xyxy boxes in place from the letterboxed network input back to the original image, clipped to it.
-
-    Args:
-        input_shape_hw: (h, w) of the network input.
-        boxes_xyxy: (N, 4+) boxes in input pixels, tensor or array; modified in place.
-        original_shape_hw: (h0, w0, ...) of the original image.
-        ratio_pad: ((gain, gain), (pad_w, pad_h)), a loader's ``shapes[i][1]``; None: those of a centred letterbox.
-
-    Returns:
-        The same boxes, in original-image pixels.
-    """
+    """Map xyxy boxes (tensor or array) in place from the letterboxed input to the original image, clipped to it;
+    returns them. ``ratio_pad``: ((gain, gain), (pad_w, pad_h)), a loader's ``shapes[i][1]``; None: a centred
+    letterbox's."""
     if ratio_pad is None:
         gain = min(input_shape_hw[0] / original_shape_hw[0], input_shape_hw[1] / original_shape_hw[1])
         pad = ((input_shape_hw[1] - original_shape_hw[1] * gain) / 2,
@@ -134,21 +124,19 @@ class Prediction:
         return len(self.boxes)
 
     def to_frame(self):
-        """A pandas DataFrame, one row per detection: x1, y1, x2, y2, conf, class, name."""
-        import pandas as pd
-
+        """A DataFrame, one row per detection: x1, y1, x2, y2, conf, class, name."""
         return pd.DataFrame({"x1": self.boxes[:, 0], "y1": self.boxes[:, 1], "x2": self.boxes[:, 2],
                              "y2": self.boxes[:, 3], "conf": self.scores, "class": self.classes,
                              "name": [self.names[int(c)] for c in self.classes]})
 
     def summary(self) -> str:
-        """``640x480: 4 persons, 1 bus`` (input h x w, count per class), the official line without its comma."""
+        """``640x480: 4 persons, 1 bus`` (input h x w, count per class), as the official line."""
         counts = [f"{n} {self.names[c]}{'s' * (n > 1)}"
                   for c, n in zip(*(a.tolist() for a in np.unique(self.classes, return_counts=True)))]
         return f"{self.input_shape[0]:g}x{self.input_shape[1]:g}: {', '.join(counts) or '(no detections)'}"
 
     def label_lines(self, save_conf: bool = False) -> list[str]:
-        """YOLO label lines ``cls cx cy w h [conf]`` normalised by the original size, printed with %g."""
+        """YOLO label lines ``cls cx cy w h [conf]``, normalised, printed with %g."""
         h0, w0 = self.orig_shape
         gain = torch.tensor([w0, h0, w0, h0], dtype=torch.float32)
         boxes = torch.from_numpy(self.boxes.astype(np.float32))
@@ -162,10 +150,8 @@ class Prediction:
     def _bgr(self) -> np.ndarray:
         if self.image is not None:
             return self.image
-        if self.frame is not None and self.path:
-            image = read_frame(str(self.path), self.frame)  # frames are not kept in memory: decode it again
-        else:
-            image = cv2.imread(str(self.path)) if self.path else None
+        # a video frame is not kept in memory: decoded again
+        image = read_frame(str(self.path), self.frame) if self.frame is not None else cv2.imread(str(self.path))
         if image is None:
             where = f"frame {self.frame} of {self.path}" if self.frame is not None else self.path
             raise FileNotFoundError(f"cannot re-read {where} to draw it")
@@ -190,8 +176,6 @@ class Prediction:
 
     def plot(self, ax=None, line_width: float = 2.0):
         """Matplotlib figure of the image with its boxes (returns the figure; shows inline in Jupyter)."""
-        from matplotlib.patches import Rectangle
-
         if ax is None:
             h0, w0 = self.orig_shape
             ax = new_figure((6, 6 * h0 / max(w0, 1))).add_subplot()
@@ -200,7 +184,7 @@ class Prediction:
             color = tuple(c / 255 for c in _color(int(cls))[::-1])
             ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=color, linewidth=line_width))
             ax.text(x1, y1, f"{self.names[int(cls)]} {conf:.2f}", color="white", fontsize=8, va="bottom",
-                    bbox=dict(facecolor=color, edgecolor="none", pad=1))
+                    bbox={"facecolor": color, "edgecolor": "none", "pad": 1})
         ax.set_axis_off()
         name = Path(self.path).name if self.path else "image"
         name += f" frame {self.frame}" if self.frame is not None else ""
@@ -208,12 +192,8 @@ class Prediction:
         return ax.figure
 
     def save(self, path: str | Path, line_width: int | None = None, *, inputs: tuple = ()) -> Path:
-        """Write the annotated image, whole or not at all, never over one of ``inputs``; the suffix gives the format.
-
-        Raises:
-            ValueError: the suffix is not an image format OpenCV writes.
-            DiskFullError: no room for the file.
-        """
+        """Write the annotated image, whole or not at all, never over one of ``inputs``; the suffix gives the format
+        (ValueError when OpenCV writes no such format)."""
         path = Path(path)
         ok, encoded = cv2.imencode(path.suffix or ".jpg", self.annotated(line_width))
         if not ok:
@@ -224,23 +204,15 @@ class Prediction:
 
 
 class Predictions(list):
-    """List of :class:`Prediction` with the run's timings and skipped inputs.
-
-    Attributes:
-        speed: DataFrame, one row per image or frame: path, frame (only when a video was read), load_ms (read
-            and letterbox), then the :data:`SPEED_COLUMNS` the official Speed line averages.
-        skipped: (source, reason) of the inputs that could not be read.
-        imgsz: (h, w) requested size. save_dir: where outputs were written, or None.
-    """
+    """List of :class:`Prediction` with ``speed`` (DataFrame per image or frame: path, frame for videos, load_ms,
+    :data:`SPEED_COLUMNS`), ``skipped`` ((source, reason) of unreadable inputs), ``imgsz`` and ``save_dir``."""
 
     def __init__(self, items=(), *, speed=None, skipped=(), imgsz=(640, 640), save_dir=None):
         super().__init__(items)
         self.speed, self.skipped, self.imgsz, self.save_dir = speed, list(skipped), imgsz, save_dir
 
     def to_frame(self):
-        """All detections as one DataFrame with an ``image`` column (path or index) and, for videos, ``frame``."""
-        import pandas as pd
-
+        """All detections in one DataFrame with an ``image`` column (path or index) and, for videos, ``frame``."""
         videos = any(p.frame is not None for p in self)
         frames = [p.to_frame().assign(image=p.path or i, **({"frame": p.frame} if videos else {}))
                   for i, p in enumerate(self)]
@@ -248,7 +220,7 @@ class Predictions(list):
             columns=["x1", "y1", "x2", "y2", "conf", "class", "name", "image"])
 
     def speed_line(self) -> str:
-        """The official closing line: mean ms per image for pre-process, inference and NMS."""
+        """The official Speed line: mean ms per image."""
         means = [float(self.speed[c].mean()) if self.speed is not None and len(self.speed) else 0.0
                  for c in SPEED_COLUMNS]
         return speed_line(means, (1, 3, *self.imgsz))

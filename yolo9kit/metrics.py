@@ -1,6 +1,5 @@
-"""Detection metrics as the official YOLOv9 code (matching, AP, confusion matrix), and the COCO records and
-``COCOeval`` adapter of ``val_dual.py --save-json`` (docs/validation.md says how the two differ). Detections are
-(N, 6) rows ``[x1, y1, x2, y2, conf, cls]``, labels (M, 5) rows ``[cls, x1, y1, x2, y2]``."""
+"""Detection metrics as the official code (matching, AP, confusion matrix) and the COCOeval adapter
+(docs/validation.md). Detections are rows ``[x1, y1, x2, y2, conf, cls]``, labels ``[cls, x1, y1, x2, y2]``."""
 
 from __future__ import annotations
 
@@ -22,12 +21,8 @@ LOGGER = logging.getLogger(__name__)
 # The 10 COCO IoU thresholds 0.50, 0.55, ..., 0.95, as the float32 values the official code compares with.
 IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)
 
-# index = 80-class id, value = COCO category id (1..90 without the ten unused ids)
-COCO80_TO_COCO91 = [
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32, 33,
-    34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61,
-    62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
-]
+# index = 80-class id, value = COCO category id: 1..90 without the ten unused ids
+COCO80_TO_COCO91 = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83)]
 
 # the 12 numbers of COCOeval.summarize(), in order (maxDets 100 unless named)
 COCOEVAL_NAMES = ["AP50-95", "AP50", "AP75", "AP50-95 small", "AP50-95 medium", "AP50-95 large", "AR50-95 maxDets1",
@@ -35,8 +30,7 @@ COCOEVAL_NAMES = ["AP50-95", "AP50", "AP75", "AP50-95 small", "AP50-95 medium", 
 
 
 def _matches(iou: torch.Tensor, mask: torch.Tensor, resort: bool = False) -> np.ndarray:
-    """(label, detection, iou) rows where ``mask`` holds, highest IoU first, kept once per detection then once per
-    label; ``resort``: sorted by IoU again in between (the confusion matrix does, val_dual.py's matching not)."""
+    """(label, detection, iou) rows where ``mask`` holds, by IoU, once per detection then once per label."""
     label_index, detection_index = torch.where(mask)
     pairs = torch.cat((torch.stack((label_index, detection_index), 1),
                        iou[label_index, detection_index][:, None]), 1).cpu().numpy()
@@ -49,22 +43,10 @@ def _matches(iou: torch.Tensor, mask: torch.Tensor, resort: bool = False) -> np.
     return pairs
 
 
-def match_predictions(detections: torch.Tensor, labels: torch.Tensor,
-                      iou_thresholds: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
-    """True-positive flags of detections at each IoU threshold, as the official ``val_dual.py process_batch``.
-
-    A label goes to its first matching detection in NMS order (the most confident), not to the highest IoU.
-
-    Args:
-        detections: (N, 6) ``[x1, y1, x2, y2, conf, cls]``.
-        labels: (M, 5) ``[cls, x1, y1, x2, y2]`` in the same pixel space.
-        iou_thresholds: (T,) thresholds; default :data:`IOU_THRESHOLDS`.
-
-    Returns:
-        (N, T) bool tensor on the detections' device.
-    """
-    thresholds = IOU_THRESHOLDS if iou_thresholds is None else torch.as_tensor(iou_thresholds)
-    thresholds = thresholds.to(detections.device)
+def match_predictions(detections: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(N, 10) true-positive flags at each of :data:`IOU_THRESHOLDS`, as the official ``process_batch``: a label
+    goes to its first matching detection in NMS order (the most confident), not to the highest IoU."""
+    thresholds = IOU_THRESHOLDS.to(detections.device)
     correct = np.zeros((detections.shape[0], thresholds.shape[0]), dtype=bool)
     if detections.shape[0] and labels.shape[0]:
         iou = box_iou(labels[:, 1:5], detections[:, :4])  # (M, N)
@@ -84,11 +66,7 @@ def smooth(y: np.ndarray, fraction: float = 0.05) -> np.ndarray:
 
 
 def compute_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """Average precision of one curve, 101-point interpolated as the official ``compute_ap``.
-
-    Returns:
-        (ap, envelope precision, recall), both with the sentinels (0, 1) and (1, 0).
-    """
+    """(AP 101-point interpolated as the official ``compute_ap``, envelope precision, recall with sentinels)."""
     mrec = np.concatenate(([0.0], recall, [1.0]))
     mpre = np.concatenate(([1.0], precision, [0.0]))
     mpre = np.flip(np.maximum.accumulate(np.flip(mpre)))
@@ -98,7 +76,7 @@ def compute_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.nda
 
 
 class APResult(NamedTuple):
-    """Output of :func:`ap_per_class`: the seven official values, then the curves; one row per labelled class."""
+    """Output of :func:`ap_per_class`, one row per labelled class."""
 
     tp: np.ndarray  # (C,) true positives at the chosen confidence, round(R * n_labels)
     fp: np.ndarray  # (C,) false positives at the chosen confidence
@@ -118,22 +96,12 @@ def _to_numpy(x) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
-def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult:
-    """Per-class AP at every IoU threshold, and P, R, F1 at the best mean-F1 confidence (official semantics).
-
-    Args:
-        tp: (N, T) bool true-positive flags (from :func:`match_predictions`).
-        conf: (N,) detection scores.
-        pred_cls: (N,) predicted class ids.
-        target_cls: (L,) class ids of all labels.
-        eps: guards the divisions.
-
-    Returns:
-        :class:`APResult`; classes with labels but no predictions get zeros.
-    """
+def ap_per_class(tp, conf, pred_cls, target_cls) -> APResult:
+    """Per-class AP at every IoU threshold, and P, R, F1 at the best mean-F1 confidence, as the official code:
+    ``tp`` (N, T) flags of :func:`match_predictions`, ``conf`` and ``pred_cls`` per detection, ``target_cls`` per
+    label. Classes with labels but no predictions get zeros."""
+    eps = 1e-16
     tp, conf, pred_cls, target_cls = map(_to_numpy, (tp, conf, pred_cls, target_cls))
-    if tp.ndim == 1:
-        tp = tp[:, None]
     order = np.argsort(-conf)
     tp, conf, pred_cls = tp[order], conf[order], pred_cls[order]
     classes, n_labels = np.unique(target_cls, return_counts=True)
@@ -143,7 +111,7 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult
     p_curve, r_curve, pr_curve = (np.zeros((num_classes, 1000)) for _ in range(3))
     for ci, c in enumerate(classes):
         mask = pred_cls == c
-        if mask.sum() == 0 or n_labels[ci] == 0:
+        if not mask.any():
             continue
         fp_cum = (1 - tp[mask]).cumsum(0)
         tp_cum = tp[mask].cumsum(0)
@@ -165,29 +133,20 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult
 
 
 def fitness(map50: float, map50_95: float) -> float:
-    """Model fitness used to pick the best checkpoint: 0.1 * mAP50 + 0.9 * mAP50-95 (P, R weigh 0)."""
+    """What picks the best checkpoint: 0.1 * mAP50 + 0.9 * mAP50-95."""
     return 0.1 * map50 + 0.9 * map50_95
 
 
 class ConfusionMatrix:
-    """(nc+1) x (nc+1) counts as the official ``ConfusionMatrix``: rows predicted, columns true, last background.
-
-    Detections above ``conf`` match labels one-to-one at IoU > ``iou_thres`` whatever the class; unmatched
-    detections count only in an image with at least one match (official rule).
-    """
+    """(nc+1) x (nc+1) counts as the official one: rows predicted, columns true, the last background; unmatched
+    detections count only in an image with at least one match (official rule)."""
 
     def __init__(self, nc: int, conf: float = 0.25, iou_thres: float = 0.45):
         self.matrix = np.zeros((nc + 1, nc + 1))
         self.nc, self.conf, self.iou_thres = nc, conf, iou_thres
 
     def process_batch(self, detections: torch.Tensor | None, labels: torch.Tensor) -> None:
-        """Add one image.
-
-        Args:
-            detections: (N, 6) ``[x1, y1, x2, y2, conf, cls]``, or None when the image has none (then ``labels``
-                may be the (M,) class ids alone).
-            labels: (M, 5) ``[cls, x1, y1, x2, y2]``.
-        """
+        """Add one image; ``detections`` None: it has none (``labels`` may then be the class ids alone)."""
         if detections is None:
             for gc in (labels[:, 0] if labels.ndim == 2 else labels).int().tolist():
                 self.matrix[self.nc, gc] += 1
@@ -210,27 +169,19 @@ class ConfusionMatrix:
 
 
 def is_coco_val(val_path: str | Path | Sequence | None) -> bool:
-    """True when the validation list is COCO's (its path ends with ``val2017.txt``), as the official check."""
+    """True for COCO's validation list (a path ending with ``val2017.txt``), as the official check."""
     return isinstance(val_path, (str, Path)) and str(val_path).endswith("val2017.txt")
 
 
 def image_id_from_path(path: str | Path) -> int | str:
-    """COCO image id of an image file: ``int(stem)`` when the stem is numeric, else the stem."""
+    """``int(stem)`` when the stem is numeric, else the stem."""
     stem = Path(path).stem
     return int(stem) if stem.isnumeric() else stem
 
 
 def coco_predictions(detections, path: str | Path, class_map: Sequence[int] | None = None) -> list[dict]:
-    """COCO result records of one image, as ``val_dual.py --save-json``.
-
-    Args:
-        detections: (n, 6) ``[x1, y1, x2, y2, conf, cls]`` in original-image pixels (tensor or array).
-        path: the image file (its stem gives the image id).
-        class_map: class id -> category id (``COCO80_TO_COCO91`` for COCO); None keeps the class id.
-
-    Returns:
-        One dict per detection: bbox top-left xywh rounded to 3 decimals, score to 5.
-    """
+    """COCO result records of one image's detections (original-image pixels), as ``val_dual.py --save-json``;
+    ``class_map``: class id -> category id (``COCO80_TO_COCO91`` for COCO), None keeps the class id."""
     image_id = image_id_from_path(path)
     records = []
     for x1, y1, x2, y2, conf, cls in _to_numpy(detections).tolist():
@@ -242,16 +193,8 @@ def coco_predictions(detections, path: str | Path, class_map: Sequence[int] | No
 
 def coco_ground_truth(images: Iterable[tuple[str | Path, tuple[int, int], np.ndarray]], names: Sequence[str],
                       class_map: Sequence[int] | None = None) -> dict:
-    """COCO ground-truth dict from labelled images.
-
-    Args:
-        images: (path, (h0, w0), labels (m, 5) ``[cls, x1, y1, x2, y2]`` in original-image pixels) per image.
-        names: class names.
-        class_map: class id -> category id, as for the predictions.
-
-    Returns:
-        ``{"images", "annotations", "categories"}``; ``iscrowd`` 0, ``area`` the box's.
-    """
+    """COCO ground truth from (path, (h0, w0), labels in original-image pixels) per image; ``class_map`` as for
+    :func:`coco_predictions`."""
     category = (lambda c: class_map[c]) if class_map is not None else (lambda c: c)
     out = {"images": [], "annotations": [],
            "categories": [{"id": category(i), "name": str(n)} for i, n in enumerate(names)]}
@@ -266,23 +209,12 @@ def coco_ground_truth(images: Iterable[tuple[str | Path, tuple[int, int], np.nda
     return out
 
 
-def run_cocoeval(ground_truth: dict | str | Path, predictions: list[dict] | str | Path,
-                 image_ids: Iterable | None = None) -> dict[str, float]:
-    """Score predictions with pycocotools ``COCOeval(..., "bbox")`` (its printout is logged at DEBUG level).
-
-    Args:
-        ground_truth: COCO ground-truth dict or JSON path (e.g. ``annotations/instances_val2017.json``).
-        predictions: result records or a JSON path of them.
-        image_ids: evaluate only these images (the official code does so for COCO).
-
-    Returns:
-        The 12 ``summarize()`` numbers keyed by :data:`COCOEVAL_NAMES` (all 0 without predictions).
-    """
+def run_cocoeval(ground_truth: dict | str | Path, predictions: list[dict], image_ids: Iterable) -> dict[str, float]:
+    """The 12 numbers of pycocotools ``COCOeval(..., "bbox")`` of the images ``image_ids``, keyed by
+    :data:`COCOEVAL_NAMES` (all 0 without predictions); the ground truth as a dict or a JSON path."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    if isinstance(predictions, (str, Path)):
-        predictions = json.loads(Path(predictions).read_text())
     if not predictions:
         LOGGER.warning("COCOeval: no predictions to score; all 12 numbers are 0")
         return dict.fromkeys(COCOEVAL_NAMES, 0.0)
@@ -293,8 +225,7 @@ def run_cocoeval(ground_truth: dict | str | Path, predictions: list[dict] | str 
             else ground_truth
         gt.createIndex()
         evaluator = COCOeval(gt, gt.loadRes(predictions), "bbox")
-        if image_ids is not None:
-            evaluator.params.imgIds = sorted(set(image_ids))
+        evaluator.params.imgIds = sorted(set(image_ids))
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()

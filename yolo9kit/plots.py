@@ -1,10 +1,8 @@
-"""Every plot of the kit in one place: the figures of batches, labels and validation (``yolo9kit.figure``) and,
-defined here, those of training runs and memory. Each takes ``ax=None`` (or ``fig=None``) and returns the
-figure, which a notebook shows as the value of a cell and a script saves."""
+"""Every plot of the kit in one place: those of ``yolo9kit.figure`` and, defined here, those of training runs
+and memory. Each takes ``ax=None`` (or ``fig=None``) and returns the figure."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,34 +36,16 @@ _STYLES = (("-", "s"), ("--", "^"), (":", "D"), ("-.", "v"))
 
 
 def plot_results(results: Any, fig=None):
-    """Losses, mAP, learning rates and throughput per epoch (2 x 2 axes).
-
-    Args:
-        results: a run folder, a results.csv path, a DataFrame, or ``FitResult.results`` (list of dicts).
-        fig: a figure to draw into (cleared), or None for a new one.
-    """
+    """Losses, mAP, learning rates and throughput per epoch (2 x 2 axes) of a run folder, a results.csv path, a
+    DataFrame or ``FitResult.results`` (list of dicts), into ``fig`` (cleared) or a new figure."""
     if isinstance(results, (str, Path)):
-        df = read_results(results)
-    else:
-        df = results if isinstance(results, pd.DataFrame) else pd.DataFrame(list(results))
-    return draw_results(df, fig)
+        results = read_results(results)
+    return draw_results(results if isinstance(results, pd.DataFrame) else pd.DataFrame(list(results)), fig)
 
 
 def compare(runs: Any, metric: str = "metrics/mAP50-95", ax=None):
-    """The chosen runs' curves of ``metric`` against the epoch (from 1) on shared axes, each labelled by the
-    settings that differ between them (by its folder when none differ).
-
-    Args:
-        runs: rows of a ``yolo9kit.runs()`` table, or run folders.
-        metric: a results.csv column (``metrics/mAP50``, ``train/box_loss``, ``images_per_s``, ...).
-        ax: axes to draw into, or None for a new figure.
-
-    Returns:
-        The figure; a run without that column or without rows is "(no data)" in the legend.
-
-    Raises:
-        ValueError: no runs.
-    """
+    """The curves of ``metric`` (a results.csv column) against the epoch of ``runs`` (rows of a ``yolo9kit.runs()``
+    table, or run folders; ValueError for none), each labelled by the settings that differ between them."""
     table = runs if isinstance(runs, pd.DataFrame) else runs_table(list(runs))
     if table.empty:
         raise ValueError("compare: no runs to draw")
@@ -84,13 +64,8 @@ def compare(runs: Any, metric: str = "metrics/mAP50-95", ax=None):
 
 
 def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
-    """LR of each group, and batches per optimizer step (twin axis), against the batch index, as ``fit`` uses them.
-
-    Args:
-        config: a TrainConfig.
-        batches_per_epoch: loader batches per epoch (``len(train_loader)``).
-        ax: axes for the learning rates, or None.
-    """
+    """The LR of each group, and batches per optimizer step (twin axis), against the batch index, as ``fit`` uses
+    them for a TrainConfig and ``len(train_loader)``."""
     nw = warmup_batches(config, batches_per_epoch)
     steps = range(config.epochs * batches_per_epoch)
     settings = [step_settings(config, ni, ni // batches_per_epoch, nw) for ni in steps]
@@ -106,85 +81,61 @@ def plot_schedule(config: Any, batches_per_epoch: int, ax=None):
     return ax.figure
 
 
-def memory_vs_batch(df, gpu: Any = None, ax=None, *, value: str = "device_bytes", margin: float | None = None):
-    """Peak memory against batch size, one curve per ``setting`` of a ``memory.sweep`` DataFrame: estimated rows
-    as lines, measured rows as points, measured out-of-memory rows as an x on the capacity line.
-
-    Args:
-        df: the sweep's rows.
-        gpu: a name, bytes or GPUSpec whose capacity line and out-of-memory region are drawn (default: the
-            rows' ``gpu_total_bytes``).
-        ax: axes to draw on.
-        value: the column, "device_bytes" (reserved + context, what must fit), "peak_reserved" or "peak_allocated".
-        margin: also draw the budget line at ``(1 - margin)`` of the capacity.
-    """
+def memory_vs_batch(df, gpu: Any = None, ax=None, *, margin: float | None = None):
+    """Peak memory (``device_bytes``) against batch size, a curve per ``setting`` of a ``memory.sweep`` DataFrame
+    (estimated: lines, measured: points, out of memory: an x), under the capacity of ``gpu`` (default: the rows'
+    card) and the budget line at ``1 - margin`` of it."""
     fig, ax = axes_for(ax, (7, 4.5))
     spec = resolve_gpu(gpu) if gpu is not None else None
-    capacity = spec.total_bytes if spec is not None else _capacity(df)
-    settings = list(dict.fromkeys(df["setting"])) if "setting" in df else [None]
-    for k, setting in enumerate(settings):
+    capacity = spec.total_bytes if spec is not None else None
+    if capacity is None and "gpu_total_bytes" in df and df["gpu_total_bytes"].notna().any():
+        capacity = int(df["gpu_total_bytes"].dropna().iloc[0])
+    for k, setting in enumerate(list(dict.fromkeys(df["setting"])) if "setting" in df else [None]):
         color, (line, marker) = f"C{k % 10}", _STYLES[k % len(_STYLES)]
         part = df if setting is None else df[df["setting"] == setting]
         label = precision_name(setting) if setting else "peak"
         est = part[part["method"] == "estimated"].sort_values("batch_size")
-        oom_mask = part["oom"].fillna(False).astype(bool) if "oom" in part else False
-        meas = part[(part["method"] == "measured") & ~oom_mask]
+        oom = part["oom"].fillna(False).astype(bool) if "oom" in part else pd.Series(False, index=part.index)
+        meas = part[(part["method"] == "measured") & ~oom]
         if len(est):
-            ax.plot(est["batch_size"], est[value] / GIB, line, marker=marker, markersize=4, color=color,
+            ax.plot(est["batch_size"], est["device_bytes"] / GIB, line, marker=marker, markersize=4, color=color,
                     markerfacecolor="none", label=f"{label} (estimated)")
         if len(meas):
-            ax.plot(meas["batch_size"], meas[value] / GIB, "o", color=color, label=f"{label} (measured)")
-        if "oom" in part and capacity:
-            oom = part[part["oom"].astype(bool)]
-            if len(oom):
-                ax.plot(oom["batch_size"], [capacity / GIB] * len(oom), "x", color=color, markersize=9)
+            ax.plot(meas["batch_size"], meas["device_bytes"] / GIB, "o", color=color, label=f"{label} (measured)")
+        if capacity and oom.any():
+            ax.plot(part[oom]["batch_size"], [capacity / GIB] * int(oom.sum()), "x", color=color, markersize=9)
     if capacity:
-        _draw_capacity(ax, df, value, capacity, spec.name if spec is not None else "GPU", margin)
-    title = value.replace("_", " ")
-    ax.set(xlabel="batch size (images per micro-step)", ylabel=f"{title} (GiB)")
-    ax.set_title(f"{title} of one training step against the batch size", fontsize=10)
+        _draw_capacity(ax, df, capacity, spec.name if spec is not None else "GPU", margin)
+    ax.set(xlabel="batch size (images per micro-step)", ylabel="device bytes (GiB)")
+    ax.set_title("device bytes of one training step against the batch size", fontsize=10)
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
 
 
-def _draw_capacity(ax, df, value: str, capacity: int, name: str, margin: float | None) -> None:
+def _draw_capacity(ax, df, capacity: int, name: str, margin: float | None) -> None:
     """The capacity line, the out-of-memory region above it, and a note where a curve leaves the plot."""
     ax.axhline(capacity / GIB, color="k", lw=1)
     # the card's capacity sets the scale: a curve far above it would flatten the part that matters
     top = min(max(ax.get_ylim()[1], capacity / GIB * 1.15), capacity / GIB * 1.35)
     ax.axhspan(capacity / GIB, top, color="#d62728", alpha=0.12, label=f"out of memory ({name})")
     ax.set_ylim(0, top)
-    values = df[value].dropna() / GIB if value in df else []
-    if len(values) and values.max() > top:
-        row = df.loc[(df[value] / GIB).idxmax()]
-        ax.text(0.98, 0.97, f"up to {row[value] / GIB:.0f} GiB at batch {int(row['batch_size'])} (off scale)",
-                transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#a00")
+    if df["device_bytes"].max() / GIB > top:
+        row = df.loc[df["device_bytes"].idxmax()]
+        ax.text(0.98, 0.97, f"up to {row['device_bytes'] / GIB:.0f} GiB at batch {int(row['batch_size'])} (off "
+                "scale)", transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#a00")
     if margin:
         ax.axhline(capacity * (1 - margin) / GIB, color="k", ls="--", lw=0.8, label=f"{1 - margin:.0%} budget")
 
 
-def _capacity(df) -> int | None:
-    if "gpu_total_bytes" in df and df["gpu_total_bytes"].notna().any():
-        return int(df["gpu_total_bytes"].dropna().iloc[0])
-    return None
-
-
-def memory_breakdown(reports, ax=None, *, labels: Sequence[str] | None = None):
-    """Stacked bars of the breakdown of one ``MemoryReport`` or a list (one bar each), in GiB, with the
-    reserved peak marked above each bar.
-
-    Args:
-        reports: a ``MemoryReport`` or a list of them.
-        ax: axes to draw on.
-        labels: a label per bar (default: model, batch, precision, checkpointing and method).
-    """
+def memory_breakdown(reports, ax=None):
+    """Stacked bars of the breakdown of one ``MemoryReport`` or a list (one bar each), in GiB, with the reserved
+    peak marked above each bar."""
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
     fig, ax = axes_for(ax, (max(4.0, 1.1 * len(reports) + 3), 4.5))
-    labels = list(labels) if labels is not None else \
-        [f"{r.model}\nb{r.batch_size} {precision_name(r.step.amp)}{' ckpt' if r.step.activation_checkpointing else ''}"
-         f"\n{r.method}" for r in reports]
+    labels = [f"{r.model}\nb{r.batch_size} {precision_name(r.step.amp)}"
+              f"{' ckpt' if r.step.activation_checkpointing else ''}\n{r.method}" for r in reports]
     x = list(range(len(reports)))
     bottom = [0.0] * len(reports)
     for cat in CATEGORIES:

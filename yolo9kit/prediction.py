@@ -1,5 +1,5 @@
-"""Inference on images and videos, as the official ``detect_dual.py``: letterbox, main head, NMS, rescale
-(docs/validation.md). A video is decoded, predicted and written one frame at a time."""
+"""Inference on images and videos as the official ``detect_dual.py`` (docs/validation.md); a video is decoded,
+predicted and written one frame at a time."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pandas as pd
 import torch
 
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
@@ -38,30 +39,21 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     """Detect objects in images and videos, as the official ``detect_dual.py``.
 
     Args:
-        model: a DetectionModel or what :func:`~yolo9kit.models.load_model` takes; never moved or cast (a copy runs),
-            its train/eval mode restored.
+        model: a DetectionModel or what :func:`~yolo9kit.models.load_model` takes; never moved or cast (a copy runs).
         source: image or video file, folder, glob, ``.txt`` list of paths, BGR numpy image, or a list of these.
-        imgsz: inference size, int or (h, w), rounded up to a multiple of the stride.
-        nms: :class:`~yolo9kit.config.NMSConfig`; unset fields take :data:`~yolo9kit.config.PREDICT_NMS`.
-        save: :class:`~yolo9kit.config.SaveConfig`, what to write where; None writes nothing.
-        half: FP16: "auto" (on CUDA), True or False.
-        device: None: the first CUDA device when there is one, else the CPU.
-        head: "main" or "aux".
+        imgsz: int or (h, w), rounded up to a multiple of the stride; nms: unset fields take ``PREDICT_NMS``.
+        save: what to write where (None: nothing); half, device, head: as :func:`~yolo9kit.validate.evaluate`.
         batch_size: images per forward pass; above 1 each is letterboxed to the full ``imgsz``.
-        deploy: run the deployed equivalent (auxiliary branch dropped, Conv+BN fused), within float rounding.
-        compile: ``torch.compile`` the model (True or a mode).
+        deploy: run the deployed equivalent (auxiliary branch dropped, Conv+BN fused); compile: True or a mode.
         vid_stride: keep every k-th video frame: frames k-1, 2k-1, ... (0-based).
         backend: "torch", or "onnxruntime" / "openvino": the exported model on the CPU at the full ``imgsz``.
         on_result: called with each Prediction once done, its input's number (from 1) and the number of inputs.
 
     Returns:
-        :class:`~yolo9kit.detections.Predictions`, one per image or kept video frame; unreadable inputs are in
-        ``.skipped`` with the reason, not raised.
+        A Prediction per image or kept video frame; the inputs that could not be read in ``.skipped``, with why.
 
     Raises:
-        FileNotFoundError: a named file, folder or pattern that does not exist or matches nothing.
-        ValueError: a folder or list without images or videos; batch_size or vid_stride < 1; a bad ``half`` or
-            ``backend``; an exported backend asked for a GPU, FP16, the aux head, compile or no deploy.
+        FileNotFoundError: a named source that does not exist. ValueError: no images or videos, a bad setting.
     """
     _check(backend, device, half, head, compile, deploy, batch_size, vid_stride)
     onnx = backend != "torch"  # an exported model
@@ -72,7 +64,10 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     was_training = model.training
     run_model, dtype, nhwc = prepare(model, device, half, nhwc=not onnx, deploy=deploy, head=head)
     forward = torch.compile(run_model, mode=compile if isinstance(compile, str) else None) if compile else run_model
-    imgsz, input_size = _sizes(imgsz, max_stride(run_model))
+    imgsz, stride = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz), max_stride(run_model)
+    input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)
+    if input_size != imgsz:
+        LOGGER.warning("imgsz %s is not a multiple of the stride %d: using %s", imgsz, stride, input_size)
     if onnx:  # an optional package runs it
         from yolo9kit.export_onnx import OnnxRuntimeForward, OpenVinoForward
 
@@ -101,15 +96,6 @@ def _check(backend, device, half, head, compile, deploy, batch_size: int, vid_st
         raise ValueError(f"vid_stride must be >= 1 (keep every k-th video frame), got {vid_stride}")
 
 
-def _sizes(imgsz: int | Sequence[int], stride: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(the requested (h, w), the network input's: rounded up to a multiple of ``stride``)."""
-    imgsz = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
-    input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)
-    if input_size != imgsz:
-        LOGGER.warning("imgsz %s is not a multiple of the stride %d: using %s", imgsz, stride, input_size)
-    return imgsz, input_size
-
-
 def _read(item) -> tuple[np.ndarray | None, str | None, str]:
     """(BGR image or None, path or None, reason when None)."""
     if isinstance(item, np.ndarray):
@@ -129,16 +115,14 @@ def _read(item) -> tuple[np.ndarray | None, str | None, str]:
 
 def _inputs(items: list, vid_stride: int, skipped: list, videos: dict):
     """(index, BGR image, path or None, frame or None, seconds to read it) per image and kept video frame;
-    unreadable inputs go to ``skipped``, each opened video's reader to ``videos`` (the writer needs its fps)."""
+    unreadable inputs go to ``skipped``, each video's reader to ``videos`` (the writer needs its fps)."""
     for index, item in enumerate(items):
         if is_video(item):
-            reader = VideoReader(str(item), vid_stride)
+            reader = videos[str(item)] = VideoReader(str(item), vid_stride)
             if reader.error:
                 _skip(skipped, str(item), reader.error)
                 continue
-            videos[str(item)] = reader
-            for frame, image, read_s in reader:
-                yield index, image, str(item), frame, read_s
+            yield from ((index, image, str(item), frame, read_s) for frame, image, read_s in reader)
             if reader.frames_read == 0:
                 _skip(skipped, str(item), "no frame could be decoded (empty or corrupt video)")
             elif reader.frames_read < reader.frame_count // vid_stride:
@@ -201,13 +185,13 @@ class _Run:
             self.batch(pending)
 
     def batch(self, pending: list) -> None:
-        for (index, image, *_), (result, speed) in zip(pending, _run_batch(self, pending)):
+        for (index, image, *_), result in zip(pending, _run_batch(self, pending)):
             if self.save_dir is not None:
                 _write_outputs(self, result, index, image)
             if result.frame is not None:
                 result.image = None  # a video frame is decoded again when drawn: a long video never fills the RAM
             self.results.append(result)
-            self.rows.append({"path": result.path or f"array #{index}", **speed})
+            self.rows.append({"path": result.path or f"array #{index}", **result.speed})
             if self.report is not None:
                 self.report(result, index)
 
@@ -237,16 +221,14 @@ class _Run:
                 replace_durably(tmp, out)
 
     def speed_frame(self):
-        import pandas as pd
-
         frame = pd.DataFrame(self.rows, columns=["path", "load_ms", *SPEED_COLUMNS])
         if any(result.frame is not None for result in self.results):  # None for images: JSON null, not NaN
             frame.insert(1, "frame", pd.Series([result.frame for result in self.results], dtype=object))
         return frame
 
 
-def _run_batch(run: _Run, pending: list) -> list[tuple[Prediction, dict]]:
-    """One forward pass over the letterboxed images of ``pending``; per image its Prediction and speed row."""
+def _run_batch(run: _Run, pending: list) -> list[Prediction]:
+    """One forward pass over the letterboxed images of ``pending``, a Prediction per image."""
     n, device, nms = len(pending), run.device, run.nms
     t1 = clock(device)
     x = preprocess_images(torch.from_numpy(np.stack([chw for *_, chw, _ in pending])), device, run.dtype, run.nhwc)
@@ -256,18 +238,14 @@ def _run_batch(run: _Run, pending: list) -> list[tuple[Prediction, dict]]:
     dets = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic, max_det=nms.max_det)
     t4 = clock(device)
     out = []
-    for (index, image, path, frame, _, load_s), det in zip(pending, dets):
+    for (_, image, path, frame, _, load_s), det in zip(pending, dets):
         det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], image.shape).round()
         det = det.float().cpu().numpy()
         speed = {"load_ms": load_s * 1e3, "preprocess_ms": (t2 - t1) * 1e3 / n,
                  "inference_ms": (t3 - t2) * 1e3 / n, "nms_ms": (t4 - t3) * 1e3 / n}
-        result = Prediction(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), list(run.model.names),
-                            tuple(image.shape[:2]), tuple(x.shape[2:]), path, speed,
-                            image if path is None else None, frame=frame)
-        if LOGGER.isEnabledFor(logging.DEBUG):
-            where = f"{path} frame {frame}" if frame is not None else path or "array"
-            LOGGER.debug("image %d %s: %s, %.1fms", index + 1, where, result.summary(), speed["inference_ms"])
-        out.append((result, speed))
+        out.append(Prediction(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), list(run.model.names),
+                              tuple(image.shape[:2]), tuple(x.shape[2:]), path, speed,
+                              image if path is None else None, frame=frame))
     return out
 
 

@@ -1,5 +1,5 @@
-"""Validation as the official ``val_dual.py`` (rect batches, multi-label NMS, matching at IoU 0.50:0.95, 101-point
-AP), plus an optional COCOeval of the same predictions; and the model plumbing ``predict`` shares with it."""
+"""Validation as the official ``val_dual.py`` with an optional COCOeval (docs/validation.md), and the model
+plumbing ``predict`` shares."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -18,7 +19,7 @@ from yolo9kit import metrics
 from yolo9kit.boxes import cxcywh_to_xyxy
 from yolo9kit.config import VAL_NMS, NMSConfig
 from yolo9kit.data import create_dataloader, load_data_config, preprocess_images
-from yolo9kit.detections import non_max_suppression, scale_boxes, speed_line
+from yolo9kit.detections import SPEED_COLUMNS, non_max_suppression, scale_boxes, speed_line
 from yolo9kit.env import resolve_device
 from yolo9kit.figure import plot_validation, save_figure
 from yolo9kit.files import write_text_atomically
@@ -29,8 +30,7 @@ LOGGER = logging.getLogger(__name__)
 
 
 def prepare(model: torch.nn.Module, device: torch.device, half: bool, nhwc: bool = True, **kwargs):
-    """(the model to run, its input's dtype, whether its input is channels_last): ``prepare_model``'s model on
-    ``device``, FP16 with ``half``, channels_last where ``nhwc`` and ``inference_layout`` say it pays."""
+    """(model to run, input dtype, channels_last input): ``prepare_model``'s, channels_last where it pays."""
     prepared = prepare_model(model, device, half, **kwargs)
     nhwc = nhwc and inference_layout(prepared, device, own_copy=prepared is not model) is torch.channels_last
     if nhwc and prepared is not model:
@@ -39,7 +39,7 @@ def prepare(model: torch.nn.Module, device: torch.device, half: bool, nhwc: bool
 
 
 def clock(device: torch.device) -> float:
-    """``time.perf_counter()`` once the kernels queued on ``device`` are done, so that stage timers measure them."""
+    """``time.perf_counter()`` once the kernels queued on ``device`` are done."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -51,17 +51,16 @@ class ValResult:
 
     precision: float  # mean over labelled classes at the max-mean-F1 confidence (official mp)
     recall: float  # the same for recall (official mr)
-    map50: float  # mean AP at IoU 0.5
-    map50_95: float  # mean AP over IoU 0.50:0.95
+    map50: float
+    map50_95: float
     fitness: float  # 0.1 * map50 + 0.9 * map50_95: picks best.pt
     per_class: Any  # DataFrame (class, name, images containing it, instances, P, R, mAP50, mAP50-95)
     speed: dict[str, float]  # ms per image for preprocess / inference / nms
-    maps: np.ndarray  # (nc,) mAP50-95 per class id; classes without labels get map50_95 (official convention)
     seen: int  # images evaluated
     instances: int  # labels in them
     confusion_matrix: metrics.ConfusionMatrix
     ap_result: metrics.APResult | None = None  # the curves; None without any true positive
-    figures: dict[str, Any] = field(default_factory=dict)  # name -> matplotlib figure (plots=True)
+    figures: dict[str, Any] = field(default_factory=dict)  # file name -> matplotlib figure (plots=True)
     coco: dict[str, float] | None = None  # the 12 COCOeval numbers (coco=True)
     coco_predictions: list[dict] | None = field(default=None, repr=False)  # its records
     head: str = "main"
@@ -82,24 +81,23 @@ class ValResult:
 
     def speed_line(self) -> str:
         """The official Speed line: ms per image, at shape (batch, 3, imgsz, imgsz)."""
-        return speed_line([self.speed[k] for k in ("preprocess_ms", "inference_ms", "nms_ms")], self.input_shape)
+        return speed_line([self.speed[k] for k in SPEED_COLUMNS], self.input_shape)
 
     def to_dict(self) -> dict[str, float]:
         """The headline numbers (plus COCOeval's, prefixed ``coco/``) as plain floats."""
         out = {"P": self.precision, "R": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95,
                "fitness": self.fitness}
-        out.update({f"coco/{k}": v for k, v in (self.coco or {}).items()})
-        return out
+        return out | {f"coco/{k}": v for k, v in (self.coco or {}).items()}
 
 
-def _loader(caller: str, data, dataloader, split: str = "val", imgsz: int = 640, batch_size: int = 32,
+def _loader(data, dataloader, split: str = "val", imgsz: int = 640, batch_size: int = 32,
             workers: int | None = None, single_cls: bool = False, **_):
     if dataloader is not None:
         return dataloader
     if data is None:
-        raise ValueError(f"{caller} needs data= (a data.yaml path or dict) or dataloader=")
-    # as val_dual.py: rect batches padded by half a stride, no augmentation; scores what it can read, also a
-    # train split whose labels would refuse to train (allow_bad_labels)
+        raise ValueError("validation needs data= (a data.yaml path or dict) or dataloader=")
+    # as val_dual.py: rect batches padded by half a stride, no augmentation; a split whose labels would refuse
+    # to train is still scored
     return create_dataloader(data, split, imgsz=imgsz, batch_size=batch_size, augment=False, rect=True,
                              shuffle=False, pad=0.5, workers=workers, single_cls=single_cls, allow_bad_labels=True)
 
@@ -132,35 +130,24 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
     Args:
         model: DetectionModel or what :func:`~yolo9kit.models.load_model` takes; never moved or cast (a copy runs).
         data: data.yaml path or dict (optional with ``dataloader``, except to find COCO's annotation file).
-        split: "val", "test" or "train".
-        imgsz: the loader's image size.
-        batch_size: the loader's batch size.
-        nms: :class:`~yolo9kit.config.NMSConfig`; unset fields take :data:`~yolo9kit.config.VAL_NMS`.
-        head: "main" (as val_dual.py) or "aux".
+        split, imgsz, batch_size, workers, single_cls: the loader's settings (single_cls: every class as one).
+        nms: unset fields take ``VAL_NMS``; head: "main" (as val_dual.py) or "aux".
         dataloader: a loader of (images uint8 (B,3,H,W), targets (N,6), paths, shapes) to use instead.
-        half: FP16 forward: "auto" (on CUDA), True or False (False reproduces val_dual.py's FP32 numbers).
+        half: FP16: "auto" (on CUDA), True or False (False reproduces val_dual.py's FP32 numbers).
         device: None: the first CUDA device when there is one, else the CPU.
-        plots: confusion matrix, PR, F1, P and R figures in ``.figures``.
-        save_dir: the folder for the figures (PNG) and COCO JSON files; None writes nothing.
-        coco: also score COCO-format predictions with pycocotools (``.coco``).
-        coco_gt: COCO ground truth, JSON path or dict; None: COCO's own under the data path, else converted.
-        single_cls: every class counted as one (class-agnostic NMS).
-        workers: the loader's worker processes (None: automatic).
-        progress_bar: a tqdm bar over the batches.
-
-    Returns:
-        :class:`ValResult`.
+        plots: confusion matrix, PR, F1, P and R figures in ``.figures``, written to ``save_dir`` when given.
+        coco: also score with pycocotools (``.coco``) against ``coco_gt`` (JSON path or dict; None: COCO's own
+            under the data path, else converted from the labels), its JSON files written to ``save_dir``.
 
     Raises:
-        ValueError: neither ``data`` nor ``dataloader``; a head other than the two; a model whose number of
-            classes differs from the data's.
+        ValueError: neither ``data`` nor ``dataloader``; another head; a model whose classes differ from the data's.
     """
     if head not in ("main", "aux"):
         raise ValueError(f"head must be 'main' or 'aux', got {head!r}")
     model = load_model(model)
     device = resolve_device(device)
     half = resolve_half(half, device)
-    dataloader = _loader("evaluate", data, dataloader, split, imgsz, batch_size, workers, single_cls)
+    dataloader = _loader(data, dataloader, split, imgsz, batch_size, workers, single_cls)
     names, config = _data_names(data, dataloader, single_cls, model.nc)
     coco_val = coco and config is not None and any(metrics.is_coco_val(s) for s in config.sources.get(split, []))
     state = _Validation(names, (nms or NMSConfig()).filled(VAL_NMS), head, single_cls, coco,
@@ -197,19 +184,18 @@ class _Validation:
 
 
 def _run_batches(model, dtype, nhwc: bool, loader, device, state: _Validation, progress_bar: bool) -> None:
+    nms = state.nms
     for images, targets, paths, shapes in tqdm(loader, desc=f"validate ({state.head} head)",
                                                disable=not progress_bar, leave=False):
         t0 = clock(device)
         images = preprocess_images(images, device, dtype, channels_last=nhwc)
-        targets = targets.to(device)
         batch, _, height, width = images.shape
         state.input_shape = state.input_shape or (batch, 3, state.imgsz, state.imgsz)
         t1 = clock(device)
         prediction = select_head(model(images), state.head)
         t2 = clock(device)
         # boxes to input pixels; a new tensor, the loader's batch stays untouched
-        targets = targets * torch.tensor((1, 1, width, height, width, height), device=device)
-        nms = state.nms
+        targets = targets.to(device) * torch.tensor((1, 1, width, height, width, height), device=device)
         detections = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic or state.single_cls,
                                          multi_label=True, max_det=nms.max_det)
         state.times += (t1 - t0, t2 - t1, clock(device) - t2)
@@ -221,7 +207,7 @@ def _run_batches(model, dtype, nhwc: bool, loader, device, state: _Validation, p
 def _score_image(pred, labels, path, shape, input_hw, state: _Validation) -> None:
     """Match one image's detections to its labels and add its statistics (val_dual.py's per-image step)."""
     state.seen += 1
-    original_hw, ratio_pad = shape[0], shape[1]
+    original_hw, ratio_pad = shape
     boxes = scale_boxes(input_hw, cxcywh_to_xyxy(labels[:, 1:5]), original_hw, ratio_pad)
     labels_xyxy = torch.cat((labels[:, 0:1], boxes), 1)
     if state.coco:
@@ -242,8 +228,6 @@ def _score_image(pred, labels, path, shape, input_hw, state: _Validation) -> Non
 
 
 def _per_class_frame(result: metrics.APResult | None, state: _Validation, target_cls: np.ndarray):
-    import pandas as pd
-
     names = state.names
     images_per_class = np.zeros(len(names), dtype=int)
     for *_, labels_cls in state.stats:
@@ -263,20 +247,15 @@ def _finish(state: _Validation, plots: bool, save_dir: Path | None, coco_gt, con
                                       else [np.zeros((0, 10))] * 4)
     result = metrics.ap_per_class(tp, conf, pred_cls, target_cls) if len(tp) and tp.any() else None
     mp = mr = map50 = map50_95 = 0.0
-    maps = np.zeros(len(state.names))
     if result is not None:
         mp, mr = float(result.p.mean()), float(result.r.mean())
         map50, map50_95 = float(result.ap[:, 0].mean()), float(result.ap.mean(1).mean())
-        maps += map50_95
-        maps[result.classes] = result.ap.mean(1)
     if len(target_cls) == 0:
         LOGGER.warning("no labels found in the validation set: metrics cannot be computed and are 0")
-    speed = dict(zip(("preprocess_ms", "inference_ms", "nms_ms"), (state.times / max(state.seen, 1) * 1e3).tolist()))
+    speed = dict(zip(SPEED_COLUMNS, (state.times / max(state.seen, 1) * 1e3).tolist()))
     out = ValResult(mp, mr, map50, map50_95, metrics.fitness(map50, map50_95),
-                    _per_class_frame(result, state, target_cls), speed, maps, state.seen, len(target_cls),
+                    _per_class_frame(result, state, target_cls), speed, state.seen, len(target_cls),
                     state.confusion, result, head=state.head, input_shape=state.input_shape, names=state.names)
-    if save_dir is not None:
-        save_dir.mkdir(parents=True, exist_ok=True)
     if plots:
         out.figures = plot_validation(state.confusion, result, state.names)
         for name, figure in out.figures.items() if save_dir is not None else ():
@@ -307,26 +286,16 @@ def _cocoeval(state: _Validation, save_dir: Path | None, coco_gt, config) -> dic
 
 
 def compare_heads(model, data=None, dataloader=None, **kwargs):
-    """Evaluate the main and the auxiliary head of a dual-head (YOLOv9) model on the same batches.
-
-    Args:
-        model: as :func:`evaluate`.
-        data: as :func:`evaluate`.
-        dataloader: as :func:`evaluate`; built once for both heads when None.
-        **kwargs: the other keywords of :func:`evaluate` but ``head``.
-
-    Returns:
-        DataFrame indexed by head ("main", "aux") with P, R, mAP50, mAP50-95, fitness.
+    """A DataFrame indexed by head ("main", "aux") of P, R, mAP50, mAP50-95 and fitness, each head of a dual-head
+    (YOLOv9) model evaluated on the same batches; the arguments as :func:`evaluate`.
 
     Raises:
         ValueError: a model with one head; neither ``data`` nor ``dataloader``.
     """
-    import pandas as pd
-
     model = load_model(model)
     if not getattr(model, "is_dual", False):
         raise ValueError("compare_heads needs a dual-head YOLOv9 model; GELAN / converted models have one head")
-    dataloader = _loader("compare_heads", data, dataloader, **kwargs)
+    dataloader = _loader(data, dataloader, **kwargs)
     rows = {head: evaluate(model, data, dataloader=dataloader, head=head, **kwargs).to_dict()
             for head in ("main", "aux")}
     return pd.DataFrame.from_dict(rows, orient="index")

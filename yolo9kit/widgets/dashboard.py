@@ -1,8 +1,5 @@
-"""``train_dashboard()``: live plots of ``fit`` with stop and resume buttons. It is a pair of callbacks
-(``on_batch``, ``on_epoch_end``) and one panel: buttons, status line, four plots, the finished epochs, messages.
-``await dash.fit(...)`` runs ``fit`` in a worker thread so that a click reaches it while it trains
-(docs/training.md); the run's ``yolo9kit`` log records go to the message line. It computes nothing of training.
-"""
+"""``train_dashboard()``: live plots of ``fit`` with stop and resume buttons, and its panel. ``await dash.fit(...)``
+runs ``fit`` in a worker thread so that a click reaches it while it trains (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -18,16 +15,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import ipywidgets as w
 import pandas as pd
 from IPython.display import display
 
 from yolo9kit.files import format_bytes
-from yolo9kit.train.fit import (
-    FitResult,
-    fit,  # the function: ``yolo9kit.train.fit`` may name the module
-)
+from yolo9kit.train.fit import FitResult, fit
 from yolo9kit.train.records import BatchRecord, EpochRecord
-from yolo9kit.widgets import panel
+from yolo9kit.widgets.panel import NO_VRAM, draw_dashboard, html_table, show_figure
+
+_TABLE_NOTE = ("finished epochs (counted from 1, as the progress bar and results.png count them; losses: means over "
+               "the epoch; P, R, mAP: validation of the EMA)")
+MAX_MESSAGES = 8  # message lines kept on screen; older ones stay in ``dash.messages``
+_COLUMNS = ("epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s", "time", "peak VRAM", "peak RSS")
 
 
 @dataclass
@@ -62,20 +62,9 @@ class _LogToDashboard(logging.Handler):
 
 @dataclass(repr=False)
 class TrainDashboard:
-    """Live plots of a training run with stop and resume buttons; ``await dash.fit(model, data, config)``.
-
-    Attributes:
-        history: the ``BatchRecord`` of every trained batch, in the order received (a resumed run repeats
-            the batches of its interrupted accumulation window).
-        epochs: the ``EpochRecord`` of every finished epoch.
-        resumes: batch indices ``ni`` at which a resumed run started again (dotted lines).
-        process_memory: ``ni`` -> resident set size in bytes at batches trained off CUDA (the memory panel there).
-        min_interval_s: redraw at most this often (drawing costs ~0.1 s); epoch ends always redraw.
-        interrupt_at: stop once this many batches are trained (counted from 1, as the plots count), as the stop
-            button would; None never stops.
-        result: the ``FitResult`` of the last run that went through ``fit`` or ``resume``.
-        messages: the message lines under the plots (the run's log records, stop and finish notes).
-    """
+    """Live plots of a training run with stop and resume buttons (docs/notebooks.md): ``history`` and ``epochs``
+    hold the records drawn, ``resumes`` the ``ni`` where a resumed run started, ``process_memory`` the resident set
+    size per ``ni`` off CUDA, ``messages`` the lines under the plots, ``result`` the last run's ``FitResult``."""
 
     title: str = "training"
     min_interval_s: float = 1.0
@@ -91,7 +80,6 @@ class TrainDashboard:
     stop_requested: bool = False
     _widgets: dict[str, Any] | None = None
     _job: _Job | None = None
-    _epochs_total: int | None = None
     _resume_pending: bool = False  # a resumed run started here: mark its first batch
     _last_draw: float = float("-inf")
 
@@ -126,8 +114,7 @@ class TrainDashboard:
     @property
     def running(self) -> bool:
         """True while a run started by ``fit``, ``resume`` or the resume button is training."""
-        job = self._job
-        return job is not None and job.result is None and job.error is None and not job.done.is_set()
+        return self._job is not None and self._job.result is None and self._job.error is None
 
     def request_stop(self) -> None:
         """What the stop button does: the next trained batch raises ``KeyboardInterrupt`` inside ``fit``."""
@@ -136,32 +123,13 @@ class TrainDashboard:
             self.note("stop requested: training ends after the current batch and saves last.pt")
 
     async def fit(self, model, data, config, **kwargs) -> FitResult:
-        """``yolo9kit.train.fit(model, data, config, **kwargs)`` in a worker thread, drawn live here; awaited
-        (``first = await dash.fit(...)``) so that the stop button works while it trains. The dashboard's callbacks
-        join ``config.run.callbacks`` and fit's progress bar is off.
-
-        Args:
-            model: the model, as for ``fit``.
-            data: the data, as for ``fit``.
-            config: a TrainConfig.
-            **kwargs: more arguments of ``fit``.
-
-        Returns:
-            fit's ``FitResult``; ``interrupted=True`` after the stop button, ``interrupt_at`` or Kernel > Interrupt
-            (last.pt is then saved and ``resume`` continues from it).
-        """
+        """``yolo9kit.train.fit(model, data, config, **kwargs)`` in a worker thread, drawn live here, with the
+        dashboard's callbacks beside ``config.run.callbacks``; its ``FitResult`` is ``interrupted`` after a stop."""
         return await self._wait(self._start(_Job(model, data, config, dict(kwargs), resume=False)))
 
     async def resume(self) -> FitResult:
-        """Continue the last stopped run from its last.pt; waits for (or returns) the resume button's run.
-
-        Returns:
-            The resumed run's ``FitResult``.
-
-        Raises:
-            RuntimeError: no stopped run to continue (none started here, the last one finished or failed, or it is
-                still training).
-        """
+        """Continue the last stopped run from its last.pt (RuntimeError when there is none); waits for (or returns)
+        the resume button's run."""
         job = self._job
         if job is not None and job.resume:  # the resume button's run: wait for it, or return how it finished
             if not job.done.is_set() or (job.error is None and not job.result.interrupted):
@@ -193,7 +161,7 @@ class TrainDashboard:
     def _start(self, job: _Job) -> _Job:
         if self.running:
             raise RuntimeError("a run is already training in this dashboard: press stop or wait for it")
-        self.stop_requested, self._job, self._epochs_total = False, job, job.config.epochs
+        self.stop_requested, self._job = False, job
         self._resume_pending = job.resume and bool(self.history)
         context = contextvars.copy_context()  # outputs of the thread go to the cell that started it
         job.thread = threading.Thread(target=context.run, args=(self._work, job), name="yolo9kit-fit", daemon=True)
@@ -203,8 +171,10 @@ class TrainDashboard:
 
     def _work(self, job: _Job) -> None:
         """The worker thread: fit with the dashboard's callbacks, its log records shown here."""
-        config = dataclasses.replace(job.config, callbacks=self._merged_callbacks(job.config.run.callbacks),
-                                     progress_bar=False)
+        merged = dict(job.config.run.callbacks or {})
+        for name, own in self.callbacks.items():  # a user's own callback of the same name is called first
+            merged[name] = own if merged.get(name) in (None, own) else _chain(merged[name], own)
+        config = dataclasses.replace(job.config, callbacks=merged, progress_bar=False)
         logger, handler = logging.getLogger("yolo9kit"), _LogToDashboard(self, threading.get_ident())
         level = logger.level
         logger.addHandler(handler)
@@ -254,19 +224,23 @@ class TrainDashboard:
             raise job.error
         return job.result
 
-    def _merged_callbacks(self, callbacks) -> dict[str, Any]:
-        """``callbacks`` plus the dashboard's; a different callback under the same name is called first."""
-        merged = dict(callbacks or {})
-        for name, own in self.callbacks.items():
-            other = merged.get(name)
-            merged[name] = own if other is None or other == own else _chain(other, own)
-        return merged
-
     @property
     def container(self):
         """The ipywidgets panel (built on first use); display it, or call ``show()``."""
         if self._widgets is None:
-            self._widgets = panel.build_panel(self)
+            stop = w.Button(description="stop", icon="stop", button_style="warning",
+                            tooltip="stop after the current batch: fit saves last.pt and returns (interrupted=True)")
+            resume = w.Button(description="resume", icon="play", button_style="success",
+                              tooltip="continue the stopped run from its last.pt")
+            stop.on_click(lambda _button: self.request_stop())
+            resume.on_click(lambda _button: self.resume_in_background())
+            wide = {"layout": w.Layout(width="100%")}
+            parts = {"stop": stop, "resume": resume, "status": w.HTML(), "plot": w.Output(), "table": w.HTML(**wide),
+                     "messages": w.HTML(**wide)}
+            parts["container"] = w.VBox([w.HBox([stop, resume, parts["status"]]), parts["plot"], parts["table"],
+                                         parts["messages"]], **wide)
+            self._widgets = parts
+            self._show_messages()
             self._set_buttons()
             self.update()
         return self._widgets["container"]
@@ -287,8 +261,13 @@ class TrainDashboard:
     def note(self, text: str, warning: bool = False) -> None:
         """Add a line to the message area (``warning``: in orange, still not an error box)."""
         self.messages.append(("warning: " if warning else "") + text)
+        self._show_messages()
+
+    def _show_messages(self) -> None:
         if self._widgets is not None:
-            self._widgets["messages"].value = panel.messages_html(self.messages[-panel.MAX_MESSAGES:])
+            rows = [f"<div style='color:{'#b35c00' if line.startswith('warning: ') else 'inherit'}; "
+                    f"white-space:normal'>{html.escape(line)}</div>" for line in self.messages[-MAX_MESSAGES:]]
+            self._widgets["messages"].value = "<div style='font-size:90%'>" + "".join(rows) + "</div>"
 
     def _set_buttons(self) -> None:
         if self._widgets is not None:
@@ -300,12 +279,13 @@ class TrainDashboard:
     def update(self) -> None:
         """Redraw the plots, the status line and the table from what the callbacks received."""
         self._last_draw = time.monotonic()
-        self.figure = panel.draw_dashboard(self)
+        self.figure = draw_dashboard(self)
         self.redraws += 1
         if self._widgets is not None:
-            panel.show_figure(self._widgets["plot"], self.figure)
+            show_figure(self._widgets["plot"], self.figure)
             self._widgets["status"].value = f"<b>{html.escape(self.status_text())}</b>"
-            self._widgets["table"].value = panel.table_html(self.epoch_table())
+            table = self.epoch_table()
+            self._widgets["table"].value = html_table(table, _TABLE_NOTE, "{:g}") if len(table) else ""
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
         """(ni, values) of one ``BatchRecord`` field in batch order: a batch seen twice (resume) keeps its latest
@@ -326,16 +306,29 @@ class TrainDashboard:
         if not self.history:
             return "running: waiting for the first batch" if self.running else "no batch trained yet"
         last = self.history[-1]
-        epochs = f" of {self._epochs_total}" if self._epochs_total else ""
+        epochs = f" of {self._job.config.epochs}" if self._job is not None else ""
         what, _, values = self.memory_series()
         label = "peak VRAM" if what.startswith("peak VRAM") else "process memory"
-        memory = f"{label} {format_bytes(values[-1])}" if values else panel.NO_VRAM
+        memory = f"{label} {format_bytes(values[-1])}" if values else NO_VRAM
         state = "training" if self.running else "stopped" if self.result and self.result.interrupted else "idle"
         return f"{state}: epoch {last.epoch + 1}{epochs}, batch {last.ni + 1}, {last.images_per_s:.1f} img/s, {memory}"
 
     def epoch_table(self) -> pd.DataFrame:
-        """The finished epochs, rounded and in readable units (losses, metrics when validated, img/s, time, memory)."""
-        return panel.epoch_frame(self)
+        """The finished epochs, rounded and in readable units; columns never filled (metrics of epochs not
+        validated, VRAM off CUDA) are left out."""
+        epoch_of = {r.ni: r.epoch for r in self.history}
+        rows = []
+        for r in self.epochs:
+            rss = [v for ni, v in self.process_memory.items() if epoch_of.get(ni) == r.epoch]
+            metrics = {k: None if v is None else round(v, 3) for k, v in (
+                ("P", r.precision), ("R", r.recall), ("mAP50", r.map50), ("mAP50-95", r.map50_95))}
+            rows.append({"epoch": r.epoch + 1, "box": round(r.box_loss, 3), "cls": round(r.cls_loss, 3),
+                         "dfl": round(r.dfl_loss, 3), **metrics, "img/s": round(r.images_per_s, 1),
+                         "time": _format_seconds(r.epoch_s),
+                         "peak VRAM": None if r.peak_allocated is None else format_bytes(r.peak_allocated),
+                         "peak RSS": format_bytes(max(rss)) if rss and r.peak_allocated is None else None})
+        return pd.DataFrame(rows, columns=list(_COLUMNS)).dropna(axis=1, how="all")
+
 
 def _chain(first, second):
     def both(record):
@@ -345,19 +338,17 @@ def _chain(first, second):
     return both
 
 
+def _format_seconds(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, interrupt_at: int | None = None,
                     show: bool = True) -> TrainDashboard:
-    """A live dashboard for ``fit``: ``dash = train_dashboard(); result = await dash.fit(model, data, config)``.
-
-    Args:
-        title: shown above the plots.
-        min_interval_s: redraw at most this often during an epoch (each redraw renders a PNG).
-        interrupt_at: stop training after this many batches as the stop button would (see ``TrainDashboard``).
-        show: display the panel in the current cell now (False in scripts and tests).
-
-    Returns:
-        The ``TrainDashboard``; ``.history`` and ``.epochs`` hold the records it drew, ``.figure`` the last figure.
-    """
+    """A live dashboard for ``fit``: ``dash = train_dashboard(); result = await dash.fit(model, data, config)``;
+    ``interrupt_at`` presses stop after that many batches, ``show`` displays the panel in the cell at once."""
     dash = TrainDashboard(title=title, min_interval_s=min_interval_s, interrupt_at=interrupt_at)
     if show:
         dash.show()
@@ -365,8 +356,7 @@ def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, int
 
 
 def process_memory_bytes() -> int | None:
-    """Resident set size of this process in bytes (``/proc/self/statm``, else the peak from ``getrusage``), None
-    where neither exists: what a CPU run has instead of VRAM."""
+    """This process's resident set size in bytes (Linux), else its peak (``getrusage``), None without either."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -376,5 +366,4 @@ def process_memory_bytes() -> int | None:
         import resource
     except ImportError:
         return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB elsewhere
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
