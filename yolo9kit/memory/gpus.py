@@ -1,7 +1,5 @@
-"""The cards a step is sized for, and what the estimate knows of them: the GPU table, measured calibrations,
-a model of PyTorch's CUDA caching allocator and a throughput model. Their figures and assumptions:
-docs/memory.md ("How `estimate` works", "Calibration files", "Throughput model").
-"""
+"""The cards a step is sized for: the GPU table, measured calibrations, a model of PyTorch's CUDA caching
+allocator and a throughput model (their figures and assumptions: docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +7,6 @@ import bisect
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -21,8 +18,7 @@ from yolo9kit.env import memory_limits, native_bf16, native_cpu_bf16
 
 LOGGER = logging.getLogger(__name__)
 MIB = 1 << 20
-# The card of a figure when none is named and this machine has no CUDA device: the common 24 GB card.
-DEFAULT_GPU = "RTX 4090"
+DEFAULT_GPU = "RTX 4090"  # the card of a figure when none is named and this machine has no CUDA device
 
 
 @dataclass(frozen=True)
@@ -60,9 +56,12 @@ _ALIASES = {"4090": "RTX 4090", "3090": "RTX 3090", "A100": "A100-80GB", "A100-4
             "A100-80G": "A100-80GB", "H100-80GB": "H100", "H100 SXM": "H100", "V100": "V100-16GB",
             "TESLA T4": "T4", "NVIDIA H200": "H200", "NVIDIA H100 80GB HBM3": "H100"}
 
-
 def _norm(name: str) -> str:
-    return name.upper().replace(" ", "").replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "")
+    return name.strip().upper().replace(" ", "").replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "")
+
+
+def _known(name: str) -> GPUSpec | None:
+    return next((GPUS[_ALIASES.get(n, n)] for n in [*GPUS, *_ALIASES] if _norm(n) == _norm(name)), None)
 
 
 def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
@@ -78,26 +77,20 @@ def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
         if gpu <= 0:
             raise ValueError(f"gpu={gpu}: a capacity must be a positive number of bytes")
         return GPUSpec(f"{gpu / (1 << 30):.1f} GiB GPU", gpu, True, 312.0, 1555.0)
-    for name in [*GPUS, *_ALIASES]:
-        if _norm(name) == _norm(str(gpu).strip()):
-            return GPUS[_ALIASES.get(name, name)]
-    raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPUS)} or a capacity in bytes "
-                     "(e.g. gpu=24 * 2**30)")
+    spec = _known(str(gpu))
+    if spec is None:
+        raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPUS)} or a capacity in bytes "
+                         "(e.g. gpu=24 * 2**30)")
+    return spec
 
 
 def gpu_from_device(index: int | None = None) -> GPUSpec:
-    """The spec of local CUDA device ``index`` (None: the current one): table values when the name is known,
-    its real capacity and its bf16 (``yolo9kit.env.native_bf16``) always."""
+    """The spec of local CUDA device ``index`` (None: the current one): the table's speeds when the name is
+    known, its real capacity and bf16 always."""
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
-    try:
-        known = resolve_gpu(props.name)
-    except ValueError:
-        known = None
-    bf16 = native_bf16(index)
-    if known is None:
-        return GPUSpec(props.name, props.total_memory, bf16, 312.0, 1555.0)
-    return GPUSpec(known.name, props.total_memory, bf16, known.tflops_fp16, known.bandwidth_gbs,
+    known = _known(props.name) or GPUSpec(props.name, 0, True, 312.0, 1555.0)
+    return GPUSpec(known.name, props.total_memory, native_bf16(index), known.tflops_fp16, known.bandwidth_gbs,
                    known.context_bytes)
 
 
@@ -110,8 +103,8 @@ def target_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec:
 
 
 def host_memory() -> GPUSpec:
-    """The memory this process may use now, as the capacity a CPU training step must fit in: the least of
-    ``yolo9kit.env.memory_limits`` (RAM available, rlimits, cgroup), named in the spec's name.
+    """The memory this process may use now (the least of ``yolo9kit.env.memory_limits``), as the capacity a
+    CPU training step must fit in.
 
     Raises:
         RuntimeError: no limit can be read.
@@ -125,27 +118,27 @@ def host_memory() -> GPUSpec:
     return GPUSpec(name, limits[source], native_cpu_bf16(), 1.0, 50.0, context_bytes=0, device_type="cpu")
 
 
-# ------------------------------------------------------------------------------------------ calibrations
 FORMAT = "yolo9kit-memory-calibration"
 
 
-def _parse(text: str, source: str) -> dict:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{source}: line {e.lineno}: not valid JSON ({e.msg})") from e
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{source}: not a memory calibration file (expected \"format\": \"{FORMAT}\")")
-    if data.get("kind") not in ("measured", "reference"):
-        raise ValueError(f"{source}: \"kind\" must be \"measured\" or \"reference\", got {data.get('kind')!r}")
-    if not isinstance(data.get("gpu"), str):
-        raise ValueError(f"{source}: \"gpu\" must be a GPU name")
-    return data
-
-
 def read_calibration(path: str | Path) -> dict:
-    """Read and check one calibration JSON file (ValueError naming the file when it is not one)."""
-    return _parse(Path(path).read_text(), str(path))
+    """One calibration JSON file (a path or a packaged resource), checked.
+
+    Raises:
+        ValueError: naming the file, when it is not a calibration.
+    """
+    path = Path(path) if isinstance(path, str) else path
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a memory calibration file (expected \"format\": \"{FORMAT}\")")
+    if data.get("kind") not in ("measured", "reference"):
+        raise ValueError(f"{path}: \"kind\" must be \"measured\" or \"reference\", got {data.get('kind')!r}")
+    if not isinstance(data.get("gpu"), str):
+        raise ValueError(f"{path}: \"gpu\" must be a GPU name")
+    return data
 
 
 def _read_folder(folder) -> tuple[dict, ...]:
@@ -153,7 +146,7 @@ def _read_folder(folder) -> tuple[dict, ...]:
     for entry in sorted(folder.iterdir(), key=lambda e: e.name) if folder.is_dir() else []:
         if entry.name.endswith(".json"):
             try:
-                found.append(_parse(entry.read_text(), entry.name))
+                found.append(read_calibration(entry))
             except (OSError, ValueError) as e:
                 LOGGER.warning("skipping calibration file %s: %s", entry.name, e)
     return tuple(found)
@@ -171,8 +164,8 @@ def user_calibration_dir() -> Path:
 
 
 def calibration_for(gpu_name: str, amp: str, calibrations: tuple[dict, ...] | None = None) -> dict | None:
-    """The measured calibration of ``gpu_name`` for ``amp``, or None (then the allocator model is used).
-    By default this machine's own (read on each call: a check may just have written one), then the shipped."""
+    """The measured calibration of ``gpu_name`` for ``amp``, or None. By default this machine's own (read on
+    each call: a check may just have written one), then the shipped ones."""
     if calibrations is None:
         calibrations = (*_read_folder(user_calibration_dir()), *packaged_calibrations())
     for cal in calibrations:
@@ -200,18 +193,13 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
                             step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
-    """A calibration (kind "measured") fitted on measured points, one line per AMP mode.
+    """A calibration (kind "measured", the format of docs/memory.md) fitted on measured points per AMP mode.
 
     Args:
         points: dicts of ``amp``, ``estimated_traced_bytes``, ``measured_peak_allocated``,
-            ``measured_peak_reserved`` and optionally ``context_bytes``; those without a measurement (out of
-            memory) are left out of the fits.
-        gpu_name: the card's name; gpu_bytes: its capacity.
-        smoke: a check of the script, never applied.
-        step: what was measured.
-
-    Returns:
-        The calibration as a dict, in the format of docs/memory.md.
+            ``measured_peak_reserved`` and optionally ``context_bytes``; those not measured (out of memory)
+            are left out of the fits.
+        smoke: a check of the script, never applied; step: what was measured.
     """
     fits = {}
     for amp in sorted({p["amp"] for p in points}):
@@ -232,7 +220,7 @@ def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *
             "throughput": None, "points": points}
 
 
-# ------------------------------------------- the CUDA caching allocator (c10's constants, default settings)
+# the CUDA caching allocator: c10's constants, default settings
 MIN_BLOCK = 512  # every request rounded up to a multiple of this (kMinBlockSize)
 SMALL_SIZE = 1 << 20  # up to this: the small pool (kSmallSize) ...
 SMALL_BUFFER = 2 << 20  # ... carved out of 2 MiB segments (kSmallBuffer)
@@ -242,7 +230,6 @@ ROUND_LARGE = 2 << 20  # ... a larger one its size rounded up to 2 MiB (kRoundLa
 
 
 def round_size(nbytes: int) -> int:
-    """Request size after rounding (kMinBlockSize)."""
     return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
 
 
@@ -321,24 +308,12 @@ class CachingAllocatorModel:
         bisect.insort(pool, (size, seg, off))
 
 
-def replay(events: Iterable[tuple[int, int, int]]) -> CachingAllocatorModel:
-    """Replay ``(kind, key, nbytes)`` events (kind +1 = malloc, -1 = free) and return the model."""
-    model = CachingAllocatorModel()
-    for kind, key, nbytes in events:
-        if kind > 0:
-            model.malloc(key, nbytes)
-        else:
-            model.free(key)
-    return model
-
-
-# ---------------------------------------------------------------------------------------- throughput
 _REF_BANDWIDTH_GBS, _REF_TFLOPS = 4800.0, 989.0  # the H200 the constants were fitted on (docs/memory.md)
 
 
 @dataclass(frozen=True)
 class ThroughputModel:
-    """``step_s = accumulate * (micro_overhead_s + batch_size * per_image_s) + optimizer_overhead_s``."""
+    """``step_s = accumulate * (micro_overhead_s + batch_size * per_image) + optimizer_overhead_s``."""
 
     base_s: float = 1.58e-3  # per image, memory-bound part, scaled by bandwidth
     s_per_gflop: float = 9.5e-6  # per training GFLOP, scaled by fp16 TFLOPs
@@ -346,12 +321,9 @@ class ThroughputModel:
     optimizer_overhead_s: float = 0.056
     fp32_factor: float = 2.0
 
-    def per_image_s(self, gpu: GPUSpec, train_gflops_per_image: float, amp: str) -> float:
-        t = self.base_s * _REF_BANDWIDTH_GBS / gpu.bandwidth_gbs \
-            + self.s_per_gflop * train_gflops_per_image * _REF_TFLOPS / gpu.tflops_fp16
-        return t * (self.fp32_factor if amp == "off" else 1.0)
-
     def step_s(self, gpu: GPUSpec, batch_size: int, accumulate: int, train_gflops_per_image: float,
                amp: str) -> float:
-        per_image = self.per_image_s(gpu, train_gflops_per_image, amp)
+        per_image = self.base_s * _REF_BANDWIDTH_GBS / gpu.bandwidth_gbs \
+            + self.s_per_gflop * train_gflops_per_image * _REF_TFLOPS / gpu.tflops_fp16
+        per_image *= self.fp32_factor if amp == "off" else 1.0
         return accumulate * (self.micro_overhead_s + batch_size * per_image) + self.optimizer_overhead_s

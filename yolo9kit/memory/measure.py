@@ -1,5 +1,5 @@
-"""``MemoryReport``, the step a memory function describes, and the real step: ``measure`` on CUDA, ``trace``
-on the CPU, ``export_snapshot`` for PyTorch's memory visualiser."""
+"""``MemoryReport``, the step a memory function describes, and the real step: ``measure`` (CUDA), ``trace`` (CPU),
+``export_snapshot``."""
 
 from __future__ import annotations
 
@@ -32,11 +32,8 @@ _STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
 
 @dataclass
 class MemoryReport:
-    """Peak memory and speed of one training step (optimizer update) of ``step``, the resolved ``StepConfig``
-    the figures describe (its ``batch_size`` is the batch). Sizes are bytes; ``breakdown`` splits
-    ``peak_allocated`` at the peak into ``CATEGORIES`` and sums to it; ``context_bytes`` is the CUDA context
-    outside PyTorch's counters; ``method`` is "measured", "estimated" or "traced" (docs/memory.md).
-    """
+    """Peak memory (bytes) and speed of one training step of ``step``, the resolved ``StepConfig`` it describes;
+    ``breakdown`` splits ``peak_allocated`` into ``CATEGORIES``; ``method``: "measured", "estimated" or "traced"."""
 
     step: StepConfig
     method: str
@@ -74,7 +71,7 @@ class MemoryReport:
         return None if self.gpu_total_bytes is None else self.device_bytes <= self.gpu_total_bytes
 
     def as_row(self) -> dict[str, Any]:
-        """A flat dict (one DataFrame row): the step's settings, bytes, GiB columns for reading, breakdown."""
+        """A flat dict (one DataFrame row): the step's settings, bytes, GiB, breakdown."""
         step = self.step
         row: dict[str, Any] = {
             "model": step.model_name, "batch_size": step.batch_size, "imgsz": step.peak_imgsz, "amp": step.amp,
@@ -106,9 +103,7 @@ class MemoryReport:
 
 def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapping[str, Any] | None = None, *,
             caller: str, needs_batch: bool = False) -> StepConfig:
-    """The ``StepConfig`` a memory function describes: ``step``, or a model name's default step, with
-    ``batch_size`` and the field ``changes`` (``imgsz=320, amp="fp16"``) applied (``needs_batch``: the step
-    must then have a batch). A multi-scale step runs at its largest size (``StepConfig.peak_imgsz``)."""
+    """``step`` (or a model name's default step) with ``batch_size`` and the field ``changes`` applied."""
     changes = dict(changes or {})
     unknown = sorted(set(changes) - _STEP_FIELDS)
     if unknown:
@@ -130,14 +125,13 @@ def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapp
     return step
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=2)  # kept for the next estimate (callers copy it or only read it)
 def _built_model(name: str, num_classes: int | None) -> nn.Module:
-    return create_model(name, num_classes)  # kept for the next estimate (callers copy it or only read it)
+    return create_model(name, num_classes)
 
 
 def resolve_model(step: StepConfig, *, copy_model: bool = True) -> nn.Module:
-    """The step's model in train mode, a copy (``copy_model=False``: the shared built model or the caller's
-    module, untouched, for read-only use)."""
+    """The step's model, a copy in train mode (``copy_model=False``: the shared one, to read only)."""
     module = _built_model(str(step.model), step.num_classes) if isinstance(step.model, str) else step.model
     if not isinstance(module, nn.Module):
         raise TypeError(f"StepConfig.model must be a registered name (e.g. 'yolov9-s') or an nn.Module, "
@@ -150,13 +144,12 @@ def num_classes_of(step: StepConfig, model: nn.Module) -> int:
 
 
 def build_real_trainer(model: nn.Module, step: StepConfig, device: torch.device):
-    """The kit's own ``build_trainer`` (what ``fit`` uses) for ``model`` and ``step`` on ``device``."""
     config = TrainConfig(step=step.replace(batch_size=None), device=str(device))  # each batch whole, as given
     return build_trainer(model, config, loss_fn=step.loss_fn, device=device)
 
 
 def require_cuda(device: str | torch.device) -> torch.device:
-    """``device`` with its index when it is a usable CUDA device, else a RuntimeError pointing to estimate()."""
+    """``device`` with its index when it is a usable CUDA device, else a RuntimeError pointing to ``estimate``."""
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(
@@ -169,18 +162,14 @@ def require_cuda(device: str | torch.device) -> torch.device:
 
 def measure(step: StepConfig | str, batch_size: int | None = None, *, device: str | torch.device | None = None,
             repeats: int = 3, warmup_repeats: int = 1, breakdown: bool = True, **changes: Any) -> MemoryReport:
-    """Run ``warmup_repeats + repeats`` real training steps (``yolo9kit.train.step.train_step``) of ``step`` on a
-    CUDA device, resolved as ``fit`` would run it there. Isolated: its own copy of the model, what earlier
-    cells hold subtracted, everything freed before returning.
+    """Run real training steps (``train_step``) of ``step`` on a CUDA device, resolved as ``fit`` runs it there,
+    on a copy of the model, what earlier cells hold subtracted, everything freed before returning.
 
     Args:
-        step: a ``StepConfig``, or a model name for its default step.
-        batch_size: images per forward/backward (default: the step's).
+        step, batch_size, **changes: as ``estimate``'s (``measure("yolov9-s", 32, amp="fp16")``).
         device: the CUDA device (None: the first one).
-        repeats: timed steps; warmup_repeats: steps before them.
-        breakdown: one more step under the storage tracker splits the peak into categories (the rest of the
-            CUDA counter is ``workspace_other``).
-        **changes: ``StepConfig`` fields to change (``measure("yolov9-s", 32, amp="fp16")``).
+        repeats, warmup_repeats: timed steps, and steps before them.
+        breakdown: one more step under the storage tracker splits the peak into categories.
 
     Returns:
         MemoryReport with ``method="measured"``: peaks of the CUDA counters over the timed steps, median time.
@@ -207,8 +196,9 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
             times = _run_steps(trainer, images, targets, repeats, warmup_repeats, dev)
         peak_allocated = torch.cuda.max_memory_allocated(dev) - held_allocated
         peak_reserved = torch.cuda.max_memory_reserved(dev) - held_reserved
-        parts = _tracked_breakdown(trainer, images, targets, peak_allocated) if breakdown else \
-            {**dict.fromkeys(CATEGORIES, 0), "workspace_other": peak_allocated}
+        parts = {**dict.fromkeys(CATEGORIES, 0), "workspace_other": peak_allocated}
+        if breakdown:
+            parts = fit_to_total(trace_real_step(trainer, images, targets, device_type="cuda").peak(), peak_allocated)
     finally:
         del trainer, module  # the model was moved to the GPU in place: drop it before emptying the cache
         free_cuda_memory()
@@ -238,13 +228,8 @@ def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev:
     return times
 
 
-def _tracked_breakdown(trainer, images, targets, peak_allocated: int) -> dict[str, int]:
-    return fit_to_total(trace_real_step(trainer, images, targets, device_type="cuda").peak(), int(peak_allocated))
-
-
 def fit_to_total(parts: dict[str, int], total: int) -> dict[str, int]:
-    """The breakdown made to sum to ``total``: missing bytes go to workspace_other; if the tracker saw more than
-    the counter (it can peak at another moment), all parts shrink in proportion."""
+    """The breakdown made to sum to ``total``: the rest to workspace_other, or all parts scaled down."""
     seen = sum(parts.values())
     if seen <= total:
         return {**parts, "workspace_other": parts["workspace_other"] + total - seen}
@@ -254,16 +239,13 @@ def fit_to_total(parts: dict[str, int], total: int) -> dict[str, int]:
 
 
 def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any) -> MemoryReport:
-    """Run one real training step of ``step`` on the CPU under the storage tracker and report its peak: the CPU
-    counterpart of ``measure`` (no CUDA allocator: ``peak_reserved`` equals ``peak_allocated``).
+    """One real training step of ``step`` resolved for the CPU, under the storage tracker: ``measure`` on the CPU.
 
     Args:
-        step: a ``StepConfig``, or a model name for its default step; resolved for the CPU.
-        batch_size: images per forward/backward (default: the step's).
-        **changes: ``StepConfig`` fields to change.
+        step, batch_size, **changes: as ``estimate``'s.
 
     Returns:
-        MemoryReport with ``method="traced"`` (the step's wall time on this CPU as ``step_time_s``).
+        MemoryReport with ``method="traced"`` (``peak_reserved`` is ``peak_allocated``; the CPU's step time).
     """
     step = as_step(step, batch_size, changes, caller="trace", needs_batch=True).resolve("cpu")
     module = resolve_model(step)
@@ -282,8 +264,8 @@ def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any)
 
 def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, max_entries: int = 100_000,
                     **kwargs: Any) -> Path:
-    """Run ``fn(*args, **kwargs)`` (e.g. a few training steps) recording every CUDA allocation, and write the
-    snapshot to ``path`` (a .pickle for https://pytorch.org/memory_viz), also when ``fn`` raises.
+    """Run ``fn(*args, **kwargs)`` recording every CUDA allocation, and write the snapshot to ``path`` (a .pickle
+    for https://pytorch.org/memory_viz), also when ``fn`` raises.
 
     Raises:
         RuntimeError: without CUDA.

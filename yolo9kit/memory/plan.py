@@ -1,7 +1,5 @@
 """Curves over batch sizes (``sweep``), the largest batch that fits (``find_max_batch``), batch x accumulation
-plans that reach the nominal batch (``plan``) and ``TrainConfig(batch_size="auto")`` (``choose_batch``).
-Measured where a CUDA device is present, estimated otherwise; how each decides: docs/memory.md.
-"""
+plans (``plan``) and ``TrainConfig(batch_size="auto")`` (``choose_batch``); how each decides: docs/memory.md."""
 
 from __future__ import annotations
 
@@ -59,17 +57,13 @@ def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[i
 
     Args:
         step: a step or model name, or a list of steps: one curve each, labelled in ``setting``.
-        batch_sizes: the batches of each curve.
-        gpu: the card the estimate is for (None: this machine's CUDA card, else ``DEFAULT_GPU``).
-        method: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both" (measured
-            points and estimated lines, for ``yolo9kit.plots.memory_vs_batch``).
-        device: the CUDA device to measure on.
+        gpu, device: as ``find_max_batch``'s.
+        method: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both".
         **changes: ``StepConfig`` fields; one given as a list makes one curve per value
             (``amp=["fp16", "bf16"]``; a list of layer indices for ``activation_checkpointing`` is one value).
 
     Returns:
-        DataFrame of ``MemoryReport.as_row`` columns plus ``oom`` (a measured batch that ran out of memory:
-        its memory columns are NaN).
+        DataFrame of ``MemoryReport.as_row`` columns plus ``oom`` (a measured batch that ran out of memory).
     """
     measured = _use_measure(method, device)
     spec = target_gpu(gpu)
@@ -85,22 +79,15 @@ def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[i
     for one in curves:
         if method in ("estimated", "both") or not measured:
             rows += [{**r.as_row(), "oom": False} for r in estimator_for(one, spec).reports(list(batch_sizes), spec)]
-        if measured:
-            rows += _measured_rows(one, batch_sizes, device)
+        for b in batch_sizes if measured else []:
+            try:
+                rows.append({**measure(one, b, device=device).as_row(), "oom": False})
+            except torch.cuda.OutOfMemoryError:
+                free_cuda_memory()
+                resolved = dataclasses.replace(one, batch_size=b).resolve(device or "cuda")
+                rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.peak_imgsz,
+                             "amp": resolved.amp, "setting": resolved.label, "method": "measured", "oom": True})
     return pd.DataFrame(rows)
-
-
-def _measured_rows(step: StepConfig, batch_sizes: Sequence[int], device: Any) -> list[dict]:
-    rows = []
-    for b in batch_sizes:
-        try:
-            rows.append({**measure(step, b, device=device).as_row(), "oom": False})
-        except torch.cuda.OutOfMemoryError:
-            free_cuda_memory()
-            resolved = dataclasses.replace(step, batch_size=b).resolve(device or "cuda")
-            rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.peak_imgsz,
-                         "amp": resolved.amp, "setting": resolved.label, "method": "measured", "oom": True})
-    return rows
 
 
 @dataclass
@@ -121,19 +108,16 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
                    margin: float = DEFAULT_MARGIN, max_batch: int = 1024, start: int = 1, method: str = "auto",
                    device: str | None = None, trial: Callable[[int], int | None] | None = None,
                    **changes: Any) -> BatchSearch:
-    """The largest batch size whose step runs and stays under ``(1 - margin)`` of the card: doubling from
-    ``start``, then bisection. A trial fails over the budget or on ``torch.cuda.OutOfMemoryError``, which is
-    dropped and the CUDA cache emptied, so the process can go on training.
+    """The largest batch whose step runs and stays under ``(1 - margin)`` of the card: doubling from ``start``,
+    then bisection; an out-of-memory trial is dropped and the CUDA cache emptied, so training can go on.
 
     Args:
-        step: the step (or a model name); not needed when ``trial`` is given.
-        gpu: the card to fit (None: this machine's CUDA card, else ``DEFAULT_GPU``).
-        margin: share of the card kept free (validation, crowded images, fragmentation).
-        max_batch: the largest batch tried; start: the first.
+        step: the step (or a model name); not needed with ``trial``.
+        gpu: the card (None: this machine's CUDA card, else ``DEFAULT_GPU``); margin: share of it kept free.
+        max_batch, start: the largest and the first batch tried.
         method: "auto" measures on CUDA and estimates otherwise; "measured" or "estimated".
         device: the CUDA device to measure on.
-        trial: ``trial(batch_size) -> bytes used or None`` replaces the built-in trial; it may raise
-            ``torch.cuda.OutOfMemoryError``.
+        trial: ``trial(batch_size) -> bytes used or None`` replaces the built-in trial (it may raise out of memory).
         **changes: ``StepConfig`` fields to change.
 
     Returns:
@@ -187,7 +171,7 @@ def _default_trial(step: StepConfig, method: str, device: Any, spec: GPUSpec) ->
 @dataclass
 class BatchPlan:
     """What ``plan`` found: ``table`` (one row per batch x accumulation), ``recommended`` (the chosen row, None
-    when nothing fits), ``reason``, ``largest_batch`` (the largest batch that fits), the step and the card."""
+    when nothing fits) and why, the largest batch that fits."""
 
     table: pd.DataFrame
     recommended: dict | None
@@ -204,8 +188,7 @@ class BatchPlan:
         return f"{shown.to_string(index=False)}\n{self.reason}"
 
     def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
-        """``base`` (default ``TrainConfig()``) training the plan: its step (the undecided switches left for
-        ``fit`` to decide), the recommended batch, whole, and the nominal batch.
+        """``base`` (default ``TrainConfig()``) with the plan's step, recommended batch and nominal batch.
 
         Raises:
             ValueError: nothing fits.
@@ -220,22 +203,13 @@ class BatchPlan:
 def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int | GPUSpec | None = None,
          margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None,
          throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:
-    """Batch x accumulation choices that reach ``nominal_batch_size``, their memory and speed, and a choice.
-
-    Candidates: the divisors of the nominal batch, and the largest batch that fits; each accumulates by the
-    official rule ``max(round(nominal / batch), 1)``, as ``fit`` does. The recommendation is the fitting row
-    with the most images per second, which is the largest batch that fits.
+    """Batch x accumulation choices that reach ``nominal_batch_size`` (the divisors of it and the largest batch
+    that fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest.
 
     Args:
         step: the step, or a model name.
-        nominal_batch_size: images per optimizer step to reach.
-        gpu: the card (None: this machine's CUDA card, else ``DEFAULT_GPU``).
-        margin: share of the card kept free.
-        method: "auto" measures on CUDA and estimates otherwise; "measured" or "estimated".
-        device: the CUDA device to measure on.
-        throughput: the speed model (default ``ThroughputModel()``; a measured step time replaces its
-            micro-step time when memory is measured).
-        **changes: ``StepConfig`` fields to change.
+        gpu, margin, method, device, **changes: as ``find_max_batch``'s.
+        throughput: the speed model (default ``ThroughputModel()``; measured step times replace it).
 
     Returns:
         BatchPlan (``train_config()`` turns it into a ``TrainConfig``).
@@ -251,12 +225,8 @@ def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int
     batches = sorted({b for b in range(1, nominal_batch_size + 1) if nominal_batch_size % b == 0}
                      | ({search.batch_size} if search.batch_size else set()))
     throughput = throughput or ThroughputModel()
-    if measured:
-        df, gflops = sweep(step, batches, method="measured", device=device), None
-    else:
-        est = estimator_for(step, spec)
-        df = pd.DataFrame([{**r.as_row(), "oom": False} for r in est.reports(batches, spec)])
-        gflops = est.train_gflops_per_image
+    df = sweep(step, batches, gpu=spec, method="measured" if measured else "estimated", device=device)
+    gflops = None if measured else estimator_for(step, spec).train_gflops_per_image
     table = pd.DataFrame([_plan_row(row, nominal_batch_size, budget, spec, gflops, throughput)
                           for row in df.to_dict("records")])
     fitting = table[table["fits"]]
@@ -292,8 +262,8 @@ def _plan_row(row: dict, nominal: int, budget: int, spec: GPUSpec, gflops: float
 
 @dataclass
 class AutoBatch:
-    """What ``batch_size="auto"`` chose and predicted (bytes), saved as ``auto_batch.json``; the measured peak
-    of the first epoch once known."""
+    """What ``batch_size="auto"`` chose and predicted (bytes), saved as ``auto_batch.json``, and the first epoch's
+    measured peak once known."""
 
     batch_size: int  # images per loader batch, all DDP ranks together (what TrainConfig.batch_size becomes)
     accumulate: int  # batches per optimizer step by the official rule
@@ -313,7 +283,7 @@ class AutoBatch:
         return dataclasses.asdict(self)
 
     def record_measured_peak(self, device: torch.device, peak_allocated: int | None, run_dir: Path | None) -> None:
-        """On CUDA, once: the first epoch's measured peaks beside the prediction (rewrites auto_batch.json)."""
+        """On CUDA, once: the first epoch's measured peaks beside the prediction (auto_batch.json rewritten)."""
         if self.measured_peak_allocated is not None or device.type != "cuda" or peak_allocated is None:
             return
         self.measured_peak_allocated = int(peak_allocated)
@@ -333,8 +303,7 @@ class AutoBatch:
 
 
 def sizing_target(config: TrainConfig, device: torch.device) -> GPUSpec:
-    """The capacity the batch is sized against: ``config.gpu`` when named, else the training device's card,
-    else (CPU training) the RAM available now."""
+    """What the batch is sized against: ``config.gpu``, else the training device's card, else the RAM available."""
     if config.gpu is not None:
         return resolve_gpu(config.gpu)
     if device.type == "cuda":
@@ -347,9 +316,7 @@ def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, wo
     """``config`` with ``batch_size="auto"`` replaced by ``plan``'s batch for the card, and the record of it.
 
     Args:
-        config: the training settings; model: the model to train (only read); device: where it trains.
-        world_size: DDP ranks (the batch is per device).
-        loss_fn: the run's loss when it is not the kit's ``DetectionLoss``.
+        world_size: DDP ranks (the batch is per device); loss_fn: the run's loss, if not ``DetectionLoss``.
 
     Raises:
         RuntimeError: not even batch 1 fits (the message says what to change).

@@ -1,7 +1,5 @@
-"""Trace one training step of the kit, on ``meta`` tensors (shapes, no data) or real ones, and record every
-storage it allocates, by category and over time: the storage tracker, the autocast emulation and the bridge
-that runs the loss for real. How and what it assumes: docs/memory.md, "How `estimate` works".
-"""
+"""Trace one training step of the kit, on ``meta`` tensors or real ones, recording every storage it allocates
+by category and over time (docs/memory.md, "How `estimate` works")."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from yolo9kit.memory.gpus import round_size
@@ -61,12 +59,8 @@ class Trace:
 
 
 class StorageTracker(TorchDispatchMode):
-    """Record each storage an op creates while active, once, and when its Python object dies (a weakref).
-
-    Args:
-        device_type: "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors that stand
-            for a CUDA run); anything else counts exact bytes.
-    """
+    """Record each storage an op creates while active, once, and when it dies (a weakref); ``device_type``
+    "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors standing for a CUDA run)."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
@@ -184,17 +178,8 @@ POLICIES = {"cuda": (LOWER_PRECISION, FLOAT32, FLOAT32_BY_DTYPE_ARG, PROMOTE),
             "cpu": (CPU_LOWER_PRECISION, CPU_FLOAT32, frozenset(), frozenset({"cat", "stack", "index_copy"}))}
 
 
-def _map_tensors(obj, fn):
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(o, fn) for o in obj)
-    return obj
-
-
 class AutocastEmulation(TorchFunctionMode):
-    """The autocast policy of ``policy`` ("cuda", or "cpu" for a CPU bf16 step) with ``dtype`` (fp16 or bf16),
-    applied on any device while ``enabled`` (real autocast reaches no ``meta`` tensor)."""
+    """The autocast policy of ``policy`` ("cuda" or "cpu") with ``dtype``, on any device while ``enabled``."""
 
     def __init__(self, dtype: torch.dtype | None, policy: str = "cuda") -> None:
         super().__init__()
@@ -229,27 +214,25 @@ class AutocastEmulation(TorchFunctionMode):
         if func is torch.Tensor.backward:
             return self._backward(args[0])
         name = getattr(func, "__name__", "")
-        low = self.dtype
         if name in self.lower:
-            args, kwargs = _map_tensors(args, lambda t: self._cast(t, low)), {
-                k: _map_tensors(v, lambda t: self._cast(t, low)) for k, v in kwargs.items()}
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: self._cast(t, self.dtype), (args, kwargs))
         elif name in self.by_dtype:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is not None and first.dtype in (torch.float16, torch.bfloat16) and kwargs.get("dtype") is None:
                 kwargs = {**kwargs, "dtype": torch.float32}
         elif name in self.float32:
-            args = _map_tensors(args, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
+            args = tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t,
+                                 args)
         elif name in self.promote:
             floats = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.is_floating_point()]
             if floats and len({t.dtype for t in floats}) > 1:
                 widest = torch.float32 if any(t.dtype == torch.float32 for t in floats) else floats[0].dtype
-                args = _map_tensors(args, lambda t: t.to(widest) if t.is_floating_point() else t)
+                args = tree_map_only(torch.Tensor, lambda t: t.to(widest) if t.is_floating_point() else t, args)
         return func(*args, **kwargs)
 
     def _backward(self, loss: torch.Tensor) -> None:
-        # Checkpointed layers recompute under the forward's autocast state, each recompute its own region
-        # (no weight cache). A function mode is off while it handles a call: enter it again around the
-        # autograd engine (its private entry point, where torch.autograd.backward ends) for that code.
+        # checkpointed layers recompute under autocast, each its own region (no weight cache); a function mode is
+        # off while it handles a call: enter it again around the autograd engine (torch.autograd.backward's end)
         self.set_enabled(True, caching=False)
         with self:
             engine = getattr(torch.autograd.Variable, "_execution_engine", None)
@@ -262,8 +245,7 @@ class AutocastEmulation(TorchFunctionMode):
 
 
 class _LossBridge(torch.autograd.Function):
-    """The loss of meta outputs, run for real on random CPU tensors of their shapes (the assigner picks by
-    value) under the same tracker; meta gradients of the outputs' shapes go back to the meta backward."""
+    """The loss of meta outputs, run for real on random CPU tensors of their shapes; meta gradients go back."""
 
     @staticmethod
     def forward(ctx, setup: tuple, *outputs: torch.Tensor):
@@ -292,8 +274,6 @@ class _LossBridge(torch.autograd.Function):
 
 
 def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
-    """A loss callable for meta outputs that runs ``loss_fn`` for real (``_LossBridge``)."""
-
     def call(outputs, _targets):
         leaves, spec = tree_flatten(outputs)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -304,8 +284,7 @@ def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
 
 def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` boxes per image as targets (N, 6)
-    ``[image_index, class, cx, cy, w, h]`` normalised, reproducible from ``seed``."""
+    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` random boxes per image as targets (N, 6)."""
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (batch_size, 3, imgsz, imgsz), dtype=torch.uint8, generator=g)
     n = batch_size * num_targets
@@ -335,7 +314,6 @@ def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: S
 
 
 def register_persistent(tracker: StorageTracker, trainer) -> None:
-    """Weights, EMA and optimizer state exist before the step: record them with their category."""
     model = trainer.model
     tracker.register(list(model.parameters()) + list(model.buffers()), "weights")
     if trainer.ema is not None:
@@ -347,10 +325,8 @@ def register_persistent(tracker: StorageTracker, trainer) -> None:
 def trace_meta_step(trainer, loss_fn, *, batch_size: int, imgsz: int, num_targets: int, num_classes: int,
                     amp_dtype: torch.dtype | None, optimizer: bool = True, autocast: str = "cuda"
                     ) -> tuple[Trace, float]:
-    """Trace one steady-state step at ``batch_size`` on ``meta`` tensors -> (trace, forward GFLOPs per image).
-
-    ``optimizer=False`` stops after backward (the optimizer and EMA do not depend on the batch);
-    ``autocast`` is the device whose autocast policy the step follows."""
+    """One steady-state step on ``meta`` tensors -> (trace, forward GFLOPs per image); ``optimizer=False``
+    stops after backward, ``autocast`` names the autocast policy."""
     _, targets = synthetic_batch(batch_size, 32, num_targets, num_classes)
     tracker = StorageTracker(device_type="cuda")
     emulation = AutocastEmulation(amp_dtype, autocast)
