@@ -32,14 +32,12 @@ _CACHE_SIZE = 8  # traced steps kept: a trace takes seconds to a minute, and an 
 _traced: OrderedDict[tuple, StepEstimator] = OrderedDict()
 
 
-def _segments(trace: Trace) -> list[tuple[int, tuple[str, int, int]]]:
-    """Each phase segment (name, start, end) with its ordinal among the segments of the same name."""
+def _segments(trace: Trace) -> dict[tuple[str, int], tuple[int, int]]:
+    """(phase, ordinal among the segments of that phase) -> (start, end) event indices, in order."""
     starts = trace.phase_starts + [("<end>", trace.num_events)]
-    seen: dict[str, int] = {}
-    out = []
+    out: dict[tuple[str, int], tuple[int, int]] = {}
     for (name, s), (_, e) in zip(starts[:-1], starts[1:]):
-        seen[name] = seen.get(name, -1) + 1
-        out.append((seen[name], (name, s, e)))
+        out[name, sum(n == name for n, _ in out)] = (s, e)
     return out
 
 
@@ -65,9 +63,9 @@ class StepMemoryModel:
     @classmethod
     def fit(cls, trace1: Trace, trace2: Trace) -> StepMemoryModel:
         live1, live2 = trace1.live(), trace2.live()
-        seg2 = {(name, k): (s, e) for k, (name, s, e) in _segments(trace2)}
+        seg2 = _segments(trace2)
         rows1, rows2 = [], []
-        for k, (name, s1, e1) in _segments(trace1):
+        for (name, k), (s1, e1) in _segments(trace1).items():
             if e1 == s1:
                 continue
             r1 = live1[s1:e1]
@@ -75,7 +73,7 @@ class StepMemoryModel:
                 rows1.append(r1)
                 rows2.append(r1)
                 continue
-            s2, e2 = seg2[(name, k)]
+            s2, e2 = seg2[name, k]
             r2 = live2[s2:e2]
             if name in _UNALIGNED_PHASES or len(r1) != len(r2) or len(r2) == 0:  # reduced to its peak moment
                 r1 = r1[[int(r1.sum(1).argmax())]]
@@ -103,11 +101,10 @@ class StepMemoryModel:
             for j, i in enumerate(idx2):
                 rec = t2.records[i]
                 if len(idx1) == len(idx2):
-                    size = t1.records[idx1[j]].nbytes + f * (rec.nbytes - t1.records[idx1[j]].nbytes)
-                elif t2.category(rec) in _BATCH_CATEGORIES:
-                    size = rec.nbytes * batch_size / B2
+                    n1 = t1.records[idx1[j]].nbytes
+                    size = n1 + f * (rec.nbytes - n1)
                 else:
-                    size = rec.nbytes
+                    size = rec.nbytes * batch_size / B2 if t2.category(rec) in _BATCH_CATEGORIES else rec.nbytes
                 sizes[i] = max(int(size), 1)
         persistent = {i for i, r in enumerate(t2.records) if r.phase == "setup" and r.free is None}
         sim = CachingAllocatorModel()
@@ -248,7 +245,10 @@ class StepEstimator:
         elif cal is None:
             breakdown["workspace_other"] += DEFAULT_WORKSPACE_BYTES
             allocated = traced + DEFAULT_WORKSPACE_BYTES
-            reserved = allocated + int(_interpolate(self._overheads, b))
+            xs = sorted(self._overheads)  # interpolated between the anchors around b
+            lo, hi = max([x for x in xs if x <= b], default=xs[0]), min([x for x in xs if x >= b], default=xs[-1])
+            ys = self._overheads
+            reserved = allocated + int(ys[lo] if lo == hi else ys[lo] + (ys[hi] - ys[lo]) * (b - lo) / (hi - lo))
             note = ("reserved from the caching-allocator model; cuDNN workspace assumed "
                     f"{DEFAULT_WORKSPACE_BYTES >> 20} MiB (no measured calibration for this GPU)")
         else:
@@ -263,12 +263,6 @@ class StepEstimator:
                             peak_allocated=allocated, peak_reserved=reserved, breakdown=breakdown,
                             step_time_s=step_s, images_per_s=b / step_s, context_bytes=int(context),
                             gpu_total_bytes=spec.total_bytes, notes=[note])
-
-
-def _interpolate(points: dict[int, int], b: int) -> float:
-    xs = sorted(points)
-    lo, hi = max([x for x in xs if x <= b], default=xs[0]), min([x for x in xs if x >= b], default=xs[-1])
-    return points[lo] if lo == hi else points[lo] + (points[hi] - points[lo]) * (b - lo) / (hi - lo)
 
 
 def _key(step: StepConfig, spec: GPUSpec) -> tuple[StepConfig, tuple]:

@@ -10,7 +10,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,32 +72,23 @@ class MemoryReport:
 
     def as_row(self) -> dict[str, Any]:
         """A flat dict (one DataFrame row): the step's settings, bytes, GiB, breakdown."""
-        step = self.step
-        row: dict[str, Any] = {
-            "model": step.model_name, "batch_size": step.batch_size, "imgsz": step.peak_imgsz, "amp": step.amp,
-            "activation_checkpointing": "none" if step.activation_checkpointing is None
-            else str(step.activation_checkpointing),
-            "channels_last": step.channels_last, "lean_activations": step.lean_activations,
-            "sync_free": step.sync_free, "setting": step.label, "method": self.method, "device": self.device,
-            "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-            "step_time_s": self.step_time_s, "images_per_s": self.images_per_s,
-            "context_bytes": self.context_bytes, "num_targets": step.num_targets,
-            "gpu_total_bytes": self.gpu_total_bytes,
-        }
-        row.update({f"{c}_bytes": self.breakdown[c] for c in CATEGORIES})
-        row.update(device_bytes=self.device_bytes, fits=self.fits, peak_allocated_gib=self.peak_allocated / GIB,
-                   peak_reserved_gib=self.peak_reserved / GIB, device_gib=self.device_bytes / GIB)
-        return row
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "step": self.step.to_dict()}
+        step, ckpt = self.step, self.step.activation_checkpointing
+        return {"model": step.model_name, "batch_size": step.batch_size, "imgsz": step.peak_imgsz, "amp": step.amp,
+                "activation_checkpointing": "none" if ckpt is None else str(ckpt),
+                "channels_last": step.channels_last, "lean_activations": step.lean_activations,
+                "sync_free": step.sync_free, "setting": step.label, "method": self.method, "device": self.device,
+                "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
+                "step_time_s": self.step_time_s, "images_per_s": self.images_per_s,
+                "context_bytes": self.context_bytes, "num_targets": step.num_targets,
+                "gpu_total_bytes": self.gpu_total_bytes, **{f"{c}_bytes": self.breakdown[c] for c in CATEGORIES},
+                "device_bytes": self.device_bytes, "fits": self.fits, "peak_allocated_gib": self.peak_allocated / GIB,
+                "peak_reserved_gib": self.peak_reserved / GIB, "device_gib": self.device_bytes / GIB}
 
     def __str__(self) -> str:
         speed = "" if self.step_time_s is None else \
             f", {self.step_time_s * 1000:.0f} ms/step, {self.images_per_s:.1f} img/s"
-        head = (f"{self.model} batch {self.batch_size}, {self.step.label}, {self.method} for {self.device}: "
-                f"peak allocated {format_bytes(self.peak_allocated)}, "
-                f"reserved {format_bytes(self.peak_reserved)}{speed}")
+        head = (f"{self.model} batch {self.batch_size}, {self.step.label}, {self.method} for {self.device}: peak "
+                f"allocated {format_bytes(self.peak_allocated)}, reserved {format_bytes(self.peak_reserved)}{speed}")
         return "\n".join([head, *[f"  {c:16s} {format_bytes(self.breakdown[c]):>12s}" for c in CATEGORIES]])
 
 
@@ -206,12 +197,11 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
     spec = gpu_from_device(dev.index)
     free, total = torch.cuda.mem_get_info(dev)
     context = max(0, total - free - torch.cuda.memory_reserved(dev))  # the CUDA context (and other processes)
+    note = f"torch {torch.__version__}, median of {repeats} steps after {warmup_repeats} warm-up, cuDNN autotuning on"
     return MemoryReport(step=step, method="measured", device=spec.name, peak_allocated=int(peak_allocated),
                         peak_reserved=int(peak_reserved), breakdown=parts, step_time_s=step_s,
                         images_per_s=step.batch_size / step_s, context_bytes=int(context),
-                        gpu_total_bytes=spec.total_bytes,
-                        notes=[f"torch {torch.__version__}, median of {repeats} steps after {warmup_repeats} "
-                               "warm-up, cuDNN autotuning on"])
+                        gpu_total_bytes=spec.total_bytes, notes=[note])
 
 
 def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev: torch.device) -> list[float]:
@@ -254,11 +244,9 @@ def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any)
     train_step(trainer, images, targets)  # steady state: momentum buffers exist, as from the second step on
     t0 = time.perf_counter()
     parts = trace_real_step(trainer, images, targets, device_type="cpu").peak()
-    seconds = time.perf_counter() - t0
-    peak = sum(parts.values())
-    return MemoryReport(step=step, method="traced", device="CPU (traced)", peak_allocated=peak,
-                        peak_reserved=peak, breakdown=parts, step_time_s=seconds,
-                        images_per_s=step.batch_size / seconds,
+    seconds, peak = time.perf_counter() - t0, sum(parts.values())
+    return MemoryReport(step=step, method="traced", device="CPU (traced)", peak_allocated=peak, peak_reserved=peak,
+                        breakdown=parts, step_time_s=seconds, images_per_s=step.batch_size / seconds,
                         notes=["the real step on the CPU under the storage tracker"])
 
 

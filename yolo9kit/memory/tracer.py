@@ -4,7 +4,7 @@ by category and over time (docs/memory.md, "How `estimate` works")."""
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,10 +16,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 from yolo9kit.memory.gpus import round_size
 from yolo9kit.train.step import micro_step, optimizer_step
 
-# The categories of a MemoryReport breakdown, in display order.
+# the categories of a MemoryReport breakdown, in display order
 CATEGORIES = ("weights", "gradients", "optimizer_state", "ema", "activations", "loss_assigner", "workspace_other")
 # phase a storage was born in -> category, unless its identity says otherwise
 _PHASE_CATEGORY = {"forward": "activations", "loss": "loss_assigner", "loss_backward": "loss_assigner"}
+_LOW = (torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -37,7 +38,7 @@ class Trace:
 
     records: list[StorageRecord]
     num_events: int
-    phase_starts: list[tuple[str, int]] = field(default_factory=list)
+    phase_starts: list[tuple[str, int]]
 
     def category(self, rec: StorageRecord) -> str:
         return rec.tag or _PHASE_CATEGORY.get(rec.phase, "workspace_other")
@@ -102,19 +103,17 @@ class StorageTracker(TorchDispatchMode):
     def register(self, tensors, tag: str) -> None:
         """Record tensors that exist already (parameters, EMA, optimizer state) under ``tag``."""
         for t in tensors:
-            if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                self._record(st, tag)
-                if tag == "weights" and isinstance(t, torch.nn.Parameter):
-                    self._param_storages[st] = True
+            st = t.untyped_storage()
+            self._record(st, tag)
+            if tag == "weights" and isinstance(t, torch.nn.Parameter):
+                self._param_storages[st] = True
 
     def tag(self, tensors, tag: str) -> None:
         """Give recorded storages an identity category (e.g. they became ``.grad``)."""
         for t in tensors:
-            if isinstance(t, torch.Tensor):
-                idx = self._index.get(t.untyped_storage())
-                if idx is not None:
-                    self.records[idx].tag = tag
+            idx = self._index.get(t.untyped_storage())
+            if idx is not None:
+                self.records[idx].tag = tag
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -200,11 +199,9 @@ class AutocastEmulation(TorchFunctionMode):
             return t
         if t.is_leaf and t.requires_grad and self.caching:  # a weight: cast once per region, as CUDA autocast
             hit = self._weight_cache.get(id(t))
-            if hit is not None and hit[0] is t:
-                return hit[1]
-            cast = t.to(dtype)
-            self._weight_cache[id(t)] = (t, cast)
-            return cast
+            if hit is None or hit[0] is not t:
+                hit = self._weight_cache[id(t)] = (t, t.to(dtype))
+            return hit[1]
         return t.to(dtype)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -218,11 +215,10 @@ class AutocastEmulation(TorchFunctionMode):
             args, kwargs = tree_map_only(torch.Tensor, lambda t: self._cast(t, self.dtype), (args, kwargs))
         elif name in self.by_dtype:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.dtype in (torch.float16, torch.bfloat16) and kwargs.get("dtype") is None:
+            if first is not None and first.dtype in _LOW and kwargs.get("dtype") is None:
                 kwargs = {**kwargs, "dtype": torch.float32}
         elif name in self.float32:
-            args = tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t,
-                                 args)
+            args = tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype in _LOW else t, args)
         elif name in self.promote:
             floats = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.is_floating_point()]
             if floats and len({t.dtype for t in floats}) > 1:
@@ -235,12 +231,8 @@ class AutocastEmulation(TorchFunctionMode):
         # off while it handles a call: enter it again around the autograd engine (torch.autograd.backward's end)
         self.set_enabled(True, caching=False)
         with self:
-            engine = getattr(torch.autograd.Variable, "_execution_engine", None)
-            if engine is None:
-                loss.backward()
-            else:
-                engine.run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
-                                    accumulate_grad=True)
+            torch.autograd.Variable._execution_engine.run_backward(
+                (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True)
         self.set_enabled(False)
 
 
