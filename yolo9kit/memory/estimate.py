@@ -68,16 +68,12 @@ class StepMemoryModel:
         for (name, k), (s1, e1) in _segments(trace1).items():
             if e1 == s1:
                 continue
-            r1 = live1[s1:e1]
-            if (name, k) not in seg2:  # traced once only (optimizer, EMA): independent of the batch
-                rows1.append(r1)
-                rows2.append(r1)
-                continue
-            s2, e2 = seg2[name, k]
-            r2 = live2[s2:e2]
-            if name in _UNALIGNED_PHASES or len(r1) != len(r2) or len(r2) == 0:  # reduced to its peak moment
-                r1 = r1[[int(r1.sum(1).argmax())]]
-                r2 = r2[[int(r2.sum(1).argmax())]] if len(r2) else r1
+            r1 = r2 = live1[s1:e1]  # a phase traced once only (optimizer, EMA) is independent of the batch
+            if (name, k) in seg2:
+                r2 = live2[slice(*seg2[name, k])]
+                if name in _UNALIGNED_PHASES or len(r1) != len(r2) or len(r2) == 0:  # reduced to its peak moment
+                    r1 = r1[[int(r1.sum(1).argmax())]]
+                    r2 = r2[[int(r2.sum(1).argmax())]] if len(r2) else r1
             rows1.append(r1)
             rows2.append(r2)
         base = np.concatenate(rows1).astype(np.float64)
@@ -90,8 +86,7 @@ class StepMemoryModel:
         return sum(breakdown.values()), breakdown
 
     def reserved_overhead(self, batch_size: int) -> int:
-        """Peak reserved minus peak allocated of two steps replayed through the allocator model in the second
-        trace's order; sizes interpolated where a phase's records pair up, else batch categories scaled."""
+        """Peak reserved minus peak allocated of two steps at ``batch_size`` replayed through the allocator model."""
         t1, t2 = self.trace1, self.trace2
         f = (batch_size - B1) / (B2 - B1)
         by_segment1 = _by_segment(t1)
@@ -100,7 +95,7 @@ class StepMemoryModel:
             idx1 = by_segment1.get(key, [])
             for j, i in enumerate(idx2):
                 rec = t2.records[i]
-                if len(idx1) == len(idx2):
+                if len(idx1) == len(idx2):  # records pair up one to one
                     n1 = t1.records[idx1[j]].nbytes
                     size = n1 + f * (rec.nbytes - n1)
                 else:
@@ -204,20 +199,17 @@ class StepEstimator:
                 num_classes=num_classes_of(self.step, real), amp_dtype=AMP_DTYPES[self.step.amp],
                 optimizer=b == B1, autocast="cpu" if self.step.device_type == "cpu" else "cuda")
             traces.append(trace)
+        # forward + backward (2x forward) + the recompute when checkpointing
+        self.train_gflops_per_image = self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
         self.memory = StepMemoryModel.fit(*traces)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
         LOGGER.info("memory of one %s step (%s) measured without a GPU in %.1f s", self.step.model_name,
                     self.step.label, self.trace_seconds)
 
-    @property
-    def train_gflops_per_image(self) -> float:
-        """Forward + backward (2x forward) + the recompute when checkpointing, from the traced convolutions."""
-        return self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
-
     def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = None,
                 throughput: ThroughputModel | None = None) -> list[MemoryReport]:
-        """One ``MemoryReport`` (``method="estimated"``) per batch size, for ``gpu`` (see ``estimate``).
+        """One estimated ``MemoryReport`` per batch size, for ``gpu`` (as ``estimate``'s).
 
         Raises:
             ValueError: an empty list or a batch size < 1.
@@ -296,14 +288,13 @@ def estimate(step: StepConfig | str, batch_size: int | None = None, *, gpu: str 
     """Predict, on any machine, what ``measure`` would report for one training step on ``gpu``.
 
     Args:
-        step: the step (a ``StepConfig``), or a model name for the step ``fit`` would run with it.
-        batch_size: images per forward/backward (default: the step's).
-        gpu: a name from ``GPUS``, a capacity in bytes or a ``GPUSpec``; None: this machine's CUDA card, else
-            ``DEFAULT_GPU``. The step is resolved for it as ``fit`` would resolve it there.
+        step: a ``StepConfig``, or a model name for the step ``fit`` would run with it.
+        gpu: a name from ``GPUS``, a capacity in bytes or a ``GPUSpec`` (default: ``target_gpu``); the step is
+            resolved for it as ``fit`` would resolve it there.
         **changes: ``StepConfig`` fields to change: ``estimate("yolov9-c", 16, imgsz=512, amp="fp16")``.
 
     Returns:
-        MemoryReport with ``method="estimated"``: the breakdown at the peak, the reserved peak and a step time.
+        MemoryReport with ``method="estimated"``.
     """
     step = as_step(step, batch_size, changes, caller="estimate", needs_batch=True)
     spec = target_gpu(gpu)

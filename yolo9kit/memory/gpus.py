@@ -93,10 +93,13 @@ def gpu_from_device(index: int | None = None) -> GPUSpec:
                    known.context_bytes)
 
 
-def target_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec:
-    """``gpu`` resolved, or when None this machine's CUDA device, else ``DEFAULT_GPU``."""
+def target_gpu(gpu: str | int | GPUSpec | None, device: torch.device | None = None) -> GPUSpec:
+    """The card a figure is for: ``gpu`` resolved; when None, ``device``'s card or the RAM a CPU may use, or
+    without a device this machine's CUDA card, else ``DEFAULT_GPU``."""
     if gpu is not None:
         return resolve_gpu(gpu)
+    if device is not None:
+        return gpu_from_device(device.index) if device.type == "cuda" else host_memory()
     return gpu_from_device() if torch.cuda.is_available() else resolve_gpu(DEFAULT_GPU)
 
 

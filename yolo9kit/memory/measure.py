@@ -61,17 +61,14 @@ class MemoryReport:
         return self.step.batch_size
 
     @property
-    def device_bytes(self) -> int:
-        """What the process holds on the card: reserved peak + CUDA context."""
+    def device_bytes(self) -> int:  # what the process holds on the card
         return self.peak_reserved + self.context_bytes
 
     @property
-    def fits(self) -> bool | None:
-        """Does the step fit on ``gpu_total_bytes``? None when no capacity is known."""
+    def fits(self) -> bool | None:  # None when no capacity is known
         return None if self.gpu_total_bytes is None else self.device_bytes <= self.gpu_total_bytes
 
     def as_row(self) -> dict[str, Any]:
-        """A flat dict (one DataFrame row): the step's settings, bytes, GiB, breakdown."""
         step, ckpt = self.step, self.step.activation_checkpointing
         return {"model": step.model_name, "batch_size": step.batch_size, "imgsz": step.peak_imgsz, "amp": step.amp,
                 "activation_checkpointing": "none" if ckpt is None else str(ckpt),
@@ -153,13 +150,10 @@ def require_cuda(device: str | torch.device) -> torch.device:
 
 def measure(step: StepConfig | str, batch_size: int | None = None, *, device: str | torch.device | None = None,
             repeats: int = 3, warmup_repeats: int = 1, breakdown: bool = True, **changes: Any) -> MemoryReport:
-    """Run real training steps (``train_step``) of ``step`` on a CUDA device, resolved as ``fit`` runs it there,
-    on a copy of the model, what earlier cells hold subtracted, everything freed before returning.
+    """Run ``warmup_repeats + repeats`` real training steps of ``step`` (as ``estimate``'s) on a CUDA device, on a
+    copy of the model, what earlier cells hold subtracted, everything freed before returning.
 
     Args:
-        step, batch_size, **changes: as ``estimate``'s (``measure("yolov9-s", 32, amp="fp16")``).
-        device: the CUDA device (None: the first one).
-        repeats, warmup_repeats: timed steps, and steps before them.
         breakdown: one more step under the storage tracker splits the peak into categories.
 
     Returns:
@@ -184,7 +178,16 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
         images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets,
                                           num_classes_of(step, module))
         with cudnn_autotune(dev):  # as fit runs the step
-            times = _run_steps(trainer, images, targets, repeats, warmup_repeats, dev)
+            for _ in range(warmup_repeats):
+                train_step(trainer, images, targets)
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            times = []
+            for _ in range(max(1, repeats)):
+                t0 = time.perf_counter()
+                train_step(trainer, images, targets)
+                torch.cuda.synchronize(dev)  # the step is over when the GPU is done
+                times.append(time.perf_counter() - t0)
         peak_allocated = torch.cuda.max_memory_allocated(dev) - held_allocated
         peak_reserved = torch.cuda.max_memory_reserved(dev) - held_reserved
         parts = {**dict.fromkeys(CATEGORIES, 0), "workspace_other": peak_allocated}
@@ -204,20 +207,6 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
                         gpu_total_bytes=spec.total_bytes, notes=[note])
 
 
-def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev: torch.device) -> list[float]:
-    for _ in range(warmup_repeats):
-        train_step(trainer, images, targets)
-    torch.cuda.synchronize(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    times = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        train_step(trainer, images, targets)
-        torch.cuda.synchronize(dev)  # CPU-GPU sync point: the step is over when the GPU is done
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def fit_to_total(parts: dict[str, int], total: int) -> dict[str, int]:
     """The breakdown made to sum to ``total``: the rest to workspace_other, or all parts scaled down."""
     seen = sum(parts.values())
@@ -229,10 +218,7 @@ def fit_to_total(parts: dict[str, int], total: int) -> dict[str, int]:
 
 
 def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any) -> MemoryReport:
-    """One real training step of ``step`` resolved for the CPU, under the storage tracker: ``measure`` on the CPU.
-
-    Args:
-        step, batch_size, **changes: as ``estimate``'s.
+    """One real training step of ``step`` (as ``estimate``'s) on the CPU, under the storage tracker.
 
     Returns:
         MemoryReport with ``method="traced"`` (``peak_reserved`` is ``peak_allocated``; the CPU's step time).

@@ -21,12 +21,11 @@ from yolo9kit.config.train import official_accumulate
 from yolo9kit.env import free_cuda_memory, parse_device
 from yolo9kit.files import format_bytes, write_text_atomically
 from yolo9kit.memory.estimate import estimator_for
-from yolo9kit.memory.gpus import GPUSpec, ThroughputModel, gpu_from_device, host_memory, resolve_gpu, target_gpu
+from yolo9kit.memory.gpus import GPUSpec, ThroughputModel, target_gpu
 from yolo9kit.memory.measure import GIB, as_step, measure, require_cuda
 
 LOGGER = logging.getLogger(__name__)
 METHODS = ("auto", "measured", "estimated", "both")
-RECORD_NAME = "auto_batch.json"
 
 
 def _use_measure(method: str, device: Any) -> bool:
@@ -39,7 +38,7 @@ def _use_measure(method: str, device: Any) -> bool:
 
 
 def batch_grid(low: int, high: int) -> list[int]:
-    """Batch sizes for a curve over [low, high]: the ends, powers of two and 1.5x powers of two (~2 per octave)."""
+    """Batch sizes for a curve over [low, high]: the ends, powers of two and 1.5x powers of two."""
     if low < 1 or high < low:
         raise ValueError(f"batch range ({low}, {high}): expected 1 <= low <= high")
     grid = {low, high}
@@ -53,24 +52,19 @@ def batch_grid(low: int, high: int) -> list[int]:
 def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[int], *,
           gpu: str | int | GPUSpec | None = None, method: str = "auto", device: str | None = None,
           **changes: Any) -> pd.DataFrame:
-    """Memory (and speed) against batch size, one row per (step, batch size).
+    """Memory (and speed) against batch size: ``MemoryReport.as_row`` columns plus ``oom`` (measured: out of memory).
 
     Args:
         step: a step or model name, or a list of steps: one curve each, labelled in ``setting``.
-        gpu, device: as ``find_max_batch``'s.
         method: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both".
-        **changes: ``StepConfig`` fields; one given as a list makes one curve per value
-            (``amp=["fp16", "bf16"]``; a list of layer indices for ``activation_checkpointing`` is one value).
-
-    Returns:
-        DataFrame of ``MemoryReport.as_row`` columns plus ``oom`` (a measured batch that ran out of memory).
+        **changes: ``StepConfig`` fields; one given as a list makes one curve per value (``amp=["fp16", "bf16"]``).
     """
     measured = _use_measure(method, device)
     spec = target_gpu(gpu)
     if isinstance(step, (list, tuple)):
         curves = [as_step(s, None, changes, caller="sweep") for s in step]
     else:
-        several = {k: v for k, v in changes.items() if isinstance(v, (list, tuple))
+        several = {k: v for k, v in changes.items() if isinstance(v, (list, tuple))  # layer indices: one value
                    and not (k == "activation_checkpointing" and all(isinstance(i, int) for i in v))}
         single = {k: v for k, v in changes.items() if k not in several}
         combos = itertools.product(*several.values()) if several else [()]
@@ -113,15 +107,9 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
 
     Args:
         step: the step (or a model name); not needed with ``trial``.
-        gpu: the card (None: this machine's CUDA card, else ``DEFAULT_GPU``); margin: share of it kept free.
-        max_batch, start: the largest and the first batch tried.
+        gpu: the card (default: ``target_gpu``); margin: the share of it kept free.
         method: "auto" measures on CUDA and estimates otherwise; "measured" or "estimated".
-        device: the CUDA device to measure on.
         trial: ``trial(batch_size) -> bytes used or None`` replaces the built-in trial (it may raise out of memory).
-        **changes: ``StepConfig`` fields to change.
-
-    Returns:
-        BatchSearch with the batch, the budget, every trial and the reason for the answer.
     """
     if trial is None and step is None:
         raise ValueError("find_max_batch needs a step (or a model name), or a trial function")
@@ -139,8 +127,8 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
         if oom:  # outside the except block: the traceback and the tensors it holds are gone
             free_cuda_memory()
         fits = not oom and (used is None or used <= budget)
-        reason = "out of memory" if oom else "fits" if fits else "over the budget"
-        trials.append({"batch_size": b, "ok": fits, "bytes": used, "reason": reason})
+        trials.append({"batch_size": b, "ok": fits, "bytes": used,
+                       "reason": "out of memory" if oom else "fits" if fits else "over the budget"})
         return fits
 
     lo, b = 0, max(1, start)
@@ -155,9 +143,8 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
     if lo >= max_batch:
         return BatchSearch(lo, budget, margin, trials, f"reached max_batch={max_batch} within {where}")
     failing = lo + 1 if lo else max(1, start)
-    first_fail = next((t for t in trials if t["batch_size"] == failing), None)
-    needs = f" needs {format_bytes(first_fail['bytes'])}" if first_fail and first_fail["bytes"] else \
-        " runs out of memory"
+    used = next((t["bytes"] for t in trials if t["batch_size"] == failing), None)
+    needs = f" needs {format_bytes(used)}" if used else " runs out of memory"
     return BatchSearch(lo, budget, margin, trials, f"batch {failing}{needs}, over {where}")
 
 
@@ -170,8 +157,7 @@ def _default_trial(step: StepConfig, method: str, device: Any, spec: GPUSpec) ->
 
 @dataclass
 class BatchPlan:
-    """What ``plan`` found: ``table`` (one row per batch x accumulation), ``recommended`` (the chosen row, None
-    when nothing fits) and why, the largest batch that fits."""
+    """What ``plan`` found: one row per batch x accumulation, the recommended row (None when nothing fits)."""
 
     table: pd.DataFrame
     recommended: dict | None
@@ -203,67 +189,58 @@ class BatchPlan:
 def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int | GPUSpec | None = None,
          margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None,
          throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:
-    """Batch x accumulation choices that reach ``nominal_batch_size`` (the divisors of it and the largest batch
-    that fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest.
+    """Batch x accumulation choices that reach ``nominal_batch_size`` (its divisors and the largest batch that
+    fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest.
 
     Args:
-        step: the step, or a model name.
-        gpu, margin, method, device, **changes: as ``find_max_batch``'s.
+        gpu, margin, method: as ``find_max_batch``'s.
         throughput: the speed model (default ``ThroughputModel()``; measured step times replace it).
-
-    Returns:
-        BatchPlan (``train_config()`` turns it into a ``TrainConfig``).
     """
     if nominal_batch_size < 1:
         raise ValueError(f"nominal_batch_size={nominal_batch_size}: must be >= 1")
     step = as_step(step, None, changes, caller="plan")
-    measured = _use_measure(method, device)
+    method = "measured" if _use_measure(method, device) else "estimated"
     spec = target_gpu(gpu)
     budget = int(spec.total_bytes * (1 - margin))
-    search = find_max_batch(step, gpu=spec, margin=margin, max_batch=nominal_batch_size,
-                            method="measured" if measured else "estimated", device=device)
+    search = find_max_batch(step, gpu=spec, margin=margin, max_batch=nominal_batch_size, method=method,
+                            device=device)
     batches = sorted({b for b in range(1, nominal_batch_size + 1) if nominal_batch_size % b == 0}
                      | ({search.batch_size} if search.batch_size else set()))
     throughput = throughput or ThroughputModel()
-    df = sweep(step, batches, gpu=spec, method="measured" if measured else "estimated", device=device)
-    gflops = None if measured else estimator_for(step, spec).train_gflops_per_image
-    table = pd.DataFrame([_plan_row(row, nominal_batch_size, budget, spec, gflops, throughput)
-                          for row in df.to_dict("records")])
+    gflops = estimator_for(step, spec).train_gflops_per_image if method == "estimated" else None
+    rows = []
+    for row in sweep(step, batches, gpu=spec, method=method, device=device).to_dict("records"):
+        b, oom = int(row["batch_size"]), bool(row.get("oom"))
+        acc = official_accumulate(nominal_batch_size, b)  # the rule fit applies
+        if gflops is not None:
+            step_s = throughput.step_s(spec, b, acc, gflops, row["amp"])
+        elif not oom:  # measured: micro-step time = measured step - optimizer overhead
+            overhead = throughput.optimizer_overhead_s
+            step_s = acc * max(row["step_time_s"] - overhead, 1e-6) + overhead
+        else:
+            step_s = float("nan")
+        used = None if oom else int(row["device_bytes"])
+        rows.append({"batch_size": b, "accumulate": acc, "effective_batch": b * acc, "device_bytes": used,
+                     "device_gib": None if oom else used / GIB, "fits": (not oom) and used <= budget,
+                     "step_s": step_s, "images_per_s": b * acc / step_s, "method": row["method"]})
+    table = pd.DataFrame(rows)
     fitting = table[table["fits"]]
-    if fitting.empty:
+    best = None if fitting.empty else fitting.loc[fitting["images_per_s"].idxmax()].to_dict()
+    if best is None:
         reason = (f"nothing fits in {format_bytes(budget)} ({1 - margin:.0%} of {spec.name}): try "
                   "activation_checkpointing='all', a smaller imgsz or a smaller model")
-        return BatchPlan(table, None, reason, step, spec, nominal_batch_size, margin, search.batch_size)
-    best = fitting.loc[fitting["images_per_s"].idxmax()].to_dict()
-    reason = (f"recommended: batch {best['batch_size']} x accumulate {best['accumulate']} = "
-              f"{best['effective_batch']} images per optimizer step, {best['device_gib']:.1f} GiB of "
-              f"{spec.total_bytes / GIB:.1f} GiB ({spec.name}, {margin:.0%} kept free), about "
-              f"{best['images_per_s']:.0f} img/s: the fastest option that fits (fewer micro-steps, "
-              "less fixed cost per image)")
-    return BatchPlan(table, best, reason, step, spec, nominal_batch_size, margin, search.batch_size)
-
-
-def _plan_row(row: dict, nominal: int, budget: int, spec: GPUSpec, gflops: float | None,
-              throughput: ThroughputModel) -> dict:
-    b = int(row["batch_size"])
-    acc = official_accumulate(nominal, b)  # the rule fit applies
-    oom = bool(row.get("oom"))
-    device_bytes = None if oom else int(row["device_bytes"])
-    if gflops is not None:
-        step_s = throughput.step_s(spec, b, acc, gflops, row["amp"])
-    elif not oom:  # measured: micro-step time = measured step - optimizer overhead
-        step_s = acc * max(row["step_time_s"] - throughput.optimizer_overhead_s, 1e-6) + throughput.optimizer_overhead_s
     else:
-        step_s = float("nan")
-    return {"batch_size": b, "accumulate": acc, "effective_batch": b * acc, "device_bytes": device_bytes,
-            "device_gib": None if oom else device_bytes / GIB, "fits": (not oom) and device_bytes <= budget,
-            "step_s": step_s, "images_per_s": b * acc / step_s, "method": row["method"]}
+        reason = (f"recommended: batch {best['batch_size']} x accumulate {best['accumulate']} = "
+                  f"{best['effective_batch']} images per optimizer step, {best['device_gib']:.1f} GiB of "
+                  f"{spec.total_bytes / GIB:.1f} GiB ({spec.name}, {margin:.0%} kept free), about "
+                  f"{best['images_per_s']:.0f} img/s: the fastest option that fits (fewer micro-steps, "
+                  "less fixed cost per image)")
+    return BatchPlan(table, best, reason, step, spec, nominal_batch_size, margin, search.batch_size)
 
 
 @dataclass
 class AutoBatch:
-    """What ``batch_size="auto"`` chose and predicted (bytes), saved as ``auto_batch.json``, and the first epoch's
-    measured peak once known."""
+    """What ``batch_size="auto"`` chose and predicted (bytes), and the measured peak once known (auto_batch.json)."""
 
     batch_size: int  # images per loader batch, all DDP ranks together (what TrainConfig.batch_size becomes)
     accumulate: int  # batches per optimizer step by the official rule
@@ -292,7 +269,7 @@ class AutoBatch:
             self.save(run_dir)
 
     def save(self, run_dir: Path) -> Path:
-        path = Path(run_dir) / RECORD_NAME
+        path = Path(run_dir) / "auto_batch.json"
         write_text_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")  # a reader never sees half
         return path
 
@@ -302,18 +279,10 @@ class AutoBatch:
                 f"({self.margin:.0%} kept free)")
 
 
-def sizing_target(config: TrainConfig, device: torch.device) -> GPUSpec:
-    """What the batch is sized against: ``config.gpu``, else the training device's card, else the RAM available."""
-    if config.gpu is not None:
-        return resolve_gpu(config.gpu)
-    if device.type == "cuda":
-        return gpu_from_device(device.index)  # None: the current CUDA device
-    return host_memory()
-
-
 def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1, *,
                  loss_fn: Callable | None = None) -> tuple[TrainConfig, AutoBatch]:
-    """``config`` with ``batch_size="auto"`` replaced by ``plan``'s batch for the card, and the record of it.
+    """``config`` with ``batch_size="auto"`` replaced by ``plan``'s batch for ``config.gpu``, else the training
+    device's card or RAM, and the record of it.
 
     Args:
         world_size: DDP ranks (the batch is per device); loss_fn: the run's loss, if not ``DetectionLoss``.
@@ -321,18 +290,17 @@ def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, wo
     Raises:
         RuntimeError: not even batch 1 fits (the message says what to change).
     """
-    spec = sizing_target(config, device)
+    spec = target_gpu(config.gpu, device)
     step = config.step.replace(model=model, batch_size=1, num_classes=getattr(model, "nc", None), loss_fn=loss_fn)
     chosen = plan(step, config.optim.nominal_batch_size, gpu=spec, margin=config.margin, method="estimated")
     if chosen.recommended is None:
         raise RuntimeError(f"batch_size='auto' for {step.model_name} at {step.peak_imgsz} px: {chosen.reason}")
     per_device = int(chosen.recommended["batch_size"])
     report = estimator_for(step, spec).reports([per_device], spec)[0]
-    sized = dataclasses.replace(config, batch_size=per_device * world_size)
     record = AutoBatch(batch_size=per_device * world_size, accumulate=int(chosen.recommended["accumulate"]),
                        gpu=spec.name, capacity_bytes=spec.total_bytes, margin=config.margin,
                        largest_batch=chosen.largest_batch, step=report.step.to_dict(),
                        predicted_peak_allocated=report.peak_allocated, predicted_peak_reserved=report.peak_reserved,
                        predicted_device_bytes=report.device_bytes, reason=chosen.reason)
     LOGGER.info("%s", record)
-    return sized, record
+    return dataclasses.replace(config, batch_size=per_device * world_size), record

@@ -94,11 +94,9 @@ class StorageTracker(TorchDispatchMode):
         self._index[storage] = idx
         self._refs.append(weakref.ref(storage, lambda _ref, i=idx: self._on_free(i)))
 
-    def _on_free(self, idx: int) -> None:
-        rec = self.records[idx]
-        if rec.free is None:
-            rec.free = self.events
-            self.events += 1
+    def _on_free(self, idx: int) -> None:  # the storage's only weakref died
+        self.records[idx].free = self.events
+        self.events += 1
 
     def register(self, tensors, tag: str) -> None:
         """Record tensors that exist already (parameters, EMA, optimizer state) under ``tag``."""
