@@ -9,7 +9,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -51,17 +51,11 @@ def _by_segment(trace: Trace) -> dict[tuple[int, str], list[int]]:
     return out
 
 
-@dataclass
 class StepMemoryModel:
     """Live bytes per category over the step as ``base + (b - B1) / (B2 - B1) * slope``, from the two traces."""
 
-    base: np.ndarray  # (rows, K)
-    slope: np.ndarray  # (rows, K)
-    trace1: Trace
-    trace2: Trace
-
-    @classmethod
-    def fit(cls, trace1: Trace, trace2: Trace) -> StepMemoryModel:
+    def __init__(self, trace1: Trace, trace2: Trace) -> None:
+        self.trace1, self.trace2 = trace1, trace2
         live1, live2 = trace1.live(), trace2.live()
         seg2 = _segments(trace2)
         rows1, rows2 = [], []
@@ -76,8 +70,8 @@ class StepMemoryModel:
                     r2 = r2[[int(r2.sum(1).argmax())]] if len(r2) else r1
             rows1.append(r1)
             rows2.append(r2)
-        base = np.concatenate(rows1).astype(np.float64)
-        return cls(base, np.concatenate(rows2).astype(np.float64) - base, trace1, trace2)
+        self.base = np.concatenate(rows1).astype(np.float64)  # (rows, K)
+        self.slope = np.concatenate(rows2).astype(np.float64) - self.base
 
     def peak(self, batch_size: int) -> tuple[int, dict[str, int]]:
         """(peak live bytes, breakdown at that moment) for ``batch_size``."""
@@ -201,14 +195,13 @@ class StepEstimator:
             traces.append(trace)
         # forward + backward (2x forward) + the recompute when checkpointing
         self.train_gflops_per_image = self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
-        self.memory = StepMemoryModel.fit(*traces)
+        self.memory = StepMemoryModel(*traces)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
         LOGGER.info("memory of one %s step (%s) measured without a GPU in %.1f s", self.step.model_name,
                     self.step.label, self.trace_seconds)
 
-    def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = None,
-                throughput: ThroughputModel | None = None) -> list[MemoryReport]:
+    def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = None) -> list[MemoryReport]:
         """One estimated ``MemoryReport`` per batch size, for ``gpu`` (as ``estimate``'s).
 
         Raises:
@@ -226,35 +219,34 @@ class StepEstimator:
             for a in chosen:
                 if a not in self._overheads:
                     self._overheads[a] = self.memory.reserved_overhead(a)
-        throughput = throughput or ThroughputModel(**(cal or {}).get("throughput") or {})
-        return [self._report(b, spec, cal, throughput) for b in batch_sizes]
-
-    def _report(self, b: int, spec: GPUSpec, cal: dict | None, throughput: ThroughputModel) -> MemoryReport:
-        traced, breakdown = self.memory.peak(b)
-        if spec.device_type != "cuda":  # host memory: no caching allocator, no CUDA context
-            allocated = reserved = traced
-            note = "host memory of the traced step (no CUDA allocator on the CPU)"
-        elif cal is None:
-            breakdown["workspace_other"] += DEFAULT_WORKSPACE_BYTES
-            allocated = traced + DEFAULT_WORKSPACE_BYTES
-            xs = sorted(self._overheads)  # interpolated between the anchors around b
-            lo, hi = max([x for x in xs if x <= b], default=xs[0]), min([x for x in xs if x >= b], default=xs[-1])
-            ys = self._overheads
-            reserved = allocated + int(ys[lo] if lo == hi else ys[lo] + (ys[hi] - ys[lo]) * (b - lo) / (hi - lo))
-            note = ("reserved from the caching-allocator model; cuDNN workspace assumed "
-                    f"{DEFAULT_WORKSPACE_BYTES >> 20} MiB (no measured calibration for this GPU)")
-        else:
-            (a_alloc, b_alloc), (a_res, b_res) = cal["allocated"], cal["reserved"]
-            allocated = max(traced, int(a_alloc * traced + b_alloc))
-            breakdown["workspace_other"] += allocated - traced
-            reserved = max(allocated, int(a_res * traced + b_res))
-            note = "allocated and reserved from the measured calibration of this GPU"
+        throughput = ThroughputModel(**(cal or {}).get("throughput") or {})
         context = (cal or {}).get("context_bytes") or spec.context_bytes
-        step_s = throughput.step_s(spec, b, 1, self.train_gflops_per_image, self.step.amp)
-        return MemoryReport(step=replace(self.step, batch_size=b), method="estimated", device=spec.name,
-                            peak_allocated=allocated, peak_reserved=reserved, breakdown=breakdown,
-                            step_time_s=step_s, images_per_s=b / step_s, context_bytes=int(context),
-                            gpu_total_bytes=spec.total_bytes, notes=[note])
+        out = []
+        for b in batch_sizes:
+            traced, breakdown = self.memory.peak(b)
+            if spec.device_type != "cuda":  # host memory: no caching allocator, no CUDA context
+                allocated = reserved = traced
+                note = "host memory of the traced step (no CUDA allocator on the CPU)"
+            elif cal is None:
+                breakdown["workspace_other"] += DEFAULT_WORKSPACE_BYTES
+                allocated = traced + DEFAULT_WORKSPACE_BYTES
+                xs, ys = sorted(self._overheads), self._overheads  # interpolated between the anchors around b
+                lo, hi = max([x for x in xs if x <= b], default=xs[0]), min([x for x in xs if x >= b], default=xs[-1])
+                reserved = allocated + int(ys[lo] if lo == hi else ys[lo] + (ys[hi] - ys[lo]) * (b - lo) / (hi - lo))
+                note = ("reserved from the caching-allocator model; cuDNN workspace assumed "
+                        f"{DEFAULT_WORKSPACE_BYTES >> 20} MiB (no measured calibration for this GPU)")
+            else:
+                (a_alloc, b_alloc), (a_res, b_res) = cal["allocated"], cal["reserved"]
+                allocated = max(traced, int(a_alloc * traced + b_alloc))
+                breakdown["workspace_other"] += allocated - traced
+                reserved = max(allocated, int(a_res * traced + b_res))
+                note = "allocated and reserved from the measured calibration of this GPU"
+            step_s = throughput.step_s(spec, b, 1, self.train_gflops_per_image, self.step.amp)
+            out.append(MemoryReport(step=replace(self.step, batch_size=b), method="estimated", device=spec.name,
+                                    peak_allocated=allocated, peak_reserved=reserved, breakdown=breakdown,
+                                    step_time_s=step_s, images_per_s=b / step_s, context_bytes=int(context),
+                                    gpu_total_bytes=spec.total_bytes, notes=[note]))
+        return out
 
 
 def _key(step: StepConfig, spec: GPUSpec) -> tuple[StepConfig, tuple]:

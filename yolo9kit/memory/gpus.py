@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import logging
 from dataclasses import dataclass
-from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -147,7 +146,6 @@ def _read_folder(folder) -> tuple[dict, ...]:
     return tuple(found)
 
 
-@lru_cache(maxsize=1)
 def packaged_calibrations() -> tuple[dict, ...]:
     """The calibration files shipped in ``yolo9kit/memory_calibration/`` (a bad one is skipped, with a warning)."""
     return _read_folder(resources.files("yolo9kit") / "memory_calibration")

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import logging
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,8 @@ from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
 
 LOGGER = logging.getLogger(__name__)
 GIB = 1 << 30
-_STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
+SNAPSHOT_ENTRIES = 100_000  # allocations a snapshot keeps
+_STEP_FIELDS = frozenset(f.name for f in fields(StepConfig))
 
 
 @dataclass
@@ -104,7 +104,7 @@ def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapp
                         f"got {type(step).__name__}")
     if batch_size is not None:
         changes["batch_size"] = batch_size
-    step = dataclasses.replace(step, **changes) if changes else step
+    step = replace(step, **changes) if changes else step
     if step.model is None:
         raise ValueError(f"{caller}(): the step has no model (a TrainConfig's step is fit's model's): "
                          "step.replace(model=...)")
@@ -236,8 +236,7 @@ def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any)
                         notes=["the real step on the CPU under the storage tracker"])
 
 
-def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, max_entries: int = 100_000,
-                    **kwargs: Any) -> Path:
+def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Path:
     """Run ``fn(*args, **kwargs)`` recording every CUDA allocation, and write the snapshot to ``path`` (a .pickle
     for https://pytorch.org/memory_viz), also when ``fn`` raises.
 
@@ -249,12 +248,12 @@ def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, max_en
                            "(torch.cuda.is_available() is False); on the CPU use "
                            "yolo9kit.memory.estimate(...) for a breakdown of the step's memory")
     path = Path(path)
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)  # private API, the documented way
+    torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES)  # private API, the documented way
     try:
         fn(*args, **kwargs)
     finally:
         try:  # written whole: a snapshot of a long run takes hundreds of MB
-            write_file(path, lambda tmp: torch.cuda.memory._dump_snapshot(str(tmp)), needed=max_entries * 2048,
+            write_file(path, lambda tmp: torch.cuda.memory._dump_snapshot(str(tmp)), needed=SNAPSHOT_ENTRIES * 2048,
                        what=f"writing the memory snapshot {path}")
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)

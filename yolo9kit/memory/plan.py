@@ -3,12 +3,11 @@ plans (``plan``) and ``TrainConfig(batch_size="auto")`` (``choose_batch``); how 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +40,8 @@ def batch_grid(low: int, high: int) -> list[int]:
     """Batch sizes for a curve over [low, high]: the ends, powers of two and 1.5x powers of two."""
     if low < 1 or high < low:
         raise ValueError(f"batch range ({low}, {high}): expected 1 <= low <= high")
-    grid = {low, high}
-    k = 1
-    while k <= high:
-        grid.update(b for b in (k, k + k // 2) if low <= b <= high)
-        k *= 2
-    return sorted(grid)
+    powers = [1 << e for e in range(high.bit_length())]
+    return sorted({low, high} | {b for k in powers for b in (k, k + k // 2) if low <= b <= high})
 
 
 def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[int], *,
@@ -66,9 +61,8 @@ def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[i
     else:
         several = {k: v for k, v in changes.items() if isinstance(v, (list, tuple))  # layer indices: one value
                    and not (k == "activation_checkpointing" and all(isinstance(i, int) for i in v))}
-        single = {k: v for k, v in changes.items() if k not in several}
-        combos = itertools.product(*several.values()) if several else [()]
-        curves = [as_step(step, None, {**single, **dict(zip(several, c))}, caller="sweep") for c in combos]
+        curves = [as_step(step, None, {**changes, **dict(zip(several, c))}, caller="sweep")
+                  for c in itertools.product(*several.values())]
     rows = []
     for one in curves:
         if method in ("estimated", "both") or not measured:
@@ -78,7 +72,7 @@ def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[i
                 rows.append({**measure(one, b, device=device).as_row(), "oom": False})
             except torch.cuda.OutOfMemoryError:
                 free_cuda_memory()
-                resolved = dataclasses.replace(one, batch_size=b).resolve(device or "cuda")
+                resolved = replace(one, batch_size=b).resolve(device or "cuda")
                 rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.peak_imgsz,
                              "amp": resolved.amp, "setting": resolved.label, "method": "measured", "oom": True})
     return pd.DataFrame(rows)
@@ -91,19 +85,19 @@ class BatchSearch:
     batch_size: int
     budget_bytes: int | None
     margin: float
-    trials: list[dict] = field(default_factory=list)  # batch_size, ok, bytes, reason
-    reason: str = ""
+    trials: list[dict]  # batch_size, ok, bytes, reason
+    reason: str
 
     def __str__(self) -> str:
         return f"largest batch: {self.batch_size} ({self.reason})"
 
 
 def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPUSpec | None = None,
-                   margin: float = DEFAULT_MARGIN, max_batch: int = 1024, start: int = 1, method: str = "auto",
+                   margin: float = DEFAULT_MARGIN, max_batch: int = 1024, method: str = "auto",
                    device: str | None = None, trial: Callable[[int], int | None] | None = None,
                    **changes: Any) -> BatchSearch:
-    """The largest batch whose step runs and stays under ``(1 - margin)`` of the card: doubling from ``start``,
-    then bisection; an out-of-memory trial is dropped and the CUDA cache emptied, so training can go on.
+    """The largest batch whose step runs and stays under ``(1 - margin)`` of the card: doubling from 1, then
+    bisection; an out-of-memory trial is dropped and the CUDA cache emptied, so training can go on.
 
     Args:
         step: the step (or a model name); not needed with ``trial``.
@@ -131,7 +125,7 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
                        "reason": "out of memory" if oom else "fits" if fits else "over the budget"})
         return fits
 
-    lo, b = 0, max(1, start)
+    lo, b = 0, 1
     while b <= max_batch and ok(b):  # grow, then bisect between the last success and the first failure
         lo, b = b, b * 2
     hi = min(b, max_batch + 1)
@@ -142,7 +136,7 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
              f"of {spec.name}")
     if lo >= max_batch:
         return BatchSearch(lo, budget, margin, trials, f"reached max_batch={max_batch} within {where}")
-    failing = lo + 1 if lo else max(1, start)
+    failing = lo + 1
     used = next((t["bytes"] for t in trials if t["batch_size"] == failing), None)
     needs = f" needs {format_bytes(used)}" if used else " runs out of memory"
     return BatchSearch(lo, budget, margin, trials, f"batch {failing}{needs}, over {where}")
@@ -187,14 +181,12 @@ class BatchPlan:
 
 
 def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int | GPUSpec | None = None,
-         margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None,
-         throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:
+         margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None, **changes: Any) -> BatchPlan:
     """Batch x accumulation choices that reach ``nominal_batch_size`` (its divisors and the largest batch that
     fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest.
 
     Args:
-        gpu, margin, method: as ``find_max_batch``'s.
-        throughput: the speed model (default ``ThroughputModel()``; measured step times replace it).
+        gpu, margin, method: as ``find_max_batch``'s (the speed: ``ThroughputModel``'s, or measured).
     """
     if nominal_batch_size < 1:
         raise ValueError(f"nominal_batch_size={nominal_batch_size}: must be >= 1")
@@ -206,7 +198,7 @@ def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int
                             device=device)
     batches = sorted({b for b in range(1, nominal_batch_size + 1) if nominal_batch_size % b == 0}
                      | ({search.batch_size} if search.batch_size else set()))
-    throughput = throughput or ThroughputModel()
+    throughput = ThroughputModel()
     gflops = estimator_for(step, spec).train_gflops_per_image if method == "estimated" else None
     rows = []
     for row in sweep(step, batches, gpu=spec, method=method, device=device).to_dict("records"):
@@ -257,7 +249,7 @@ class AutoBatch:
     measured_peak_reserved: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return asdict(self)
 
     def record_measured_peak(self, device: torch.device, peak_allocated: int | None, run_dir: Path | None) -> None:
         """On CUDA, once: the first epoch's measured peaks beside the prediction (auto_batch.json rewritten)."""
@@ -303,4 +295,4 @@ def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, wo
                        predicted_peak_allocated=report.peak_allocated, predicted_peak_reserved=report.peak_reserved,
                        predicted_device_bytes=report.device_bytes, reason=chosen.reason)
     LOGGER.info("%s", record)
-    return dataclasses.replace(config, batch_size=per_device * world_size), record
+    return replace(config, batch_size=per_device * world_size), record

@@ -4,7 +4,7 @@ by category and over time (docs/memory.md, "How `estimate` works")."""
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -84,8 +84,7 @@ class StorageTracker(TorchDispatchMode):
     def _record(self, storage: torch.UntypedStorage, tag: str | None) -> None:
         idx = self._index.get(storage)
         if idx is not None:
-            if tag is not None and self.records[idx].tag is None:
-                self.records[idx].tag = tag
+            self.records[idx].tag = self.records[idx].tag or tag
             return
         idx = len(self.records)
         nbytes = round_size(storage.nbytes()) if self.device_type == "cuda" else storage.nbytes()
@@ -117,23 +116,19 @@ class StorageTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
-        tag = None
         if func is torch.ops.aten.convolution.default and self.phase == "forward":
             w = args[1]
             self.forward_flops += 2 * out.numel() * w.shape[1] * w.shape[2] * w.shape[3]
         # autocast's low-precision copy of a parameter counts as weights (it lives until backward used it)
-        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor) \
-                and args[0].untyped_storage() in self._param_storages:
-            tag = "weights"
+        weight = func is torch.ops.aten._to_copy.default and args[0].untyped_storage() in self._param_storages
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self._record(t.untyped_storage(), tag)
+                self._record(t.untyped_storage(), "weights" if weight else None)
         return out
 
     def trace(self) -> Trace:
         """A snapshot: storages freed after this call count as alive to the end."""
-        records = [StorageRecord(r.nbytes, r.phase, r.alloc, r.free, r.tag) for r in self.records]
-        return Trace(records, self.events, list(self.phase_starts))
+        return Trace([replace(r) for r in self.records], self.events, list(self.phase_starts))
 
 
 # The op lists of the PyTorch AMP documentation: CUDA ops that autocast to float16 / to float32, ...
