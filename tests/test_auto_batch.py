@@ -12,7 +12,8 @@ from train_toys import one_thread
 from yolo9kit import memory
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.memory.plan import choose_batch, sizing_target
+from yolo9kit.memory.gpus import target_gpu
+from yolo9kit.memory.plan import choose_batch
 from yolo9kit.models import create_model
 from yolo9kit.train.fit import fit
 from yolo9kit.train.optim import base_accumulate
@@ -49,9 +50,9 @@ def test_batch_auto_and_minus_one_are_the_same_and_validated():
 def test_cpu_training_is_sized_against_the_available_ram():
     from yolo9kit.env import memory_limits
 
-    target = sizing_target(TrainConfig(batch_size="auto"), CPU)
+    target = target_gpu(TrainConfig(batch_size="auto").gpu, CPU)
     assert target.device_type == "cpu" and target.total_bytes == pytest.approx(memory_limits()["RAM"], rel=0.05)
-    assert sizing_target(TrainConfig(batch_size="auto", gpu="T4"), CPU).name == "T4"
+    assert target_gpu(TrainConfig(batch_size="auto", gpu="T4").gpu, CPU).name == "T4"
 
 
 @pytest.mark.slow

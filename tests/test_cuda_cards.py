@@ -18,9 +18,9 @@ from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import resolve_device
 from yolo9kit.memory import estimate, plan
 from yolo9kit.memory.estimate import estimator_for
-from yolo9kit.memory.gpus import gpu_from_device
+from yolo9kit.memory.gpus import gpu_from_device, target_gpu
 from yolo9kit.memory.measure import require_cuda
-from yolo9kit.memory.plan import choose_batch, sizing_target
+from yolo9kit.memory.plan import choose_batch
 from yolo9kit.models import create_model
 from yolo9kit.train.guards import DistributedOutOfMemoryError
 from yolo9kit.train.state import Progress, capture_rng, restore_rng, restore_training_state, training_state
@@ -75,7 +75,7 @@ def test_cuda_without_an_index_is_the_current_card(model):
     """On a machine with a T4 as cuda:0 and an H200 as the current device, "cuda" is the H200 everywhere."""
     with simulated_cards("T4", "H200", current=1):
         assert resolve_device("cuda") == torch.device("cuda", 1) == require_cuda("cuda")
-        assert sizing_target(TrainConfig(), torch.device("cuda")).total_bytes == CARDS["H200"].total_memory
+        assert target_gpu(TrainConfig().gpu, torch.device("cuda")).total_bytes == CARDS["H200"].total_memory
         assert gpu_from_device().total_bytes == CARDS["H200"].total_memory
         assert StepConfig(model).resolve("cuda").amp == "bf16"
         assert StepConfig(model).resolve("cuda:0").amp == "fp16"  # named, the T4

@@ -23,7 +23,7 @@ from yolo9kit.memory import (
 )
 from yolo9kit.memory.estimate import build_meta_trainer, prime_optimizer
 from yolo9kit.memory.gpus import LARGE_BUFFER, SMALL_BUFFER, CachingAllocatorModel, round_size, segment_size
-from yolo9kit.memory.measure import _tracked_breakdown, build_real_trainer, fit_to_total
+from yolo9kit.memory.measure import build_real_trainer, fit_to_total
 from yolo9kit.memory.tracer import AutocastEmulation, synthetic_batch, trace_meta_step, trace_real_step
 
 GIB = 1 << 30
@@ -343,7 +343,7 @@ def test_measured_breakdown_names_the_tracked_peak_and_sums_to_the_counter():
     images, targets = synthetic_batch(4, 64, 4, 3)
     tracked = real_trace(4).peak()
     counter_peak = sum(tracked.values()) + (3 << 20)  # the counter saw 3 MiB more (workspace)
-    parts = _tracked_breakdown(trainer, images, targets, counter_peak)
+    parts = fit_to_total(trace_real_step(trainer, images, targets, device_type="cuda").peak(), counter_peak)
     assert sum(parts.values()) == counter_peak
     assert parts["activations"] == tracked["activations"] and parts["ema"] == tracked["ema"]
     assert parts["workspace_other"] >= 3 << 20

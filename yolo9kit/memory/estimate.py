@@ -1,7 +1,5 @@
-"""``estimate``: the memory of a training step on a GPU you may not have, predicted on the CPU: the kit's step
-traced on ``meta`` tensors at batches 1 and 2 (``tracer``), extrapolated to any batch, with the caching
-allocator's overhead or a measured calibration on top (``gpus``). Steps and assumptions: docs/memory.md.
-"""
+"""``estimate``: the memory of a training step on any GPU, predicted on the CPU: the step traced on ``meta``
+tensors at batches 1 and 2, extrapolated to any batch, allocator overhead on top (docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -20,128 +18,105 @@ from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.memory.gpus import GPUSpec, ThroughputModel, calibration_for, replay, target_gpu
+from yolo9kit.memory.gpus import CachingAllocatorModel, GPUSpec, ThroughputModel, calibration_for, target_gpu
 from yolo9kit.memory.measure import MemoryReport, as_step, num_classes_of, resolve_model
 from yolo9kit.memory.tracer import CATEGORIES, Trace, trace_meta_step
 from yolo9kit.train.step import AMP_DTYPES, build_trainer
 
 LOGGER = logging.getLogger(__name__)
-# cuDNN's convolution workspace at the peak, assumed until a measured calibration gives the real figure
-DEFAULT_WORKSPACE_BYTES = 64 << 20
-TRACE_BATCHES = (1, 2)
+DEFAULT_WORKSPACE_BYTES = 64 << 20  # cuDNN's workspace at the peak, assumed without a measured calibration
+B1, B2 = 1, 2  # the traced batches
 _UNALIGNED_PHASES = {"loss", "loss_backward"}  # the assigner branches on data: its phases do not align
 _BATCH_CATEGORIES = {"activations", "loss_assigner", "workspace_other"}
 _CACHE_SIZE = 8  # traced steps kept: a trace takes seconds to a minute, and an explorer revisits settings
 _traced: OrderedDict[tuple, StepEstimator] = OrderedDict()
 
 
-def _segments(trace: Trace) -> list[tuple[int, tuple[str, int, int]]]:
-    """Each phase segment (name, start, end) with its ordinal among the segments of the same name."""
+def _segments(trace: Trace) -> dict[tuple[str, int], tuple[int, int]]:
+    """(phase, ordinal among the segments of that phase) -> (start, end) event indices, in order."""
     starts = trace.phase_starts + [("<end>", trace.num_events)]
-    seen: dict[str, int] = {}
-    out = []
+    out: dict[tuple[str, int], tuple[int, int]] = {}
     for (name, s), (_, e) in zip(starts[:-1], starts[1:]):
-        seen[name] = seen.get(name, -1) + 1
-        out.append((seen[name], (name, s, e)))
+        out[name, sum(n == name for n, _ in out)] = (s, e)
     return out
 
 
-def _by_segment(trace: Trace) -> dict[tuple[int, str], list]:
+def _by_segment(trace: Trace) -> dict[tuple[int, str], list[int]]:
+    """Record indices by (phase segment, phase name) of their allocation."""
     starts = [s for _, s in trace.phase_starts]
-    out: dict[tuple[int, str], list] = {}
-    for rec in trace.records:
-        j = bisect.bisect_right(starts, rec.alloc) - 1  # the last phase started at or before the allocation
-        out.setdefault((j, trace.phase_starts[j][0]), []).append(rec)
+    out: dict[tuple[int, str], list[int]] = {}
+    for i, rec in enumerate(trace.records):
+        j = bisect.bisect_right(starts, rec.alloc) - 1
+        out.setdefault((j, trace.phase_starts[j][0]), []).append(i)
     return out
 
 
-@dataclass
 class StepMemoryModel:
-    """Live bytes per category over the step as ``base + f * slope``, ``f = (b - b1) / (b2 - b1)``: every
-    storage is linear in the batch, and the two traces align event for event but in the loss phases."""
+    """Live bytes per category over the step as ``base + (b - B1) / (B2 - B1) * slope``, from the two traces."""
 
-    b1: int
-    b2: int
-    base: np.ndarray  # (rows, K)
-    slope: np.ndarray  # (rows, K)
-    trace1: Trace
-    trace2: Trace
-
-    @classmethod
-    def fit(cls, trace1: Trace, trace2: Trace, b1: int, b2: int) -> StepMemoryModel:
+    def __init__(self, trace1: Trace, trace2: Trace) -> None:
+        self.trace1, self.trace2 = trace1, trace2
         live1, live2 = trace1.live(), trace2.live()
-        seg2 = {(name, k): (s, e) for k, (name, s, e) in _segments(trace2)}
+        seg2 = _segments(trace2)
         rows1, rows2 = [], []
-        for k, (name, s1, e1) in _segments(trace1):
+        for (name, k), (s1, e1) in _segments(trace1).items():
             if e1 == s1:
                 continue
-            r1 = live1[s1:e1]
-            if (name, k) not in seg2:  # traced once only (optimizer, EMA): independent of the batch
-                rows1.append(r1)
-                rows2.append(r1)
-                continue
-            s2, e2 = seg2[(name, k)]
-            r2 = live2[s2:e2]
-            if name in _UNALIGNED_PHASES or len(r1) != len(r2) or len(r2) == 0:  # reduced to its peak moment
-                r1 = r1[[int(r1.sum(1).argmax())]]
-                r2 = r2[[int(r2.sum(1).argmax())]] if len(r2) else r1
+            r1 = r2 = live1[s1:e1]  # a phase traced once only (optimizer, EMA) is independent of the batch
+            if (name, k) in seg2:
+                r2 = live2[slice(*seg2[name, k])]
+                if name in _UNALIGNED_PHASES or len(r1) != len(r2) or len(r2) == 0:  # reduced to its peak moment
+                    r1 = r1[[int(r1.sum(1).argmax())]]
+                    r2 = r2[[int(r2.sum(1).argmax())]] if len(r2) else r1
             rows1.append(r1)
             rows2.append(r2)
-        base = np.concatenate(rows1).astype(np.float64)
-        slope = np.concatenate(rows2).astype(np.float64) - base
-        return cls(b1, b2, base, slope, trace1, trace2)
+        self.base = np.concatenate(rows1).astype(np.float64)  # (rows, K)
+        self.slope = np.concatenate(rows2).astype(np.float64) - self.base
 
     def peak(self, batch_size: int) -> tuple[int, dict[str, int]]:
         """(peak live bytes, breakdown at that moment) for ``batch_size``."""
-        f = (batch_size - self.b1) / (self.b2 - self.b1)
-        rows = np.maximum(self.base + f * self.slope, 0)
-        i = int(rows.sum(1).argmax())
-        breakdown = {c: int(round(v)) for c, v in zip(CATEGORIES, rows[i])}
+        rows = np.maximum(self.base + (batch_size - B1) / (B2 - B1) * self.slope, 0)
+        breakdown = {c: int(round(v)) for c, v in zip(CATEGORIES, rows[int(rows.sum(1).argmax())])}
         return sum(breakdown.values()), breakdown
 
-    def allocator_events(self, batch_size: int, steps: int = 2) -> list[tuple[int, int, int]]:
-        """Malloc/free events of ``steps`` consecutive steps at ``batch_size``, in the second trace's order;
-        sizes interpolated where a phase's records pair up one to one, else batch categories scaled by b / b2."""
-        t2 = self.trace2
-        f = (batch_size - self.b1) / (self.b2 - self.b1)
-        by_segment1 = _by_segment(self.trace1)
-        index2 = {id(rec): i for i, rec in enumerate(t2.records)}
-        sizes: dict[int, int] = {}
-        for key, recs2 in _by_segment(t2).items():
-            recs1 = by_segment1.get(key, [])
-            paired = len(recs1) == len(recs2)
-            for j, rec in enumerate(recs2):
-                if paired:
-                    size = recs1[j].nbytes + f * (rec.nbytes - recs1[j].nbytes)
-                elif t2.category(rec) in _BATCH_CATEGORIES:
-                    size = rec.nbytes * batch_size / self.b2
-                else:
-                    size = rec.nbytes
-                sizes[index2[id(rec)]] = max(int(size), 1)
-        persistent = [i for i, r in enumerate(t2.records) if r.phase == "setup" and r.free is None]
-        is_persistent = set(persistent)
-        step_recs = [i for i in range(len(t2.records)) if i not in is_persistent]
-        events = [(1, i, sizes[i]) for i in persistent]
-        for s in range(steps):
-            timeline = []
-            for i in step_recs:
-                rec = t2.records[i]
-                key = (s + 1) * len(t2.records) + i
-                timeline.append((rec.alloc, 1, key, sizes[i]))
-                timeline.append((rec.free if rec.free is not None else t2.num_events, -1, key, 0))
-            timeline.sort(key=lambda e: e[0])  # event indices are unique (never-freed ones end the step)
-            events.extend((kind, key, size) for _, kind, key, size in timeline)
-        return events
-
     def reserved_overhead(self, batch_size: int) -> int:
-        """Allocator model: peak reserved minus peak allocated (rounding, segments, cached blocks)."""
-        sim = replay(self.allocator_events(batch_size))
+        """Peak reserved minus peak allocated of two steps at ``batch_size`` replayed through the allocator model."""
+        t1, t2 = self.trace1, self.trace2
+        f = (batch_size - B1) / (B2 - B1)
+        by_segment1 = _by_segment(t1)
+        sizes: dict[int, int] = {}
+        for key, idx2 in _by_segment(t2).items():
+            idx1 = by_segment1.get(key, [])
+            for j, i in enumerate(idx2):
+                rec = t2.records[i]
+                if len(idx1) == len(idx2):  # records pair up one to one
+                    n1 = t1.records[idx1[j]].nbytes
+                    size = n1 + f * (rec.nbytes - n1)
+                else:
+                    size = rec.nbytes * batch_size / B2 if t2.category(rec) in _BATCH_CATEGORIES else rec.nbytes
+                sizes[i] = max(int(size), 1)
+        persistent = {i for i, r in enumerate(t2.records) if r.phase == "setup" and r.free is None}
+        sim = CachingAllocatorModel()
+        for i in sorted(persistent):
+            sim.malloc(i, sizes[i])
+        for s in range(2):
+            timeline = []
+            for i, rec in enumerate(t2.records):
+                if i not in persistent:
+                    key = (s + 1) * len(t2.records) + i
+                    timeline.append((rec.alloc, key, sizes[i]))
+                    timeline.append((rec.free if rec.free is not None else t2.num_events, key, 0))
+            timeline.sort(key=lambda e: e[0])  # event indices are unique (never-freed ones end the step)
+            for _, key, size in timeline:
+                if size:
+                    sim.malloc(key, size)
+                else:
+                    sim.free(key)
         return max(0, sim.peak_reserved - sim.peak_allocated)
 
 
 def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
-    """A copy of ``model`` whose parameters and buffers are ``meta`` tensors of the same shapes, dtypes and
-    strides (channels_last for 4-D weights when asked)."""
+    """A copy of ``model`` on ``meta`` tensors of the same shapes, dtypes and strides."""
     fmt = torch.channels_last if channels_last else torch.preserve_format
 
     def meta(t: torch.Tensor) -> torch.Tensor:
@@ -159,8 +134,7 @@ def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
 
 
 def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Use the ``foreach`` kernels (the CUDA default) and make the optimizer state now, with one step on zero
-    gradients, so that a traced step is a steady-state step."""
+    """``foreach`` kernels (the CUDA default), and the state made now by one step on zero gradients."""
     for group in optimizer.param_groups:
         group["foreach"] = True
     for p in model.parameters():
@@ -171,8 +145,7 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 class FusedStandIn:
-    """A fused optimizer on ``meta`` tensors, where its kernels do not run: its step allocates nothing (one
-    kernel per group updates in place), so the stand-in's does nothing; its state is the primed optimizer's."""
+    """A fused optimizer on ``meta`` tensors: its step allocates nothing (in-place kernels), a no-op here."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -186,9 +159,8 @@ class FusedStandIn:
 
 
 def build_meta_trainer(real_model: nn.Module, step: StepConfig):
-    """The trainer ``fit`` would assemble (``yolo9kit.train.step.build_trainer``) for the resolved ``step``, over
-    a ``meta`` copy of ``real_model`` (only read), its optimizer state primed -> (trainer, loss_fn). The loss
-    (``step.loss_fn``, default ``DetectionLoss``) stays on the real model: the trace runs it for real."""
+    """``build_trainer``'s trainer for the resolved ``step`` over a ``meta`` copy of ``real_model``, its optimizer
+    primed -> (trainer, loss_fn); the loss stays on the real model (the trace runs it for real)."""
     loss_fn = step.loss_fn
     if loss_fn is None:
         loss_fn = DetectionLoss(real_model, dense=bool(step.sync_free))
@@ -205,12 +177,8 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
 
 
 class StepEstimator:
-    """One step, traced once at ``TRACE_BATCHES``; ``reports`` answers for any batch sizes and GPU.
-
-    Args:
-        step: a ``StepConfig`` or a model name, with ``changes`` (``StepConfig`` fields); resolved for CUDA
-            (bf16 for "auto") unless it is resolved already (``estimator_for`` resolves it for a card).
-    """
+    """One step (a ``StepConfig`` or a model name, with ``StepConfig`` field ``changes``), traced once;
+    ``reports`` answers for any batch sizes and GPU. An unresolved step is resolved for CUDA with bf16."""
 
     def __init__(self, step: StepConfig | str, **changes: Any) -> None:
         t0 = time.perf_counter()
@@ -219,37 +187,22 @@ class StepEstimator:
         real = resolve_model(self.step, copy_model=False)
         trainer, loss_fn = build_meta_trainer(real, self.step)
         traces = []
-        for i, b in enumerate(TRACE_BATCHES):
+        for b in (B1, B2):
             trace, self.gflops = trace_meta_step(
                 trainer, loss_fn, batch_size=b, imgsz=self.step.peak_imgsz, num_targets=self.step.num_targets,
                 num_classes=num_classes_of(self.step, real), amp_dtype=AMP_DTYPES[self.step.amp],
-                optimizer=i == 0, autocast="cpu" if self.step.device_type == "cpu" else "cuda")
+                optimizer=b == B1, autocast="cpu" if self.step.device_type == "cpu" else "cuda")
             traces.append(trace)
-        self.memory = StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES)
+        # forward + backward (2x forward) + the recompute when checkpointing
+        self.train_gflops_per_image = self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
+        self.memory = StepMemoryModel(*traces)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
         LOGGER.info("memory of one %s step (%s) measured without a GPU in %.1f s", self.step.model_name,
                     self.step.label, self.trace_seconds)
 
-    def _reserved_overheads(self, batch_sizes: Sequence[int]) -> dict[int, int]:
-        # at the fixed anchors 1, 8, 64, ... that bracket the batches: every curve through a batch agrees on it
-        lo, hi = min(batch_sizes), max(batch_sizes)
-        anchors = [8 ** k for k in range(8)]
-        chosen = [a for a in anchors if a <= lo][-1:] + [a for a in anchors if lo < a < hi] + \
-            [a for a in anchors if a >= hi][:1]
-        for a in chosen:
-            if a not in self._overheads:
-                self._overheads[a] = self.memory.reserved_overhead(a)
-        return {a: self._overheads[a] for a in chosen}
-
-    @property
-    def train_gflops_per_image(self) -> float:
-        """Forward + backward (2x forward) + the recompute when checkpointing, from the traced convolutions."""
-        return self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
-
-    def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = None,
-                throughput: ThroughputModel | None = None) -> list[MemoryReport]:
-        """One ``MemoryReport`` (``method="estimated"``) per batch size, for ``gpu`` (see ``estimate``).
+    def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = None) -> list[MemoryReport]:
+        """One estimated ``MemoryReport`` per batch size, for ``gpu`` (as ``estimate``'s).
 
         Raises:
             ValueError: an empty list or a batch size < 1.
@@ -258,45 +211,46 @@ class StepEstimator:
             raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
         spec = target_gpu(gpu)
         cal = calibration_for(spec.name, self.step.amp) if spec.device_type == "cuda" else None
-        overheads = self._reserved_overheads(batch_sizes) if cal is None and spec.device_type == "cuda" else {}
-        throughput = throughput or ThroughputModel(**(cal or {}).get("throughput") or {})
-        return [self._report(b, spec, cal, overheads, throughput) for b in batch_sizes]
-
-    def _report(self, b: int, spec: GPUSpec, cal: dict | None, overheads: dict[int, int],
-                throughput: ThroughputModel) -> MemoryReport:
-        traced, breakdown = self.memory.peak(b)
-        if spec.device_type != "cuda":  # host memory: no caching allocator, no CUDA context
-            allocated = reserved = traced
-            note = "host memory of the traced step (no CUDA allocator on the CPU)"
-        elif cal is None:
-            breakdown["workspace_other"] += DEFAULT_WORKSPACE_BYTES
-            allocated = traced + DEFAULT_WORKSPACE_BYTES
-            reserved = allocated + int(_interpolate(overheads, b))
-            note = ("reserved from the caching-allocator model; cuDNN workspace assumed "
-                    f"{DEFAULT_WORKSPACE_BYTES >> 20} MiB (no measured calibration for this GPU)")
-        else:
-            (a_alloc, b_alloc), (a_res, b_res) = cal["allocated"], cal["reserved"]
-            allocated = max(traced, int(a_alloc * traced + b_alloc))
-            breakdown["workspace_other"] += allocated - traced
-            reserved = max(allocated, int(a_res * traced + b_res))
-            note = "allocated and reserved from the measured calibration of this GPU"
+        if cal is None and spec.device_type == "cuda":  # the allocator model at the anchors 1, 8, 64, ... around
+            anchors = [8 ** k for k in range(8)]
+            lo, hi = min(batch_sizes), max(batch_sizes)
+            chosen = [a for a in anchors if a <= lo][-1:] + [a for a in anchors if lo < a < hi] + \
+                [a for a in anchors if a >= hi][:1]
+            for a in chosen:
+                if a not in self._overheads:
+                    self._overheads[a] = self.memory.reserved_overhead(a)
+        throughput = ThroughputModel(**(cal or {}).get("throughput") or {})
         context = (cal or {}).get("context_bytes") or spec.context_bytes
-        step_s = throughput.step_s(spec, b, 1, self.train_gflops_per_image, self.step.amp)
-        return MemoryReport(step=replace(self.step, batch_size=b), method="estimated", device=spec.name,
-                            peak_allocated=allocated, peak_reserved=reserved, breakdown=breakdown,
-                            step_time_s=step_s, images_per_s=b / step_s, context_bytes=int(context),
-                            gpu_total_bytes=spec.total_bytes, notes=[note])
-
-
-def _interpolate(points: dict[int, int], b: int) -> float:
-    xs = sorted(points)
-    lo, hi = max([x for x in xs if x <= b], default=xs[0]), min([x for x in xs if x >= b], default=xs[-1])
-    return points[lo] if lo == hi else points[lo] + (points[hi] - points[lo]) * (b - lo) / (hi - lo)
+        out = []
+        for b in batch_sizes:
+            traced, breakdown = self.memory.peak(b)
+            if spec.device_type != "cuda":  # host memory: no caching allocator, no CUDA context
+                allocated = reserved = traced
+                note = "host memory of the traced step (no CUDA allocator on the CPU)"
+            elif cal is None:
+                breakdown["workspace_other"] += DEFAULT_WORKSPACE_BYTES
+                allocated = traced + DEFAULT_WORKSPACE_BYTES
+                xs, ys = sorted(self._overheads), self._overheads  # interpolated between the anchors around b
+                lo, hi = max([x for x in xs if x <= b], default=xs[0]), min([x for x in xs if x >= b], default=xs[-1])
+                reserved = allocated + int(ys[lo] if lo == hi else ys[lo] + (ys[hi] - ys[lo]) * (b - lo) / (hi - lo))
+                note = ("reserved from the caching-allocator model; cuDNN workspace assumed "
+                        f"{DEFAULT_WORKSPACE_BYTES >> 20} MiB (no measured calibration for this GPU)")
+            else:
+                (a_alloc, b_alloc), (a_res, b_res) = cal["allocated"], cal["reserved"]
+                allocated = max(traced, int(a_alloc * traced + b_alloc))
+                breakdown["workspace_other"] += allocated - traced
+                reserved = max(allocated, int(a_res * traced + b_res))
+                note = "allocated and reserved from the measured calibration of this GPU"
+            step_s = throughput.step_s(spec, b, 1, self.train_gflops_per_image, self.step.amp)
+            out.append(MemoryReport(step=replace(self.step, batch_size=b), method="estimated", device=spec.name,
+                                    peak_allocated=allocated, peak_reserved=reserved, breakdown=breakdown,
+                                    step_time_s=step_s, images_per_s=b / step_s, context_bytes=int(context),
+                                    gpu_total_bytes=spec.total_bytes, notes=[note]))
+        return out
 
 
 def _key(step: StepConfig, spec: GPUSpec) -> tuple[StepConfig, tuple]:
-    """The step resolved for the card, and what its trace depends on: that step at batch 1 and, for a module,
-    its layers and parameters (shapes, dtypes, which train; a module may be edited between calls)."""
+    """The step resolved for the card, and what its trace depends on (a module may be edited between calls)."""
     resolved = step.resolve(spec.device_type, bf16=spec.bf16, gpu_name=spec.name)
     model = step.model
     structure = None if isinstance(model, str) else (
@@ -317,8 +271,7 @@ def estimator_for(step: StepConfig, spec: GPUSpec) -> StepEstimator:
 
 
 def is_traced(step: StepConfig | str, gpu: str | int | GPUSpec | None = None, **changes: Any) -> bool:
-    """Whether ``estimate`` holds the traced step for ``step`` on ``gpu`` already: then any batch size of it is
-    answered at once; otherwise the next estimate traces it first (seconds to a minute on a CPU)."""
+    """Whether ``estimate`` holds the traced step for ``step`` on ``gpu`` already (any batch is then instant)."""
     return _key(as_step(step, None, changes, caller="is_traced"), target_gpu(gpu))[1] in _traced
 
 
@@ -327,15 +280,13 @@ def estimate(step: StepConfig | str, batch_size: int | None = None, *, gpu: str 
     """Predict, on any machine, what ``measure`` would report for one training step on ``gpu``.
 
     Args:
-        step: the step (a ``StepConfig``), or a model name for the step ``fit`` would run with it.
-        batch_size: images per forward/backward (default: the step's).
-        gpu: the card (a name from ``GPUS``, a capacity in bytes, a ``GPUSpec``); None: this machine's CUDA
-            card, else ``DEFAULT_GPU``. The step is resolved for it as ``fit`` would resolve it there.
+        step: a ``StepConfig``, or a model name for the step ``fit`` would run with it.
+        gpu: a name from ``GPUS``, a capacity in bytes or a ``GPUSpec`` (default: ``target_gpu``); the step is
+            resolved for it as ``fit`` would resolve it there.
         **changes: ``StepConfig`` fields to change: ``estimate("yolov9-c", 16, imgsz=512, amp="fp16")``.
 
     Returns:
-        MemoryReport with ``method="estimated"``: the breakdown at the peak, the reserved peak from the
-        allocator model (or the GPU's measured calibration) and a modelled step time.
+        MemoryReport with ``method="estimated"``.
     """
     step = as_step(step, batch_size, changes, caller="estimate", needs_batch=True)
     spec = target_gpu(gpu)

@@ -1,7 +1,5 @@
-"""The cards a step is sized for, and what the estimate knows of them: the GPU table, measured calibrations,
-a model of PyTorch's CUDA caching allocator and a throughput model. Their figures and assumptions:
-docs/memory.md ("How `estimate` works", "Calibration files", "Throughput model").
-"""
+"""The cards a step is sized for: the GPU table, measured calibrations, a model of PyTorch's CUDA caching
+allocator and a throughput model (their figures and assumptions: docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +7,7 @@ import bisect
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -21,8 +17,8 @@ from yolo9kit.env import memory_limits, native_bf16, native_cpu_bf16
 
 LOGGER = logging.getLogger(__name__)
 MIB = 1 << 20
-# The card of a figure when none is named and this machine has no CUDA device: the common 24 GB card.
-DEFAULT_GPU = "RTX 4090"
+DEFAULT_GPU = "RTX 4090"  # the card of a figure when none is named and this machine has no CUDA device
+FORMAT = "yolo9kit-memory-calibration"
 
 
 @dataclass(frozen=True)
@@ -58,16 +54,18 @@ GPUS: dict[str, GPUSpec] = {name: GPUSpec(name, mib * MIB, bf16, tflops, gbs) fo
 ]}
 _ALIASES = {"4090": "RTX 4090", "3090": "RTX 3090", "A100": "A100-80GB", "A100-40G": "A100-40GB",
             "A100-80G": "A100-80GB", "H100-80GB": "H100", "H100 SXM": "H100", "V100": "V100-16GB",
-            "TESLA T4": "T4", "NVIDIA H200": "H200", "NVIDIA H100 80GB HBM3": "H100"}
+            "NVIDIA H100 80GB HBM3": "H100"}
 
 
-def _norm(name: str) -> str:
-    return name.upper().replace(" ", "").replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "")
+def _known(name: str) -> GPUSpec | None:
+    def norm(text: str) -> str:  # case, spaces and vendor words ignored
+        return text.upper().replace(" ", "").replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "")
+
+    return next((GPUS[_ALIASES.get(n, n)] for n in [*GPUS, *_ALIASES] if norm(n) == norm(name.strip())), None)
 
 
 def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
-    """A GPU name (case and spaces ignored, e.g. "rtx4090"), a capacity in bytes (bf16 assumed, A100-like
-    speed), a GPUSpec, or None.
+    """A GPU name (e.g. "rtx4090"), a capacity in bytes (bf16, A100-like speed), a GPUSpec, or None.
 
     Raises:
         ValueError: an unknown name or a capacity <= 0.
@@ -78,40 +76,34 @@ def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
         if gpu <= 0:
             raise ValueError(f"gpu={gpu}: a capacity must be a positive number of bytes")
         return GPUSpec(f"{gpu / (1 << 30):.1f} GiB GPU", gpu, True, 312.0, 1555.0)
-    for name in [*GPUS, *_ALIASES]:
-        if _norm(name) == _norm(str(gpu).strip()):
-            return GPUS[_ALIASES.get(name, name)]
-    raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPUS)} or a capacity in bytes "
-                     "(e.g. gpu=24 * 2**30)")
+    spec = _known(str(gpu))
+    if spec is None:
+        raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPUS)} or a capacity in bytes "
+                         "(e.g. gpu=24 * 2**30)")
+    return spec
 
 
 def gpu_from_device(index: int | None = None) -> GPUSpec:
-    """The spec of local CUDA device ``index`` (None: the current one): table values when the name is known,
-    its real capacity and its bf16 (``yolo9kit.env.native_bf16``) always."""
+    """Local CUDA device ``index`` (None: the current one): its capacity and bf16, the table's speeds."""
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
-    try:
-        known = resolve_gpu(props.name)
-    except ValueError:
-        known = None
-    bf16 = native_bf16(index)
-    if known is None:
-        return GPUSpec(props.name, props.total_memory, bf16, 312.0, 1555.0)
-    return GPUSpec(known.name, props.total_memory, bf16, known.tflops_fp16, known.bandwidth_gbs,
+    known = _known(props.name) or GPUSpec(props.name, 0, True, 312.0, 1555.0)
+    return GPUSpec(known.name, props.total_memory, native_bf16(index), known.tflops_fp16, known.bandwidth_gbs,
                    known.context_bytes)
 
 
-def target_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec:
-    """The card a memory figure is for: ``gpu`` resolved, or when None this machine's CUDA device, else
-    ``DEFAULT_GPU`` (the one meaning of ``gpu=None`` across the memory tools and the widgets)."""
+def target_gpu(gpu: str | int | GPUSpec | None, device: torch.device | None = None) -> GPUSpec:
+    """The card a figure is for: ``gpu`` resolved; when None, ``device``'s card or the RAM a CPU may use, or
+    without a device this machine's CUDA card, else ``DEFAULT_GPU``."""
     if gpu is not None:
         return resolve_gpu(gpu)
+    if device is not None:
+        return gpu_from_device(device.index) if device.type == "cuda" else host_memory()
     return gpu_from_device() if torch.cuda.is_available() else resolve_gpu(DEFAULT_GPU)
 
 
 def host_memory() -> GPUSpec:
-    """The memory this process may use now, as the capacity a CPU training step must fit in: the least of
-    ``yolo9kit.env.memory_limits`` (RAM available, rlimits, cgroup), named in the spec's name.
+    """The memory this process may use now (the least of ``env.memory_limits``), as a CPU step's capacity.
 
     Raises:
         RuntimeError: no limit can be read.
@@ -125,27 +117,22 @@ def host_memory() -> GPUSpec:
     return GPUSpec(name, limits[source], native_cpu_bf16(), 1.0, 50.0, context_bytes=0, device_type="cpu")
 
 
-# ------------------------------------------------------------------------------------------ calibrations
-FORMAT = "yolo9kit-memory-calibration"
+def read_calibration(path) -> dict:
+    """One calibration JSON file (a path or a packaged resource), checked.
 
-
-def _parse(text: str, source: str) -> dict:
+    Raises:
+        ValueError: naming the file, when it is not a calibration.
+    """
+    path = Path(path) if isinstance(path, str) else path
     try:
-        data = json.loads(text)
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{source}: line {e.lineno}: not valid JSON ({e.msg})") from e
+        raise ValueError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{source}: not a memory calibration file (expected \"format\": \"{FORMAT}\")")
-    if data.get("kind") not in ("measured", "reference"):
-        raise ValueError(f"{source}: \"kind\" must be \"measured\" or \"reference\", got {data.get('kind')!r}")
-    if not isinstance(data.get("gpu"), str):
-        raise ValueError(f"{source}: \"gpu\" must be a GPU name")
+        raise ValueError(f"{path}: not a memory calibration file (expected \"format\": \"{FORMAT}\")")
+    if data.get("kind") not in ("measured", "reference") or not isinstance(data.get("gpu"), str):
+        raise ValueError(f"{path}: needs \"kind\" (\"measured\" or \"reference\") and \"gpu\" (a GPU name)")
     return data
-
-
-def read_calibration(path: str | Path) -> dict:
-    """Read and check one calibration JSON file (ValueError naming the file when it is not one)."""
-    return _parse(Path(path).read_text(), str(path))
 
 
 def _read_folder(folder) -> tuple[dict, ...]:
@@ -153,15 +140,14 @@ def _read_folder(folder) -> tuple[dict, ...]:
     for entry in sorted(folder.iterdir(), key=lambda e: e.name) if folder.is_dir() else []:
         if entry.name.endswith(".json"):
             try:
-                found.append(_parse(entry.read_text(), entry.name))
+                found.append(read_calibration(entry))
             except (OSError, ValueError) as e:
                 LOGGER.warning("skipping calibration file %s: %s", entry.name, e)
     return tuple(found)
 
 
-@lru_cache(maxsize=1)
 def packaged_calibrations() -> tuple[dict, ...]:
-    """The calibration files shipped in ``yolo9kit/memory_calibration/`` (a bad file is skipped, with a warning)."""
+    """The calibration files shipped in ``yolo9kit/memory_calibration/`` (a bad one is skipped, with a warning)."""
     return _read_folder(resources.files("yolo9kit") / "memory_calibration")
 
 
@@ -171,23 +157,20 @@ def user_calibration_dir() -> Path:
 
 
 def calibration_for(gpu_name: str, amp: str, calibrations: tuple[dict, ...] | None = None) -> dict | None:
-    """The measured calibration of ``gpu_name`` for ``amp``, or None (then the allocator model is used).
-    By default this machine's own (read on each call: a check may just have written one), then the shipped."""
+    """The measured calibration of ``gpu_name`` for ``amp``, or None: by default this machine's own (read on each
+    call: a check may just have written one), then the shipped ones."""
     if calibrations is None:
         calibrations = (*_read_folder(user_calibration_dir()), *packaged_calibrations())
     for cal in calibrations:
         if cal["kind"] == "measured" and not cal.get("smoke") and cal["gpu"] == gpu_name \
                 and amp in cal.get("fits", {}):
-            return {**cal["fits"][amp], "workspace_bytes": cal.get("workspace_bytes"),
-                    "context_bytes": cal.get("context_bytes"), "throughput": cal.get("throughput")}
+            return {**cal["fits"][amp], "context_bytes": cal.get("context_bytes"), "throughput": cal.get("throughput")}
     return None
 
 
 def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
     """Least-squares ``y = a x + b``; with one point, ``a = y / x`` and ``b = 0``."""
     n = len(x)
-    if n == 0:
-        raise ValueError("fit_line needs at least one point")
     if n == 1:
         return (y[0] / x[0] if x[0] else 1.0), 0.0
     mx, my = sum(x) / n, sum(y) / n
@@ -200,18 +183,12 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
                             step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
-    """A calibration (kind "measured") fitted on measured points, one line per AMP mode.
+    """A calibration (kind "measured", the format of docs/memory.md) fitted on measured points per AMP mode.
 
     Args:
         points: dicts of ``amp``, ``estimated_traced_bytes``, ``measured_peak_allocated``,
-            ``measured_peak_reserved`` and optionally ``context_bytes``; those without a measurement (out of
-            memory) are left out of the fits.
-        gpu_name: the card's name; gpu_bytes: its capacity.
-        smoke: a check of the script, never applied.
-        step: what was measured.
-
-    Returns:
-        The calibration as a dict, in the format of docs/memory.md.
+            ``measured_peak_reserved`` and optionally ``context_bytes`` (those not measured are left out).
+        smoke: a check of the script, never applied; step: what was measured.
     """
     fits = {}
     for amp in sorted({p["amp"] for p in points}):
@@ -224,15 +201,15 @@ def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *
         err = max(abs(a_res[0] * xi + a_res[1] - p["measured_peak_reserved"]) / p["measured_peak_reserved"]
                   for xi, p in zip(x, pts))
         fits[amp] = {"allocated": list(a_alloc), "reserved": list(a_res), "n": len(pts), "max_rel_error": err}
-    contexts = [p["context_bytes"] for p in points if p.get("context_bytes")]
+    contexts = sorted(p["context_bytes"] for p in points if p.get("context_bytes"))
     return {"format": FORMAT, "version": 1, "kind": "measured", "smoke": smoke, "gpu": gpu_name,
             "gpu_total_bytes": gpu_bytes, "torch": torch.__version__, "cuda": torch.version.cuda,
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "step": step, "fits": fits,
-            "workspace_bytes": None, "context_bytes": int(sorted(contexts)[len(contexts) // 2]) if contexts else None,
+            "workspace_bytes": None, "context_bytes": int(contexts[len(contexts) // 2]) if contexts else None,
             "throughput": None, "points": points}
 
 
-# ------------------------------------------- the CUDA caching allocator (c10's constants, default settings)
+# the CUDA caching allocator: c10's constants, default settings
 MIN_BLOCK = 512  # every request rounded up to a multiple of this (kMinBlockSize)
 SMALL_SIZE = 1 << 20  # up to this: the small pool (kSmallSize) ...
 SMALL_BUFFER = 2 << 20  # ... carved out of 2 MiB segments (kSmallBuffer)
@@ -242,7 +219,6 @@ ROUND_LARGE = 2 << 20  # ... a larger one its size rounded up to 2 MiB (kRoundLa
 
 
 def round_size(nbytes: int) -> int:
-    """Request size after rounding (kMinBlockSize)."""
     return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
 
 
@@ -250,9 +226,7 @@ def segment_size(nbytes: int) -> int:
     """Size of the segment the allocator asks the driver for when no cached block fits."""
     if nbytes <= SMALL_SIZE:
         return SMALL_BUFFER
-    if nbytes < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return -(-nbytes // ROUND_LARGE) * ROUND_LARGE
+    return LARGE_BUFFER if nbytes < MIN_LARGE_ALLOC else -(-nbytes // ROUND_LARGE) * ROUND_LARGE
 
 
 class CachingAllocatorModel:
@@ -260,85 +234,63 @@ class CachingAllocatorModel:
     segment ever released); ``reserved`` and ``peak_reserved`` in bytes. One stream, no expandable segments."""
 
     def __init__(self) -> None:
-        self.free_blocks = {True: [], False: []}  # small pool?, sorted [(size, segment, offset)]
-        self.segments: list[dict[int, list]] = []  # per segment: offset -> [size, is_free]
+        self.pools: dict[bool, list] = {True: [], False: []}  # small pool? -> sorted [(size, segment, offset)]
+        self.blocks: dict[tuple[int, int], list] = {}  # (segment, offset) -> [size, is_free]
         self.offsets: list[list[int]] = []  # per segment: sorted block offsets
-        self.seg_small: list[bool] = []
-        self.live: dict[int, tuple[int, int]] = {}  # allocation key -> (segment, offset)
+        self.live: dict[int, tuple[int, int, bool]] = {}  # allocation key -> (segment, offset, small pool?)
         self.reserved = self.peak_reserved = self.allocated = self.peak_allocated = 0
 
     def malloc(self, key: int, nbytes: int) -> None:
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
-        pool = self.free_blocks[small]
+        pool = self.pools[small]
         i = bisect.bisect_left(pool, (size, -1, -1))
         if i < len(pool):
             bsize, seg, off = pool.pop(i)
         else:
-            bsize, off = segment_size(size), 0
-            seg = len(self.segments)
-            self.segments.append({0: [bsize, False]})
+            bsize, seg, off = segment_size(size), len(self.offsets), 0
             self.offsets.append([0])
-            self.seg_small.append(small)
             self.reserved += bsize
             self.peak_reserved = max(self.peak_reserved, self.reserved)
-        blocks = self.segments[seg]
         rest = bsize - size
         if (small and rest >= MIN_BLOCK) or (not small and rest > SMALL_SIZE):  # split
-            blocks[off] = [size, False]
-            blocks[off + size] = [rest, True]
+            self.blocks[seg, off + size] = [rest, True]
             bisect.insort(self.offsets[seg], off + size)
             bisect.insort(pool, (rest, seg, off + size))
         else:
-            blocks[off] = [bsize, False]
             size = bsize
-        self.live[key] = (seg, off)
+        self.blocks[seg, off] = [size, False]
+        self.live[key] = (seg, off, small)
         self.allocated += size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
     def free(self, key: int) -> None:
-        seg, off = self.live.pop(key)
-        blocks, offsets = self.segments[seg], self.offsets[seg]
-        pool = self.free_blocks[self.seg_small[seg]]
-        size = blocks[off][0]
+        seg, off, small = self.live.pop(key)
+        offsets, pool = self.offsets[seg], self.pools[small]
+        size = self.blocks[seg, off][0]
         self.allocated -= size
         j = bisect.bisect_left(offsets, off)
-        if j + 1 < len(offsets):  # merge with the next block
-            nxt = offsets[j + 1]
-            if blocks[nxt][1]:
-                pool.remove((blocks[nxt][0], seg, nxt))
-                size += blocks.pop(nxt)[0]
-                offsets.pop(j + 1)
-        if j > 0:  # merge with the previous block
+        if j + 1 < len(offsets) and self.blocks[seg, offsets[j + 1]][1]:  # merge with the next block
+            nxt = offsets.pop(j + 1)
+            pool.remove((self.blocks[seg, nxt][0], seg, nxt))
+            size += self.blocks.pop((seg, nxt))[0]
+        if j > 0 and self.blocks[seg, offsets[j - 1]][1]:  # merge with the previous block
             prv = offsets[j - 1]
-            if blocks[prv][1]:
-                pool.remove((blocks[prv][0], seg, prv))
-                size += blocks[prv][0]
-                blocks.pop(off)
-                offsets.pop(j)
-                off = prv
-        blocks[off] = [size, True]
+            pool.remove((self.blocks[seg, prv][0], seg, prv))
+            size += self.blocks[seg, prv][0]
+            del self.blocks[seg, off]
+            offsets.pop(j)
+            off = prv
+        self.blocks[seg, off] = [size, True]
         bisect.insort(pool, (size, seg, off))
 
 
-def replay(events: Iterable[tuple[int, int, int]]) -> CachingAllocatorModel:
-    """Replay ``(kind, key, nbytes)`` events (kind +1 = malloc, -1 = free) and return the model."""
-    model = CachingAllocatorModel()
-    for kind, key, nbytes in events:
-        if kind > 0:
-            model.malloc(key, nbytes)
-        else:
-            model.free(key)
-    return model
-
-
-# ---------------------------------------------------------------------------------------- throughput
 _REF_BANDWIDTH_GBS, _REF_TFLOPS = 4800.0, 989.0  # the H200 the constants were fitted on (docs/memory.md)
 
 
 @dataclass(frozen=True)
 class ThroughputModel:
-    """``step_s = accumulate * (micro_overhead_s + batch_size * per_image_s) + optimizer_overhead_s``."""
+    """``step_s = accumulate * (micro_overhead_s + batch_size * per_image) + optimizer_overhead_s``."""
 
     base_s: float = 1.58e-3  # per image, memory-bound part, scaled by bandwidth
     s_per_gflop: float = 9.5e-6  # per training GFLOP, scaled by fp16 TFLOPs
@@ -346,12 +298,9 @@ class ThroughputModel:
     optimizer_overhead_s: float = 0.056
     fp32_factor: float = 2.0
 
-    def per_image_s(self, gpu: GPUSpec, train_gflops_per_image: float, amp: str) -> float:
-        t = self.base_s * _REF_BANDWIDTH_GBS / gpu.bandwidth_gbs \
-            + self.s_per_gflop * train_gflops_per_image * _REF_TFLOPS / gpu.tflops_fp16
-        return t * (self.fp32_factor if amp == "off" else 1.0)
-
     def step_s(self, gpu: GPUSpec, batch_size: int, accumulate: int, train_gflops_per_image: float,
                amp: str) -> float:
-        per_image = self.per_image_s(gpu, train_gflops_per_image, amp)
+        per_image = self.base_s * _REF_BANDWIDTH_GBS / gpu.bandwidth_gbs \
+            + self.s_per_gflop * train_gflops_per_image * _REF_TFLOPS / gpu.tflops_fp16
+        per_image *= self.fp32_factor if amp == "off" else 1.0
         return accumulate * (self.micro_overhead_s + batch_size * per_image) + self.optimizer_overhead_s

@@ -1,16 +1,15 @@
-"""``MemoryReport``, the step a memory function describes, and the real step: ``measure`` on CUDA, ``trace``
-on the CPU, ``export_snapshot`` for PyTorch's memory visualiser."""
+"""``MemoryReport``, the step a memory function describes, and the real step: ``measure`` (CUDA), ``trace`` (CPU),
+``export_snapshot``."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import logging
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,14 @@ from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
 
 LOGGER = logging.getLogger(__name__)
 GIB = 1 << 30
-_STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepConfig))
+SNAPSHOT_ENTRIES = 100_000  # allocations a snapshot keeps
+_STEP_FIELDS = frozenset(f.name for f in fields(StepConfig))
 
 
 @dataclass
 class MemoryReport:
-    """Peak memory and speed of one training step (optimizer update) of ``step``, the resolved ``StepConfig``
-    the figures describe (its ``batch_size`` is the batch). Sizes are bytes; ``breakdown`` splits
-    ``peak_allocated`` at the peak into ``CATEGORIES`` and sums to it; ``context_bytes`` is the CUDA context
-    outside PyTorch's counters; ``method`` is "measured", "estimated" or "traced" (docs/memory.md).
-    """
+    """Peak memory (bytes) and speed of one training step of ``step``, the resolved ``StepConfig`` it describes;
+    ``breakdown`` splits ``peak_allocated`` into ``CATEGORIES``; ``method``: "measured", "estimated" or "traced"."""
 
     step: StepConfig
     method: str
@@ -64,51 +61,37 @@ class MemoryReport:
         return self.step.batch_size
 
     @property
-    def device_bytes(self) -> int:
-        """What the process holds on the card: reserved peak + CUDA context."""
+    def device_bytes(self) -> int:  # what the process holds on the card
         return self.peak_reserved + self.context_bytes
 
     @property
-    def fits(self) -> bool | None:
-        """Does the step fit on ``gpu_total_bytes``? None when no capacity is known."""
+    def fits(self) -> bool | None:  # None when no capacity is known
         return None if self.gpu_total_bytes is None else self.device_bytes <= self.gpu_total_bytes
 
     def as_row(self) -> dict[str, Any]:
-        """A flat dict (one DataFrame row): the step's settings, bytes, GiB columns for reading, breakdown."""
-        step = self.step
-        row: dict[str, Any] = {
-            "model": step.model_name, "batch_size": step.batch_size, "imgsz": step.peak_imgsz, "amp": step.amp,
-            "activation_checkpointing": "none" if step.activation_checkpointing is None
-            else str(step.activation_checkpointing),
-            "channels_last": step.channels_last, "lean_activations": step.lean_activations,
-            "sync_free": step.sync_free, "setting": step.label, "method": self.method, "device": self.device,
-            "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-            "step_time_s": self.step_time_s, "images_per_s": self.images_per_s,
-            "context_bytes": self.context_bytes, "num_targets": step.num_targets,
-            "gpu_total_bytes": self.gpu_total_bytes,
-        }
-        row.update({f"{c}_bytes": self.breakdown[c] for c in CATEGORIES})
-        row.update(device_bytes=self.device_bytes, fits=self.fits, peak_allocated_gib=self.peak_allocated / GIB,
-                   peak_reserved_gib=self.peak_reserved / GIB, device_gib=self.device_bytes / GIB)
-        return row
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "step": self.step.to_dict()}
+        step, ckpt = self.step, self.step.activation_checkpointing
+        return {"model": step.model_name, "batch_size": step.batch_size, "imgsz": step.peak_imgsz, "amp": step.amp,
+                "activation_checkpointing": "none" if ckpt is None else str(ckpt),
+                "channels_last": step.channels_last, "lean_activations": step.lean_activations,
+                "sync_free": step.sync_free, "setting": step.label, "method": self.method, "device": self.device,
+                "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
+                "step_time_s": self.step_time_s, "images_per_s": self.images_per_s,
+                "context_bytes": self.context_bytes, "num_targets": step.num_targets,
+                "gpu_total_bytes": self.gpu_total_bytes, **{f"{c}_bytes": self.breakdown[c] for c in CATEGORIES},
+                "device_bytes": self.device_bytes, "fits": self.fits, "peak_allocated_gib": self.peak_allocated / GIB,
+                "peak_reserved_gib": self.peak_reserved / GIB, "device_gib": self.device_bytes / GIB}
 
     def __str__(self) -> str:
         speed = "" if self.step_time_s is None else \
             f", {self.step_time_s * 1000:.0f} ms/step, {self.images_per_s:.1f} img/s"
-        head = (f"{self.model} batch {self.batch_size}, {self.step.label}, {self.method} for {self.device}: "
-                f"peak allocated {format_bytes(self.peak_allocated)}, "
-                f"reserved {format_bytes(self.peak_reserved)}{speed}")
+        head = (f"{self.model} batch {self.batch_size}, {self.step.label}, {self.method} for {self.device}: peak "
+                f"allocated {format_bytes(self.peak_allocated)}, reserved {format_bytes(self.peak_reserved)}{speed}")
         return "\n".join([head, *[f"  {c:16s} {format_bytes(self.breakdown[c]):>12s}" for c in CATEGORIES]])
 
 
 def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapping[str, Any] | None = None, *,
             caller: str, needs_batch: bool = False) -> StepConfig:
-    """The ``StepConfig`` a memory function describes: ``step``, or a model name's default step, with
-    ``batch_size`` and the field ``changes`` (``imgsz=320, amp="fp16"``) applied (``needs_batch``: the step
-    must then have a batch). A multi-scale step runs at its largest size (``StepConfig.peak_imgsz``)."""
+    """``step`` (or a model name's default step) with ``batch_size`` and the field ``changes`` applied."""
     changes = dict(changes or {})
     unknown = sorted(set(changes) - _STEP_FIELDS)
     if unknown:
@@ -121,7 +104,7 @@ def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapp
                         f"got {type(step).__name__}")
     if batch_size is not None:
         changes["batch_size"] = batch_size
-    step = dataclasses.replace(step, **changes) if changes else step
+    step = replace(step, **changes) if changes else step
     if step.model is None:
         raise ValueError(f"{caller}(): the step has no model (a TrainConfig's step is fit's model's): "
                          "step.replace(model=...)")
@@ -130,14 +113,13 @@ def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapp
     return step
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=2)  # kept for the next estimate (callers copy it or only read it)
 def _built_model(name: str, num_classes: int | None) -> nn.Module:
-    return create_model(name, num_classes)  # kept for the next estimate (callers copy it or only read it)
+    return create_model(name, num_classes)
 
 
 def resolve_model(step: StepConfig, *, copy_model: bool = True) -> nn.Module:
-    """The step's model in train mode, a copy (``copy_model=False``: the shared built model or the caller's
-    module, untouched, for read-only use)."""
+    """The step's model, a copy in train mode (``copy_model=False``: the shared one, to read only)."""
     module = _built_model(str(step.model), step.num_classes) if isinstance(step.model, str) else step.model
     if not isinstance(module, nn.Module):
         raise TypeError(f"StepConfig.model must be a registered name (e.g. 'yolov9-s') or an nn.Module, "
@@ -150,13 +132,12 @@ def num_classes_of(step: StepConfig, model: nn.Module) -> int:
 
 
 def build_real_trainer(model: nn.Module, step: StepConfig, device: torch.device):
-    """The kit's own ``build_trainer`` (what ``fit`` uses) for ``model`` and ``step`` on ``device``."""
     config = TrainConfig(step=step.replace(batch_size=None), device=str(device))  # each batch whole, as given
     return build_trainer(model, config, loss_fn=step.loss_fn, device=device)
 
 
 def require_cuda(device: str | torch.device) -> torch.device:
-    """``device`` with its index when it is a usable CUDA device, else a RuntimeError pointing to estimate()."""
+    """``device`` with its index when it is a usable CUDA device, else a RuntimeError pointing to ``estimate``."""
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(
@@ -169,18 +150,11 @@ def require_cuda(device: str | torch.device) -> torch.device:
 
 def measure(step: StepConfig | str, batch_size: int | None = None, *, device: str | torch.device | None = None,
             repeats: int = 3, warmup_repeats: int = 1, breakdown: bool = True, **changes: Any) -> MemoryReport:
-    """Run ``warmup_repeats + repeats`` real training steps (``yolo9kit.train.step.train_step``) of ``step`` on a
-    CUDA device, resolved as ``fit`` would run it there. Isolated: its own copy of the model, what earlier
-    cells hold subtracted, everything freed before returning.
+    """Run ``warmup_repeats + repeats`` real training steps of ``step`` (as ``estimate``'s) on a CUDA device, on a
+    copy of the model, what earlier cells hold subtracted, everything freed before returning.
 
     Args:
-        step: a ``StepConfig``, or a model name for its default step.
-        batch_size: images per forward/backward (default: the step's).
-        device: the CUDA device (None: the first one).
-        repeats: timed steps; warmup_repeats: steps before them.
-        breakdown: one more step under the storage tracker splits the peak into categories (the rest of the
-            CUDA counter is ``workspace_other``).
-        **changes: ``StepConfig`` fields to change (``measure("yolov9-s", 32, amp="fp16")``).
+        breakdown: one more step under the storage tracker splits the peak into categories.
 
     Returns:
         MemoryReport with ``method="measured"``: peaks of the CUDA counters over the timed steps, median time.
@@ -204,11 +178,21 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
         images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets,
                                           num_classes_of(step, module))
         with cudnn_autotune(dev):  # as fit runs the step
-            times = _run_steps(trainer, images, targets, repeats, warmup_repeats, dev)
+            for _ in range(warmup_repeats):
+                train_step(trainer, images, targets)
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            times = []
+            for _ in range(max(1, repeats)):
+                t0 = time.perf_counter()
+                train_step(trainer, images, targets)
+                torch.cuda.synchronize(dev)  # the step is over when the GPU is done
+                times.append(time.perf_counter() - t0)
         peak_allocated = torch.cuda.max_memory_allocated(dev) - held_allocated
         peak_reserved = torch.cuda.max_memory_reserved(dev) - held_reserved
-        parts = _tracked_breakdown(trainer, images, targets, peak_allocated) if breakdown else \
-            {**dict.fromkeys(CATEGORIES, 0), "workspace_other": peak_allocated}
+        parts = {**dict.fromkeys(CATEGORIES, 0), "workspace_other": peak_allocated}
+        if breakdown:
+            parts = fit_to_total(trace_real_step(trainer, images, targets, device_type="cuda").peak(), peak_allocated)
     finally:
         del trainer, module  # the model was moved to the GPU in place: drop it before emptying the cache
         free_cuda_memory()
@@ -216,35 +200,15 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
     spec = gpu_from_device(dev.index)
     free, total = torch.cuda.mem_get_info(dev)
     context = max(0, total - free - torch.cuda.memory_reserved(dev))  # the CUDA context (and other processes)
+    note = f"torch {torch.__version__}, median of {repeats} steps after {warmup_repeats} warm-up, cuDNN autotuning on"
     return MemoryReport(step=step, method="measured", device=spec.name, peak_allocated=int(peak_allocated),
                         peak_reserved=int(peak_reserved), breakdown=parts, step_time_s=step_s,
                         images_per_s=step.batch_size / step_s, context_bytes=int(context),
-                        gpu_total_bytes=spec.total_bytes,
-                        notes=[f"torch {torch.__version__}, median of {repeats} steps after {warmup_repeats} "
-                               "warm-up, cuDNN autotuning on"])
-
-
-def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev: torch.device) -> list[float]:
-    for _ in range(warmup_repeats):
-        train_step(trainer, images, targets)
-    torch.cuda.synchronize(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    times = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        train_step(trainer, images, targets)
-        torch.cuda.synchronize(dev)  # CPU-GPU sync point: the step is over when the GPU is done
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def _tracked_breakdown(trainer, images, targets, peak_allocated: int) -> dict[str, int]:
-    return fit_to_total(trace_real_step(trainer, images, targets, device_type="cuda").peak(), int(peak_allocated))
+                        gpu_total_bytes=spec.total_bytes, notes=[note])
 
 
 def fit_to_total(parts: dict[str, int], total: int) -> dict[str, int]:
-    """The breakdown made to sum to ``total``: missing bytes go to workspace_other; if the tracker saw more than
-    the counter (it can peak at another moment), all parts shrink in proportion."""
+    """The breakdown made to sum to ``total``: the rest to workspace_other, or all parts scaled down."""
     seen = sum(parts.values())
     if seen <= total:
         return {**parts, "workspace_other": parts["workspace_other"] + total - seen}
@@ -254,16 +218,10 @@ def fit_to_total(parts: dict[str, int], total: int) -> dict[str, int]:
 
 
 def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any) -> MemoryReport:
-    """Run one real training step of ``step`` on the CPU under the storage tracker and report its peak: the CPU
-    counterpart of ``measure`` (no CUDA allocator: ``peak_reserved`` equals ``peak_allocated``).
-
-    Args:
-        step: a ``StepConfig``, or a model name for its default step; resolved for the CPU.
-        batch_size: images per forward/backward (default: the step's).
-        **changes: ``StepConfig`` fields to change.
+    """One real training step of ``step`` (as ``estimate``'s) on the CPU, under the storage tracker.
 
     Returns:
-        MemoryReport with ``method="traced"`` (the step's wall time on this CPU as ``step_time_s``).
+        MemoryReport with ``method="traced"`` (``peak_reserved`` is ``peak_allocated``; the CPU's step time).
     """
     step = as_step(step, batch_size, changes, caller="trace", needs_batch=True).resolve("cpu")
     module = resolve_model(step)
@@ -272,18 +230,15 @@ def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any)
     train_step(trainer, images, targets)  # steady state: momentum buffers exist, as from the second step on
     t0 = time.perf_counter()
     parts = trace_real_step(trainer, images, targets, device_type="cpu").peak()
-    seconds = time.perf_counter() - t0
-    peak = sum(parts.values())
-    return MemoryReport(step=step, method="traced", device="CPU (traced)", peak_allocated=peak,
-                        peak_reserved=peak, breakdown=parts, step_time_s=seconds,
-                        images_per_s=step.batch_size / seconds,
+    seconds, peak = time.perf_counter() - t0, sum(parts.values())
+    return MemoryReport(step=step, method="traced", device="CPU (traced)", peak_allocated=peak, peak_reserved=peak,
+                        breakdown=parts, step_time_s=seconds, images_per_s=step.batch_size / seconds,
                         notes=["the real step on the CPU under the storage tracker"])
 
 
-def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, max_entries: int = 100_000,
-                    **kwargs: Any) -> Path:
-    """Run ``fn(*args, **kwargs)`` (e.g. a few training steps) recording every CUDA allocation, and write the
-    snapshot to ``path`` (a .pickle for https://pytorch.org/memory_viz), also when ``fn`` raises.
+def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Path:
+    """Run ``fn(*args, **kwargs)`` recording every CUDA allocation, and write the snapshot to ``path`` (a .pickle
+    for https://pytorch.org/memory_viz), also when ``fn`` raises.
 
     Raises:
         RuntimeError: without CUDA.
@@ -293,12 +248,12 @@ def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, max_en
                            "(torch.cuda.is_available() is False); on the CPU use "
                            "yolo9kit.memory.estimate(...) for a breakdown of the step's memory")
     path = Path(path)
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)  # private API, the documented way
+    torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES)  # private API, the documented way
     try:
         fn(*args, **kwargs)
     finally:
         try:  # written whole: a snapshot of a long run takes hundreds of MB
-            write_file(path, lambda tmp: torch.cuda.memory._dump_snapshot(str(tmp)), needed=max_entries * 2048,
+            write_file(path, lambda tmp: torch.cuda.memory._dump_snapshot(str(tmp)), needed=SNAPSHOT_ENTRIES * 2048,
                        what=f"writing the memory snapshot {path}")
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)

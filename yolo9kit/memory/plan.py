@@ -1,16 +1,13 @@
 """Curves over batch sizes (``sweep``), the largest batch that fits (``find_max_batch``), batch x accumulation
-plans that reach the nominal batch (``plan``) and ``TrainConfig(batch_size="auto")`` (``choose_batch``).
-Measured where a CUDA device is present, estimated otherwise; how each decides: docs/memory.md.
-"""
+plans (``plan``) and ``TrainConfig(batch_size="auto")`` (``choose_batch``); how each decides: docs/memory.md."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +20,11 @@ from yolo9kit.config.train import official_accumulate
 from yolo9kit.env import free_cuda_memory, parse_device
 from yolo9kit.files import format_bytes, write_text_atomically
 from yolo9kit.memory.estimate import estimator_for
-from yolo9kit.memory.gpus import GPUSpec, ThroughputModel, gpu_from_device, host_memory, resolve_gpu, target_gpu
+from yolo9kit.memory.gpus import GPUSpec, ThroughputModel, target_gpu
 from yolo9kit.memory.measure import GIB, as_step, measure, require_cuda
 
 LOGGER = logging.getLogger(__name__)
 METHODS = ("auto", "measured", "estimated", "both")
-RECORD_NAME = "auto_batch.json"
 
 
 def _use_measure(method: str, device: Any) -> bool:
@@ -41,66 +37,45 @@ def _use_measure(method: str, device: Any) -> bool:
 
 
 def batch_grid(low: int, high: int) -> list[int]:
-    """Batch sizes for a curve over [low, high]: the ends, powers of two and 1.5x powers of two (~2 per octave)."""
+    """Batch sizes for a curve over [low, high]: the ends, powers of two and 1.5x powers of two."""
     if low < 1 or high < low:
         raise ValueError(f"batch range ({low}, {high}): expected 1 <= low <= high")
-    grid = {low, high}
-    k = 1
-    while k <= high:
-        grid.update(b for b in (k, k + k // 2) if low <= b <= high)
-        k *= 2
-    return sorted(grid)
+    powers = [1 << e for e in range(high.bit_length())]
+    return sorted({low, high} | {b for k in powers for b in (k, k + k // 2) if low <= b <= high})
 
 
 def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[int], *,
           gpu: str | int | GPUSpec | None = None, method: str = "auto", device: str | None = None,
           **changes: Any) -> pd.DataFrame:
-    """Memory (and speed) against batch size, one row per (step, batch size).
+    """Memory (and speed) against batch size: ``MemoryReport.as_row`` columns plus ``oom`` (measured: out of memory).
 
     Args:
         step: a step or model name, or a list of steps: one curve each, labelled in ``setting``.
-        batch_sizes: the batches of each curve.
-        gpu: the card the estimate is for (None: this machine's CUDA card, else ``DEFAULT_GPU``).
-        method: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both" (measured
-            points and estimated lines, for ``yolo9kit.plots.memory_vs_batch``).
-        device: the CUDA device to measure on.
-        **changes: ``StepConfig`` fields; one given as a list makes one curve per value
-            (``amp=["fp16", "bf16"]``; a list of layer indices for ``activation_checkpointing`` is one value).
-
-    Returns:
-        DataFrame of ``MemoryReport.as_row`` columns plus ``oom`` (a measured batch that ran out of memory:
-        its memory columns are NaN).
+        method: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both".
+        **changes: ``StepConfig`` fields; one given as a list makes one curve per value (``amp=["fp16", "bf16"]``).
     """
     measured = _use_measure(method, device)
     spec = target_gpu(gpu)
     if isinstance(step, (list, tuple)):
         curves = [as_step(s, None, changes, caller="sweep") for s in step]
     else:
-        several = {k: v for k, v in changes.items() if isinstance(v, (list, tuple))
+        several = {k: v for k, v in changes.items() if isinstance(v, (list, tuple))  # layer indices: one value
                    and not (k == "activation_checkpointing" and all(isinstance(i, int) for i in v))}
-        single = {k: v for k, v in changes.items() if k not in several}
-        combos = itertools.product(*several.values()) if several else [()]
-        curves = [as_step(step, None, {**single, **dict(zip(several, c))}, caller="sweep") for c in combos]
+        curves = [as_step(step, None, {**changes, **dict(zip(several, c))}, caller="sweep")
+                  for c in itertools.product(*several.values())]
     rows = []
     for one in curves:
         if method in ("estimated", "both") or not measured:
             rows += [{**r.as_row(), "oom": False} for r in estimator_for(one, spec).reports(list(batch_sizes), spec)]
-        if measured:
-            rows += _measured_rows(one, batch_sizes, device)
+        for b in batch_sizes if measured else []:
+            try:
+                rows.append({**measure(one, b, device=device).as_row(), "oom": False})
+            except torch.cuda.OutOfMemoryError:
+                free_cuda_memory()
+                resolved = replace(one, batch_size=b).resolve(device or "cuda")
+                rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.peak_imgsz,
+                             "amp": resolved.amp, "setting": resolved.label, "method": "measured", "oom": True})
     return pd.DataFrame(rows)
-
-
-def _measured_rows(step: StepConfig, batch_sizes: Sequence[int], device: Any) -> list[dict]:
-    rows = []
-    for b in batch_sizes:
-        try:
-            rows.append({**measure(step, b, device=device).as_row(), "oom": False})
-        except torch.cuda.OutOfMemoryError:
-            free_cuda_memory()
-            resolved = dataclasses.replace(step, batch_size=b).resolve(device or "cuda")
-            rows.append({"model": resolved.model_name, "batch_size": b, "imgsz": resolved.peak_imgsz,
-                         "amp": resolved.amp, "setting": resolved.label, "method": "measured", "oom": True})
-    return rows
 
 
 @dataclass
@@ -110,34 +85,25 @@ class BatchSearch:
     batch_size: int
     budget_bytes: int | None
     margin: float
-    trials: list[dict] = field(default_factory=list)  # batch_size, ok, bytes, reason
-    reason: str = ""
+    trials: list[dict]  # batch_size, ok, bytes, reason
+    reason: str
 
     def __str__(self) -> str:
         return f"largest batch: {self.batch_size} ({self.reason})"
 
 
 def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPUSpec | None = None,
-                   margin: float = DEFAULT_MARGIN, max_batch: int = 1024, start: int = 1, method: str = "auto",
+                   margin: float = DEFAULT_MARGIN, max_batch: int = 1024, method: str = "auto",
                    device: str | None = None, trial: Callable[[int], int | None] | None = None,
                    **changes: Any) -> BatchSearch:
-    """The largest batch size whose step runs and stays under ``(1 - margin)`` of the card: doubling from
-    ``start``, then bisection. A trial fails over the budget or on ``torch.cuda.OutOfMemoryError``, which is
-    dropped and the CUDA cache emptied, so the process can go on training.
+    """The largest batch whose step runs and stays under ``(1 - margin)`` of the card: doubling from 1, then
+    bisection; an out-of-memory trial is dropped and the CUDA cache emptied, so training can go on.
 
     Args:
-        step: the step (or a model name); not needed when ``trial`` is given.
-        gpu: the card to fit (None: this machine's CUDA card, else ``DEFAULT_GPU``).
-        margin: share of the card kept free (validation, crowded images, fragmentation).
-        max_batch: the largest batch tried; start: the first.
+        step: the step (or a model name); not needed with ``trial``.
+        gpu: the card (default: ``target_gpu``); margin: the share of it kept free.
         method: "auto" measures on CUDA and estimates otherwise; "measured" or "estimated".
-        device: the CUDA device to measure on.
-        trial: ``trial(batch_size) -> bytes used or None`` replaces the built-in trial; it may raise
-            ``torch.cuda.OutOfMemoryError``.
-        **changes: ``StepConfig`` fields to change.
-
-    Returns:
-        BatchSearch with the batch, the budget, every trial and the reason for the answer.
+        trial: ``trial(batch_size) -> bytes used or None`` replaces the built-in trial (it may raise out of memory).
     """
     if trial is None and step is None:
         raise ValueError("find_max_batch needs a step (or a model name), or a trial function")
@@ -155,11 +121,11 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
         if oom:  # outside the except block: the traceback and the tensors it holds are gone
             free_cuda_memory()
         fits = not oom and (used is None or used <= budget)
-        reason = "out of memory" if oom else "fits" if fits else "over the budget"
-        trials.append({"batch_size": b, "ok": fits, "bytes": used, "reason": reason})
+        trials.append({"batch_size": b, "ok": fits, "bytes": used,
+                       "reason": "out of memory" if oom else "fits" if fits else "over the budget"})
         return fits
 
-    lo, b = 0, max(1, start)
+    lo, b = 0, 1
     while b <= max_batch and ok(b):  # grow, then bisect between the last success and the first failure
         lo, b = b, b * 2
     hi = min(b, max_batch + 1)
@@ -170,10 +136,9 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
              f"of {spec.name}")
     if lo >= max_batch:
         return BatchSearch(lo, budget, margin, trials, f"reached max_batch={max_batch} within {where}")
-    failing = lo + 1 if lo else max(1, start)
-    first_fail = next((t for t in trials if t["batch_size"] == failing), None)
-    needs = f" needs {format_bytes(first_fail['bytes'])}" if first_fail and first_fail["bytes"] else \
-        " runs out of memory"
+    failing = lo + 1
+    used = next((t["bytes"] for t in trials if t["batch_size"] == failing), None)
+    needs = f" needs {format_bytes(used)}" if used else " runs out of memory"
     return BatchSearch(lo, budget, margin, trials, f"batch {failing}{needs}, over {where}")
 
 
@@ -186,8 +151,7 @@ def _default_trial(step: StepConfig, method: str, device: Any, spec: GPUSpec) ->
 
 @dataclass
 class BatchPlan:
-    """What ``plan`` found: ``table`` (one row per batch x accumulation), ``recommended`` (the chosen row, None
-    when nothing fits), ``reason``, ``largest_batch`` (the largest batch that fits), the step and the card."""
+    """What ``plan`` found: one row per batch x accumulation, the recommended row (None when nothing fits)."""
 
     table: pd.DataFrame
     recommended: dict | None
@@ -204,8 +168,7 @@ class BatchPlan:
         return f"{shown.to_string(index=False)}\n{self.reason}"
 
     def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
-        """``base`` (default ``TrainConfig()``) training the plan: its step (the undecided switches left for
-        ``fit`` to decide), the recommended batch, whole, and the nominal batch.
+        """``base`` (default ``TrainConfig()``) with the plan's step, recommended batch and nominal batch.
 
         Raises:
             ValueError: nothing fits.
@@ -218,82 +181,58 @@ class BatchPlan:
 
 
 def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int | GPUSpec | None = None,
-         margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None,
-         throughput: ThroughputModel | None = None, **changes: Any) -> BatchPlan:
-    """Batch x accumulation choices that reach ``nominal_batch_size``, their memory and speed, and a choice.
-
-    Candidates: the divisors of the nominal batch, and the largest batch that fits; each accumulates by the
-    official rule ``max(round(nominal / batch), 1)``, as ``fit`` does. The recommendation is the fitting row
-    with the most images per second, which is the largest batch that fits.
+         margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None, **changes: Any) -> BatchPlan:
+    """Batch x accumulation choices that reach ``nominal_batch_size`` (its divisors and the largest batch that
+    fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest.
 
     Args:
-        step: the step, or a model name.
-        nominal_batch_size: images per optimizer step to reach.
-        gpu: the card (None: this machine's CUDA card, else ``DEFAULT_GPU``).
-        margin: share of the card kept free.
-        method: "auto" measures on CUDA and estimates otherwise; "measured" or "estimated".
-        device: the CUDA device to measure on.
-        throughput: the speed model (default ``ThroughputModel()``; a measured step time replaces its
-            micro-step time when memory is measured).
-        **changes: ``StepConfig`` fields to change.
-
-    Returns:
-        BatchPlan (``train_config()`` turns it into a ``TrainConfig``).
+        gpu, margin, method: as ``find_max_batch``'s (the speed: ``ThroughputModel``'s, or measured).
     """
     if nominal_batch_size < 1:
         raise ValueError(f"nominal_batch_size={nominal_batch_size}: must be >= 1")
     step = as_step(step, None, changes, caller="plan")
-    measured = _use_measure(method, device)
+    method = "measured" if _use_measure(method, device) else "estimated"
     spec = target_gpu(gpu)
     budget = int(spec.total_bytes * (1 - margin))
-    search = find_max_batch(step, gpu=spec, margin=margin, max_batch=nominal_batch_size,
-                            method="measured" if measured else "estimated", device=device)
+    search = find_max_batch(step, gpu=spec, margin=margin, max_batch=nominal_batch_size, method=method,
+                            device=device)
     batches = sorted({b for b in range(1, nominal_batch_size + 1) if nominal_batch_size % b == 0}
                      | ({search.batch_size} if search.batch_size else set()))
-    throughput = throughput or ThroughputModel()
-    if measured:
-        df, gflops = sweep(step, batches, method="measured", device=device), None
-    else:
-        est = estimator_for(step, spec)
-        df = pd.DataFrame([{**r.as_row(), "oom": False} for r in est.reports(batches, spec)])
-        gflops = est.train_gflops_per_image
-    table = pd.DataFrame([_plan_row(row, nominal_batch_size, budget, spec, gflops, throughput)
-                          for row in df.to_dict("records")])
+    throughput = ThroughputModel()
+    gflops = estimator_for(step, spec).train_gflops_per_image if method == "estimated" else None
+    rows = []
+    for row in sweep(step, batches, gpu=spec, method=method, device=device).to_dict("records"):
+        b, oom = int(row["batch_size"]), bool(row.get("oom"))
+        acc = official_accumulate(nominal_batch_size, b)  # the rule fit applies
+        if gflops is not None:
+            step_s = throughput.step_s(spec, b, acc, gflops, row["amp"])
+        elif not oom:  # measured: micro-step time = measured step - optimizer overhead
+            overhead = throughput.optimizer_overhead_s
+            step_s = acc * max(row["step_time_s"] - overhead, 1e-6) + overhead
+        else:
+            step_s = float("nan")
+        used = None if oom else int(row["device_bytes"])
+        rows.append({"batch_size": b, "accumulate": acc, "effective_batch": b * acc, "device_bytes": used,
+                     "device_gib": None if oom else used / GIB, "fits": (not oom) and used <= budget,
+                     "step_s": step_s, "images_per_s": b * acc / step_s, "method": row["method"]})
+    table = pd.DataFrame(rows)
     fitting = table[table["fits"]]
-    if fitting.empty:
+    best = None if fitting.empty else fitting.loc[fitting["images_per_s"].idxmax()].to_dict()
+    if best is None:
         reason = (f"nothing fits in {format_bytes(budget)} ({1 - margin:.0%} of {spec.name}): try "
                   "activation_checkpointing='all', a smaller imgsz or a smaller model")
-        return BatchPlan(table, None, reason, step, spec, nominal_batch_size, margin, search.batch_size)
-    best = fitting.loc[fitting["images_per_s"].idxmax()].to_dict()
-    reason = (f"recommended: batch {best['batch_size']} x accumulate {best['accumulate']} = "
-              f"{best['effective_batch']} images per optimizer step, {best['device_gib']:.1f} GiB of "
-              f"{spec.total_bytes / GIB:.1f} GiB ({spec.name}, {margin:.0%} kept free), about "
-              f"{best['images_per_s']:.0f} img/s: the fastest option that fits (fewer micro-steps, "
-              "less fixed cost per image)")
-    return BatchPlan(table, best, reason, step, spec, nominal_batch_size, margin, search.batch_size)
-
-
-def _plan_row(row: dict, nominal: int, budget: int, spec: GPUSpec, gflops: float | None,
-              throughput: ThroughputModel) -> dict:
-    b = int(row["batch_size"])
-    acc = official_accumulate(nominal, b)  # the rule fit applies
-    oom = bool(row.get("oom"))
-    device_bytes = None if oom else int(row["device_bytes"])
-    if gflops is not None:
-        step_s = throughput.step_s(spec, b, acc, gflops, row["amp"])
-    elif not oom:  # measured: micro-step time = measured step - optimizer overhead
-        step_s = acc * max(row["step_time_s"] - throughput.optimizer_overhead_s, 1e-6) + throughput.optimizer_overhead_s
     else:
-        step_s = float("nan")
-    return {"batch_size": b, "accumulate": acc, "effective_batch": b * acc, "device_bytes": device_bytes,
-            "device_gib": None if oom else device_bytes / GIB, "fits": (not oom) and device_bytes <= budget,
-            "step_s": step_s, "images_per_s": b * acc / step_s, "method": row["method"]}
+        reason = (f"recommended: batch {best['batch_size']} x accumulate {best['accumulate']} = "
+                  f"{best['effective_batch']} images per optimizer step, {best['device_gib']:.1f} GiB of "
+                  f"{spec.total_bytes / GIB:.1f} GiB ({spec.name}, {margin:.0%} kept free), about "
+                  f"{best['images_per_s']:.0f} img/s: the fastest option that fits (fewer micro-steps, "
+                  "less fixed cost per image)")
+    return BatchPlan(table, best, reason, step, spec, nominal_batch_size, margin, search.batch_size)
 
 
 @dataclass
 class AutoBatch:
-    """What ``batch_size="auto"`` chose and predicted (bytes), saved as ``auto_batch.json``; the measured peak
-    of the first epoch once known."""
+    """What ``batch_size="auto"`` chose and predicted (bytes), and the measured peak once known (auto_batch.json)."""
 
     batch_size: int  # images per loader batch, all DDP ranks together (what TrainConfig.batch_size becomes)
     accumulate: int  # batches per optimizer step by the official rule
@@ -310,10 +249,10 @@ class AutoBatch:
     measured_peak_reserved: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return asdict(self)
 
     def record_measured_peak(self, device: torch.device, peak_allocated: int | None, run_dir: Path | None) -> None:
-        """On CUDA, once: the first epoch's measured peaks beside the prediction (rewrites auto_batch.json)."""
+        """On CUDA, once: the first epoch's measured peaks beside the prediction (auto_batch.json rewritten)."""
         if self.measured_peak_allocated is not None or device.type != "cuda" or peak_allocated is None:
             return
         self.measured_peak_allocated = int(peak_allocated)
@@ -322,7 +261,7 @@ class AutoBatch:
             self.save(run_dir)
 
     def save(self, run_dir: Path) -> Path:
-        path = Path(run_dir) / RECORD_NAME
+        path = Path(run_dir) / "auto_batch.json"
         write_text_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")  # a reader never sees half
         return path
 
@@ -332,40 +271,28 @@ class AutoBatch:
                 f"({self.margin:.0%} kept free)")
 
 
-def sizing_target(config: TrainConfig, device: torch.device) -> GPUSpec:
-    """The capacity the batch is sized against: ``config.gpu`` when named, else the training device's card,
-    else (CPU training) the RAM available now."""
-    if config.gpu is not None:
-        return resolve_gpu(config.gpu)
-    if device.type == "cuda":
-        return gpu_from_device(device.index)  # None: the current CUDA device
-    return host_memory()
-
-
 def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1, *,
                  loss_fn: Callable | None = None) -> tuple[TrainConfig, AutoBatch]:
-    """``config`` with ``batch_size="auto"`` replaced by ``plan``'s batch for the card, and the record of it.
+    """``config`` with ``batch_size="auto"`` replaced by ``plan``'s batch for ``config.gpu``, else the training
+    device's card or RAM, and the record of it.
 
     Args:
-        config: the training settings; model: the model to train (only read); device: where it trains.
-        world_size: DDP ranks (the batch is per device).
-        loss_fn: the run's loss when it is not the kit's ``DetectionLoss``.
+        world_size: DDP ranks (the batch is per device); loss_fn: the run's loss, if not ``DetectionLoss``.
 
     Raises:
         RuntimeError: not even batch 1 fits (the message says what to change).
     """
-    spec = sizing_target(config, device)
+    spec = target_gpu(config.gpu, device)
     step = config.step.replace(model=model, batch_size=1, num_classes=getattr(model, "nc", None), loss_fn=loss_fn)
     chosen = plan(step, config.optim.nominal_batch_size, gpu=spec, margin=config.margin, method="estimated")
     if chosen.recommended is None:
         raise RuntimeError(f"batch_size='auto' for {step.model_name} at {step.peak_imgsz} px: {chosen.reason}")
     per_device = int(chosen.recommended["batch_size"])
     report = estimator_for(step, spec).reports([per_device], spec)[0]
-    sized = dataclasses.replace(config, batch_size=per_device * world_size)
     record = AutoBatch(batch_size=per_device * world_size, accumulate=int(chosen.recommended["accumulate"]),
                        gpu=spec.name, capacity_bytes=spec.total_bytes, margin=config.margin,
                        largest_batch=chosen.largest_batch, step=report.step.to_dict(),
                        predicted_peak_allocated=report.peak_allocated, predicted_peak_reserved=report.peak_reserved,
                        predicted_device_bytes=report.device_bytes, reason=chosen.reason)
     LOGGER.info("%s", record)
-    return sized, record
+    return replace(config, batch_size=per_device * world_size), record

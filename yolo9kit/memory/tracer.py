@@ -1,27 +1,26 @@
-"""Trace one training step of the kit, on ``meta`` tensors (shapes, no data) or real ones, and record every
-storage it allocates, by category and over time: the storage tracker, the autocast emulation and the bridge
-that runs the loss for real. How and what it assumes: docs/memory.md, "How `estimate` works".
-"""
+"""Trace one training step of the kit, on ``meta`` tensors or real ones, recording every storage it allocates
+by category and over time (docs/memory.md, "How `estimate` works")."""
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from yolo9kit.memory.gpus import round_size
 from yolo9kit.train.step import micro_step, optimizer_step
 
-# The categories of a MemoryReport breakdown, in display order.
+# the categories of a MemoryReport breakdown, in display order
 CATEGORIES = ("weights", "gradients", "optimizer_state", "ema", "activations", "loss_assigner", "workspace_other")
 # phase a storage was born in -> category, unless its identity says otherwise
 _PHASE_CATEGORY = {"forward": "activations", "loss": "loss_assigner", "loss_backward": "loss_assigner"}
+_LOW = (torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -39,7 +38,7 @@ class Trace:
 
     records: list[StorageRecord]
     num_events: int
-    phase_starts: list[tuple[str, int]] = field(default_factory=list)
+    phase_starts: list[tuple[str, int]]
 
     def category(self, rec: StorageRecord) -> str:
         return rec.tag or _PHASE_CATEGORY.get(rec.phase, "workspace_other")
@@ -61,12 +60,8 @@ class Trace:
 
 
 class StorageTracker(TorchDispatchMode):
-    """Record each storage an op creates while active, once, and when its Python object dies (a weakref).
-
-    Args:
-        device_type: "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors that stand
-            for a CUDA run); anything else counts exact bytes.
-    """
+    """Record each storage an op creates while active, once, and when it dies (a weakref); ``device_type``
+    "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors standing for a CUDA run)."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
@@ -89,8 +84,7 @@ class StorageTracker(TorchDispatchMode):
     def _record(self, storage: torch.UntypedStorage, tag: str | None) -> None:
         idx = self._index.get(storage)
         if idx is not None:
-            if tag is not None and self.records[idx].tag is None:
-                self.records[idx].tag = tag
+            self.records[idx].tag = self.records[idx].tag or tag
             return
         idx = len(self.records)
         nbytes = round_size(storage.nbytes()) if self.device_type == "cuda" else storage.nbytes()
@@ -99,50 +93,42 @@ class StorageTracker(TorchDispatchMode):
         self._index[storage] = idx
         self._refs.append(weakref.ref(storage, lambda _ref, i=idx: self._on_free(i)))
 
-    def _on_free(self, idx: int) -> None:
-        rec = self.records[idx]
-        if rec.free is None:
-            rec.free = self.events
-            self.events += 1
+    def _on_free(self, idx: int) -> None:  # the storage's only weakref died
+        self.records[idx].free = self.events
+        self.events += 1
 
     def register(self, tensors, tag: str) -> None:
         """Record tensors that exist already (parameters, EMA, optimizer state) under ``tag``."""
         for t in tensors:
-            if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                self._record(st, tag)
-                if tag == "weights" and isinstance(t, torch.nn.Parameter):
-                    self._param_storages[st] = True
+            st = t.untyped_storage()
+            self._record(st, tag)
+            if tag == "weights" and isinstance(t, torch.nn.Parameter):
+                self._param_storages[st] = True
 
     def tag(self, tensors, tag: str) -> None:
         """Give recorded storages an identity category (e.g. they became ``.grad``)."""
         for t in tensors:
-            if isinstance(t, torch.Tensor):
-                idx = self._index.get(t.untyped_storage())
-                if idx is not None:
-                    self.records[idx].tag = tag
+            idx = self._index.get(t.untyped_storage())
+            if idx is not None:
+                self.records[idx].tag = tag
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
-        tag = None
         if func is torch.ops.aten.convolution.default and self.phase == "forward":
             w = args[1]
             self.forward_flops += 2 * out.numel() * w.shape[1] * w.shape[2] * w.shape[3]
         # autocast's low-precision copy of a parameter counts as weights (it lives until backward used it)
-        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor) \
-                and args[0].untyped_storage() in self._param_storages:
-            tag = "weights"
+        weight = func is torch.ops.aten._to_copy.default and args[0].untyped_storage() in self._param_storages
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self._record(t.untyped_storage(), tag)
+                self._record(t.untyped_storage(), "weights" if weight else None)
         return out
 
     def trace(self) -> Trace:
         """A snapshot: storages freed after this call count as alive to the end."""
-        records = [StorageRecord(r.nbytes, r.phase, r.alloc, r.free, r.tag) for r in self.records]
-        return Trace(records, self.events, list(self.phase_starts))
+        return Trace([replace(r) for r in self.records], self.events, list(self.phase_starts))
 
 
 # The op lists of the PyTorch AMP documentation: CUDA ops that autocast to float16 / to float32, ...
@@ -184,17 +170,8 @@ POLICIES = {"cuda": (LOWER_PRECISION, FLOAT32, FLOAT32_BY_DTYPE_ARG, PROMOTE),
             "cpu": (CPU_LOWER_PRECISION, CPU_FLOAT32, frozenset(), frozenset({"cat", "stack", "index_copy"}))}
 
 
-def _map_tensors(obj, fn):
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(o, fn) for o in obj)
-    return obj
-
-
 class AutocastEmulation(TorchFunctionMode):
-    """The autocast policy of ``policy`` ("cuda", or "cpu" for a CPU bf16 step) with ``dtype`` (fp16 or bf16),
-    applied on any device while ``enabled`` (real autocast reaches no ``meta`` tensor)."""
+    """The autocast policy of ``policy`` ("cuda" or "cpu") with ``dtype``, on any device while ``enabled``."""
 
     def __init__(self, dtype: torch.dtype | None, policy: str = "cuda") -> None:
         super().__init__()
@@ -215,11 +192,9 @@ class AutocastEmulation(TorchFunctionMode):
             return t
         if t.is_leaf and t.requires_grad and self.caching:  # a weight: cast once per region, as CUDA autocast
             hit = self._weight_cache.get(id(t))
-            if hit is not None and hit[0] is t:
-                return hit[1]
-            cast = t.to(dtype)
-            self._weight_cache[id(t)] = (t, cast)
-            return cast
+            if hit is None or hit[0] is not t:
+                hit = self._weight_cache[id(t)] = (t, t.to(dtype))
+            return hit[1]
         return t.to(dtype)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -229,41 +204,33 @@ class AutocastEmulation(TorchFunctionMode):
         if func is torch.Tensor.backward:
             return self._backward(args[0])
         name = getattr(func, "__name__", "")
-        low = self.dtype
         if name in self.lower:
-            args, kwargs = _map_tensors(args, lambda t: self._cast(t, low)), {
-                k: _map_tensors(v, lambda t: self._cast(t, low)) for k, v in kwargs.items()}
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: self._cast(t, self.dtype), (args, kwargs))
         elif name in self.by_dtype:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.dtype in (torch.float16, torch.bfloat16) and kwargs.get("dtype") is None:
+            if first is not None and first.dtype in _LOW and kwargs.get("dtype") is None:
                 kwargs = {**kwargs, "dtype": torch.float32}
         elif name in self.float32:
-            args = _map_tensors(args, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
+            args = tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype in _LOW else t, args)
         elif name in self.promote:
             floats = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.is_floating_point()]
             if floats and len({t.dtype for t in floats}) > 1:
                 widest = torch.float32 if any(t.dtype == torch.float32 for t in floats) else floats[0].dtype
-                args = _map_tensors(args, lambda t: t.to(widest) if t.is_floating_point() else t)
+                args = tree_map_only(torch.Tensor, lambda t: t.to(widest) if t.is_floating_point() else t, args)
         return func(*args, **kwargs)
 
     def _backward(self, loss: torch.Tensor) -> None:
-        # Checkpointed layers recompute under the forward's autocast state, each recompute its own region
-        # (no weight cache). A function mode is off while it handles a call: enter it again around the
-        # autograd engine (its private entry point, where torch.autograd.backward ends) for that code.
+        # checkpointed layers recompute under autocast, each its own region (no weight cache); a function mode is
+        # off while it handles a call: enter it again around the autograd engine (torch.autograd.backward's end)
         self.set_enabled(True, caching=False)
         with self:
-            engine = getattr(torch.autograd.Variable, "_execution_engine", None)
-            if engine is None:
-                loss.backward()
-            else:
-                engine.run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
-                                    accumulate_grad=True)
+            torch.autograd.Variable._execution_engine.run_backward(
+                (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True)
         self.set_enabled(False)
 
 
 class _LossBridge(torch.autograd.Function):
-    """The loss of meta outputs, run for real on random CPU tensors of their shapes (the assigner picks by
-    value) under the same tracker; meta gradients of the outputs' shapes go back to the meta backward."""
+    """The loss of meta outputs, run for real on random CPU tensors of their shapes; meta gradients go back."""
 
     @staticmethod
     def forward(ctx, setup: tuple, *outputs: torch.Tensor):
@@ -292,8 +259,6 @@ class _LossBridge(torch.autograd.Function):
 
 
 def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
-    """A loss callable for meta outputs that runs ``loss_fn`` for real (``_LossBridge``)."""
-
     def call(outputs, _targets):
         leaves, spec = tree_flatten(outputs)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -304,8 +269,7 @@ def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
 
 def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` boxes per image as targets (N, 6)
-    ``[image_index, class, cx, cy, w, h]`` normalised, reproducible from ``seed``."""
+    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` random boxes per image as targets (N, 6)."""
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (batch_size, 3, imgsz, imgsz), dtype=torch.uint8, generator=g)
     n = batch_size * num_targets
@@ -335,7 +299,6 @@ def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: S
 
 
 def register_persistent(tracker: StorageTracker, trainer) -> None:
-    """Weights, EMA and optimizer state exist before the step: record them with their category."""
     model = trainer.model
     tracker.register(list(model.parameters()) + list(model.buffers()), "weights")
     if trainer.ema is not None:
@@ -347,10 +310,8 @@ def register_persistent(tracker: StorageTracker, trainer) -> None:
 def trace_meta_step(trainer, loss_fn, *, batch_size: int, imgsz: int, num_targets: int, num_classes: int,
                     amp_dtype: torch.dtype | None, optimizer: bool = True, autocast: str = "cuda"
                     ) -> tuple[Trace, float]:
-    """Trace one steady-state step at ``batch_size`` on ``meta`` tensors -> (trace, forward GFLOPs per image).
-
-    ``optimizer=False`` stops after backward (the optimizer and EMA do not depend on the batch);
-    ``autocast`` is the device whose autocast policy the step follows."""
+    """One steady-state step on ``meta`` tensors -> (trace, forward GFLOPs per image); ``optimizer=False``
+    stops after backward, ``autocast`` names the autocast policy."""
     _, targets = synthetic_batch(batch_size, 32, num_targets, num_classes)
     tracker = StorageTracker(device_type="cuda")
     emulation = AutocastEmulation(amp_dtype, autocast)
