@@ -1,5 +1,5 @@
-"""What a run trains with: official hyp files (``data/hyps/hyp.scratch-high.yaml``: reading, writing, their keys)
-and the recipe, train_dual.py's or the kit's for runs too short for it (docs/training.md, the recipe)."""
+"""What a run trains with: official hyp files (``data/hyps/hyp.scratch-high.yaml``) and the recipe, train_dual.py's
+or the kit's for short runs (docs/training.md, the recipe)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,8 @@ from yolo9kit.files import RecordError, read_record, write_text_atomically
 
 LOGGER = logging.getLogger(__name__)
 
-# The optimizer's keys: TrainConfig settings of the same name.
 OPTIM_KEYS = ("lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr")
-# The loss gains: official key -> LossConfig field (the official loss hard-codes box, cls and dfl).
-LOSS_KEYS = {"box": "box_gain", "cls": "cls_gain", "dfl": "dfl_gain", "cls_pw": "cls_pos_weight"}
+LOSS_KEYS = {"box": "box_gain", "cls": "cls_gain", "dfl": "dfl_gain", "cls_pw": "cls_pos_weight"}  # LossConfig's
 # Keys of YOLOv5's loss and anchors, with their hyp.scratch-high values: no effect in YOLOv9 (nor here); written
 # back so that a file the kit writes is one train_dual.py takes too.
 IGNORED = {"obj": 0.7, "obj_pw": 1.0, "iou_t": 0.2, "anchor_t": 5.0, "fl_gamma": 0.0}
@@ -34,24 +32,16 @@ EVOLVE_SPACE: Mapping[str, tuple[float, float]] = MappingProxyType({
 })
 LOG_SCALE = {"lr0"}  # four decades: sampled on a log scale, the others evenly
 TUNABLE = (*OPTIM_KEYS, *LOSS_KEYS, *DEFAULT_AUGMENT_HYP)  # the keys a custom space of tune may hold
-# TrainConfig settings a hyp file of the kit may also hold (tune's best_hyp.yaml: the recipe its trials trained, so
-# that train --hyp trains it); train_dual.py ignores them
+# TrainConfig settings a hyp file of the kit may also hold (tune's best_hyp.yaml); train_dual.py ignores them
 RECIPE_KEYS = ("recipe", "optimizer", "nominal_batch_size", "schedule", "warmup_min_batches", "close_mosaic")
 _ORDER = (*OPTIM_KEYS, "box", "cls", "cls_pw", "obj", "obj_pw", "dfl", "iou_t", "anchor_t", "fl_gamma",
           *DEFAULT_AUGMENT_HYP)  # the order of the official file
 
-# Ultralytics' threshold for optimizer="auto" (its iterations: images / max(batch, 64) x epochs).
-SHORT_RUN_UPDATES = 10_000
+SHORT_RUN_UPDATES = 10_000  # Ultralytics' threshold for optimizer="auto"
 OFFICIAL_NOMINAL_BATCH = 64
-# The short recipe, measured on the shapes data (benchmarks/demo_recipe.py, benchmarks/time_to_map.py):
+# The short recipe, measured on the shapes data (benchmarks/demo_recipe.py, benchmarks/time_to_map.py)
 SHORT_SETTINGS: Mapping[str, Any] = MappingProxyType({
-    "optimizer": "AdamW",  # per-parameter steps need no long warmup: several times SGD's mAP after 10 epochs
-    "lr0": 0.0015,  # about Ultralytics' auto rate for 3 classes (0.002 * 5 / (4 + nc))
-    "nominal_batch_size": 16,  # one optimizer step per batch of 16: four times the official updates per image
-    "warmup_epochs": 1.0,  # one warmup epoch, however short (100 batches would be a third of a small run)
-    "warmup_min_batches": 0,
-})
-# Lighter augmentation: mixup and copy-paste slow a model that has few epochs to learn the objects at all.
+    "optimizer": "AdamW", "lr0": 0.0015, "nominal_batch_size": 16, "warmup_epochs": 1.0, "warmup_min_batches": 0})
 SHORT_AUGMENT: Mapping[str, float] = MappingProxyType({"mosaic": 0.5, "mixup": 0.0, "copy_paste": 0.0,
                                                         "scale": 0.5})
 SHORT_CLOSE_MOSAIC = 5  # mosaic off for the last epochs (at most this many): the model ends on whole images
@@ -91,7 +81,7 @@ def read_hyp(path: str | Path) -> dict[str, Any]:
 
 def hyp_settings(values: Mapping[str, Any], loss: LossConfig) -> dict[str, Any]:
     """The TrainConfig settings of hyp ``values``: the optimizer's and the recipe's by name, ``hyp`` (the
-    augmentation, when the values hold any) and ``loss`` (``loss`` with the gains the values hold)."""
+    augmentation) and ``loss`` (``loss`` with the gains the values hold), each only where the values hold some."""
     out: dict[str, Any] = {k: float(values[k]) for k in OPTIM_KEYS if k in values}
     out.update({k: values[k] for k in RECIPE_KEYS if k in values})
     augment = {k: float(values[k]) for k in DEFAULT_AUGMENT_HYP if k in values}
@@ -133,7 +123,6 @@ def choose_recipe(config: TrainConfig, images: int | None, saved: Mapping[str, A
     """``config`` with its recipe decided ("official" or "short", the short one applied) and a line saying why.
 
     Args:
-        config: the run's settings; ``config.recipe`` "auto" is decided here.
         images: training images per epoch (None: unknown, the official recipe).
         saved: a resumed run's ``train_config``: its recipe is kept.
     """
@@ -147,10 +136,10 @@ def choose_recipe(config: TrainConfig, images: int | None, saved: Mapping[str, A
         recipe, why = "official", "the number of training images is unknown"
     else:
         updates = math.ceil(images / OFFICIAL_NOMINAL_BATCH) * config.epochs
-        short = updates <= SHORT_RUN_UPDATES
-        recipe = "short" if short else "official"
+        recipe = "short" if updates <= SHORT_RUN_UPDATES else "official"
         why = (f"{config.epochs} epochs of {images} images are {updates:,} optimizer steps of "
-               f"{OFFICIAL_NOMINAL_BATCH} images, {'at most' if short else 'more than'} {SHORT_RUN_UPDATES:,}")
+               f"{OFFICIAL_NOMINAL_BATCH} images, {'at most' if recipe == 'short' else 'more than'} "
+               f"{SHORT_RUN_UPDATES:,}")
     if recipe == "official":
         return config.replace(recipe="official"), f"recipe official ({why}): train_dual.py's"
     config = apply_short_recipe(config)
