@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from yolo9kit.cli.train import add_model_limit_flag, add_setting_flag, checked, device, model_limit
@@ -16,6 +14,7 @@ from yolo9kit.config import PREDICT_NMS, VAL_NMS, NMSConfig, SaveConfig
 from yolo9kit.files import write_text_atomically
 from yolo9kit.models import load_model
 from yolo9kit.prediction import SPEED_COLUMNS, predict
+from yolo9kit.train.guards import Interrupted, StopSignals
 from yolo9kit.train.state import increment_path
 from yolo9kit.validate import compare_heads, evaluate
 
@@ -90,16 +89,16 @@ def run_detect(args: argparse.Namespace) -> int:
     save = SaveConfig(save_dir, txt=args.save_txt, conf=args.save_conf, images=not args.nosave,
                       line_width=args.line_thickness)
     model = load_model(args.weights, model_limit(args))
-    try:
-        with _signals_interrupt():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the video being written is closed
+    try:  # a stop signal raises, so that the video being written is closed (playable)
+        with StopSignals() as stop, stop.raising():
             results = predict(model, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz, nms=nms,
                               save=save, half=args.half, device=args.device or None, head=args.head,
                               batch_size=args.batch_size, vid_stride=args.vid_stride, backend=args.backend,
                               on_result=_print_line)
-    except _Signalled as stop:
-        print(f"python -m yolo9kit detect: stopped by {stop.name}; what was written so far is in {save_dir}",
+    except Interrupted as stopped:
+        print(f"python -m yolo9kit detect: stopped by {stopped.reason}; what was written so far is in {save_dir}",
               file=sys.stderr)
-        return 128 + stop.signum
+        return 128 + signal.Signals[stopped.reason]
     for source, reason in results.skipped:
         print(f"skipped {source}: {reason}")
     print(results.speed_line())
@@ -112,29 +111,6 @@ def run_detect(args: argparse.Namespace) -> int:
     if args.save_txt:
         print(f"{len(list((save_dir / 'labels').glob('*.txt')))} labels saved to {save_dir / 'labels'}")
     return 0 if len(results) else 1
-
-
-class _Signalled(KeyboardInterrupt):
-    def __init__(self, signum: int) -> None:
-        self.signum, self.name = signum, signal.Signals(signum).name
-        super().__init__(self.name)
-
-
-@contextlib.contextmanager
-def _signals_interrupt():
-    """SIGTERM and SIGHUP raise ``_Signalled`` in the main thread (the default would end the process without
-    running ``finally`` blocks: an annotated mp4 would lose its index and not play)."""
-    def handler(signum, frame):
-        raise _Signalled(signum)
-
-    wanted = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
-    main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, handler) for s in wanted} if main else {}
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
 
 
 def _print_line(result, number: int, inputs: int) -> None:

@@ -32,8 +32,7 @@ SETTINGS = settings(TrainConfig)
 
 def checked(kind: type, **rule: Any) -> functools.partial:
     """An argparse type: the text as ``kind``, allowed as a setting's declaration allows (``low=1``, ...)."""
-    return functools.partial(_parsed, kind, Declared("a command-line value", no_flag="-", integer=kind is int,
-                                                     **rule))
+    return functools.partial(_parsed, kind, Declared("", no_flag="-", integer=kind is int, **rule))
 
 
 def setting_type(name: str, of: type = TrainConfig) -> functools.partial:
@@ -54,16 +53,13 @@ def _parsed(kind: type, declared: Declared, text: str) -> Any:
 
 
 def device(text: str) -> str:
-    """``cpu``, ``cuda``, ``cuda:N`` or a GPU index ``N``, checked against this machine ("" stays "": the default)."""
-    spec = text.strip().lower()
-    if not spec:
-        return text
-    if "," in spec:
+    """``cpu``, ``cuda``, ``cuda:N`` or a GPU index ``N``, checked against this machine ("": the default)."""
+    if "," in text:
         raise argparse.ArgumentTypeError(f"{text!r}: one device only (cpu, 0, cuda:1); for several GPUs start "
                                          "the command with torchrun --nproc_per_node N")
     try:
-        dev = parse_device(spec)
-    except RuntimeError:
+        dev = parse_device(text.strip().lower())
+    except RuntimeError:  # a device torch does not know
         dev = None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if dev is None or dev.type not in ("cpu", "cuda", "mps"):
@@ -88,12 +84,10 @@ def model_limit(args: argparse.Namespace) -> int | None:
     return None if args.max_model_gib is None else int(args.max_model_gib * 2**30)
 
 
-def activation_checkpointing(text: str | None) -> str | list[int] | None:
+def activation_checkpointing(text: str) -> str | list[int] | None:
     """``none``, ``all``, ``backbone`` or comma-separated layer indices -> the API value."""
-    if text is None or text.lower() == "none":
-        return None
-    if text in ("all", "backbone"):
-        return text
+    if text.lower() == "none" or text in ("all", "backbone"):
+        return None if text.lower() == "none" else text
     try:
         return [int(i) for i in text.split(",")]
     except ValueError:
@@ -101,27 +95,20 @@ def activation_checkpointing(text: str | None) -> str | list[int] | None:
             f"{text!r}: expected none, all, backbone or comma-separated layer indices (e.g. 1,2,3)") from None
 
 
-def freeze_token(text: str) -> int | str:
-    """One word of ``--freeze``: ``backbone``, ``none`` or a layer number >= 0."""
-    if text.lower() in ("backbone", "none"):
-        return text.lower()
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected backbone, a number of first layers (10), or layer "
-                                         "indices (0 1 2)")
-    return int(text)
-
-
-def freeze(tokens: list[int | str] | None) -> int | str | list[int] | None:
+class Freeze(argparse.Action):
     """``--freeze`` words -> the setting ``freeze``, as the official flag: one number N is the first N layers,
     several are layer indices; ``backbone`` the model yaml's backbone rows; ``none`` (or 0) nothing."""
-    if not tokens or tokens == ["none"]:
-        return None
-    if tokens == ["backbone"]:
-        return "backbone"
-    if any(isinstance(t, str) for t in tokens):
-        raise ValueError(f"--freeze {' '.join(map(str, tokens))}: backbone and none stand alone; give one of them, "
-                         "a number of first layers, or layer indices")
-    return tokens[0] if len(tokens) == 1 else list(tokens)
+
+    def __call__(self, parser, namespace, words: list[str], option_string: str | None = None) -> None:
+        words = [w.lower() for w in words]
+        if words in (["backbone"], ["none"]):
+            value = None if words == ["none"] else "backbone"
+        elif all(w.isdigit() for w in words):
+            value = int(words[0]) if len(words) == 1 else [int(w) for w in words]
+        else:
+            raise argparse.ArgumentError(self, f"{' '.join(words)!r}: expected backbone or none alone, a number of "
+                                               "first layers (10), or layer indices (0 1 2)")
+        setattr(namespace, self.dest, value)
 
 
 # How the command line writes the settings whose text is not a plain number, word or switch (the rest of each
@@ -130,7 +117,7 @@ _FORMS = {
     "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else _parsed(
         int, SETTINGS["batch_size"][2], text)},
     "activation_checkpointing": {"type": activation_checkpointing, "metavar": "LAYERS"},
-    "freeze": {"type": freeze_token, "nargs": "+", "metavar": "LAYERS"},
+    "freeze": {"action": Freeze, "type": str, "nargs": "+", "metavar": "LAYERS"},
     "cache": {"choices": ("ram", "disk"), "nargs": "?", "const": "ram"},
     "compile": {"nargs": "?", "const": True, "metavar": "MODE"},
     "resume": {"nargs": "?", "const": True},
@@ -157,9 +144,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     """The flags of a run (``train`` and ``tune``): --data, --model, a flag per declared setting, --hyp, ..."""
     p.add_argument("--data", help="data.yaml")
-    p.add_argument("--model", "--cfg", default=None,
-                   help=f"model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from (default "
-                        f"{DEFAULT_MODEL})")
+    p.add_argument("--model", "--cfg", default=None, help="model name (yolov9-t ... gelan-e), model yaml, or a "
+                   f"checkpoint to start from (default {DEFAULT_MODEL})")
     for name, (_, _, declared) in SETTINGS.items():
         if declared.flag is not None:
             add_setting_flag(p, name)
@@ -168,10 +154,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                                                "the recipe its trials trained); a flag given wins over the file")
     p.add_argument("--label-smoothing", type=checked(float, low=0, high=1, high_open=True), default=None,
                    help="official flag, ignored: the official dual loss never applies it (docs/training.md)")
-    sched = p.add_mutually_exclusive_group()
+    schedules = p.add_mutually_exclusive_group()
     for flag, what in (("--cos-lr", "cosine LR schedule"), ("--flat-cos-lr", "flat, then cosine"),
                        ("--fixed-lr", "constant LR")):
-        sched.add_argument(flag, action="store_true", help=what)
+        schedules.add_argument(flag, action="store_true", help=what)
     p.add_argument("--plain-step", action="store_true",
                    help="turn the CUDA speed switches off (channels_last, lean activations, sync-free step, fused "
                         "optimizer, colour jitter on the GPU): the official step's layout")
@@ -198,8 +184,6 @@ def given_settings(args: argparse.Namespace) -> dict:
     """{setting: value} of the setting flags given on the command line (in TrainConfig's form)."""
     out = {name: getattr(args, name) for name, (_, _, declared) in SETTINGS.items()
            if declared.flag is not None and getattr(args, name, None) is not None}
-    if "freeze" in out:
-        out["freeze"] = freeze(out["freeze"])
     for flag, schedule in _SCHEDULES.items():
         if getattr(args, flag):
             out["schedule"] = schedule
@@ -216,14 +200,26 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train; exit status 0 when the run finished, 130 when interrupted (SIGINT, Ctrl-C), 143 (SIGTERM)."""
+    """Train; exit status 0 when the run finished, else 128 + the signal: 130 (SIGINT, Ctrl-C, a callback's stop),
+    143 (SIGTERM)."""
     init_from_env()
-    code = _train(args) if args.seeds == 1 else _train_seeds(args)
+    if args.seeds != 1:
+        if args.resume or args.weights or not args.data:
+            raise ValueError("--seeds N takes new runs of a --data set; not with --resume (the same --seeds command "
+                             "again continues its seeds), and not with --weights: pass the checkpoint as --model, it "
+                             "is built anew for each seed")
+        spread = fit_seeds(args.model or DEFAULT_MODEL, args.data, config_from_args(args), seeds=args.seeds)
+        print(spread.table.to_string(index=False))
+        print(spread)
+        results = spread.results[-1:]  # a stop is the last run: it ended the command
+    else:
+        results = [_train(args)]
     finish_processes()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
-    return code
+    stopped = results and results[0].interrupted
+    return 0 if not stopped else 143 if results[0].interrupted_by == "SIGTERM" else 130
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace) -> Any:
     if args.resume:
         model, data, config = _resume_setup(args)
     else:
@@ -242,27 +238,10 @@ def _train(args: argparse.Namespace) -> int:
               f"(epoch {result.best_epoch + 1}); weights in {result.save_dir / 'weights'}")
         if result.interrupted:
             print(f"last.pt saved; continue with: python -m yolo9kit train --resume {result.save_dir}")
-    return _exit_status(result)
+    return result
 
 
-def _exit_status(result) -> int:
-    """0 when the run was not interrupted, else 128 + the signal: 130 (SIGINT, Ctrl-C, a callback's stop), 143."""
-    return 0 if not result.interrupted else 143 if result.interrupted_by == "SIGTERM" else 130
-
-
-def _train_seeds(args: argparse.Namespace) -> int:
-    """``--seeds N``: the run N times (``fit_seeds``), then each seed's final metrics and their spread."""
-    if args.seeds < 1 or args.resume or args.weights or not args.data:
-        raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume (the same --seeds "
-                         "command again continues its seeds), and not with --weights: pass the checkpoint as "
-                         "--model, it is built anew for each seed")
-    spread = fit_seeds(args.model or DEFAULT_MODEL, args.data, config_from_args(args), seeds=args.seeds)
-    print(spread.table.to_string(index=False))
-    print(spread)
-    return _exit_status(spread.results[-1]) if spread.results else 0  # a stop is the last run: it ends the command
-
-
-def _resume_setup(args: argparse.Namespace):
+def _resume_setup(args: argparse.Namespace) -> tuple[Any, Any, TrainConfig]:
     """Model, data and config of the run to resume: its checkpoint's settings, with the flags of settings a
     resume may change (declared resume=CHANGE); a flag that would change the run is refused, naming it."""
     path = find_resume_checkpoint(args.resume, args.project or SETTINGS["project"][1].default)
@@ -278,24 +257,21 @@ def _resume_setup(args: argparse.Namespace):
     changes = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == CHANGE}
     config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path), **changes,
                                    **(_PLAIN if args.plain_step else {}))
-    model = create_model(path, max_model_bytes=model_limit(args))  # the run's model; fit loads its state
     data = args.data or ckpt.get("data")
     if not data:
         raise ValueError(f"{path} does not record its data; pass --data")
-    return model, data, config
+    return create_model(path, max_model_bytes=model_limit(args)), data, config  # the run's model; fit loads its state
 
 
 def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict) -> list[str]:
     """``--flag value (the run's: x)`` for each flag given that would change the run: a setting the run keeps
     (``resume_conflicts``, the rule of every resume), its folder's name, the model, the weights, the --hyp file."""
-    given = given_settings(args)
-    conflicts = resume_conflicts(saved, TrainConfig.from_dict(saved, **{k: v for k, v in given.items()
-                                                                       if SETTINGS[k][2].resume == KEEP}))
+    given = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == KEEP}
+    conflicts = resume_conflicts(saved, TrainConfig.from_dict(saved, **given))
     runs = {**saved, "model": model_config.get("name")}
     for name in ("name", "exist_ok", "model", "weights", "hyp"):
-        value = getattr(args, name)
-        if value is not None and (name not in runs or runs[name] != value):
-            conflicts[name] = (runs.get(name), value)
+        if getattr(args, name) is not None and runs.get(name) != getattr(args, name):
+            conflicts[name] = (runs.get(name), getattr(args, name))
     refused = []
     for name, (theirs, value) in conflicts.items():
         flag = (SETTINGS[name][2].flag if name in SETTINGS else f"--{name}") or "--cos-lr/--flat-cos-lr/--fixed-lr"
