@@ -1,6 +1,6 @@
 """``python -m yolo9kit <verb> ...``: the same functions the notebooks call, from a shell.
 
-An error is one line on stderr (a traceback with ``-v``/``--verbose``); the exit codes are in docs/faults.md."""
+An error is one line on stderr (a traceback with ``-v``); exit codes: docs/faults.md."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from yolo9kit.validate import evaluate
 # errors of the input (exit code 2; ValueError covers the kit's own DataError, CheckpointError, LayerTableError)
 INPUT_ERRORS = (ValueError, LookupError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
 MAX_MESSAGE = 600  # characters of one error line; the rest is shown with --verbose
+DEMO_CLASSES = 3
 
 
 class Parser(argparse.ArgumentParser):
@@ -52,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="log at DEBUG level and show the traceback of an error")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     p = verbs.add_parser("checks", help="versions, CUDA, GPUs, CPU, RAM, widgets, package data; --gpu: the GPU check")
-    p.add_argument("--gpu", action="store_true", help="the two-minute check of this machine's GPU (fast vs plain "
-                   "step, images/s, syncs, memory vs estimate) into gpu_check.json; without CUDA it says so, exit 0")
+    p.add_argument("--gpu", action="store_true", help="the two-minute check of this machine's GPU (fast and plain "
+                   "step, images/s, syncs, memory vs estimate) into gpu_check.json")
     p.add_argument("--out", default=".", help="folder for gpu_check.json (default: the current folder)")
     p.set_defaults(func=run_checks)
     p = verbs.add_parser("models", help="list the models: parameters, GFLOPs at 640, deploy (fused gelan) size",
@@ -110,10 +111,8 @@ def one_line(error: BaseException) -> str:
 
 
 def run_checks(args: argparse.Namespace) -> int:
-    if args.gpu:
-        result = check_gpu(out=args.out, command=f"python -m yolo9kit checks --gpu --out {args.out}")
-    else:
-        result = environment_report(verbose=False)
+    command = f"python -m yolo9kit checks --gpu --out {args.out}"
+    result = check_gpu(out=args.out, command=command) if args.gpu else environment_report(verbose=False)
     print(result)
     return 0 if result.ok else 1
 
@@ -133,12 +132,10 @@ def _add_data(verbs: argparse._SubParsersAction) -> None:
     mk.add_argument("--out", required=True, help="output folder")
     mk.add_argument("--n-train", type=checked(int, low=1), default=256)
     mk.add_argument("--n-val", type=checked(int, low=0), default=64)
-    mk.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=checked(int, low=1), default=320,
-                    help="square side in pixels")
+    mk.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), default=320, help="square side")
     mk.add_argument("--num-classes", type=checked(int, low=1), default=4)
     mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("--overwrite", action="store_true",
-                    help="replace what OUT holds (without it a folder with other files is refused)")
+    mk.add_argument("--overwrite", action="store_true", help="replace what OUT holds (else other files are refused)")
     mk.set_defaults(func=run_make_shapes)
     ck = actions.add_parser("check", help="check images and labels (exit 1: files skipped, 2: unreadable data set)")
     ck.add_argument("data", help="path of a data.yaml")
@@ -150,10 +147,8 @@ def _add_data(verbs: argparse._SubParsersAction) -> None:
     cv.add_argument("--out", required=True, help="output folder (labels/<split>/ and data.yaml)")
     cv.add_argument("--images", help="folder of the images (default OUT/images/<split>)")
     cv.add_argument("--split", default="train")
-    cv.add_argument("--holdout", type=float, default=0.2,
-                    help="share of the images held out for validation (val.txt; 0: validate on the training images)")
-    cv.add_argument("--overwrite", action="store_true",
-                    help="replace OUT/labels/<split> and OUT/data.yaml (without it existing ones are refused)")
+    cv.add_argument("--holdout", type=float, default=0.2, help="share of the images held out for val.txt (0: none)")
+    cv.add_argument("--overwrite", action="store_true", help="replace OUT/labels/<split> and OUT/data.yaml")
     cv.set_defaults(func=run_convert_coco)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -188,11 +183,10 @@ def run_convert_coco(args: argparse.Namespace) -> int:
 def _add_profile(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("profile", help="GPU memory per batch size (measured or estimated) and a batch plan",
                          description="Peak memory against batch size (measured on the local CUDA card, else estimated "
-                                     "for --gpu) and a batch x accumulation plan, for the step fit would run there. "
-                                     "Example: profile --model yolov9-s --batch-size 8 16 32 --gpu \"RTX 4090\"")
+                                     "for --gpu), for the step fit would run there, and a batch x accumulation plan.")
     p.add_argument("--model", default="yolov9-s", help="registered model name (default yolov9-s)")
-    p.add_argument("--batch-size", "--batch", dest="batch_size", type=checked(int, low=1), nargs="+",
-                   default=[8, 16, 32, 64], help="batch sizes (default 8 16 32 64)")
+    p.add_argument("--batch-size", "--batch", type=checked(int, low=1), nargs="+", default=[8, 16, 32, 64],
+                   help="batch sizes (default 8 16 32 64)")
     add_setting_flag(p, "imgsz", default=640)
     add_setting_flag(p, "amp", nargs="+", default=["auto"])
     add_setting_flag(p, "activation_checkpointing")
@@ -201,16 +195,14 @@ def _add_profile(verbs: argparse._SubParsersAction) -> None:
                        ("lean-activations", "BatchNorm+SiLU keep one activation for backward")):
         p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
                        help=f"{what} (default: decided for the device, StepConfig.resolve)")
-    p.add_argument("--gpu", default=None, help='GPU to estimate for, e.g. "RTX 4090", "T4", "A100-40GB" '
-                   "(default: the local CUDA card, else RTX 4090)")
-    p.add_argument("--num-targets", type=checked(int, low=0), default=8,
-                   help="boxes per image in the synthetic batch (default 8)")
+    p.add_argument("--gpu", help='GPU to estimate for, e.g. "T4" (default: the local CUDA card, else RTX 4090)')
+    p.add_argument("--num-targets", type=checked(int, low=0), default=8, help="boxes per image in the batch (8)")
     p.add_argument("--nominal-batch-size", type=setting_type("nominal_batch_size"), default=None,
                    help="also plan batch x accumulation for this many images per optimizer step (e.g. 64)")
     add_setting_flag(p, "margin", default=0.10, help="share of the card kept free (default 0.10)")
     p.add_argument("--method", default="auto", choices=["auto", "measured", "estimated", "both"],
                    help="measure (CUDA), estimate, or auto (default)")
-    p.add_argument("--csv", default=None, help="also write the sweep to this CSV file")
+    p.add_argument("--csv", help="also write the sweep to this CSV file")
     p.set_defaults(func=run_profile)
 
 
@@ -235,17 +227,22 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def _add_demo(verbs: argparse._SubParsersAction) -> None:
-    p = verbs.add_parser("demo", help="build, save/reload, make data, train, validate and predict end to end (no "
-                                      "file to bring: the shapes data, yolov9-t, a few minutes on a CPU)")
+    p = verbs.add_parser("demo", help="build, save/reload, make data, train, validate and predict end to end (the "
+                                      "shapes data: a few minutes on a CPU)")
     p.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     p.add_argument("--model", default="yolov9-t", help="model to train (default: yolov9-t)")
     add_setting_flag(p, "imgsz", default=160, help="image size (default: 160, CPU-friendly)")
     add_setting_flag(p, "epochs", help="training epochs (default: the built-in recipe)")
-    p.add_argument("--n-train", type=checked(int, low=1), default=None, help="synthetic training images (default: "
-                                                                                 "recipe)")
+    p.add_argument("--n-train", type=checked(int, low=1), help="synthetic training images (default 384)")
     add_setting_flag(p, "device", help="cuda, cpu, ... (default: cuda when available)")
     p.add_argument("--quick", action="store_true", help="a one-minute smoke run: tiny data, one short epoch")
     p.set_defaults(func=run_demo)
+
+
+def demo_config(epochs: int, imgsz: int, device: str | None, project: Path, validate: bool = True) -> TrainConfig:
+    """The demo's training settings, also the shipped shapes model's: the short recipe, loading in this process."""
+    return TrainConfig(recipe="short", epochs=epochs, batch_size=16, imgsz=imgsz, device=device, workers=0,
+                       val=validate, project=str(project), name="train", exist_ok=True)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -264,17 +261,15 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"saved {path} ({Path(path).stat().st_size / 1e6:.1f} MB) and reloaded it: outputs identical")
     print("\n== 3. synthetic shapes data")
     n_train, n_val = args.n_train or (32 if args.quick else 384), 8 if args.quick else 64
-    data = make_shapes(out / "shapes", n_train=n_train, n_val=n_val, imgsz=args.imgsz, num_classes=3, max_objects=3,
-                       seed=0)
+    data = make_shapes(out / "shapes", n_train=n_train, n_val=n_val, imgsz=args.imgsz, num_classes=DEMO_CLASSES,
+                       max_objects=3, seed=0)
     names = load_data_config(data).names
     loader = create_dataloader(data, "train", imgsz=args.imgsz, batch_size=8, augment=True, workers=0, seed=0)
     save_figure(show_batch(next(iter(loader)), names), out / "train_batch.png", 80)
     print(f"{data}: {n_train} train / {n_val} val images; an augmented training batch: {out / 'train_batch.png'}")
     print(f"\n== 4. train {args.model}")
     start = time.perf_counter()
-    config = TrainConfig(recipe="short", epochs=args.epochs or (2 if args.quick else 30), batch_size=16,
-                         imgsz=args.imgsz, device=args.device, workers=0, val=not args.quick, project=str(out),
-                         name="train", exist_ok=True)  # the shipped shapes model's settings too
+    config = demo_config(args.epochs or (2 if args.quick else 30), args.imgsz, args.device, out, not args.quick)
     result = fit(create_model(args.model, names=names, seed=config.run.seed), data, config)
     print(f"trained {result.epochs_completed} epochs in {time.perf_counter() - start:.0f} s; weights in "
           f"{result.save_dir}")

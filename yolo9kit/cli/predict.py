@@ -41,8 +41,7 @@ def _add_shared(p: argparse.ArgumentParser, verb: str, nms: NMSConfig, batch_siz
 def add_detect(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("detect", help="detect objects in images and videos (detect_dual.py flags)")
     _add_shared(p, "detect", PREDICT_NMS, 1, ("main", "aux"))
-    p.add_argument("--source", required=True, nargs="+",
-                   help="image or video files, folders, glob patterns, .txt files listing images or videos")
+    p.add_argument("--source", required=True, nargs="+", help="images, videos, folders, globs, .txt lists of them")
     p.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), nargs="+", default=[640],
                    help="h [w] (default 640)")
     p.add_argument("--save-txt", action="store_true", help="write labels/<stem>.txt (cls cx cy w h)")
@@ -51,12 +50,9 @@ def add_detect(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--classes", type=checked(int, low=0), nargs="+", help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     p.add_argument("--line-thickness", type=checked(int, low=1), default=3, help="box line width in pixels")
-    p.add_argument("--vid-stride", type=checked(int, low=1), default=1,
-                   help="keep every k-th frame of a video (default 1: every frame)")
-    p.add_argument("--backend", choices=("torch", "onnxruntime", "openvino"), default="torch",
-                   help="torch (default), or onnxruntime / openvino: the deployed model exported in memory and run "
-                        "by ONNX Runtime (the export extra) or OpenVINO (the openvino extra) on the CPU, every "
-                        "image letterboxed to the full --imgsz")
+    p.add_argument("--vid-stride", type=checked(int, low=1), default=1, help="every k-th frame of a video (1)")
+    p.add_argument("--backend", choices=("torch", "onnxruntime", "openvino"), default="torch", help="torch, or the "
+                   "model exported in memory and run on the CPU by ONNX Runtime or OpenVINO (their extras)")
     p.set_defaults(func=run_detect)
 
 
@@ -64,14 +60,13 @@ def add_val(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("val", help="validate a model on a data set (val_dual.py flags)")
     _add_shared(p, "val", VAL_NMS, 32, ("main", "aux", "both"))
     p.add_argument("--data", required=True, help="data.yaml")
-    p.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), default=640,
-                   help="image size (default 640)")
+    p.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), default=640, help="image size (640)")
     p.add_argument("--task", default="val", choices=("train", "val", "test", "speed"),
                    help="split to validate; 'speed' = val split with conf 0.25, IoU 0.45, no JSON, no plots")
     p.add_argument("--workers", type=checked(int, low=0), default=8, help="data loader workers (default 8)")
     p.add_argument("--single-cls", action="store_true", help="treat all classes as one")
     p.add_argument("--save-json", action="store_true", help="COCO predictions JSON + pycocotools COCOeval")
-    p.add_argument("--coco-gt", default=None, help="COCO ground-truth JSON (default: converted from the labels)")
+    p.add_argument("--coco-gt", help="COCO ground-truth JSON (default: converted from the labels)")
     p.add_argument("--no-plots", action="store_true", help="skip the confusion matrix and curves")
     # SUPPRESS: left unset, so that ``python -m yolo9kit -v val`` keeps the top-level --verbose (tracebacks too)
     p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,

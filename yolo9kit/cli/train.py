@@ -38,7 +38,7 @@ def checked(kind: type, **rule: Any) -> functools.partial:
 def setting_type(name: str, of: type = TrainConfig) -> functools.partial:
     """An argparse type: the text as the setting ``name`` of ``of`` takes it, checked by its declaration."""
     _, f, declared = settings(of)[name]
-    return functools.partial(_parsed, int if "int" in f.type else float if "float" in f.type else str, declared)
+    return functools.partial(_parsed, {"int": int, "float": float}.get(f.type.split(" ")[0], str), declared)
 
 
 def _parsed(kind: type, declared: Declared, text: str) -> Any:
@@ -74,9 +74,8 @@ def device(text: str) -> str:
 
 
 def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-model-gib", type=checked(float, low=0, low_open=True), default=None,
-                   help="refuse a weights file whose model takes more than this (parameters and layer outputs "
-                        "for one 256 px image; default 4): raise it for a model that really is that large")
+    p.add_argument("--max-model-gib", type=checked(float, low=0, low_open=True), default=None, help="refuse a "
+                   "weights file whose model takes more (parameters and layer outputs at 256 px; default 4)")
 
 
 def model_limit(args: argparse.Namespace) -> int | None:
@@ -111,8 +110,7 @@ class Freeze(argparse.Action):
         setattr(namespace, self.dest, value)
 
 
-# How the command line writes the settings whose text is not a plain number, word or switch (the rest of each
-# flag, its help, default, range and resume rule, is the setting's declaration in yolo9kit.config).
+# How the command line writes the settings that are not a plain number, word or switch (the rest: their declaration)
 _FORMS = {
     "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else _parsed(
         int, SETTINGS["batch_size"][2], text)},
@@ -122,7 +120,6 @@ _FORMS = {
     "compile": {"nargs": "?", "const": True, "metavar": "MODE"},
     "resume": {"nargs": "?", "const": True},
     "device": {"type": device},
-    "gpu": {"type": str},
     "loggers": {"nargs": "+", "choices": LOGGERS, "metavar": "NAME"},
 }
 _PLAIN = dict.fromkeys((*FAST_SWITCHES, "colour_on_device"), False)  # --plain-step
@@ -134,38 +131,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_flags(p)
     p.add_argument("--weights", default=None, help="official or kit .pt: same-name same-shape tensors are transferred")
-    p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="train N times (at most 100), with --seed, --seed + 1, ..., each in its own folder "
-                        "<name>-seed-<k>, and print the spread of the final mAP (how large a difference between runs "
-                        "the seed alone makes); the same command again continues the seeds that did not finish")
+    p.add_argument("--seeds", type=int, default=1, metavar="N", help="train N times (at most 100) from --seed, "
+                   "--seed + 1, ... into <name>-seed-<k> and print the spread of the final mAP; run again to continue")
     p.set_defaults(func=run)
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     """The flags of a run (``train`` and ``tune``): --data, --model, a flag per declared setting, --hyp, ..."""
     p.add_argument("--data", help="data.yaml")
-    p.add_argument("--model", "--cfg", default=None, help="model name (yolov9-t ... gelan-e), model yaml, or a "
-                   f"checkpoint to start from (default {DEFAULT_MODEL})")
+    p.add_argument("--model", "--cfg", help=f"model name, model yaml or checkpoint (default {DEFAULT_MODEL})")
     for name, (_, _, declared) in SETTINGS.items():
         if declared.flag is not None:
             add_setting_flag(p, name)
     add_model_limit_flag(p)
-    p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys; tune's best_hyp.yaml also holds "
-                                               "the recipe its trials trained); a flag given wins over the file")
+    p.add_argument("--hyp", help="hyper-parameter yaml (official keys, or tune's best_hyp.yaml); flags win over it")
     p.add_argument("--label-smoothing", type=checked(float, low=0, high=1, high_open=True), default=None,
                    help="official flag, ignored: the official dual loss never applies it (docs/training.md)")
     schedules = p.add_mutually_exclusive_group()
-    for flag, what in (("--cos-lr", "cosine LR schedule"), ("--flat-cos-lr", "flat, then cosine"),
-                       ("--fixed-lr", "constant LR")):
-        schedules.add_argument(flag, action="store_true", help=what)
-    p.add_argument("--plain-step", action="store_true",
-                   help="turn the CUDA speed switches off (channels_last, lean activations, sync-free step, fused "
-                        "optimizer, colour jitter on the GPU): the official step's layout")
+    for flag, what in (("--cos-lr", "cosine"), ("--flat-cos-lr", "flat, then cosine"), ("--fixed-lr", "constant")):
+        schedules.add_argument(flag, action="store_true", help=f"{what} learning-rate schedule")
+    p.add_argument("--plain-step", action="store_true", help="the CUDA speed switches off (channels_last, lean "
+                   "activations, sync-free step, fused optimizer, colour jitter on the GPU): the official step")
 
 
 def add_setting_flag(p: argparse.ArgumentParser, name: str, of: type = TrainConfig, **changes: Any) -> None:
-    """The flag of the setting ``name`` of ``of`` as its declaration has it (spellings, help, type or choices;
-    default None: "not given", so that a resume sees a flag given with its default value), with ``changes``."""
+    """The flag of the setting ``name`` of ``of`` as declared, with ``changes`` (default None: "not given")."""
     _, f, declared = settings(of)[name]
     default = changes.get("default", f.default)
     shown = "" if default is None or default is False or declared.negate else f" (default {default})"
@@ -200,23 +190,26 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train; exit status 0 when the run finished, else 128 + the signal: 130 (SIGINT, Ctrl-C, a callback's stop),
-    143 (SIGTERM)."""
+    """Train; exit status 0 when the run finished, else 128 + the signal (``_exit_status``)."""
     init_from_env()
-    if args.seeds != 1:
-        if args.resume or args.weights or not args.data:
-            raise ValueError("--seeds N takes new runs of a --data set; not with --resume (the same --seeds command "
-                             "again continues its seeds), and not with --weights: pass the checkpoint as --model, it "
-                             "is built anew for each seed")
+    if args.seeds == 1:
+        result = _train(args)
+    elif args.seeds < 1 or args.resume or args.weights or not args.data:
+        raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume (the same --seeds "
+                         "command again continues its seeds), and not with --weights: pass the checkpoint as "
+                         "--model, it is built anew for each seed")
+    else:
         spread = fit_seeds(args.model or DEFAULT_MODEL, args.data, config_from_args(args), seeds=args.seeds)
         print(spread.table.to_string(index=False))
         print(spread)
-        results = spread.results[-1:]  # a stop is the last run: it ended the command
-    else:
-        results = [_train(args)]
+        result = spread.results[-1] if spread.results else None  # a stop is the last run: it ended the command
     finish_processes()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
-    stopped = results and results[0].interrupted
-    return 0 if not stopped else 143 if results[0].interrupted_by == "SIGTERM" else 130
+    return _exit_status(result) if result is not None else 0
+
+
+def _exit_status(result) -> int:
+    """0 when the run was not interrupted, else 128 + the signal: 130 (SIGINT, Ctrl-C, a callback's stop), 143."""
+    return 0 if not result.interrupted else 143 if result.interrupted_by == "SIGTERM" else 130
 
 
 def _train(args: argparse.Namespace) -> Any:

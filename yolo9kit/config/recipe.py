@@ -49,12 +49,10 @@ _SETTINGS = settings(TrainConfig)
 
 
 def read_hyp(path: str | Path) -> dict[str, Any]:
-    """The values of a hyp file by official key, and the ``RECIPE_KEYS`` it holds (``label_smoothing`` and the
-    ``IGNORED`` keys are dropped; an unknown key is a warning).
+    """The values of a hyp file by official key, and the ``RECIPE_KEYS`` it holds (an unknown key is a warning).
 
     Raises:
         ValueError: the file is not ``name: number`` lines, or a value is out of its range (naming file and key).
-        FileNotFoundError: no such file.
     """
     try:
         values = read_record(path) or {}
@@ -62,21 +60,17 @@ def read_hyp(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"--hyp {e}; the file holds 'name: number' lines (official hyp.*.yaml keys)") from None
     if not isinstance(values, dict):
         raise ValueError(f"--hyp {path}: expected 'name: number' lines, got a {type(values).__name__}")
-    known = set(OPTIM_KEYS) | set(LOSS_KEYS) | set(DEFAULT_AUGMENT_HYP)
-    unknown = set(values) - known - set(IGNORED) - {"label_smoothing", *RECIPE_KEYS}
+    numbers = {*OPTIM_KEYS, *LOSS_KEYS, *DEFAULT_AUGMENT_HYP}
+    unknown = set(values) - numbers - set(IGNORED) - {"label_smoothing", *RECIPE_KEYS}
     if unknown:
         LOGGER.warning("%s: ignoring unknown keys %s", path, sorted(unknown))
-    try:
-        out = {k: float(v) for k, v in values.items() if k in known}
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"--hyp {path}: every value must be a number ({e})") from None
-    out.update({k: values[k] for k in RECIPE_KEYS if k in values})
+    out = {k: v for k, v in values.items() if k in numbers or k in RECIPE_KEYS}
     for key, value in out.items():  # each alone, so that the error names the key
         try:
             TrainConfig(**hyp_settings({key: value}, LossConfig()))
-        except ValueError as e:
+        except (TypeError, ValueError) as e:  # float() of a word, a value out of its range
             raise ValueError(f"--hyp {path}: {key}: {e}") from None
-    return out
+    return {k: float(v) if k in numbers else v for k, v in out.items()}
 
 
 def hyp_settings(values: Mapping[str, Any], loss: LossConfig) -> dict[str, Any]:
@@ -143,13 +137,12 @@ def choose_recipe(config: TrainConfig, images: int | None, saved: Mapping[str, A
     if recipe == "official":
         return config.replace(recipe="official"), f"recipe official ({why}): train_dual.py's"
     config = apply_short_recipe(config)
-    o, p = config.optim, config.pipeline
-    hyp = p.augment_hyp
-    epochs = f"{o.warmup_epochs:g} epoch" + ("" if o.warmup_epochs == 1 else "s")
+    o, hyp, warmup = config.optim, config.pipeline.augment_hyp, config.optim.warmup_epochs
     return config, (f"recipe short ({why}): {config.step.optimizer} lr0 {o.lr0:g}, {o.nominal_batch_size} images "
-                    f"per optimizer step, warmup {epochs}, mosaic {hyp['mosaic']:g}, mixup {hyp['mixup']:g}, "
-                    f"copy-paste {hyp['copy_paste']:g}, scale {hyp['scale']:g}, mosaic off for the last "
-                    f"{p.close_mosaic} epochs; recipe='official' (--recipe official) trains as train_dual.py")
+                    f"per optimizer step, warmup {warmup:g} epoch{'' if warmup == 1 else 's'}, mosaic "
+                    f"{hyp['mosaic']:g}, mixup {hyp['mixup']:g}, copy-paste {hyp['copy_paste']:g}, scale "
+                    f"{hyp['scale']:g}, mosaic off for the last {config.pipeline.close_mosaic} epochs; "
+                    "recipe='official' (--recipe official) trains as train_dual.py")
 
 
 def apply_short_recipe(config: TrainConfig) -> TrainConfig:

@@ -1,5 +1,5 @@
-"""Declared settings (``declare``: one declaration per field, docs/training.md) and ``StepConfig``, one training
-step: the ``step`` part of a ``TrainConfig`` and what the memory tools describe."""
+"""Declared settings (``declare``, docs/training.md) and ``StepConfig``: one training step, as the memory tools
+describe it and as the ``step`` part of a ``TrainConfig``."""
 
 from __future__ import annotations
 
@@ -144,10 +144,8 @@ def precision_name(amp: str) -> str:
 
 @dataclass(frozen=True)
 class StepConfig(Settings):
-    """One training step, everything that sets its memory and speed: ``StepConfig("yolov9-s", 16)``.
-
-    ``batch_size`` is the micro-batch; ``None`` switches and ``amp="auto"`` are decided by :meth:`resolve`.
-    """
+    """One training step, everything that sets its memory and speed: ``StepConfig("yolov9-s", 16)``;
+    ``batch_size`` is the micro-batch, ``None`` switches and ``amp="auto"`` are decided by :meth:`resolve`."""
 
     model: Any = None  # a registered name, a model yaml or an nn.Module; None in a TrainConfig: fit's model
     batch_size: int | None = declare(
@@ -183,8 +181,6 @@ class StepConfig(Settings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.num_targets < 0:
-            raise ValueError(f"StepConfig.num_targets={self.num_targets!r}: expected an integer >= 0")
         # hashable: the estimator cache is keyed by steps
         object.__setattr__(self, "activation_checkpointing", _layers(self.activation_checkpointing, (
             "backbone", "all"), "StepConfig.activation_checkpointing", "'backbone', 'all'"))
@@ -196,12 +192,9 @@ class StepConfig(Settings):
         return (int(self.imgsz * 1.5) + 31) // 32 * 32 if self.multi_scale else self.imgsz
 
     def resolve(self, device: Any = None, *, bf16: bool | None = None, gpu_name: str | None = None) -> StepConfig:
-        """This step as ``fit`` runs it on ``device`` (None: the current CUDA device, else the CPU): ``amp`` and
-        every ``None`` switch decided for it (docs/training.md, mixed precision).
-
-        Args:
-            bf16: whether the device computes bf16 in hardware (default: asked of it; unknown without CUDA here).
-            gpu_name: its name in errors.
+        """This step as ``fit`` runs it on ``device`` (None: the current CUDA device, else the CPU), ``amp`` and the
+        ``None`` switches decided there (docs/training.md); ``bf16`` (in hardware) and ``gpu_name`` (for errors):
+        asked of the device when None.
 
         Raises:
             ValueError: ``amp="bf16"`` where the GPU or CPU has no bf16 in hardware.
@@ -253,13 +246,9 @@ class StepConfig(Settings):
     def to_dict(self) -> dict[str, Any]:
         """Plain values for JSON (the model and the loss by their names)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["model"] = self.model_name
-        if self.loss_fn is not None:
-            out["loss_fn"] = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
-        for name in ("activation_checkpointing", "freeze"):
-            if isinstance(out[name], tuple):
-                out[name] = list(out[name])
-        return out
+        out.update({name: list(value) for name, value in out.items() if isinstance(value, tuple)})
+        loss = None if self.loss_fn is None else getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
+        return {**out, "model": self.model_name, "loss_fn": loss}
 
 
 def multi_scale_side(imgsz: int, stride: int, rng: Any) -> int:

@@ -1,5 +1,5 @@
-"""Training settings: ``TrainConfig`` and its frozen parts (``step``, ``optim``, ``pipeline``, ``run``), with the
-official defaults (docs/training.md lists them all)."""
+"""``TrainConfig`` and its parts (``step``, ``optim``, ``pipeline``, ``run``): the official defaults, each setting
+declared once (docs/training.md lists them)."""
 
 from __future__ import annotations
 
@@ -76,11 +76,6 @@ class OptimConfig(Settings):
                                            flag="--accumulate-steps", integer=True, low=1)
     loss: LossConfig = declare(LossConfig(), "the loss gains (official by default)", no_flag=_HYP)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.loss, LossConfig):
-            raise ValueError(f"OptimConfig.loss={self.loss!r}: expected a LossConfig")
-
 
 @dataclass(frozen=True)
 class PipelineConfig(Settings):
@@ -94,12 +89,10 @@ class PipelineConfig(Settings):
     hyp: Mapping[str, float] | None = declare(None, "augmentation keys changed from the official", no_flag=_HYP)
     colour_on_device: bool | None = declare(None, "HSV jitter on the device, not in the loader", no_flag=_PLAIN,
                                             resume=CHANGE)
-    cache: str | None = declare("auto", "cache the decoded images: auto (in RAM when they fit), ram (always; the "
-                                "flag alone), disk (a memory-mapped file beside the labels), or None", flag="--cache",
-                                resume=CHANGE, choices=CACHE_MODES)
+    cache: str | None = declare("auto", "decoded images: auto (in RAM when they fit), ram (the flag alone), disk (a "
+                                "file beside the labels) or None", flag="--cache", resume=CHANGE, choices=CACHE_MODES)
     allow_bad_labels: bool = declare(False, "train even when labels use unnamed classes, no image has a box, or "
-                                     "many would be dropped (refused before the first step: yolo9kit.data.guard)",
-                                     flag="--allow-bad-labels", resume=CHANGE)
+                                     "many would be dropped", flag="--allow-bad-labels", resume=CHANGE)
     workers: int | None = declare(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
                                   resume=CHANGE, integer=True, low=0)
 
@@ -127,16 +120,15 @@ class RunConfig(Settings):
                         negate=True, resume=CHANGE)
     patience: int = declare(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
                             integer=True, low=0)
-    project: str = declare("runs/train", "folder of the run folders (with --resume: where the newest is looked "
-                           "for)", flag="--project", resume=RUN)
+    project: str = declare("runs/train", "folder of the run folders (and of the newest, for --resume)",
+                           flag="--project", resume=RUN)
     name: str = declare("exp", "run folder name under --project", flag="--name", resume=RUN)
     exist_ok: bool = declare(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
     resume: bool | str = declare(False, "resume the newest run, or this run folder / last.pt (its settings; "
                                  "--epochs may extend it)", flag="--resume", resume=RUN)
     save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
                                flag="--save-period", resume=CHANGE, integer=True)
-    # False for tune's trials unless keep_weights="all": the study removes the weights of all but the best
-    log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt at the end of the run",
+    log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt (tune: the best trial's)",
                                 no_flag=API_ONLY, resume=CHANGE)
     plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
                           "plots)", flag="--no-plots", negate=True, resume=CHANGE)
@@ -147,9 +139,8 @@ class RunConfig(Settings):
                                        "mlflow (--mlflow-uri)", flag="--loggers", resume=CHANGE)
     mlflow_uri: str | None = declare(None, "the MLflow tracking server (http://host:5000) or store (sqlite:///FILE); "
                                      "default sqlite:///<project>/mlflow.db", flag="--mlflow-uri", resume=CHANGE)
-    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord), "on_run_end": h(state)} (rank 0). Not saved.
-    callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
-        None, "functions called after each step and epoch", no_flag="API only", resume=CHANGE, compare=False)
+    callbacks: Mapping[str, Callable[[Any], None]] | None = declare(  # not saved
+        None, "{name: f(record)} of CALLBACK_NAMES, on rank 0", no_flag="API only", resume=CHANGE, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
