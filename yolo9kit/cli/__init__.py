@@ -119,9 +119,8 @@ def run_checks(args: argparse.Namespace) -> int:
 
 def run_models(args: argparse.Namespace) -> int:
     table = model_table(args.names or None, imgsz=args.imgsz, num_classes=args.num_classes)  # a wrong name: exit 2
-    print(table.to_string(index=False, formatters={
-        "parameters": "{:,}".format, "deploy_parameters": "{:,}".format,
-        "gflops": "{:.1f}".format, "deploy_gflops": "{:.1f}".format}))
+    formats = {"parameters": "{:,}", "deploy_parameters": "{:,}", "gflops": "{:.1f}", "deploy_gflops": "{:.1f}"}
+    print(table.to_string(index=False, formatters={name: form.format for name, form in formats.items()}))
     return 0
 
 

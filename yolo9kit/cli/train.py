@@ -95,8 +95,7 @@ def activation_checkpointing(text: str) -> str | list[int] | None:
 
 
 class Freeze(argparse.Action):
-    """``--freeze`` words -> the setting ``freeze``, as the official flag: one number N is the first N layers,
-    several are layer indices; ``backbone`` the model yaml's backbone rows; ``none`` (or 0) nothing."""
+    """``--freeze`` words -> the setting ``freeze``: N (the first N layers), indices, ``backbone`` or ``none``."""
 
     def __call__(self, parser, namespace, words: list[str], option_string: str | None = None) -> None:
         words = [w.lower() for w in words]
@@ -181,8 +180,7 @@ def given_settings(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig from the flags given and the --hyp file (its values and recipe where no flag is given; an
-    official file means the official recipe)."""
+    """TrainConfig from the flags given, then the --hyp file (an official file means the official recipe)."""
     if args.label_smoothing is not None:
         LOGGER.warning("--label-smoothing %g is ignored: the official dual loss never applies it", args.label_smoothing)
     from_hyp = {"recipe": "official", **hyp_settings(read_hyp(args.hyp), LossConfig())} if args.hyp else {}
@@ -235,8 +233,7 @@ def _train(args: argparse.Namespace) -> Any:
 
 
 def _resume_setup(args: argparse.Namespace) -> tuple[Any, Any, TrainConfig]:
-    """Model, data and config of the run to resume: its checkpoint's settings, with the flags of settings a
-    resume may change (declared resume=CHANGE); a flag that would change the run is refused, naming it."""
+    """Model, data and config of the run to resume: its settings, with the flags given of resume=CHANGE settings."""
     path = find_resume_checkpoint(args.resume, args.project or SETTINGS["project"][1].default)
     ckpt = read_checkpoint(path)
     if "train_config" not in ckpt:
@@ -257,8 +254,7 @@ def _resume_setup(args: argparse.Namespace) -> tuple[Any, Any, TrainConfig]:
 
 
 def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict) -> list[str]:
-    """``--flag value (the run's: x)`` for each flag given that would change the run: a setting the run keeps
-    (``resume_conflicts``, the rule of every resume), its folder's name, the model, the weights, the --hyp file."""
+    """``--flag value (the run's: x)`` for each flag given that would change the run (``resume_conflicts``, ...)."""
     given = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == KEEP}
     conflicts = resume_conflicts(saved, TrainConfig.from_dict(saved, **given))
     runs = {**saved, "model": model_config.get("name")}

@@ -74,8 +74,7 @@ def read_hyp(path: str | Path) -> dict[str, Any]:
 
 
 def hyp_settings(values: Mapping[str, Any], loss: LossConfig) -> dict[str, Any]:
-    """The TrainConfig settings of hyp ``values``: the optimizer's and the recipe's by name, ``hyp`` (the
-    augmentation) and ``loss`` (``loss`` with the gains the values hold), each only where the values hold some."""
+    """The TrainConfig settings in hyp ``values``: by name, ``hyp`` (augmentation) and ``loss`` with their gains."""
     out: dict[str, Any] = {k: float(values[k]) for k in OPTIM_KEYS if k in values}
     out.update({k: values[k] for k in RECIPE_KEYS if k in values})
     augment = {k: float(values[k]) for k in DEFAULT_AUGMENT_HYP if k in values}

@@ -148,9 +148,8 @@ class StepConfig(Settings):
     ``batch_size`` is the micro-batch, ``None`` switches and ``amp="auto"`` are decided by :meth:`resolve`."""
 
     model: Any = None  # a registered name, a model yaml or an nn.Module; None in a TrainConfig: fit's model
-    batch_size: int | None = declare(
-        None, "images per forward/backward: each batch is split into micro-batches of this size (default: the "
-        "whole batch of each GPU)", flag="--micro-batch-size", setting="micro_batch_size", integer=True, low=1)
+    batch_size: int | None = declare(None, "images per forward/backward (default: the whole batch of each GPU)",
+                                     flag="--micro-batch-size", setting="micro_batch_size", integer=True, low=1)
     imgsz: int = declare(640, "training image size", flag="--imgsz", aliases=("--img", "--img-size"), integer=True,
                          low=32, multiple=32)
     multi_scale: bool = declare(False, "resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz",
@@ -192,9 +191,8 @@ class StepConfig(Settings):
         return (int(self.imgsz * 1.5) + 31) // 32 * 32 if self.multi_scale else self.imgsz
 
     def resolve(self, device: Any = None, *, bf16: bool | None = None, gpu_name: str | None = None) -> StepConfig:
-        """This step as ``fit`` runs it on ``device`` (None: the current CUDA device, else the CPU), ``amp`` and the
-        ``None`` switches decided there (docs/training.md); ``bf16`` (in hardware) and ``gpu_name`` (for errors):
-        asked of the device when None.
+        """This step as ``fit`` runs it on ``device`` (None: the current CUDA device, else the CPU): ``amp`` and the
+        ``None`` switches decided (docs/training.md); ``bf16``, ``gpu_name``: asked of the device when None.
 
         Raises:
             ValueError: ``amp="bf16"`` where the GPU or CPU has no bf16 in hardware.

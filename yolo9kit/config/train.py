@@ -112,8 +112,8 @@ class RunConfig(Settings):
 
     device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
                                  resume=CHANGE)
-    seed: int = declare(0, "the seed of the initial weights (of a model fit builds from a name), the data order "
-                        "and the augmentation", flag="--seed", integer=True)
+    seed: int = declare(0, "seed of the initial weights (a model fit builds), the data order and the augmentation",
+                        flag="--seed", integer=True)
     deterministic: bool = declare(False, "deterministic CUDA kernels, no cuDNN autotuning: the same numbers on the "
                                   "same GPU, slower", flag="--deterministic", resume=CHANGE)
     val: bool = declare(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
@@ -130,8 +130,8 @@ class RunConfig(Settings):
                                flag="--save-period", resume=CHANGE, integer=True)
     log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt (tune: the best trial's)",
                                 no_flag=API_ONLY, resume=CHANGE)
-    plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
-                          "plots)", flag="--no-plots", negate=True, resume=CHANGE)
+    plots: bool = declare(True, "draw the run's pictures (labels, training batches, curves, validation)",
+                          flag="--no-plots", negate=True, resume=CHANGE)
     progress_bar: bool = declare(True, "tqdm bars of each epoch and its validation (rank 0)",
                                  no_flag="API only: the command line always shows them", resume=CHANGE)
     sync_bn: bool = declare(False, "SyncBatchNorm (DDP only)", flag="--sync-bn")
@@ -154,16 +154,14 @@ class RunConfig(Settings):
                              f"{CALLBACK_NAMES}, got {sorted(unknown)}")
         if self.mlflow_uri and urlsplit(self.mlflow_uri).password:  # never stored or printed: not named here either
             raise ValueError("TrainConfig.mlflow_uri (--mlflow-uri) holds a password, which the run would store and "
-                             "print: give the server without it (http://host:5000) and the credentials where MLflow's "
-                             "client reads them, MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
-                             "MLFLOW_TRACKING_TOKEN) in the environment or ~/.mlflow/credentials")
+                             "print: give the server alone and the credentials as MLFLOW_TRACKING_USERNAME and "
+                             "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), or in ~/.mlflow/credentials")
 
 
 @dataclass(frozen=True, init=False)
 class TrainConfig(Settings):
-    """How to train: made and changed by setting names, whatever part holds them (``TrainConfig(lr0=0.02)``,
-    ``config.replace(micro_batch_size=8)``), read through the parts (``config.optim.lr0``). A whole part may be
-    passed (``TrainConfig(step=plan.step)``): the names given beside it apply on top of it."""
+    """How to train, set by setting names (``TrainConfig(lr0=0.02)``, ``.replace(micro_batch_size=8)``), read through
+    the parts (``config.optim.lr0``); a part passed whole (``step=plan.step``) takes the names given beside it."""
 
     epochs: int = declare(100, "epochs to train; with --resume, a larger number extends the run", flag="--epochs",
                           resume=CHANGE, integer=True, low=1)
@@ -171,9 +169,9 @@ class TrainConfig(Settings):
         16, "images per batch (all GPUs), or auto (also -1): the largest that the memory estimate fits into the "
         "GPU (--gpu, --margin), with accumulation to the nominal 64", flag="--batch-size", aliases=("--batch",),
         integer=True, low=1)
-    recipe: str = declare("auto", "official (train_dual.py's SGD recipe), short (AdamW, one step per batch of 16, "
-                          "lighter augmentation: learns in a few epochs), or auto: short for runs of at most 10,000 "
-                          "optimizer steps of 64 images", flag="--recipe", choices=("auto", "official", "short"))
+    recipe: str = declare("auto", "official (train_dual.py's SGD), short (AdamW, a step per 16 images, lighter "
+                          "augmentation), or auto: short for at most 10,000 optimizer steps of 64 images",
+                          flag="--recipe", choices=("auto", "official", "short"))
     gpu: str | int | None = declare(None, "batch size auto: size for this card (e.g. \"RTX 4090\", or bytes; default: "
                                     "the training device, on the CPU its RAM)", flag="--gpu")
     margin: float = declare(DEFAULT_MARGIN, "batch size auto: share of the card kept free", flag="--margin",
