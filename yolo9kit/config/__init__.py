@@ -1,5 +1,4 @@
-"""Settings as frozen dataclasses with the official defaults: training (``config.train``, ``config.step``,
-``config.recipe``), and here prediction, validation, the loader and the ONNX export."""
+"""Settings with the official defaults: training (``train``, ``step``, ``recipe``); here NMS, saving, loader, export."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What a run trains with: official hyp files (``data/hyps/hyp.scratch-high.yaml``) and the recipe, train_dual.py's
-or the kit's for short runs (docs/training.md, the recipe)."""
+"""Official hyp files and the recipe (train_dual.py's, or the kit's for short runs: docs/training.md)."""
 
 from __future__ import annotations
 

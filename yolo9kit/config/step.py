@@ -1,5 +1,4 @@
-"""Declared settings (``declare``, docs/training.md) and ``StepConfig``: one training step, as the memory tools
-describe it and as the ``step`` part of a ``TrainConfig``."""
+"""Declared settings (``declare``, docs/training.md) and ``StepConfig``, one training step (memory tools, fit)."""
 
 from __future__ import annotations
 
@@ -159,8 +158,8 @@ class StepConfig(Settings):
         None, "recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3",
         flag="--activation-checkpointing", resume=CHANGE)
     freeze: int | str | tuple[int, ...] | None = declare(
-        None, "layers that do not train (fine-tuning): N for the first N layers (official: 10 is the yolov9-c "
-        "backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)", flag="--freeze")
+        None, "layers that do not train: the first N (10: the yolov9-c backbone), indices (0 1 2), or backbone (the "
+        "model yaml's backbone rows)", flag="--freeze")
     channels_last: bool | None = declare(None, "channels_last weights and inputs (NHWC convolutions)",
                                          no_flag=PLAIN_STEP, resume=CHANGE)
     lean_activations: bool | None = declare(None, "BatchNorm+SiLU keep one activation for backward, not two "

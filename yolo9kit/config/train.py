@@ -1,5 +1,4 @@
-"""``TrainConfig`` and its parts (``step``, ``optim``, ``pipeline``, ``run``): the official defaults, each setting
-declared once (docs/training.md lists them)."""
+"""``TrainConfig`` and its parts (``step``, ``optim``, ``pipeline``, ``run``), official defaults (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -165,10 +164,9 @@ class TrainConfig(Settings):
 
     epochs: int = declare(100, "epochs to train; with --resume, a larger number extends the run", flag="--epochs",
                           resume=CHANGE, integer=True, low=1)
-    batch_size: int | str = declare(
-        16, "images per batch (all GPUs), or auto (also -1): the largest that the memory estimate fits into the "
-        "GPU (--gpu, --margin), with accumulation to the nominal 64", flag="--batch-size", aliases=("--batch",),
-        integer=True, low=1)
+    batch_size: int | str = declare(16, "images per batch (all GPUs), or auto (also -1): the largest the memory "
+                                    "estimate fits (--gpu, --margin), accumulated to the nominal 64",
+                                    flag="--batch-size", aliases=("--batch",), integer=True, low=1)
     recipe: str = declare("auto", "official (train_dual.py's SGD), short (AdamW, a step per 16 images, lighter "
                           "augmentation), or auto: short for at most 10,000 optimizer steps of 64 images",
                           flag="--recipe", choices=("auto", "official", "short"))
