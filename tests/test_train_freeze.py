@@ -11,8 +11,7 @@ import pytest
 import torch
 from train_toys import one_thread
 
-from yolo9kit.cli.train import freeze as freeze_words
-from yolo9kit.cli.train import freeze_token
+from yolo9kit.cli import train as train_cli
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint, save_checkpoint
@@ -29,6 +28,13 @@ _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 def yolov9_t():
     torch.manual_seed(0)
     return create_model("yolov9-t", num_classes=2)
+
+
+def freeze_words(words: list) -> int | str | list[int] | None:
+    """The train command's reading of ``--freeze`` words, as TrainConfig stores it."""
+    parser = argparse.ArgumentParser()
+    train_cli.add_parser(parser.add_subparsers())
+    return parser.parse_args(["train", "--freeze", *map(str, words)]).freeze
 
 
 def _official_names(model, freeze_flag: list[int]) -> set[str]:
@@ -70,9 +76,10 @@ def test_freeze_values_checked_and_errors_name_the_range(yolov9_t):
             TrainConfig(freeze=bad)
     with pytest.raises(ValueError, match="0..29"):
         frozen_layer_indices(yolov9_t, [3, 30])
-    assert freeze_words([freeze_token("backbone")]) == "backbone" and freeze_words(["none"]) is None
-    with pytest.raises(argparse.ArgumentTypeError):
-        freeze_token("-3")
+    assert freeze_words(["backbone"]) == "backbone" and freeze_words(["none"]) is None
+    for bad in (["-3"], ["backbone", "1"], ["x"]):
+        with pytest.raises(SystemExit):
+            freeze_words(bad)
 
 
 @pytest.mark.slow

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from yolo9kit.cli.train import add_model_limit_flag, add_setting_flag, checked, device, model_limit
@@ -16,6 +14,7 @@ from yolo9kit.config import PREDICT_NMS, VAL_NMS, NMSConfig, SaveConfig
 from yolo9kit.files import write_text_atomically
 from yolo9kit.models import load_model
 from yolo9kit.prediction import SPEED_COLUMNS, predict
+from yolo9kit.train.guards import Interrupted, StopSignals
 from yolo9kit.train.state import increment_path
 from yolo9kit.validate import compare_heads, evaluate
 
@@ -42,8 +41,7 @@ def _add_shared(p: argparse.ArgumentParser, verb: str, nms: NMSConfig, batch_siz
 def add_detect(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("detect", help="detect objects in images and videos (detect_dual.py flags)")
     _add_shared(p, "detect", PREDICT_NMS, 1, ("main", "aux"))
-    p.add_argument("--source", required=True, nargs="+",
-                   help="image or video files, folders, glob patterns, .txt files listing images or videos")
+    p.add_argument("--source", required=True, nargs="+", help="images, videos, folders, globs, .txt lists of them")
     p.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), nargs="+", default=[640],
                    help="h [w] (default 640)")
     p.add_argument("--save-txt", action="store_true", help="write labels/<stem>.txt (cls cx cy w h)")
@@ -52,12 +50,9 @@ def add_detect(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--classes", type=checked(int, low=0), nargs="+", help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     p.add_argument("--line-thickness", type=checked(int, low=1), default=3, help="box line width in pixels")
-    p.add_argument("--vid-stride", type=checked(int, low=1), default=1,
-                   help="keep every k-th frame of a video (default 1: every frame)")
-    p.add_argument("--backend", choices=("torch", "onnxruntime", "openvino"), default="torch",
-                   help="torch (default), or onnxruntime / openvino: the deployed model exported in memory and run "
-                        "by ONNX Runtime (the export extra) or OpenVINO (the openvino extra) on the CPU, every "
-                        "image letterboxed to the full --imgsz")
+    p.add_argument("--vid-stride", type=checked(int, low=1), default=1, help="every k-th frame of a video (1)")
+    p.add_argument("--backend", choices=("torch", "onnxruntime", "openvino"), default="torch", help="torch, or the "
+                   "model exported in memory and run on the CPU by ONNX Runtime or OpenVINO (their extras)")
     p.set_defaults(func=run_detect)
 
 
@@ -65,14 +60,13 @@ def add_val(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("val", help="validate a model on a data set (val_dual.py flags)")
     _add_shared(p, "val", VAL_NMS, 32, ("main", "aux", "both"))
     p.add_argument("--data", required=True, help="data.yaml")
-    p.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), default=640,
-                   help="image size (default 640)")
+    p.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), default=640, help="image size (640)")
     p.add_argument("--task", default="val", choices=("train", "val", "test", "speed"),
                    help="split to validate; 'speed' = val split with conf 0.25, IoU 0.45, no JSON, no plots")
     p.add_argument("--workers", type=checked(int, low=0), default=8, help="data loader workers (default 8)")
     p.add_argument("--single-cls", action="store_true", help="treat all classes as one")
     p.add_argument("--save-json", action="store_true", help="COCO predictions JSON + pycocotools COCOeval")
-    p.add_argument("--coco-gt", default=None, help="COCO ground-truth JSON (default: converted from the labels)")
+    p.add_argument("--coco-gt", help="COCO ground-truth JSON (default: converted from the labels)")
     p.add_argument("--no-plots", action="store_true", help="skip the confusion matrix and curves")
     # SUPPRESS: left unset, so that ``python -m yolo9kit -v val`` keeps the top-level --verbose (tracebacks too)
     p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -90,16 +84,16 @@ def run_detect(args: argparse.Namespace) -> int:
     save = SaveConfig(save_dir, txt=args.save_txt, conf=args.save_conf, images=not args.nosave,
                       line_width=args.line_thickness)
     model = load_model(args.weights, model_limit(args))
-    try:
-        with _signals_interrupt():  # SIGTERM and SIGHUP stop it as Ctrl-C does: the video being written is closed
+    try:  # a stop signal raises, so that the video being written is closed (playable)
+        with StopSignals() as stop, stop.raising():
             results = predict(model, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz, nms=nms,
                               save=save, half=args.half, device=args.device or None, head=args.head,
                               batch_size=args.batch_size, vid_stride=args.vid_stride, backend=args.backend,
                               on_result=_print_line)
-    except _Signalled as stop:
-        print(f"python -m yolo9kit detect: stopped by {stop.name}; what was written so far is in {save_dir}",
+    except Interrupted as stopped:
+        print(f"python -m yolo9kit detect: stopped by {stopped.reason}; what was written so far is in {save_dir}",
               file=sys.stderr)
-        return 128 + stop.signum
+        return 128 + signal.Signals[stopped.reason]
     for source, reason in results.skipped:
         print(f"skipped {source}: {reason}")
     print(results.speed_line())
@@ -112,29 +106,6 @@ def run_detect(args: argparse.Namespace) -> int:
     if args.save_txt:
         print(f"{len(list((save_dir / 'labels').glob('*.txt')))} labels saved to {save_dir / 'labels'}")
     return 0 if len(results) else 1
-
-
-class _Signalled(KeyboardInterrupt):
-    def __init__(self, signum: int) -> None:
-        self.signum, self.name = signum, signal.Signals(signum).name
-        super().__init__(self.name)
-
-
-@contextlib.contextmanager
-def _signals_interrupt():
-    """SIGTERM and SIGHUP raise ``_Signalled`` in the main thread (the default would end the process without
-    running ``finally`` blocks: an annotated mp4 would lose its index and not play)."""
-    def handler(signum, frame):
-        raise _Signalled(signum)
-
-    wanted = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
-    main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, handler) for s in wanted} if main else {}
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
 
 
 def _print_line(result, number: int, inputs: int) -> None:

@@ -32,14 +32,13 @@ SETTINGS = settings(TrainConfig)
 
 def checked(kind: type, **rule: Any) -> functools.partial:
     """An argparse type: the text as ``kind``, allowed as a setting's declaration allows (``low=1``, ...)."""
-    return functools.partial(_parsed, kind, Declared("a command-line value", no_flag="-", integer=kind is int,
-                                                     **rule))
+    return functools.partial(_parsed, kind, Declared("", no_flag="-", integer=kind is int, **rule))
 
 
 def setting_type(name: str, of: type = TrainConfig) -> functools.partial:
     """An argparse type: the text as the setting ``name`` of ``of`` takes it, checked by its declaration."""
     _, f, declared = settings(of)[name]
-    return functools.partial(_parsed, int if "int" in f.type else float if "float" in f.type else str, declared)
+    return functools.partial(_parsed, {"int": int, "float": float}.get(f.type.split(" ")[0], str), declared)
 
 
 def _parsed(kind: type, declared: Declared, text: str) -> Any:
@@ -54,16 +53,13 @@ def _parsed(kind: type, declared: Declared, text: str) -> Any:
 
 
 def device(text: str) -> str:
-    """``cpu``, ``cuda``, ``cuda:N`` or a GPU index ``N``, checked against this machine ("" stays "": the default)."""
-    spec = text.strip().lower()
-    if not spec:
-        return text
-    if "," in spec:
+    """``cpu``, ``cuda``, ``cuda:N`` or a GPU index ``N``, checked against this machine ("": the default)."""
+    if "," in text:
         raise argparse.ArgumentTypeError(f"{text!r}: one device only (cpu, 0, cuda:1); for several GPUs start "
                                          "the command with torchrun --nproc_per_node N")
     try:
-        dev = parse_device(spec)
-    except RuntimeError:
+        dev = parse_device(text.strip().lower())
+    except RuntimeError:  # a device torch does not know
         dev = None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if dev is None or dev.type not in ("cpu", "cuda", "mps"):
@@ -78,9 +74,8 @@ def device(text: str) -> str:
 
 
 def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-model-gib", type=checked(float, low=0, low_open=True), default=None,
-                   help="refuse a weights file whose model takes more than this (parameters and layer outputs "
-                        "for one 256 px image; default 4): raise it for a model that really is that large")
+    p.add_argument("--max-model-gib", type=checked(float, low=0, low_open=True), default=None, help="refuse a "
+                   "weights file whose model takes more (parameters and layer outputs at 256 px; default 4)")
 
 
 def model_limit(args: argparse.Namespace) -> int | None:
@@ -88,12 +83,10 @@ def model_limit(args: argparse.Namespace) -> int | None:
     return None if args.max_model_gib is None else int(args.max_model_gib * 2**30)
 
 
-def activation_checkpointing(text: str | None) -> str | list[int] | None:
+def activation_checkpointing(text: str) -> str | list[int] | None:
     """``none``, ``all``, ``backbone`` or comma-separated layer indices -> the API value."""
-    if text is None or text.lower() == "none":
-        return None
-    if text in ("all", "backbone"):
-        return text
+    if text.lower() == "none" or text in ("all", "backbone"):
+        return None if text.lower() == "none" else text
     try:
         return [int(i) for i in text.split(",")]
     except ValueError:
@@ -101,41 +94,31 @@ def activation_checkpointing(text: str | None) -> str | list[int] | None:
             f"{text!r}: expected none, all, backbone or comma-separated layer indices (e.g. 1,2,3)") from None
 
 
-def freeze_token(text: str) -> int | str:
-    """One word of ``--freeze``: ``backbone``, ``none`` or a layer number >= 0."""
-    if text.lower() in ("backbone", "none"):
-        return text.lower()
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected backbone, a number of first layers (10), or layer "
-                                         "indices (0 1 2)")
-    return int(text)
+class Freeze(argparse.Action):
+    """``--freeze`` words -> the setting ``freeze``: N (the first N layers), indices, ``backbone`` or ``none``."""
+
+    def __call__(self, parser, namespace, words: list[str], option_string: str | None = None) -> None:
+        words = [w.lower() for w in words]
+        if words in (["backbone"], ["none"]):
+            value = None if words == ["none"] else "backbone"
+        elif all(w.isdigit() for w in words):
+            value = int(words[0]) if len(words) == 1 else [int(w) for w in words]
+        else:
+            raise argparse.ArgumentError(self, f"{' '.join(words)!r}: expected backbone or none alone, a number of "
+                                               "first layers (10), or layer indices (0 1 2)")
+        setattr(namespace, self.dest, value)
 
 
-def freeze(tokens: list[int | str] | None) -> int | str | list[int] | None:
-    """``--freeze`` words -> the setting ``freeze``, as the official flag: one number N is the first N layers,
-    several are layer indices; ``backbone`` the model yaml's backbone rows; ``none`` (or 0) nothing."""
-    if not tokens or tokens == ["none"]:
-        return None
-    if tokens == ["backbone"]:
-        return "backbone"
-    if any(isinstance(t, str) for t in tokens):
-        raise ValueError(f"--freeze {' '.join(map(str, tokens))}: backbone and none stand alone; give one of them, "
-                         "a number of first layers, or layer indices")
-    return tokens[0] if len(tokens) == 1 else list(tokens)
-
-
-# How the command line writes the settings whose text is not a plain number, word or switch (the rest of each
-# flag, its help, default, range and resume rule, is the setting's declaration in yolo9kit.config).
+# How the command line writes the settings that are not a plain number, word or switch (the rest: their declaration)
 _FORMS = {
     "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else _parsed(
         int, SETTINGS["batch_size"][2], text)},
     "activation_checkpointing": {"type": activation_checkpointing, "metavar": "LAYERS"},
-    "freeze": {"type": freeze_token, "nargs": "+", "metavar": "LAYERS"},
+    "freeze": {"action": Freeze, "type": str, "nargs": "+", "metavar": "LAYERS"},
     "cache": {"choices": ("ram", "disk"), "nargs": "?", "const": "ram"},
     "compile": {"nargs": "?", "const": True, "metavar": "MODE"},
     "resume": {"nargs": "?", "const": True},
     "device": {"type": device},
-    "gpu": {"type": str},
     "loggers": {"nargs": "+", "choices": LOGGERS, "metavar": "NAME"},
 }
 _PLAIN = dict.fromkeys((*FAST_SWITCHES, "colour_on_device"), False)  # --plain-step
@@ -147,39 +130,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_flags(p)
     p.add_argument("--weights", default=None, help="official or kit .pt: same-name same-shape tensors are transferred")
-    p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="train N times (at most 100), with --seed, --seed + 1, ..., each in its own folder "
-                        "<name>-seed-<k>, and print the spread of the final mAP (how large a difference between runs "
-                        "the seed alone makes); the same command again continues the seeds that did not finish")
+    p.add_argument("--seeds", type=int, default=1, metavar="N", help="train N times (at most 100) from --seed, "
+                   "--seed + 1, ... into <name>-seed-<k> and print the spread of the final mAP; run again to continue")
     p.set_defaults(func=run)
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     """The flags of a run (``train`` and ``tune``): --data, --model, a flag per declared setting, --hyp, ..."""
     p.add_argument("--data", help="data.yaml")
-    p.add_argument("--model", "--cfg", default=None,
-                   help=f"model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from (default "
-                        f"{DEFAULT_MODEL})")
+    p.add_argument("--model", "--cfg", help=f"model name, model yaml or checkpoint (default {DEFAULT_MODEL})")
     for name, (_, _, declared) in SETTINGS.items():
         if declared.flag is not None:
             add_setting_flag(p, name)
     add_model_limit_flag(p)
-    p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys; tune's best_hyp.yaml also holds "
-                                               "the recipe its trials trained); a flag given wins over the file")
+    p.add_argument("--hyp", help="hyper-parameter yaml (official keys, or tune's best_hyp.yaml); flags win over it")
     p.add_argument("--label-smoothing", type=checked(float, low=0, high=1, high_open=True), default=None,
                    help="official flag, ignored: the official dual loss never applies it (docs/training.md)")
-    sched = p.add_mutually_exclusive_group()
-    for flag, what in (("--cos-lr", "cosine LR schedule"), ("--flat-cos-lr", "flat, then cosine"),
-                       ("--fixed-lr", "constant LR")):
-        sched.add_argument(flag, action="store_true", help=what)
-    p.add_argument("--plain-step", action="store_true",
-                   help="turn the CUDA speed switches off (channels_last, lean activations, sync-free step, fused "
-                        "optimizer, colour jitter on the GPU): the official step's layout")
+    schedules = p.add_mutually_exclusive_group()
+    for flag, what in (("--cos-lr", "cosine"), ("--flat-cos-lr", "flat, then cosine"), ("--fixed-lr", "constant")):
+        schedules.add_argument(flag, action="store_true", help=f"{what} learning-rate schedule")
+    p.add_argument("--plain-step", action="store_true", help="the CUDA speed switches off (channels_last, lean "
+                   "activations, sync-free step, fused optimizer, colour jitter on the GPU): the official step")
 
 
 def add_setting_flag(p: argparse.ArgumentParser, name: str, of: type = TrainConfig, **changes: Any) -> None:
-    """The flag of the setting ``name`` of ``of`` as its declaration has it (spellings, help, type or choices;
-    default None: "not given", so that a resume sees a flag given with its default value), with ``changes``."""
+    """The flag of the setting ``name`` of ``of`` as declared, with ``changes`` (default None: "not given")."""
     _, f, declared = settings(of)[name]
     default = changes.get("default", f.default)
     shown = "" if default is None or default is False or declared.negate else f" (default {default})"
@@ -198,8 +173,6 @@ def given_settings(args: argparse.Namespace) -> dict:
     """{setting: value} of the setting flags given on the command line (in TrainConfig's form)."""
     out = {name: getattr(args, name) for name, (_, _, declared) in SETTINGS.items()
            if declared.flag is not None and getattr(args, name, None) is not None}
-    if "freeze" in out:
-        out["freeze"] = freeze(out["freeze"])
     for flag, schedule in _SCHEDULES.items():
         if getattr(args, flag):
             out["schedule"] = schedule
@@ -207,8 +180,7 @@ def given_settings(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig from the flags given and the --hyp file (its values and recipe where no flag is given; an
-    official file means the official recipe)."""
+    """TrainConfig from the flags given, then the --hyp file (an official file means the official recipe)."""
     if args.label_smoothing is not None:
         LOGGER.warning("--label-smoothing %g is ignored: the official dual loss never applies it", args.label_smoothing)
     from_hyp = {"recipe": "official", **hyp_settings(read_hyp(args.hyp), LossConfig())} if args.hyp else {}
@@ -216,14 +188,29 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train; exit status 0 when the run finished, 130 when interrupted (SIGINT, Ctrl-C), 143 (SIGTERM)."""
+    """Train; exit status 0 when the run finished, else 128 + the signal (``_exit_status``)."""
     init_from_env()
-    code = _train(args) if args.seeds == 1 else _train_seeds(args)
+    if args.seeds == 1:
+        result = _train(args)
+    elif args.seeds < 1 or args.resume or args.weights or not args.data:
+        raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume (the same --seeds "
+                         "command again continues its seeds), and not with --weights: pass the checkpoint as "
+                         "--model, it is built anew for each seed")
+    else:
+        spread = fit_seeds(args.model or DEFAULT_MODEL, args.data, config_from_args(args), seeds=args.seeds)
+        print(spread.table.to_string(index=False))
+        print(spread)
+        result = spread.results[-1] if spread.results else None  # a stop is the last run: it ended the command
     finish_processes()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
-    return code
+    return _exit_status(result) if result is not None else 0
 
 
-def _train(args: argparse.Namespace) -> int:
+def _exit_status(result) -> int:
+    """0 when the run was not interrupted, else 128 + the signal: 130 (SIGINT, Ctrl-C, a callback's stop), 143."""
+    return 0 if not result.interrupted else 143 if result.interrupted_by == "SIGTERM" else 130
+
+
+def _train(args: argparse.Namespace) -> Any:
     if args.resume:
         model, data, config = _resume_setup(args)
     else:
@@ -242,29 +229,11 @@ def _train(args: argparse.Namespace) -> int:
               f"(epoch {result.best_epoch + 1}); weights in {result.save_dir / 'weights'}")
         if result.interrupted:
             print(f"last.pt saved; continue with: python -m yolo9kit train --resume {result.save_dir}")
-    return _exit_status(result)
+    return result
 
 
-def _exit_status(result) -> int:
-    """0 when the run was not interrupted, else 128 + the signal: 130 (SIGINT, Ctrl-C, a callback's stop), 143."""
-    return 0 if not result.interrupted else 143 if result.interrupted_by == "SIGTERM" else 130
-
-
-def _train_seeds(args: argparse.Namespace) -> int:
-    """``--seeds N``: the run N times (``fit_seeds``), then each seed's final metrics and their spread."""
-    if args.seeds < 1 or args.resume or args.weights or not args.data:
-        raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume (the same --seeds "
-                         "command again continues its seeds), and not with --weights: pass the checkpoint as "
-                         "--model, it is built anew for each seed")
-    spread = fit_seeds(args.model or DEFAULT_MODEL, args.data, config_from_args(args), seeds=args.seeds)
-    print(spread.table.to_string(index=False))
-    print(spread)
-    return _exit_status(spread.results[-1]) if spread.results else 0  # a stop is the last run: it ends the command
-
-
-def _resume_setup(args: argparse.Namespace):
-    """Model, data and config of the run to resume: its checkpoint's settings, with the flags of settings a
-    resume may change (declared resume=CHANGE); a flag that would change the run is refused, naming it."""
+def _resume_setup(args: argparse.Namespace) -> tuple[Any, Any, TrainConfig]:
+    """Model, data and config of the run to resume: its settings, with the flags given of resume=CHANGE settings."""
     path = find_resume_checkpoint(args.resume, args.project or SETTINGS["project"][1].default)
     ckpt = read_checkpoint(path)
     if "train_config" not in ckpt:
@@ -278,24 +247,20 @@ def _resume_setup(args: argparse.Namespace):
     changes = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == CHANGE}
     config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path), **changes,
                                    **(_PLAIN if args.plain_step else {}))
-    model = create_model(path, max_model_bytes=model_limit(args))  # the run's model; fit loads its state
     data = args.data or ckpt.get("data")
     if not data:
         raise ValueError(f"{path} does not record its data; pass --data")
-    return model, data, config
+    return create_model(path, max_model_bytes=model_limit(args)), data, config  # the run's model; fit loads its state
 
 
 def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict) -> list[str]:
-    """``--flag value (the run's: x)`` for each flag given that would change the run: a setting the run keeps
-    (``resume_conflicts``, the rule of every resume), its folder's name, the model, the weights, the --hyp file."""
-    given = given_settings(args)
-    conflicts = resume_conflicts(saved, TrainConfig.from_dict(saved, **{k: v for k, v in given.items()
-                                                                       if SETTINGS[k][2].resume == KEEP}))
+    """``--flag value (the run's: x)`` for each flag given that would change the run (``resume_conflicts``, ...)."""
+    given = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == KEEP}
+    conflicts = resume_conflicts(saved, TrainConfig.from_dict(saved, **given))
     runs = {**saved, "model": model_config.get("name")}
     for name in ("name", "exist_ok", "model", "weights", "hyp"):
-        value = getattr(args, name)
-        if value is not None and (name not in runs or runs[name] != value):
-            conflicts[name] = (runs.get(name), value)
+        if getattr(args, name) is not None and runs.get(name) != getattr(args, name):
+            conflicts[name] = (runs.get(name), getattr(args, name))
     refused = []
     for name, (theirs, value) in conflicts.items():
         flag = (SETTINGS[name][2].flag if name in SETTINGS else f"--{name}") or "--cos-lr/--flat-cos-lr/--fixed-lr"

@@ -1,6 +1,4 @@
-"""Settings as frozen dataclasses with the official defaults: ``TrainConfig`` and its parts (``config.train``),
-``StepConfig`` (``config.step``), the hyp files and the recipe (``config.recipe``), and here the settings of
-prediction, validation, the loader and the ONNX export."""
+"""Settings with the official defaults: training (``train``, ``step``, ``recipe``); here NMS, saving, loader, export."""
 
 from __future__ import annotations
 
@@ -28,11 +26,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class NMSConfig(Settings):
-    """Which boxes survive non-maximum suppression (``predict``, ``evaluate``, ``non_max_suppression``).
-
-    A field left None takes the official value of the function it is passed to: :data:`PREDICT_NMS` in
-    ``predict`` (detect_dual.py), :data:`VAL_NMS` in ``evaluate`` (val_dual.py).
-    """
+    """Which boxes survive non-maximum suppression; a field left None takes the official value of the function it
+    is passed to: :data:`PREDICT_NMS` in ``predict`` (detect_dual.py), :data:`VAL_NMS` in ``evaluate``."""
 
     conf: float | None = declare(None, "a box needs a class score above this", flag="--conf-thres", low=0, high=1)
     iou: float | None = declare(None, "a box overlapping a higher-scored one by more is dropped", flag="--iou-thres",
@@ -48,7 +43,7 @@ class NMSConfig(Settings):
             object.__setattr__(self, "classes", tuple(int(c) for c in self.classes))
 
     def filled(self, defaults: NMSConfig) -> NMSConfig:
-        """This config with its None fields taken from ``defaults`` (``PREDICT_NMS`` or ``VAL_NMS``)."""
+        """This config with its None fields taken from ``defaults``."""
         return self.replace(**{name: getattr(defaults, name) for name in ("conf", "iou", "max_det")
                                if getattr(self, name) is None})
 
@@ -85,8 +80,7 @@ class LoaderConfig(Settings):
 class ExportConfig(Settings):
     """How :func:`yolo9kit.export` writes and checks an ONNX file (docs/export.md)."""
 
-    # 17: the newest the TorchScript exporter writes without warnings, that ONNX Runtime >= 1.13 runs; 13: Unsqueeze
-    # with axes as an input (the NMS part); 20: the exporter's newest
+    # 17: the newest the exporter writes without warnings; 13: Unsqueeze with axes as an input (the NMS part)
     opset: int = declare(17, "the ONNX operator set", flag="--opset", integer=True, low=13, high=20)
     dynamic_batch: bool = declare(True, "a symbolic batch axis; off: the traced batch of 1 (static-shape compilers)",
                                   flag="--dynamic-batch")

@@ -1,5 +1,4 @@
-"""Declared settings (``declare``: one declaration per field, docs/training.md) and ``StepConfig``: one training
-step, the ``step`` part of a ``TrainConfig`` that ``fit`` runs and the object the memory tools describe."""
+"""Declared settings (``declare``, docs/training.md) and ``StepConfig``, one training step (memory tools, fit)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from yolo9kit.env import native_bf16, native_cpu_bf16, parse_device
 
 # What a resumed run does with a setting:
@@ -17,6 +18,7 @@ KEEP = "keep"  # the run's value: a resume that asks for another is refused (the
 CHANGE = "change"  # a resume may set it (how long, where and how fast the run goes on)
 RUN = "run"  # the resume itself decides it (which run to resume, and where its folder is)
 API_ONLY = "API only: the official value serves every command-line run"  # a reason for no flag
+PLAIN_STEP = "--plain-step turns them off together (None: decided for the device)"
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Declared:
     no_flag: str | None = None  # why there is no flag of its own: which flag sets it, or that it is API only
     negate: bool = False  # a bool whose flag turns it off (--noval, --no-plots)
     resume: str = KEEP
-    low: float | None = None  # the smallest value (None: no bound)
+    low: float | None = None
     low_open: bool = False  # the bound itself excluded: value > low
     high: float | None = None
     high_open: bool = False
@@ -41,23 +43,20 @@ class Declared:
     def __post_init__(self) -> None:
         if (self.flag is None) == (self.no_flag is None):
             raise ValueError(f"a setting has a flag or says why it has none, not both or neither: {self.help!r}")
-        if self.resume not in (KEEP, CHANGE, RUN):
-            raise ValueError(f"resume={self.resume!r}: expected one of {(KEEP, CHANGE, RUN)}")
 
     @property
     def expected(self) -> str:
         """The allowed values in words: ``an integer >= 1``, ``a number in [0, 1)``, ``one of (...)``."""
         if self.choices is not None:
             return f"one of {self.choices}"
-        kind = "an integer" if self.integer else "a number"
         if self.multiple:
             return f"a multiple of {self.multiple} (the largest model stride)"
         if self.low is not None and self.high is not None:
-            return f"{kind} in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}" \
-                   f"{')' if self.high_open else ']'}"
+            return (f"{'an integer' if self.integer else 'a number'} in {'(' if self.low_open else '['}{self.low:g}, "
+                    f"{self.high:g}{')' if self.high_open else ']'}")
         if self.low is not None:  # unbounded above: "finite" says that infinity is refused too
-            return f"{'an integer' if self.integer else 'a finite number'} {'>' if self.low_open else '>='} " \
-                   f"{_num(self.low)}"
+            kind = "an integer" if self.integer else "a finite number"
+            return f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
         return "a whole number" if self.integer else "a value"
 
     def problem(self, value: Any, optional: bool = False) -> str | None:
@@ -78,19 +77,9 @@ class Declared:
         return self.expected if too_low or too_high or off_grid else None
 
 
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def declare(default: Any, help: str, **declaration: Any) -> Any:  # noqa: A002 (argparse's word)
+def declare(default: Any, help: str, compare: bool = True, **declaration: Any) -> Any:  # noqa: A002 (argparse's)
     """A dataclass field with its default and its :class:`Declared` (``help``, ``flag`` or ``no_flag``, ...)."""
-    extra = {"compare": declaration.pop("compare")} if "compare" in declaration else {}
-    return field(default=default, metadata={"declared": Declared(help, **declaration)}, **extra)
-
-
-def part(config_type: type) -> Any:
-    """A field holding a part of a composed config (a frozen dataclass with declared fields of its own)."""
-    return field(default_factory=config_type, metadata={"part": config_type})
+    return field(default=default, compare=compare, metadata={"declared": Declared(help, **declaration)})
 
 
 def settings(config_type: type) -> dict[str, tuple[str | None, dataclasses.Field, Declared]]:
@@ -105,15 +94,14 @@ def settings(config_type: type) -> dict[str, tuple[str | None, dataclasses.Field
 
 
 def check_setting(owner: str, name: str, f: dataclasses.Field, value: Any) -> None:
-    """A ValueError ``owner.name=value: expected ...`` unless ``value`` is allowed by the declaration of ``f``."""
+    """A ValueError ``owner.name=value: expected ...`` unless the declaration of ``f`` allows ``value``."""
     problem = f.metadata["declared"].problem(value, optional="None" in str(f.type))
     if problem is not None:
         raise ValueError(f"{owner}.{name}={value!r}: expected {problem}")
 
 
 class Settings:
-    """A frozen dataclass of declared settings: each value checked when it is made (``Type.name=value: expected
-    ...``), ``replace`` for a changed copy."""
+    """A frozen dataclass of declared settings, each value checked when it is made; ``replace`` for a copy."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -126,13 +114,10 @@ class Settings:
 
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
-ACTIVATION_CHECKPOINTING = ("backbone", "all")  # or a list of layer indices
-OPTIMIZERS = ("SGD", "Adam", "AdamW")
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.model).
 Freeze = int | str | Sequence[int] | None
 # The speed switches that ``None`` leaves to the device: all on for CUDA, channels_last on the CPU (resolve).
 FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
-_PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: decided for the device)"
 
 
 def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | None:
@@ -140,11 +125,6 @@ def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | Non
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value or None  # 0, the official default, freezes nothing
     return _layers(value, ("backbone",), f"{owner}.freeze", "a number of first layers (int >= 0), 'backbone'")
-
-
-def check_activation_checkpointing(value: Any, owner: str) -> tuple[int, ...] | str | None:
-    """None, "backbone", "all" or a list of layer indices (stored as a tuple), else a ValueError naming ``owner``."""
-    return _layers(value, ACTIVATION_CHECKPOINTING, f"{owner}.activation_checkpointing", "'backbone', 'all'")
 
 
 def _layers(value: Any, words: tuple[str, ...], name: str, expected: str) -> tuple[int, ...] | str | None:
@@ -156,33 +136,6 @@ def _layers(value: Any, words: tuple[str, ...], name: str, expected: str) -> tup
     raise ValueError(f"{name}={value!r}: expected None, {expected} or a non-empty list of layer indices >= 0")
 
 
-def amp_for(amp: str, device_type: str, bf16: bool | None, gpu_name: str = "this GPU") -> str:
-    """The autocast mode a step runs with: "fp16", "bf16" or "off" (docs/training.md, mixed precision).
-
-    "auto" is bf16 where the GPU has it in hardware (``bf16``), else fp16; on the CPU "auto" and "fp16" are fp32
-    and only an explicit "bf16" autocasts.
-
-    Raises:
-        ValueError: ``amp="bf16"`` on a GPU or CPU without bf16 in hardware (naming ``gpu_name``).
-    """
-    if amp not in AMP_MODES:
-        raise ValueError(f"amp={amp!r}: expected one of {AMP_MODES}")
-    if device_type == "cpu":
-        if amp == "bf16" and not bf16:
-            raise ValueError("amp='bf16': this CPU has no bf16 in hardware (AVX512-BF16 or AMX; `python -m "
-                             "yolo9kit checks` says), so bf16 would be emulated, slower than fp32: use amp='off' "
-                             "or amp='auto' (fp32 on the CPU)")
-        return "bf16" if amp == "bf16" else "off"
-    if device_type != "cuda" or amp == "off":
-        return "off"
-    if amp == "auto":
-        return "bf16" if bf16 else "fp16"
-    if amp == "bf16" and bf16 is False:
-        raise ValueError(f"amp='bf16': {gpu_name} has no bf16 in hardware (it needs compute capability 8.0, Ampere "
-                         "or newer; older cards emulate it, slowly): use amp='fp16' or amp='auto' (fp16 there)")
-    return amp
-
-
 def precision_name(amp: str) -> str:
     """The word labels, figures and tables use for a step's ``amp``: "fp32" for "off" (no autocast)."""
     return "fp32" if amp == "off" else amp
@@ -190,44 +143,35 @@ def precision_name(amp: str) -> str:
 
 @dataclass(frozen=True)
 class StepConfig(Settings):
-    """One training step, everything that sets its memory and speed: ``StepConfig("yolov9-s", 16)``.
+    """One training step, everything that sets its memory and speed: ``StepConfig("yolov9-s", 16)``;
+    ``batch_size`` is the micro-batch, ``None`` switches and ``amp="auto"`` are decided by :meth:`resolve`."""
 
-    ``batch_size`` is the micro-batch (the setting ``micro_batch_size`` of a ``TrainConfig``, where None is the
-    whole batch of each rank). ``None`` switches and ``amp="auto"`` are decided for a device by :meth:`resolve`.
-    Inside a ``TrainConfig`` the model is ``fit``'s: ``model`` and ``num_classes`` are kept empty there.
-    """
-
-    model: Any = None  # a registered name ("yolov9-s"), a model yaml, or an nn.Module; None: fit's model
-    batch_size: int | None = declare(
-        None, "images per forward/backward: each batch is split into micro-batches of this size (default: the "
-        "whole batch of each GPU)", flag="--micro-batch-size", setting="micro_batch_size", integer=True, low=1)
+    model: Any = None  # a registered name, a model yaml or an nn.Module; None in a TrainConfig: fit's model
+    batch_size: int | None = declare(None, "images per forward/backward (default: the whole batch of each GPU)",
+                                     flag="--micro-batch-size", setting="micro_batch_size", integer=True, low=1)
     imgsz: int = declare(640, "training image size", flag="--imgsz", aliases=("--img", "--img-size"), integer=True,
                          low=32, multiple=32)
-    # the memory tools describe a multi-scale step at its largest size (peak_imgsz)
     multi_scale: bool = declare(False, "resize each batch to a random multiple of 32 in [0.5, 1.5] x imgsz",
                                 flag="--multi-scale")
     amp: str = declare("auto", "mixed precision", flag="--amp", choices=AMP_MODES)
-    # None, "backbone", "all" or layer indices (DetectionModel.set_activation_checkpointing)
     activation_checkpointing: str | tuple[int, ...] | None = declare(
         None, "recompute layers in backward to save memory: backbone, all, or layer indices 1,2,3",
         flag="--activation-checkpointing", resume=CHANGE)
-    # the rules: yolo9kit.models.model
     freeze: int | str | tuple[int, ...] | None = declare(
-        None, "layers that do not train (fine-tuning): N for the first N layers (official: 10 is the yolov9-c "
-        "backbone), several indices (0 1 2), or backbone (the model yaml's backbone rows)", flag="--freeze")
+        None, "layers that do not train: the first N (10: the yolov9-c backbone), indices (0 1 2), or backbone (the "
+        "model yaml's backbone rows)", flag="--freeze")
     channels_last: bool | None = declare(None, "channels_last weights and inputs (NHWC convolutions)",
-                                         no_flag=_PLAIN_STEP, resume=CHANGE)
+                                         no_flag=PLAIN_STEP, resume=CHANGE)
     lean_activations: bool | None = declare(None, "BatchNorm+SiLU keep one activation for backward, not two "
-                                            "(~25 % less)", no_flag=_PLAIN_STEP, resume=CHANGE)
+                                            "(~25 % less)", no_flag=PLAIN_STEP, resume=CHANGE)
     sync_free: bool | None = declare(None, "no host-device sync in the step; losses read every 10 batches",
-                                     no_flag=_PLAIN_STEP, resume=CHANGE)
-    fused_optimizer: bool | None = declare(None, "torch's fused SGD/Adam/AdamW", no_flag=_PLAIN_STEP, resume=CHANGE)
+                                     no_flag=PLAIN_STEP, resume=CHANGE)
+    fused_optimizer: bool | None = declare(None, "torch's fused SGD/Adam/AdamW", no_flag=PLAIN_STEP, resume=CHANGE)
     # off by default: the first step then takes minutes (docs/benchmarks.md)
     compile: bool | str = declare(False, "torch.compile the forward (optionally a mode: reduce-overhead, "
                                   "max-autotune)", flag="--compile", resume=CHANGE)
-    optimizer: str = declare("SGD", "the optimizer", flag="--optimizer", choices=OPTIMIZERS)
-    ema: bool = declare(True, "keep an EMA of the weights (what is validated and saved)",
-                        no_flag=API_ONLY)
+    optimizer: str = declare("SGD", "the optimizer", flag="--optimizer", choices=("SGD", "Adam", "AdamW"))
+    ema: bool = declare(True, "keep an EMA of the weights (what is validated and saved)", no_flag=API_ONLY)
     num_classes: int | None = None  # None: the model's own (80 for a registered name)
     num_targets: int = 8  # boxes per image of the memory tools' synthetic batch (the assigner grows with them)
     loss_fn: Callable | None = None  # memory tools: (outputs, targets) -> (loss, items); None: DetectionLoss
@@ -235,39 +179,48 @@ class StepConfig(Settings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.num_targets < 0:
-            raise ValueError(f"StepConfig.num_targets={self.num_targets!r}: expected an integer >= 0")
         # hashable: the estimator cache is keyed by steps
-        object.__setattr__(self, "activation_checkpointing",
-                           check_activation_checkpointing(self.activation_checkpointing, "StepConfig"))
+        object.__setattr__(self, "activation_checkpointing", _layers(self.activation_checkpointing, (
+            "backbone", "all"), "StepConfig.activation_checkpointing", "'backbone', 'all'"))
         object.__setattr__(self, "freeze", check_freeze(self.freeze, "StepConfig"))
 
     @property
     def peak_imgsz(self) -> int:
-        """The largest image side of the step (with ``multi_scale``, the largest a batch can get)."""
-        return multi_scale_range(self.imgsz)[1] if self.multi_scale else self.imgsz
+        """The largest image side of the step (with ``multi_scale``, the largest ``multi_scale_side`` gives)."""
+        return (int(self.imgsz * 1.5) + 31) // 32 * 32 if self.multi_scale else self.imgsz
 
     def resolve(self, device: Any = None, *, bf16: bool | None = None, gpu_name: str | None = None) -> StepConfig:
-        """This step as ``fit`` runs it on ``device`` (None: the current CUDA device, else the CPU).
-
-        Args:
-            device: the device; "auto" AMP and every ``None`` switch are decided for it, values set are kept.
-            bf16: whether it computes bf16 in hardware (default: ask the device; unknown without CUDA here).
-            gpu_name: its name in errors.
+        """This step as ``fit`` runs it on ``device`` (None: the current CUDA device, else the CPU): ``amp`` and the
+        ``None`` switches decided (docs/training.md); ``bf16``, ``gpu_name``: asked of the device when None.
 
         Raises:
-            ValueError: ``amp="bf16"`` where the GPU or CPU has no bf16 (see :func:`amp_for`).
+            ValueError: ``amp="bf16"`` where the GPU or CPU has no bf16 in hardware.
         """
-        device_type = parse_device(device).type
-        if device_type == "cuda" and (bf16 is None or gpu_name is None):
-            local_bf16, local_name = _local_cuda(device)
-            bf16, gpu_name = local_bf16 if bf16 is None else bf16, gpu_name or local_name
-        elif bf16 is None:
+        device = parse_device(device)
+        if device.type == "cuda" and (bf16 is None or gpu_name is None) and torch.cuda.is_available():
+            index = torch.cuda.current_device() if device.index is None else device.index
+            bf16 = native_bf16(index) if bf16 is None else bf16
+            gpu_name = gpu_name or f"{torch.cuda.get_device_name(index)} (cuda:{index})"
+        elif device.type != "cuda" and bf16 is None:
             bf16 = native_cpu_bf16()
-        switches = {name: _fast_by_default(name, device_type) if getattr(self, name) is None
-                    else bool(getattr(self, name)) for name in FAST_SWITCHES}
-        return dataclasses.replace(self, amp=amp_for(self.amp, device_type, bf16, gpu_name or "this GPU"),
-                                   device_type=device_type, **switches)
+        amp = "off" if self.amp == "off" or device.type not in ("cpu", "cuda") else self.amp
+        if device.type == "cpu":  # only an explicit bf16 autocasts there
+            if amp == "bf16" and not bf16:
+                raise ValueError("amp='bf16': this CPU has no bf16 in hardware (AVX512-BF16 or AMX; `python -m "
+                                 "yolo9kit checks` says), so bf16 would be emulated, slower than fp32: use amp='off' "
+                                 "or amp='auto' (fp32 on the CPU)")
+            amp = "bf16" if amp == "bf16" else "off"
+        elif amp == "auto":
+            amp = "bf16" if bf16 else "fp16"
+        elif amp == "bf16" and bf16 is False:
+            raise ValueError(f"amp='bf16': {gpu_name or 'this GPU'} has no bf16 in hardware (it needs compute "
+                             "capability 8.0, Ampere or newer; older cards emulate it, slowly): use amp='fp16' or "
+                             "amp='auto' (fp16 there)")
+        # on the CPU only channels_last, where oneDNN runs the convolutions (docs/benchmarks.md)
+        cpu_layout = device.type == "cpu" and torch.backends.mkldnn.is_available()
+        switches = {name: (device.type == "cuda" or (name == "channels_last" and cpu_layout))
+                    if getattr(self, name) is None else bool(getattr(self, name)) for name in FAST_SWITCHES}
+        return dataclasses.replace(self, amp=amp, device_type=device.type, **switches)
 
     @property
     def model_name(self) -> str:
@@ -288,44 +241,13 @@ class StepConfig(Settings):
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values for JSON (the model by name, the loss by its name)."""
+        """Plain values for JSON (the model and the loss by their names)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["model"] = self.model_name
-        if self.loss_fn is not None:
-            out["loss_fn"] = getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
-        for name in ("activation_checkpointing", "freeze"):
-            if isinstance(out[name], tuple):
-                out[name] = list(out[name])
-        return out
+        out.update({name: list(value) for name, value in out.items() if isinstance(value, tuple)})
+        loss = None if self.loss_fn is None else getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__)
+        return {**out, "model": self.model_name, "loss_fn": loss}
 
 
 def multi_scale_side(imgsz: int, stride: int, rng: Any) -> int:
-    """The image side of one multi-scale batch (official train_dual.py ``--multi-scale``):
-    ``randrange(0.5 * imgsz, 1.5 * imgsz + stride) // stride * stride``, at least one stride."""
+    """The image side of one multi-scale batch, as official train_dual.py ``--multi-scale`` draws it."""
     return max(rng.randrange(int(imgsz * 0.5), int(imgsz * 1.5) + stride) // stride * stride, stride)
-
-
-def multi_scale_range(imgsz: int, stride: int = 32) -> tuple[int, int]:
-    """Smallest and largest side ``multi_scale_side`` can give (the memory tools describe the largest)."""
-    return max(int(imgsz * 0.5) // stride * stride, stride), (int(imgsz * 1.5) + stride - 1) // stride * stride
-
-
-def _fast_by_default(switch: str, device_type: str) -> bool:
-    """A ``None`` speed switch on ``device_type``: all on for CUDA; on the CPU only channels_last, where oneDNN
-    runs the convolutions (1.24x the contiguous fp32 step of yolov9-t, docs/benchmarks.md)."""
-    if device_type == "cuda":
-        return True
-    import torch
-
-    return switch == "channels_last" and device_type == "cpu" and torch.backends.mkldnn.is_available()
-
-
-def _local_cuda(device: Any) -> tuple[bool | None, str | None]:
-    """Whether the CUDA device ``device`` names (or the current one) has bf16, and its name; None without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None, None
-    index = parse_device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    return native_bf16(index), f"{torch.cuda.get_device_name(index)} (cuda:{index})"

@@ -1,6 +1,4 @@
-"""Training settings: ``TrainConfig`` and its frozen parts (``step``, ``optim``, ``pipeline``, ``run``), with the
-official defaults. A setting is made and changed by its name (``TrainConfig(lr0=0.02)``, ``config.replace(...)``)
-and read through its part (``config.optim.lr0``); docs/training.md lists them all."""
+"""``TrainConfig`` and its parts (``step``, ``optim``, ``pipeline``, ``run``), official defaults (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -12,12 +10,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from yolo9kit.config.step import API_ONLY, CHANGE, RUN, Settings, StepConfig, check_setting, declare, part, settings
+from yolo9kit.config.step import API_ONLY, CHANGE, RUN, Settings, StepConfig, check_setting, declare, settings
 
 DEFAULT_MARGIN = 0.10  # share of a card kept free when sizing a batch (docs/memory.md)
 CACHE_MODES = ("auto", "ram", "disk", None)  # the image cache (yolo9kit.data.dataset); None reads the files
-SCHEDULES = ("linear", "cosine", "flat-cosine", "fixed")
-RECIPES = ("auto", "official", "short")  # yolo9kit.config.recipe
 CALLBACK_NAMES = ("on_batch", "on_epoch_end", "on_run_end")
 LOGGERS = ("tensorboard", "mlflow")  # entry points "yolo9kit.loggers", each an optional extra of the package
 # Fixed at the official values (docs/training.md):
@@ -30,7 +26,7 @@ DEFAULT_AUGMENT_HYP: dict[str, float] = {  # the augmentation of the official hy
     "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.15, "copy_paste": 0.3}
 _AUGMENT_PROBABILITIES = ("flipud", "fliplr", "mosaic", "mixup", "copy_paste")  # the others: gains >= 0
 _HYP = "--hyp reads it from an official hyp yaml"
-_PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: decided for the device)"
+_PLAIN = "--plain-step turns it off"
 
 
 def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
@@ -44,9 +40,8 @@ def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
 
 @dataclass(frozen=True)
 class LossConfig(Settings):
-    """Loss settings, the official values (docs/loss.md: the official loss hard-codes them)."""
+    """Loss settings, the official values (docs/loss.md); a gain of 0 turns its loss off (cls for one class)."""
 
-    # The gains are the hyp keys box, cls, dfl and cls_pw; a gain of 0 turns its loss off (cls for one class).
     box_gain: float = declare(7.5, "weight of the CIoU box loss", no_flag=_HYP, low=0)
     cls_gain: float = declare(0.5, "weight of the BCE class loss", no_flag=_HYP, low=0)
     dfl_gain: float = declare(1.5, "weight of the distribution focal loss", no_flag=_HYP, low=0)
@@ -56,9 +51,8 @@ class LossConfig(Settings):
     beta: float = declare(6.0, "CIoU exponent of the alignment metric", no_flag=API_ONLY, low=0)
     eps: float = declare(1e-9, "assigner in-box margin, normalisation epsilon", no_flag=API_ONLY, low=0, low_open=True)
     cls_pos_weight: float = declare(1.0, "BCE pos_weight of the positives", no_flag=_HYP, low=0, low_open=True)
-    max_assign_chunk: int | None = declare(8_388_608, "assigner pairs per chunk (None: the whole batch; the default "
-                                           "bounds it near 250 MB: docs/loss.md)", no_flag=API_ONLY, integer=True,
-                                           low=1)
+    max_assign_chunk: int | None = declare(8_388_608, "assigner pairs per chunk (None: all)", no_flag=API_ONLY,
+                                           integer=True, low=1)
 
 
 @dataclass(frozen=True)
@@ -69,47 +63,35 @@ class OptimConfig(Settings):
     lrf: float = declare(0.01, "final learning rate = lr0 * lrf", no_flag=_HYP, low=0)
     momentum: float = declare(0.937, "SGD momentum / Adam beta1", no_flag=_HYP, low=0, high=1)
     weight_decay: float = declare(0.0005, "scaled by batch * accumulate / nominal (official)", no_flag=_HYP, low=0)
-    schedule: str = declare("linear", "the learning-rate schedule",
-                            no_flag="--cos-lr, --flat-cos-lr or --fixed-lr (the official flag names)",
-                            choices=SCHEDULES)
+    schedule: str = declare("linear", "the learning-rate schedule", no_flag="--cos-lr, --flat-cos-lr or --fixed-lr",
+                            choices=("linear", "cosine", "flat-cosine", "fixed"))
     warmup_epochs: float = declare(3.0, "epochs of warmup", no_flag=_HYP, low=0)
     warmup_min_batches: int = declare(100, "the fewest warmup batches", no_flag=API_ONLY, integer=True, low=0)
     warmup_momentum: float = declare(0.8, "momentum at the start of warmup", no_flag=_HYP, low=0, high=1)
     warmup_bias_lr: float = declare(0.1, "bias learning rate at the start of warmup", no_flag=_HYP, low=0)
-    nominal_batch_size: int = declare(64, "images per optimizer step the hyper-parameters assume",
-                                      no_flag="fixed at the official 64 on the command line", integer=True, low=1)
-    # None: official rule max(round(nominal/batch), 1); either way ramped up from 1 during warmup
+    nominal_batch_size: int = declare(64, "images per optimizer step the hyper-parameters assume", no_flag=API_ONLY,
+                                      integer=True, low=1)
     accumulate_steps: int | None = declare(None, "batches per optimizer step (default max(round(64 / batch), 1))",
                                            flag="--accumulate-steps", integer=True, low=1)
-    loss: LossConfig = declare(LossConfig(), "the loss gains (official by default)",
-                               no_flag="--hyp (the official box, cls, dfl and cls_pw keys)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.loss, LossConfig):
-            raise ValueError(f"OptimConfig.loss={self.loss!r}: expected a LossConfig")
+    loss: LossConfig = declare(LossConfig(), "the loss gains (official by default)", no_flag=_HYP)
 
 
 @dataclass(frozen=True)
 class PipelineConfig(Settings):
     """The training data: which images (train_dual.py's data options), the augmentation and the loaders."""
 
-    rect: bool = declare(False, "rectangular training batches (sorted by aspect ratio; no mosaic, no shuffling)",
-                         flag="--rect")
+    rect: bool = declare(False, "rectangular batches, sorted by aspect ratio (no mosaic, no shuffling)", flag="--rect")
     single_cls: bool = declare(False, "train multi-class data as one class (\"item\")", flag="--single-cls")
     min_items: int = declare(0, "drop training images with fewer labelled boxes (official --min-items)",
                              flag="--min-items", integer=True, low=0)
     close_mosaic: int = declare(0, "mosaic off for the last N epochs", flag="--close-mosaic", integer=True, low=0)
-    hyp: Mapping[str, float] | None = declare(None, "augmentation dict for the data layer; None = official defaults",
-                                              no_flag="--hyp reads an official hyp yaml (its augmentation keys)")
-    colour_on_device: bool | None = declare(None, "HSV colour jitter on the training device, not in the loader",
-                                            no_flag=_PLAIN_STEP, resume=CHANGE)
-    cache: str | None = declare("auto", "cache the decoded images: auto (in RAM when they fit), ram (always; the "
-                                "flag alone), disk (a memory-mapped file beside the labels), or None", flag="--cache",
-                                resume=CHANGE, choices=CACHE_MODES)
+    hyp: Mapping[str, float] | None = declare(None, "augmentation keys changed from the official", no_flag=_HYP)
+    colour_on_device: bool | None = declare(None, "HSV jitter on the device, not in the loader", no_flag=_PLAIN,
+                                            resume=CHANGE)
+    cache: str | None = declare("auto", "decoded images: auto (in RAM when they fit), ram (the flag alone), disk (a "
+                                "file beside the labels) or None", flag="--cache", resume=CHANGE, choices=CACHE_MODES)
     allow_bad_labels: bool = declare(False, "train even when labels use unnamed classes, no image has a box, or "
-                                     "many would be dropped (refused before the first step: yolo9kit.data.guard)",
-                                     flag="--allow-bad-labels", resume=CHANGE)
+                                     "many would be dropped", flag="--allow-bad-labels", resume=CHANGE)
     workers: int | None = declare(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
                                   resume=CHANGE, integer=True, low=0)
 
@@ -129,27 +111,26 @@ class RunConfig(Settings):
 
     device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
                                  resume=CHANGE)
-    seed: int = declare(0, "the seed of the initial weights (of a model fit builds from a name), the data order "
-                        "and the augmentation", flag="--seed", integer=True)
+    seed: int = declare(0, "seed of the initial weights (a model fit builds), the data order and the augmentation",
+                        flag="--seed", integer=True)
     deterministic: bool = declare(False, "deterministic CUDA kernels, no cuDNN autotuning: the same numbers on the "
                                   "same GPU, slower", flag="--deterministic", resume=CHANGE)
     val: bool = declare(True, "validate the EMA every epoch (the last epoch is always validated)", flag="--noval",
                         negate=True, resume=CHANGE)
     patience: int = declare(100, "stop after N epochs without a better fitness", flag="--patience", resume=CHANGE,
                             integer=True, low=0)
-    project: str = declare("runs/train", "folder of the run folders (with --resume: where the newest is looked "
-                           "for)", flag="--project", resume=RUN)
+    project: str = declare("runs/train", "folder of the run folders (and of the newest, for --resume)",
+                           flag="--project", resume=RUN)
     name: str = declare("exp", "run folder name under --project", flag="--name", resume=RUN)
     exist_ok: bool = declare(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
     resume: bool | str = declare(False, "resume the newest run, or this run folder / last.pt (its settings; "
                                  "--epochs may extend it)", flag="--resume", resume=RUN)
     save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
                                flag="--save-period", resume=CHANGE, integer=True)
-    # False for tune's trials unless keep_weights="all": the study removes the weights of all but the best
-    log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt at the end of the run",
+    log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt (tune: the best trial's)",
                                 no_flag=API_ONLY, resume=CHANGE)
-    plots: bool = declare(True, "draw the run folder's pictures (labels, training batches, curves, validation "
-                          "plots)", flag="--no-plots", negate=True, resume=CHANGE)
+    plots: bool = declare(True, "draw the run's pictures (labels, training batches, curves, validation)",
+                          flag="--no-plots", negate=True, resume=CHANGE)
     progress_bar: bool = declare(True, "tqdm bars of each epoch and its validation (rank 0)",
                                  no_flag="API only: the command line always shows them", resume=CHANGE)
     sync_bn: bool = declare(False, "SyncBatchNorm (DDP only)", flag="--sync-bn")
@@ -157,9 +138,8 @@ class RunConfig(Settings):
                                        "mlflow (--mlflow-uri)", flag="--loggers", resume=CHANGE)
     mlflow_uri: str | None = declare(None, "the MLflow tracking server (http://host:5000) or store (sqlite:///FILE); "
                                      "default sqlite:///<project>/mlflow.db", flag="--mlflow-uri", resume=CHANGE)
-    # {"on_batch": f(BatchRecord), "on_epoch_end": g(EpochRecord), "on_run_end": h(state)} (rank 0). Not saved.
-    callbacks: Mapping[str, Callable[[Any], None]] | None = declare(
-        None, "functions called after each step and epoch", no_flag="API only", resume=CHANGE, compare=False)
+    callbacks: Mapping[str, Callable[[Any], None]] | None = declare(  # not saved
+        None, "{name: f(record)} of CALLBACK_NAMES, on rank 0", no_flag="API only", resume=CHANGE, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -173,39 +153,31 @@ class RunConfig(Settings):
                              f"{CALLBACK_NAMES}, got {sorted(unknown)}")
         if self.mlflow_uri and urlsplit(self.mlflow_uri).password:  # never stored or printed: not named here either
             raise ValueError("TrainConfig.mlflow_uri (--mlflow-uri) holds a password, which the run would store and "
-                             "print: give the server without it (http://host:5000) and the credentials where MLflow's "
-                             "client reads them, MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
-                             "MLFLOW_TRACKING_TOKEN) in the environment or ~/.mlflow/credentials")
+                             "print: give the server alone and the credentials as MLFLOW_TRACKING_USERNAME and "
+                             "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), or in ~/.mlflow/credentials")
 
 
 @dataclass(frozen=True, init=False)
 class TrainConfig(Settings):
-    """How to train: ``epochs``, the loader's ``batch_size``, the ``recipe`` and the parts ``step``, ``optim``,
-    ``pipeline``, ``run`` (docs/training.md).
-
-    Made and changed by setting names, whatever part holds them: ``TrainConfig(epochs=50, lr0=0.02)``,
-    ``config.replace(micro_batch_size=8)``; read through the parts: ``config.optim.lr0``. A whole part may be
-    passed (``TrainConfig(step=plan.step)``): the names given beside it apply on top of it.
-    """
+    """How to train, set by setting names (``TrainConfig(lr0=0.02)``, ``.replace(micro_batch_size=8)``), read through
+    the parts (``config.optim.lr0``); a part passed whole (``step=plan.step``) takes the names given beside it."""
 
     epochs: int = declare(100, "epochs to train; with --resume, a larger number extends the run", flag="--epochs",
                           resume=CHANGE, integer=True, low=1)
-    # "auto" (also -1, the official flag): sized from the memory estimate (docs/memory.md)
-    batch_size: int | str = declare(
-        16, "images per batch (all GPUs), or auto (also -1): the largest that the memory estimate fits into the "
-        "GPU (--gpu, --margin), with accumulation to the nominal 64", flag="--batch-size", aliases=("--batch",),
-        integer=True, low=1)
-    recipe: str = declare("auto", "official (train_dual.py's SGD recipe), short (AdamW, one step per batch of 16, "
-                          "lighter augmentation: learns in a few epochs), or auto: short for runs of at most 10,000 "
-                          "optimizer steps of 64 images", flag="--recipe", choices=RECIPES)
+    batch_size: int | str = declare(16, "images per batch (all GPUs), or auto (also -1): the largest the memory "
+                                    "estimate fits (--gpu, --margin), accumulated to the nominal 64",
+                                    flag="--batch-size", aliases=("--batch",), integer=True, low=1)
+    recipe: str = declare("auto", "official (train_dual.py's SGD), short (AdamW, a step per 16 images, lighter "
+                          "augmentation), or auto: short for at most 10,000 optimizer steps of 64 images",
+                          flag="--recipe", choices=("auto", "official", "short"))
     gpu: str | int | None = declare(None, "batch size auto: size for this card (e.g. \"RTX 4090\", or bytes; default: "
                                     "the training device, on the CPU its RAM)", flag="--gpu")
     margin: float = declare(DEFAULT_MARGIN, "batch size auto: share of the card kept free", flag="--margin",
                             low=0, high=1, high_open=True)
-    step: StepConfig = part(StepConfig)
-    optim: OptimConfig = part(OptimConfig)
-    pipeline: PipelineConfig = part(PipelineConfig)
-    run: RunConfig = part(RunConfig)
+    step: StepConfig = dataclasses.field(default_factory=StepConfig, metadata={"part": StepConfig})
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig, metadata={"part": OptimConfig})
+    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig, metadata={"part": PipelineConfig})
+    run: RunConfig = dataclasses.field(default_factory=RunConfig, metadata={"part": RunConfig})
 
     def __init__(self, **values: Any) -> None:
         parts = {name: values.pop(name, None) or kind() for name, kind in _PARTS.items()}
@@ -228,8 +200,7 @@ class TrainConfig(Settings):
             if name != "batch_size":
                 check_setting("TrainConfig", name, f, value)
             changes[holder][f.name] = value
-        # the step of a TrainConfig is that of fit's model: no model of its own
-        changes["step"].update(model=None, num_classes=None)
+        changes["step"].update(model=None, num_classes=None)  # the model is fit's
         for f in dataclasses.fields(self):
             value = changes[None].get(f.name, f.default)
             if f.name in parts:  # the part, remembering the settings given by name (named_settings)
@@ -250,8 +221,8 @@ class TrainConfig(Settings):
         out: dict[str, Any] = {}
         for name, (holder, f, _) in _SETTINGS.items():
             value = getattr(self if holder is None else getattr(self, holder), f.name)
-            if dataclasses.is_dataclass(value):
-                value = {"__dataclass__": type(value).__name__, **dataclasses.asdict(value)}
+            if dataclasses.is_dataclass(value):  # the loss
+                value = dataclasses.asdict(value)
             elif isinstance(value, Mapping):
                 value = dict(value)
             elif isinstance(value, (Path, tuple)):  # tuples: lists in checkpoints and YAML
@@ -265,7 +236,7 @@ class TrainConfig(Settings):
         """Inverse of ``to_dict``; unknown keys are ignored (settings the kit no longer has), ``overrides`` win."""
         kwargs = {k: v for k, v in values.items() if k in _SETTINGS}
         if isinstance(kwargs.get("loss"), Mapping):
-            kwargs["loss"] = LossConfig(**{k: v for k, v in kwargs["loss"].items() if k != "__dataclass__"})
+            kwargs["loss"] = LossConfig(**kwargs["loss"])
         return cls(**{**kwargs, **overrides})
 
 
@@ -274,8 +245,7 @@ _SETTINGS = settings(TrainConfig)
 
 
 def named_settings(config: TrainConfig) -> frozenset[str]:
-    """The settings of ``config``'s parts given by name (``TrainConfig(lr0=...)``, ``replace``, ``from_dict``),
-    whatever their value: what the recipe leaves alone (``TrainConfig(optimizer="SGD")`` keeps SGD)."""
+    """The settings of ``config``'s parts given by name, whatever their value: the recipe leaves them alone."""
     return frozenset().union(*(getattr(getattr(config, name), "_named", ()) for name in _PARTS))
 
 
