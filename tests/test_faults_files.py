@@ -28,8 +28,7 @@ from yolo9kit.cli import main
 from yolo9kit.data import check, coco_to_yolo, make_shapes
 from yolo9kit.files import DiskFullError, FolderInUseError, OwnInputError
 from yolo9kit.models import create_model
-from yolo9kit.models.checkpoint import CheckpointError, save_checkpoint
-from yolo9kit.models.weights import MAX_MODEL_BYTES, check_model
+from yolo9kit.models.checkpoint import MAX_MODEL_BYTES, CheckpointError, check_model, save_checkpoint
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 DEAD_PID = 4_194_305  # above Linux's largest pid_max: no process has it

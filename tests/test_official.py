@@ -18,7 +18,7 @@ import torch
 from official_parity import SMALL, first_differing_layer, init_fingerprint, rel, run_kit, seed0_state
 
 from yolo9kit.models import create_model, list_models, to_deploy
-from yolo9kit.models.weights import CheckpointError
+from yolo9kit.models.checkpoint import CheckpointError
 
 TOL = 1e-4  # max abs diff / max abs value; measured agreement is about 1e-6 (docs/parity.md)
 MODELS = [name if name in SMALL else pytest.param(name, marks=pytest.mark.slow) for name in list_models()]

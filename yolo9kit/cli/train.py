@@ -79,7 +79,7 @@ def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
 
 
 def model_limit(args: argparse.Namespace) -> int | None:
-    """``--max-model-gib`` in bytes (None: the default limit, ``yolo9kit.models.weights``)."""
+    """``--max-model-gib`` in bytes (None: the default limit, ``yolo9kit.models.checkpoint``)."""
     return None if args.max_model_gib is None else int(args.max_model_gib * 2**30)
 
 

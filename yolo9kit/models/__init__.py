@@ -1,8 +1,5 @@
-"""YOLOv9 and GELAN detectors in plain PyTorch, numerically equal to the official implementation.
-
-``create_model(source)`` is the one way to get a model: a registered name (its layer table in ``cfg/``), a
-model yaml or dict in the official format, a kit or official checkpoint, or the shipped ``"yolov9-t-shapes"``.
-"""
+"""YOLOv9 and GELAN detectors in plain PyTorch, numerically equal to the official implementation;
+``create_model(source)`` is the one way to get one (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -16,11 +13,11 @@ import yaml
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from yolo9kit.models.checkpoint import SHAPES_MODEL, SHAPES_WEIGHTS, kit_model
-from yolo9kit.models.deploy import fuse, to_deploy
+from yolo9kit.models.checkpoint import SHAPES_MODEL, SHAPES_WEIGHTS, kit_model, official_model, pickled_globals
+from yolo9kit.models.deploy import to_deploy
 from yolo9kit.models.heads import DualOutput
+from yolo9kit.models.layers import fuse
 from yolo9kit.models.model import DetectionModel, LayerTableError
-from yolo9kit.models.weights import official_model, pickled_globals
 
 __all__ = ["DetectionModel", "DualOutput", "LayerTableError", "count_flops", "create_model", "fuse", "list_models",
            "load_model", "load_model_config", "model_table", "to_deploy"]
@@ -35,10 +32,7 @@ def list_models() -> list[str]:
 
 def load_model_config(name_or_yaml: str | Path | dict) -> tuple[dict, str, str]:
     """(layer table, display name, source for error messages) of a registered name, a yaml path or a dict.
-
-    Raises:
-        ValueError: an unknown name. FileNotFoundError: no such yaml. LayerTableError: not a model yaml.
-    """
+    ValueError: an unknown name; FileNotFoundError: no such yaml; LayerTableError: not a model yaml."""
     if isinstance(name_or_yaml, dict):
         return name_or_yaml, str(name_or_yaml.get("name", "custom")), "model config dict"
     text = str(name_or_yaml)
@@ -69,14 +63,13 @@ def create_model(source: str | Path | dict, num_classes: int | None = None, *,
     Args:
         source: a name from :func:`list_models` (fresh weights), a model yaml path or dict, a kit or official
             YOLOv9 checkpoint (its EMA weights when it has them), or ``"yolov9-t-shapes"`` (the shipped model).
-        num_classes: the classes to predict (default ``len(names)``, else the source's); a checkpoint of other
-            classes is rebuilt for them, its tensors that still fit transferred.
+        num_classes: default ``len(names)``, else the source's; a checkpoint of other classes is rebuilt for
+            them, its tensors that still fit transferred.
         names: class names (a list, or a data yaml's dict of index -> name).
         weights: a checkpoint whose same-name, same-shape tensors are copied in (official ``--weights``).
-        activation_checkpointing: None, "all", "backbone" or layer indices to recompute in backward.
-        max_model_bytes: the limit on the model a file describes (default 4 GiB, ``yolo9kit.models.weights``).
-        seed: the seed of freshly initialised tensors: the same model in every process (the caller's random
-            state is left as it was).
+        activation_checkpointing: see :meth:`DetectionModel.set_activation_checkpointing`.
+        max_model_bytes: the limit on the model a file describes (``checkpoint.MAX_MODEL_BYTES``).
+        seed: of the fresh tensors (the caller's random state is left as it was).
 
     Raises:
         ValueError: an unknown name, a bad layer table, or names that are not ``num_classes``.
@@ -114,11 +107,7 @@ def create_model(source: str | Path | dict, num_classes: int | None = None, *,
 
 def load_model(model: Any, max_model_bytes: int | None = None) -> nn.Module:
     """What predict, evaluate and export take: a module as it is, else ``create_model(model)`` in eval mode (a
-    registered name, random weights, is named in a warning).
-
-    Raises:
-        FileNotFoundError: neither a file nor a registered name.
-    """
+    registered name, random weights, is named in a warning). FileNotFoundError: neither a file nor a name."""
     if isinstance(model, nn.Module):
         return model
     if not _is_file(model):
@@ -144,7 +133,6 @@ def _read_file(source: str | Path, max_model_bytes: int | None) -> DetectionMode
 
 
 def _transfer(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """Load the tensors whose name and shape match ``model`` (official ``--weights``)."""
     own = model.state_dict()
     match = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
     model.load_state_dict(match, strict=False)
@@ -169,7 +157,7 @@ def count_flops(model: nn.Module, imgsz: int = 640, probe_size: int = 64) -> flo
 
 def model_table(names: list[str] | None = None, imgsz: int = 640, num_classes: int = 80):
     """The model zoo as a DataFrame: ``name``, ``parameters``, ``gflops`` at ``imgsz``, ``deploy_parameters``,
-    ``deploy_gflops`` (the fused gelan model); every model is built on the CPU."""
+    ``deploy_gflops`` (the fused gelan model), each built on the CPU."""
     import pandas as pd
 
     rows = []

@@ -1,21 +1,26 @@
-"""yolo9kit's own checkpoints: plain dicts of state_dicts and a ``model_config``, never pickled modules, written
-atomically with a checksum of the weights (docs/models.md, "yolo9kit checkpoints"); and the model the kit ships.
-"""
+"""Weights files: yolo9kit checkpoints (plain dicts of state_dicts and a ``model_config``, written atomically with
+a checksum of the weights), official YOLOv9 ``.pt`` files read without their code, both bounded before anything is
+allocated (docs/models.md, "yolo9kit checkpoints"; docs/faults.md), and the model the kit ships."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import logging
+import pathlib
+import pickle
+import zipfile
 from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from yolo9kit.files import write_file
-from yolo9kit.models.model import DetectionModel
-from yolo9kit.models.weights import OFFICIAL_PREFIXES, CheckpointError, check_model, load_weights_only, pickled_globals
+from yolo9kit.models.layers import fuse
+from yolo9kit.models.model import DetectionModel, LayerTableError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -23,18 +28,33 @@ FORMAT = "yolo9kit"
 VERSION = 1
 RESERVED_KEYS = frozenset({"format", "version", "model", "model_config", "checksum"})  # written by save_checkpoint
 _CHECKSUMMED = ("model", "ema")  # the weights; the optimizer state is not what a damaged file would mislead with
-# What a torch.save zip adds to the tensor bytes: a header and a directory entry per tensor (~200 B), the
-# pickled structure, and the plain entries (results rows, random states): 1 MiB covers a long run's rows.
+# torch.save's bytes beyond the tensors': a header and a directory entry per tensor (~200 B), the pickled
+# structure and the plain entries (results rows, random states)
 _PER_TENSOR_BYTES = 512
 _FIXED_BYTES = 1 << 20
+MAX_MODEL_BYTES = 4 << 30  # parameters plus the probe's layer outputs, float32: 12 times yolov9-e
+MAX_UNPACKED_EXTRA_BYTES = 64 << 20  # torch.save never compresses: what entries may unpack to beyond their size
 
 # The shipped model: yolov9-t trained on make_shapes(num_classes=3) images at 160 px, in fp16 (docs/validation.md;
-# made by benchmarks/make_shapes_model.py). Predict and evaluate it at SHAPES_IMGSZ: at other sizes the shapes
-# reach the network at scales it has not seen.
+# benchmarks/make_shapes_model.py); predict and evaluate it at SHAPES_IMGSZ, the scale it has seen.
 SHAPES_MODEL = "yolov9-t-shapes"  # its name for create_model
 SHAPES_WEIGHTS = Path(__file__).with_name("yolov9-t-shapes.pt")  # package data
 SHAPES_IMGSZ = 160
 SHAPES_CLASSES = ("rectangle", "ellipse", "triangle")
+
+OFFICIAL_PREFIXES = ("models.", "utils.")  # packages of the official repository
+TORCH_CLASSES = {f"torch.nn.modules.{name}" for name in (  # standard layers an official model pickles
+    "conv.Conv2d", "batchnorm.BatchNorm2d", "activation.SiLU", "activation.ReLU", "activation.LeakyReLU",
+    "activation.Hardswish", "linear.Identity", "container.Sequential", "container.ModuleList",
+    "pooling.MaxPool2d", "pooling.AvgPool2d", "upsampling.Upsample")}
+NUMPY_GLOBALS = {  # best_fitness is a numpy array in training checkpoints
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
+    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar"}
+_STANDINS: dict[str, type] = {}
+
+
+class CheckpointError(ValueError):
+    """A weights file (the kit's or an official one) that cannot be used; the message says why and what to do."""
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -63,7 +83,6 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, *, inputs: tuple =
 
     Args:
         path: destination file (returned); its folder is created.
-        model: the model whose state_dict and config are stored.
         inputs: files the command read (the checkpoint is never written over one of them).
         **extra: further plain entries (e.g. ``ema=...state_dict()``, ``epoch=3``); not ``RESERVED_KEYS``.
 
@@ -116,6 +135,54 @@ def estimate_checkpoint_bytes(payload: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors) + _PER_TENSOR_BYTES * len(tensors) + _FIXED_BYTES
 
 
+def check_archive(path: str | Path) -> None:
+    """Refuse a zip archive whose entries unpack to more than ``MAX_UNPACKED_EXTRA_BYTES`` beyond their size in
+    the file, read by its directory before any entry is; files that are not zip archives are left alone.
+
+    Raises:
+        CheckpointError: naming the entry, its size in the file and what it would unpack to.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (OSError, zipfile.BadZipFile):
+        return
+    extra = sum(max(e.file_size - e.compress_size, 0) for e in entries)
+    if extra > MAX_UNPACKED_EXTRA_BYTES:
+        worst = max(entries, key=lambda e: e.file_size - e.compress_size)
+        raise CheckpointError(
+            f"{path}: its entry {worst.filename} takes {worst.compress_size / 2**20:.1f} MiB in the file and would "
+            f"unpack to {worst.file_size / 2**20:.1f} MiB ({extra / 2**20:.0f} MiB more than the file holds in all); "
+            "torch.save writes entries uncompressed: the file was made by something else, refusing to read it")
+
+
+def pickled_globals(path: str | Path) -> list[str]:
+    """The classes and functions a torch.save file's pickle names (none in a kit checkpoint), after
+    :func:`check_archive`; [] if unreadable."""
+    check_archive(path)
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # noqa: BLE001 - garbage input fails in many ways inside torch
+        return []
+
+
+def _load(path: Path, allowed: list | None = None) -> Any:
+    """``torch.load(path, weights_only=True)`` to the CPU with the ``allowed`` globals (after pickled_globals)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes zip archives; a cut-off one loses its directory
+        raise CheckpointError(f"{path}: cannot be read (truncated, corrupted or not a PyTorch checkpoint file); "
+                              "save it again or pick an earlier checkpoint")
+    try:
+        with torch.serialization.safe_globals(allowed or []):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"{path}: not a yolo9kit checkpoint; it holds objects other than tensors and plain "
+                              f"containers ({e})") from e
+    except Exception as e:  # noqa: BLE001 - garbage input fails in many ways inside torch.load
+        raise CheckpointError(f"{path}: cannot be read (truncated, corrupted or not a PyTorch file): {e}") from e
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """A yolo9kit checkpoint's dict (weights_only: no code from the file runs), its weights verified against
     the checksum written with them.
@@ -127,7 +194,7 @@ def read_checkpoint(path: str | Path) -> dict:
     if any(g.startswith(OFFICIAL_PREFIXES) for g in pickled_globals(path)):
         raise CheckpointError(f"{path}: an official YOLOv9 checkpoint, not a yolo9kit one: load it with "
                               "create_model(path)")
-    ckpt = load_weights_only(path)
+    ckpt = _load(Path(path))
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path}: a PyTorch file but not a yolo9kit checkpoint (no 'format': 'yolo9kit'); a "
                               "bare state_dict loads into its model: create_model(name).load_state_dict(...)")
@@ -145,36 +212,141 @@ def read_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
-def check_model_config(ckpt: dict, path: str | Path, weights: dict, max_model_bytes: int | None = None) -> dict:
-    """The checkpoint's ``model_config`` once it is known to build a model within the bounds whose tensors have
-    the names and shapes of ``weights`` (:func:`~yolo9kit.models.weights.check_model`: nothing is allocated).
+def check_model(table: dict, nc: int, source: str, max_model_bytes: int | None = None, *,
+                names: list | None = None, weights: dict | None = None, fused: bool = False) -> None:
+    """Refuse a layer table before anything is allocated: built on the meta device within the row bounds of
+    :func:`~yolo9kit.models.model.parse_model`, its parameters and the stride probe's layer outputs must fit in
+    ``max_model_bytes`` (default ``MAX_MODEL_BYTES``) and its tensors (fused: of the fused model) have the names
+    and shapes of ``weights``, a state_dict. ``source`` names the table in errors.
 
     Raises:
-        CheckpointError: a config that is missing, past the bounds, or does not match the weights.
+        CheckpointError: naming the bound, the figure and the limit, the row, or the tensors that differ.
     """
-    cfg = ckpt.get("model_config")
+    outputs: list[int] = []
+
+    def record(_module, _args, output) -> None:
+        outputs.extend(t.numel() * 4 for t in (output if isinstance(output, (list, tuple)) else [output])
+                       if isinstance(t, torch.Tensor))
+
+    try:
+        with torch.device("meta"):  # shapes only: no memory is allocated, whatever the table asks for
+            shell = DetectionModel(table, nc=nc, names=names, probe=False, source=source)
+            for layer in shell.model:
+                layer.register_forward_hook(record)
+            shell._probe_strides()
+            if fused:
+                fuse(shell)
+    except Exception as e:  # noqa: BLE001 - a damaged table fails in many ways inside the builder
+        raise CheckpointError(str(e) if isinstance(e, LayerTableError) else f"{source}: cannot be built: {e}") from e
+    limit = MAX_MODEL_BYTES if max_model_bytes is None else int(max_model_bytes)
+    parameters = sum(p.numel() * 4 for p in shell.parameters())
+    if parameters + sum(outputs) > limit:
+        raise CheckpointError(
+            f"{source}: the model it describes takes {parameters / 2**30:.2f} GiB of parameters and "
+            f"{sum(outputs) / 2**30:.2f} GiB of layer outputs for one 256 x 256 image, more than the limit of "
+            f"{limit / 2**30:.2f} GiB (the largest official YOLOv9, yolov9-e, takes 0.33); if the file is yours and "
+            "the model really is that large, raise it (max_model_bytes=, --max-model-gib)")
+    if weights is None:
+        return
+    expected = {k: tuple(v.shape) for k, v in shell.state_dict().items()}
+    stored = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    missing, unexpected = sorted(expected.keys() - stored.keys()), sorted(stored.keys() - expected.keys())
+    reshaped = sorted(k for k in expected.keys() & stored.keys() if expected[k] != stored[k])
+    if missing or unexpected or reshaped:
+        example = ", ".join([*(f"{k} missing" for k in missing[:2]), *(f"{k} unexpected" for k in unexpected[:2]),
+                             *(f"{k} {stored[k]} not {expected[k]}" for k in reshaped[:2])])
+        raise CheckpointError(f"{source}: the weights do not match the model it describes ({len(missing)} missing, "
+                              f"{len(unexpected)} unexpected, {len(reshaped)} of another shape: {example}); the file "
+                              "is damaged or was written by other code")
+
+
+def kit_model(path: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
+    """The model of a yolo9kit checkpoint in eval mode, with its EMA weights when it has them; ``checkpoint_meta``
+    holds the path, the entry used and the epoch.
+
+    Raises:
+        CheckpointError: as :func:`read_checkpoint`; a ``model_config`` that is missing, past the bounds of
+            :func:`check_model` or not the weights' model.
+    """
+    ckpt = read_checkpoint(path)
+    entry = "ema" if isinstance(ckpt.get("ema"), dict) and ckpt["ema"] else "model"
+    weights, cfg = ckpt.get(entry), ckpt.get("model_config")
     if not (isinstance(cfg, dict) and isinstance(cfg.get("yaml"), dict) and isinstance(cfg.get("names"), list)
             and isinstance(weights, dict)):
         raise CheckpointError(f"{path}: model_config (a 'yaml' layer table and a list of 'names') or the weights are "
                               "missing; the file is damaged or not a model this kit builds: use another checkpoint")
     check_model(cfg["yaml"], cfg.get("nc"), f"{path}: model_config", max_model_bytes, names=cfg["names"],
                 weights=weights, fused=bool(cfg.get("fused")))
-    return cfg
-
-
-def kit_model(path: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
-    """The model of a yolo9kit checkpoint in eval mode, with its EMA weights when it has them;
-    ``checkpoint_meta`` holds the path, the entry used and the epoch. Raises as :func:`read_checkpoint` and
-    :func:`check_model_config`."""
-    ckpt = read_checkpoint(path)
-    ema = ckpt.get("ema") if isinstance(ckpt.get("ema"), dict) and ckpt.get("ema") else None
-    weights = ema if ema is not None else ckpt.get("model")
-    cfg = check_model_config(ckpt, path, weights, max_model_bytes)
     model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"),
                            source=f"{path} (model_config)")
     if cfg.get("fused"):
-        model.fuse()
+        fuse(model)
     model.load_state_dict(weights)
-    model.checkpoint_meta = {"path": str(path), "entry": "ema" if ema is not None else "model",
-                             "epoch": ckpt.get("epoch")}
+    model.checkpoint_meta = {"path": str(path), "entry": entry, "epoch": ckpt.get("epoch")}
+    return model.eval()
+
+
+def _official_allowed(path: Path, names: list[str]) -> list:
+    """The allow-list for an official file: stand-ins for the official classes, standard layers, numpy, paths."""
+    allowed: list = list({type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGOUSV"})  # numpy dtype classes
+    refused = []
+    for dotted in names:
+        if dotted.startswith(OFFICIAL_PREFIXES):
+            if dotted not in _STANDINS:  # an empty nn.Module subclass, one per dotted name
+                _STANDINS[dotted] = type(dotted.rsplit(".", 1)[-1], (nn.Module,), {"__module__": __name__})
+            allowed.append((_STANDINS[dotted], dotted))
+        elif dotted in TORCH_CLASSES or dotted in NUMPY_GLOBALS:
+            module, name = dotted.rsplit(".", 1)
+            allowed.append((getattr(importlib.import_module(module), name), dotted))
+        elif dotted in ("pathlib.PosixPath", "pathlib.PurePosixPath"):
+            allowed.append((pathlib.PurePosixPath, dotted))
+        elif dotted in ("pathlib.WindowsPath", "pathlib.PureWindowsPath"):
+            allowed.append((pathlib.PureWindowsPath, dotted))  # loads on any OS
+        else:
+            refused.append(dotted)
+    if refused:
+        raise CheckpointError(f"{path}: refers to {sorted(refused)}, which neither a yolo9kit nor an official YOLOv9 "
+                              "checkpoint contains; refusing to unpickle it")
+    return allowed
+
+
+def official_model(path: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
+    """Our model of an official YOLOv9 ``.pt`` (release or ``train_dual.py`` format) in eval mode: its EMA weights
+    when present (as ``attempt_load``), cast to fp32, its names and classes; ``checkpoint_meta`` holds the path,
+    entry, epoch, date and best_fitness.
+
+    Raises:
+        CheckpointError: not an official checkpoint, or past the bounds of :func:`check_model`.
+    """
+    path = Path(path)
+    ckpt = _load(path, _official_allowed(path, pickled_globals(path)))
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"{path}: expected a dict with a pickled 'model', got {type(ckpt).__name__}")
+    entry = next((key for key in ("ema", "model") if ckpt.get(key) is not None), None)  # official: EMA first
+    if entry is None:
+        raise CheckpointError(f"{path}: no 'ema' or 'model' entry (keys: {sorted(map(str, ckpt))}); not an "
+                              "official YOLOv9 training or release checkpoint")
+    pickled = ckpt[entry]
+    if not isinstance(pickled, nn.Module) or not isinstance(getattr(pickled, "yaml", None), dict):
+        raise CheckpointError(f"{path}: '{entry}' is a {type(pickled).__name__} without a 'yaml' model config; "
+                              "expected the pickled official DetectionModel (a bare state_dict loads with "
+                              "create_model(name).load_state_dict)")
+    cfg, names = pickled.yaml, getattr(pickled, "names", None)
+    names = [names[k] for k in sorted(names)] if isinstance(names, dict) else names
+    nc = int(getattr(pickled, "nc", None) or cfg.get("nc", 80))
+    yaml_file = getattr(pickled, "yaml_file", None)
+    name = Path(str(yaml_file)).stem if yaml_file else path.stem
+    state = {k: v.float() if v.is_floating_point() else v for k, v in pickled.state_dict().items()}
+    check_model(cfg, nc, f"{path} (pickled yaml)", max_model_bytes, weights=state)
+    model = DetectionModel(cfg, nc=nc, names=names, source=f"{path} (pickled yaml)", name=name)
+    model.load_state_dict(state)
+    stride = getattr(pickled, "stride", None)
+    if isinstance(stride, torch.Tensor) and stride.numel() == model.head.nl:
+        model.set_strides(stride.float())
+    fitness = ckpt.get("best_fitness")
+    model.checkpoint_meta = {
+        "path": str(path), "entry": entry, "epoch": ckpt.get("epoch"), "date": ckpt.get("date"),
+        "best_fitness": None if fitness is None else float(np.asarray(fitness).reshape(-1)[0]),
+    }
+    LOGGER.info("loaded %s from %s ('%s' entry, %d classes)", name, path, entry, model.nc)
     return model.eval()

@@ -1,7 +1,5 @@
-"""The model for inference: yolov9-X -> gelan-X (the auxiliary branch dropped, keys renamed as the official
-``tools/reparameterization.ipynb``; docs/models.md, "Deploy conversion and fusion"), Conv+BN fusion, and
-the device, precision and head that prediction, validation and export share.
-"""
+"""The model for inference: yolov9-X -> gelan-X (docs/models.md, "Deploy conversion and fusion"), and the
+device, precision and head that prediction, validation and export share."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import weakref
 import torch
 from torch import nn
 
-from yolo9kit.models.layers import fuse_layers
+from yolo9kit.models.layers import fuse
 from yolo9kit.models.model import DetectionModel
 
 LOGGER = logging.getLogger(__name__)
@@ -20,58 +18,45 @@ _HEAD_RENAMES = {"cv4": "cv2", "cv5": "cv3", "dfl2": "dfl"}
 _DEPLOYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-@torch.no_grad()
-def fuse(model: nn.Module) -> nn.Module:
-    """Fold every BatchNorm into its conv and collapse every RepConvN of any module tree, in place, as the
-    official ``DetectionModel.fuse()`` (for inference only: eval mode); returns ``model``."""
-    if isinstance(model, DetectionModel):
-        return model.fuse()
-    return fuse_layers(model)
+def _source(i: int, x: int) -> int:
+    """The layer that ``from`` value ``x`` of row ``i`` reads (-1 for the image)."""
+    return i + x if x < 0 else x
 
 
 def deploy_config(cfg: dict) -> tuple[dict, dict[int, int]]:
-    """The single-head (gelan) config of a dual-head config and the old -> new layer index map: the layers the
-    main head's inputs need, renumbered; a layer-0 Silence no kept row reads by index is dropped."""
+    """The single-head (gelan) table of a dual-head one and the old -> new layer index map: the layers the main
+    head's inputs need, renumbered (as the official ``tools/reparameterization.ipynb``); a layer-0 Silence no
+    kept row reads by index is dropped."""
     rows = list(cfg["backbone"]) + list(cfg["head"])
-    head_row = rows[-1]
-    nl = len(head_row[0]) // 2
-    main_inputs = [x % (len(rows) - 1) if x < 0 else x for x in head_row[0][nl:]]
+    head = len(rows) - 1
+    froms = [[f] if isinstance(f, int) else list(f) for f, *_ in rows]
+    main_inputs = [_source(head, x) for x in froms[head][len(froms[head]) // 2:]]
     needed, stack = set(), list(main_inputs)
     while stack:  # every layer the main inputs depend on
         i = stack.pop()
-        if i not in needed:
+        if i >= 0 and i not in needed:
             needed.add(i)
-            f = rows[i][0]
-            for x in [f] if isinstance(f, int) else f:
-                src = i - 1 if x == -1 else (i + x if x < 0 else x)
-                if src >= 0:
-                    stack.append(src)
-    explicit_refs = {x for i in needed for x in ([rows[i][0]] if isinstance(rows[i][0], int) else rows[i][0])
-                     if x >= 0}
-    if rows[0][2] == "Silence" and 0 not in explicit_refs:
+            stack.extend(_source(i, x) for x in froms[i])
+    if rows[0][2] == "Silence" and 0 not in {x for i in needed for x in froms[i]}:
         needed.discard(0)
     old_to_new = {old: new for new, old in enumerate(sorted(needed))}
-    new_rows_backbone, new_rows_head = [], []
-    for old in sorted(needed):
-        new = old_to_new[old]
+    backbone, head_rows = [], []
+    for old, new in old_to_new.items():
         f, n, module, args = rows[old]
-        mapped = [_map_from(old, x, new, old_to_new) for x in ([f] if isinstance(f, int) else f)]
+        mapped = [_map_from(old, x, new, old_to_new) for x in froms[old]]
         row = [mapped[0] if isinstance(f, int) else mapped, n, module, copy.deepcopy(args)]
-        (new_rows_backbone if old < len(cfg["backbone"]) else new_rows_head).append(row)
-    head_new = len(old_to_new)
-    old_to_new[len(rows) - 1] = head_new
-    new_rows_head.append([[old_to_new[x] for x in main_inputs], 1, "DDetect", copy.deepcopy(head_row[3])])
+        (backbone if old < len(cfg["backbone"]) else head_rows).append(row)
+    old_to_new[head] = len(old_to_new)
+    head_rows.append([[old_to_new[x] for x in main_inputs], 1, "DDetect", copy.deepcopy(rows[head][3])])
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in ("backbone", "head")}
-    out.update(backbone=new_rows_backbone, head=new_rows_head)
-    return out, old_to_new
+    return {**out, "backbone": backbone, "head": head_rows}, old_to_new
 
 
 def _map_from(old: int, x: int, new: int, old_to_new: dict[int, int]) -> int:
-    """New 'from' value of a kept row: -1 stays -1 when its source is the previous kept row (or the image)."""
-    src = old - 1 if x == -1 else (old + x if x < 0 else x)
-    if x == -1 and (src not in old_to_new or old_to_new[src] == new - 1):
-        if src in old_to_new or new == 0:
-            return -1
+    """New 'from' value of a kept row: -1 stays -1 when it reads the previous kept row (or the image)."""
+    src = _source(old, x)
+    if x == -1 and old_to_new.get(src, -1) == new - 1:
+        return -1
     if src not in old_to_new:
         raise ValueError(f"deploy conversion: layer {old} reads layer {src}, which the main branch does not keep")
     return old_to_new[src]
@@ -79,8 +64,7 @@ def _map_from(old: int, x: int, new: int, old_to_new: dict[int, int]) -> int:
 
 def _deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int, int],
                        head_old: int) -> dict[str, torch.Tensor]:
-    """Dual-model keys renamed to single-head keys (layer indices; the head's ``cv4``/``cv5``/``dfl2``), the
-    auxiliary branch dropped."""
+    """Dual-model keys renamed to single-head keys, the auxiliary branch dropped."""
     out = {}
     for key, value in state_dict.items():
         _, idx, rest = key.split(".", 2)
@@ -98,18 +82,16 @@ def _deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int
 
 @torch.no_grad()
 def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionModel:
-    """A copy of ``model`` for inference, in eval mode: yolov9-X -> gelan-X (the same main output), then
-    :func:`fuse` unless ``fuse_layers`` is False; a single-head model is copied (and fused)."""
+    """A copy of ``model`` for inference, in eval mode: yolov9-X -> gelan-X (the same main output), then fused
+    unless ``fuse_layers`` is False; a single-head model is copied (and fused)."""
     if not model.is_dual:
         deployed = copy.deepcopy(model)
     else:
         cfg, old_to_new = deploy_config(model.yaml)
         name = model.name.replace("yolov9", "gelan") if model.name.startswith("yolov9") else f"{model.name}-deploy"
-        # no stride probe: the strides are copied from the source model below
         deployed = DetectionModel(cfg, nc=model.nc, names=model.names, source=f"{name} (deploy of {model.name})",
-                                  name=name, probe=False)
-        sd = _deploy_state_dict(model.state_dict(), old_to_new, len(model.model) - 1)
-        deployed.load_state_dict(sd, strict=True)
+                                  name=name, probe=False)  # no stride probe: the strides are copied below
+        deployed.load_state_dict(_deploy_state_dict(model.state_dict(), old_to_new, len(model.model) - 1))
         param = next(model.parameters())
         deployed.to(device=param.device, dtype=param.dtype)
         deployed.set_strides(model.head.strides)  # host values: no read from the device
@@ -139,18 +121,18 @@ def deploy_for_inference(model: nn.Module, head: str = "main") -> nn.Module:
 
 
 def max_stride(model: nn.Module) -> int:
-    """The largest stride of ``model``, at least 32 (official ``gs``): a DetectionModel's host value, another
+    """The largest stride of ``model``, at least 32 (official ``gs``): a DetectionModel's host copy, another
     module's ``stride`` tensor (read once), else 32."""
-    value = getattr(model, "max_stride", None)
-    if value is None:
+    strides = getattr(getattr(model, "head", None), "strides", None)
+    if strides is None:
         stride = getattr(model, "stride", None)
-        value = int(stride.max()) if isinstance(stride, torch.Tensor) else 32
-    return max(int(value), 32)
+        strides = [stride.max()] if isinstance(stride, torch.Tensor) else [32]
+    return max(int(max(strides)), 32)
 
 
 def resolve_half(half: str | bool | None, device: torch.device) -> bool:
     """FP16 or not: ``"auto"`` (or None) is FP16 on CUDA, FP32 on the CPU; ValueError for other values."""
-    if half is None or (isinstance(half, str) and half == "auto"):
+    if half is None or half == "auto":
         return device.type == "cuda"
     if isinstance(half, bool):
         return half
@@ -170,11 +152,9 @@ def inference_layout(model: nn.Module, device: torch.device, own_copy: bool) -> 
 
 def prepare_model(model: nn.Module, device: torch.device, half: bool, deploy: bool = False,
                   head: str = "main") -> nn.Module:
-    """The model on ``device`` in FP16 (``half``) or FP32, in eval mode; ``deploy``: the deployed model.
-
-    Moving or casting works on a copy, never the caller's model (it would round a trainer's EMA to FP16 for
-    good); only its train/eval mode changes when nothing else has to (the caller restores it).
-    """
+    """The model on ``device`` in FP16 (``half``) or FP32, in eval mode; ``deploy``: the deployed model. Moving or
+    casting works on a copy (casting a trainer's EMA to FP16 would round it for good); only the caller's
+    train/eval mode may change (the caller restores it)."""
     callers = model
     if deploy and hasattr(model, "yaml"):
         model = deploy_for_inference(model, head)  # a cached copy, never the caller's model

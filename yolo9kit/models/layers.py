@@ -1,7 +1,5 @@
-"""Building blocks of YOLOv9 / GELAN: each computes what the class of the same name in the official
-``models/common.py`` computes, with its attribute names (the state_dict keys of official checkpoints).
-Also the blocks' switches: ``fuse_layers`` (inference) and ``set_lean`` (a lean BatchNorm+SiLU for training).
-"""
+"""The blocks of YOLOv9 / GELAN as the official ``models/common.py`` (same attribute names, so the same
+state_dict keys), ``fuse`` for inference and ``set_lean``, a lean BatchNorm+SiLU for training."""
 
 from __future__ import annotations
 
@@ -12,9 +10,7 @@ from torch import nn
 
 def autopad(k: int, p: int | None = None, d: int = 1) -> int:
     """'Same' padding for an odd kernel ``k`` with dilation ``d`` (official ``autopad``)."""
-    if d > 1:
-        k = d * (k - 1) + 1
-    return k // 2 if p is None else p
+    return (d * (k - 1) + 1) // 2 if p is None else p
 
 
 class Conv(nn.Module):
@@ -23,11 +19,11 @@ class Conv(nn.Module):
     lean = False  # set_lean: in training, BatchNorm + SiLU keep one activation for backward instead of two
 
     def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1,
-                 d: int = 1, act: bool | nn.Module = True):
+                 d: int = 1, act: bool = True):
         super().__init__()
         self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p, d), groups=g, dilation=d, bias=False)
         self.bn = nn.BatchNorm2d(c2)
-        self.act = nn.SiLU() if act is True else act if isinstance(act, nn.Module) else nn.Identity()
+        self.act = nn.SiLU() if act else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bn is None:  # fused for inference
@@ -54,15 +50,12 @@ class ADown(nn.Module):
 
     def __init__(self, c1: int, c2: int):
         super().__init__()
-        self.c = c2 // 2
-        self.cv1 = Conv(c1 // 2, self.c, 3, 2, 1)
-        self.cv2 = Conv(c1 // 2, self.c, 1, 1, 0)
+        self.cv1 = Conv(c1 // 2, c2 // 2, 3, 2, 1)
+        self.cv2 = Conv(c1 // 2, c2 // 2, 1, 1, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.avg_pool2d(x, 2, 1, 0, False, True)
-        x1, x2 = x.chunk(2, 1)
-        x2 = F.max_pool2d(x2, 3, 2, 1)
-        return torch.cat((self.cv1(x1), self.cv2(x2)), 1)
+        x1, x2 = F.avg_pool2d(x, 2, 1, 0, False, True).chunk(2, 1)
+        return torch.cat((self.cv1(x1), self.cv2(F.max_pool2d(x2, 3, 2, 1))), 1)
 
 
 class ELAN1(nn.Module):
@@ -70,17 +63,15 @@ class ELAN1(nn.Module):
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int):
         super().__init__()
-        self.c = c3 // 2
         self.cv1 = Conv(c1, c3, 1, 1)
         self.cv2 = Conv(c3 // 2, c4, 3, 1)
         self.cv3 = Conv(c4, c4, 3, 1)
         self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.cv1(x).chunk(2, 1)
-        y2 = self.cv2(b)
-        y3 = self.cv3(y2)
-        return self.cv4(torch.cat((a, b, y2, y3), 1))
+        y = list(self.cv1(x).chunk(2, 1))
+        y.extend(m(y[-1]) for m in (self.cv2, self.cv3))
+        return self.cv4(torch.cat(y, 1))
 
 
 class RepConvN(nn.Module):
@@ -89,11 +80,10 @@ class RepConvN(nn.Module):
     lean = False  # see Conv
 
     def __init__(self, c1: int, c2: int, k: int = 3, s: int = 1, p: int = 1, g: int = 1, d: int = 1,
-                 act: bool | nn.Module = True):
+                 act: bool = True):
         super().__init__()
         assert k == 3 and p == 1, "RepConvN supports k=3, p=1 only"
-        self.g = g
-        self.act = nn.SiLU() if act is True else act if isinstance(act, nn.Module) else nn.Identity()
+        self.act = nn.SiLU() if act else nn.Identity()
         self.conv1 = Conv(c1, c2, k, s, p=p, g=g, act=False)
         self.conv2 = Conv(c1, c2, 1, s, p=(p - k // 2), g=g, act=False)
 
@@ -149,22 +139,15 @@ class RepNCSPELAN4(ELAN1):
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int, c5: int = 1):
         nn.Module.__init__(self)
-        self.c = c3 // 2
         self.cv1 = Conv(c1, c3, 1, 1)
         self.cv2 = nn.Sequential(RepNCSP(c3 // 2, c4, c5), Conv(c4, c4, 3, 1))
         self.cv3 = nn.Sequential(RepNCSP(c4, c4, c5), Conv(c4, c4, 3, 1))
         self.cv4 = Conv(c3 + (2 * c4), c2, 1, 1)
 
 
-class SP(nn.Module):
+def SP(k: int = 3, s: int = 1) -> nn.MaxPool2d:  # noqa: N802 - the official block's name
     """Max pool, kernel ``k``, stride ``s``, 'same' padding."""
-
-    def __init__(self, k: int = 3, s: int = 1):
-        super().__init__()
-        self.m = nn.MaxPool2d(kernel_size=k, stride=s, padding=k // 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.m(x)
+    return nn.MaxPool2d(kernel_size=k, stride=s, padding=k // 2)
 
 
 class SPPELAN(nn.Module):
@@ -172,19 +155,14 @@ class SPPELAN(nn.Module):
 
     def __init__(self, c1: int, c2: int, c3: int):
         super().__init__()
-        self.c = c3
         self.cv1 = Conv(c1, c3, 1, 1)
-        self.cv2 = SP(5)
-        self.cv3 = SP(5)
-        self.cv4 = SP(5)
+        self.cv2, self.cv3, self.cv4 = SP(5), SP(5), SP(5)
         self.cv5 = Conv(4 * c3, c2, 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y1 = self.cv1(x)
-        y2 = self.cv2(y1)
-        y3 = self.cv3(y2)
-        y4 = self.cv4(y3)
-        return self.cv5(torch.cat((y1, y2, y3, y4), 1))
+        y = [self.cv1(x)]
+        y.extend(m(y[-1]) for m in (self.cv2, self.cv3, self.cv4))
+        return self.cv5(torch.cat(y, 1))
 
 
 class CBLinear(nn.Module):
@@ -207,17 +185,9 @@ class CBFuse(nn.Module):
         self.idx = list(idx)
 
     def forward(self, xs: list) -> torch.Tensor:
-        target = xs[-1]
-        size = target.shape[2:]
+        size = xs[-1].shape[2:]
         resized = [F.interpolate(x[self.idx[j]], size=size, mode="nearest") for j, x in enumerate(xs[:-1])]
-        return torch.stack([*resized, target]).sum(0)
-
-
-class Silence(nn.Module):
-    """Identity; as layer 0 it lets later rows read the image as layer ``0``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+        return torch.stack([*resized, xs[-1]]).sum(0)
 
 
 class Concat(nn.Module):
@@ -231,19 +201,13 @@ class Concat(nn.Module):
         return torch.cat(xs, self.d)
 
 
-# ------------------------------------------------------------------------------------ fusion (inference)
 def conv_bn_weights(m: Conv) -> tuple[torch.Tensor, torch.Tensor]:
     """Weight and bias of the one conv equal to ``m.bn(m.conv(x))`` (official ``fuse_conv_and_bn``)."""
-    w = m.conv.weight
-    b = m.conv.bias if m.conv.bias is not None else torch.zeros(w.shape[0], device=w.device, dtype=w.dtype)
-    if m.bn is None:
-        return w, b
-    scale = m.bn.weight / torch.sqrt(m.bn.running_var + m.bn.eps)  # W' = W * scale, b' = beta + (b - mean) * scale
-    return w * scale.view(-1, 1, 1, 1), m.bn.bias + (b - m.bn.running_mean) * scale
+    scale = m.bn.weight / torch.sqrt(m.bn.running_var + m.bn.eps)  # W' = W * scale, b' = beta - mean * scale
+    return m.conv.weight * scale.view(-1, 1, 1, 1), m.bn.bias - m.bn.running_mean * scale
 
 
 def _biased_conv(src: nn.Conv2d, w: torch.Tensor, b: torch.Tensor) -> nn.Conv2d:
-    """A frozen conv shaped as ``src``, with weight ``w`` and bias ``b``."""
     conv = nn.Conv2d(src.in_channels, src.out_channels, src.kernel_size, src.stride, src.padding,
                      dilation=src.dilation, groups=src.groups, bias=True).to(device=w.device, dtype=w.dtype)
     conv.weight.copy_(w)
@@ -252,8 +216,9 @@ def _biased_conv(src: nn.Conv2d, w: torch.Tensor, b: torch.Tensor) -> nn.Conv2d:
 
 
 @torch.no_grad()
-def fuse_layers(model: nn.Module) -> nn.Module:
-    """Fold every BatchNorm into its conv and collapse every RepConvN, in place; eval mode; returns ``model``."""
+def fuse(model: nn.Module) -> nn.Module:
+    """Fold every BatchNorm into its conv and collapse every RepConvN of ``model``, in place, as the official
+    ``DetectionModel.fuse()``; for inference only (eval mode). Returns ``model``."""
     model.eval()
     for m in list(model.modules()):
         if isinstance(m, RepConvN) and not hasattr(m, "conv"):
@@ -261,15 +226,14 @@ def fuse_layers(model: nn.Module) -> nn.Module:
     for m in list(model.modules()):
         if isinstance(m, Conv) and m.bn is not None:
             m.conv, m.bn = _biased_conv(m.conv, *conv_bn_weights(m)), None
+    if hasattr(model, "fused"):  # a DetectionModel: its checkpoints record it
+        model.fused = True
     return model
 
 
-# ------------------------------------------------------------------- lean BatchNorm + SiLU (training memory)
-# A Conv block keeps the conv output (for the BN backward) and the BN output (for the SiLU backward): the
-# lean path keeps the conv output and the batch statistics, and recomputes the BN output in backward.
 class _BatchNormSiLU(torch.autograd.Function):
-    """silu(bn_1(x_1) + ... + bn_k(x_k)) in training mode, each bn given as x, weight, bias, running mean and
-    variance (``settings``: its momentum and eps); saves the x and the batch statistics only."""
+    """silu(bn_1(x_1) + ... + bn_k(x_k)) in training mode, saving each x and its batch statistics only: the
+    BatchNorm outputs are recomputed in backward (docs/training.md, lean activations)."""
 
     @staticmethod
     def forward(ctx, settings, *tensors):
@@ -313,24 +277,17 @@ def lean_bn_silu(*pairs: tuple[torch.Tensor, nn.BatchNorm2d]) -> torch.Tensor:
     return _BatchNormSiLU.apply(tuple(settings), *tensors)
 
 
-def _lean_eligible(bn: nn.Module | None, act: nn.Module) -> bool:
-    """A plain affine BatchNorm2d with running statistics (not SyncBatchNorm) followed by SiLU."""
-    return type(bn) is nn.BatchNorm2d and bn.affine and bn.track_running_stats and isinstance(act, nn.SiLU)
-
-
 def set_lean(model: nn.Module, enabled: bool = True) -> int:
-    """Switch the lean BatchNorm+SiLU on or off in every eligible ``Conv`` and ``RepConvN``; returns their count.
-
-    Forward values, running statistics and gradients are those of the plain modules (the recomputed
-    normalisation may round differently in the last bit).
-    """
+    """Switch the lean BatchNorm+SiLU on or off in every ``Conv`` and ``RepConvN`` whose BatchNorms are plain
+    affine BatchNorm2d with running statistics, followed by SiLU; returns their count."""
     count = 0
     for m in model.modules():
-        if isinstance(m, Conv) and _lean_eligible(m.bn, m.act):
-            m.lean = enabled
-            count += 1
-        elif isinstance(m, RepConvN) and hasattr(m, "conv1") and _lean_eligible(m.conv1.bn, m.act) and \
-                _lean_eligible(m.conv2.bn, m.act):
+        if isinstance(m, RepConvN):
+            bns = [m.conv1.bn, m.conv2.bn] if hasattr(m, "conv1") else []  # none once collapsed
+        else:
+            bns = [m.bn] if isinstance(m, Conv) else []
+        if bns and isinstance(m.act, nn.SiLU) and all(
+                type(bn) is nn.BatchNorm2d and bn.affine and bn.track_running_stats for bn in bns):
             m.lean = enabled
             count += 1
     return count

@@ -1,13 +1,10 @@
-"""DetectionModel: an official-format layer table (the ``backbone``/``head`` rows of a model yaml) built and run
-in index order, with the official state_dict layout (docs/models.md); and frozen layers (official ``--freeze``,
-docs/training.md).
-"""
+"""DetectionModel: an official-format layer table (a model yaml's ``backbone``/``head`` rows) built and run in
+index order, with the official state_dict layout (docs/models.md); frozen layers (official ``--freeze``)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import itertools
 import logging
 import math
@@ -18,31 +15,30 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from yolo9kit.config.step import Freeze, check_freeze
+from yolo9kit.config.step import Freeze, check_activation_checkpointing, check_freeze
 from yolo9kit.models import layers as L
 from yolo9kit.models.heads import DDetect, DualDDetect, DualOutput
 
 LOGGER = logging.getLogger(__name__)
 
-# yaml module name -> class (nothing in a yaml is eval-ed); nn.Upsample is spelled as in the official files
-MODULES: dict[str, type[nn.Module]] = {
+# yaml module name -> class (nothing in a yaml is eval-ed); Silence is the identity that lets rows read the image
+MODULES: dict[str, Any] = {
     "Conv": L.Conv, "AConv": L.AConv, "ADown": L.ADown, "ELAN1": L.ELAN1, "RepNCSPELAN4": L.RepNCSPELAN4,
     "RepNCSP": L.RepNCSP, "RepNBottleneck": L.RepNBottleneck, "RepConvN": L.RepConvN, "SPPELAN": L.SPPELAN,
-    "SP": L.SP, "CBLinear": L.CBLinear, "CBFuse": L.CBFuse, "Silence": L.Silence, "Concat": L.Concat,
+    "SP": L.SP, "CBLinear": L.CBLinear, "CBFuse": L.CBFuse, "Silence": nn.Identity, "Concat": L.Concat,
     "nn.Upsample": nn.Upsample, "Upsample": nn.Upsample, "DDetect": DDetect, "DualDDetect": DualDDetect,
 }
 # modules whose first yaml arg is the output width: c1 is prepended and c2 rounded by width_multiple
 CHANNEL_MODULES = {L.Conv, L.AConv, L.ADown, L.ELAN1, L.RepNCSPELAN4, L.RepNCSP, L.RepNBottleneck, L.RepConvN,
                    L.SPPELAN}
 HEADS = (DDetect, DualDDetect)
-# blocks whose constructor takes a repeat count of their own: (position in the constructor's args, its name)
+# blocks with a repeat count of their own: (its position in the constructor's args, its name)
 BLOCK_REPEATS = {L.RepNCSPELAN4: (4, "c5 (RepNCSP depth)"), L.RepNCSP: (2, "n")}
-# optional top-level ``activation:`` values (the official files accept any Python expression; we accept these)
+# the top-level ``activation:`` values accepted (the official files take any Python expression)
 ACTIVATIONS = {"nn.SiLU()": nn.SiLU, "nn.ReLU()": nn.ReLU, "nn.LeakyReLU(0.1)": lambda: nn.LeakyReLU(0.1),
                "nn.Hardswish()": nn.Hardswish, "nn.Identity()": nn.Identity}
 PROBE_SIZE = 256  # side of the all-zero image the official build runs once to measure the strides
-# Bounds on a table, checked row by row before the row is built (docs/faults.md): yolov9-e, the largest
-# official model, has 50 layers, repeats of 1 to 3, widths up to 1024; LVIS has 1203 classes.
+# bounds on a table, checked row by row before the row is built (docs/faults.md, docs/models.md)
 MAX_LAYERS = 400
 MAX_REPEATS = 64  # a row's repeats times depth_multiple, and a block's own repeat argument
 MAX_MULTIPLE = 4.0  # depth_multiple and width_multiple
@@ -60,11 +56,11 @@ def _ints(value: Any) -> list[int]:
     return [value] if isinstance(value, int) and not isinstance(value, bool) else []
 
 
-def _layer(cls: type, n: int, f: Any, args: list, ch: list[int], gw: float, nc: int, label: str):
+def _layer(cls: Any, n: int, f: Any, args: list, ch: list[int], gw: float, nc: int, label: str):
     """One row's module and output channels (the rules of the official ``parse_model``)."""
     if cls in CHANNEL_MODULES:
         c2 = int(math.ceil(args[0] * gw / 8) * 8)  # official make_divisible
-        args, c2 = [ch[f], c2, *args[1:]], c2
+        args = [ch[f], c2, *args[1:]]
     elif cls is L.Concat:
         c2 = sum(ch[x] for x in f)
     elif cls is L.CBLinear:
@@ -109,8 +105,7 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
         if not (isinstance(row, (list, tuple)) and len(row) == 4):
             raise LayerTableError(f"{label}: expected [from, repeats, module, args]")
         f, n, name, args = row
-        cls = MODULES.get(name)
-        if cls is None:
+        if name not in MODULES:
             raise LayerTableError(f"{label}: unknown module {name!r}; known modules: {', '.join(sorted(MODULES))}")
         froms = [f] if isinstance(f, int) else list(f) if isinstance(f, (list, tuple)) else None
         if not froms or any(not isinstance(x, int) or not -i - 1 <= x < i for x in froms):
@@ -124,17 +119,14 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
         args = [{"nc": nc, "None": None, "True": True, "False": False, "anchors": cfg.get("anchors")}.get(a, a)
                 if isinstance(a, str) else a for a in (args or [])]
         try:
-            module, c2 = _layer(cls, n, f, args, chs, gw, nc, label)
+            module, c2 = _layer(MODULES[name], n, f, args, chs, gw, nc, label)
         except (TypeError, ValueError, IndexError, KeyError, AssertionError, RuntimeError) as e:
             raise LayerTableError(f"{label}: cannot build {name} with args {args!r}: {e}") from e
         module.i, module.f, module.type = i, f, name
-        module.np = sum(p.numel() for p in module.parameters())
         save.extend(x % i for x in froms if x != -1)
         layers.append(module)
-        if i == 0:
-            chs = []
-        chs.append(c2)
-    if not layers or not isinstance(layers[-1], HEADS):
+        chs = [c2] if i == 0 else [*chs, c2]
+    if not isinstance(layers[-1], HEADS):
         raise LayerTableError(f"{source}: the last row must be a DDetect or DualDDetect head")
     return nn.Sequential(*layers), sorted(set(save))
 
@@ -142,7 +134,7 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
 class DetectionModel(nn.Module):
     """YOLOv9 / GELAN detector of an official-format table: ``model`` holds the layers (state_dict keys
     ``model.<i>.…`` as official), ``yaml`` the table (``nc``, ``ch`` filled in), ``save`` the layers later ones
-    read; ``stride`` [8, 16, 32]; ``fused`` after :meth:`fuse` (checkpoints record it)."""
+    read; ``stride`` [8, 16, 32]; ``fused`` after :func:`~yolo9kit.models.layers.fuse` (checkpoints record it)."""
 
     fused = False
 
@@ -150,18 +142,21 @@ class DetectionModel(nn.Module):
                  source: str = "model yaml", name: str | None = None, probe: bool = True):
         super().__init__()
         self.yaml = copy.deepcopy(cfg)
-        self.yaml["nc"] = int(nc if nc is not None else self.yaml.get("nc", 80))
+        self.yaml["nc"] = self.nc = int(nc if nc is not None else self.yaml.get("nc", 80))
         self.yaml["ch"] = self.ch = int(self.yaml.get("ch", 3))
-        self.nc = self.yaml["nc"]
         self.name = name or source
         self._source = source
         self.model, self.save = parse_model(self.yaml, self.ch, self.nc, source)
         self.names = list(names) if names is not None else [str(i) for i in range(self.nc)]
         if len(self.names) != self.nc:
             raise ValueError(f"{source}: {len(self.names)} class names for nc={self.nc}")
-        self._set_activation(self.yaml.get("activation"), source)
+        act = self.yaml.get("activation")
+        if act is not None and act not in ACTIVATIONS:
+            raise LayerTableError(f"{source}: activation {act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        for m in self.modules() if act is not None else ():
+            if isinstance(m, (L.Conv, L.RepConvN)) and isinstance(m.act, nn.SiLU):
+                m.act = ACTIVATIONS[act]()
         self.register_buffer("stride", torch.tensor([8.0, 16.0, 32.0]), persistent=False)
-        self._max_stride = 32
         self._checkpoint_layers: frozenset[int] = frozenset()
         if probe:
             self._probe_strides()
@@ -178,47 +173,28 @@ class DetectionModel(nn.Module):
 
     @property
     def is_dual(self) -> bool:
-        return bool(self.head.is_dual)
-
-    def _set_activation(self, act: str | None, source: str) -> None:
-        if act is None:
-            return
-        if act not in ACTIVATIONS:
-            raise LayerTableError(f"{source}: activation {act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
-        for m in self.modules():
-            if isinstance(m, (L.Conv, L.RepConvN)) and isinstance(m.act, nn.SiLU):
-                m.act = ACTIVATIONS[act]()
+        return self.head.is_dual
 
     @torch.no_grad()
     def _probe_strides(self) -> None:
-        """Official build step: one training-mode pass on zeros(1, ch, 256, 256); stride = 256 / map height.
-
-        Like the official build it runs before BN eps/momentum are set, so running stats see one batch.
-        """
+        """Official build step: one training-mode pass on zeros(1, ch, 256, 256) (before BN eps/momentum are set,
+        so running stats see one batch); stride = 256 / map height."""
         was_training = self.training
         self.train()
         out = self._run(torch.zeros(1, self.ch, PROBE_SIZE, PROBE_SIZE), raw=True, label_errors=True)
-        maps = out.aux if out.aux is not None else out.main
-        self.set_strides([PROBE_SIZE / m.shape[-2] for m in maps])
+        self.set_strides([PROBE_SIZE / m.shape[-2] for m in (out.aux if out.aux is not None else out.main)])
         self.train(was_training)
 
     def set_strides(self, strides) -> None:
         """The strides of the head's levels (floats, or a host tensor): the ``stride`` buffers of the model and
-        its head, and their host copies (``head.strides``, ``max_stride``) that forward and decode read."""
+        its head, and ``head.strides``, their host copy that forward and decode read."""
         self.head.set_strides(strides)
-        values = self.head.strides
-        self.stride = torch.tensor(values, dtype=self.stride.dtype, device=self.stride.device)
-        self._max_stride = int(max(values))
-
-    @property
-    def max_stride(self) -> int:
-        """The largest stride (32), an int on the host: image sides must be multiples of it."""
-        return self._max_stride
+        self.stride = torch.tensor(self.head.strides, dtype=self.stride.dtype, device=self.stride.device)
 
     def forward(self, x: torch.Tensor, raw: bool = False) -> DualOutput:
         """The :class:`DualOutput` of images (B, ch, H, W) in [0, 1], H and W multiples of the largest stride: raw
         maps in training mode or with ``raw``, decoded (B, 4+nc, A) predictions in eval mode."""
-        s = self._max_stride
+        s = int(max(self.head.strides))
         if x.ndim != 4 or x.shape[1] != self.ch or x.shape[2] % s or x.shape[3] % s:
             raise ValueError(
                 f"{self.name}: expected an input of shape (B, {self.ch}, H, W) with H and W multiples of {s}, "
@@ -228,14 +204,13 @@ class DetectionModel(nn.Module):
     def _run(self, x: torch.Tensor, raw: bool, label_errors: bool = False) -> DualOutput:
         outputs: list = []
         use_ckpt = self.training and torch.is_grad_enabled() and bool(self._checkpoint_layers)
-        head = self.model[-1]
         for m in self.model:
             if m.f != -1:
                 x = outputs[m.f] if isinstance(m.f, int) else [x if j == -1 else outputs[j] for j in m.f]
-            kwargs = {"raw": raw} if m is head else {}
-            if use_ckpt and m.i in self._checkpoint_layers:
-                x = activation_checkpoint(m, x, use_reentrant=False,
-                                          context_fn=functools.partial(_recompute_contexts, m), **kwargs)
+            kwargs = {"raw": raw} if m is self.head else {}
+            if use_ckpt and m.i in self._checkpoint_layers:  # the recompute leaves BatchNorm statistics alone
+                x = activation_checkpoint(m, x, use_reentrant=False, **kwargs,
+                                          context_fn=lambda m=m: (contextlib.nullcontext(), _frozen_bn_stats(m)))
             elif label_errors:  # build-time probe: say which yaml row does not fit its inputs
                 try:
                     x = m(x, **kwargs)
@@ -251,19 +226,13 @@ class DetectionModel(nn.Module):
         """Recompute the activations of ``layers`` in backward instead of storing them (training mode with
         gradients only; outputs, gradients and BatchNorm statistics unchanged): None (off), "all" (every layer
         with parameters), "backbone" (the yaml's backbone rows) or layer indices. Returns the indices, sorted."""
+        layers = check_activation_checkpointing(layers, "DetectionModel")
         with_params = [m.i for m in self.model if any(True for _ in m.parameters())]
-        if layers is None or layers is False:
-            chosen: list[int] = []
-        elif layers == "all":
-            chosen = with_params
-        elif layers == "backbone":
-            chosen = [i for i in with_params if i < len(self.yaml["backbone"])]
-        elif isinstance(layers, str):
-            raise ValueError(f"activation_checkpointing={layers!r}: expected None, 'all', 'backbone' or a list of "
-                             "layer indices")
+        if layers in ("all", "backbone"):
+            chosen = [i for i in with_params if layers == "all" or i < len(self.yaml["backbone"])]
         else:
-            chosen = sorted({int(i) for i in layers})
-            bad = [i for i in chosen if not 0 <= i < len(self.model)]
+            chosen = sorted(set(layers or ()))
+            bad = [i for i in chosen if i >= len(self.model)]
             if bad:
                 raise ValueError(f"activation_checkpointing layers {bad} out of range: "
                                  f"{self.name} has layers 0..{len(self.model) - 1}")
@@ -273,17 +242,6 @@ class DetectionModel(nn.Module):
     @property
     def activation_checkpointing(self) -> list[int]:
         return sorted(self._checkpoint_layers)
-
-    def fuse(self) -> DetectionModel:
-        """Fold BatchNorm into convs and collapse RepConvN, in place (inference only); returns self."""
-        L.fuse_layers(self)
-        self.fused = True
-        return self
-
-
-def _recompute_contexts(module: nn.Module):
-    """(forward, recompute) contexts for torch.utils.checkpoint: the recompute leaves BatchNorm statistics alone."""
-    return contextlib.nullcontext(), _frozen_bn_stats(module)
 
 
 @contextlib.contextmanager
@@ -309,21 +267,19 @@ def frozen_layer_indices(model: nn.Module, freeze: Freeze) -> list[int]:
     if not freeze:
         return []
     layers = getattr(model, "model", None)
+    name = getattr(model, "name", type(model).__name__)
     if not isinstance(layers, nn.Sequential):
         raise ValueError(f"freeze={freeze!r} needs a DetectionModel (layers in .model); got {type(model).__name__}; "
                          "set requires_grad=False on its parameters yourself and leave freeze=None")
-    n = len(layers)
     if freeze == "backbone":
-        yaml = getattr(model, "yaml", None) or {}
-        if "backbone" not in yaml:
-            raise ValueError(f"freeze='backbone': {getattr(model, 'name', type(model).__name__)} has no yaml with a "
-                             "'backbone' section; give the number of first layers instead")
-        return list(range(min(len(yaml["backbone"]), n)))
+        if "backbone" not in (getattr(model, "yaml", None) or {}):
+            raise ValueError(f"freeze='backbone': {name} has no yaml with a 'backbone' section; give the number of "
+                             "first layers instead")
+        return list(range(min(len(model.yaml["backbone"]), len(layers))))
     indices = list(range(freeze)) if isinstance(freeze, int) else sorted(set(freeze))
-    bad = [i for i in indices if i >= n]
+    bad = [i for i in indices if i >= len(layers)]
     if bad:
-        raise ValueError(f"freeze={freeze!r}: layers {bad} out of range; "
-                         f"{getattr(model, 'name', 'the model')} has layers 0..{n - 1}")
+        raise ValueError(f"freeze={freeze!r}: layers {bad} out of range; {name} has layers 0..{len(layers) - 1}")
     return indices
 
 
@@ -335,22 +291,18 @@ def freeze_layers(model: nn.Module, freeze: Freeze) -> list[str]:
         ValueError: as :func:`frozen_layer_indices`, or every layer would be frozen.
     """
     indices = frozen_layer_indices(model, freeze)
-    if not indices:
-        return []
     prefixes = tuple(f"model.{i}." for i in indices)
-    names, values, changed = [], 0, False
-    for name, p in model.named_parameters():
-        if name.startswith(prefixes):
-            changed |= p.requires_grad
-            p.requires_grad_(False)
-            names.append(name)
-            values += p.numel()
-    if not any(p.requires_grad for p in model.parameters()):
+    frozen = [(name, p) for name, p in model.named_parameters() if name.startswith(prefixes)]
+    changed = any(p.requires_grad for _, p in frozen)
+    for _, p in frozen:
+        p.requires_grad_(False)
+    if indices and not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"freeze={freeze!r} freezes every layer of {getattr(model, 'name', 'the model')} "
                          f"({len(model.model)} layers, 0..{len(model.model) - 1}): nothing would train; freeze "
                          "fewer (e.g. 'backbone', or the first N layers with N below the layer count)")
     if changed:  # a second call (fit, then the trainer) changes nothing and says nothing
         runs = [[i for _, i in g] for _, g in itertools.groupby(enumerate(indices), lambda t: t[1] - t[0])]
         spans = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)  # [0, 1, 2, 5] -> 0-2, 5
-        LOGGER.info("freezing layers %s: %d parameter tensors, %d values", spans, len(names), values)
-    return names
+        LOGGER.info("freezing layers %s: %d parameter tensors, %d values", spans, len(frozen),
+                    sum(p.numel() for _, p in frozen))
+    return [name for name, _ in frozen]
