@@ -127,6 +127,11 @@ def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | Non
     return _layers(value, ("backbone",), f"{owner}.freeze", "a number of first layers (int >= 0), 'backbone'")
 
 
+def check_activation_checkpointing(value: Any, owner: str) -> tuple[int, ...] | str | None:
+    """None, "backbone", "all" or a list of layer indices (stored as a tuple), else a ValueError naming ``owner``."""
+    return _layers(value, ("backbone", "all"), f"{owner}.activation_checkpointing", "'backbone', 'all'")
+
+
 def _layers(value: Any, words: tuple[str, ...], name: str, expected: str) -> tuple[int, ...] | str | None:
     if value is None or value in words:
         return value
@@ -180,8 +185,8 @@ class StepConfig(Settings):
     def __post_init__(self) -> None:
         super().__post_init__()
         # hashable: the estimator cache is keyed by steps
-        object.__setattr__(self, "activation_checkpointing", _layers(self.activation_checkpointing, (
-            "backbone", "all"), "StepConfig.activation_checkpointing", "'backbone', 'all'"))
+        object.__setattr__(self, "activation_checkpointing",
+                           check_activation_checkpointing(self.activation_checkpointing, "StepConfig"))
         object.__setattr__(self, "freeze", check_freeze(self.freeze, "StepConfig"))
 
     @property
