@@ -23,10 +23,9 @@ from yolo9kit.plots import memory_breakdown, memory_vs_batch, show_batch
 from yolo9kit.prediction import IMAGE_SUFFIXES, predict
 from yolo9kit.widgets.dashboard import TrainDashboard, train_dashboard
 from yolo9kit.widgets.panel import WidgetApp, html_table, launch, output_png, show_error, show_figure
-from yolo9kit.widgets.runs import runs_viewer
 
 __all__ = ["TrainDashboard", "WidgetApp", "augmentation_viewer", "detection_viewer", "memory_explorer", "output_png",
-           "runs_viewer", "train_dashboard"]
+           "train_dashboard"]
 
 AMP_LABELS = {"auto": "auto", "fp16": "fp16", "bf16": "bf16", "off (fp32)": "off"}  # label -> ``amp``
 CHECKPOINTING = {"none": None, "backbone": "backbone", "all": "all"}  # label -> ``activation_checkpointing``
