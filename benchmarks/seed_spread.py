@@ -28,7 +28,7 @@ def main() -> None:
 
     from yolo9kit.cli import DEMO_CLASSES, demo_config
     from yolo9kit.data import make_shapes
-    from yolo9kit.train.seeds import fit_seeds
+    from yolo9kit.extras import fit_seeds
 
     with tempfile.TemporaryDirectory() as tmp:
         data = make_shapes(Path(tmp) / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=DEMO_CLASSES,

@@ -1,4 +1,4 @@
-"""yolo9kit.claims: a claim's verdict follows the measurement (true, false, undecided, not checked) and the
+"""yolo9kit.extras.claims: a claim's verdict follows the measurement (true, false, undecided, not checked) and the
 summary sentence states the measured numbers and the rule."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from yolo9kit.claims import FALSE, NOT_CHECKED, TRUE, UNDECIDED, Claim, judge
+from yolo9kit.extras.claims import FALSE, NOT_CHECKED, TRUE, UNDECIDED, Claim, judge
 
 FASTER = Claim("gradient accumulation is faster than a large batch",
                quantity="time per update, accumulated / one batch", rule="<", threshold=1.0, unit="x")

@@ -1,4 +1,4 @@
-"""``yolo9kit.runs()`` and ``plots.compare``: the run folders of real (toy-model) fit runs as one table, an
+"""``yolo9kit.extras.runs()`` and ``compare``: the run folders of real (toy-model) fit runs as one table, an
 interrupted, a killed and a damaged folder among them, and their curves side by side."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def root(tmp_path_factory):
 
 
 def test_the_table_has_a_row_per_run_with_its_state_metrics_and_the_settings_that_differ(root):
-    from yolo9kit import runs
+    from yolo9kit.extras import runs
 
     table = runs(root).set_index("run")
     assert set(table.index) == {"small", "small-again", "large", "stopped", "killed", "damaged"}
@@ -89,8 +89,7 @@ def test_the_cli_prints_the_table_and_a_missing_root_is_one_line(root, tmp_path)
 
 
 def test_compare_draws_each_runs_curve_labelled_by_what_differs(root):
-    from yolo9kit import runs
-    from yolo9kit.plots import compare
+    from yolo9kit.extras import compare, runs
 
     table = runs(root)
     chosen = table[table["run"].isin(["small", "large"])]
@@ -104,7 +103,8 @@ def test_compare_draws_each_runs_curve_labelled_by_what_differs(root):
 
 
 def test_the_runs_viewer_draws_the_chosen_runs_and_the_chosen_metric(root):
-    from yolo9kit.widgets import output_png, runs_viewer
+    from yolo9kit.extras import runs_viewer
+    from yolo9kit.widgets import output_png
 
     app = runs_viewer(root)
     assert set(app.controls) == {"runs", "metric"} and len(app.controls["runs"].value) == 4  # the four newest
@@ -138,7 +138,7 @@ def test_the_csv_table_never_replaces_a_file_of_a_run_folder(root, tmp_path, cap
 def test_the_copies_in_an_mlflow_store_are_not_runs(root, tmp_path):
     """The default MLflow store inside the project copies results.csv, settings.yaml and state.yaml into
     mlartifacts/: the run is listed once, and has no seed range of its own copy."""
-    from yolo9kit import runs
+    from yolo9kit.extras import runs
 
     run = _copy_run(root, "small", tmp_path)
     copy = tmp_path / "mlartifacts" / "1" / "0a1b2c" / "artifacts"
@@ -152,7 +152,7 @@ def test_the_copies_in_an_mlflow_store_are_not_runs(root, tmp_path):
 def test_a_record_with_aliases_or_over_a_mib_is_a_damaged_row_naming_it(root, tmp_path):
     """A few hundred bytes of nested aliases expand to gigabytes once read ("billion laughs"): refused unread,
     as is a record over 1 MiB; elsewhere (read_state) the refusal is an error naming the file."""
-    from yolo9kit import runs
+    from yolo9kit.extras import runs
     from yolo9kit.files import RecordError
     from yolo9kit.train.records import read_state
 
@@ -172,8 +172,8 @@ def test_a_record_with_aliases_or_over_a_mib_is_a_damaged_row_naming_it(root, tm
 def test_one_bad_folder_is_a_damaged_row_and_never_ends_the_table(root, tmp_path, capsys):
     """``epochs: abc`` in a settings.yaml (before: exit 2, no file named), a lock with a 20-digit pid (before:
     OverflowError, exit 1): each is one row, the others are listed as ever."""
-    from yolo9kit import runs
     from yolo9kit.cli import main
+    from yolo9kit.extras import runs
 
     good = _copy_run(root, "small", tmp_path / "good")
     bad = _copy_run(root, "small", tmp_path / "bad")

@@ -13,7 +13,7 @@ import torch
 
 from yolo9kit.cli import main
 from yolo9kit.config import ExportConfig, NMSConfig
-from yolo9kit.export_onnx import ExportCheckError, ExportReport, _check, _Predictions, export
+from yolo9kit.extras.onnx import ExportCheckError, ExportReport, _check, _Predictions, export
 from yolo9kit.models import create_model
 from yolo9kit.models.deploy import select_head
 
@@ -156,7 +156,7 @@ def test_an_exported_backend_of_predict_detects_what_the_torch_model_detects(tmp
                             "'yolo9kit[openvino]')")
     from yolo9kit import predict
     from yolo9kit.data import make_shapes
-    from yolo9kit.export_onnx import OnnxRuntimeForward, OpenVinoForward
+    from yolo9kit.extras.onnx import OnnxRuntimeForward, OpenVinoForward
     from yolo9kit.models.deploy import prepare_model
 
     model = create_model("yolov9-t-shapes").eval()

@@ -62,7 +62,7 @@ def test_export_refuses_to_write_over_its_weights(weights, capsys):
 def test_an_export_is_written_whole_or_not_at_all(weights, tmp_path, monkeypatch):
     """A write cut short (a kill, an interrupt) or a full disk leaves the old file as it was and no junk."""
     import yolo9kit.files as files
-    from yolo9kit import export
+    from yolo9kit.extras import export
 
     out = tmp_path / "model.onnx"
     out.write_bytes(b"the previous export")
@@ -170,7 +170,7 @@ def test_two_runs_into_one_folder_the_second_is_refused_naming_the_first(tmp_pat
 
 
 def test_a_lock_of_a_killed_process_of_another_host_is_taken_over(tmp_path, caplog):
-    from yolo9kit import runs
+    from yolo9kit.extras import runs
 
     run = _toy_run(tmp_path).save_dir
     (run / "state.yaml").write_text("state: running\n")  # kill -9, then a restarted container of another name

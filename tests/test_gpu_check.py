@@ -14,8 +14,9 @@ from fake_cuda import fake_cuda
 from train_toys import one_thread
 
 import yolo9kit
-from yolo9kit import gpu_check
-from yolo9kit.gpu_check import GPUCheckConfig, check_gpu
+import yolo9kit.extras
+from yolo9kit.extras import gpu_check
+from yolo9kit.extras.gpu_check import GPUCheckConfig, check_gpu
 from yolo9kit.memory import StepConfig, estimate
 from yolo9kit.memory.gpus import calibration_for, resolve_gpu
 
@@ -30,7 +31,7 @@ def test_without_cuda_the_gpu_check_says_so_in_one_line_and_exits_0(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().count("\n") == 0 and "no CUDA device" in run.stdout
     assert not (tmp_path / "gpu_check.json").exists()
-    report = yolo9kit.checks(verbose=False, widgets=False, gpu=True)
+    report = yolo9kit.extras.checks(verbose=False, widgets=False, gpu=True)
     assert report.gpu_check is not None and not report.gpu_check.ran and "no CUDA device" in str(report)
 
 

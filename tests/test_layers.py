@@ -11,6 +11,7 @@ from a submodule into its own package's ``__init__`` included.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -41,20 +42,19 @@ LAYERS: list[tuple[str, list[str]]] = [
     # the training run: fit, the epoch loop, checkpoints, DDP (an automatic batch is planned with the memory
     # tools before the first step)
     ("training run", ["yolo9kit.train"]),
-    # the table of run folders: it reads what training runs write
-    ("experiments", ["yolo9kit.experiments"]),
-    # the GPU self-check: the training step and the memory tools run on the card (checks(gpu=True))
-    ("GPU self-check", ["yolo9kit.gpu_check"]),
-    # prediction on images and videos, and the deployed model as an ONNX file: nothing below imports them
-    ("inference", ["yolo9kit.prediction", "yolo9kit.export_onnx"]),
+    # prediction on images and videos: nothing below imports it
+    ("inference", ["yolo9kit.prediction"]),
     # figures of training runs and memory, in the plots module that also re-exports every figure below
     ("plots of training and memory", ["yolo9kit.plots"]),
     # notebook widgets
     ("widgets", ["yolo9kit.widgets"]),
-    # the command line, the package's public face, and what only a notebook uses (the verdicts of claims
-    # checked against a stated threshold, notebook 07): nothing of the kit may depend on them
-    ("front ends", ["yolo9kit.cli", "yolo9kit", "yolo9kit.__main__", "yolo9kit.claims"]),
+    # the command line and the package's public face: nothing of the kit may depend on them
+    ("front ends", ["yolo9kit.cli", "yolo9kit", "yolo9kit.__main__"]),
+    # the extras (tuning, loggers, the runs table, the GPU self-check, ONNX export, claims): the core never imports
+    # them (test_the_core_never_imports_the_extras), it loads their entry points (yolo9kit.env.load_extra)
+    ("extras", ["yolo9kit.extras"]),
 ]
+EXTRAS = "yolo9kit.extras"
 
 
 def _module_files() -> dict[str, Path]:
@@ -169,11 +169,11 @@ def test_imports_point_down():
 
 def test_package_inits_do_not_lift_their_submodules():
     """Importing ``pkg.sub`` runs ``pkg/__init__.py`` first, so what that ``__init__`` imports at import time
-    is imported by every user of the lowest submodule too: it must stay at or below that submodule's layer
-    (re-exports from higher submodules are made lazily, in a module ``__getattr__``)."""
+    is imported by every user of the lowest submodule too: it must stay at or below that submodule's layer. The
+    top-level ``yolo9kit/__init__.py`` is the exception: it imports the core's public names, the whole core."""
     violations = []
     for package, path in MODULES.items():
-        if path.name != "__init__.py":
+        if path.name != "__init__.py" or package == PACKAGE:
             continue
         lowest = min(layer_of(m) for m in MODULES if m.startswith(package + ".") or m == package)
         for line, target in imports_in(package, path.read_text(), eager_only=True):
@@ -245,3 +245,19 @@ def test_no_import_cycles():
         graph[module].update(target for _, target in imports)
     cycles = [" -> ".join(_cycle_through(graph, c)) + f"  (modules {c})" for c in _cycles(graph)]
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_core_never_imports_the_extras():
+    """No module outside yolo9kit/extras/ imports it, in a function or by a string naming one of its modules
+    (importlib): the core reaches the extras only through the entry points of pyproject.toml."""
+    found = []
+    for module, path in MODULES.items():
+        if module == EXTRAS or module.startswith(EXTRAS + "."):
+            continue
+        source = path.read_text()
+        found += [f"{path.relative_to(REPO)}:{line} imports {target}" for line, target in imports_in(module, source)
+                  if target == EXTRAS or target.startswith(EXTRAS + ".")]
+        found += [f"{path.relative_to(REPO)}:{node.lineno} names {node.value!r}" for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and re.fullmatch(re.escape(EXTRAS) + r"(\.\w+)*(:\w+)?", node.value.strip())]
+    assert not found, "the core reaches into yolo9kit.extras:\n" + "\n".join(found)

@@ -153,12 +153,12 @@ def test_a_server_that_goes_away_is_a_warning_and_the_run_finishes(tmp_path, cap
             time.sleep(0.2)
         _stop(process)
 
-    with caplog.at_level(logging.WARNING, logger="yolo9kit.train.loggers"):
+    with caplog.at_level(logging.WARNING, logger="yolo9kit.extras.loggers"):
         result = _toy_fit(tmp_path / "runs", "gone", loggers=("mlflow",), mlflow_uri=uri,
                           callbacks={"on_epoch_end": stop_the_server})
     assert not result.interrupted and result.epochs_completed == 3
     assert len(pd.read_csv(result.save_dir / "results.csv")) == 3
-    warnings = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.train.loggers"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.extras.loggers"]
     assert len(warnings) == 1 and "mlflow" in warnings[0] and f"no MLflow server answers at {uri}" in warnings[0]
 
 
@@ -169,10 +169,10 @@ def test_a_full_disk_is_a_warning_and_the_run_finishes(tmp_path, caplog, monkeyp
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(SummaryWriter, "add_scalar", full)
-    with caplog.at_level(logging.WARNING, logger="yolo9kit.train.loggers"):
+    with caplog.at_level(logging.WARNING, logger="yolo9kit.extras.loggers"):
         result = _toy_fit(tmp_path, "full", loggers=("tensorboard",))
     assert result.epochs_completed == 3 and len(pd.read_csv(result.save_dir / "results.csv")) == 3
-    warnings = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.train.loggers"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.extras.loggers"]
     assert len(warnings) == 1 and warnings[0].startswith("tensorboard: [Errno 28] No space left on device")
 
 
@@ -200,9 +200,9 @@ def test_a_local_mlflow_store_by_default_and_a_missing_package_stops_before_trai
 
 def test_a_logger_without_an_entry_point_is_refused_naming_its_extra(tmp_path, monkeypatch):
     """fit finds the loggers among the entry points of the group yolo9kit.loggers, by their names."""
-    from yolo9kit.train import rundir
+    from yolo9kit import env
 
-    monkeypatch.setattr(rundir, "entry_points", lambda group: [])
+    monkeypatch.setattr(env.metadata, "entry_points", lambda group: [])
     with pytest.raises(ValueError, match=r"mlflow needs the mlflow package: pip install 'yolo9kit\[mlflow\]'"):
         _toy_fit(tmp_path / "runs", "unlisted", loggers=("mlflow",))
     assert not (tmp_path / "runs").exists()  # refused before anything was written
@@ -215,9 +215,9 @@ def test_a_local_mlflow_store_without_room_for_the_weights_gets_none(tmp_path, c
 
     real = files.free_bytes
     monkeypatch.setattr(files, "free_bytes", lambda folder: 0 if "mlartifacts" in str(folder) else real(folder))
-    with caplog.at_level(logging.WARNING, logger="yolo9kit.train.loggers"):
+    with caplog.at_level(logging.WARNING, logger="yolo9kit.extras.loggers"):
         result = _toy_fit(tmp_path / "runs", "room", loggers=("mlflow",))
-    warnings = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.train.loggers"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.extras.loggers"]
     assert len(warnings) == 1 and warnings[0].startswith("mlflow: disk full: MLflow's copy of the weights needs")
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name(str(tmp_path / "runs")).experiment_id])
@@ -257,7 +257,7 @@ def test_the_health_check_asks_the_way_the_mlflow_client_does(monkeypatch):
 
     from mlflow.tracking import MlflowClient
 
-    from yolo9kit.train.loggers import _check_server
+    from yolo9kit.extras.loggers import _check_server
 
     expected = "Basic " + base64.b64encode(b"ann:s3cret").decode()
 

@@ -32,10 +32,12 @@ def test_environment_yml_matches_pyproject():
     assert any(r.startswith("-e .") for r in pip_section), "environment.yml must install the package itself"
 
 
-def test_import_is_cheap():
-    code = "import sys, yolo9kit; print('torch' in sys.modules)"
+def test_import_leaves_out_the_widgets_and_the_extras():
+    """``import yolo9kit`` imports the core (torch too), never ipywidgets (the notebooks extra) nor yolo9kit.extras."""
+    code = ("import sys, yolo9kit; print('ipywidgets' in sys.modules, "
+            "any(m == 'yolo9kit.extras' or m.startswith('yolo9kit.extras.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["False", "False"]
 
 
 def test_ci_runs_readme_test_command():
@@ -57,6 +59,10 @@ def test_top_level_functions_are_not_shadowed_by_modules():
             "print(callable(yolo9kit.predict), callable(yolo9kit.evaluate), callable(yolo9kit.fit))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True", "True"]
+    import yolo9kit.extras
+
+    modules = {p.stem for p in (REPO / "yolo9kit" / "extras").glob("*.py")}
+    assert not modules & set(yolo9kit.extras.__all__), "a module of the extras shadows one of their functions"
 
 
 def test_lab_saves_widget_state():

@@ -23,7 +23,7 @@ def test_modules_stay_small():
 def test_no_eval_exec_or_print_in_library_code():
     offenders = []
     for path in _modules():
-        front_end = path.parent.name in ("cli", "widgets") or path.name == "widgets.py"
+        front_end = path.parent.name in ("cli", "widgets", "extras") or path.name == "widgets.py"  # extras: verbs
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 if node.func.id in ("eval", "exec") or (node.func.id == "print" and not front_end):

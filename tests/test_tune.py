@@ -16,7 +16,8 @@ from conftest import holding_the_lock
 from train_toys import one_thread
 
 from yolo9kit.config import LossConfig, TrainConfig
-from yolo9kit.config.recipe import EVOLVE_SPACE, hyp_of, hyp_settings, read_hyp
+from yolo9kit.config.recipe import hyp_settings, read_hyp
+from yolo9kit.extras.tuning import EVOLVE_SPACE, hyp_of
 from yolo9kit.models.checkpoint import SHAPES_WEIGHTS
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -83,7 +84,7 @@ def fake_fit(monkeypatch):
             lock.release()
         return SimpleNamespace(best_fitness=fake.fitness(config), interrupted=False, epochs_completed=config.epochs)
 
-    monkeypatch.setattr(importlib.import_module("yolo9kit.train.fit"), "fit", fit)
+    monkeypatch.setattr(importlib.import_module("yolo9kit.extras.tuning"), "fit", fit)
     return fake
 
 
@@ -107,7 +108,7 @@ def test_the_space_is_the_limits_evolve_mutates_of_what_yolov9_trains_with():
 
 
 def test_bad_spaces_and_counts_are_refused_in_one_line(shapes, tmp_path):
-    from yolo9kit import tune
+    from yolo9kit.extras import tune
 
     config = _config(tmp_path, "bad")
     for space, match in (({"lr0": (0.1, 0.01)}, "low < high"), ({"obj": (0.1, 1.0)}, "key of a hyp file"),
@@ -126,7 +127,7 @@ def test_bad_spaces_and_counts_are_refused_in_one_line(shapes, tmp_path):
 
 @pytest.mark.slow
 def test_a_stopped_study_continues_its_stopped_trial_from_last_pt(shapes, tmp_path):
-    from yolo9kit import runs, tune
+    from yolo9kit.extras import runs, tune
 
     ends = {"n": 0}
 
@@ -201,13 +202,13 @@ def test_two_worker_processes_share_one_study(shapes, tmp_path):
 
 
 def test_five_failed_trials_in_a_row_stop_the_study(shapes, tmp_path, monkeypatch):
-    from yolo9kit import tune
+    from yolo9kit.extras import tune
     from yolo9kit.train.guards import NonFiniteLossError
 
     def diverges(model, data, config):  # what fit raises after MAX_NONFINITE_BATCHES non-finite losses
         raise NonFiniteLossError(10, 0, 9)
 
-    monkeypatch.setattr(importlib.import_module("yolo9kit.train.fit"), "fit", diverges)
+    monkeypatch.setattr(importlib.import_module("yolo9kit.extras.tuning"), "fit", diverges)
     with pytest.raises(RuntimeError, match="trials 0, 1, 2, 3, 4 failed in a row"):
         tune(SHAPES_WEIGHTS, shapes, _config(tmp_path, "diverges"), trials=2, space=["lr0"])
     import optuna
@@ -220,7 +221,7 @@ def test_five_failed_trials_in_a_row_stop_the_study(shapes, tmp_path, monkeypatc
 def test_a_run_name_in_the_storage_that_leads_out_of_the_study_is_refused(shapes, tmp_path, fake_fit, outside):
     import optuna
 
-    from yolo9kit import tune
+    from yolo9kit.extras import tune
 
     config = _config(tmp_path / "p", "s")
     tune(SHAPES_WEIGHTS, shapes, config, trials=1, space=["lr0"])
@@ -237,8 +238,8 @@ def test_a_run_name_in_the_storage_that_leads_out_of_the_study_is_refused(shapes
 
 
 def test_a_study_is_its_data_set_too(tmp_path, fake_fit):
-    from yolo9kit import tune
     from yolo9kit.data import make_shapes
+    from yolo9kit.extras import tune
 
     four = make_shapes(tmp_path / "four", n_train=4, n_val=2, imgsz=64, num_classes=4)
     two = make_shapes(tmp_path / "two", n_train=4, n_val=2, imgsz=64, num_classes=2)
@@ -280,7 +281,7 @@ def test_best_hyp_trains_the_recipe_the_study_found_it_with(shapes, tmp_path, fa
 
 
 def test_a_folder_whose_storage_lost_its_study_is_refused(shapes, tmp_path, fake_fit):
-    from yolo9kit import tune
+    from yolo9kit.extras import tune
 
     config = _config(tmp_path, "s")
     tune(SHAPES_WEIGHTS, shapes, config, trials=1, space=["lr0"])
@@ -311,7 +312,7 @@ def test_a_refused_tune_leaves_nothing_behind(shapes, tmp_path, fake_fit, capsys
 
 
 def test_a_trial_whose_run_folder_is_in_use_is_queued_again(shapes, tmp_path, fake_fit):
-    from yolo9kit import tune
+    from yolo9kit.extras import tune
     from yolo9kit.files import FolderInUseError
 
     config = _config(tmp_path, "s")
@@ -334,7 +335,7 @@ def test_a_trial_whose_run_folder_is_in_use_is_queued_again(shapes, tmp_path, fa
 def test_a_killed_worker_rerun_on_its_host_continues_its_trial_at_once(shapes, tmp_path, fake_fit):
     import optuna
 
-    from yolo9kit import tune
+    from yolo9kit.extras import tune
 
     config = _config(tmp_path, "s")
     tune(SHAPES_WEIGHTS, shapes, config, trials=1, space=["lr0"])
@@ -356,7 +357,7 @@ def test_a_killed_worker_rerun_on_its_host_continues_its_trial_at_once(shapes, t
 def test_trials_whose_weights_are_removed_send_none_to_mlflow(shapes, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from yolo9kit import tune
+    from yolo9kit.extras import tune
 
     done = tune(SHAPES_WEIGHTS, shapes, _config(tmp_path, "s", loggers=("mlflow",)), trials=2, space=["lr0"])
     assert {p.parent.parent for p in tmp_path.rglob("*.pt")} == {done.best_run}  # nothing in mlartifacts

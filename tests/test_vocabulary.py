@@ -1,7 +1,7 @@
 """One word per idea: every name of the public API and the command line is one docs/glossary.md defines.
 
 The public API read here: the names the package exports (``yolo9kit``, ``yolo9kit.memory``, ``.data``,
-``.train``, ``.plots``, ``.widgets``, ``.config``), the entry points of ``validate``, ``prediction``,
+``.train``, ``.plots``, ``.widgets``, ``.config``, ``.extras``), the entry points of ``validate``, ``prediction``,
 ``models`` and ``models.checkpoint``, and the fields of every ``...Config`` settings class. Result types (a
 dataclass that is not a settings class) and the layer-building classes (official names, for checkpoints)
 are not parameters a user passes, so they are left out.
@@ -23,8 +23,8 @@ GLOSSARY = REPO / "docs" / "glossary.md"
 SURFACES: dict[str, list[str] | None] = {
     "yolo9kit": None, "yolo9kit.memory": None, "yolo9kit.data": None,
     "yolo9kit.plots": None, "yolo9kit.widgets": None, "yolo9kit.config": None,
-    "yolo9kit.train.fit": ["fit", "FitResult"], "yolo9kit.train.seeds": ["fit_seeds", "SeedSpread"],
-    "yolo9kit.train.tuning": ["tune", "TuneResult"], "yolo9kit.train.loop": ["train_one_epoch", "EpochStats"],
+    "yolo9kit.train.fit": ["fit", "FitResult"], "yolo9kit.extras": None,
+    "yolo9kit.train.loop": ["train_one_epoch", "EpochStats"],
     "yolo9kit.train.step": ["Trainer", "build_trainer", "describe_step", "micro_step", "optimizer_step", "run_batch",
                             "train_step"],
     "yolo9kit.train.optim": ["base_accumulate", "build_optimizer", "lr_factor", "param_groups",

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import importlib.util
 import logging
 import math
 import os
@@ -136,6 +137,21 @@ def _version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def load_extra(group: str, name: str, extra: str = "", package: str | None = None) -> Any:
+    """The object that the entry point ``name`` of ``group`` names (pyproject.toml): how the core reaches the extras.
+
+    Raises:
+        ValueError: no such entry point, or ``package`` (a third-party package it needs) is not installed; naming
+            the pip ``extra`` that installs it.
+    """
+    found = [point for point in metadata.entry_points(group=group) if point.name == name]
+    if not found or (package is not None and importlib.util.find_spec(package) is None):
+        need = f"the {package} package" if package else f"the {extra} extra" if extra else "yolo9kit's entry points"
+        raise ValueError(f"{name} needs {need}: " + (f"pip install 'yolo9kit[{extra}]'" if extra else
+                                                     "pip install -e . in the kit's checkout"))
+    return found[0].load()
 
 
 def _package_data(problems: list[str]) -> dict[str, int]:

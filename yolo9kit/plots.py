@@ -9,8 +9,6 @@ from typing import Any
 import pandas as pd
 
 from yolo9kit.config.step import precision_name
-from yolo9kit.experiments import differing_settings
-from yolo9kit.experiments import runs as runs_table
 from yolo9kit.figure import (
     axes_for,
     draw_results,
@@ -25,7 +23,7 @@ from yolo9kit.memory import CATEGORIES, resolve_gpu
 from yolo9kit.train.optim import step_settings, warmup_batches
 from yolo9kit.train.records import read_results
 
-__all__ = ["compare", "memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_labels",
+__all__ = ["memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_labels",
            "plot_metric_curve", "plot_pr_curve", "plot_results", "plot_schedule", "plot_validation", "show_batch"]
 
 GIB = 1 << 30
@@ -41,26 +39,6 @@ def plot_results(results: Any, fig=None):
     if isinstance(results, (str, Path)):
         results = read_results(results)
     return draw_results(results if isinstance(results, pd.DataFrame) else pd.DataFrame(list(results)), fig)
-
-
-def compare(runs: Any, metric: str = "metrics/mAP50-95", ax=None):
-    """The curves of ``metric`` (a results.csv column) against the epoch of ``runs`` (rows of a ``yolo9kit.runs()``
-    table, or run folders; ValueError for none), each labelled by the settings that differ between them."""
-    table = runs if isinstance(runs, pd.DataFrame) else runs_table(list(runs))
-    if table.empty:
-        raise ValueError("compare: no runs to draw")
-    differ = differing_settings(table)
-    _, ax = axes_for(ax, (7, 4))
-    for _, row in table.iterrows():
-        label = ", ".join(f"{name}={row[name]}" for name in differ) or str(row["run"])
-        try:
-            df = read_results(row["path"])
-            ax.plot(df["epoch"] + 1, df[metric], marker="o", markersize=3, label=label)
-        except (OSError, KeyError, ValueError, pd.errors.ParserError):
-            ax.plot([], [], label=f"{label} (no data)")
-    ax.set(xlabel="epoch", ylabel=metric, title=f"{metric}, {len(table)} runs")
-    ax.legend(fontsize=8)
-    return ax.figure
 
 
 def plot_schedule(config: Any, batches_per_epoch: int, ax=None):

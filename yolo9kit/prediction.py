@@ -19,7 +19,7 @@ from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
 from yolo9kit.data import letterbox, preprocess_images
 from yolo9kit.data.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, non_max_suppression, scale_boxes
-from yolo9kit.env import parse_device, resolve_device
+from yolo9kit.env import load_extra, parse_device, resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
 from yolo9kit.models import load_model
 from yolo9kit.models.deploy import max_stride, resolve_half, select_head
@@ -68,10 +68,9 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)
     if input_size != imgsz:
         LOGGER.warning("imgsz %s is not a multiple of the stride %d: using %s", imgsz, stride, input_size)
-    if onnx:  # an optional package runs it
-        from yolo9kit.export_onnx import OnnxRuntimeForward, OpenVinoForward
-
-        forward = (OnnxRuntimeForward if backend == "onnxruntime" else OpenVinoForward)(model, input_size)
+    if onnx:  # an extra runs it (the export extra's onnxruntime, the openvino extra)
+        extra = "export" if backend == "onnxruntime" else backend
+        forward = load_extra("yolo9kit.backends", backend, extra)(model, input_size)
     report = (lambda result, index: on_result(result, index + 1, len(items))) if on_result else None
     run = _Run(run_model, forward, device, dtype, nhwc, head, input_size, batch_size == 1 and not onnx,
                (nms or NMSConfig()).filled(PREDICT_NMS), save or SaveConfig(), report)

@@ -5,6 +5,7 @@ An error is one line on stderr (a traceback with ``-v``); exit codes: docs/fault
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import re
 import sys
@@ -14,13 +15,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from yolo9kit.cli import export, predict, runs, train, tune
+from yolo9kit.cli import predict, train
 from yolo9kit.cli.train import add_setting_flag, checked, setting_type
 from yolo9kit.config import SaveConfig, StepConfig, TrainConfig
 from yolo9kit.data import check, coco_to_yolo, create_dataloader, load_data_config, make_shapes
-from yolo9kit.env import environment_report, set_cpu_threads
+from yolo9kit.env import environment_report, load_extra, set_cpu_threads
 from yolo9kit.figure import save_figure
-from yolo9kit.gpu_check import check_gpu
 from yolo9kit.memory import plan, resolve_gpu, sweep
 from yolo9kit.models import create_model, model_table
 from yolo9kit.models.checkpoint import save_checkpoint
@@ -32,6 +32,7 @@ from yolo9kit.validate import evaluate
 # errors of the input (exit code 2; ValueError covers the kit's own DataError, CheckpointError, LayerTableError)
 INPUT_ERRORS = (ValueError, LookupError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
 MAX_MESSAGE = 600  # characters of one error line; the rest is shown with --verbose
+EXTRA_VERBS = {"tune": "tune", "runs": "", "export": "export"}  # verbs of the extras -> the pip extra they need
 DEMO_CLASSES = 3
 
 
@@ -64,10 +65,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--imgsz", type=checked(int, low=1), default=640, help="image side of the GFLOPs (default 640)")
     p.add_argument("--num-classes", type=checked(int, low=1), default=80, help="number of classes (default 80)")
     p.set_defaults(func=run_models)
-    for add in (_add_data, train.add_parser, tune.add_parser, runs.add_parser, predict.add_val, predict.add_detect,
-                export.add_parser, _add_profile, _add_demo):
-        add(verbs)
+    _add_data(verbs)
+    for add in (train.add_parser, "tune", "runs", predict.add_val, predict.add_detect, "export", _add_profile,
+                _add_demo):
+        _add_extra(verbs, add) if isinstance(add, str) else add(verbs)
     return parser
+
+
+def _add_extra(verbs: argparse._SubParsersAction, name: str) -> None:
+    """The verb ``name`` as its entry point adds it; when that is not installed, a verb that says so when used."""
+    try:
+        load_extra("yolo9kit.commands", name, EXTRA_VERBS[name])(verbs)
+    except ValueError as e:
+        p = verbs.add_parser(name, help=f"(not installed) {e}")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=functools.partial(_missing, e))
+
+
+def _missing(error: ValueError, args: argparse.Namespace) -> int:
+    raise error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +127,11 @@ def one_line(error: BaseException) -> str:
 
 
 def run_checks(args: argparse.Namespace) -> int:
-    command = f"python -m yolo9kit checks --gpu --out {args.out}"
-    result = check_gpu(out=args.out, command=command) if args.gpu else environment_report(verbose=False)
+    if args.gpu:
+        check_gpu = load_extra("yolo9kit.commands", "gpu_check")
+        result = check_gpu(out=args.out, command=f"python -m yolo9kit checks --gpu --out {args.out}")
+    else:
+        result = environment_report(verbose=False)
     print(result)
     return 0 if result.ok else 1
 

@@ -17,12 +17,11 @@ from yolo9kit.config import FAST_SWITCHES, LossConfig, TrainConfig
 from yolo9kit.config.recipe import hyp_settings, read_hyp
 from yolo9kit.config.step import CHANGE, KEEP, Declared, settings
 from yolo9kit.config.train import LOGGERS
-from yolo9kit.env import parse_device
+from yolo9kit.env import load_extra, parse_device
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint
 from yolo9kit.train.fit import fit
 from yolo9kit.train.rundir import class_names, resume_conflicts
-from yolo9kit.train.seeds import fit_seeds
 from yolo9kit.train.state import current, find_resume_checkpoint, finish_processes, init_from_env
 
 LOGGER = logging.getLogger(__name__)
@@ -188,24 +187,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train; exit status 0 when the run finished, else 128 + the signal (``_exit_status``)."""
+    """Train; exit status 0 when the run finished, else 128 + the signal (``exit_status``)."""
     init_from_env()
-    if args.seeds == 1:
-        result = _train(args)
-    elif args.seeds < 1 or args.resume or args.weights or not args.data:
-        raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume (the same --seeds "
-                         "command again continues its seeds), and not with --weights: pass the checkpoint as "
-                         "--model, it is built anew for each seed")
-    else:
-        spread = fit_seeds(args.model or DEFAULT_MODEL, args.data, config_from_args(args), seeds=args.seeds)
-        print(spread.table.to_string(index=False))
-        print(spread)
-        result = spread.results[-1] if spread.results else None  # a stop is the last run: it ended the command
+    code = _train(args) if args.seeds == 1 else load_extra("yolo9kit.commands", "seeds")(args)
     finish_processes()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
-    return _exit_status(result) if result is not None else 0
+    return code
 
 
-def _exit_status(result) -> int:
+def exit_status(result) -> int:
     """0 when the run was not interrupted, else 128 + the signal: 130 (SIGINT, Ctrl-C, a callback's stop), 143."""
     return 0 if not result.interrupted else 143 if result.interrupted_by == "SIGTERM" else 130
 
@@ -229,7 +218,7 @@ def _train(args: argparse.Namespace) -> Any:
               f"(epoch {result.best_epoch + 1}); weights in {result.save_dir / 'weights'}")
         if result.interrupted:
             print(f"last.pt saved; continue with: python -m yolo9kit train --resume {result.save_dir}")
-    return result
+    return exit_status(result)
 
 
 def _resume_setup(args: argparse.Namespace) -> tuple[Any, Any, TrainConfig]:

@@ -1,4 +1,5 @@
-"""Official hyp files and the recipe (train_dual.py's, or the kit's for short runs: docs/training.md)."""
+"""What a run trains with: official hyp files (``data/hyps/hyp.scratch-high.yaml``: reading them, their keys)
+and the recipe, train_dual.py's or the kit's for runs too short for it (docs/training.md, the recipe)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from yolo9kit.config.step import settings
 from yolo9kit.config.train import DEFAULT_AUGMENT_HYP, LossConfig, TrainConfig, named_settings
-from yolo9kit.files import RecordError, read_record, write_text_atomically
+from yolo9kit.files import RecordError, read_record
 
 LOGGER = logging.getLogger(__name__)
 
@@ -20,27 +21,21 @@ LOSS_KEYS = {"box": "box_gain", "cls": "cls_gain", "dfl": "dfl_gain", "cls_pw": 
 # Keys of YOLOv5's loss and anchors, with their hyp.scratch-high values: no effect in YOLOv9 (nor here); written
 # back so that a file the kit writes is one train_dual.py takes too.
 IGNORED = {"obj": 0.7, "obj_pw": 1.0, "iou_t": 0.2, "anchor_t": 5.0, "fl_gamma": 0.0}
-# train_dual.py's --evolve limits (its ``meta``: gain, low, high) of the keys it mutates that YOLOv9 trains with:
-# the search space of ``yolo9kit.train.tuning.tune``.
-EVOLVE_SPACE: Mapping[str, tuple[float, float]] = MappingProxyType({
-    "lr0": (1e-5, 1e-1), "lrf": (0.01, 1.0), "momentum": (0.6, 0.98), "weight_decay": (0.0, 0.001),
-    "warmup_epochs": (0.0, 5.0), "warmup_momentum": (0.0, 0.95), "warmup_bias_lr": (0.0, 0.2), "cls_pw": (0.5, 2.0),
-    "hsv_h": (0.0, 0.1), "hsv_s": (0.0, 0.9), "hsv_v": (0.0, 0.9), "degrees": (0.0, 45.0), "translate": (0.0, 0.9),
-    "scale": (0.0, 0.9), "shear": (0.0, 10.0), "flipud": (0.0, 1.0), "mosaic": (0.0, 1.0), "mixup": (0.0, 1.0),
-    "copy_paste": (0.0, 1.0),
-})
-LOG_SCALE = {"lr0"}  # four decades: sampled on a log scale, the others evenly
-TUNABLE = (*OPTIM_KEYS, *LOSS_KEYS, *DEFAULT_AUGMENT_HYP)  # the keys a custom space of tune may hold
-# TrainConfig settings a hyp file of the kit may also hold (tune's best_hyp.yaml); train_dual.py ignores them
+# TrainConfig settings a hyp file of the kit may also hold (tune's best_hyp.yaml: the recipe its trials trained, so
+# that train --hyp trains it); train_dual.py ignores them
 RECIPE_KEYS = ("recipe", "optimizer", "nominal_batch_size", "schedule", "warmup_min_batches", "close_mosaic")
-_ORDER = (*OPTIM_KEYS, "box", "cls", "cls_pw", "obj", "obj_pw", "dfl", "iou_t", "anchor_t", "fl_gamma",
-          *DEFAULT_AUGMENT_HYP)  # the order of the official file
-
-SHORT_RUN_UPDATES = 10_000  # Ultralytics' threshold for optimizer="auto"
+# Ultralytics' threshold for optimizer="auto" (its iterations: images / max(batch, 64) x epochs).
+SHORT_RUN_UPDATES = 10_000
 OFFICIAL_NOMINAL_BATCH = 64
-# The short recipe, measured on the shapes data (benchmarks/demo_recipe.py, benchmarks/time_to_map.py)
+# The short recipe, measured on the shapes data (benchmarks/demo_recipe.py, benchmarks/time_to_map.py):
 SHORT_SETTINGS: Mapping[str, Any] = MappingProxyType({
-    "optimizer": "AdamW", "lr0": 0.0015, "nominal_batch_size": 16, "warmup_epochs": 1.0, "warmup_min_batches": 0})
+    "optimizer": "AdamW",  # per-parameter steps need no long warmup: several times SGD's mAP after 10 epochs
+    "lr0": 0.0015,  # about Ultralytics' auto rate for 3 classes (0.002 * 5 / (4 + nc))
+    "nominal_batch_size": 16,  # one optimizer step per batch of 16: four times the official updates per image
+    "warmup_epochs": 1.0,  # one warmup epoch, however short (100 batches would be a third of a small run)
+    "warmup_min_batches": 0,
+})
+# Lighter augmentation: mixup and copy-paste slow a model that has few epochs to learn the objects at all.
 SHORT_AUGMENT: Mapping[str, float] = MappingProxyType({"mosaic": 0.5, "mixup": 0.0, "copy_paste": 0.0,
                                                         "scale": 0.5})
 SHORT_CLOSE_MOSAIC = 5  # mosaic off for the last epochs (at most this many): the model ends on whole images
@@ -83,31 +78,6 @@ def hyp_settings(values: Mapping[str, Any], loss: LossConfig) -> dict[str, Any]:
     if gains:
         out["loss"] = loss.replace(**gains)
     return out
-
-
-def hyp_of(config: TrainConfig) -> dict[str, Any]:
-    """Every key of an official hyp file, in its order, then the ``RECIPE_KEYS``, with the values ``config``
-    trains with."""
-    values = {k: getattr(config.optim, k) for k in OPTIM_KEYS}
-    values.update({k: getattr(config.optim.loss, field) for k, field in LOSS_KEYS.items()})
-    values.update({**IGNORED, **config.pipeline.augment_hyp})
-    saved = config.to_dict()
-    return {**{k: float(values[k]) for k in _ORDER}, **{k: saved[k] for k in RECIPE_KEYS}}
-
-
-def write_hyp(path: str | Path, values: Mapping[str, Any], header: str = "") -> Path:
-    """Write ``values`` as a hyp file, atomically (``header``: comment lines above them)."""
-    comments = "".join(f"# {line}\n" for line in header.splitlines())
-    lines = "".join(f"{k}: {_number(v) if isinstance(v, float) else v}\n" for k, v in values.items())
-    write_text_atomically(path, comments + lines)
-    return Path(path)
-
-
-def _number(value: float) -> str:
-    """Every digit, as a float YAML 1.1 reads back (``1.0e-05``: PyYAML takes ``1e-05`` for a string)."""
-    text = repr(float(value))
-    mantissa, _, exponent = text.partition("e")
-    return f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else text
 
 
 def choose_recipe(config: TrainConfig, images: int | None, saved: Mapping[str, Any] | None = None

@@ -3,11 +3,9 @@ callbacks and loggers, how it ends, room for an epoch's checkpoints (docs/traini
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +14,7 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.config.step import KEEP, settings
 from yolo9kit.data import load_data_config
+from yolo9kit.env import load_extra
 from yolo9kit.files import (
     FolderInUseError,
     FolderLock,
@@ -132,14 +131,12 @@ def find_loggers(config: TrainConfig) -> list[Any]:
     Raises:
         ValueError: a logger that is not installed, naming the extra that installs it.
     """
-    points = {point.name: point for point in entry_points(group="yolo9kit.loggers")}
-    for name in config.run.loggers:
-        if name not in points or importlib.util.find_spec(name) is None:  # a logger is named after its package
-            raise ValueError(f"TrainConfig.loggers: {name} needs the {name} package: pip install 'yolo9kit[{name}]'")
+    # a logger is named after its package and its extra
+    loggers = [load_extra("yolo9kit.loggers", name, name, package=name) for name in config.run.loggers]
     if config.run.mlflow_uri and "mlflow" not in config.run.loggers:
         LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
                        config.run.mlflow_uri)
-    return [points[name].load() for name in config.run.loggers]
+    return loggers
 
 
 def open_callbacks(run: RunFolder, config: TrainConfig) -> None:

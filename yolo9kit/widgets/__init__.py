@@ -22,10 +22,9 @@ from yolo9kit.plots import memory_breakdown, memory_vs_batch, show_batch
 from yolo9kit.prediction import predict
 from yolo9kit.widgets.dashboard import TrainDashboard, train_dashboard
 from yolo9kit.widgets.panel import WidgetApp, html_table, launch, output_png, show_error, show_figure
-from yolo9kit.widgets.runs import runs_viewer
 
 __all__ = ["TrainDashboard", "WidgetApp", "augmentation_viewer", "detection_viewer", "memory_explorer", "output_png",
-           "runs_viewer", "train_dashboard"]
+           "train_dashboard"]
 
 STAGES = 4  # the steps of one update the progress bar counts: trace, curve, largest batch, plan and breakdown
 SWITCHES = ("fit's defaults", "off (official layout)")  # channels_last, lean_activations, ...: None or False

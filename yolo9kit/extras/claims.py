@@ -1,17 +1,6 @@
-"""Verdicts on claims about training, decided by a rule stated before the measurement.
-
-A ``Claim`` names what is measured, the rule a measured value must meet for the claim to hold, the
-threshold and the unit, before anything runs; ``judge`` then reads the measured values and says whether
-the claim is true, false, or undecided (some values meet the rule and some do not, so the spread of the
-measurement straddles the threshold). Because the verdict is computed, a different measurement gives a
-different verdict: notebook 07 uses this for every claim it checks.
-
-Example:
-    >>> faster = Claim("gradient accumulation is faster than a large batch",
-    ...                quantity="time per update, accumulated / one batch", rule="<", threshold=1.0, unit="x")
-    >>> judge(faster, [1.31, 1.35, 1.42]).verdict
-    'False'
-"""
+"""Verdicts on claims about training (notebook 07): a ``Claim`` states what is measured, the rule a value must meet,
+its threshold and unit before anything runs; ``judge`` reads the measured values and says True, False, or Undecided
+(the spread straddles the threshold), e.g. ``judge(Claim("...", "time per update", "<", 1.0, "x"), [1.3, 1.4])``."""
 
 from __future__ import annotations
 
@@ -22,22 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 TRUE, FALSE, UNDECIDED, NOT_CHECKED = "True", "False", "Undecided", "Not checked"
-# "between" takes (low, high), both ends included; "==" compares exactly (numbers, strings, booleans), so a
-# tolerance on a float is written as "between" instead.
+# "between": (low, high), both ends included; "==" compares exactly (a tolerance on a float is a "between")
 RULES = ("<", "<=", ">", ">=", "==", "between")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A claim and how a measurement decides it, written down before measuring.
-
-    Attributes:
-        text: the claim as it is usually stated ("AMP halves memory").
-        quantity: what is measured, in words ("peak memory of the fp16 step / the fp32 step").
-        rule: how one measured value must compare with ``threshold`` for the claim to hold: one of ``RULES``.
-        threshold: a number; ``(low, high)`` for ``"between"``; for ``"=="`` also a string or a bool.
-        unit: the unit of the quantity and the threshold ("x", "s", "share of the weights"); "" for none.
-    """
+    """A claim (``text``, "AMP halves memory") and how a measurement decides it, written down before measuring:
+    the ``quantity`` measured, in words; the ``rule`` one value must meet (``RULES``) against ``threshold`` (a
+    number, ``(low, high)`` for "between", also a string or bool for "=="); the ``unit`` ("x", "s", or "")."""
 
     text: str
     quantity: str
@@ -78,16 +60,9 @@ class Claim:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What ``judge`` decided.
-
-    Attributes:
-        claim: the claim judged.
-        verdict: ``"True"`` (every value meets the rule), ``"False"`` (none does), ``"Undecided"`` (some do:
-            the spread straddles the threshold) or ``"Not checked"`` (nothing was measured).
-        summary: one sentence with the measured numbers, the rule and the verdict.
-        values: the measured values, as given.
-        holding: how many of them meet the rule.
-    """
+    """What ``judge`` decided about ``claim``: ``verdict`` "True" (every value meets the rule), "False" (none
+    does), "Undecided" (some do) or "Not checked" (nothing measured); ``summary``, one sentence with the numbers,
+    the rule and the verdict; the ``values`` as given and how many are ``holding``."""
 
     claim: Claim
     verdict: str
@@ -97,7 +72,7 @@ class Verdict:
 
     @property
     def measured(self) -> str:
-        """The measurement in short: the median and range of numbers, or the distinct values otherwise."""
+        """The median and range of numbers, or the distinct values."""
         return _describe(self.values, self.claim.unit)
 
 
@@ -106,15 +81,13 @@ def judge(claim: Claim, measured_values: Iterable[Any]) -> Verdict:
 
     Args:
         claim: the claim with its rule, stated before measuring.
-        measured_values: the values of ``claim.quantity``; numbers must be finite. An empty sequence means
-            the quantity could not be measured (the verdict is then ``"Not checked"``).
+        measured_values: the values of ``claim.quantity`` (finite numbers); none: "Not checked".
 
     Returns:
         A ``Verdict``: true when every value meets the rule, false when none does, undecided otherwise.
 
     Raises:
-        ValueError: a number is not finite (NaN or infinite), or an ordering rule gets a value that is not
-            a number; the message names the claim and the value's position.
+        ValueError: a number not finite, or not a number for an ordering rule (naming the claim and the value).
     """
     values = tuple(measured_values)
     for i, value in enumerate(values):
@@ -149,8 +122,7 @@ def _fmt(value: Any) -> str:
 
 
 def _describe(values: tuple, unit: str) -> str:
-    """``"median 1.35 x (1.31 to 1.42, 3 values)"``, ``"0 options"``, or the distinct values of a categorical
-    measure (strings, booleans)."""
+    """``"median 1.35 x (1.31 to 1.42, 3 values)"``, ``"0 options"``, or the distinct values (strings, booleans)."""
     suffix = f" {unit}" if unit else ""
     if not values:
         return "nothing measured"

@@ -1,27 +1,13 @@
-"""The deployed model as an ONNX file: ``yolo9kit.export(model, "model.onnx", imgsz=640)``.
-
-What the file holds: the deployed model (a YOLOv9 model converted to its GELAN twin, auxiliary branch
-dropped, Conv+BN fused: :func:`~yolo9kit.models.to_deploy`; a GELAN model fused), in float32, for one input
-size and, by default, any batch size. Its input and outputs:
-
-* ``images``: (B, 3, H, W) float32, RGB in [0, 1], letterboxed to H x W as ``predict`` does.
-* ``predictions``: (B, 4 + nc, A) float32, A anchors over the three levels: cx, cy, w, h in input pixels,
-  then the class scores in [0, 1]; what :func:`~yolo9kit.detections.non_max_suppression` takes. NMS is the
-  caller's (the default).
-* with ``nms``: ``detections`` first, (K, 7) float32, one row per kept box of the whole batch:
-  ``[image_index, x1, y1, x2, y2, score, class]`` in input pixels, each image's rows by descending score;
-  then ``predictions``. The NMS is ONNX's NonMaxSuppression with the official rule of ``detect_dual.py``
-  (the best class of each box, score strictly above ``conf``, class-aware by offsetting boxes by class x
-  7680, at most ``max_det`` boxes per image), so it equals ``predict``'s NMS; only the official cap of 30000
-  candidates before NMS is not applied (a 640-px input has 8400 anchors).
-
-The class names, strides and input size are in the file's metadata (``names``, ``stride``, ``imgsz``).
-"""
+"""``export``: the deployed model (``to_deploy``, fused, float32) as an ONNX file, input ``images`` (B, 3, H, W) RGB
+in [0, 1], output ``predictions`` (B, 4 + nc, A), with NMS also ``detections`` (K, 7) first (docs/export.md: the
+format); ``python -m yolo9kit export``; and ``predict``'s backends that run it in ONNX Runtime or OpenVINO."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
+import inspect
 import io
 import json
 import logging
@@ -34,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolo9kit.cli.train import add_model_limit_flag, checked, model_limit
 from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
 from yolo9kit.detections import MAX_WH, non_max_suppression
 from yolo9kit.files import refuse_own_input, write_bytes_atomically
@@ -42,8 +29,7 @@ from yolo9kit.models.deploy import max_stride, prepare_model, select_head
 
 LOGGER = logging.getLogger(__name__)
 EXTRA = "pip install 'yolo9kit[export]'"
-
-__all__ = ["ExportCheckError", "ExportReport", "export"]
+NMS_FLAGS = ("conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms")
 
 
 class ExportCheckError(RuntimeError):
@@ -52,15 +38,9 @@ class ExportCheckError(RuntimeError):
 
 @dataclass
 class ExportReport:
-    """What :func:`export` wrote and how it checked it.
-
-    Attributes:
-        path: the ONNX file. input_shape: (batch, 3, h, w), batch ``"batch"`` when dynamic.
-        outputs: output names in order. opset: ONNX operator set. nms: the NMS in the file, or None.
-        checked: ONNX Runtime ran the file. max_abs_diff: largest |ONNX Runtime - PyTorch| over ``predictions``
-        (None when not checked). atol: the tolerance. detections: rows compared with the kit's NMS (with nms).
-        note: how it was checked, or why not.
-    """
+    """What ``export`` wrote (``path``, ``input_shape`` with batch "batch" when dynamic, ``outputs``, ``opset``,
+    ``nms``) and how it checked it: ``checked`` (ONNX Runtime ran it), ``max_abs_diff`` over ``predictions`` against
+    PyTorch within ``atol``, ``detections`` compared with the kit's NMS, ``note`` (how, or why not)."""
 
     path: Path
     input_shape: tuple
@@ -106,18 +86,14 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     """Write the deployed model as an ONNX file and check it against PyTorch in ONNX Runtime.
 
     Args:
-        model: a DetectionModel, or anything :func:`~yolo9kit.models.load_model` accepts (checkpoint path,
-            model name). Never changed: the export works on its deployed copy, on the CPU in float32.
-        path: the .onnx file to write (its folder is made): written whole or not at all, never over the
-            weights file it exports (``files.write_file``).
-        imgsz: input size (int or (h, w)), rounded up to a multiple of the model stride as ``predict`` does.
-        nms: None leaves NMS to the caller (output ``predictions``); an :class:`~yolo9kit.config.NMSConfig`
-            puts it in the file (output ``detections`` first), its unset fields taking
-            :data:`~yolo9kit.config.PREDICT_NMS` (conf 0.25, iou 0.45, max_det 1000).
-        onnx: an :class:`~yolo9kit.config.ExportConfig` (opset, dynamic batch, the check and its tolerance).
+        model: a DetectionModel (never changed) or what ``load_model`` takes (checkpoint path, model name).
+        path: the .onnx file, written whole or not at all, never over the weights file it exports.
+        imgsz: input size (int or (h, w)), rounded up to a multiple of the stride as ``predict`` does.
+        nms: None leaves NMS to the caller; an ``NMSConfig`` (unset fields: ``PREDICT_NMS``) puts it in the file.
+        onnx: an ``ExportConfig`` (opset, dynamic batch, the check and its tolerance).
 
     Returns:
-        :class:`ExportReport`; the module docstring gives the file's inputs and outputs.
+        ExportReport.
 
     Raises:
         ModuleNotFoundError: ``onnx`` is not installed (``pip install 'yolo9kit[export]'``).
@@ -152,8 +128,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
 
 
 def _traced(model: torch.nn.Module, imgsz: int | Sequence[int], settings: ExportConfig):
-    """(the ONNX proto of the deployed ``model``'s predictions, the traced wrapper, the input size rounded up
-    to the stride), built in memory."""
+    """(the ONNX proto of the deployed model's predictions, built in memory; the wrapper; the size rounded up)."""
     onnx_lib = _require("onnx")
     deployed = prepare_model(model, torch.device("cpu"), False, deploy=True, head="main")
     wrapper = _Predictions(deployed).eval()
@@ -163,7 +138,7 @@ def _traced(model: torch.nn.Module, imgsz: int | Sequence[int], settings: Export
     axes = {"images": {0: "batch"}, "predictions": {0: "batch"}} if settings.dynamic_batch else None
     # The TorchScript exporter: torch.export (the default exporter since torch 2.9) does not trace this model
     # (tested with torch 2.14). Its tracer warnings are about the input-size checks, constant for one size.
-    extra = {"dynamo": False} if "dynamo" in _parameters(torch.onnx.export) else {}
+    extra = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
     buffer = io.BytesIO()  # built in memory: the file is written once, whole (files.write_file)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -173,18 +148,15 @@ def _traced(model: torch.nn.Module, imgsz: int | Sequence[int], settings: Export
 
 
 class OnnxRuntimeForward:
-    """The deployed ``model`` exported in memory (as :func:`export` writes it, without NMS) and run by ONNX
-    Runtime on the CPU with torch's thread count: ``predict(..., backend="onnxruntime")``. Called with float32
-    (B, 3, H, W) images of ``size`` (the export size: one shape, any batch), it returns the main head's
-    predictions (B, 4 + nc, A) as a tensor, as the model's forward does."""
+    """``predict(..., backend="onnxruntime")``: the deployed model exported in memory, run by ONNX Runtime on the
+    CPU with torch's threads; called with (B, 3, H, W) float32 images of ``size``, it returns the predictions."""
 
     def __init__(self, model: torch.nn.Module, imgsz: int | Sequence[int]) -> None:
         ort = _require("onnxruntime")
         proto, _, self.size = _traced(model, imgsz, ExportConfig(check=False))
         options = ort.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
-        # ONNX Runtime's threads spin for a while after each run by default: they would take the cores from
-        # the letterbox, the tensor conversion and the NMS that follow in this process
+        # its threads would spin after each run, taking the cores from the letterbox and NMS that follow
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
@@ -193,10 +165,8 @@ class OnnxRuntimeForward:
 
 
 class OpenVinoForward:
-    """The deployed ``model`` exported in memory, as for :class:`OnnxRuntimeForward`, and run by OpenVINO on the
-    CPU: ``predict(..., backend="openvino")`` (the openvino extra). In float32 (precision hint ``f32``: on a
-    processor with bf16 OpenVINO would otherwise compute in bf16, about 2x faster here and with other scores,
-    docs/benchmarks.md), with torch's thread count, tuned for one request at a time."""
+    """``predict(..., backend="openvino")``: as ``OnnxRuntimeForward``, run by OpenVINO, in float32 (on a bf16
+    processor it would compute in bf16, with other scores: docs/benchmarks.md), tuned for one request at a time."""
 
     def __init__(self, model: torch.nn.Module, imgsz: int | Sequence[int]) -> None:
         ov = _require("openvino", "openvino")
@@ -209,12 +179,6 @@ class OpenVinoForward:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.request.infer({"images": images.numpy()})[self.output].copy())
-
-
-def _parameters(fn) -> set[str]:
-    import inspect
-
-    return set(inspect.signature(fn).parameters)
 
 
 @torch.no_grad()
@@ -245,8 +209,7 @@ def _check(report: ExportReport, wrapper: torch.nn.Module, settings: ExportConfi
 
 
 def _compare_detections(report: ExportReport, rows: np.ndarray, predictions: torch.Tensor, atol: float) -> list[str]:
-    """The file's detections against the kit's NMS on the same predictions, image by image (the same input, so
-    near-equal scores cannot order differently)."""
+    """The file's detections against the kit's NMS on the file's own predictions, image by image."""
     nms = report.nms
     kit = non_max_suppression(predictions, nms.conf, nms.iou, nms.classes, nms.agnostic, max_det=nms.max_det)
     report.detections = len(rows)
@@ -317,3 +280,48 @@ def _append_nms(proto, nms: NMSConfig, nc: int, opset: int) -> None:
     nodes.append(helper.make_node("Concat", columns, ["detections"], name="nms/detections", axis=1))
     graph.node.extend(nodes)
     graph.output.insert(0, helper.make_tensor_value_info("detections", TensorProto.FLOAT, ["detections", 7]))
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """``python -m yolo9kit export WEIGHTS --out model.onnx``: write, check in ONNX Runtime, say what was written."""
+    p = subparsers.add_parser("export", help="write the deployed model as an ONNX file (needs yolo9kit[export])")
+    p.add_argument("weights", help="kit checkpoint, official .pt, or a model name (random weights)")
+    p.add_argument("--out", help="the .onnx file (default: the weights' name with .onnx, in the current folder)")
+    p.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), nargs="+", default=[640],
+                   help="h [w] of the input (default 640)")
+    p.add_argument("--nms", action="store_true",
+                   help="include NMS: output detections (K, 7) [image, x1, y1, x2, y2, score, class] first")
+    p.add_argument("--conf-thres", type=checked(float, low=0, high=1), help="with --nms: confidence (default 0.25)")
+    p.add_argument("--iou-thres", type=checked(float, low=0, high=1), help="with --nms: NMS IoU (default 0.45)")
+    p.add_argument("--max-det", type=checked(int, low=1), help="with --nms: most detections per image (default 1000)")
+    p.add_argument("--classes", type=checked(int, low=0), nargs="+", help="with --nms: keep only these class ids")
+    p.add_argument("--agnostic-nms", action="store_true", default=None, help="with --nms: class-agnostic NMS")
+    p.add_argument("--opset", type=checked(int, low=1), default=17, help="ONNX opset, 13 to 20 (default 17)")
+    p.add_argument("--dynamic-batch", action=argparse.BooleanOptionalAction, default=True,
+                   help="a symbolic batch axis (default on; off: batch 1)")
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the file in ONNX Runtime and compare with PyTorch (default on)")
+    p.add_argument("--atol", type=float, default=1e-2,
+                   help="largest allowed |ONNX Runtime - PyTorch| in pixels / probability (default 0.01)")
+    add_model_limit_flag(p)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if len(args.imgsz) > 2:
+        raise ValueError(f"--imgsz: expected one size or h w, got {len(args.imgsz)} values {args.imgsz}")
+    given = [f"--{name.replace('_', '-')}" for name in NMS_FLAGS if getattr(args, name) is not None]
+    if given and not args.nms:
+        raise ValueError(f"{', '.join(given)} set the NMS in the file: add --nms (without it NMS is the caller's)")
+    nms = NMSConfig(conf=args.conf_thres, iou=args.iou_thres, max_det=args.max_det, classes=args.classes,
+                    agnostic=bool(args.agnostic_nms)) if args.nms else None
+    settings = ExportConfig(opset=args.opset, dynamic_batch=args.dynamic_batch, check=args.check, atol=args.atol)
+    out = Path(args.out) if args.out else Path(f"{Path(args.weights).stem}.onnx")
+    refuse_own_input(out, [args.weights])  # before the weights are read: export X.pt --out X.pt
+    imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz
+    report = export(load_model(args.weights, model_limit(args)), out, imgsz=imgsz, nms=nms, onnx=settings)
+    print(f"Wrote {report.path}: input images {report.input_shape}, outputs {', '.join(report.outputs)}, "
+          f"opset {report.opset}")
+    print(f"Checked: ONNX Runtime = PyTorch within {report.atol:g} (max abs diff {report.max_abs_diff:.3g}); "
+          f"{report.note}" if report.checked else f"Not checked: {report.note}")
+    return 0

@@ -1,40 +1,40 @@
-"""Experiment loggers (``TrainConfig(loggers=...)``): TensorBoard and MLflow, each an optional extra of the package
-and an entry point of the group "yolo9kit.loggers", which ``fit`` calls through its callbacks (``on_epoch_end``,
-``on_run_end``). Each works in a thread of its own; an error of a logger is one warning, never the end of the run
-(docs/training.md, loggers)."""
+"""Experiment loggers (``TrainConfig(loggers=...)``): TensorBoard and MLflow, entry points of the group
+"yolo9kit.loggers" that ``fit`` calls through its callbacks, each in its own thread (docs/training.md, loggers)."""
 
 from __future__ import annotations
 
+import getpass
 import logging
 import queue
+import socket
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import cv2
+
 from yolo9kit.files import RecordError, check_free_space, dump_record, read_record, write_text_atomically
 from yolo9kit.train.records import EpochRecord, read_results
 
 LOGGER = logging.getLogger(__name__)
 
-# Seconds a logger may take, after the run ended, to send what it still holds (the weights to a server, say).
-CLOSE_WAIT_S = 300.0
-# An MLflow server that does not answer its health check in this time is taken as gone (5 s: a server
-# across a workshop's network answers in milliseconds; its client would retry for minutes).
+CLOSE_WAIT_S = 300.0  # after the run, to send what a logger still holds (the weights to a server, say)
+# an MLflow server that does not answer its health check in this time is gone (its client would retry for minutes)
 HEALTH_TIMEOUT_S = 5.0
 MLFLOW_FILE = "mlflow.yaml"  # the run folder's MLflow run, continued on resume
 _STATUS = {"finished": "FINISHED", "stopped early": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
 
 
 class _Logger:
-    """A logger behind fit's callbacks: the subclass's ``open``, ``epoch(rows)`` and ``close(state)`` run in order in
-    its thread; the first error is one warning and ends them. Subclasses set their fields, then call this."""
+    """fit's callbacks: the subclass's ``open``, ``epoch(rows)``, ``close(state)`` run in order in its thread; the
+    first error is one warning and ends them. Subclasses set their fields, then call this."""
 
     name = "logger"
 
-    def __init__(self, run_dir: Path, resumed: bool, files: list[Path]) -> None:
-        self.run_dir, self.files = run_dir, files
+    def __init__(self, config: Any, run_dir: Path, resumed: bool, files: list[Path]) -> None:
+        self.run_dir, self.files, self.seen = run_dir, files, {}
         # the last epoch sent (results.csv counts from 0); a resumed run's epochs so far were sent by its earlier parts
         self.sent = max((int(row["epoch"]) for row in _rows(run_dir)), default=-1) if resumed else -1
         self.calls: queue.Queue = queue.Queue()
@@ -45,8 +45,7 @@ class _Logger:
         self._send([record.row()])
 
     def on_run_end(self, state: str) -> None:
-        """The rows not sent yet (an epoch written by an interrupt), then ``close``, waited for ``CLOSE_WAIT_S``."""
-        self._send(_rows(self.run_dir))
+        self._send(_rows(self.run_dir))  # the rows not sent yet (an epoch written by an interrupt), then close
         self.calls.put(("close", (state,)))
         self.thread.join(CLOSE_WAIT_S)
         if self.thread.is_alive():
@@ -58,6 +57,19 @@ class _Logger:
         if new:
             self.sent = int(new[-1]["epoch"])
             self.calls.put(("epoch", (new,)))
+
+    def _pictures(self) -> list[Path]:
+        """The run folder's pictures (png, jpg) drawn or redrawn since the last call."""
+        out = []
+        for path in sorted([*self.run_dir.glob("*.png"), *self.run_dir.glob("*.jpg")]):
+            try:
+                stamp = path.stat().st_mtime_ns
+            except OSError:
+                continue
+            if self.seen.get(path) != stamp:
+                self.seen[path] = stamp
+                out.append(path)
+        return out
 
     def _work(self) -> None:
         method, args, failed = "open", (), False
@@ -75,7 +87,7 @@ class _Logger:
 
 
 def _rows(run_dir: Path) -> list[dict]:
-    """The results.csv rows of a run folder (empty cells None); [] when there is none or it is unreadable."""
+    """results.csv's rows (empty cells None); [] when there is none or it is unreadable."""
     if not (run_dir / "results.csv").is_file():
         return []
     try:
@@ -86,33 +98,10 @@ def _rows(run_dir: Path) -> list[dict]:
     return table.astype(object).where(table.notna(), None).to_dict("records")
 
 
-class _Pictures:
-    """The run folder's pictures (png, jpg) drawn or redrawn since the last call."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir, self.seen = run_dir, {}
-
-    def changed(self) -> list[Path]:
-        out = []
-        for path in sorted([*self.run_dir.glob("*.png"), *self.run_dir.glob("*.jpg")]):
-            try:
-                stamp = path.stat().st_mtime_ns
-            except OSError:
-                continue
-            if self.seen.get(path) != stamp:
-                self.seen[path] = stamp
-                out.append(path)
-        return out
-
-
 class TensorBoardLogger(_Logger):
     """Events in the run folder (``torch.utils.tensorboard.SummaryWriter``)."""
 
-    name = "tensorboard"
-
-    def __init__(self, config: Any, run_dir: Path, resumed: bool, files: list[Path]) -> None:
-        self.pictures, self.step = _Pictures(run_dir), 0
-        super().__init__(run_dir, resumed, files)
+    name, step = "tensorboard", 0
 
     def open(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -139,9 +128,7 @@ class TensorBoardLogger(_Logger):
         self.writer.close()
 
     def _images(self) -> None:
-        import cv2
-
-        for path in self.pictures.changed():
+        for path in self._pictures():
             image = cv2.imread(str(path))
             if image is not None:  # a picture being replaced right now comes with the next call
                 self.writer.add_image(path.stem, image[..., ::-1].copy(), self.step, dataformats="HWC")
@@ -157,9 +144,8 @@ class MlflowLogger(_Logger):
         self.uri = config.run.mlflow_uri or f"sqlite:///{(project / 'mlflow.db').resolve().as_posix()}"
         self.experiment, self.resumed = config.run.project, resumed
         self.params = _flat(config.to_dict())
-        self.pictures = _Pictures(run_dir)
         self.log_weights = config.run.log_weights
-        super().__init__(run_dir, resumed, files)
+        super().__init__(config, run_dir, resumed, files)
 
     def open(self) -> None:
         from mlflow.tracking import MlflowClient
@@ -177,7 +163,9 @@ class MlflowLogger(_Logger):
         params = [Param(k, v) for k, v in self.params.items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 parameters per request
             self.client.log_batch(self.run_id, params=params[start:start + 100])
-        self._write_record()
+        record = {"uri": self.uri, "experiment": self.experiment, "run_id": self.run_id}
+        write_text_atomically(self.run_dir / MLFLOW_FILE, dump_record(record))
+        self.files.append(self.run_dir / MLFLOW_FILE)
 
     def epoch(self, rows: list[dict]) -> None:
         from mlflow.entities import Metric
@@ -208,7 +196,7 @@ class MlflowLogger(_Logger):
         self.client.set_terminated(self.run_id, _STATUS.get(state, "FINISHED"))
 
     def _send_pictures(self) -> None:
-        for path in self.pictures.changed():
+        for path in self._pictures():
             self.client.log_artifact(self.run_id, str(path), "pictures")
 
     def _experiment_id(self) -> str:
@@ -235,16 +223,9 @@ class MlflowLogger(_Logger):
             return None
         return record.get("run_id") if isinstance(record, dict) and record.get("uri") == self.uri else None
 
-    def _write_record(self) -> None:
-        path = self.run_dir / MLFLOW_FILE
-        write_text_atomically(path, dump_record({"uri": self.uri, "experiment": self.experiment,
-                                                 "run_id": self.run_id}))
-        self.files.append(path)
-
 
 def _check_server(client: Any, uri: str) -> None:
-    """An http(s) tracking server answers its health check within ``HEALTH_TIMEOUT_S``, asked as ``client`` asks
-    (MLflow's request, with the credentials and TLS settings it reads), without retries; else ConnectionError."""
+    """ConnectionError unless an http(s) server answers its health check, asked as ``client`` asks, in time."""
     if not uri.startswith(("http://", "https://")):
         return
     from mlflow.utils.rest_utils import http_request
@@ -259,9 +240,6 @@ def _check_server(client: Any, uri: str) -> None:
 
 
 def _tags(run_dir: Path) -> dict[str, str]:
-    import getpass
-    import socket
-
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # a container's user without a name
@@ -271,7 +249,7 @@ def _tags(run_dir: Path) -> dict[str, str]:
 
 
 def _flat(values: dict, prefix: str = "") -> dict[str, str]:
-    """Nested settings as MLflow parameters: ``loss.box_gain`` -> "7.5" (MLflow keeps 6000 characters of each)."""
+    """Nested settings as MLflow parameters: ``loss.box_gain`` -> "7.5" (6000 characters at most)."""
     out = {}
     for key, value in values.items():
         if str(key).startswith("__"):

@@ -1,11 +1,11 @@
-"""``tune``: search the hyper-parameters in train_dual.py's ``--evolve`` space (``EVOLVE_SPACE``) with Optuna's sampler,
-from the study's own values. Every trial is a run folder, ``<project>/<name>/trial-<n>``, scored by the fitness of its
-best.pt; the study lives in ``study.db`` beside them, or in any Optuna storage its workers share, and the same call
-continues it. ``best_hyp.yaml`` holds the best hyper-parameters so far and their recipe, for ``train --hyp``.
-"""
+"""``tune``, ``python -m yolo9kit tune``: train_dual.py's ``--evolve`` space searched with Optuna, each trial a run
+folder; the study, in ``study.db`` or a storage its workers share, continues with the same call (docs/training.md)."""
 
 from __future__ import annotations
 
+import argparse
+import fcntl
+import json
 import logging
 import os
 import re
@@ -15,30 +15,38 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import Any
 
-from yolo9kit.config import TrainConfig
-from yolo9kit.config.recipe import (
-    EVOLVE_SPACE,
-    LOG_SCALE,
-    LOSS_KEYS,
-    TUNABLE,
-    choose_recipe,
-    hyp_of,
-    hyp_settings,
-    write_hyp,
-)
+import pandas as pd
+
+from yolo9kit.cli.train import DEFAULT_MODEL, add_train_flags, config_from_args
+from yolo9kit.config import DEFAULT_AUGMENT_HYP, TrainConfig
+from yolo9kit.config.recipe import IGNORED, LOSS_KEYS, OPTIM_KEYS, RECIPE_KEYS, choose_recipe, hyp_settings
 from yolo9kit.config.train import named_settings
+from yolo9kit.data import load_data_config
 from yolo9kit.files import FolderInUseError, _pid_alive, dump_record, path_inside, write_text_atomically
-
-if TYPE_CHECKING:  # the training modules (torch) are imported when a study runs: the CLI's parser reads this one
-    import pandas as pd
+from yolo9kit.train.fit import fit
+from yolo9kit.train.guards import NonFiniteLossError, NonFiniteWeightsError
+from yolo9kit.train.rundir import FIXED_ON_RESUME, _first_missing
+from yolo9kit.train.state import increment_path
 
 LOGGER = logging.getLogger(__name__)
 
+# train_dual.py's --evolve limits (its ``meta``: gain, low, high) of the keys it mutates that YOLOv9 trains with
+EVOLVE_SPACE: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "lr0": (1e-5, 1e-1), "lrf": (0.01, 1.0), "momentum": (0.6, 0.98), "weight_decay": (0.0, 0.001),
+    "warmup_epochs": (0.0, 5.0), "warmup_momentum": (0.0, 0.95), "warmup_bias_lr": (0.0, 0.2), "cls_pw": (0.5, 2.0),
+    "hsv_h": (0.0, 0.1), "hsv_s": (0.0, 0.9), "hsv_v": (0.0, 0.9), "degrees": (0.0, 45.0), "translate": (0.0, 0.9),
+    "scale": (0.0, 0.9), "shear": (0.0, 10.0), "flipud": (0.0, 1.0), "mosaic": (0.0, 1.0), "mixup": (0.0, 1.0),
+    "copy_paste": (0.0, 1.0),
+})
+LOG_SCALE = {"lr0"}  # four decades: sampled on a log scale, the others evenly
+TUNABLE = (*OPTIM_KEYS, *LOSS_KEYS, *DEFAULT_AUGMENT_HYP)  # the keys a custom space may hold
+_ORDER = (*OPTIM_KEYS, "box", "cls", "cls_pw", "obj", "obj_pw", "dfl", "iou_t", "anchor_t", "fl_gamma",
+          *DEFAULT_AUGMENT_HYP)  # the order of the official hyp file
 TUNE_PROJECT = "runs/tune"  # where the study folders go unless the config names a project
-# A worker's heartbeat (Optuna's RDB storages): a running trial whose heartbeat is older than GRACE_S belongs to
-# a worker that is gone, and is continued by the next trial another worker starts.
+# Optuna's heartbeat: a running trial whose heartbeat is older than GRACE_S belongs to a worker that is gone
 HEARTBEAT_S, GRACE_S = 60, 180
 KEEP_WEIGHTS = ("best", "all")
 MAX_FAILED_IN_A_ROW = 5  # a worker stops after so many failed trials in a row
@@ -46,16 +54,10 @@ MAX_FAILED_IN_A_ROW = 5  # a worker stops after so many failed trials in a row
 
 @dataclass(frozen=True)
 class TuneResult:
-    """What ``tune`` returns.
-
-    Attributes:
-        folder: the study folder: ``tune.yaml``, ``best_hyp.yaml``, ``study.db`` and the trials' run folders.
-        trials: one row per trial of the study (all workers'): ``trial``, ``state`` (complete, running, waiting,
-            fail), ``fitness``, its hyper-parameters, ``run`` (its run folder in ``folder``), ``continues`` (the
-            trial it continues after a stop), ``worker`` (host:pid).
-        best: the best trial's hyper-parameters ({} before one completed); with best_fitness, best_run, hyp_file.
-        interrupted: the study stopped in a trial (Ctrl-C, SIGTERM); the same call continues it.
-    """
+    """What ``tune`` returns: the study ``folder`` (tune.yaml, best_hyp.yaml, study.db, the trials' run folders);
+    ``trials``, a row per trial of all workers (``trial``, ``state``, ``fitness``, its hyper-parameters, ``run``,
+    ``continues``: the trial it continues after a stop, ``worker``: host:pid); the ``best`` hyper-parameters ({}
+    before one completed), ``best_fitness``, ``best_run``, ``hyp_file``; ``interrupted``: the same call continues."""
 
     folder: Path
     trials: pd.DataFrame
@@ -67,12 +69,9 @@ class TuneResult:
 
     def __str__(self) -> str:
         done = int((self.trials["state"] == "complete").sum()) if len(self.trials) else 0
-        head = f"{done} trials complete in {self.folder}" + (" (stopped: the same call continues)"
-                                                              if self.interrupted else "")
-        if self.best_fitness is None:
-            return head
-        return (f"{head}; best fitness {self.best_fitness:.4f} in {self.best_run}; its hyper-parameters: "
-                f"{self.hyp_file}")
+        head = f"{done} trials complete in {self.folder}" + " (stopped: the same call continues)" * self.interrupted
+        best = f"; best fitness {self.best_fitness:.4f} in {self.best_run}; its hyper-parameters: {self.hyp_file}"
+        return head + (best if self.best_fitness is not None else "")
 
 
 def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
@@ -81,31 +80,31 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
     """Train ``model`` on ``data`` with other hyper-parameters until the study holds ``trials`` complete trials.
 
     Args:
-        model: a model name, yaml or checkpoint: each trial builds it anew with the run's ``seed`` (the same
-            initial weights in every trial).
+        model: a model name, yaml or checkpoint, built anew with the run's ``seed`` in every trial.
         data: a data.yaml path or dict, as for ``fit``.
-        config: the settings of every trial (its recipe is decided once, for all of them), whose ``project``
-            (default ``runs/tune``) and ``name`` are the study folder, ``name`` the study's name in the storage.
-        trials: complete trials the study should hold (all workers' together; a worker that starts the last one
-            while another does too makes one more).
-        space: the keys of ``EVOLVE_SPACE`` to search, or ``{key: (low, high)}`` over the keys of a hyp file
-            (``TUNABLE``); default ``EVOLVE_SPACE``.
-        storage: an Optuna storage URL (``sqlite:///...``, ``postgresql://...``) or object; default
-            ``sqlite:///<folder>/study.db``.
-        keep_weights: "best" removes the weights of every complete trial but the best (a study of a large model
-            fills a disk otherwise), and the mlflow logger gets none of them; "all" keeps them.
+        config: every trial's settings (one recipe for all); ``project`` (default ``runs/tune``) / ``name``: the study.
+        trials: complete trials the study should hold, all workers together.
+        space: keys of ``EVOLVE_SPACE``, or ``{key: (low, high)}`` over ``TUNABLE``; default ``EVOLVE_SPACE``.
+        storage: an Optuna storage URL or object; default ``sqlite:///<folder>/study.db``.
+        keep_weights: "best" removes the weights of every complete trial but the best (none go to mlflow); "all".
+
+    Returns:
+        TuneResult with every trial and the best so far.
 
     Raises:
         ValueError: a bad space, count, setting or data set, no optuna, a storage that cannot be opened, a study made
-            with other settings or data, a trial's run folder outside the study folder, or in use (the trial is queued
-            again); each named. A refused call, or a new study's first call refused so, leaves nothing behind.
+            with other settings or data, a trial's run folder outside the study folder or in use; each named. A
+            refused call, or a new study's first call refused so, leaves nothing behind.
+        RuntimeError: ``MAX_FAILED_IN_A_ROW`` trials failed in a row.
     """
-    from yolo9kit.train.rundir import _first_missing
-
-    optuna = _optuna()
+    try:
+        import optuna  # the tune extra
+    except ImportError:
+        raise ValueError("tune needs optuna: pip install 'yolo9kit[tune]'") from None
     space = _space(space)
     _check(model, trials, keep_weights, config)
-    seen = _data_set(data)
+    found = load_data_config(data)  # one that cannot be read is refused here
+    seen = {"names": found.names, "train images": len(found.images("train")), "val images": len(found.val)}
     config, recipe = choose_recipe(config, seen["train images"])  # one recipe for every trial
     LOGGER.info("tune: %s", recipe)
     folder = Path(config.run.project if "project" in named_settings(config) else TUNE_PROJECT) / config.run.name
@@ -114,7 +113,9 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
     folder.mkdir(parents=True, exist_ok=True)
     study = new = None
     try:
-        study, opened, new = _open_study(optuna, folder, storage, config.run.name, record, _base(config, space))
+        own = hyp_of(config)  # the first trial: the study's own values, within the limits
+        base = {k: min(max(own[k], low), high) for k, (low, high) in space.items()}
+        study, opened, new = _open_study(optuna, folder, storage, config.run.name, record, base)
         where = storage if isinstance(storage, str) else type(storage).__name__ if storage else "study.db"
         write_text_atomically(folder / "tune.yaml", dump_record({"study": config.run.name, "storage": _masked(where),
                                                                 "trials": trials, **record,
@@ -135,7 +136,6 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
 
 
 def _check(model: Any, trials: Any, keep_weights: Any, config: TrainConfig) -> None:
-    """Refuse a model object (each trial builds its own), a count below 1, other ``KEEP_WEIGHTS``, a resume."""
     if not isinstance(model, (str, Path)):
         raise TypeError(f"tune needs a model name or file, built anew for each trial; got a {type(model).__name__}")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -147,10 +147,7 @@ def _check(model: Any, trials: Any, keep_weights: Any, config: TrainConfig) -> N
                          "for one run")
 
 
-def _optimize(study: Any, objective: _Objective, trials: int, keeper: _Keeper) -> bool:
-    """One trial after the other until the study holds ``trials`` complete ones; True when stopped in a trial."""
-    from yolo9kit.train.guards import NonFiniteLossError, NonFiniteWeightsError
-
+def _optimize(study: Any, objective: _Objective, trials: int, keeper: _Keeper) -> bool:  # True: stopped in a trial
     failed: list[int] = []
     while len(_complete(study)) < trials:
         try:
@@ -175,9 +172,6 @@ class _Objective:
         self.number = -1  # the trial this worker trains or trained last
 
     def __call__(self, trial: Any) -> float:
-        from yolo9kit.train.fit import fit
-        from yolo9kit.train.state import increment_path
-
         self.number = trial.number
         values = {k: trial.suggest_float(k, low, high, log=k in LOG_SCALE) for k, (low, high) in self.space.items()}
         folder = Path(self.config.run.project)
@@ -206,40 +200,49 @@ class _Objective:
         return float(result.best_fitness)
 
 
+@dataclass
 class _Keeper:
     """After each trial: the best trial's ``best_hyp.yaml``, the other trials' weights removed (keep "best")."""
 
-    def __init__(self, folder: Path, config: TrainConfig, space: Mapping[str, tuple[float, float]],
-                 keep_weights: str) -> None:
-        self.folder, self.config, self.space, self.keep_weights = folder, config, space, keep_weights
+    folder: Path
+    config: TrainConfig
+    space: Mapping[str, tuple[float, float]]
+    keep_weights: str
 
     def __call__(self, study: Any, trial: Any) -> None:
         best = _best(study)
         if best is None:
             return
-        header = (f"the best hyper-parameters of the study {self.folder.name} ({self.folder}): trial {best.number}, "
+        header = (f"# the best hyper-parameters of the study {self.folder.name} ({self.folder}): trial {best.number}, "
                   f"fitness {best.value:.5f} (0.1 mAP50 + 0.9 mAP50-95), run folder {best.user_attrs.get('run')}\n"
-                  f"searched: {', '.join(self.space)}; the rest are the study's settings, and below them its recipe\n"
-                  "python -m yolo9kit train --hyp best_hyp.yaml ... trains that recipe (a flag given wins)")
-        write_hyp(self.folder / "best_hyp.yaml", hyp_of(_trial_config(self.config, best.params)), header)
-        if self.keep_weights == "all":
-            return
-        for done in _complete(study):
+                  f"# searched: {', '.join(self.space)}; the rest are the study's settings, and below them its recipe\n"
+                  "# python -m yolo9kit train --hyp best_hyp.yaml ... trains that recipe (a flag given wins)\n")
+        values = hyp_of(_trial_config(self.config, best.params))  # a hyp file, every digit kept
+        write_text_atomically(self.folder / "best_hyp.yaml", header + "".join(
+            f"{k}: {_number(v) if isinstance(v, float) else v}\n" for k, v in values.items()))
+        for done in _complete(study) if self.keep_weights == "best" else ():
             weights = _run_dir(self.folder, done) / "weights"
             if done.user_attrs.get("run") != best.user_attrs.get("run") and weights.is_dir():
                 shutil.rmtree(weights, ignore_errors=True)
 
 
-def _optuna():
-    try:
-        import optuna
-    except ImportError:
-        raise ValueError("tune needs optuna: pip install 'yolo9kit[tune]'") from None
-    return optuna
+def hyp_of(config: TrainConfig) -> dict[str, Any]:
+    """Every key of an official hyp file, in its order, then ``RECIPE_KEYS``, with the values ``config`` trains with."""
+    values = {k: getattr(config.optim, k) for k in OPTIM_KEYS}
+    values.update({k: getattr(config.optim.loss, field) for k, field in LOSS_KEYS.items()})
+    values.update({**IGNORED, **config.pipeline.augment_hyp})
+    saved = config.to_dict()
+    return {**{k: float(values[k]) for k in _ORDER}, **{k: saved[k] for k in RECIPE_KEYS}}
+
+
+def _number(value: float) -> str:
+    """Every digit, as a float YAML 1.1 reads back (``1.0e-05``: PyYAML takes ``1e-05`` for a string)."""
+    mantissa, _, exponent = repr(float(value)).partition("e")
+    return f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else repr(float(value))
 
 
 def _space(space: Mapping[str, tuple[float, float]] | Sequence[str] | None) -> dict[str, tuple[float, float]]:
-    """The space as {key: (low, high)}, checked (a name, a range of two numbers low < high)."""
+    """The space as {key: (low, high)}, checked."""
     if space is None:
         return dict(EVOLVE_SPACE)
     if not isinstance(space, Mapping):
@@ -265,57 +268,37 @@ def _space(space: Mapping[str, tuple[float, float]] | Sequence[str] | None) -> d
 
 
 def _trial_config(config: TrainConfig, values: Mapping[str, float]) -> TrainConfig:
-    """``config`` with the hyp ``values`` of a trial (the augmentation keys on top of the config's own)."""
+    # the trial's augmentation keys on top of the config's own
     changes = hyp_settings(values, config.optim.loss)
     if "hyp" in changes:
         changes["hyp"] = {**(config.pipeline.hyp or {}), **changes["hyp"]}
     return config.replace(**changes)
 
 
-def _base(config: TrainConfig, space: Mapping[str, tuple[float, float]]) -> dict[str, float]:
-    """The study's own values of the searched keys (within their limits): the first trial's."""
-    values = hyp_of(config)
-    return {k: min(max(values[k], low), high) for k, (low, high) in space.items()}
-
-
-def _data_set(data: Any) -> dict[str, Any]:
-    """The data set as the study records it, its classes and images (one that cannot be read is refused here)."""
-    from yolo9kit.data import load_data_config
-
-    found = load_data_config(data)
-    return {"names": found.names, "train images": len(found.images("train")), "val images": len(found.val)}
-
-
 def _record(model: str | Path, config: TrainConfig, space: Mapping[str, tuple[float, float]],
             data: dict[str, Any]) -> dict[str, Any]:
     """What every worker shares: model, data, space, the settings a resume keeps and the epochs (not the searched)."""
-    from yolo9kit.train.rundir import FIXED_ON_RESUME
-
     values = config.to_dict()
     settings = {k: values[k] for k in (*FIXED_ON_RESUME, "epochs") if k in values and k not in space}
     gains = {LOSS_KEYS[k] for k in space if k in LOSS_KEYS}
     for part, searched in (("hyp", set(space)), ("loss", gains)):
         if isinstance(settings.get(part), dict):
             settings[part] = {k: v for k, v in settings[part].items() if k not in searched}
-    return _plain({"model": str(model), "data": data, "space": {k: list(v) for k, v in space.items()},
-                   "settings": settings})
+    record = {"model": str(model), "data": data, "space": {k: list(v) for k, v in space.items()}, "settings": settings}
+    return json.loads(json.dumps(record, default=str))  # as a storage keeps it: read back, it compares equal
 
 
 def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict, base: dict
                 ) -> tuple[Any, Any, bool]:
     """The study made (first trial: ``base``) or loaded and checked against ``record``, its storage, whether new."""
-    import fcntl
-
     url = storage or f"sqlite:///{(folder / 'study.db').resolve().as_posix()}"
     with open(folder / ".tune.lock", "w") as lock, warnings.catch_warnings():
         fcntl.flock(lock, fcntl.LOCK_EX)  # also while a new storage makes its tables
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat, stable since 2.x
         if isinstance(url, str):
-            from optuna.storages import RDBStorage
-
             try:
-                url = RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                 heartbeat_stale_trial_callback=_queue_again)
+                url = optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                                 heartbeat_stale_trial_callback=_queue_again)
             except Exception as e:  # SQLAlchemy's: a bad URL, a missing driver, a server or file out of reach
                 raise ValueError(_masked(f"the study storage {url} cannot be opened: {str(e).splitlines()[0]}; "
                                          "check --storage")) from None
@@ -329,8 +312,12 @@ def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict
             study.set_user_attr("yolo9kit", record)
             study.enqueue_trial(base, user_attrs={"base": True}, skip_if_exists=True)
         elif saved != record:
+            old = saved.get("settings", {})
+            changed = [f"{part} {saved.get(part)} (now {record[part]})" for part in ("model", "data", "space")
+                       if saved.get(part) != record[part]]
+            changed += [f"{k} {old.get(k)!r} (now {v!r})" for k, v in record["settings"].items() if old.get(k) != v]
             raise ValueError(f"the study {name!r} ({folder}) was made with other settings: "
-                             f"{_differences(saved, record)}; run it with its own, or pick another --name")
+                             f"{'; '.join(changed) or 'an older record'}; run it with its own, or pick another --name")
         for trial in study.get_trials(deepcopy=False):
             _run_dir(folder, trial)  # refused before anything trains or is removed
             host, _, pid = str(trial.user_attrs.get("worker")).rpartition(":")
@@ -341,13 +328,11 @@ def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict
     return study, url, new
 
 
-def _run_dir(folder: Path, trial: Any) -> Path:
-    """A trial's run folder, from the name the storage holds (any worker writes it), refused outside ``folder``."""
+def _run_dir(folder: Path, trial: Any) -> Path:  # from the storage, which any worker writes: kept inside
     return path_inside(folder, str(trial.user_attrs.get("run")), f"the run folder of trial {trial.number}")
 
 
-def _queue_again(study: Any, trial: Any) -> None:
-    """A stopped trial (or in use, or a dead worker's) queued again, to continue in its run folder from last.pt."""
+def _queue_again(study: Any, trial: Any) -> None:  # a stopped trial (in use, a dead worker's), continued later
     LOGGER.warning("tune: trial %d queued again: the next trial continues it", trial.number)
     study.enqueue_trial(trial.params, user_attrs={k: v for k, v in (
         ("continues", trial.user_attrs.get("continues", trial.number)), ("run", trial.user_attrs.get("run")))
@@ -363,8 +348,6 @@ def _best(study: Any) -> Any:
 
 
 def _result(study: Any, folder: Path, interrupted: bool) -> TuneResult:
-    import pandas as pd
-
     rows = [{"trial": t.number, "state": t.state.name.lower(), "fitness": t.value, **t.params,
              "run": t.user_attrs.get("run"), "continues": t.user_attrs.get("continues"),
              "worker": t.user_attrs.get("worker")} for t in study.get_trials(deepcopy=False)]
@@ -378,23 +361,37 @@ def _result(study: Any, folder: Path, interrupted: bool) -> TuneResult:
                       hyp_file if best and hyp_file.is_file() else None, interrupted)
 
 
-def _differences(saved: dict, record: dict) -> str:
-    out = []
-    for part in ("model", "data", "space"):
-        if saved.get(part) != record[part]:
-            out.append(f"{part} {saved.get(part)} (now {record[part]})")
-    theirs = saved.get("settings", {})
-    out += [f"{k} {theirs.get(k)!r} (now {v!r})" for k, v in record["settings"].items() if theirs.get(k) != v]
-    return "; ".join(out) or "an older record"
-
-
-def _plain(value: Any) -> Any:
-    """JSON-able: what an Optuna storage keeps (tuples become lists), so that a record read back compares equal."""
-    import json
-
-    return json.loads(json.dumps(value, default=str))
-
-
-def _masked(text: str) -> str:
-    """``text`` with the password of a URL in it (``//user:password@host``) as ``***``."""
+def _masked(text: str) -> str:  # a URL's password as ***
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", text)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """``python -m yolo9kit tune``: every train flag is a setting of every trial (the same command continues)."""
+    p = subparsers.add_parser("tune", help="search the hyper-parameters (--evolve's space, with Optuna): every trial "
+                                           "a run folder, a study that continues and that workers share",
+                              description=__doc__)
+    add_train_flags(p)
+    p.add_argument("--trials", type=int, default=10, metavar="N",
+                   help="complete trials the study should hold, all workers together (default 10)")
+    p.add_argument("--space", nargs="+", default=None, choices=list(EVOLVE_SPACE), metavar="KEY",
+                   help=f"search only these keys of --evolve's space (default all of them: {', '.join(EVOLVE_SPACE)})")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="an Optuna storage URL shared by the workers (default sqlite:///<study folder>/study.db)")
+    p.add_argument("--keep-weights", default="best", choices=KEEP_WEIGHTS,
+                   help="best: remove the weights of every complete trial but the best, and send none to MLflow "
+                        "(default); all: keep them")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not args.data:
+        raise ValueError("--data is required (a data.yaml)")
+    result = tune(args.model or DEFAULT_MODEL, args.data, config_from_args(args), trials=args.trials,
+                  space=args.space, storage=args.storage, keep_weights=args.keep_weights)
+    table = result.trials.astype(object)
+    print(table.where(table.notna(), "").to_string(index=False, float_format=lambda x: f"{x:.5g}"))
+    print(result)
+    if result.hyp_file is not None:
+        print(f"train with them: python -m yolo9kit train --data {args.data} --hyp {result.hyp_file} ...; every "
+              f"trial: python -m yolo9kit runs {result.folder}")
+    return 130 if result.interrupted else 0  # stopped in a trial: the same command continues it

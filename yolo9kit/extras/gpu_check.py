@@ -1,15 +1,6 @@
-"""``checks(gpu=True)`` / ``python -m yolo9kit checks --gpu``: two minutes on a CUDA card that say whether the
-kit's GPU half works there, with figures a user can share.
-
-On the card it (1) trains a few steps of the default fast step (channels_last, lean activations, sync-free,
-fused optimizer) and of the plain step (those switches off, the same AMP) from the same weights on the same
-batches and says whether their losses agree, and how many images per second each gets; (2) counts the
-host-device synchronisations of one fast step (``torch.cuda.set_sync_debug_mode``: it should be none);
-(3) measures the peak memory of the default step at two or three batch sizes beside the estimate and prints
-the error; (4) records that measurement as this machine's calibration (``memory.gpus``) when it makes
-the estimate closer on the measured points, so later estimates for the card use it; (5) writes
-``gpu_check.json``: the card, the versions, the figures and the command.
-"""
+"""``checks(gpu=True)``, ``python -m yolo9kit checks --gpu``: two minutes on a CUDA card that say whether the kit's
+GPU half works there: the fast and the plain step compared, the syncs of a fast step, the memory estimate against
+the measured peak (recorded as this card's calibration when that helps), all in ``gpu_check.json`` (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +14,7 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +37,7 @@ RECORD_ABOVE = 0.02  # the estimate's error (peak reserved) above which a measur
 
 @dataclass(frozen=True)
 class GPUCheckConfig:
-    """What the GPU check runs. The defaults fit a 16 GB card in about a minute."""
+    """What the GPU check runs; the defaults fit a 16 GB card in about a minute."""
 
     model: str = "yolov9-s"  # the model of the speed goals (benchmarks/gpu_suite.py)
     imgsz: int = 640
@@ -53,15 +45,14 @@ class GPUCheckConfig:
     steps: int = 6  # timed steps of each kind, after the warm-up
     warmup_batches: int = 2  # cuDNN autotuning and the optimizer state happen here
     memory_batches: tuple[int, ...] = (8, 16, 32)  # a batch the estimate says would not fit is skipped
-    # Relative difference of the loss per step that still counts as agreement: the two steps round
-    # differently under AMP (other kernels, the dense loss's other order of sums).
+    # the relative loss difference that still agrees: under AMP the two steps round differently (other kernels)
     loss_tolerance: float = 0.02
     time_budget_s: float = 120.0  # memory points past it are skipped (and said so)
 
 
 @dataclass
 class GPUCheck:
-    """The outcome of :func:`check_gpu`: ``ran`` False when there is no CUDA device (``reason`` says so)."""
+    """The outcome of ``check_gpu``: ``ran`` False when there is no CUDA device (``reason`` says so)."""
 
     ran: bool
     reason: str
@@ -85,8 +76,7 @@ class GPUCheck:
         return self.loss_max_rel_diff is not None and self.loss_max_rel_diff <= self.tolerance
 
     @property
-    def ok(self) -> bool:
-        """Nothing to check without CUDA; on a card, the two steps must agree."""
+    def ok(self) -> bool:  # nothing to check without CUDA; on a card, the two steps must agree
         return not self.ran or self.losses_agree
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,8 +110,15 @@ class GPUCheck:
 
 
 def checks(verbose: bool = True, widgets: bool = True, gpu: bool = False, out: str | Path = ".") -> EnvReport:
-    """The environment report (:func:`yolo9kit.env.environment_report`); with ``gpu`` also the GPU check
-    (:func:`check_gpu`, writing ``gpu_check.json`` into ``out``) as its ``gpu_check``."""
+    """``yolo9kit.checks`` (the environment report), with ``gpu`` also ``check_gpu`` as its ``gpu_check``.
+
+    Args:
+        verbose: log the report. widgets: ask JupyterLab about its widget extension.
+        gpu: run the GPU check. out: the folder of ``gpu_check.json``.
+
+    Returns:
+        EnvReport; ``ok`` False when the GPU check's steps disagree.
+    """
     report = environment_report(verbose=verbose, widgets=widgets)
     if gpu:
         report = dataclasses.replace(report, gpu_check=check_gpu(out=out, command="yolo9kit.checks(gpu=True)"))
@@ -130,10 +127,14 @@ def checks(verbose: bool = True, widgets: bool = True, gpu: bool = False, out: s
 
 def check_gpu(config: GPUCheckConfig | None = None, *, out: str | Path = ".", command: str = "",
               calibration_dir: str | Path | None = None) -> GPUCheck:
-    """Run the GPU check on the current CUDA device (see the module docstring); without CUDA, say so.
+    """Run the GPU check on the current CUDA device; without CUDA, say so.
 
-    ``calibration_dir``: where the measured calibration is recorded (default
-    ``memory.gpus.user_calibration_dir()``, which the estimates read).
+    Args:
+        config: what runs (``GPUCheckConfig()``). out: the folder of ``gpu_check.json``. command: recorded in it.
+        calibration_dir: where a measured calibration goes (default ``memory.gpus.user_calibration_dir()``).
+
+    Returns:
+        GPUCheck, also written to ``out/gpu_check.json`` when it ran.
     """
     config = config or GPUCheckConfig()
     if not torch.cuda.is_available():
@@ -142,8 +143,14 @@ def check_gpu(config: GPUCheckConfig | None = None, *, out: str | Path = ".", co
     start = time.perf_counter()
     device = resolve_device("cuda")
     spec = gpu_from_device(device.index)
-    result = GPUCheck(True, "", device=_device(device, spec), versions=_versions(), command=command,
-                      tolerance=config.loss_tolerance)
+    major, minor = torch.cuda.get_device_capability(device.index)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    result = GPUCheck(True, "", command=command, tolerance=config.loss_tolerance, device={
+        "name": torch.cuda.get_device_name(device.index), "index": device.index, "capability": f"{major}{minor}",
+        "total_bytes": spec.total_bytes, "bf16": spec.bf16, "spec": spec.name}, versions={
+        "yolo9kit": metadata.version("yolo9kit"), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": cudnn, "python": platform.python_version(), "platform": platform.platform(),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
     with cudnn_autotune(device):
         _compare_steps(result, config, device)
     result.memory = _memory_points(config, device, spec, deadline=start + config.time_budget_s)
@@ -158,22 +165,6 @@ def check_gpu(config: GPUCheckConfig | None = None, *, out: str | Path = ".", co
     write_text_atomically(path, json.dumps({**result.to_dict(), "config": dataclasses.asdict(config)}, indent=1)
                           + "\n")
     return result
-
-
-def _device(device: torch.device, spec: GPUSpec) -> dict:
-    major, minor = torch.cuda.get_device_capability(device.index)
-    return {"name": torch.cuda.get_device_name(device.index), "index": device.index, "capability": f"{major}{minor}",
-            "total_bytes": spec.total_bytes, "bf16": spec.bf16, "spec": spec.name}
-
-
-def _versions() -> dict:
-    from importlib import metadata
-
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return {"yolo9kit": metadata.version("yolo9kit"), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": cudnn,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.device) -> None:
@@ -251,9 +242,8 @@ def _memory_points(config: GPUCheckConfig, device: torch.device, spec: GPUSpec, 
 
 
 def _record_calibration(rows: list[dict], spec: GPUSpec, config: GPUCheckConfig, folder: Path) -> str:
-    """Write this card's calibration when it improves the estimate: today's estimate is more than
-    ``RECORD_ABOVE`` off a measured peak and the fit at most half as far. (A line through two or three
-    points fits them almost exactly; below that threshold the difference is noise, not a correction.)"""
+    """This card's calibration written when today's estimate is more than ``RECORD_ABOVE`` off a measured peak
+    and the fit at most half as far (below that the difference is noise, not a correction)."""
     points = [r for r in rows if r.get("measured_peak_reserved")]
     if len(points) < 2:
         return "not recorded: fewer than two batches were measured"
