@@ -24,9 +24,9 @@ from train_toys import ToyNet, make_batches, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.data import make_shapes
-from yolo9kit.models import build_model
-from yolo9kit.pretrained import SHAPES_CLASSES
-from yolo9kit.train import fit
+from yolo9kit.models import create_model
+from yolo9kit.models.checkpoint import SHAPES_CLASSES
+from yolo9kit.train.fit import fit
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "official"
@@ -135,7 +135,7 @@ def shapes64(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def _tiny_model_built():
-    return build_model("yolov9-t", names=list(SHAPES_CLASSES), seed=0)
+    return create_model("yolov9-t", names=list(SHAPES_CLASSES), seed=0)
 
 
 @pytest.fixture

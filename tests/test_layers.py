@@ -23,15 +23,14 @@ PACKAGE = "yolo9kit"
 LAYERS: list[tuple[str, list[str]]] = [
     # helpers with no kit dependencies: environment and devices, box formats, crash-safe file writes and byte
     # counts for people
-    ("base", ["yolo9kit.cpu", "yolo9kit.env", "yolo9kit.boxes", "yolo9kit.files"]),
+    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.files"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),
-    # the networks, the datasets and the tensor maths both sides share
+    # the networks (with their weights files: the kit's checkpoints, official ones, the shipped model), the
+    # datasets and the tensor maths both sides share
     ("models and data", ["yolo9kit.models", "yolo9kit.data", "yolo9kit.metrics", "yolo9kit.assigner"]),
-    # what training and inference produce and store, and the figures of those result types, built outside pyplot
-    # (and the weights that ship with the kit, loaded through the checkpoint module)
-    ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.zoo", "yolo9kit.pretrained",
-                                    "yolo9kit.detections", "yolo9kit.figure"]),
+    # what training and inference produce, and the figures of those result types, built outside pyplot
+    ("loss and results", ["yolo9kit.loss", "yolo9kit.detections", "yolo9kit.figure"]),
     # validation of a model on a dataset
     ("evaluation", ["yolo9kit.validate"]),
     # one training step: micro-steps, the optimizer step, its optimizer groups and schedules, the EMA
@@ -143,7 +142,7 @@ def test_the_parser_sees_lazy_imports_and_skips_type_checking():
     source = """from yolo9kit.models import layers, create_model
 import yolo9kit.boxes as B
 if TYPE_CHECKING:
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 else:
     from yolo9kit.metrics import COCO80_TO_COCO91
 def f():

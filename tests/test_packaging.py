@@ -98,7 +98,7 @@ def test_installs_from_a_built_wheel_with_its_data_files(tmp_path):
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = next((tmp_path / "dist").glob("yolo9kit-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for folder, suffix in (("models/cfg/", ".yaml"), ("memory_calibration/", ".json"), ("pretrained/", ".pt")):
+    for folder, suffix in (("models/cfg/", ".yaml"), ("memory_calibration/", ".json"), ("models/", ".pt")):
         assert any(n.startswith(f"yolo9kit/{folder}") and n.endswith(suffix) for n in names), (
             f"{wheel.name} has no yolo9kit/{folder}*{suffix}")
 
@@ -118,8 +118,9 @@ def test_installs_from_a_built_wheel_with_its_data_files(tmp_path):
     assert f"package data ({site / 'yolo9kit'})" in checks.stdout, checks.stdout + checks.stderr
     assert "PROBLEM: no " not in checks.stdout, checks.stdout
 
-    code = ("from yolo9kit import shapes_model; from yolo9kit.memory.gpus import packaged_calibrations; "
-            "from yolo9kit.models import model_table; print(shapes_model().names, len(packaged_calibrations()), "
+    code = ("from yolo9kit.memory.gpus import packaged_calibrations; "
+            "from yolo9kit.models import create_model, model_table; "
+            "print(create_model('yolov9-t-shapes').names, len(packaged_calibrations()), "
             "list(model_table(['gelan-t']).name))")
     used = subprocess.run([sys.executable, "-c", code], cwd=run_dir, env=env, capture_output=True, text=True)
     assert used.returncode == 0, used.stderr[-3000:]

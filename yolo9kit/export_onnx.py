@@ -37,8 +37,8 @@ import torch
 from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
 from yolo9kit.detections import MAX_WH, non_max_suppression
 from yolo9kit.files import refuse_own_input, write_bytes_atomically
-from yolo9kit.models.inference import max_stride, prepare_model, select_head
-from yolo9kit.zoo import load_model
+from yolo9kit.models import load_model
+from yolo9kit.models.deploy import max_stride, prepare_model, select_head
 
 LOGGER = logging.getLogger(__name__)
 EXTRA = "pip install 'yolo9kit[export]'"
@@ -106,7 +106,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     """Write the deployed model as an ONNX file and check it against PyTorch in ONNX Runtime.
 
     Args:
-        model: a DetectionModel, or anything :func:`~yolo9kit.zoo.load_model` accepts (checkpoint path,
+        model: a DetectionModel, or anything :func:`~yolo9kit.models.load_model` accepts (checkpoint path,
             model name). Never changed: the export works on its deployed copy, on the CPU in float32.
         path: the .onnx file to write (its folder is made): written whole or not at all, never over the
             weights file it exports (``files.write_file``).

@@ -24,7 +24,8 @@ from yolo9kit.figure import (
     show_batch,
 )
 from yolo9kit.memory import CATEGORIES, resolve_gpu
-from yolo9kit.train import read_results, step_settings, warmup_batches
+from yolo9kit.train.optim import step_settings, warmup_batches
+from yolo9kit.train.records import read_results
 
 __all__ = ["compare", "memory_breakdown", "memory_vs_batch", "plot_confusion_matrix", "plot_labels",
            "plot_metric_curve", "plot_pr_curve", "plot_results", "plot_schedule", "plot_validation", "show_batch"]

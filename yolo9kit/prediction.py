@@ -20,9 +20,9 @@ from yolo9kit.data.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, VideoReader, e
 from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, non_max_suppression, scale_boxes
 from yolo9kit.env import parse_device, resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
-from yolo9kit.models.inference import max_stride, resolve_half, select_head
+from yolo9kit.models import load_model
+from yolo9kit.models.deploy import max_stride, resolve_half, select_head
 from yolo9kit.validate import clock, prepare
-from yolo9kit.zoo import load_model
 
 LOGGER = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     """Detect objects in images and videos, as the official ``detect_dual.py``.
 
     Args:
-        model: a DetectionModel or what :func:`~yolo9kit.zoo.load_model` takes; never moved or cast (a copy runs),
+        model: a DetectionModel or what :func:`~yolo9kit.models.load_model` takes; never moved or cast (a copy runs),
             its train/eval mode restored.
         source: image or video file, folder, glob, ``.txt`` list of paths, BGR numpy image, or a list of these.
         imgsz: inference size, int or (h, w), rounded up to a multiple of the stride.

@@ -22,8 +22,8 @@ from yolo9kit.detections import non_max_suppression, scale_boxes, speed_line
 from yolo9kit.env import resolve_device
 from yolo9kit.figure import plot_validation, save_figure
 from yolo9kit.files import write_text_atomically
-from yolo9kit.models.inference import inference_layout, prepare_model, resolve_half, select_head
-from yolo9kit.zoo import load_model
+from yolo9kit.models import load_model
+from yolo9kit.models.deploy import inference_layout, prepare_model, resolve_half, select_head
 
 LOGGER = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
     """Validate a detector on a data split, as the official ``val_dual.py``.
 
     Args:
-        model: DetectionModel or what :func:`~yolo9kit.zoo.load_model` takes; never moved or cast (a copy runs).
+        model: DetectionModel or what :func:`~yolo9kit.models.load_model` takes; never moved or cast (a copy runs).
         data: data.yaml path or dict (optional with ``dataloader``, except to find COCO's annotation file).
         split: "val", "test" or "train".
         imgsz: the loader's image size.

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import cv2
 import numpy as np
 
-from yolo9kit.config.hyp import check_augment_hyp
+from yolo9kit.config.train import check_augment_hyp
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from yolo9kit.data.images import load_resized, resized_size
 from yolo9kit.data.labels import ImageRecord, Problem, check_image_label
 from yolo9kit.data.sources import label_path
-from yolo9kit.env import ram_available_bytes
+from yolo9kit.env import memory_limits
 from yolo9kit.files import write_file, write_text_atomically
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def cache_images(paths: list[str], sizes: list[tuple[int, int]], image_size: int
     """Every image decoded once, resized, in RAM; when it needs more than ``budget_fraction`` of the available
     RAM: MemoryError with the numbers when ``required`` (cache="ram"), else None with a log line."""
     need = sum(w * h * 3 for w, h in (resized_size(w0, h0, image_size) for w0, h0 in sizes))
-    avail = ram_available_bytes()
+    avail = memory_limits().get("RAM")
     if avail is not None and need > budget_fraction * avail:
         msg = (f"caching {len(paths)} images at {image_size} px needs {need / 2**30:.2f} GiB but only "
                f"{avail / 2**30:.2f} GiB of RAM is available (limit {budget_fraction:.0%} of it)")

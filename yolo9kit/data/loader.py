@@ -13,10 +13,10 @@ import torch
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolo9kit.config import LoaderConfig
-from yolo9kit.cpu import usable_cores
 from yolo9kit.data.dataset import SampleKey, YOLODataset
 from yolo9kit.data.images import hsv_jitter
 from yolo9kit.data.sources import DataConfig
+from yolo9kit.env import usable_cores
 
 
 class KeySampler(Sampler):

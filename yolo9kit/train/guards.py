@@ -15,7 +15,7 @@ LOGGER = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """Raised after ``max_nonfinite_batches`` non-finite losses in a row, or an epoch whose every batch had one.
+    """Raised after ``MAX_NONFINITE_BATCHES`` non-finite losses in a row, or an epoch whose every batch had one.
 
     Attributes:
         run_dir: the run folder (set by ``fit``, which names it in the message); its ``weights/last.pt``, when

@@ -15,11 +15,11 @@ import torch
 from tqdm.auto import tqdm
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.models.inference import max_stride
+from yolo9kit.config.train import LOG_INTERVAL, MAX_NONFINITE_BATCHES
+from yolo9kit.models.deploy import max_stride
 from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
-from yolo9kit.train.inputs import multi_scale_rng, multi_scale_shape
-from yolo9kit.train.optim import StepSettings, apply_settings, step_settings
+from yolo9kit.train.optim import StepSettings, apply_settings, multi_scale_rng, multi_scale_shape, step_settings
 from yolo9kit.train.records import BatchRecord, bar_text, device_memory_bytes, read_peak_allocated, reset_peak_memory
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import Trainer, optimizer_step, run_batch
@@ -66,9 +66,9 @@ class _EpochLog:
         self.unmatched: list[_Logged] = []  # batches with boxes whose box loss was 0: no box met an anchor
 
     def add(self, entry: _Logged) -> None:
-        """Log now (values on the host) or, sync-free, every ``config.run.log_interval`` batches."""
+        """Log now (values on the host) or, sync-free, every ``LOG_INTERVAL`` batches."""
         self.pending.append(entry)
-        if not self.trainer.sync_free or len(self.pending) >= self.config.run.log_interval:
+        if not self.trainer.sync_free or len(self.pending) >= LOG_INTERVAL:
             self.flush()
 
     def warn_unmatched(self) -> None:
@@ -150,19 +150,19 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     ``start_batch`` are read but not trained (resume inside an epoch keeps the data order exact).
 
     A sync-free trainer (the CUDA default) keeps each batch's losses on the device and reads them back
-    every ``config.run.log_interval`` batches and at the end of the epoch; a non-finite batch is then
+    every ``LOG_INTERVAL`` batches and at the end of the epoch; a non-finite batch is then
     counted and named in the log, its step having been skipped on the device (the accumulation window
     it belonged to is lost, as in the plain step).
 
     ``on_batch`` receives a ``BatchRecord`` for each trained batch (sync-free: in groups, at each read-back).
-    With ``config.step.multi_scale`` each batch is resized to a random size (``inputs.multi_scale_shape``).
+    With ``config.step.multi_scale`` each batch is resized to a random size (``optim.multi_scale_shape``).
 
     ``interrupt`` is asked before each batch; a reason (e.g. ``"SIGTERM"``) stops the epoch there with
     ``Interrupted``. On any ``KeyboardInterrupt`` the BatchNorm running statistics are put back to the start
     of the unfinished accumulation window, where a resume continues.
 
     Raises:
-        NonFiniteLossError: after ``config.run.max_nonfinite_batches`` non-finite losses in a row, or at the end
+        NonFiniteLossError: after ``MAX_NONFINITE_BATCHES`` non-finite losses in a row, or at the end
             of an epoch whose every batch had one.
     """
     trainer.model.train()
@@ -233,7 +233,7 @@ def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int, ni: in
     progress.nonfinite_in_row += 1
     progress.nonfinite_total += 1
     LOGGER.warning("non-finite loss in epoch %d at batch %d: step skipped (%d in a row, stop at %d)",
-                   progress.epoch + 1, batch + 1, progress.nonfinite_in_row, config.run.max_nonfinite_batches)
-    if progress.nonfinite_in_row >= config.run.max_nonfinite_batches:
+                   progress.epoch + 1, batch + 1, progress.nonfinite_in_row, MAX_NONFINITE_BATCHES)
+    if progress.nonfinite_in_row >= MAX_NONFINITE_BATCHES:
         raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1,
                                  from_start=progress.nonfinite_in_row > ni)  # batches 0..ni all skipped

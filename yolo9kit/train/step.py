@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.config.train import GRAD_CLIP, OOM_BACKOFF
 from yolo9kit.env import free_cuda_memory, resolve_device
-from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
+from yolo9kit.models.model import freeze_layers
 from yolo9kit.train.ema import ModelEMA, unwrap
 from yolo9kit.train.guards import DistributedOutOfMemoryError, halve_micro_batch, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
@@ -152,7 +153,7 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     to ``yolo9kit.loss.DetectionLoss(model, config.optim.loss)``.
 
     On CUDA the defaults are the fast ones: channels_last weights and inputs, a fused optimizer, a step
-    without host-device synchronisation, and the lean BatchNorm+SiLU (``yolo9kit.models.lean``: about a
+    without host-device synchronisation, and the lean BatchNorm+SiLU (``yolo9kit.models.layers``: about a
     quarter less activation memory); ``fit`` also switches cuDNN autotuning on for the run
     (``cudnn_autotune``). The scaler is on for fp16 (loss
     scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to skip a non-finite
@@ -176,15 +177,15 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     amp_dtype = None if meta else AMP_DTYPES[step.amp]
     scaler = make_scaler("none" if meta else scaler_kind(amp_dtype, step.sync_free), torch.device("cpu") if meta
                          else device)
-    ema = ModelEMA(model, config.optim.ema_decay, config.optim.ema_tau) if step.ema else None
+    ema = ModelEMA(model) if step.ema else None  # the official decay 0.9999, ramped over 2000 updates
     optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer and not meta)
     compiled = None
     if config.step.compile and not meta:
         mode = config.step.compile if isinstance(config.step.compile, str) else None
         compiled = torch.compile(model, mode=mode)
     return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, ema=ema, device=device,
-                   step=step, amp_dtype=amp_dtype, grad_clip=config.optim.grad_clip, world_size=world_size,
-                   compiled=compiled, micro_batch_size=config.step.batch_size, oom_backoff=config.run.oom_backoff)
+                   step=step, amp_dtype=amp_dtype, grad_clip=GRAD_CLIP, world_size=world_size,
+                   compiled=compiled, micro_batch_size=config.step.batch_size, oom_backoff=OOM_BACKOFF)
 
 
 @contextlib.contextmanager

@@ -18,13 +18,12 @@ from yolo9kit.config import DEFAULT_AUGMENT_HYP, NMSConfig, StepConfig
 from yolo9kit.data import create_dataloader
 from yolo9kit.figure import new_figure
 from yolo9kit.files import format_bytes
-from yolo9kit.models import list_models
+from yolo9kit.models import list_models, load_model
 from yolo9kit.plots import memory_breakdown, memory_vs_batch, show_batch
 from yolo9kit.prediction import IMAGE_SUFFIXES, predict
 from yolo9kit.widgets.dashboard import TrainDashboard, train_dashboard
 from yolo9kit.widgets.panel import WidgetApp, html_table, launch, output_png, show_error, show_figure
 from yolo9kit.widgets.runs import runs_viewer
-from yolo9kit.zoo import load_model
 
 __all__ = ["TrainDashboard", "WidgetApp", "augmentation_viewer", "detection_viewer", "memory_explorer", "output_png",
            "runs_viewer", "train_dashboard"]

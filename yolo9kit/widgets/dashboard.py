@@ -22,8 +22,11 @@ import pandas as pd
 from IPython.display import display
 
 from yolo9kit.files import format_bytes
-from yolo9kit.train import BatchRecord, EpochRecord, FitResult
-from yolo9kit.train.fit import fit  # the function: ``yolo9kit.train.fit`` may name the module
+from yolo9kit.train.fit import (
+    FitResult,
+    fit,  # the function: ``yolo9kit.train.fit`` may name the module
+)
+from yolo9kit.train.records import BatchRecord, EpochRecord
 from yolo9kit.widgets import panel
 
 
