@@ -1,4 +1,5 @@
-"""Shared fixtures.
+"""Shared fixtures: the official references, and what many tests need made once per test run (``shapes64``,
+``tiny_model``, ``toy_fit``).
 
 Reference outputs of the official YOLOv9 code are committed under ``tests/fixtures/official/`` (written by
 ``tools/official_reference.py``, see docs/parity.md). A parity test whose reference file is missing FAILS
@@ -10,12 +11,22 @@ beside the checkout) serve extra cases only; those tests skip, with the reason, 
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from notebook_checks import browser_missing
+from train_toys import ToyNet, make_batches, toy_loss
+
+from yolo9kit.config import TrainConfig
+from yolo9kit.data import make_shapes
+from yolo9kit.models import create_model
+from yolo9kit.models.checkpoint import SHAPES_CLASSES
+from yolo9kit.train.fit import fit
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "official"
@@ -113,3 +124,59 @@ def holding_the_lock(folder: Path) -> subprocess.Popen:
                               str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert other.stdout.readline() == "held\n"
     return other
+
+
+@pytest.fixture(scope="session")
+def shapes64(tmp_path_factory) -> Path:
+    """data.yaml of a small shapes set made once per test run: 8 train and 4 val images, 64 px, the 3 classes of
+    the shipped model, seed 0. Shared: read it, never change its files (make your own set for that)."""
+    return make_shapes(tmp_path_factory.mktemp("shapes64"), n_train=8, n_val=4, imgsz=64, num_classes=3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def _tiny_model_built():
+    return create_model("yolov9-t", names=list(SHAPES_CLASSES), seed=0)
+
+
+@pytest.fixture
+def tiny_model(_tiny_model_built):
+    """A yolov9-t with random weights (seed 0) and the shapes' 3 classes, in training mode: a copy of one built
+    once per test run, so a test may change it."""
+    return copy.deepcopy(_tiny_model_built)
+
+
+@pytest.fixture(scope="session")
+def toy_fit(tmp_path_factory):
+    """The ``FitResult`` of one finished run, made once per test run: ``ToyNet`` (tests/train_toys.py), 3 epochs of
+    2 random batches of 2 images, fitness rising every epoch (so each epoch writes best.pt). Shared: read its
+    run folder, never change it."""
+    config = TrainConfig(epochs=3, batch_size=2, accumulate_steps=1, amp="off", device="cpu", warmup_epochs=0.0,
+                         warmup_min_batches=0, progress_bar=False, plots=False,
+                         project=str(tmp_path_factory.mktemp("toy_fit")), name="toy")
+    epoch = iter(range(1, 100))
+
+    def validate(model):
+        n = next(epoch)
+        return {"precision": 0.5, "recall": 0.5, "map50": 0.1 * n, "map50_95": 0.05 * n, "fitness": 0.055 * n}
+
+    torch.manual_seed(0)
+    return fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=make_batches(2, 2), validate_fn=validate)
+
+
+def _param(item, name: str):
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(name) if callspec else None
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
+def pytest_collection_modifyitems(config, items):
+    """Each notebook runs once per session: a widget notebook that the browser test runs is not also run
+    headless (where the browser cannot run, the headless test runs it)."""
+    if browser_missing():
+        return
+    in_browser = {_param(item, "name") for item in items if item.get_closest_marker("browser")}
+    twice = [item for item in items if item.originalname == "test_notebook_runs_in_smoke_mode"
+             and _param(item, "path").name in in_browser]
+    if twice:
+        items[:] = [item for item in items if item not in twice]
+        config.hook.pytest_deselected(items=twice)

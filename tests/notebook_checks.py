@@ -1,16 +1,39 @@
 """What each notebook must have shown, checked in the notebook's own kernel after its last cell.
 
-The notebooks end with what a participant learned; the checks live here. ``tests/test_notebooks.py`` and
-``tests/test_browser.py`` append ``CHECKS[name]`` as one more code cell to the copy they run (never to the
-tracked file), so a headless run and a JupyterLab run assert the same things about the same kernel state.
-The names the checks use are the notebooks' own variables. ``coco_export`` makes the COCO data set both
-tests give notebook 08.
+``tests/test_notebooks.py`` (headless) and ``tests/test_browser.py`` (JupyterLab) append ``CHECKS[name]`` as one
+more code cell to the copy they run (never to the tracked file); the checks use the notebooks' own variables.
+Each notebook runs once per test session: those with widgets in JupyterLab, the others headless, and the widget
+notebooks headless too where the browser cannot run (``browser_missing``).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import json
 import shutil
 from pathlib import Path
+
+import numpy as np
+
+from yolo9kit.data import load_data_config
+
+CHROMIUM = Path("/usr/bin/chromium")
+# the notebooks that show widgets (guarded by test_notebooks.py): they run in the browser test
+WIDGET_NOTEBOOKS = ("01_memory_vs_batch.ipynb", "04_data_loading.ipynb", "05_train_dashboard.ipynb",
+                    "06_detect_and_validate.ipynb", "09_compare_experiments.ipynb")
+
+
+@functools.cache
+def browser_missing() -> str | None:
+    """Why the browser test cannot run here (it skips with this reason), or None when it can."""
+    if not CHROMIUM.exists():
+        return f"{CHROMIUM} not found: install it with `apt-get install chromium`"
+    for package in ("playwright", "jupyterlab"):
+        if importlib.util.find_spec(package) is None:
+            return f"the {package} package is not installed"
+    return None
+
 
 CHECKS = {
     "00_tour.ipynb": """\
@@ -129,28 +152,21 @@ assert inside == (abs(difference) <= noise)
 }
 
 
-def coco_export(tmp_path: Path, with_images: bool = True) -> tuple[Path, Path]:
-    """A COCO export as people have them: ``instances.json`` and an images folder of its own."""
-    import json
-
-    import numpy as np
-
-    from yolo9kit.data import make_shapes
-
-    src = make_shapes(tmp_path / "src", n_train=12, n_val=1, imgsz=64, num_classes=3, seed=3).parent
+def coco_export(data_yaml: Path, out: Path, with_images: bool = True) -> tuple[Path, Path]:
+    """The training split of a shapes set (64 px) as a COCO export as people have them: ``out/instances.json``
+    and an images folder of its own (empty without ``with_images``)."""
+    src, names = data_yaml.parent, load_data_config(data_yaml).names
     images, annotations = [], []
     for k, label in enumerate(sorted((src / "labels" / "train").glob("*.txt"))):
         images.append({"id": k, "file_name": label.stem + ".jpg", "width": 64, "height": 64})
         for c, cx, cy, w, h in np.loadtxt(label, ndmin=2):
             annotations.append({"id": len(annotations), "image_id": k, "category_id": int(c) + 1,
                                 "bbox": [(cx - w / 2) * 64, (cy - h / 2) * 64, w * 64, h * 64]})
-    names = ["rectangle", "ellipse", "triangle"]
-    json_path = tmp_path / "export" / "instances.json"
-    json_path.parent.mkdir()
+    photos = out / "images"
+    photos.mkdir(parents=True)
+    json_path = out / "instances.json"
     json_path.write_text(json.dumps({"images": images, "annotations": annotations,
                                      "categories": [{"id": i + 1, "name": n} for i, n in enumerate(names)]}))
-    photos = tmp_path / "export" / "images"
-    photos.mkdir()
     if with_images:
         for image in (src / "images" / "train").iterdir():
             shutil.copy(image, photos / image.name)

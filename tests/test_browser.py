@@ -1,35 +1,31 @@
-"""Every notebook runs in a real JupyterLab, its widgets render, and touching each widget front end has an effect.
+"""The notebooks with widgets run in a real JupyterLab, their widgets render, and each widget front end responds.
 
 nbclient runs a notebook without a front end, so it passes even when JupyterLab's widget manager
-(``jupyterlab_widgets``) is missing and every slider shows as ``VBox(children=(...))`` text, and it never
-shows what a participant sees. This test starts one JupyterLab server on a copy of ``notebooks/``, opens
-each notebook in headless Chromium through Playwright, runs all cells in smoke mode (``YOLO9KIT_SMOKE=1``),
-and checks:
+(``jupyterlab_widgets``) is missing and every slider shows as ``VBox(children=(...))`` text. This test starts one
+JupyterLab server on a copy of ``notebooks/``, opens each notebook of ``WIDGET_NOTEBOOKS`` in headless Chromium
+through Playwright, runs all cells in smoke mode (``YOLO9KIT_SMOKE=1``) and checks:
 
-- no cell raised and nothing was written to stderr (JupyterLab draws stderr as a red box: a participant
-  reads it as an error), and no widget shows as text or as "Error displaying widget";
-- one interaction with each widget front end, with a visible effect: the memory explorer (01) starts at
-  the parameters cell's batch range and its curve is redrawn when the range slider moves; the
-  augmentation viewer (04) draws another batch when its seed slider moves; the training dashboard (05)
-  has stop and resume buttons, all four panels hold points after Run All, its table fits, and its
-  planned stop reads as a message; the detection viewer (06, and 00 when it has one) starts at the
-  parameters cell's confidence, redraws when the confidence slider moves, and draws boxes;
-- each copy ends with its checks (``notebook_checks.CHECKS``, what the headless run asserts), so a failed check
-  shows as a red traceback;
-- 01 run, saved, closed with its kernel shut down and opened again shows its explorer from the saved widget
+- no cell raised and nothing was written to stderr (a red box), and no widget shows as text or as
+  "Error displaying widget";
+- one interaction per widget front end, with a visible effect: the memory explorer (01) starts at the parameters
+  cell's batch range and redraws its curve when the range slider moves; the augmentation viewer (04) draws another
+  batch when its seed slider moves; the training dashboard (05) has stop and resume buttons, four panels with
+  points, a table that fits and its planned stop as a message; the detection viewer (06) starts at the parameters
+  cell's confidence, draws boxes and redraws when the confidence slider moves; the runs viewer (09) lists the
+  chosen runs and redraws their curves for another metric;
+- each copy ends with its checks (``notebook_checks.CHECKS``, what the headless run asserts), and saving it writes
+  the widgets' state; 01, saved, closed with its kernel shut down and opened again, shows its explorer from that
   state (the settings ``make lab`` gives), not "Error displaying widget".
-- 08 runs a second time on a COCO export (its parameters set after the parameters cell, as papermill does).
 
-Screenshots (the page after Run All, each widget before and after its interaction) are written to a
-folder the test prints, and copied to ``$YOLO9KIT_BROWSER_SHOTS`` when that is set (e.g. ``runs/browser``).
-
-Needs the system Chromium at /usr/bin/chromium (``apt-get install chromium``) and the ``playwright``
-Python package; no ``playwright install`` is used. Skips with the reason when either is missing.
+Screenshots go to a folder the test prints, copied to ``$YOLO9KIT_BROWSER_SHOTS`` when that is set. Needs the
+system Chromium at /usr/bin/chromium and the ``playwright`` package (no ``playwright install``); skips, with the
+reason, when either is missing, and then the headless test runs these notebooks (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -44,16 +40,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
-from notebook_checks import CHECKS, coco_export
+from notebook_checks import CHECKS, CHROMIUM, WIDGET_NOTEBOOKS, browser_missing
+from PIL import Image
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-# The detection viewer draws boxes once a trained model ships with the package (the notebooks load it).
-SHAPES_MODEL = REPO / "yolo9kit" / "models" / "yolov9-t-shapes.pt"
-CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-dev-shm-usage",
@@ -64,14 +58,6 @@ NOTEBOOK_RUN_TIMEOUT_S = 300  # all cells of one smoke-mode notebook on a busy 2
 REDRAW_TIMEOUT_S = 90
 STDERR = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
 WIDGET_IMAGE = ".widget-output img, .jupyter-widgets-output-area img"
-
-
-COCO_SOURCE, COCO_NOTEBOOK = "08_finetune_your_data.ipynb", "08_finetune_your_data_coco.ipynb"
-
-
-def _code_cell(cell_id: str, source: str) -> dict:
-    return {"cell_type": "code", "id": cell_id, "metadata": {}, "execution_count": None, "outputs": [],
-            "source": source}
 
 
 def _free_port() -> int:
@@ -115,24 +101,17 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def lab_server(tmp_path_factory):
     """A JupyterLab server on a free localhost port, no token, serving a temporary copy of notebooks/."""
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install it with `apt-get install chromium`")
-    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+    if browser_missing():
+        pytest.skip(browser_missing())
 
     tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "root"
     shutil.copytree(REPO / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    for name in NOTEBOOKS:  # each copy ends with its checks: Run All asserts what nbclient's run asserts
+    for name in WIDGET_NOTEBOOKS:  # each copy ends with its checks: Run All asserts what nbclient's run asserts
         notebook = json.loads((root / name).read_text())
-        notebook["cells"].append(_code_cell("checks", CHECKS[name]))
+        notebook["cells"].append({"cell_type": "code", "id": "checks", "metadata": {}, "execution_count": None,
+                                  "outputs": [], "source": CHECKS[name]})
         (root / name).write_text(json.dumps(notebook, indent=1))
-    # 08 once more, on a COCO export (instances.json and its images folder), as a participant brings one
-    json_path, photos = coco_export(tmp_path / "coco")
-    notebook = json.loads((root / COCO_SOURCE).read_text())
-    at = next(i for i, c in enumerate(notebook["cells"]) if "parameters" in c["metadata"].get("tags", []))
-    notebook["cells"].insert(at + 1, _code_cell("coco", f"DATA = {str(json_path)!r}\nCOCO_IMAGES = {str(photos)!r}"))
-    (root / COCO_NOTEBOOK).write_text(json.dumps(notebook, indent=1))
     config_dir, settings_dir = tmp_path / "jupyter_config", tmp_path / "lab_settings"
     config_dir.mkdir()
     _write_settings(settings_dir)
@@ -284,9 +263,6 @@ def _image_hash(scope) -> str:
 
 def _image_array(scope, index: int = 0):
     """The pixels (H, W, 3) of an image inside a widget Output in ``scope`` (a PNG data URL)."""
-    import numpy as np
-    from PIL import Image
-
     src = scope.locator(WIDGET_IMAGE).nth(index).get_attribute("src") or ""
     assert src.startswith("data:image/png;base64,"), f"not an inline PNG: {src[:60]}"
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).convert("RGB"))
@@ -296,9 +272,16 @@ def _slider(cell, label: str):
     return cell.locator(f".widget-slider:has(.widget-label:text-is('{label}'))").first
 
 
-def _move_slider(page, cell, label: str, key: str = "ArrowRight", presses: int = 3) -> tuple[str, str]:
-    """Move a slider's first handle from the keyboard (noUiSlider handles are focusable) and wait until the
-    cell's widget image changed and the kernel is idle again; returns the readout before and after."""
+def _wait_for_redraw(page, cell, before: str) -> None:
+    """Wait until the cell's widget image differs from the hash ``before`` and the kernel is idle again."""
+    deadline = time.monotonic() + REDRAW_TIMEOUT_S
+    while _image_hash(cell) == before and time.monotonic() < deadline:
+        page.wait_for_timeout(500)
+    _wait_for_kernel(page, timeout_s=REDRAW_TIMEOUT_S)  # the last change has been handled too
+
+
+def _move_slider(page, cell, label: str, key: str = "ArrowRight", presses: int = 3) -> None:
+    """Move a slider's first handle from the keyboard (noUiSlider handles are focusable), then wait for the redraw."""
     slider = _slider(cell, label)
     readout = slider.locator(".widget-readout").first
     before_value, before_hash = readout.inner_text(), _image_hash(cell)
@@ -306,13 +289,8 @@ def _move_slider(page, cell, label: str, key: str = "ArrowRight", presses: int =
     for _ in range(presses):
         page.keyboard.press(key)
         page.wait_for_timeout(150)
-    deadline = time.monotonic() + REDRAW_TIMEOUT_S
-    while _image_hash(cell) == before_hash and time.monotonic() < deadline:
-        page.wait_for_timeout(500)
-    _wait_for_kernel(page, timeout_s=REDRAW_TIMEOUT_S)  # the last key press has been handled too
-    after_value = readout.inner_text()
-    assert after_value != before_value, f"the '{label}' slider did not move (readout stayed {before_value})"
-    return before_value, after_value
+    _wait_for_redraw(page, cell, before_hash)
+    assert readout.inner_text() != before_value, f"the '{label}' slider did not move (readout stayed {before_value})"
 
 
 def _cell_with(page, selector: str):
@@ -373,92 +351,98 @@ def _dashboard(page, shots: Path, name: str) -> None:
             "the planned stop is not reported in the panel"
 
 
-def _detection_viewer(page, shots: Path, name: str) -> str | None:
-    """00/06: the confidence slider starts at the parameters cell's value, moving it redraws the image, and the
-    viewer draws boxes (its detections table has rows)."""
-    params = _parameters(name)
+def _detection_viewer(page, shots: Path, name: str) -> None:
+    """06: the confidence slider starts at the parameters cell's value, the viewer draws boxes (its detections
+    table has rows), and moving the slider redraws the image."""
     cell = _cell_with(page, ".widget-slider:has(.widget-label:text-is('confidence'))")
     cell.screenshot(path=str(shots / f"{name[:2]}_detections_before.png"))
     readout = _slider(cell, "confidence").locator(".widget-readout").first.inner_text()
-    if "CONF" in params:
-        assert float(readout) == pytest.approx(params["CONF"], abs=0.005), (
-            f"after Run All the viewer's confidence reads {readout}, the parameters cell says {params['CONF']}")
-    boxes = cell.locator(".widget-html table tbody tr").count()
+    conf = _parameters(name)["CONF"]
+    assert float(readout) == pytest.approx(conf, abs=0.005), (
+        f"after Run All the viewer's confidence reads {readout}, the parameters cell says {conf}")
+    assert cell.locator(".widget-html table tbody tr").count() > 0, f"no boxes at the starting confidence {readout}"
     before = _image_hash(cell)
     _move_slider(page, cell, "confidence", key="ArrowLeft" if float(readout) > 0.5 else "ArrowRight")
     cell.screenshot(path=str(shots / f"{name[:2]}_detections_after.png"))
     assert _image_hash(cell) != before, "the detection image did not change after the confidence slider moved"
-    if boxes == 0 and not SHAPES_MODEL.is_file():
-        return (f"{name}: boxes not checked: {SHAPES_MODEL.relative_to(REPO)} (the trained shapes model the "
-                "notebooks use) is not in this checkout; everything else passed")
-    assert boxes > 0, f"{name}: the detection viewer draws no boxes at the starting confidence {readout}"
-    return None
 
 
-INTERACTIONS = {  # notebook -> the widget front ends it must show
-    "01_memory_vs_batch.ipynb": [_memory_explorer],
-    "04_data_loading.ipynb": [_augmentation_viewer],
-    "05_train_dashboard.ipynb": [_dashboard],
-    "06_detect_and_validate.ipynb": [_detection_viewer],
+def _runs_viewer(page, shots: Path, name: str) -> None:
+    """09: the table lists the chosen runs; choosing another metric redraws their curves."""
+    cell = _cell_with(page, ".widget-dropdown:has(.widget-label:text-is('metric'))")
+    chosen = cell.locator(".widget-select-multiple select option:checked").count()
+    assert chosen > 0 and cell.locator(".widget-html table tbody tr").count() == chosen, "the table is not the chosen"
+    cell.screenshot(path=str(shots / f"{name[:2]}_runs_before.png"))
+    before = _image_hash(cell)
+    cell.locator(".widget-dropdown select").select_option("box loss")
+    _wait_for_redraw(page, cell, before)
+    cell.screenshot(path=str(shots / f"{name[:2]}_runs_after.png"))
+    assert _image_hash(cell) != before, "the curves did not change after another metric was chosen"
+
+
+INTERACTIONS = {  # notebook -> its widget front end
+    "01_memory_vs_batch.ipynb": _memory_explorer,
+    "04_data_loading.ipynb": _augmentation_viewer,
+    "05_train_dashboard.ipynb": _dashboard,
+    "06_detect_and_validate.ipynb": _detection_viewer,
+    "09_compare_experiments.ipynb": _runs_viewer,
 }
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_all_in_jupyterlab_and_its_widgets_respond(name, lab_server, browser, shots):
-    lab_url, log_path, root = lab_server
-    n_code = sum(c["cell_type"] == "code" for c in json.loads((root / name).read_text())["cells"])
+@contextlib.contextmanager
+def _opened(browser, lab_url: str, name: str):
+    """A page showing the notebook ``name`` with its kernel idle; afterwards its kernels are shut down."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         page.goto(f"{lab_url}/lab/tree/{name}?reset")
         page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
         _wait_for_kernel(page)
-        _run_all_and_wait(page, n_code, log_path, shots / f"{name[:2]}_failure.png")
-        page.screenshot(path=str(shots / f"{name[:2]}_after_run_all.png"))
-        red = page.locator(STDERR)
-        assert red.count() == 0, (f"{name}: {red.count()} red (stderr) output(s) after Run All, the first:\n"
-                                  f"{red.first.inner_text()[:1500]}" + _diagnosis(page, log_path, shots / "x.png"))
-        assert page.locator(".jp-OutputArea-output:has-text('VBox(children')").count() == 0, "widgets shown as text"
-        assert page.get_by_text("Error displaying widget").count() == 0
-        interactions = list(INTERACTIONS.get(name, []))
-        if name not in INTERACTIONS and page.locator(".widget-label:text-is('confidence')").count():
-            interactions.append(_detection_viewer)  # 00 may show the detection viewer too
-        unchecked = [reason for interact in interactions if (reason := interact(page, shots, name))]
-        assert page.locator(STDERR).count() == 0, f"{name}: touching the widgets wrote to stderr"
+        yield page
     finally:
         _shutdown_kernels(lab_url, page)
         page.close()
-    if unchecked:
-        pytest.skip("; ".join(unchecked))
+
+
+def _run_all_and_save(page, name: str, root: Path, log_path: Path, shots: Path) -> None:
+    """Run All, check the page, touch the notebook's widget front end, then save: the file gets the widget state."""
+    n_code = sum(c["cell_type"] == "code" for c in json.loads((root / name).read_text())["cells"])
+    _run_all_and_wait(page, n_code, log_path, shots / f"{name[:2]}_failure.png")
+    page.screenshot(path=str(shots / f"{name[:2]}_after_run_all.png"))
+    red = page.locator(STDERR)
+    assert red.count() == 0, (f"{name}: {red.count()} red (stderr) output(s) after Run All, the first:\n"
+                              f"{red.first.inner_text()[:1500]}" + _diagnosis(page, log_path, shots / "x.png"))
+    assert page.locator(".jp-OutputArea-output:has-text('VBox(children')").count() == 0, "widgets shown as text"
+    assert page.get_by_text("Error displaying widget").count() == 0
+    INTERACTIONS[name](page, shots, name)
+    assert page.locator(STDERR).count() == 0, f"{name}: touching the widgets wrote to stderr"
+    page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+    page.keyboard.press("Control+s")
+    deadline = time.monotonic() + 30
+    while WIDGET_STATE not in (root / name).read_text():
+        assert time.monotonic() < deadline, "saving the notebook wrote no widget state into the file"
+        page.wait_for_timeout(500)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WIDGET_NOTEBOOKS)
+def test_notebook_runs_all_in_jupyterlab_and_its_widgets_respond(name, lab_server, browser, shots):
+    lab_url, log_path, root = lab_server
+    with _opened(browser, lab_url, name) as page:
+        _run_all_and_save(page, name, root, log_path, shots)
 
 
 @pytest.mark.slow
 def test_a_reopened_notebook_shows_its_widgets_from_the_saved_state(lab_server, browser, shots):
-    """01 run, saved, its kernel shut down and the notebook opened again: with the settings ``make lab`` gives,
-    the explorer's figures come back from the notebook file, not "Error displaying widget: model not found"."""
+    """01 as the test above saved it (run here first when that test did not run), its kernel shut down, opened
+    again: with the settings ``make lab`` gives, the explorer comes back from the file, not "Error displaying
+    widget: model not found"."""
     lab_url, log_path, root = lab_server
     name = "01_memory_vs_batch.ipynb"
-    n_code = sum(c["cell_type"] == "code" for c in json.loads((root / name).read_text())["cells"])
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(f"{lab_url}/lab/tree/{name}?reset")
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
-        _wait_for_kernel(page)
-        _run_all_and_wait(page, n_code, log_path, shots / "01_reopen_failure.png")
-        page.locator(".jp-NotebookPanel .jp-Cell").first.click()
-        page.keyboard.press("Control+s")
-        deadline = time.monotonic() + 30
-        while "application/vnd.jupyter.widget-state+json" not in (root / name).read_text():
-            assert time.monotonic() < deadline, "saving the notebook wrote no widget state into the file"
-            page.wait_for_timeout(500)
-    finally:
-        _shutdown_kernels(lab_url, page)
-        page.close()
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(f"{lab_url}/lab/tree/{name}?reset")
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
-        _wait_for_kernel(page)
+    if WIDGET_STATE not in (root / name).read_text():
+        with _opened(browser, lab_url, name) as page:
+            _run_all_and_save(page, name, root, log_path, shots)
+    with _opened(browser, lab_url, name) as page:
         cell = page.locator(".jp-CodeCell:has(.widget-slider:has(.widget-label:text-is('batch sizes')))").first
         cell.wait_for(timeout=30_000)
         cell.scroll_into_view_if_needed()
@@ -466,28 +450,3 @@ def test_a_reopened_notebook_shows_its_widgets_from_the_saved_state(lab_server, 
         assert page.get_by_text("Error displaying widget").count() == 0, "a widget of the reopened notebook is lost"
         assert cell.locator(WIDGET_IMAGE).count() >= 2, "the reopened explorer shows no curve and breakdown"
         assert cell.locator(".widget-html:has-text('Largest batch')").count() > 0
-    finally:
-        _shutdown_kernels(lab_url, page)
-        page.close()
-
-
-@pytest.mark.slow
-def test_notebook_08_fine_tunes_a_coco_export_in_jupyterlab(lab_server, browser, shots):
-    """08 with DATA set to a COCO JSON and COCO_IMAGES to its images: Run All without a red output, the data
-    converted with a validation split held out, and the same checks as on the shapes data."""
-    lab_url, log_path, root = lab_server
-    n_code = sum(c["cell_type"] == "code" for c in json.loads((root / COCO_NOTEBOOK).read_text())["cells"])
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        page.goto(f"{lab_url}/lab/tree/{COCO_NOTEBOOK}?reset")
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
-        _wait_for_kernel(page)
-        _run_all_and_wait(page, n_code, log_path, shots / "08_coco_failure.png")
-        page.screenshot(path=str(shots / "08_coco_after_run_all.png"))
-        red = page.locator(STDERR)
-        assert red.count() == 0, f"{red.count()} red output(s), the first:\n{red.first.inner_text()[:1500]}"
-        shown = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
-        assert "held out for validation" in shown and "no label file" not in shown
-    finally:
-        _shutdown_kernels(lab_url, page)
-        page.close()

@@ -1,29 +1,29 @@
-"""Every notebook runs headless, top to bottom, in smoke mode, without an error.
+"""The notebooks follow the layout, and run headless, top to bottom, in smoke mode, without an error.
 
-Each notebook ends with what a participant saw; ``notebook_checks.CHECKS`` holds what the run must have
-shown, appended as one more cell to the copy that runs, so a run is a test of the walkthrough, not only of
-the code. Notebooks run from a temporary copy of ``notebooks/`` (the tracked files are never written)
-with ``YOLO9KIT_SMOKE=1`` in the kernel's environment: tiny images, few steps, about a minute each on
-a 2-core CPU.
-
-A notebook can declare in its metadata (``metadata.yolo9kit.requires``) the package functions it calls;
-if one is missing the notebook is skipped with that name as the reason.
+Each run ends with ``notebook_checks.CHECKS`` (what the walkthrough must have shown), from a temporary copy of
+``notebooks/`` with ``YOLO9KIT_SMOKE=1`` in the kernel's environment. The widget notebooks run here only when
+the browser test does not run them in this session (tests/conftest.py); 08 runs on a COCO export. A notebook
+can name in ``metadata.yolo9kit.requires`` the package functions it calls: one missing skips it, named.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import shutil
 from pathlib import Path
 
 import pytest
-from notebook_checks import CHECKS, coco_export
+from notebook_checks import CHECKS, WIDGET_NOTEBOOKS, coco_export
+
+from yolo9kit.data import make_shapes
 
 nbformat = pytest.importorskip("nbformat")
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+COCO_CASE = "08_finetune_your_data.ipynb"  # runs once, on a COCO export (its own test below)
 CELL_TIMEOUT_S = 600
 
 
@@ -78,34 +78,66 @@ def test_notebook_is_committed_clean_and_follows_the_layout(path):
         f"{path.name}: the first (markdown) cell must state the measured run time in default and smoke mode")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
+def test_the_widget_notebooks_are_those_that_show_widgets():
+    """The browser test runs exactly the notebooks that display widgets (the kit's, or ipywidgets')."""
+    imports = {p.name: [n for c in _read(p).cells if c.cell_type == "code" for n in _imported_names(c.source)]
+               for p in NOTEBOOKS}
+    shown = [name for name, names in imports.items() if any(n.startswith(("yolo9kit.widgets", "ipywidgets"))
+                                                             for n in names)]
+    assert shown == list(WIDGET_NOTEBOOKS)
+
+
+def _execute(path: Path, workdir: Path, monkeypatch, **parameters):
+    """Run ``path`` with its checks from ``workdir`` (``parameters`` set after its parameters cell, as papermill
+    injects them); returns the executed notebook and the CellExecutionError raised, or None."""
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    tracked = path.read_bytes()
     nb = _with_checks(path)
     missing = _missing(nb.metadata.get("yolo9kit", {}).get("requires", []))
     if missing:
         pytest.skip(f"{path.name} needs {', '.join(missing)}, which the package does not provide yet")
-
-    workdir = tmp_path / "notebooks"
-    shutil.copytree(NOTEBOOK_DIR, workdir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    if parameters:
+        at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+        nb.cells.insert(at + 1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items())))
     monkeypatch.setenv("YOLO9KIT_SMOKE", "1")  # the kernel inherits this environment
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(workdir)}})
-    client.execute()  # raises CellExecutionError naming the cell and the traceback on any error
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as e:
+        return nb, e
+    return nb, None
 
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
+
+def _outputs(nb, kind: str) -> list:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == kind]
+
+
+def _workdir(tmp_path: Path) -> Path:
+    workdir = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOK_DIR, workdir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    return workdir
+
+
+def _assert_ran_clean(nb, error) -> None:
+    """No cell raised, and nothing went to stderr (JupyterLab draws it as a red box: a participant reads an error)."""
+    assert error is None, error
+    assert not _outputs(nb, "error")
+    stderr = [o.text for o in _outputs(nb, "stream") if o.name == "stderr"]
+    assert not stderr, f"{len(stderr)} stderr output(s), the first:\n{stderr[0][:1500]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name != COCO_CASE], ids=lambda p: p.name)
+def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
+    tracked = path.read_bytes()
+    _assert_ran_clean(*_execute(path, _workdir(tmp_path), monkeypatch))
     assert path.read_bytes() == tracked, f"running {path.name} modified the tracked file"
 
 
 def _imported_names(source: str) -> list[str]:
     """Dotted names a cell imports (``from a.b import c`` -> ``a.b.c``); IPython magics are skipped."""
-    import ast
-
     code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
     names = []
     for node in ast.walk(ast.parse(code)):
@@ -125,40 +157,25 @@ def test_notebook_imports_only_public_names(path):
     assert not private, f"{path.name} imports private names: {private}"
 
 
-def _run_with(path: Path, workdir: Path, monkeypatch, **parameters):
-    """Execute ``path`` from ``workdir`` with ``parameters`` set after its parameters cell (as papermill injects
-    them); returns the executed notebook, or the CellExecutionError raised."""
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    nb = _with_checks(path)
-    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    nb.cells.insert(at + 1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items())))
-    monkeypatch.setenv("YOLO9KIT_SMOKE", "1")
-    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(workdir)}})
-    try:
-        client.execute()
-    except nbclient.exceptions.CellExecutionError as e:
-        return nb, e
-    return nb, None
-
-
 @pytest.mark.slow
-def test_notebook_08_fine_tunes_a_coco_export_and_stops_in_one_line_when_its_images_are_missing(tmp_path,
+def test_notebook_08_fine_tunes_a_coco_export_and_stops_in_one_line_when_its_images_are_missing(tmp_path, shapes64,
                                                                                               monkeypatch):
-    workdir = tmp_path / "notebooks"
-    shutil.copytree(NOTEBOOK_DIR, workdir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    path = workdir / "08_finetune_your_data.ipynb"
-    json_path, photos = coco_export(tmp_path)
-    nb, error = _run_with(path, workdir, monkeypatch, DATA=str(json_path), COCO_IMAGES=str(photos))
-    assert error is None, error
-    shown = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    """08 on a COCO export of 5 classes (the shipped checkpoint knows 3): the whole notebook, so this run also
+    covers its default run on generated shapes, which differs only in where the data.yaml comes from."""
+    workdir = _workdir(tmp_path)
+    path = workdir / COCO_CASE
+    five = make_shapes(tmp_path / "src", n_train=12, n_val=1, imgsz=64, num_classes=5, seed=3)
+    json_path, photos = coco_export(five, tmp_path / "export")
+    nb, error = _execute(path, workdir, monkeypatch, DATA=str(json_path), COCO_IMAGES=str(photos))
+    _assert_ran_clean(nb, error)
+    shown = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "")
+                      for o in _outputs(nb, "stream") + _outputs(nb, "display_data") + _outputs(nb, "execute_result"))
     assert "12 images" in shown and "held out for validation" in shown and "no label file" not in shown
+    assert "5 classes: rectangle, ellipse, triangle, star, cross" in shown
 
-    missing_json, empty = coco_export(tmp_path / "second", with_images=False)
-    nb, error = _run_with(path, workdir, monkeypatch, DATA=str(missing_json), COCO_IMAGES=str(empty))
+    missing_json, empty = coco_export(shapes64, tmp_path / "second", with_images=False)
+    nb, error = _execute(path, workdir, monkeypatch, DATA=str(missing_json), COCO_IMAGES=str(empty))
     assert error is not None and error.ename == "DataError"
-    stopped = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    stopped = _outputs(nb, "error")
     assert len(stopped) == 1 and len(stopped[0].traceback) == 1, stopped  # one line, no traceback through the kit
     assert "has no images" in stopped[0].traceback[0]
