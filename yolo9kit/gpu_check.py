@@ -1,8 +1,8 @@
 """``checks(gpu=True)`` / ``python -m yolo9kit checks --gpu``: two minutes on a CUDA card that say whether the
 kit's GPU half works there, with figures a user can share.
 
-On the card it (1) trains a few steps of the default fast step (channels_last, lean activations, sync-free,
-fused optimizer) and of the plain step (those switches off, the same AMP) from the same weights on the same
+On the card it (1) trains a few steps of the default fast step (channels_last, lean activations, fused
+optimizer) and of the plain step (those switches off, the same AMP) from the same weights on the same
 batches and says whether their losses agree, and how many images per second each gets; (2) counts the
 host-device synchronisations of one fast step (``torch.cuda.set_sync_debug_mode``: it should be none);
 (3) measures the peak memory of the default step at two or three batch sizes beside the estimate and prints
@@ -193,7 +193,7 @@ def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.devic
         for i, (images, targets) in enumerate(batches):
             torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            losses.append(train_step(trainer, images, targets).loss_items)
+            losses.append(train_step(trainer, images, targets, ni=i, accumulate=1))
             torch.cuda.synchronize(device)  # CPU-GPU sync point: the step is over when the GPU is done
             if i >= config.warmup_batches:
                 times.append(time.perf_counter() - t0)
@@ -214,7 +214,7 @@ def _syncs_in_step(trainer, images: torch.Tensor, targets: torch.Tensor) -> int:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            train_step(trainer, images, targets)
+            train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate=1)
         finally:
             torch.cuda.set_sync_debug_mode(previous)
     return sum("synchronizing" in str(w.message) for w in seen)

@@ -73,8 +73,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     sched.add_argument("--flat-cos-lr", action="store_true", help="flat, then cosine")
     sched.add_argument("--fixed-lr", action="store_true", help="constant LR")
     p.add_argument("--plain-step", action="store_true",
-                   help="turn the CUDA speed switches off (channels_last, lean activations, sync-free step, fused "
-                        "optimizer, colour jitter on the GPU): the official step's layout")
+                   help="turn the CUDA speed switches off (channels_last, lean activations, fused optimizer, "
+                        "colour jitter on the GPU): the official step's layout")
 
 
 def add_setting_flags(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ OPTIMIZERS = ("SGD", "Adam", "AdamW")
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.freeze).
 Freeze = int | str | Sequence[int] | None
 # The speed switches that ``None`` leaves to the device: all on for CUDA, channels_last on the CPU (resolve).
-FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
+FAST_SWITCHES = ("channels_last", "lean_activations", "fused_optimizer")
 # Why the speed switches have no flag of their own (config.declare: every setting has a flag or a reason).
 _PLAIN_STEP = "--plain-step turns the CUDA speed switches off together (None: decided for the device)"
 _API = "API only: the official value serves every command-line run"
@@ -136,9 +136,6 @@ class StepConfig:
                                          no_flag=_PLAIN_STEP, resume=CHANGE)
     lean_activations: bool | None = declare(None, "BatchNorm+SiLU keep one activation for backward, not two "
                                             "(~25 % less)", no_flag=_PLAIN_STEP, resume=CHANGE)
-    # on: the dense loss of the sync-free step (all anchors, masked), losses read every log_interval batches
-    sync_free: bool | None = declare(None, "no host-device sync in the step; losses read every log_interval "
-                                     "batches", no_flag=_PLAIN_STEP, resume=CHANGE)
     fused_optimizer: bool | None = declare(None, "torch's fused SGD/Adam/AdamW", no_flag=_PLAIN_STEP, resume=CHANGE)
     cudnn_benchmark: bool = declare(True, "cudnn autotuning (CUDA only)", no_flag=_API, resume=CHANGE)
     # torch.compile the model's forward: True, or a mode such as "reduce-overhead" (CUDA graphs) or
@@ -247,8 +244,8 @@ def _multi_scale_span(imgsz: int, stride: int) -> tuple[int, int]:
 def _fast_by_default(switch: str, device_type: str) -> bool:
     """What a ``None`` speed switch is on ``device_type``: every one on CUDA; on the CPU channels_last where
     oneDNN runs the convolutions (its NHWC kernels: 1.24x the contiguous fp32 step of yolov9-t,
-    docs/benchmarks.md), the others off (the sync-free step and the fused optimizer pay on a GPU only; the lean
-    BatchNorm+SiLU saves memory, which a CPU step has)."""
+    docs/benchmarks.md), the others off (the fused optimizer pays on a GPU only; the lean BatchNorm+SiLU saves
+    memory, which a CPU step has)."""
     if device_type == "cuda":
         return True
     import torch

@@ -194,8 +194,8 @@ class RunConfig:
                           "plots)", flag="--no-plots", negate=True, resume=CHANGE)
     progress_bar: bool = declare(True, "tqdm bars of each epoch and its validation (rank 0)",
                                  no_flag="API only: the command line always shows them", resume=CHANGE)
-    log_interval: int = declare(10, "sync-free: batches between read-backs of the losses (progress bar, "
-                                "callbacks)", no_flag=_API, resume=CHANGE, integer=True, low=1)
+    log_interval: int = declare(10, "batches between read-backs of the losses from the device (progress "
+                                "bar, callbacks)", no_flag=_API, resume=CHANGE, integer=True, low=1)
     max_nonfinite_batches: int = declare(10, "stop after this many non-finite losses in a row", no_flag=_API,
                                          resume=CHANGE, integer=True, low=1)
     oom_backoff: bool = declare(True, "on CUDA out-of-memory halve the micro-batch and retry", no_flag=_API,

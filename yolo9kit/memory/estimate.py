@@ -158,16 +158,17 @@ def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Use the ``foreach`` kernels (the CUDA default) and make the optimizer state now, with one step on zero
-    gradients, so that a traced step is a steady-state step."""
-    for group in optimizer.param_groups:
+def prime(trainer) -> None:
+    """Make the optimizer state (one step on zero gradients, with the ``foreach`` kernels, the CUDA default) and
+    the scaler's scale now, as a first step does, so that a traced step is a steady-state step."""
+    for group in trainer.optimizer.param_groups:
         group["foreach"] = True
-    for p in model.parameters():
+    for p in trainer.model.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.scaler.scale(torch.zeros((), device=trainer.device))
 
 
 class FusedStandIn:
@@ -189,16 +190,17 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
     """The trainer ``fit`` would assemble (``yolo9kit.train.step.build_trainer``) for the resolved ``step``, over
     a ``meta`` copy of ``real_model`` (only read), its optimizer state primed -> (trainer, loss_fn). The loss
     (``step.loss_fn``, default ``DetectionLoss``) stays on the real model: the trace runs it for real."""
-    loss_fn = step.loss_fn
-    if loss_fn is None:
-        loss_fn = DetectionLoss(real_model, dense=bool(step.sync_free))
+    loss_fn = step.loss_fn or DetectionLoss(real_model)
     if step.activation_checkpointing is not None and not hasattr(real_model, "set_activation_checkpointing"):
         raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
                          f"set_activation_checkpointing(); {step.model_name} has none")
     model = to_meta(real_model, bool(step.channels_last)).train()
     config = TrainConfig(step=step.replace(batch_size=None))  # the trace sets the batch; the rest is the step's
-    trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"), step=step)
-    prime_optimizer(trainer.model, trainer.optimizer)
+    # on meta nothing is compiled, no fused kernel runs (FusedStandIn) and autocast is emulated by the tracer
+    trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"),
+                            step=step.replace(fused_optimizer=False, compile=False))
+    trainer.step, trainer.amp_dtype, trainer.autocast_device = step, None, "cpu"
+    prime(trainer)
     if step.fused_optimizer:
         trainer.optimizer = FusedStandIn(trainer.optimizer)
     return trainer, loss_fn

@@ -81,7 +81,7 @@ class MemoryReport:
             "activation_checkpointing": "none" if step.activation_checkpointing is None
             else str(step.activation_checkpointing),
             "channels_last": step.channels_last, "lean_activations": step.lean_activations,
-            "sync_free": step.sync_free, "setting": step.label, "method": self.method, "device": self.device,
+            "setting": step.label, "method": self.method, "device": self.device,
             "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
             "step_time_s": self.step_time_s, "images_per_s": self.images_per_s,
             "context_bytes": self.context_bytes, "num_targets": step.num_targets,
@@ -199,8 +199,7 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
     module = resolve_model(step)
     trainer = None
     try:
-        trainer = build_real_trainer(module, step, dev)
-        trainer.oom_backoff = False  # an out-of-memory must surface, not halve the micro-batch
+        trainer = build_real_trainer(module, step, dev)  # train_step itself: an out-of-memory error surfaces
         images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets,
                                           num_classes_of(step, module))
         with cudnn_autotune(dev):  # as fit runs the step
@@ -225,14 +224,14 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
 
 
 def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev: torch.device) -> list[float]:
-    for _ in range(warmup_repeats):
-        train_step(trainer, images, targets)
+    for ni in range(warmup_repeats):
+        train_step(trainer, images, targets, ni=ni, accumulate=1)
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     times = []
-    for _ in range(max(1, repeats)):
+    for ni in range(warmup_repeats, warmup_repeats + max(1, repeats)):
         t0 = time.perf_counter()
-        train_step(trainer, images, targets)
+        train_step(trainer, images, targets, ni=ni, accumulate=1)
         torch.cuda.synchronize(dev)  # CPU-GPU sync point: the step is over when the GPU is done
         times.append(time.perf_counter() - t0)
     return times
@@ -269,7 +268,7 @@ def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any)
     module = resolve_model(step)
     trainer = build_real_trainer(module, step, torch.device("cpu"))
     images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets, num_classes_of(step, module))
-    train_step(trainer, images, targets)  # steady state: momentum buffers exist, as from the second step on
+    train_step(trainer, images, targets, ni=0, accumulate=1)  # steady state: the momentum buffers exist
     t0 = time.perf_counter()
     parts = trace_real_step(trainer, images, targets, device_type="cpu").peak()
     seconds = time.perf_counter() - t0

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from yolo9kit.memory.gpus import round_size
-from yolo9kit.train.step import micro_step, optimizer_step
+from yolo9kit.train.step import train_step
 
 # The categories of a MemoryReport breakdown, in display order.
 CATEGORIES = ("weights", "gradients", "optimizer_state", "ema", "activations", "loss_assigner", "workspace_other")
@@ -316,20 +316,59 @@ def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: 
     return images, torch.cat([index[:, None], cls[:, None], cxcy, wh], 1)
 
 
+class _BackwardDone(Exception):
+    """Ends a trace without the optimizer where the step would unscale the gradients."""
+
+
+class _MarkingScaler:
+    """The trainer's GradScaler with the tracer's marks: ``scale`` starts the backward, ``unscale_`` the optimizer
+    (or ends the trace, ``optimizer=False``). On meta its step runs as for finite gradients (it cannot read them)."""
+
+    def __init__(self, scaler: torch.amp.GradScaler, tracker: StorageTracker, meta: bool, optimizer: bool) -> None:
+        self.scaler, self.tracker, self.meta, self.optimizer = scaler, tracker, meta, optimizer
+
+    def __getattr__(self, name: str):  # update: the scaler's own
+        return getattr(self.scaler, name)
+
+    def step(self, optimizer) -> None:
+        optimizer.step() if self.meta else self.scaler.step(optimizer)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        self.tracker.set_phase("backward")
+        return self.scaler.scale(loss)
+
+    def unscale_(self, optimizer) -> None:
+        self.tracker.set_phase("optimizer" if self.optimizer else "end")
+        if not self.optimizer:
+            raise _BackwardDone
+        self.scaler.unscale_(optimizer)
+
+
 def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: StorageTracker,
                 emulation: AutocastEmulation | None, *, optimizer: bool = True) -> None:
-    """The kit's own ``micro_step`` and ``optimizer_step``, the phases each enters marked in the tracker."""
+    """The kit's own ``train_step`` (ni 0, a fresh window), its phases marked from outside: the loss function,
+    the scaler (``_MarkingScaler``) and each parameter's gradient tagged once accumulated."""
+    scaler, loss_fn = trainer.scaler, trainer.loss_fn
+
+    def marked_loss(outputs, targets):
+        tracker.set_phase("loss")
+        return loss_fn(outputs, targets)
+
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.tag([p.grad], "gradients"))
+             for p in trainer.model.parameters() if p.requires_grad]
+    trainer.scaler = _MarkingScaler(scaler, tracker, trainer.device.type == "meta", optimizer)
+    trainer.loss_fn, trainer.last_opt_step = marked_loss, -1
     if emulation is not None:
         emulation.set_enabled(True)  # until backward ends (AutocastEmulation._backward)
-    trainer.on_phase = tracker.set_phase
+    tracker.set_phase("forward")
     try:
-        micro_step(trainer, images, targets)
+        train_step(trainer, images, targets, ni=0, accumulate=1)
+    except _BackwardDone:
+        pass
     finally:
-        trainer.on_phase = None
-    tracker.tag([p.grad for p in trainer.model.parameters() if p.grad is not None], "gradients")
-    if optimizer:
-        tracker.set_phase("optimizer")
-        optimizer_step(trainer)
+        trainer.scaler, trainer.loss_fn = scaler, loss_fn
+        for hook in hooks:
+            hook.remove()
     tracker.set_phase("end")
     trainer.optimizer.zero_grad(set_to_none=True)
 

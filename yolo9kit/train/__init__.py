@@ -1,9 +1,7 @@
-"""Training: ``fit`` (the whole run), ``train_one_epoch``, ``train_step`` (one optimizer update, reused by
-memory profiling) and their building blocks (optimizer groups, schedules, warmup, EMA, checkpoints).
-
-The names below are imported on first use: the memory tools import the training step
-(``yolo9kit.train.step``), and that must not load the training run (``fit`` plans an automatic batch with
-the memory tools, so it sits above them).
+"""Training. The step is ``yolo9kit/train/step.py`` ``train_step`` (one page: forward, loss, backward, optimizer
+step, EMA); the epoch loop around it is ``yolo9kit/train/loop.py`` ``train_one_epoch``; the run (set-up,
+validation, checkpoints) is ``yolo9kit/train/fit.py`` ``fit``. Names below are imported on first use, so that
+the memory tools can import the step without loading the run.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from typing import TYPE_CHECKING
 # public name -> module that defines it
 _EXPORTS = {
     "TrainConfig": "yolo9kit.config",
-    "ModelEMA": "yolo9kit.train.ema",
+    "ModelEMA": "yolo9kit.train.step",
     "FitResult": "yolo9kit.train.fit",
     "fit": "yolo9kit.train.fit",
     "SeedSpread": "yolo9kit.train.seeds",
@@ -22,8 +20,8 @@ _EXPORTS = {
     "TuneResult": "yolo9kit.train.tuning",
     "tune": "yolo9kit.train.tuning",
     "DiskFullError": "yolo9kit.files",
-    "NonFiniteLossError": "yolo9kit.train.guards",
-    "OutOfMemoryAtMinimumError": "yolo9kit.train.guards",
+    "NonFiniteLossError": "yolo9kit.train.loop",
+    "OutOfMemoryAtMinimumError": "yolo9kit.train.step",
     "EpochStats": "yolo9kit.train.loop",
     "train_one_epoch": "yolo9kit.train.loop",
     "base_accumulate": "yolo9kit.train.optim",
@@ -39,9 +37,6 @@ _EXPORTS = {
     "Trainer": "yolo9kit.train.step",
     "build_trainer": "yolo9kit.train.step",
     "describe_step": "yolo9kit.train.step",
-    "micro_step": "yolo9kit.train.step",
-    "optimizer_step": "yolo9kit.train.step",
-    "run_batch": "yolo9kit.train.step",
     "train_step": "yolo9kit.train.step",
     "class_names": "yolo9kit.train.inputs",
 }
@@ -64,11 +59,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.config import TrainConfig
     from yolo9kit.files import DiskFullError
-    from yolo9kit.train.ema import ModelEMA
     from yolo9kit.train.fit import FitResult, fit
-    from yolo9kit.train.guards import NonFiniteLossError, OutOfMemoryAtMinimumError
     from yolo9kit.train.inputs import class_names
-    from yolo9kit.train.loop import EpochStats, train_one_epoch
+    from yolo9kit.train.loop import EpochStats, NonFiniteLossError, train_one_epoch
     from yolo9kit.train.optim import (
         base_accumulate,
         build_optimizer,
@@ -81,12 +74,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.train.records import BatchRecord, EpochRecord, read_results
     from yolo9kit.train.seeds import SeedSpread, fit_seeds
     from yolo9kit.train.step import (
+        ModelEMA,
+        OutOfMemoryAtMinimumError,
         Trainer,
         build_trainer,
         describe_step,
-        micro_step,
-        optimizer_step,
-        run_batch,
         train_step,
     )
     from yolo9kit.train.tuning import TuneResult, tune

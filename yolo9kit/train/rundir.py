@@ -22,11 +22,10 @@ from yolo9kit.files import (
     remove_stale_temporaries,
 )
 from yolo9kit.train import ddp
-from yolo9kit.train.ema import unwrap
 from yolo9kit.train.loggers import RunLoggers, check_loggers
 from yolo9kit.train.records import read_state, write_results, write_state
 from yolo9kit.train.state import checkpoint_bytes, find_resume_checkpoint, increment_path, run_dir_of
-from yolo9kit.train.step import Trainer
+from yolo9kit.train.step import Trainer, unwrap
 
 LOGGER = logging.getLogger(__name__)
 

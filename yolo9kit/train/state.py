@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo9kit.train.ema import unwrap
-from yolo9kit.train.step import FIXED_SCALE_GROWTH_INTERVAL, Trainer, scaler_kind
+from yolo9kit.train.step import FIXED_SCALE_GROWTH_INTERVAL, Trainer, scaler_kind, unwrap
 
 LOGGER = logging.getLogger(__name__)
 
@@ -150,7 +149,7 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
         "ema_updates": trainer.ema.updates if trainer.ema else 0,
         "optimizer": trainer.optimizer.state_dict(),
         "scaler": trainer.scaler.state_dict(),
-        "scaler_kind": scaler_kind(trainer.amp_dtype, trainer.sync_free),
+        "scaler_kind": scaler_kind(trainer.amp_dtype),
         "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
         "progress": progress.to_dict(),
         "micro_batch_size": trainer.micro_batch_size,
@@ -250,12 +249,12 @@ def _restore_scaler(trainer: Trainer, state: dict, saved_kind: str | None) -> No
     """The saved GradScaler state when it is of the kind this run uses; otherwise the run's own fresh scaler.
 
     A kind is what the scaler does (``scaler_kind``): dynamic fp16 loss scaling, a fixed scale of 1 (the
-    sync-free step's skip of non-finite steps) or nothing. Another kind's state is never inherited: an fp16 run
-    resumed from a sync-free bf16 state would otherwise train at scale 1 with a growth interval of 2**30,
+    step's skip of non-finite steps without fp16) or nothing. Another kind's state is never inherited: an fp16 run
+    resumed from a bf16 state would otherwise train at scale 1 with a growth interval of 2**30,
     fp16 without loss scaling, and a disabled scaler's empty state cannot be loaded into an enabled one.
     """
     saved_kind = saved_kind or _kind_of_state(state)
-    kind = scaler_kind(trainer.amp_dtype, trainer.sync_free)
+    kind = scaler_kind(trainer.amp_dtype)
     if saved_kind == kind and state:
         trainer.scaler.load_state_dict(state)
     elif saved_kind != kind:

@@ -30,7 +30,7 @@ def explorer_step(settings: dict[str, Any], num_classes: int):
     switch = SWITCHES[settings["switches"]]
     return StepConfig(settings["model"], imgsz=settings["imgsz"], amp=AMP_LABELS[settings["amp"]],
                       activation_checkpointing=CHECKPOINTING[settings["activation_checkpointing"]],
-                      channels_last=switch, lean_activations=switch, sync_free=switch, fused_optimizer=switch,
+                      channels_last=switch, lean_activations=switch, fused_optimizer=switch,
                       num_classes=num_classes)
 
 
