@@ -102,7 +102,7 @@ def kit_step(model_name: str, batch: int, args, device, **config) -> tuple[dict,
                             device=device)
 
     def step():  # every call an optimizer step
-        train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate=1)
+        train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate_steps=1)
 
     row = _timed(step, device, args.warmup, args.steps)
     row["host_syncs_per_step"] = _count_syncs(step, device)
@@ -223,7 +223,7 @@ def compile_step(args, device, report) -> None:
     images, targets = synthetic_batch(batch, args.imgsz, 80)
     from yolo9kit.train import train_step
 
-    row = _timed(lambda: train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate=1), device,
+    row = _timed(lambda: train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate_steps=1), device,
                  args.warmup, args.steps)
     report.add("compile", {"model": model_name, "batch": batch, "mode": args.compile_mode or "default",
                            "first_step_s": first_s, **row, "img_per_s": batch / row["step_ms"] * 1e3})

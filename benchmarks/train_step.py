@@ -91,7 +91,7 @@ def time_kit(args, device, images, targets) -> dict:
     for i in range(args.warmup + args.steps):
         _sync(device)
         t = time.perf_counter()
-        train_step(trainer, images, targets, ni=i, accumulate=1)  # exactly the step fit runs
+        train_step(trainer, images, targets, ni=i, accumulate_steps=1)  # exactly the step fit runs
         _sync(device)
         if i >= args.warmup:
             whole.append((time.perf_counter() - t) * 1e3)
@@ -172,7 +172,7 @@ def accumulation_gap(args, device, images, targets) -> None:
                     m.eval()
         trainer = build_trainer(model, TrainConfig(batch_size=args.batch, micro_batch_size=micro, amp="off",
                                                    device=str(device)), device=device)
-        train_step(trainer, images, targets, ni=0, accumulate=2)  # a window's first batch: gradients, no step
+        train_step(trainer, images, targets, ni=0, accumulate_steps=2)  # a window's first batch: gradients, no step
         named = [(n, p.grad.flatten()) for n, p in model.named_parameters() if p.grad is not None]
         if not layer_of:
             layer_of.extend((".".join(n.split(".")[:2]), g.numel()) for n, g in named)

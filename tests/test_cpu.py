@@ -108,7 +108,7 @@ def test_an_explicit_bf16_step_autocasts_on_a_cpu_that_has_it_and_is_refused_on_
     conv.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
     before = [p.detach().clone() for p in model.parameters()]
     images, targets = make_batches(1, 4)[0][:2]
-    items = train_step(trainer, images, targets, ni=0, accumulate=1)
+    items = train_step(trainer, images, targets, ni=0, accumulate_steps=1)
     assert dtypes == [torch.bfloat16] and torch.isfinite(items).all()  # the convolutions ran in bf16
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the weights stay fp32
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -23,13 +23,9 @@ from yolo9kit.memory.measure import require_cuda
 from yolo9kit.memory.plan import choose_batch, sizing_target
 from yolo9kit.models import build_model
 from yolo9kit.train import build_trainer
+from yolo9kit.train.guards import DistributedOutOfMemoryError
 from yolo9kit.train.state import Progress, capture_rng, restore_rng, restore_training_state, training_state
-from yolo9kit.train.step import (
-    BatchNormSnapshot,
-    DistributedOutOfMemoryError,
-    describe_step,
-    train_step_with_backoff,
-)
+from yolo9kit.train.step import BatchNormSnapshot, describe_step, train_step_with_backoff
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

@@ -139,7 +139,7 @@ def test_a_planted_sync_in_the_step_is_counted(model):
 
 def _step(trainer, images, targets):
     """One optimizer step of ``train_step``."""
-    return train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate=1)
+    return train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate_steps=1)
 
 
 def _steady_state_syncs(trainer, fake, batches) -> list:

@@ -19,7 +19,7 @@ from yolo9kit.cli import main
 from yolo9kit.config import TrainConfig
 from yolo9kit.env import memory_limits
 from yolo9kit.train import fit
-from yolo9kit.train.loop import NonFiniteWeightsError
+from yolo9kit.train.guards import NonFiniteWeightsError
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

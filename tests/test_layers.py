@@ -36,9 +36,9 @@ LAYERS: list[tuple[str, list[str]]] = [
                                     "yolo9kit.plots.results"]),
     # validation of a model on a dataset
     ("evaluation", ["yolo9kit.validate"]),
-    # one training step (its micro-steps, the optimizer step, the EMA, the out-of-memory back-off) and its
-    # optimizer groups and schedules
-    ("training step", ["yolo9kit.train.step", "yolo9kit.train.optim"]),
+    # one training step (its micro-steps, the optimizer step, the EMA, the out-of-memory back-off), its
+    # optimizer groups and schedules, and the errors and stops of the loop around it
+    ("training step", ["yolo9kit.train.step", "yolo9kit.train.optim", "yolo9kit.train.guards"]),
     # the memory tools: they describe, estimate and measure that step
     ("memory tools", ["yolo9kit.memory"]),
     # the training run: fit, the epoch loop, checkpoints, DDP (an automatic batch is planned with the memory

@@ -128,8 +128,7 @@ def test_activations_equal_saved_tensors_of_real_forward():
 def test_extrapolated_peak_equals_direct_trace_at_larger_batch():
     est = toy_estimator()
     trainer, loss_fn = build_meta_trainer(ToyDetector(), toy_step().resolve("cuda"))
-    direct, _ = trace_meta_step(trainer, loss_fn, batch_size=6, imgsz=64, num_targets=4, num_classes=3,
-                                amp_dtype=None)
+    direct, _ = trace_meta_step(trainer, loss_fn, 6, 3)  # the toy step: 64 px, 4 boxes per image, 3 classes
     direct_parts = direct.peak()
     peak, parts = est.memory.peak(6)
     assert peak == pytest.approx(sum(direct_parts.values()), rel=0.02)
@@ -263,7 +262,7 @@ def test_find_max_batch_recovers_from_oom_and_training_continues():
 
     trainer = real_trainer()
     images, targets = synthetic_batch(2, 64, 4, 3)
-    assert torch.isfinite(train_step(trainer, images, targets, ni=0, accumulate=1)).all()
+    assert torch.isfinite(train_step(trainer, images, targets, ni=0, accumulate_steps=1)).all()
 
 
 def test_find_max_batch_keeps_the_margin():

@@ -84,7 +84,7 @@ def test_the_described_step_is_the_step_fit_builds(switches):
         for group in trainer.optimizer.param_groups:  # the multi-tensor kernels, CUDA's default (as the estimate)
             group["foreach"] = not group.get("fused")
         images, targets = synthetic_batch(b, 64, 4, 80)
-        train_step(trainer, images, targets, ni=0, accumulate=1)  # steady state: the momentum exists, as estimated
+        train_step(trainer, images, targets, ni=0, accumulate_steps=1)  # steady state: momentum exists, as estimated
         real = trace_real_step(trainer, images, targets, device_type="cuda").peak()
         peak, parts = est.memory.peak(b)
         for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):

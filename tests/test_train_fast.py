@@ -13,7 +13,7 @@ from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 from yolo9kit.config import TrainConfig
 from yolo9kit.models import build_model
 from yolo9kit.train import build_trainer, train_one_epoch, train_step
-from yolo9kit.train.loop import NonFiniteLossError
+from yolo9kit.train.guards import NonFiniteLossError
 from yolo9kit.train.state import Progress
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -63,7 +63,7 @@ def _trajectory(base, batches, switches: dict, lr0: float = 0.001):
     assert trainer.channels_last == switches["channels_last"]
     steps = []
     for ni, (images, targets) in enumerate(batches):
-        steps.append(train_step(trainer, images, targets, ni=ni, accumulate=1).cpu())
+        steps.append(train_step(trainer, images, targets, ni=ni, accumulate_steps=1).cpu())
     return torch.stack(steps), params_of(model)
 
 
@@ -134,7 +134,7 @@ def test_compile_option_trains_like_eager():
         trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", compile=compile_, **NO_WARMUP),
                                 loss_fn=toy_loss)
         assert (trainer.compiled is not None) == compile_
-        results[compile_] = [train_step(trainer, images, targets, ni=ni, accumulate=1)
+        results[compile_] = [train_step(trainer, images, targets, ni=ni, accumulate_steps=1)
                              for ni, (images, targets, *_) in enumerate(batches)]
     for eager, compiled in zip(results[False], results[True]):
         assert torch.allclose(eager, compiled, rtol=1e-4)

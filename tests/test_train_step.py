@@ -10,8 +10,9 @@ from train_toys import OOMAbove, ToyNet, make_batches, one_thread, params_of, re
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train import Trainer, build_trainer, train_one_epoch, train_step
+from yolo9kit.train.guards import OutOfMemoryAtMinimumError
 from yolo9kit.train.state import Progress
-from yolo9kit.train.step import BatchNormSnapshot, OutOfMemoryAtMinimumError, train_step_with_backoff
+from yolo9kit.train.step import BatchNormSnapshot, train_step_with_backoff
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -37,7 +38,7 @@ def test_micro_steps_sum_to_one_batch_gradient():
             return toy_loss(outputs, targets)
 
         trainer = build_trainer(model, TrainConfig(micro_batch_size=micro, amp="off", device="cpu"), loss_fn=counted)
-        train_step(trainer, images, targets, ni=0, accumulate=2)  # the window's first batch: no optimizer step
+        train_step(trainer, images, targets, ni=0, accumulate_steps=2)  # the window's first batch: no optimizer step
         assert calls == {None: [8], 2: [2] * 4, 3: [3, 3, 2]}[micro] and trainer.optimizer_steps == 0
         grads[micro] = _grads(model)
     for micro in (2, 3):
@@ -146,13 +147,13 @@ def test_train_step_skips_a_nonfinite_loss_on_the_device():
     trainer: Trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", ema=False), loss_fn=nan_loss)
     (images, targets, *_), = make_batches(1, 4)
     for ni in range(3):
-        items = train_step(trainer, images, targets, ni=ni, accumulate=1)
+        items = train_step(trainer, images, targets, ni=ni, accumulate_steps=1)
         assert not torch.isfinite(items).any() and trainer.last_opt_step == ni
         assert all(p.grad is None for p in model.parameters())
         assert all(torch.equal(v, before[k]) for k, v in params_of(model).items())
         assert trainer.scaler.get_scale() == 1.0  # the fixed scale: a skipped step does not halve it
     good = build_trainer(ToyNet(), TrainConfig(amp="off", device="cpu", ema=False), loss_fn=toy_loss)
-    assert torch.isfinite(train_step(good, images, targets, ni=0, accumulate=1)).all()
+    assert torch.isfinite(train_step(good, images, targets, ni=0, accumulate_steps=1)).all()
     assert good.scaler.get_scale() == 1.0  # never grows past 1
 
 
@@ -161,7 +162,7 @@ def test_train_step_updates_weights_and_ema():
     trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", micro_batch_size=2), loss_fn=toy_loss)
     ema_before = copy.deepcopy(trainer.ema.ema.state_dict())
     (images, targets, *_), = make_batches(1, 4)
-    items = train_step(trainer, images, targets, ni=0, accumulate=1)
+    items = train_step(trainer, images, targets, ni=0, accumulate_steps=1)
     assert items.shape == (3,) and torch.isfinite(items).all()
     assert trainer.optimizer_steps == 1 and trainer.ema.updates == 1 and trainer.last_opt_step == 0
     assert not torch.equal(trainer.ema.ema.state_dict()["conv1.weight"], ema_before["conv1.weight"])

@@ -23,7 +23,7 @@ from yolo9kit.loss import DetectionLoss
 from yolo9kit.memory.gpus import GPUSpec, ThroughputModel, calibration_for, replay, target_gpu
 from yolo9kit.memory.measure import MemoryReport, as_step, num_classes_of, resolve_model
 from yolo9kit.memory.tracer import CATEGORIES, Trace, trace_meta_step
-from yolo9kit.train.step import AMP_DTYPES, build_trainer
+from yolo9kit.train.step import build_trainer
 
 LOGGER = logging.getLogger(__name__)
 # cuDNN's convolution workspace at the peak, assumed until a measured calibration gives the real figure
@@ -171,21 +171,6 @@ def prime(trainer) -> None:
     trainer.scaler.scale(torch.zeros((), device=trainer.device))
 
 
-class FusedStandIn:
-    """A fused optimizer on ``meta`` tensors, where its kernels do not run: its step allocates nothing (one
-    kernel per group updates in place), so the stand-in's does nothing; its state is the primed optimizer's."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self.param_groups, self.state = optimizer.param_groups, optimizer.state
-
-    def step(self, closure: Any = None) -> None:
-        return None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-
 def build_meta_trainer(real_model: nn.Module, step: StepConfig):
     """The trainer ``fit`` would assemble (``yolo9kit.train.step.build_trainer``) for the resolved ``step``, over
     a ``meta`` copy of ``real_model`` (only read), its optimizer state primed -> (trainer, loss_fn). The loss
@@ -196,13 +181,11 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
                          f"set_activation_checkpointing(); {step.model_name} has none")
     model = to_meta(real_model, bool(step.channels_last)).train()
     config = TrainConfig(step=step.replace(batch_size=None))  # the trace sets the batch; the rest is the step's
-    # on meta nothing is compiled, no fused kernel runs (FusedStandIn) and autocast is emulated by the tracer
+    # on meta nothing is compiled, no fused kernel runs (the tracer skips its step) and autocast is emulated
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"),
                             step=step.replace(fused_optimizer=False, compile=False))
     trainer.step, trainer.amp_dtype, trainer.autocast_device = step, None, "cpu"
     prime(trainer)
-    if step.fused_optimizer:
-        trainer.optimizer = FusedStandIn(trainer.optimizer)
     return trainer, loss_fn
 
 
@@ -220,14 +203,10 @@ class StepEstimator:
         self.step = step if step.device_type else step.resolve("cuda", bf16=True)
         real = resolve_model(self.step, copy_model=False)
         trainer, loss_fn = build_meta_trainer(real, self.step)
-        traces = []
-        for i, b in enumerate(TRACE_BATCHES):
-            trace, self.gflops = trace_meta_step(
-                trainer, loss_fn, batch_size=b, imgsz=self.step.peak_imgsz, num_targets=self.step.num_targets,
-                num_classes=num_classes_of(self.step, real), amp_dtype=AMP_DTYPES[self.step.amp],
-                optimizer=i == 0, autocast="cpu" if self.step.device_type == "cpu" else "cuda")
-            traces.append(trace)
-        self.memory = StepMemoryModel.fit(traces[0], traces[1], *TRACE_BATCHES)
+        (trace1, self.gflops), (trace2, _) = (  # the optimizer once: it does not depend on the batch
+            trace_meta_step(trainer, loss_fn, b, num_classes_of(self.step, real), optimizer=b == TRACE_BATCHES[0])
+            for b in TRACE_BATCHES)
+        self.memory = StepMemoryModel.fit(trace1, trace2, *TRACE_BATCHES)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
         LOGGER.info("memory of one %s step (%s) measured without a GPU in %.1f s", self.step.model_name,

@@ -225,13 +225,13 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
 
 def _run_steps(trainer, images, targets, repeats: int, warmup_repeats: int, dev: torch.device) -> list[float]:
     for ni in range(warmup_repeats):
-        train_step(trainer, images, targets, ni=ni, accumulate=1)
+        train_step(trainer, images, targets, ni=ni, accumulate_steps=1)
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     times = []
     for ni in range(warmup_repeats, warmup_repeats + max(1, repeats)):
         t0 = time.perf_counter()
-        train_step(trainer, images, targets, ni=ni, accumulate=1)
+        train_step(trainer, images, targets, ni=ni, accumulate_steps=1)
         torch.cuda.synchronize(dev)  # CPU-GPU sync point: the step is over when the GPU is done
         times.append(time.perf_counter() - t0)
     return times
@@ -268,7 +268,7 @@ def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any)
     module = resolve_model(step)
     trainer = build_real_trainer(module, step, torch.device("cpu"))
     images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets, num_classes_of(step, module))
-    train_step(trainer, images, targets, ni=0, accumulate=1)  # steady state: the momentum buffers exist
+    train_step(trainer, images, targets, ni=0, accumulate_steps=1)  # steady state: the momentum buffers exist
     t0 = time.perf_counter()
     parts = trace_real_step(trainer, images, targets, device_type="cpu").peak()
     seconds = time.perf_counter() - t0

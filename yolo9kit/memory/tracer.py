@@ -5,6 +5,7 @@ that runs the loss for real. How and what it assumes: docs/memory.md, "How `esti
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from yolo9kit.memory.gpus import round_size
-from yolo9kit.train.step import train_step
+from yolo9kit.train.step import AMP_DTYPES, train_step
 
 # The categories of a MemoryReport breakdown, in display order.
 CATEGORIES = ("weights", "gradients", "optimizer_state", "ema", "activations", "loss_assigner", "workspace_other")
@@ -62,11 +63,8 @@ class Trace:
 
 class StorageTracker(TorchDispatchMode):
     """Record each storage an op creates while active, once, and when its Python object dies (a weakref).
-
-    Args:
-        device_type: "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors that stand
-            for a CUDA run); anything else counts exact bytes.
-    """
+    ``device_type`` "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors standing for a CUDA
+    run); anything else counts exact bytes."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
@@ -114,13 +112,11 @@ class StorageTracker(TorchDispatchMode):
                 if tag == "weights" and isinstance(t, torch.nn.Parameter):
                     self._param_storages[st] = True
 
-    def tag(self, tensors, tag: str) -> None:
-        """Give recorded storages an identity category (e.g. they became ``.grad``)."""
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                idx = self._index.get(t.untyped_storage())
-                if idx is not None:
-                    self.records[idx].tag = tag
+    def tag(self, tensor: torch.Tensor, tag: str) -> None:
+        """Give a recorded storage an identity category (e.g. it became a ``.grad``)."""
+        idx = self._index.get(tensor.untyped_storage())
+        if idx is not None:
+            self.records[idx].tag = tag
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -247,9 +243,8 @@ class AutocastEmulation(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def _backward(self, loss: torch.Tensor) -> None:
-        # Checkpointed layers recompute under the forward's autocast state, each recompute its own region
-        # (no weight cache). A function mode is off while it handles a call: enter it again around the
-        # autograd engine (its private entry point, where torch.autograd.backward ends) for that code.
+        # Checkpointed layers recompute under the forward's autocast state, each recompute its own region (no
+        # weight cache). A function mode is off while it handles a call: entered again around the autograd engine.
         self.set_enabled(True, caching=False)
         with self:
             engine = getattr(torch.autograd.Variable, "_execution_engine", None)
@@ -321,17 +316,13 @@ class _BackwardDone(Exception):
 
 
 class _MarkingScaler:
-    """The trainer's GradScaler with the tracer's marks: ``scale`` starts the backward, ``unscale_`` the optimizer
-    (or ends the trace, ``optimizer=False``). On meta its step runs as for finite gradients (it cannot read them)."""
+    """The trainer's GradScaler as the tracer runs it: ``scale`` starts the backward, ``unscale_`` the optimizer (or
+    ends a trace without it, ``optimizer=False``)."""
 
-    def __init__(self, scaler: torch.amp.GradScaler, tracker: StorageTracker, meta: bool, optimizer: bool) -> None:
-        self.scaler, self.tracker, self.meta, self.optimizer = scaler, tracker, meta, optimizer
-
-    def __getattr__(self, name: str):  # update: the scaler's own
-        return getattr(self.scaler, name)
-
-    def step(self, optimizer) -> None:
-        optimizer.step() if self.meta else self.scaler.step(optimizer)
+    def __init__(self, trainer, tracker: StorageTracker, optimizer: bool) -> None:
+        self.scaler, self.tracker, self.optimizer = trainer.scaler, tracker, optimizer
+        self.update = trainer.scaler.update
+        self.meta, self.fused = trainer.device.type == "meta", bool(trainer.step.fused_optimizer)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         self.tracker.set_phase("backward")
@@ -343,69 +334,59 @@ class _MarkingScaler:
             raise _BackwardDone
         self.scaler.unscale_(optimizer)
 
+    def step(self, optimizer) -> None:
+        if not self.meta:
+            self.scaler.step(optimizer)
+        elif not self.fused:  # on meta: as for finite gradients (unreadable); a fused step allocates nothing
+            optimizer.step()
+
 
 def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: StorageTracker,
-                emulation: AutocastEmulation | None, *, optimizer: bool = True) -> None:
-    """The kit's own ``train_step`` (ni 0, a fresh window), its phases marked from outside: the loss function,
-    the scaler (``_MarkingScaler``) and each parameter's gradient tagged once accumulated."""
-    scaler, loss_fn = trainer.scaler, trainer.loss_fn
+                emulation: AutocastEmulation | None = None, *, optimizer: bool = True) -> Trace:
+    """The kit's own ``train_step`` (ni 0, a fresh window) under ``tracker`` -> its trace. The weights, EMA and
+    optimizer state, which exist before it, are recorded first; the phases are marked from outside the step: the
+    loss function, the scaler (``_MarkingScaler``) and each parameter's gradient tagged once accumulated."""
+    model, ema, scaler, loss_fn = trainer.model, trainer.ema, trainer.scaler, trainer.loss_fn
+    tracker.register([*model.parameters(), *model.buffers()], "weights")
+    if ema is not None:
+        tracker.register([*ema.ema.parameters(), *ema.ema.buffers()], "ema")
+    tracker.register([t for s in trainer.optimizer.state.values() for t in s.values()], "optimizer_state")
 
     def marked_loss(outputs, targets):
         tracker.set_phase("loss")
         return loss_fn(outputs, targets)
 
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.tag([p.grad], "gradients"))
-             for p in trainer.model.parameters() if p.requires_grad]
-    trainer.scaler = _MarkingScaler(scaler, tracker, trainer.device.type == "meta", optimizer)
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.tag(p.grad, "gradients"))
+             for p in model.parameters() if p.requires_grad]
+    trainer.scaler = _MarkingScaler(trainer, tracker, optimizer)
     trainer.loss_fn, trainer.last_opt_step = marked_loss, -1
-    if emulation is not None:
-        emulation.set_enabled(True)  # until backward ends (AutocastEmulation._backward)
-    tracker.set_phase("forward")
-    try:
-        train_step(trainer, images, targets, ni=0, accumulate=1)
-    except _BackwardDone:
-        pass
-    finally:
-        trainer.scaler, trainer.loss_fn = scaler, loss_fn
-        for hook in hooks:
-            hook.remove()
-    tracker.set_phase("end")
-    trainer.optimizer.zero_grad(set_to_none=True)
-
-
-def register_persistent(tracker: StorageTracker, trainer) -> None:
-    """Weights, EMA and optimizer state exist before the step: record them with their category."""
-    model = trainer.model
-    tracker.register(list(model.parameters()) + list(model.buffers()), "weights")
-    if trainer.ema is not None:
-        tracker.register(list(trainer.ema.ema.parameters()) + list(trainer.ema.ema.buffers()), "ema")
-    state = [t for s in trainer.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    tracker.register(state, "optimizer_state")
-
-
-def trace_meta_step(trainer, loss_fn, *, batch_size: int, imgsz: int, num_targets: int, num_classes: int,
-                    amp_dtype: torch.dtype | None, optimizer: bool = True, autocast: str = "cuda"
-                    ) -> tuple[Trace, float]:
-    """Trace one steady-state step at ``batch_size`` on ``meta`` tensors -> (trace, forward GFLOPs per image).
-
-    ``optimizer=False`` stops after backward (the optimizer and EMA do not depend on the batch);
-    ``autocast`` is the device whose autocast policy the step follows."""
-    _, targets = synthetic_batch(batch_size, 32, num_targets, num_classes)
-    tracker = StorageTracker(device_type="cuda")
-    emulation = AutocastEmulation(amp_dtype, autocast)
-    images = torch.empty((batch_size, 3, imgsz, imgsz), dtype=torch.uint8, device="meta")
-    register_persistent(tracker, trainer)
-    trainer.loss_fn = bridged_loss(loss_fn, targets, tracker)  # the tracer's own trainer: the loss runs for real
-    with emulation, tracker:
-        traced_step(trainer, images, targets, tracker, emulation, optimizer=optimizer)
-    return tracker.trace(), tracker.forward_flops / 1e9 / batch_size
-
-
-def trace_real_step(trainer, images: torch.Tensor, targets: torch.Tensor, *, device_type: str | None = None
-                    ) -> Trace:
-    """The same step on real tensors (CPU or CUDA, real autocast) under the same tracker."""
-    tracker = StorageTracker(device_type=device_type or trainer.device.type)
-    register_persistent(tracker, trainer)
-    with tracker:
-        traced_step(trainer, images, targets, tracker, None)
+    with emulation or contextlib.nullcontext(), tracker:
+        if emulation is not None:
+            emulation.set_enabled(True)  # until backward ends (AutocastEmulation._backward)
+        tracker.set_phase("forward")
+        with contextlib.suppress(_BackwardDone):
+            train_step(trainer, images, targets, ni=0, accumulate_steps=1)
+        tracker.set_phase("end")
+        trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.scaler, trainer.loss_fn = scaler, loss_fn
+    for hook in hooks:
+        hook.remove()
     return tracker.trace()
+
+
+def trace_meta_step(trainer, loss_fn, batch_size: int, num_classes: int, *, optimizer: bool = True
+                    ) -> tuple[Trace, float]:
+    """One steady-state step of the meta trainer at ``batch_size`` and the step's largest image size, its autocast
+    emulated -> (trace, forward GFLOPs per image). ``optimizer=False`` stops after backward."""
+    step, tracker = trainer.step, StorageTracker(device_type="cuda")
+    _, targets = synthetic_batch(batch_size, 32, step.num_targets, num_classes)
+    images = torch.empty((batch_size, 3, step.peak_imgsz, step.peak_imgsz), dtype=torch.uint8, device="meta")
+    trainer.loss_fn = bridged_loss(loss_fn, targets, tracker)  # the tracer's own trainer: the loss runs for real
+    emulation = AutocastEmulation(AMP_DTYPES[step.amp], "cpu" if step.device_type == "cpu" else "cuda")
+    trace = traced_step(trainer, images, targets, tracker, emulation, optimizer=optimizer)
+    return trace, tracker.forward_flops / 1e9 / batch_size
+
+
+def trace_real_step(trainer, images: torch.Tensor, targets: torch.Tensor, device_type: str) -> Trace:
+    """The same step on real tensors (CPU or CUDA, real autocast) under the same tracker."""
+    return traced_step(trainer, images, targets, StorageTracker(device_type))

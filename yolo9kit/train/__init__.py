@@ -20,8 +20,8 @@ _EXPORTS = {
     "TuneResult": "yolo9kit.train.tuning",
     "tune": "yolo9kit.train.tuning",
     "DiskFullError": "yolo9kit.files",
-    "NonFiniteLossError": "yolo9kit.train.loop",
-    "OutOfMemoryAtMinimumError": "yolo9kit.train.step",
+    "NonFiniteLossError": "yolo9kit.train.guards",
+    "OutOfMemoryAtMinimumError": "yolo9kit.train.guards",
     "EpochStats": "yolo9kit.train.loop",
     "train_one_epoch": "yolo9kit.train.loop",
     "base_accumulate": "yolo9kit.train.optim",
@@ -60,8 +60,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.config import TrainConfig
     from yolo9kit.files import DiskFullError
     from yolo9kit.train.fit import FitResult, fit
+    from yolo9kit.train.guards import NonFiniteLossError, OutOfMemoryAtMinimumError
     from yolo9kit.train.inputs import class_names
-    from yolo9kit.train.loop import EpochStats, NonFiniteLossError, train_one_epoch
+    from yolo9kit.train.loop import EpochStats, train_one_epoch
     from yolo9kit.train.optim import (
         base_accumulate,
         build_optimizer,
@@ -75,7 +76,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.train.seeds import SeedSpread, fit_seeds
     from yolo9kit.train.step import (
         ModelEMA,
-        OutOfMemoryAtMinimumError,
         Trainer,
         build_trainer,
         describe_step,

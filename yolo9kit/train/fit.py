@@ -20,18 +20,12 @@ from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.cpu import set_cpu_threads
+from yolo9kit.env import resolve_device
 from yolo9kit.train import ddp
+from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals, stopped_by
 from yolo9kit.train.inputs import EMAValidation, ValidateFn, check_classes, class_names, make_loader, set_epoch_data
 from yolo9kit.train.loggers import RunLoggers
-from yolo9kit.train.loop import (
-    EpochStats,
-    Interrupted,
-    NonFiniteLossError,
-    NonFiniteWeightsError,
-    StopSignals,
-    stopped_by,
-    train_one_epoch,
-)
+from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_batches
 from yolo9kit.train.pictures import RunPictures
 from yolo9kit.train.records import EpochRecord, append_results, metric_columns, write_results
@@ -60,15 +54,7 @@ from yolo9kit.train.state import (
     save_training_checkpoint,
     seed_everything,
 )
-from yolo9kit.train.step import (
-    Trainer,
-    build_trainer,
-    cudnn_autotune,
-    describe_step,
-    place_model,
-    resolve_device,
-    unwrap,
-)
+from yolo9kit.train.step import Trainer, build_trainer, cudnn_autotune, describe_step, place_model, unwrap
 
 LOGGER = logging.getLogger(__name__)
 

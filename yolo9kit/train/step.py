@@ -20,6 +20,7 @@ from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
+from yolo9kit.train.guards import DistributedOutOfMemoryError, OutOfMemoryAtMinimumError, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
 
 LOGGER = logging.getLogger(__name__)
@@ -171,14 +172,14 @@ def micro_batches(images: torch.Tensor, targets: torch.Tensor, micro: int | None
         yield start, images[start:end], part
 
 
-def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, ni: int, accumulate: int,
+def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, ni: int, accumulate_steps: int,
                imgsz: tuple[int, int] | None = None) -> torch.Tensor:
     """Forward, loss and backward of one loader batch, micro-batch by micro-batch, then the optimizer step if due.
 
     Args:
         trainer: what the step touches (:func:`build_trainer`).
         images: uint8 (B, 3, H, W); targets: (N, 6) ``[image, class, cx, cy, w, h]`` normalised, on the CPU.
-        ni: the batch's index since the run started; accumulate: batches per optimizer step.
+        ni: the batch's index since the run started; accumulate_steps: batches per optimizer step.
         imgsz: (h, w) to resize the batch to (multi-scale training), or None.
 
     Returns:
@@ -186,7 +187,7 @@ def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
     """
     model, size = trainer.model, images.shape[0]
     forward = model if trainer.compiled is None else trainer.compiled
-    step_due = ni - trainer.last_opt_step >= accumulate  # official rule (last_opt_step starts at -1)
+    step_due = ni - trainer.last_opt_step >= accumulate_steps  # official rule (last_opt_step starts at -1)
     items = torch.zeros(3, device=trainer.device)
     for start, part, part_targets in micro_batches(images, targets, trainer.micro_batch_size):
         if isinstance(model, nn.parallel.DistributedDataParallel):  # all-reduce gradients only before a step
@@ -197,7 +198,8 @@ def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
         # the loss is the micro-batch's mean x its images, so the micro-steps' gradients add up (no division by
         # the accumulation, official); x world_size, since DDP averages the gradients of the ranks
         trainer.scaler.scale(loss * trainer.world_size).backward()
-        items += part_items.detach() * part.shape[0]
+        # + 0 * loss: a non-finite loss makes the items non-finite, for the loop to count when it reads them back
+        items += part_items.detach() * part.shape[0] + 0 * loss.detach()
     if step_due:
         trainer.scaler.unscale_(trainer.optimizer)
         nn.utils.clip_grad_norm_(model.parameters(), max_norm=GRAD_CLIP)
@@ -228,32 +230,11 @@ class BatchNormSnapshot:
             torch._foreach_copy_(self.buffers, self.saved)
 
 
-class OutOfMemoryAtMinimumError(RuntimeError):
-    """Out of memory with a micro-batch of one image: nothing left to halve."""
-
-
-class DistributedOutOfMemoryError(RuntimeError):
-    """Out of memory under DDP in the micro-step that synchronises the ranks (buffer broadcast, gradient
-    all-reduce): a rank that redid it alone would hang the others, so the run stops."""
-
-    def __init__(self, rank_batch: int, error: BaseException) -> None:
-        super().__init__(
-            f"out of memory under DDP in a micro-step of {rank_batch} images that synchronises with the other ranks "
-            "(buffer broadcast, gradient all-reduce): one rank cannot retry it alone without hanging the others. "
-            "Give a smaller batch_size, or micro_batch_size (every rank splits its batch the same way; the "
-            f"micro-steps before the last one back off on their own). The error was: {str(error)[:200]}")
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True for ``torch.cuda.OutOfMemoryError`` and the generic "out of memory" RuntimeError."""
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
-
-
 def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor,
-                            snapshot: BatchNormSnapshot, *, ni: int, accumulate: int,
+                            snapshot: BatchNormSnapshot, *, ni: int, accumulate_steps: int,
                             imgsz: tuple[int, int] | None = None) -> torch.Tensor:
     """:func:`train_step`; on out of memory the accumulation window is dropped (BatchNorm statistics restored,
-    gradients zeroed) and the batch retried at half the micro-batch as the first batch of a new window.
+    gradients zeroed) and the batch retried at half the micro-batch, as the first batch of a new window.
 
     Raises:
         DistributedOutOfMemoryError: in the micro-step that synchronises the DDP ranks.
@@ -262,7 +243,7 @@ def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: tor
     while True:
         micro = min(trainer.micro_batch_size or images.shape[0], images.shape[0])
         try:
-            return train_step(trainer, images, targets, ni=ni, accumulate=accumulate, imgsz=imgsz)
+            return train_step(trainer, images, targets, ni=ni, accumulate_steps=accumulate_steps, imgsz=imgsz)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
             if not is_out_of_memory(error):
                 raise
@@ -278,8 +259,10 @@ def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: tor
                 "out of memory with a micro-batch of 1 image: use a smaller model or image size, amp='fp16'/'bf16', "
                 f"or activation checkpointing (TrainConfig(activation_checkpointing='all')). {message[:200]}")
         LOGGER.warning("out of memory at micro-batch %d: the gradients accumulated since the last optimizer step are "
-                       "dropped, and this batch starts a new window as micro-batches of %d", micro, micro // 2)
-        trainer.micro_batch_size, trainer.oom_events, trainer.last_opt_step = micro // 2, trainer.oom_events + 1, ni - 1
+                       "dropped, and this batch runs again as micro-batches of %d", micro, micro // 2)
+        trainer.micro_batch_size, trainer.oom_events = micro // 2, trainer.oom_events + 1
+        if trainer.world_size == 1:  # a new window starts with this batch (DDP ranks keep one schedule: they sync)
+            trainer.last_opt_step = ni - 1
 
 
 class ModelEMA:

@@ -143,7 +143,7 @@ def _check(model: Any, trials: Any, keep_weights: Any, config: TrainConfig) -> N
 
 def _optimize(study: Any, objective: _Objective, trials: int, keeper: _Keeper) -> bool:
     """One trial after the other until the study holds ``trials`` complete ones; True when stopped in a trial."""
-    from yolo9kit.train.loop import NonFiniteLossError, NonFiniteWeightsError
+    from yolo9kit.train.guards import NonFiniteLossError, NonFiniteWeightsError
 
     failed: list[int] = []
     while len(_complete(study)) < trials:
