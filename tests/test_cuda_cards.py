@@ -174,7 +174,7 @@ def _ddp_backoff(on_calls: set[int], ddp: bool):
     model = torch.nn.parallel.DistributedDataParallel(ToyNet()) if ddp else ToyNet()
     config = TrainConfig(device="cpu", amp="off", ema=False, micro_batch_size=2, channels_last=False)  # DDP's layout
     trainer = build_trainer(model, config, loss_fn=_oom_loss(on_calls))
-    train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(model), ni=0, accumulate=1)
+    train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(model), ni=0, accumulate_steps=1)
     return trainer
 
 

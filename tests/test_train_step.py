@@ -121,7 +121,7 @@ def test_oom_at_one_image_is_a_clear_error():
     trainer = build_trainer(OOMAbove(ToyNet(), 0), TrainConfig(amp="off", device="cpu"), loss_fn=toy_loss)
     (images, targets, *_), = make_batches(1, 2)
     with pytest.raises(OutOfMemoryAtMinimumError, match="micro-batch of 1 image"):
-        train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(trainer.model), ni=0, accumulate=1)
+        train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(trainer.model), ni=0, accumulate_steps=1)
 
 
 def test_other_runtime_errors_are_not_swallowed():
@@ -131,7 +131,7 @@ def test_other_runtime_errors_are_not_swallowed():
     trainer = build_trainer(ToyNet(), TrainConfig(amp="off", device="cpu"), loss_fn=broken)
     (images, targets, *_), = make_batches(1, 2)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(trainer.model), ni=0, accumulate=1)
+        train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(trainer.model), ni=0, accumulate_steps=1)
     assert trainer.micro_batch_size is None and trainer.oom_events == 0
 
 
