@@ -30,7 +30,7 @@ RESULTS_COLUMNS = [
 @dataclass(frozen=True)
 class BatchRecord:
     """What ``on_batch`` receives after each trained loader batch (rank 0; skipped non-finite batches are not
-    reported). Sync-free, the records of ``log_interval`` batches arrive together, in batch order.
+    reported). The records of ``log_interval`` batches arrive together, at each read-back, in batch order.
 
     The learning rates are those of the official parameter groups (results.csv ``lr/pg0``, ``pg1``, ``pg2``).
 
