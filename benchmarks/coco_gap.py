@@ -2,7 +2,7 @@
 
     python benchmarks/coco_gap.py [--val 128] [--imgsz 160] [--conf 0.001 0.25] [--weights FILE]
 
-The shipped yolov9-t (``yolo9kit.shapes_model()``; or ``--weights``) is validated with
+The shipped yolov9-t (``create_model("yolov9-t-shapes")``; or ``--weights``) is validated with
 ``yolo9kit.evaluate(..., coco=True)`` on the shapes validation split the notebooks draw from
 (``make_shapes(n_val=128, imgsz=160, num_classes=3, seed=0)``, never trained on), at each ``--conf``.
 Both methods score the same predictions: the official-method numbers come from the kit's metrics
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="yolo9kit-coco-gap-"))
     data = make_shapes(work / f"shapes-{args.imgsz}", n_train=0, n_val=args.val, imgsz=args.imgsz, num_classes=3,
                        seed=0)
-    model = yolo9kit.load_checkpoint(args.weights) if args.weights else yolo9kit.shapes_model()
+    model = yolo9kit.create_model(args.weights or "yolov9-t-shapes").eval()
     print(f"{args.weights or 'the shipped shapes model'} on {args.val} shapes validation images at {args.imgsz} px, "
           f"rect batches of 16, FP32 on the CPU\n")
     print("| conf | official mAP50 | official mAP50-95 | COCOeval AP50 | COCOeval AP50-95 | COCOeval AR@100 |")

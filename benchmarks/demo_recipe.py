@@ -1,4 +1,4 @@
-"""The demo's training (30 epochs of yolov9-t on 384 + 64 shapes images at 160 px, ``cli.demo.recipe``) with
+"""The demo's training (30 epochs of yolov9-t on 384 + 64 shapes images at 160 px, ``yolo9kit.cli.demo_config``) with
 the CPU step the kit picks for this processor, or with the plain fp32 contiguous step it used before:
 wall time of ``fit`` and the final mAP50 of the EMA, one run per step.
 
@@ -26,19 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--imgsz", type=int, default=160)
     args = parser.parse_args(argv)
 
-    from yolo9kit.cli.demo import NUM_CLASSES, recipe
+    from yolo9kit.cli import DEMO_CLASSES, demo_config
     from yolo9kit.data import load_data_config, make_shapes
-    from yolo9kit.models import build_model
-    from yolo9kit.train import fit
+    from yolo9kit.models import create_model
+    from yolo9kit.train.fit import fit
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        data = make_shapes(Path(tmp) / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=NUM_CLASSES,
+        data = make_shapes(Path(tmp) / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=DEMO_CLASSES,
                            max_objects=3, seed=0)  # the demo's data
         for name in args.step:
-            config = recipe(args.epochs, args.imgsz, "cpu", Path(tmp) / name).replace(plots=False, progress_bar=False,
-                                                                                    **STEPS[name])
-            model = build_model("yolov9-t", names=load_data_config(data).names)
+            config = demo_config(args.epochs, args.imgsz, "cpu", Path(tmp) / name).replace(
+                plots=False, progress_bar=False, **STEPS[name])
+            model = create_model("yolov9-t", names=load_data_config(data).names)
             start = time.perf_counter()
             result = fit(model, data, config)
             seconds = time.perf_counter() - start

@@ -90,14 +90,14 @@ def _count_syncs(step, device: torch.device) -> int | None:
 # ---- 1. training step --------------------------------------------------------------------------------
 def kit_step(model_name: str, batch: int, args, device, **config) -> tuple[dict, object]:
     from yolo9kit.config import TrainConfig
-    from yolo9kit.models import build_model
-    from yolo9kit.train import build_trainer, train_step
+    from yolo9kit.models import create_model
+    from yolo9kit.train.step import build_trainer, train_step
 
     torch.manual_seed(0)
     images, targets = synthetic_batch(batch, args.imgsz, 80)
     if device.type == "cuda":
         images = images.pin_memory()
-    model = build_model(model_name, num_classes=80).train()
+    model = create_model(model_name, num_classes=80).train()
     trainer = build_trainer(model, TrainConfig(batch_size=batch, amp=args.amp, device=str(device), **config),
                             device=device)
 
@@ -221,7 +221,7 @@ def compile_step(args, device, report) -> None:
                             device, compile=args.compile_mode or True)
     first_s = time.perf_counter() - t
     images, targets = synthetic_batch(batch, args.imgsz, 80)
-    from yolo9kit.train import train_step
+    from yolo9kit.train.step import train_step
 
     row = _timed(lambda: train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate_steps=1), device,
                  args.warmup, args.steps)
@@ -233,9 +233,10 @@ def compile_step(args, device, report) -> None:
 def epoch(args, device, report) -> None:
     from yolo9kit.config import TrainConfig
     from yolo9kit.data import create_dataloader
-    from yolo9kit.models import build_model
-    from yolo9kit.train import build_trainer, train_one_epoch
+    from yolo9kit.models import create_model
+    from yolo9kit.train.loop import train_one_epoch
     from yolo9kit.train.state import Progress
+    from yolo9kit.train.step import build_trainer
 
     model_name, batch = args.models[min(1, len(args.models) - 1)], args.epoch_batch
     colour = device if device.type == "cuda" else None
@@ -252,7 +253,7 @@ def epoch(args, device, report) -> None:
     torch.manual_seed(0)
     config = TrainConfig(batch_size=batch, amp=args.amp, device=str(device), epochs=1, warmup_min_batches=0,
                          warmup_epochs=0.0)
-    trainer = build_trainer(build_model(model_name, num_classes=8).train(), config, device=device)
+    trainer = build_trainer(create_model(model_name, num_classes=8).train(), config, device=device)
     train_one_epoch(trainer, loader, config, Progress(), batches_per_epoch=len(loader), warmup=0, progress_bar=False)
     _sync(device)
     stats = train_one_epoch(trainer, loader, config, Progress(epoch=0), batches_per_epoch=len(loader), warmup=0,
@@ -274,7 +275,7 @@ def _forward_rate(model, device, imgsz: int, batch: int, warmup: int, steps: int
 
 
 def inference(args, device, report) -> None:
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.models.deploy import deploy_for_inference
 
     half = device.type == "cuda"
@@ -282,7 +283,7 @@ def inference(args, device, report) -> None:
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     for name in args.predict_models:
         torch.manual_seed(0)
-        model = deploy_for_inference(build_model(name, num_classes=80).eval())
+        model = deploy_for_inference(create_model(name, num_classes=80).eval())
         model = model.to(device=device, dtype=dtype, memory_format=fmt).eval()
         for batch in (1, args.predict_batch):
             report.add("inference", {"model": name, "code": "yolo9kit (deployed)", "precision": str(dtype)[6:],

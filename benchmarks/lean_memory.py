@@ -16,7 +16,7 @@ import copy
 import torch
 
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.models import build_model
+from yolo9kit.models import create_model
 from yolo9kit.models.layers import set_lean
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name in args.models:
         torch.manual_seed(0)
-        base = build_model(name, num_classes=4).train()
+        base = create_model(name, num_classes=4).train()
         x = torch.rand(args.batch, 3, args.imgsz, args.imgsz)
         runs = {}
         for lean in (False, True):

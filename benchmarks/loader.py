@@ -64,7 +64,7 @@ def device_jitter_ms(args) -> float:
     import torch
 
     from yolo9kit.data.augment import Hyp, hsv_gains
-    from yolo9kit.data.colour import hsv_jitter
+    from yolo9kit.data.images import hsv_jitter
 
     rng = np.random.default_rng(0)
     images = torch.randint(0, 256, (args.batch_size, 3, args.imgsz, args.imgsz), dtype=torch.uint8)

@@ -30,8 +30,8 @@ def main() -> None:
 
     from yolo9kit.config import TrainConfig
     from yolo9kit.data import make_shapes
-    from yolo9kit.pretrained import SHAPES_CLASSES, SHAPES_WEIGHTS
-    from yolo9kit.train import fit
+    from yolo9kit.models.checkpoint import SHAPES_CLASSES, SHAPES_WEIGHTS
+    from yolo9kit.train.fit import fit
 
     settings = {"none": (), "tensorboard": ("tensorboard",), "mlflow": ("mlflow",), "both": ("tensorboard", "mlflow")}
     seconds: dict[str, list[float]] = {name: [] for name in settings}

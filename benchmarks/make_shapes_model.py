@@ -1,11 +1,11 @@
-"""Make the small trained model the kit ships (``yolo9kit/pretrained/yolov9-t-shapes.pt``) and print its mAP50.
+"""Make the small trained model the kit ships (``yolo9kit/models/yolov9-t-shapes.pt``) and print its mAP50.
 
-    python benchmarks/make_shapes_model.py --out yolo9kit/pretrained/yolov9-t-shapes.pt   # the shipped file
+    python benchmarks/make_shapes_model.py --out yolo9kit/models/yolov9-t-shapes.pt   # the shipped file
     python benchmarks/make_shapes_model.py --quick --out /tmp/tiny.pt                   # a smoke run (seconds)
 
 yolov9-t (with its auxiliary head, so ``compare_heads`` works on it) trained from scratch on the synthetic
-shapes data with the demo's CPU recipe (``yolo9kit.cli.demo.recipe``), on the data the notebooks generate:
-3 classes, up to 6 objects per image. The network works at 160 px (``yolo9kit.pretrained.SHAPES_IMGSZ``);
+shapes data with the demo's CPU recipe (``yolo9kit.cli.demo_config``), on the data the notebooks generate:
+3 classes, up to 6 objects per image. The network works at 160 px (``yolo9kit.models.checkpoint.SHAPES_IMGSZ``);
 a quarter of the training images are generated at 64 px and so reach the network enlarged 2.5 times, as the
 notebooks' 64-pixel smoke-mode images do when they are predicted at 160 px. The validation split is the
 notebooks' own (seed 0, 160 px), never trained on; the 64-pixel validation split (seed 0) is scored too.
@@ -52,18 +52,17 @@ def main(argv=None) -> int:
 
     import torch
 
-    from yolo9kit.checkpoint import load_checkpoint
-    from yolo9kit.cli.demo import recipe
-    from yolo9kit.models import build_model
-    from yolo9kit.train import fit
+    from yolo9kit.cli import demo_config
+    from yolo9kit.models import create_model
+    from yolo9kit.train.fit import fit
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="yolo9kit-shapes-model-"))
     data, val_small = _data(work, args)
     torch.manual_seed(0)
-    model = build_model(args.model, names=data["names"])
-    config = replace(recipe(args.epochs, args.imgsz, args.device, work / "runs", validate=not args.quick),
+    model = create_model(args.model, names=data["names"])
+    config = replace(demo_config(args.epochs, args.imgsz, args.device, work / "runs", validate=not args.quick),
                      progress_bar=False, callbacks={"on_epoch_end": _epoch_line(start)})
     print(f"training {args.model} on {args.train} + {args.train_small} images, {args.epochs} epochs at "
           f"{args.imgsz} px on {args.device}, torch threads {torch.get_num_threads()}; work folder {work}", flush=True)
@@ -72,12 +71,12 @@ def main(argv=None) -> int:
     minutes = (time.perf_counter() - start) / 60
     print(f"trained {result.epochs_completed} epochs in {minutes:.1f} min; best weights {best}", flush=True)
 
-    trained = load_checkpoint(best)  # the EMA weights
+    trained = create_model(best)  # the EMA weights
     out = _save_half(trained, Path(args.out), {"imgsz": args.imgsz, "epochs": result.epochs_completed,
                                                "train_images": [args.train, args.train_small],
                                                "command": _command(sys.argv)})
     scores = _score(out, data, val_small, args)
-    _save_half(load_checkpoint(out), out, {**_extras(out), "map50": scores})
+    _save_half(create_model(out), out, {**_extras(out), "map50": scores})
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     for name, map50 in scores.items():
         print(f"mAP50 on {name}: {map50:.3f}")
@@ -131,24 +130,24 @@ def _command(argv: list[str]) -> str:
 
 def _save_half(model, path: Path, extras: dict) -> Path:
     """Save ``model`` with fp16 floating-point tensors (integer buffers stay as they are)."""
-    from yolo9kit.checkpoint import save_checkpoint
+    from yolo9kit.models.checkpoint import save_checkpoint
 
-    half = model.half()  # load_checkpoint casts back: load_state_dict copies into the fp32 model it builds
+    half = model.half()  # create_model casts back: load_state_dict copies into the fp32 model it builds
     return save_checkpoint(path, half, **extras)
 
 
 def _extras(path: Path) -> dict:
-    from yolo9kit.checkpoint import RESERVED_KEYS, read_checkpoint
+    from yolo9kit.models.checkpoint import RESERVED_KEYS, read_checkpoint
 
     return {k: v for k, v in read_checkpoint(path).items() if k not in RESERVED_KEYS}
 
 
 def _score(path: Path, data: dict, val_small: dict, args: argparse.Namespace) -> dict[str, float]:
     """mAP50 of the saved file (fp16 weights, loaded as fp32) at ``--imgsz`` on both validation splits."""
-    from yolo9kit.checkpoint import load_checkpoint
+    from yolo9kit.models import create_model
     from yolo9kit.validate import evaluate
 
-    model = load_checkpoint(path)
+    model = create_model(path).eval()
     scores = {}
     for name, split in ((f"{args.val} val images at {args.imgsz} px", data),
                         (f"{args.val} val images at {SMALL_SIDE} px, enlarged", val_small)):

@@ -134,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
 
         import_official(args.official)
 
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
 
     rows = []
     for name in args.models:
         torch.manual_seed(0)
-        kit = build_model(name).eval()
+        kit = create_model(name).eval()
         weights = {k: v.clone() for k, v in kit.state_dict().items()}  # the official model gets the same
         if args.fuse:
             kit = kit.fuse()

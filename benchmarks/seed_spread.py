@@ -26,14 +26,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
-    from yolo9kit.cli.demo import NUM_CLASSES, recipe
+    from yolo9kit.cli import DEMO_CLASSES, demo_config
     from yolo9kit.data import make_shapes
-    from yolo9kit.train import fit_seeds
+    from yolo9kit.train.seeds import fit_seeds
 
     with tempfile.TemporaryDirectory() as tmp:
-        data = make_shapes(Path(tmp) / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=NUM_CLASSES,
+        data = make_shapes(Path(tmp) / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=DEMO_CLASSES,
                            max_objects=3, seed=0)
-        config = recipe(args.epochs, args.imgsz, args.device, Path(tmp)).replace(plots=False)
+        config = demo_config(args.epochs, args.imgsz, args.device, Path(tmp)).replace(plots=False)
         t0 = time.perf_counter()
         spread = fit_seeds("yolov9-t", data, config, seeds=args.seeds)
         seconds = time.perf_counter() - t0

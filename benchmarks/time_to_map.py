@@ -106,16 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="write the data and runs here (default: a temp dir)")
     args = parser.parse_args(argv)
 
-    from yolo9kit.cli.demo import NUM_CLASSES
+    from yolo9kit.cli import DEMO_CLASSES
     from yolo9kit.data import make_shapes
 
     with tempfile.TemporaryDirectory() as tmp:
         work = (args.keep or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
-        data = make_shapes(work / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=NUM_CLASSES,
+        data = make_shapes(work / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=DEMO_CLASSES,
                            max_objects=3, seed=0, overwrite=True)  # the demo's data
         rows = [time_run(run, data, args, work) for run in args.runs]
-    print(f"shapes data (384 + 64 images, {NUM_CLASSES} classes), {args.imgsz} px, batch {args.batch}, "
+    print(f"shapes data (384 + 64 images, {DEMO_CLASSES} classes), {args.imgsz} px, batch {args.batch}, "
           f"{args.epochs}-epoch schedule, CPU, target mAP50 {args.target}")
     print("| run | epochs to target | wall s to target | s per epoch | mAP50 at epoch 5 / 10 / last |")
     print("|---|---|---|---|---|")

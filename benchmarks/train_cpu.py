@@ -51,8 +51,9 @@ def main(argv=None) -> int:
 
     from yolo9kit.config import TrainConfig
     from yolo9kit.data import make_shapes
-    from yolo9kit.models import build_model
-    from yolo9kit.train import EpochRecord, fit
+    from yolo9kit.models import create_model
+    from yolo9kit.train.fit import fit
+    from yolo9kit.train.records import EpochRecord
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     data = make_shapes(out / "shapes", n_train=args.train, n_val=args.val, imgsz=args.imgsz,
                        num_classes=args.classes, max_objects=args.max_objects)
     torch.manual_seed(0)
-    model = build_model(args.model, num_classes=args.classes)
+    model = create_model(args.model, num_classes=args.classes)
 
     def on_epoch_end(record: EpochRecord) -> None:
         minutes = (time.perf_counter() - start) / 60

@@ -58,12 +58,11 @@ class _Clock:
 
 def time_kit(args, device, images, targets) -> dict:
     from yolo9kit.config import TrainConfig
-    from yolo9kit.models import build_model
-    from yolo9kit.train import build_trainer, train_step
-    from yolo9kit.train.step import to_input
+    from yolo9kit.models import create_model
+    from yolo9kit.train.step import build_trainer, to_input, train_step
 
     torch.manual_seed(0)
-    model = build_model(args.model, num_classes=args.nc).train()
+    model = create_model(args.model, num_classes=args.nc).train()
     layout = {"auto": None, "contiguous": False, "channels_last": True}[args.layout]
     trainer = build_trainer(model, TrainConfig(batch_size=args.batch, amp=args.amp, device=str(device),
                                                channels_last=layout), device=device)
@@ -155,17 +154,15 @@ def accumulation_gap(args, device, images, targets) -> None:
     official accumulation), with BatchNorm in batch-statistics mode (as in training) and with BatchNorm
     frozen to its running statistics (isolates the loss's per-micro-batch normalisation by target_scores_sum)."""
     from yolo9kit.config import TrainConfig
-    from yolo9kit.models import build_model
-    from yolo9kit.train import build_trainer, train_step
+    from yolo9kit.models import create_model
+    from yolo9kit.train.step import build_trainer, train_step
 
     def grads(micro, frozen_bn):
         torch.manual_seed(0)
         if args.weights:  # a trained model: gradients of a random init are dominated by BatchNorm
-            from yolo9kit.checkpoint import load_checkpoint
-
-            model = load_checkpoint(args.weights).to(device).train()
+            model = create_model(args.weights).to(device).train()
         else:
-            model = build_model(args.model, num_classes=args.nc).train()
+            model = create_model(args.model, num_classes=args.nc).train()
         if frozen_bn:
             for m in model.modules():
                 if isinstance(m, torch.nn.BatchNorm2d):
@@ -226,7 +223,7 @@ def main(argv=None) -> None:
     p.add_argument("--weights", default=None, help="with --accumulation-gap: a kit checkpoint instead of a fresh model")
     args = p.parse_args(argv)
     if args.weights:
-        from yolo9kit.checkpoint import read_checkpoint
+        from yolo9kit.models.checkpoint import read_checkpoint
 
         args.nc = int(read_checkpoint(args.weights)["model_config"]["nc"])
     if args.threads:

@@ -120,7 +120,7 @@ assert any(p.suffix == ".mp4" for p in (folder / "video").iterdir())
 """,
     "09_compare_experiments.ipynb": """\
 assert len(table) == SEEDS * len(settings) and (table["state"] == "finished").all()
-assert set(table["run"]) == {f"{name}-seed{k}" for name in settings for k in range(SEEDS)}
+assert set(table["run"]) == {f"{name}-seed-{k}" for name in settings for k in range(SEEDS)}
 assert "batch_size" in table.columns and "seed" in table.columns  # what differs, and only that
 assert len(viewer.figures["curves"].axes[0].lines) == min(4, len(table))
 assert summary.loc["b16", "min"] <= summary.loc["b16", "mean"] <= summary.loc["b16", "max"]

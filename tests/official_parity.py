@@ -21,7 +21,7 @@ from conftest import committed_fixture
 from parity_weights import parity_state_dict
 
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.models import build_model
+from yolo9kit.models import create_model
 
 SMALL = ("yolov9-t", "yolov9-s", "gelan-t", "gelan-s")  # under a few seconds each on a 2-core CPU
 
@@ -71,8 +71,8 @@ def seed0_state(name: str) -> dict[str, torch.Tensor]:
     amplified (docs/parity.md): the thread count and whatever the process ran before (an autocast region, a
     precision setting, other kernels) move them by percents; a new process on one thread has none of that.
     """
-    code = ("import sys, torch\nfrom yolo9kit.models import build_model\ntorch.set_num_threads(1)\n"
-            "torch.manual_seed(0)\ntorch.save(build_model(sys.argv[1]).state_dict(), sys.argv[2])")
+    code = ("import sys, torch\nfrom yolo9kit.models import create_model\ntorch.set_num_threads(1)\n"
+            "torch.manual_seed(0)\ntorch.save(create_model(sys.argv[1]).state_dict(), sys.argv[2])")
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "state.pt"
         subprocess.run([sys.executable, "-c", code, name, str(path)], check=True)
@@ -98,7 +98,7 @@ def run_kit(name: str) -> dict:
     state = seed0_state(name)
     layout = [(k, tuple(v.shape)) for k, v in state.items()]
     init = init_fingerprint(state)
-    model = build_model(name)  # its own probe statistics do not matter: the parity weights replace them
+    model = create_model(name)  # its own probe statistics do not matter: the parity weights replace them
     model.load_state_dict(parity_state_dict(state), strict=True)
 
     model.eval()

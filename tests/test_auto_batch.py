@@ -13,8 +13,8 @@ from yolo9kit import memory
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.memory.plan import choose_batch, sizing_target
-from yolo9kit.models import build_model
-from yolo9kit.train import fit
+from yolo9kit.models import create_model
+from yolo9kit.train.fit import fit
 from yolo9kit.train.optim import base_accumulate
 from yolo9kit.train.step import describe_step
 
@@ -31,7 +31,7 @@ def shapes64(tmp_path_factory):
 
 def _model():
     torch.manual_seed(0)
-    return build_model("yolov9-t", num_classes=2)
+    return create_model("yolov9-t", num_classes=2)
 
 
 def test_batch_auto_and_minus_one_are_the_same_and_validated():
@@ -47,10 +47,10 @@ def test_batch_auto_and_minus_one_are_the_same_and_validated():
 
 
 def test_cpu_training_is_sized_against_the_available_ram():
-    from yolo9kit.env import ram_available_bytes
+    from yolo9kit.env import memory_limits
 
     target = sizing_target(TrainConfig(batch_size="auto"), CPU)
-    assert target.device_type == "cpu" and target.total_bytes == pytest.approx(ram_available_bytes(), rel=0.05)
+    assert target.device_type == "cpu" and target.total_bytes == pytest.approx(memory_limits()["RAM"], rel=0.05)
     assert sizing_target(TrainConfig(batch_size="auto", gpu="T4"), CPU).name == "T4"
 
 
@@ -105,7 +105,7 @@ def test_fit_with_batch_auto_records_the_prediction_and_survives_out_of_memory(s
     cpu_step = StepConfig().resolve("cpu")  # the CPU step, as this processor decides it
     assert (record["step"]["amp"], record["step"]["channels_last"]) == (cpu_step.amp, cpu_step.channels_last)
     assert record["predicted_peak_allocated"] > 0 and record["measured_peak_allocated"] is None  # no CUDA here
-    from yolo9kit.checkpoint import read_checkpoint
+    from yolo9kit.models.checkpoint import read_checkpoint
 
     assert read_checkpoint(result.last)["train_config"]["batch_size"] == 4  # resume keeps the chosen batch
     assert result.step.batch_size == 4 and result.step.device_type == "cpu"

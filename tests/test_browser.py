@@ -52,7 +52,7 @@ pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # The detection viewer draws boxes once a trained model ships with the package (the notebooks load it).
-SHAPES_MODEL = REPO / "yolo9kit" / "pretrained" / "yolov9-t-shapes.pt"
+SHAPES_MODEL = REPO / "yolo9kit" / "models" / "yolov9-t-shapes.pt"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -1,4 +1,4 @@
-"""yolo9kit checkpoints: round trips, EMA preference, clear errors, atomic writes."""
+"""yolo9kit checkpoints: round trips through create_model, EMA preference, clear errors, atomic writes."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import random
 import pytest
 import torch
 
-from yolo9kit.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from yolo9kit.models import build_model, to_deploy
+from yolo9kit.models import create_model, to_deploy
+from yolo9kit.models.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 
 
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return build_model("gelan-t", names=["cat", "dog"]).eval()
+    return create_model("gelan-t", names=["cat", "dog"]).eval()
 
 
 def _outputs(m, x):
@@ -24,10 +24,10 @@ def _outputs(m, x):
 
 def test_round_trip_same_outputs(model, tmp_path):
     path = save_checkpoint(tmp_path / "run" / "last.pt", model, epoch=4, note="hello")
-    loaded = load_checkpoint(path)
+    loaded = create_model(path)
+    assert loaded.names == ["cat", "dog"] and loaded.nc == 2 and loaded.training
     x = torch.rand(2, 3, 64, 64)
     assert torch.equal(_outputs(loaded, x), _outputs(model, x))
-    assert loaded.names == ["cat", "dog"] and loaded.nc == 2 and not loaded.training
     ckpt = read_checkpoint(path)
     assert ckpt["format"] == "yolo9kit" and ckpt["version"] == 1 and ckpt["epoch"] == 4
     assert ckpt["model_config"]["yaml"] == model.yaml
@@ -36,19 +36,22 @@ def test_round_trip_same_outputs(model, tmp_path):
 def test_ema_weights_used_when_present(model, tmp_path):
     ema = {k: (v + 0.01 if v.is_floating_point() else v) for k, v in model.state_dict().items()}
     path = save_checkpoint(tmp_path / "ema.pt", model, ema=ema)
-    with_ema, without = load_checkpoint(path), load_checkpoint(path, use_ema=False)
-    assert with_ema.checkpoint_meta["entry"] == "ema" and without.checkpoint_meta["entry"] == "model"
+    with_ema = create_model(path)
+    assert with_ema.checkpoint_meta["entry"] == "ema"
     assert torch.equal(with_ema.model[0].conv.weight, ema["model.0.conv.weight"])
+    without = create_model(path)  # the raw weights: the checkpoint's "model" entry
+    without.load_state_dict(read_checkpoint(path)["model"])
     assert torch.equal(without.model[0].conv.weight, model.model[0].conv.weight)
+    assert create_model(save_checkpoint(tmp_path / "raw.pt", model)).checkpoint_meta["entry"] == "model"
 
 
 def test_dual_and_fused_models_round_trip(tmp_path):
-    dual = build_model("yolov9-t").eval()
+    dual = create_model("yolov9-t").eval()
     x = torch.rand(1, 3, 64, 64)
-    loaded = load_checkpoint(save_checkpoint(tmp_path / "dual.pt", dual))
+    loaded = create_model(save_checkpoint(tmp_path / "dual.pt", dual))
     assert loaded.is_dual and torch.equal(_outputs(loaded, x), _outputs(dual, x))
     deployed = to_deploy(dual)
-    loaded = load_checkpoint(save_checkpoint(tmp_path / "deploy.pt", deployed))
+    loaded = create_model(save_checkpoint(tmp_path / "deploy.pt", deployed))
     assert torch.equal(_outputs(loaded, x), _outputs(deployed, x))
 
 
@@ -69,27 +72,27 @@ def test_truncated_file_clear_error(model, tmp_path):
     data = path.read_bytes()
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 3])
     with pytest.raises(CheckpointError, match=r"cut\.pt: cannot be read \(truncated"):
-        load_checkpoint(tmp_path / "cut.pt")
+        create_model(tmp_path / "cut.pt")
     for seed in range(5):
         (tmp_path / "noise.pt").write_bytes(random.Random(seed).randbytes(2048))
         with pytest.raises(CheckpointError, match="cannot be read"):
-            load_checkpoint(tmp_path / "noise.pt")
+            create_model(tmp_path / "noise.pt")
     with pytest.raises(FileNotFoundError):
-        load_checkpoint(tmp_path / "absent.pt")
+        read_checkpoint(tmp_path / "absent.pt")
 
 
 def test_foreign_file_clear_error(tmp_path):
     torch.save({"state_dict": {"w": torch.zeros(1)}}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a yolo9kit checkpoint"):
-        load_checkpoint(tmp_path / "other.pt")
+        create_model(tmp_path / "other.pt")
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")
     with pytest.raises(CheckpointError, match="not a yolo9kit checkpoint"):
         read_checkpoint(tmp_path / "tensor.pt")
 
 
 def test_official_file_gets_a_hint(official_fixture):
-    with pytest.raises(CheckpointError, match="official YOLOv9 checkpoint.*load_official_checkpoint"):
-        load_checkpoint(official_fixture("gelan-t-narrow.official-release.pt"))
+    with pytest.raises(CheckpointError, match="official YOLOv9 checkpoint.*create_model"):
+        read_checkpoint(official_fixture("gelan-t-narrow.official-release.pt"))
 
 
 def test_interrupted_write_keeps_previous_file(model, tmp_path, monkeypatch):
@@ -133,15 +136,15 @@ def test_a_flipped_byte_in_the_weights_is_reported_not_used(model, tmp_path):
     data[start + size // 2] ^= 0x10  # one bit of one float: still a readable file
     (tmp_path / "damaged.pt").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"damaged\.pt: the '(model|ema)' weights do not match the checksum"):
-        load_checkpoint(tmp_path / "damaged.pt")
+        create_model(tmp_path / "damaged.pt")
 
 
-def test_checkpoints_without_a_checksum_still_load(model, tmp_path):
+def test_a_checkpoint_without_its_checksum_is_refused(model, tmp_path):
     ckpt = read_checkpoint(save_checkpoint(tmp_path / "new.pt", model))
-    del ckpt["checksum"]  # as written before checksums existed
-    torch.save(ckpt, tmp_path / "old.pt")
-    loaded = load_checkpoint(tmp_path / "old.pt")
-    assert torch.equal(loaded.model[0].conv.weight, model.model[0].conv.weight)
+    del ckpt["checksum"]  # not written by save_checkpoint
+    torch.save(ckpt, tmp_path / "bare.pt")
+    with pytest.raises(CheckpointError, match=r"bare\.pt: the 'model' weights do not match the checksum .*has none"):
+        create_model(tmp_path / "bare.pt")
 
 
 def _with_config(model, tmp_path, name, change):
@@ -157,7 +160,7 @@ def _with_config(model, tmp_path, name, change):
     (lambda c: c["yaml"].__setitem__("width_multiple", 5.0), r"width_multiple=5\.0"),
     (lambda c: c.update(nc=200_000, names=["x"] * 3), "nc=200000"),
     (lambda c: c["yaml"].__setitem__("backbone", c["yaml"]["backbone"] * 50), "layer rows"),
-    (lambda c: c["yaml"]["head"][0][3].__setitem__(0, 256), "do not match the stored model_config"),
+    (lambda c: c["yaml"]["head"][0][3].__setitem__(0, 256), "weights do not match the model it describes"),
 ])
 def test_a_model_config_past_the_bounds_is_refused_before_anything_is_allocated(model, tmp_path, monkeypatch,
                                                                                    change, message):
@@ -175,7 +178,7 @@ def test_a_model_config_past_the_bounds_is_refused_before_anything_is_allocated(
 
     monkeypatch.setattr(DetectionModel, "__init__", recording_init)
     with pytest.raises(CheckpointError, match=f"big.pt: .*{message}"):
-        load_checkpoint(path)
+        create_model(path)
     assert all(device == "meta" for device in built), built
 
 

@@ -9,7 +9,7 @@ import torch
 
 from yolo9kit.data import augment as A
 from yolo9kit.data import create_dataloader, make_shapes
-from yolo9kit.data.colour import hsv_cv_to_rgb, hsv_jitter, rgb_to_hsv_cv
+from yolo9kit.data.images import hsv_cv_to_rgb, hsv_jitter, rgb_to_hsv_cv
 
 
 @pytest.fixture(scope="module")

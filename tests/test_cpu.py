@@ -12,11 +12,11 @@ import pytest
 import torch
 from train_toys import ToyNet, make_batches, toy_loss
 
-from yolo9kit import cpu, env
+from yolo9kit import env
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.config import step as step_module
 from yolo9kit.data import loader
-from yolo9kit.train import build_trainer, train_step
+from yolo9kit.train.step import build_trainer, train_step
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -34,17 +34,17 @@ def test_usable_cores_are_the_affinity_capped_by_the_cgroup_quota(tmp_path, file
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert cpu.usable_cores(tmp_path) == expected
+    assert env.usable_cores(tmp_path) == expected
 
 
 def test_torch_threads_are_lowered_to_the_usable_cores_and_never_raised(monkeypatch):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        monkeypatch.setattr(cpu, "usable_cores", lambda cgroup=None: 1)
-        assert cpu.set_cpu_threads() == 1 == torch.get_num_threads()
-        monkeypatch.setattr(cpu, "usable_cores", lambda cgroup=None: 8)
-        assert cpu.set_cpu_threads() == 1  # only lowers: one thread asked for (OMP_NUM_THREADS=1) stays one
+        monkeypatch.setattr(env, "usable_cores", lambda cgroup=None: 1)
+        assert env.set_cpu_threads() == 1 == torch.get_num_threads()
+        monkeypatch.setattr(env, "usable_cores", lambda cgroup=None: 8)
+        assert env.set_cpu_threads() == 1  # only lowers: one thread asked for (OMP_NUM_THREADS=1) stays one
     finally:
         torch.set_num_threads(before)
 
@@ -61,15 +61,15 @@ def test_busy_time_is_read_for_this_process_cpus_only():
             "cpu0 60 0 30 400 5 3 2 0 0 0\n"
             "cpu1 40 0 20 500 5 2 3 0 0 0\n"
             "intr 12345\n")
-    assert cpu._busy_jiffies(stat, None) == 160
-    assert cpu._busy_jiffies(stat, [0]) == 95 and cpu._busy_jiffies(stat, [1]) == 65
-    assert cpu._busy_jiffies(stat, [0, 1]) == 160
+    assert env._busy_jiffies(stat, None) == 160
+    assert env._busy_jiffies(stat, [0]) == 95 and env._busy_jiffies(stat, [1]) == 65
+    assert env._busy_jiffies(stat, [0, 1]) == 160
 
 
 def test_a_busy_process_on_the_same_cores_is_seen_and_warned_about(monkeypatch):
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        assert cpu.competing_cores(1.0) >= cpu.COMPETING_CORES  # the busy loop keeps about one core
+        assert env.competing_cores(1.0) >= env.COMPETING_CORES  # the busy loop keeps about one core
     finally:
         busy.kill()
         busy.wait()

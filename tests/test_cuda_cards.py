@@ -21,11 +21,10 @@ from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import gpu_from_device
 from yolo9kit.memory.measure import require_cuda
 from yolo9kit.memory.plan import choose_batch, sizing_target
-from yolo9kit.models import build_model
-from yolo9kit.train import build_trainer
+from yolo9kit.models import create_model
 from yolo9kit.train.guards import DistributedOutOfMemoryError
 from yolo9kit.train.state import Progress, capture_rng, restore_rng, restore_training_state, training_state
-from yolo9kit.train.step import BatchNormSnapshot, describe_step, train_step_with_backoff
+from yolo9kit.train.step import BatchNormSnapshot, build_trainer, describe_step, train_step_with_backoff
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -35,7 +34,7 @@ NATIVE_BF16 = {"T4": False, "V100": False, "A100": True, "RTX 4090": True, "H100
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return build_model("yolov9-t", num_classes=4)
+    return create_model("yolov9-t", num_classes=4)
 
 
 @pytest.mark.parametrize("card", list(CARDS))
@@ -104,13 +103,10 @@ def test_a_cpu_run_resumes_on_a_gpu_with_loss_scaling():
         assert trainer.scaler.get_scale() == 2.0**16 and trainer.scaler.get_growth_interval() == 2000
 
 
-@pytest.mark.parametrize("recorded", [True, False])  # False: a checkpoint written before the kind was recorded
-def test_an_fp16_run_never_inherits_the_fixed_scale_of_a_bf16_state(recorded):
+def test_an_fp16_run_never_inherits_the_fixed_scale_of_a_bf16_state():
     with fake_cuda("H100"):
         saved = _checkpoint(_toy_trainer(device="cuda", amp="bf16"))  # a fixed scale of 1
         assert saved["scaler"]["scale"] == 1.0 and saved["scaler_kind"] == "fixed"
-        if not recorded:
-            del saved["scaler_kind"]
         fp16 = _toy_trainer(device="cuda", amp="fp16")
         restore_training_state(saved, fp16)
         assert fp16.scaler.get_scale() == 2.0**16 and fp16.scaler.get_growth_interval() == 2000
@@ -130,9 +126,6 @@ def test_the_cuda_random_state_resumes_on_a_machine_with_fewer_gpus():
     with simulated_cards("H200"):
         restore_rng(state, torch.device("cuda", 0))
         assert torch.equal(torch.cuda.get_rng_state(0), saved)
-        older = {**state, "cuda": [saved + 7, saved + 9]}  # one state per GPU of the saving machine
-        restore_rng(older, torch.device("cuda", 0))
-        assert torch.equal(torch.cuda.get_rng_state(0), saved + 7)
 
 
 # ---- out of memory under DDP -------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ def test_check_for_training_stops_where_fit_would_and_shows_one_line_in_a_notebo
     import shutil
 
     from yolo9kit.data import check, make_shapes
-    from yolo9kit.data.guard import DataError
+    from yolo9kit.data.labels import DataError
 
     data = make_shapes(tmp_path / "s", n_train=4, n_val=1, imgsz=64)
     shutil.rmtree(tmp_path / "s" / "labels" / "train")

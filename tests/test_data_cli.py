@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from yolo9kit.cli import data as data_cli
-from yolo9kit.cli import main
+from yolo9kit.cli import build_parser, main
 
 
 def _run(argv):
-    parser = argparse.ArgumentParser()
-    data_cli.add_parser(parser.add_subparsers())
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

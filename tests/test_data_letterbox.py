@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from yolo9kit.data.letterbox import letterbox
+from yolo9kit.data.images import letterbox
 
 
 def test_letterbox_equals_official_on_every_case(load_fixture):

@@ -18,7 +18,7 @@ def test_quick_demo_runs_end_to_end(tmp_path):
     assert (out / "train" / "weights" / "last.pt").is_file()
     assert "mAP50-95" in proc.stdout and "Speed:" in proc.stdout
     assert any((out / "predict").iterdir())
-    from yolo9kit.checkpoint import load_checkpoint
+    from yolo9kit.models import create_model
 
-    trained = load_checkpoint(out / "train" / "weights" / "last.pt")
+    trained = create_model(out / "train" / "weights" / "last.pt")
     assert list(trained.names) == ["rectangle", "ellipse", "triangle"]  # the data's class names travel with it

@@ -14,7 +14,7 @@ from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.files import LOCK_NAME
-from yolo9kit.train import fit
+from yolo9kit.train.fit import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

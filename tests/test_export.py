@@ -14,8 +14,8 @@ import torch
 from yolo9kit.cli import main
 from yolo9kit.config import ExportConfig, NMSConfig
 from yolo9kit.export_onnx import ExportCheckError, ExportReport, _check, _Predictions, export
-from yolo9kit.models import build_model
-from yolo9kit.models.inference import select_head
+from yolo9kit.models import create_model
+from yolo9kit.models.deploy import select_head
 
 REASON = "the export extra is not installed (pip install 'yolo9kit[export]')"
 ATOL = 1e-3  # pixels for boxes, probability for scores; measured with random weights: 3e-5 at most
@@ -39,7 +39,7 @@ def test_onnx_equals_pytorch_for_batch_1_and_2(name, tmp_path):
     import onnx
 
     torch.manual_seed(0)
-    model = build_model(name, num_classes=3).eval()
+    model = create_model(name, num_classes=3).eval()
     keys = set(model.state_dict())
     report = export(model, tmp_path / "m.onnx", imgsz=64)
     assert report.checked and report.max_abs_diff <= ATOL and report.outputs == ["predictions"]
@@ -65,10 +65,10 @@ def test_nms_in_the_file_gives_predicts_detections(tmp_path):
     import onnx
 
     from yolo9kit.data import make_shapes
+    from yolo9kit.models.checkpoint import SHAPES_CLASSES, SHAPES_IMGSZ, SHAPES_MODEL
     from yolo9kit.prediction import predict
-    from yolo9kit.pretrained import SHAPES_CLASSES, SHAPES_IMGSZ, shapes_model
 
-    model = shapes_model()
+    model = create_model(SHAPES_MODEL).eval()
     make_shapes(tmp_path / "shapes", n_train=3, n_val=1, imgsz=SHAPES_IMGSZ, num_classes=3, seed=7)
     images = [cv2.imread(str(p)) for p in sorted((tmp_path / "shapes" / "images" / "train").iterdir())]
     report = export(model, tmp_path / "m.onnx", imgsz=SHAPES_IMGSZ, nms=NMSConfig())
@@ -93,7 +93,7 @@ def test_fixed_batch_and_no_check(tmp_path):
     _runtime()
     import onnx
 
-    model = build_model("gelan-t", num_classes=2)
+    model = create_model("gelan-t", num_classes=2)
     report = export(model, tmp_path / "fixed.onnx", imgsz=(64, 96), onnx=ExportConfig(dynamic_batch=False,
                                                                                          check=False))
     assert report.input_shape == (1, 3, 64, 96) and not report.checked and report.max_abs_diff is None
@@ -105,7 +105,7 @@ def test_fixed_batch_and_no_check(tmp_path):
 def test_the_check_fails_on_outputs_that_differ(tmp_path):
     """A file whose outputs are not the model's is refused with the difference and the tolerance."""
     _runtime()
-    model = build_model("gelan-t", num_classes=2)
+    model = create_model("gelan-t", num_classes=2)
     report = export(model, tmp_path / "m.onnx", imgsz=64, onnx=ExportConfig(check=False))
 
     class Shifted(_Predictions):
@@ -128,7 +128,7 @@ def test_a_missing_extra_is_named(monkeypatch, tmp_path):
 def test_without_onnxruntime_the_file_is_written_and_the_report_says_unchecked(monkeypatch, tmp_path):
     pytest.importorskip("onnx", reason=REASON)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    report = export(build_model("gelan-t", num_classes=2), tmp_path / "m.onnx", imgsz=64)
+    report = export(create_model("gelan-t", num_classes=2), tmp_path / "m.onnx", imgsz=64)
     assert (tmp_path / "m.onnx").is_file() and not report.checked
     assert "onnxruntime is not installed" in report.note and "yolo9kit[export]" in report.note
 
@@ -154,12 +154,12 @@ def test_an_exported_backend_of_predict_detects_what_the_torch_model_detects(tmp
     if backend == "openvino":
         pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install "
                             "'yolo9kit[openvino]')")
-    from yolo9kit import predict, shapes_model
+    from yolo9kit import predict
     from yolo9kit.data import make_shapes
     from yolo9kit.export_onnx import OnnxRuntimeForward, OpenVinoForward
-    from yolo9kit.models.inference import prepare_model
+    from yolo9kit.models.deploy import prepare_model
 
-    model = shapes_model()
+    model = create_model("yolov9-t-shapes").eval()
     folder = make_shapes(tmp_path / "shapes", n_train=2, n_val=6, imgsz=160).parent / "images" / "val"
     images = sorted(str(p) for p in folder.glob("*.jpg"))
     forward = (OnnxRuntimeForward if backend == "onnxruntime" else OpenVinoForward)(model, 160)

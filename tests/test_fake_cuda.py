@@ -19,10 +19,10 @@ from train_toys import one_thread
 from yolo9kit.config import TrainConfig
 from yolo9kit.env import resolve_device
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.models import build_model
-from yolo9kit.train import build_trainer, train_one_epoch
+from yolo9kit.models import create_model
+from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.state import Progress
-from yolo9kit.train.step import ModelEMA, train_step
+from yolo9kit.train.step import ModelEMA, build_trainer, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -32,7 +32,7 @@ NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_batches": 0}
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return build_model("yolov9-t", num_classes=4)
+    return create_model("yolov9-t", num_classes=4)
 
 
 def _batches(n: int, batch: int = 2, size: int = 64, seed: int = 0) -> list:
@@ -187,11 +187,12 @@ def test_training_step_variants_do_not_sync_on_cuda(model, change):
     assert syncs == [], [str(s) for s in syncs]
 
 
-def test_an_epoch_with_multi_scale_reads_back_once_per_log_interval(model):
+def test_an_epoch_with_multi_scale_reads_back_once_per_log_interval(model, monkeypatch):
     """train_one_epoch as fit runs it: multi-scale resizing on the device, the losses read back every
-    log_interval batches (one transfer each: the loss items, whose finiteness is checked on the host) and nothing
+    LOG_INTERVAL batches (one transfer each: the loss items, whose finiteness is checked on the host) and nothing
     else."""
-    config = TrainConfig(device="cuda", epochs=1, multi_scale=True, imgsz=64, log_interval=2, **NO_WARMUP)
+    monkeypatch.setattr("yolo9kit.train.loop.LOG_INTERVAL", 2)
+    config = TrainConfig(device="cuda", epochs=1, multi_scale=True, imgsz=64, **NO_WARMUP)
     with fake_cuda("RTX 4090") as fake:
         trainer = build_trainer(copy.deepcopy(model), config, device=resolve_device("cuda"))
         batches = _batches(5)
@@ -234,7 +235,7 @@ def test_ema_update_on_cuda_is_two_kernels_and_no_sync(model):
 
 def test_eval_forward_in_fp16_channels_last_does_not_sync(model):
     """What validation and predict run per batch: the fused deploy model in FP16, channels_last inputs."""
-    from yolo9kit.models.inference import prepare_model
+    from yolo9kit.models.deploy import prepare_model
 
     with fake_cuda("T4") as fake:
         device = resolve_device("cuda")
@@ -270,7 +271,7 @@ def test_predict_on_cuda_warms_up_in_the_input_layout(model):
 
 
 def test_colour_jitter_on_the_device_gives_the_cpu_pixels():
-    from yolo9kit.data.colour import hsv_jitter
+    from yolo9kit.data.images import hsv_jitter
 
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (3, 3, 16, 24), generator=g, dtype=torch.uint8)
@@ -316,27 +317,29 @@ def test_build_trainer_leaves_cudnn_autotuning_alone(model):
     assert torch.backends.cudnn.benchmark == previous
 
 
-def test_fit_on_cuda_end_to_end(model, tmp_path):
+def test_fit_on_cuda_end_to_end(model, tmp_path, monkeypatch):
     """fit as a user calls it on a card: the loader's batches jittered on the device, the fused step, the
     FP16 validation of the EMA, the checkpoints (they load on a CPU), cuDNN autotuning for the run only. The
     only syncs of the epoch's training are the read-backs of the logged losses; validation and the saves read
     back as they must (NMS, metrics, the checkpoint's bytes)."""
     from yolo9kit.data import make_shapes
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64)
     autotuned = []
     config = TrainConfig(epochs=1, batch_size=4, imgsz=64, workers=0, project=str(tmp_path / "runs"), name="cuda",
-                         plots=False, progress_bar=False, log_interval=1,
+                         plots=False, progress_bar=False,
                          callbacks={"on_batch": lambda record: autotuned.append(torch.backends.cudnn.benchmark)})
     previous = torch.backends.cudnn.benchmark
+    monkeypatch.setattr("yolo9kit.train.loop.LOG_INTERVAL", 1)
     with fake_cuda("A100") as fake:
         result = fit(copy.deepcopy(model), data, config)
     assert result.epochs_completed == 1 and result.step.amp == "bf16" and result.step.fused_optimizer
     assert autotuned == [True, True] and torch.backends.cudnn.benchmark == previous
     assert result.results[0]["peak_allocated"] > 0  # the fake counters followed the step's tensors
     in_step = [s for s in fake.syncs if s.where.startswith(("train/step.py", "loss.py", "assigner.py", "models/"))
-               and not s.where.endswith(" _same")]  # but the EMA's one-time check of the frozen tensors
+               and not s.where.endswith(" _same")  # but the EMA's one-time check of the frozen tensors
+               and not s.where.startswith("models/checkpoint.py")]  # the saves read the weights back, as they must
     assert in_step == [], [str(s) for s in in_step]
     read_backs = [s for s in fake.syncs if s.where.startswith("train/loop.py")]
     assert len(read_backs) == 2 and all(s.where.endswith("flush") for s in read_backs)  # 2 batches, 1 each

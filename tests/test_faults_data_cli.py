@@ -70,7 +70,7 @@ def _fit(data: Path, tmp_path: Path, **changes):
     """fit a toy network (one class, like the shortened names) on ``data``: the real training loader."""
     from train_toys import ToyNet, toy_loss
 
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     config = TrainConfig(epochs=1, batch_size=2, imgsz=64, workers=0, device="cpu", val=False, progress_bar=False,
                          project=str(tmp_path / "runs"), warmup_min_batches=0, **changes)
@@ -205,7 +205,7 @@ def test_disk_cache_on_read_only_data_falls_back_to_ram(shapes, caplog, monkeypa
     check(shapes)  # the label cache exists; only the image cache is new
     if os.geteuid() == 0:
         # root writes into a read-only folder anyway: the failure chmod would cause is simulated
-        import yolo9kit.data.disk_cache as disk_cache
+        import yolo9kit.data.cache as disk_cache
 
         def refuse(*args, **kwargs):
             raise PermissionError(13, "Permission denied", str(folder))
@@ -243,7 +243,7 @@ def test_the_four_errors_of_the_issue_are_one_line(argv, flag, capsys):
     (["train", "--data", "X", "--imgsz", "100"], "multiple of 32"),
     (["train", "--data", "X", "--workers", "-1"], "integer >= 0"),
     (["train", "--data", "X", "--epochs", "0"], "integer >= 1"),
-    (["train", "--data", "X", "--cache", "banana"], "ram or disk"),
+    (["train", "--data", "X", "--cache", "banana"], "choose from 'ram', 'disk'"),
     (["train", "--data", "X", "--margin", "1.5"], "[0, 1)"),
     (["train", "--data", "X", "--device", "0"], "CUDA"),
     (["train", "--data", "X", "--device", "0,1"], "torchrun"),
@@ -313,12 +313,12 @@ def test_errors_while_running_are_one_line_and_verbose_shows_the_traceback(tmp_p
 
 
 def test_failures_and_interrupts_have_their_own_exit_codes(monkeypatch, capsys):
-    import yolo9kit.cli.models as models_cli
+    import yolo9kit.cli
 
     def fails(args):
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...")
 
-    monkeypatch.setattr(models_cli, "run", fails)
+    monkeypatch.setattr(yolo9kit.cli, "run_models", fails)
     code, text = _run(["models"], capsys)
     line = _one_error_line(text)
     assert code == 1 and "models: failed (RuntimeError): CUDA error: an illegal memory access" in line
@@ -327,7 +327,7 @@ def test_failures_and_interrupts_have_their_own_exit_codes(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models_cli, "run", interrupted)
+    monkeypatch.setattr(yolo9kit.cli, "run_models", interrupted)
     code, text = _run(["models"], capsys)
     assert code == 130 and _one_error_line(text) == "python -m yolo9kit models: interrupted"
 
@@ -361,7 +361,7 @@ def test_device_flag_is_checked_against_the_machine(monkeypatch):
 
     import torch
 
-    from yolo9kit.cli.flags import device
+    from yolo9kit.cli.train import device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -24,13 +24,12 @@ from conftest import REPO, holding_the_lock
 from torch import nn
 from train_toys import one_thread
 
-from yolo9kit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from yolo9kit.cli import main
 from yolo9kit.data import check, coco_to_yolo, make_shapes
 from yolo9kit.files import DiskFullError, FolderInUseError, OwnInputError
-from yolo9kit.models import build_model, load_official_checkpoint
-from yolo9kit.models.bounds import MAX_MODEL_BYTES, ModelSizeError, check_model_size
-from yolo9kit.models.official import OfficialCheckpointError
+from yolo9kit.models import create_model
+from yolo9kit.models.checkpoint import CheckpointError, save_checkpoint
+from yolo9kit.models.weights import MAX_MODEL_BYTES, check_model
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 DEAD_PID = 4_194_305  # above Linux's largest pid_max: no process has it
@@ -44,7 +43,7 @@ def _digest(path: Path) -> str:
 def weights(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("weights") / "yolov9-t.pt"
-    save_checkpoint(path, build_model("yolov9-t", num_classes=2))
+    save_checkpoint(path, create_model("yolov9-t", num_classes=2))
     return path
 
 
@@ -148,7 +147,7 @@ def _toy_run(tmp_path, **settings):
     from train_toys import ToyNet, make_batches, toy_loss
 
     from yolo9kit.config import TrainConfig
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 
     config = TrainConfig(**{**dict(epochs=1, batch_size=2, device="cpu", amp="off", project=str(tmp_path / "runs"),
                                    name="x", exist_ok=True, plots=False, progress_bar=False), **settings})
@@ -186,7 +185,7 @@ def test_a_lock_of_a_killed_process_of_another_host_is_taken_over(tmp_path, capl
 
 @pytest.mark.slow
 def test_a_video_detect_stopped_by_sigterm_leaves_a_playable_video(shapes, tmp_path):
-    from yolo9kit.data.media import write_video
+    from yolo9kit.data.sources import write_video
 
     frames = sorted((shapes.parent / "images" / "train").glob("*.jpg")) * 150
     video = write_video(frames, tmp_path / "clip.mp4", fps=10)
@@ -214,7 +213,7 @@ def test_a_video_detect_stopped_by_sigterm_leaves_a_playable_video(shapes, tmp_p
 
 def _wide_table() -> dict:
     """yolov9-t with two 16000-wide convolutions: within every row bound, 8.6 GiB of parameters."""
-    table = copy.deepcopy(build_model("yolov9-t").yaml)
+    table = copy.deepcopy(create_model("yolov9-t").yaml)
     table["backbone"][1] = [-1, 1, "Conv", [16000, 3, 2]]
     table["backbone"][2] = [-1, 1, "Conv", [16000, 3, 2]]
     return table
@@ -237,8 +236,8 @@ def test_an_official_file_asking_for_a_huge_model_is_refused_before_it_is_built(
     monkeypatch.delitem(sys.modules, "models.yolo")
     monkeypatch.delitem(sys.modules, "models")
     assert path.stat().st_size < 16_000
-    with pytest.raises(OfficialCheckpointError, match=r"8\.64 GiB of parameters .* limit of 4\.00 GiB"):
-        load_official_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"8\.64 GiB of parameters .* limit of 4\.00 GiB"):
+        create_model(path)
 
 
 def test_a_kit_checkpoint_with_a_deep_block_is_refused_before_it_is_built(weights, tmp_path):
@@ -252,21 +251,21 @@ def test_a_kit_checkpoint_with_a_deep_block_is_refused_before_it_is_built(weight
     path = tmp_path / "deep.pt"
     torch.save(ckpt, path)
     with pytest.raises(CheckpointError, match=r"c5 \(RepNCSP depth\)=16000: expected 1 to 64"):
-        load_checkpoint(path)
+        create_model(path)
     ckpt["model_config"]["yaml"] = _wide_table()
     torch.save(ckpt, path)
     with pytest.raises(CheckpointError, match="more than the limit of 4.00 GiB"):
-        load_checkpoint(path)
+        create_model(path)
 
 
 def test_the_size_limit_is_stated_and_can_be_raised():
     table = _wide_table()
-    with pytest.raises(ModelSizeError, match="raise it"):
-        check_model_size(table, 80, "wide.yaml")
-    check_model_size(table, 80, "wide.yaml", max_model_bytes=12 << 30)  # a model that really is that large
+    with pytest.raises(CheckpointError, match="raise it"):
+        check_model(table, 80, "wide.yaml")
+    check_model(table, 80, "wide.yaml", max_model_bytes=12 << 30)  # a model that really is that large
     assert MAX_MODEL_BYTES == 4 << 30
     for name in ("yolov9-e", "gelan-e"):  # every official model is far below it
-        check_model_size(build_model(name).yaml, 80, name)
+        check_model(create_model(name).yaml, 80, name)
 
 
 def test_a_compressed_entry_is_refused_by_its_declared_size_before_it_is_read(weights, tmp_path, monkeypatch):
@@ -281,7 +280,7 @@ def test_a_compressed_entry_is_refused_by_its_declared_size_before_it_is_read(we
     assert path.stat().st_size < 2 * weights.stat().st_size
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the archive was read"))
     with pytest.raises(CheckpointError, match=r"would unpack to 200\.0 MiB"):
-        load_checkpoint(path)
+        create_model(path)
 
 
 # ---- converters and checks agree ---------------------------------------------------------------------------
@@ -365,7 +364,7 @@ def test_predict_on_an_empty_image_or_a_tensor_says_what_it_takes():
 def test_the_yaml_a_run_reads_back_is_bounded_and_a_refusal_names_the_file(tmp_path):
     """Aliases (a few hundred bytes that expand to gigabytes) and files over 1 MiB are refused unread by every
     reader of the kit's YAML: --hyp, data.yaml, state.yaml (runs(): a damaged row, tests/test_experiments.py)."""
-    from yolo9kit.config.hyp import read_hyp
+    from yolo9kit.config.recipe import read_hyp
     from yolo9kit.data import load_data_config
     from yolo9kit.files import RecordError
     from yolo9kit.train.records import read_state, write_state

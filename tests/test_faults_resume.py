@@ -14,11 +14,11 @@ import torch
 from conftest import REPO
 from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
-from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.cli import main
 from yolo9kit.config import TrainConfig
 from yolo9kit.env import memory_limits
-from yolo9kit.train import fit
+from yolo9kit.models.checkpoint import read_checkpoint
+from yolo9kit.train.fit import fit
 from yolo9kit.train.guards import NonFiniteWeightsError
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -134,12 +134,13 @@ def test_a_run_stopped_during_its_last_validation_is_validated_by_its_resume(tmp
 def test_batches_whose_boxes_no_anchor_holds_are_named(caplog):
     """At 32 pixels a box of a tenth of the image holds no anchor point of any level: the batch trains on
     background only, and the epoch says so once."""
-    from yolo9kit.models import build_model
-    from yolo9kit.train import build_trainer, train_one_epoch
+    from yolo9kit.models import create_model
+    from yolo9kit.train.loop import train_one_epoch
     from yolo9kit.train.state import Progress
+    from yolo9kit.train.step import build_trainer
 
     torch.manual_seed(0)
-    model = build_model("yolov9-t", num_classes=1)
+    model = create_model("yolov9-t", num_classes=1)
     config = TrainConfig(epochs=1, batch_size=2, imgsz=32, amp="off", device="cpu", warmup_epochs=0.0,
                          warmup_min_batches=0)
     trainer = build_trainer(model, config)
@@ -218,7 +219,7 @@ def test_a_run_with_batch_auto_that_fails_at_once_leaves_no_folder(tmp_path):
     """The automatic batch's record (auto_batch.json) goes with the folder of a run that fails before its
     first checkpoint: nothing is left behind."""
     from yolo9kit.data import make_shapes
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
 
     data = make_shapes(tmp_path / "shapes", n_train=2, n_val=1, imgsz=64)
 
@@ -231,6 +232,6 @@ def test_a_run_with_batch_auto_that_fails_at_once_leaves_no_folder(tmp_path):
 
     config = _config(tmp_path, epochs=1, batch_size="auto", accumulate_steps=None, imgsz=64, workers=0)
     with pytest.raises(ValueError, match="could not be read"):
-        fit(build_model("yolov9-t", num_classes=4), data, config, train_loader=BrokenLoader(),
+        fit(create_model("yolov9-t", num_classes=4), data, config, train_loader=BrokenLoader(),
             validate_fn=lambda model: {})
     assert not (tmp_path / "runs").exists()

@@ -26,14 +26,13 @@ import torch
 from conftest import REPO
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
-from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
 from yolo9kit.files import DiskFullError
-from yolo9kit.train import fit
+from yolo9kit.models.checkpoint import read_checkpoint
+from yolo9kit.train import records, state
+from yolo9kit.train.fit import fit
 from yolo9kit.train.records import read_state
 
-# the module (the package's ``fit`` attribute is the function: the module is reached through sys.modules)
-fit_module = sys.modules["yolo9kit.train.fit"]
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 DEAD_PID = 4_194_305  # above Linux's largest pid_max: no process has it
@@ -98,7 +97,7 @@ def _files(folder):
 def _kill_at(monkeypatch, target, epoch):
     """Die like a killed process when epoch ``epoch`` writes ``target`` (a checkpoint name or results.csv),
     leaving the temporary file of a write that was cut short."""
-    save, append = fit_module.save_training_checkpoint, fit_module.append_results
+    save, append = state.save_training_checkpoint, records.append_results
 
     def dying_save(path, trainer, progress, *args, **kwargs):
         if path.name == target and progress.epoch == epoch + 1:
@@ -112,8 +111,8 @@ def _kill_at(monkeypatch, target, epoch):
             raise _Killed
         return append(path, record)
 
-    monkeypatch.setattr(fit_module, "save_training_checkpoint", dying_save)
-    monkeypatch.setattr(fit_module, "append_results", dying_append)
+    monkeypatch.setattr(state, "save_training_checkpoint", dying_save)
+    monkeypatch.setattr(records, "append_results", dying_append)
 
 
 @pytest.mark.parametrize("target", ["best.pt", "last.pt", "results.csv"])
@@ -191,8 +190,6 @@ def test_a_disk_that_fills_during_a_save_keeps_every_file_written_before(tmp_pat
 
 
 def test_a_failed_results_append_leaves_the_file_as_it_was(tmp_path, monkeypatch):
-    import yolo9kit.train.records as records
-
     result = _fit(_config(tmp_path, epochs=1))
     path = result.save_dir / "results.csv"
     before = path.read_bytes()
@@ -281,14 +278,14 @@ def test_a_signal_during_validation_saves_the_epoch_without_metrics(tmp_path):
 def test_a_signal_while_checkpoints_are_written_waits_for_them(tmp_path, monkeypatch):
     """Ctrl-C while best.pt of epoch 0 is written: best.pt, last.pt and the row are all written, then the run
     stops."""
-    save = fit_module.save_training_checkpoint
+    save = state.save_training_checkpoint
 
     def save_and_ctrl_c(path, *args, **kwargs):
         if path.name == "best.pt":
             os.kill(os.getpid(), signal.SIGINT)
         return save(path, *args, **kwargs)
 
-    monkeypatch.setattr(fit_module, "save_training_checkpoint", save_and_ctrl_c)
+    monkeypatch.setattr(state, "save_training_checkpoint", save_and_ctrl_c)
     result = _fit(_config(tmp_path, epochs=3))
     assert result.interrupted_by == "SIGINT" and result.epochs_completed == 1
     assert _epochs_in_csv(result.save_dir) == ["0"]
@@ -313,11 +310,11 @@ def test_cli_exit_status_says_how_the_run_ended(tmp_path, monkeypatch, capsys):
     parser = argparse.ArgumentParser()
     train_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["train", "--data", "d.yaml", "--project", str(tmp_path)])
-    monkeypatch.setattr("yolo9kit.zoo.create_model", lambda *a, **k: ToyNet())
-    monkeypatch.setattr("yolo9kit.train.inputs.class_names", lambda *a, **k: ["thing"])  # no data.yaml read
+    monkeypatch.setattr(train_cli, "create_model", lambda *a, **k: ToyNet())
+    monkeypatch.setattr(train_cli, "class_names", lambda *a, **k: ["thing"])  # no data.yaml read
     for by, code in ((None, 0), ("SIGINT", 130), ("SIGTERM", 143), ("KeyboardInterrupt", 130)):
         result = FitResult(ToyNet(), None, tmp_path, 1, 0.0, -1, interrupted=by is not None, interrupted_by=by)
-        monkeypatch.setattr("yolo9kit.train.fit", lambda *a, result=result, **k: result)
+        monkeypatch.setattr(train_cli, "fit", lambda *a, result=result, **k: result)
         assert train_cli.run(args) == code, by
         if by:
             assert f"interrupted by {by}" in capsys.readouterr().out
@@ -335,13 +332,13 @@ def test_resume_refuses_settings_that_cannot_change(tmp_path):
 def test_cli_resume_refuses_fixed_flags_and_takes_epochs(tmp_path):
     import argparse
 
-    from yolo9kit.checkpoint import save_checkpoint
     from yolo9kit.cli import train as train_cli
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
+    from yolo9kit.models.checkpoint import save_checkpoint
     from yolo9kit.train.state import Progress
 
     saved = TrainConfig(epochs=2, batch_size=4, imgsz=64, device="cpu", seed=5).to_dict()
-    last = save_checkpoint(tmp_path / "run" / "weights" / "last.pt", build_model("gelan-t", num_classes=2),
+    last = save_checkpoint(tmp_path / "run" / "weights" / "last.pt", create_model("gelan-t", num_classes=2),
                            train_config=saved, progress=Progress(epoch=2).to_dict(), data=str(tmp_path / "d.yaml"))
     parser = argparse.ArgumentParser()
     train_cli.add_parser(parser.add_subparsers())

@@ -21,19 +21,16 @@ PACKAGE = "yolo9kit"
 # Bottom to top. A module may import from its own layer and the layers below it. The longest matching
 # prefix decides a module's layer; the bare package name matches only the top-level __init__.
 LAYERS: list[tuple[str, list[str]]] = [
-    # helpers with no kit dependencies: environment and devices, box formats, COCO ids, the inline matplotlib
-    # figure, crash-safe file writes and byte counts for people
-    ("base", ["yolo9kit.cpu", "yolo9kit.env", "yolo9kit.boxes", "yolo9kit.coco", "yolo9kit.figure", "yolo9kit.files"]),
+    # helpers with no kit dependencies: environment and devices, box formats, crash-safe file writes and byte
+    # counts for people
+    ("base", ["yolo9kit.env", "yolo9kit.boxes", "yolo9kit.files"]),
     # settings as plain data
     ("settings", ["yolo9kit.config"]),
-    # the networks, the datasets and the tensor maths both sides share
-    ("models and data", ["yolo9kit.models", "yolo9kit.data", "yolo9kit.metrics", "yolo9kit.ops",
-                         "yolo9kit.assigner"]),
-    # what training and inference produce and store, and the figures of those result types
-    # (and the weights that ship with the kit, loaded through the checkpoint module)
-    ("loss, checkpoints, results", ["yolo9kit.loss", "yolo9kit.checkpoint", "yolo9kit.zoo", "yolo9kit.pretrained",
-                                    "yolo9kit.detections", "yolo9kit.plots.metrics", "yolo9kit.plots.batch",
-                                    "yolo9kit.plots.results"]),
+    # the networks (with their weights files: the kit's checkpoints, official ones, the shipped model), the
+    # datasets and the tensor maths both sides share
+    ("models and data", ["yolo9kit.models", "yolo9kit.data", "yolo9kit.metrics", "yolo9kit.assigner"]),
+    # what training and inference produce, and the figures of those result types, built outside pyplot
+    ("loss and results", ["yolo9kit.loss", "yolo9kit.detections", "yolo9kit.figure"]),
     # validation of a model on a dataset
     ("evaluation", ["yolo9kit.validate"]),
     # one training step (its micro-steps, the optimizer step, the EMA, the out-of-memory back-off), its
@@ -50,8 +47,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("GPU self-check", ["yolo9kit.gpu_check"]),
     # prediction on images and videos, and the deployed model as an ONNX file: nothing below imports them
     ("inference", ["yolo9kit.prediction", "yolo9kit.export_onnx"]),
-    # figures of training runs and memory, and the plots package that re-exports every figure
-    ("plots of training and memory", ["yolo9kit.plots.memory", "yolo9kit.plots.train", "yolo9kit.plots"]),
+    # figures of training runs and memory, in the plots module that also re-exports every figure below
+    ("plots of training and memory", ["yolo9kit.plots"]),
     # notebook widgets
     ("widgets", ["yolo9kit.widgets"]),
     # the command line, the package's public face, and what only a notebook uses (the verdicts of claims
@@ -145,17 +142,17 @@ def test_the_parser_sees_lazy_imports_and_skips_type_checking():
     source = """from yolo9kit.models import layers, create_model
 import yolo9kit.boxes as B
 if TYPE_CHECKING:
-    from yolo9kit.train import fit
+    from yolo9kit.train.fit import fit
 else:
-    from yolo9kit.coco import COCO80_TO_91
+    from yolo9kit.metrics import COCO80_TO_COCO91
 def f():
     from yolo9kit.loss import DetectionLoss
 """
     found = imports_in("yolo9kit.config", source)
     assert found == [(1, "yolo9kit.models.layers"), (1, "yolo9kit.models"), (2, "yolo9kit.boxes"),
-                     (6, "yolo9kit.coco"), (8, "yolo9kit.loss")]
+                     (6, "yolo9kit.metrics"), (8, "yolo9kit.loss")]
     assert [t for _, t in imports_in("yolo9kit.config", source, eager_only=True)] == [
-        "yolo9kit.models.layers", "yolo9kit.models", "yolo9kit.boxes", "yolo9kit.coco"]
+        "yolo9kit.models.layers", "yolo9kit.models", "yolo9kit.boxes", "yolo9kit.metrics"]
 
 
 def test_imports_point_down():

@@ -22,8 +22,8 @@ import pytest
 from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.pretrained import SHAPES_WEIGHTS
-from yolo9kit.train import fit
+from yolo9kit.models.checkpoint import SHAPES_WEIGHTS
+from yolo9kit.train.fit import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -196,6 +196,16 @@ def test_a_local_mlflow_store_by_default_and_a_missing_package_stops_before_trai
     with pytest.raises(ValueError, match=r"tensorboard needs the tensorboard package: pip install 'yolo9kit\["):
         _toy_fit(tmp_path / "runs", "missing", loggers=("tensorboard",))
     assert not (tmp_path / "runs" / "missing").exists()  # a failed start leaves nothing behind
+
+
+def test_a_logger_without_an_entry_point_is_refused_naming_its_extra(tmp_path, monkeypatch):
+    """fit finds the loggers among the entry points of the group yolo9kit.loggers, by their names."""
+    from yolo9kit.train import rundir
+
+    monkeypatch.setattr(rundir, "entry_points", lambda group: [])
+    with pytest.raises(ValueError, match=r"mlflow needs the mlflow package: pip install 'yolo9kit\[mlflow\]'"):
+        _toy_fit(tmp_path / "runs", "unlisted", loggers=("mlflow",))
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
 
 
 def test_a_local_mlflow_store_without_room_for_the_weights_gets_none(tmp_path, caplog, monkeypatch):

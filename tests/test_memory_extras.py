@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -106,16 +105,13 @@ def test_calibration_file_checks(tmp_path):
 
 
 def test_profile_cli_parses_and_rejects_unknown_gpu(capsys):
-    from yolo9kit.cli import profile
+    from yolo9kit.cli import build_parser, main
 
-    parser = argparse.ArgumentParser()
-    profile.add_parser(parser.add_subparsers())
+    parser = build_parser()
     args = parser.parse_args(["profile", "--model", "yolov9-t", "--batch-size", "8", "16", "--amp", "fp16", "bf16",
                               "--gpu", "GTX 9999", "--activation-checkpointing", "1,2,3", "--nominal-batch-size", "64"])
     assert args.batch_size == [8, 16] and args.amp == ["fp16", "bf16"] and args.nominal_batch_size == 64
     assert args.activation_checkpointing == [1, 2, 3] and args.channels_last is None
-    from yolo9kit.cli import main
-
     assert main(["profile", "--model", "yolov9-t", "--gpu", "GTX 9999"]) == 2
     assert "unknown GPU" in capsys.readouterr().err
     other = parser.parse_args(["profile", "--activation-checkpointing", "all", "--nominal-batch-size", "32",
@@ -126,13 +122,11 @@ def test_profile_cli_parses_and_rejects_unknown_gpu(capsys):
 
 @pytest.mark.slow
 def test_profile_cli_prints_sweep_and_plan(capsys):
-    from yolo9kit.cli import profile
+    from yolo9kit.cli import build_parser
 
-    parser = argparse.ArgumentParser()
-    profile.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["profile", "--model", "gelan-t", "--imgsz", "64", "--batch-size", "1", "2", "--gpu",
-                              "T4", "--nominal-batch-size", "4", "--method", "estimated"])
-    assert profile.run(args) == 0
+    args = build_parser().parse_args(["profile", "--model", "gelan-t", "--imgsz", "64", "--batch-size", "1", "2",
+                                      "--gpu", "T4", "--nominal-batch-size", "4", "--method", "estimated"])
+    assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "peak_reserved_gib" in out and "recommended: batch 4 x accumulate 1" in out
 

@@ -62,19 +62,19 @@ def test_the_described_step_is_the_step_fit_builds(switches):
 
     from yolo9kit.config import TrainConfig
     from yolo9kit.memory.tracer import synthetic_batch, trace_real_step
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.train.step import build_trainer, describe_step, train_step
 
     on = switches == "cuda defaults"
     config = TrainConfig(batch_size=2, imgsz=64, amp="off", device="cpu", channels_last=on, lean_activations=on,
                          fused_optimizer=on)
     cpu = torch.device("cpu")
-    step = describe_step(config, build_model("yolov9-t"), cpu)
+    step = describe_step(config, create_model("yolov9-t"), cpu)
     assert (step.channels_last, step.lean_activations, step.fused_optimizer) == (on,) * 3
     est = StepEstimator(dataclasses.replace(step, model="yolov9-t", num_targets=4, num_classes=80))
     for b in (2, 4):
         torch.manual_seed(0)
-        model = build_model("yolov9-t")
+        model = create_model("yolov9-t")
         trainer = build_trainer(model, dataclasses.replace(config, batch_size=b), device=cpu)
         assert trainer.step == dataclasses.replace(step, batch_size=b, model=model)
         assert trainer.channels_last == on

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from yolo9kit.models import DualOutput, LayerTableError, build_model, list_models, load_model_config, to_deploy
+from yolo9kit.models import DualOutput, LayerTableError, create_model, list_models, load_model_config, to_deploy
 from yolo9kit.models.deploy import deploy_config
 
 # parameter counts of the official models (nc = 80), as the official models/yolo.py builds them
@@ -42,7 +42,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def gelan_t():
     """A fresh gelan-t shared by the tests that only read it."""
-    return build_model("gelan-t")
+    return create_model("gelan-t")
 
 
 def test_registry_lists_the_ten_models():
@@ -52,7 +52,7 @@ def test_registry_lists_the_ten_models():
 @pytest.mark.parametrize("name", list_models())
 def test_model_builds_trains_and_deploys(name):
     torch.manual_seed(0)
-    model = build_model(name)
+    model = create_model(name)
     assert sum(p.numel() for p in model.parameters()) == OFFICIAL_PARAMS[name]
     assert model.is_dual == name.startswith("yolov9") and model.nc == 80 and len(model.names) == 80
     assert model.stride.tolist() == [8.0, 16.0, 32.0] and model.head.stride.tolist() == [8.0, 16.0, 32.0]
@@ -101,14 +101,14 @@ def test_build_conventions(gelan_t):
 
 
 def test_num_classes_and_names():
-    model = build_model("gelan-t", names={0: "cat", 1: "dog"}, activation_checkpointing="backbone")
+    model = create_model("gelan-t", names={0: "cat", 1: "dog"}, activation_checkpointing="backbone")
     assert model.activation_checkpointing == list(range(9))
     assert model.nc == 2 and model.names == ["cat", "dog"] and model.head.no == 66
     assert model.yaml["nc"] == 2
     with torch.no_grad():
         assert model.eval()(torch.rand(1, 3, 64, 96)).main.shape == (1, 6, 8 * 12 + 4 * 6 + 2 * 3)
     with pytest.raises(ValueError, match="2 class names"):
-        build_model("gelan-t", 3, names=["a", "b"])
+        create_model("gelan-t", 3, names=["a", "b"])
 
 
 @pytest.mark.parametrize("shape, match", [
@@ -133,7 +133,7 @@ def test_custom_yaml_path_and_width_rule(tmp_path):
     cfg = _tiny_cfg(width_multiple=0.5, nc=3)
     path = tmp_path / "half.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    model = build_model(path)
+    model = create_model(path)
     assert model.nc == 3 and model.name == "half"
     assert model.model[0].conv.out_channels == 8  # ceil(16 * 0.5 / 8) * 8
     assert model.model[2].cv4.conv.out_channels == 16  # only args[0] is scaled; hidden widths are verbatim
@@ -141,7 +141,7 @@ def test_custom_yaml_path_and_width_rule(tmp_path):
     # rounding to a multiple of 8 even at width 1.0: AConv [180] -> 184 (gelan-m layer 16)
     cfg = _tiny_cfg()
     cfg["head"][7] = [-1, 1, "AConv", [180]]
-    assert build_model(cfg).model[16].cv1.conv.out_channels == 184
+    assert create_model(cfg).model[16].cv1.conv.out_channels == 184
 
 
 def test_unknown_module_names_the_row(tmp_path):
@@ -150,7 +150,7 @@ def test_unknown_module_names_the_row(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
     with pytest.raises(LayerTableError, match=r"bad\.yaml: layer 12 \(head row 3\).*unknown module 'FancyBlock'"):
-        build_model(path)
+        create_model(path)
 
 
 @pytest.mark.parametrize("row, match", [
@@ -163,25 +163,25 @@ def test_bad_rows_name_the_row(row, match):
     cfg = _tiny_cfg()
     cfg["head"][3] = row
     with pytest.raises(LayerTableError, match=match):
-        build_model(cfg)
+        create_model(cfg)
 
 
 def test_row_that_does_not_fit_its_inputs_is_named():
     cfg = _tiny_cfg()
     cfg["head"][2] = [[-1, 2], 1, "Concat", [1]]  # layer 11 concatenates 40x40 with 160x160 maps
     with pytest.raises(LayerTableError, match=r"layer 11 \(Concat, from \[-1, 2\]\)"):
-        build_model(cfg)
+        create_model(cfg)
 
 
 def test_unknown_model_name():
     with pytest.raises(ValueError, match="unknown model 'yolov9-x'.*yolov9-t"):
-        build_model("yolov9-x")
+        create_model("yolov9-x")
 
 
 def test_depth_multiple_repeats_rows():
     cfg = _tiny_cfg(depth_multiple=0.5)
     cfg["backbone"][2] = [-1, 4, "ELAN1", [32, 32, 16]]  # n = 4 -> round(4 * 0.5) = 2 copies
-    model = build_model(cfg)
+    model = create_model(cfg)
     assert isinstance(model.model[2], torch.nn.Sequential) and len(model.model[2]) == 2
 
 
@@ -202,7 +202,7 @@ def test_deploy_config_is_the_gelan_table(size):
 
 def test_activation_checkpointing_keeps_outputs_gradients_and_bn_stats():
     torch.manual_seed(0)
-    plain = build_model("gelan-t")
+    plain = create_model("gelan-t")
     ckpt = copy.deepcopy(plain)
     assert ckpt.set_activation_checkpointing("all") == [i for i in range(23) if i not in (10, 11, 13, 14, 17, 20)]
     x = torch.rand(2, 3, 64, 64)
@@ -245,16 +245,11 @@ def test_flop_count_matches_the_reference_measurement(gelan_t):
 
 
 def test_models_cli_prints_the_table(capsys):
-    import argparse
+    from yolo9kit.cli import build_parser, main
 
-    from yolo9kit.cli import models as models_cli
-
-    parser = argparse.ArgumentParser()
-    models_cli.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["models", "gelan-t", "--num-classes", "80"])
+    args = build_parser().parse_args(["models", "gelan-t", "--num-classes", "80"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "gelan-t" in out and "2,442,640" in out and "2,407,632" in out and " 9.9 " in out
-    from yolo9kit.cli import main
 
     assert main(["models", "yolov9-x"]) == 2 and "unknown model" in capsys.readouterr().err

@@ -17,8 +17,8 @@ import pytest
 import torch
 from official_parity import SMALL, first_differing_layer, init_fingerprint, rel, run_kit, seed0_state
 
-from yolo9kit.models import build_model, list_models, load_official_checkpoint, to_deploy
-from yolo9kit.models.official import OfficialCheckpointError
+from yolo9kit.models import create_model, list_models, to_deploy
+from yolo9kit.models.weights import CheckpointError
 
 TOL = 1e-4  # max abs diff / max abs value; measured agreement is about 1e-6 (docs/parity.md)
 MODELS = [name if name in SMALL else pytest.param(name, marks=pytest.mark.slow) for name in list_models()]
@@ -69,7 +69,7 @@ def _differing_entries(fx: dict, init: torch.Tensor) -> list[str]:
 def test_a_wrong_probe_fails_the_initialisation_check(load_fixture, monkeypatch):
     """The running-statistics tolerance still catches a construction error: a build whose stride probe runs
     twice (its BatchNorm statistics updated twice, the official build updates them once) fails it."""
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.models.model import DetectionModel
 
     fx = load_fixture("yolov9-t.parity.pt")
@@ -84,7 +84,7 @@ def test_a_wrong_probe_fails_the_initialisation_check(load_fixture, monkeypatch)
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        state = build_model("yolov9-t").state_dict()
+        state = create_model("yolov9-t").state_dict()
     finally:
         torch.set_num_threads(threads)
     differ = _differing_entries(fx, init_fingerprint(state))
@@ -148,15 +148,15 @@ def test_official_checkpoint_loads_and_reproduces_outputs(official_fixture, load
     """Release files (official strip_optimizer) and a training file (as train_dual.py saves it) load without
     the official code; the outputs equal the official attempt_load's (fp32, fused) on the same input."""
     ref = load_fixture("checkpoints.parity.pt")[file_name]
-    model = load_official_checkpoint(official_fixture(file_name))
-    assert not model.training and next(model.parameters()).dtype == torch.float32
+    model = create_model(official_fixture(file_name))
+    assert model.training and next(model.parameters()).dtype == torch.float32
     assert model.checkpoint_meta["entry"] == ref["entry"] == entry
     assert model.nc == ref["nc"] == 3 and model.names == ref["names"] == ["circle", "square", "triangle"]
     assert model.name == file_name.split(".")[0] and torch.equal(model.stride, ref["stride"].float())
     assert not any(m == "models" or m.startswith(("models.", "utils.")) for m in sys.modules)
     x = load_fixture("checkpoints.parity.pt")["image"].float() / 255
     with torch.no_grad():
-        out = model(x)
+        out = model.eval()(x)
     got = [out.aux, out.main] if model.is_dual else [out.main]
     assert len(got) == len(ref["eval_out"])
     for g, r in zip(got, ref["eval_out"]):
@@ -164,9 +164,9 @@ def test_official_checkpoint_loads_and_reproduces_outputs(official_fixture, load
 
 
 def test_official_checkpoint_metadata(load_fixture, official_fixture):
-    train = load_official_checkpoint(official_fixture("gelan-t-narrow.official-train.pt"))
+    train = create_model(official_fixture("gelan-t-narrow.official-train.pt"))
     assert train.checkpoint_meta["epoch"] == 3 and train.checkpoint_meta["best_fitness"] == pytest.approx(0.1)
-    release = load_official_checkpoint(official_fixture("yolov9-t-narrow.official-release.pt"))
+    release = create_model(official_fixture("yolov9-t-narrow.official-release.pt"))
     assert release.checkpoint_meta["epoch"] == -1 and release.checkpoint_meta["best_fitness"] is None
 
 
@@ -176,22 +176,14 @@ def test_official_checkpoint_rejects_bad_files(official_fixture, tmp_path):
     (tmp_path / "random.pt").write_bytes(random.Random(1).randbytes(4096))
     torch.save({"model": {"weight": torch.zeros(2)}}, tmp_path / "state_dict.pt")
     torch.save({"model": datetime.datetime(2024, 1, 1)}, tmp_path / "foreign_global.pt")
-    cases = {"truncated.pt": "truncated or corrupted", "random.pt": "truncated or corrupted",
-             "state_dict.pt": "expected the pickled official DetectionModel",
+    cases = {"truncated.pt": "truncated, corrupted", "random.pt": "truncated, corrupted",
+             "state_dict.pt": "not a yolo9kit checkpoint.*bare state_dict",
              "foreign_global.pt": r"datetime\.datetime.*refusing to unpickle"}
     for name, match in cases.items():
-        with pytest.raises(OfficialCheckpointError, match=match):
-            load_official_checkpoint(tmp_path / name)
+        with pytest.raises(CheckpointError, match=match):
+            create_model(tmp_path / name)
     with pytest.raises(FileNotFoundError):
-        load_official_checkpoint(tmp_path / "missing.pt")
-
-
-def test_official_checkpoint_hint_for_kit_checkpoint(tmp_path):
-    from yolo9kit.checkpoint import save_checkpoint
-
-    path = save_checkpoint(tmp_path / "kit.pt", build_model("gelan-t"))
-    with pytest.raises(OfficialCheckpointError, match="yolo9kit checkpoint.*load_checkpoint"):
-        load_official_checkpoint(path)
+        create_model(tmp_path / "missing.pt")
 
 
 # ------------------------------------------------------------- extra: references outside the repository
@@ -208,7 +200,7 @@ def golden(load_extra_fixture):
 
 @pytest.fixture(scope="module")
 def golden_model(golden):
-    model = build_model("yolov9-t")
+    model = create_model("yolov9-t")
     model.load_state_dict(_fp32(golden["state_dict_fp16"]), strict=True)
     return model
 
@@ -239,7 +231,7 @@ def test_extra_golden_deploy_keeps_main_output(golden, golden_model):
                                        "yolov9-t.official-train.pt"])
 def test_extra_full_size_official_checkpoints_load(extra_fixture, file_name):
     """Full-width (80-class) official files: they load strictly and run."""
-    model = load_official_checkpoint(extra_fixture(file_name))
+    model = create_model(extra_fixture(file_name)).eval()
     assert model.nc == 80 and model.names[:2] == ["0", "1"]
     with torch.no_grad():
         out = model(torch.zeros(1, 3, 64, 64))

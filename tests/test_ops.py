@@ -1,4 +1,4 @@
-"""yolo9kit.ops: NMS parity with the official outputs, equivalences, box rescaling, letterbox."""
+"""yolo9kit.detections: NMS parity with the official outputs, equivalences, box rescaling."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolo9kit.ops import non_max_suppression, scale_boxes
+from yolo9kit.detections import non_max_suppression, scale_boxes
 
 OFFICIAL_NAMES = {"conf_thres": "conf", "iou_thres": "iou"}  # official keyword -> ours
 
@@ -130,16 +130,3 @@ def test_scale_boxes_clips_to_the_image_for_tensors_and_arrays():
         out = scale_boxes((640, 640), boxes, (640, 640, 3))
         assert list(out[0, :4]) == [0, 0, 640, 640]
         assert float(out[0, 4]) == pytest.approx(0.9)  # score untouched
-
-
-def test_ops_letterbox_reexport_matches_official_cases(load_fixture):
-    from yolo9kit.ops import letterbox
-
-    for case in load_fixture("ops.parity.pt")["letterbox"]:
-        kwargs = dict(case["kwargs"])
-        if "scaleFill" in kwargs:  # the official keyword
-            kwargs["scale_fill"] = kwargs.pop("scaleFill")
-        image, ratio, pad = letterbox(case["input"].numpy(), **kwargs)
-        assert np.array_equal(image, case["out"].numpy())
-        assert tuple(ratio) == pytest.approx(tuple(case["ratio"]))
-        assert tuple(pad) == pytest.approx(tuple(case["pad"]))

@@ -14,9 +14,9 @@ import torch
 
 from yolo9kit.config import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
 from yolo9kit.data import create_dataloader, make_shapes
-from yolo9kit.models import build_model
-from yolo9kit.models.inference import prepare_model, resolve_half
-from yolo9kit.ops import non_max_suppression
+from yolo9kit.detections import non_max_suppression
+from yolo9kit.models import create_model
+from yolo9kit.models.deploy import prepare_model, resolve_half
 from yolo9kit.prediction import predict
 from yolo9kit.validate import evaluate
 
@@ -29,7 +29,7 @@ OLD_LOADER = {"pin_memory", "prefetch_factor", "cache_budget", "close_mosaic"}
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    model = build_model("gelan-t", num_classes=3).eval()
+    model = create_model("gelan-t", num_classes=3).eval()
     for conv in model.head.cv3:  # class scores high enough to give detections at conf 0.5
         torch.nn.init.constant_(conv[-1].bias, 2.0)
     return model
@@ -80,7 +80,7 @@ def test_the_old_flat_keywords_are_refused(model, image, shapes):
              lambda: create_dataloader(shapes, "train", imgsz=64, pin_memory=False),
              lambda: non_max_suppression(torch.zeros(1, 7, 1), conf_thres=0.3),
              lambda: make_shapes("unused", image_size=64),
-             lambda: build_model("yolov9-t", checkpoint="all")]
+             lambda: create_model("yolov9-t", checkpoint="all")]
     for call in calls:
         with pytest.raises(TypeError, match="unexpected keyword argument"):
             call()
@@ -105,7 +105,7 @@ def test_half_auto_resolves_per_device():
 
 
 def test_prepare_model_never_moves_or_casts_the_callers_model(model):
-    caller = build_model("gelan-t", num_classes=3).train()
+    caller = create_model("gelan-t", num_classes=3).train()
     moved = prepare_model(caller, torch.device("meta"), half=False)  # another device, without needing CUDA
     assert moved is not caller and next(moved.parameters()).device.type == "meta"
     cast = prepare_model(caller, torch.device("cpu"), half=True)
@@ -138,21 +138,17 @@ def test_evaluate_takes_the_trainer_s_bool_half(model, shapes):
 
 
 def test_cli_half_flags_default_to_auto():
-    import argparse
+    from yolo9kit.cli import build_parser
 
-    from yolo9kit.cli import detect, val
-
-    for module, required in ((detect, ["--weights", "w", "--source", "s"]), (val, ["--weights", "w", "--data", "d"])):
-        parser = argparse.ArgumentParser()
-        module.add_parser(parser.add_subparsers())
-        name = module.__name__.rsplit(".", 1)[1]
+    parser = build_parser()
+    for name, required in (("detect", ["--weights", "w", "--source", "s"]), ("val", ["--weights", "w", "--data", "d"])):
         assert parser.parse_args([name, *required]).half == "auto"
         assert parser.parse_args([name, *required, "--half"]).half is True
         assert parser.parse_args([name, *required, "--no-half"]).half is False
 
 
 def test_validation_and_training_do_not_import_the_prediction_module():
-    code = ("import sys, yolo9kit.validate, yolo9kit.train, yolo9kit.train.fit, yolo9kit.checkpoint; "
+    code = ("import sys, yolo9kit.validate, yolo9kit.train, yolo9kit.train.fit, yolo9kit.models.checkpoint; "
             "print('yolo9kit.prediction' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

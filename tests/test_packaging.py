@@ -97,7 +97,7 @@ def test_installs_from_a_built_wheel_with_its_data_files(tmp_path):
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = next((tmp_path / "dist").glob("yolo9kit-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for folder, suffix in (("models/cfg/", ".yaml"), ("memory_calibration/", ".json"), ("pretrained/", ".pt")):
+    for folder, suffix in (("models/cfg/", ".yaml"), ("memory_calibration/", ".json"), ("models/", ".pt")):
         assert any(n.startswith(f"yolo9kit/{folder}") and n.endswith(suffix) for n in names), (
             f"{wheel.name} has no yolo9kit/{folder}*{suffix}")
 

@@ -9,14 +9,14 @@ import numpy as np
 import torch
 
 from yolo9kit.config import NMSConfig
-from yolo9kit.models import build_model
+from yolo9kit.models import create_model
 from yolo9kit.models.deploy import deploy_for_inference
 from yolo9kit.prediction import predict
 
 
 def _model():
     torch.manual_seed(0)
-    model = build_model("yolov9-t", num_classes=3).eval()
+    model = create_model("yolov9-t", num_classes=3).eval()
     head = model.head
     for conv in (*head.cv3, *head.cv5):  # make class scores high enough to give detections
         torch.nn.init.constant_(conv[-1].bias, 2.0)

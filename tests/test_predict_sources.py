@@ -17,9 +17,10 @@ import pytest
 from yolo9kit.cli import main
 from yolo9kit.config import SaveConfig
 from yolo9kit.data import make_shapes
-from yolo9kit.data.media import VideoReader, expand_sources, write_video
+from yolo9kit.data.sources import VideoReader, expand_sources, write_video
+from yolo9kit.models import create_model
+from yolo9kit.models.checkpoint import SHAPES_IMGSZ, SHAPES_MODEL, SHAPES_WEIGHTS
 from yolo9kit.prediction import predict
-from yolo9kit.pretrained import SHAPES_IMGSZ, SHAPES_WEIGHTS, shapes_model
 
 FRAMES = 6
 WIDTH, HEIGHT = 96, 64  # not square: the written video keeps the source's width and height
@@ -27,7 +28,7 @@ WIDTH, HEIGHT = 96, 64  # not square: the written video keeps the source's width
 
 @pytest.fixture(scope="module")
 def model():
-    return shapes_model()
+    return create_model(SHAPES_MODEL).eval()
 
 
 @pytest.fixture(scope="module")

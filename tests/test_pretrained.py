@@ -1,5 +1,5 @@
-"""The shipped shapes model (yolo9kit/pretrained): it loads, it finds the shapes of images it never saw, the
-notebooks' viewer draws its boxes, and the script that made it writes a loadable checkpoint."""
+"""The shipped shapes model (yolo9kit/models/yolov9-t-shapes.pt): it loads, it finds the shapes of images it
+never saw, the notebooks' viewer draws its boxes, and the script that made it writes a loadable checkpoint."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import torch
 from conftest import REPO
 
 from yolo9kit.boxes import box_iou, cxcywh_to_xyxy
-from yolo9kit.checkpoint import load_checkpoint, read_checkpoint
-from yolo9kit.pretrained import SHAPES_CLASSES, SHAPES_IMGSZ, SHAPES_WEIGHTS, shapes_model
+from yolo9kit.models import create_model
+from yolo9kit.models.checkpoint import SHAPES_CLASSES, SHAPES_IMGSZ, SHAPES_MODEL, SHAPES_WEIGHTS, read_checkpoint
 
 FOUND_IOU = 0.5  # a labelled object counts as found when a box of its class overlaps it this much
 
 
 @pytest.fixture(scope="module")
 def model():
-    return shapes_model()
+    return create_model(SHAPES_MODEL).eval()
 
 
 def _labels(image: str, h: int, w: int) -> tuple[np.ndarray, torch.Tensor]:
@@ -46,8 +46,8 @@ def test_shipped_file_is_a_small_fp16_kit_checkpoint_of_a_dual_head_yolov9_t():
     assert floats and all(t.dtype == torch.float16 for t in floats)
     assert ckpt["imgsz"] == SHAPES_IMGSZ and "make_shapes_model.py" in ckpt["command"]
     assert all(0.0 < v <= 1.0 for v in ckpt["map50"].values())
-    model = load_checkpoint(SHAPES_WEIGHTS)
-    assert next(model.parameters()).dtype == torch.float32 and not model.training
+    model = create_model(SHAPES_WEIGHTS)
+    assert next(model.parameters()).dtype == torch.float32
     assert tuple(model.names) == SHAPES_CLASSES and model.is_dual
 
 
@@ -55,7 +55,7 @@ def test_shapes_model_is_packaged_and_not_ignored_by_git():
     import tomllib
 
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["yolo9kit"]
-    assert "pretrained/*.pt" in data
+    assert "models/*.pt" in data
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout: cannot ask git whether the weights file is ignored")
     ignored = subprocess.run(["git", "check-ignore", "-q", str(SHAPES_WEIGHTS)], cwd=REPO)
@@ -104,7 +104,7 @@ def test_maker_quick_mode_writes_a_loadable_fp16_checkpoint(tmp_path):
     ckpt = read_checkpoint(out)
     assert ckpt["imgsz"] == 64 and len(ckpt["map50"]) == 2
     assert all(t.dtype == torch.float16 for t in ckpt["model"].values() if t.is_floating_point())
-    model = load_checkpoint(out)
+    model = create_model(out).eval()
     assert tuple(model.names) == SHAPES_CLASSES and model.is_dual
     with torch.no_grad():
         assert torch.isfinite(model(torch.rand(1, 3, 64, 64)).main).all()

@@ -75,7 +75,7 @@ def test_create_model_and_fit_twice_in_two_processes_give_the_same_losses(tmp_pa
 def test_fit_seeds_repeats_a_run_with_other_seeds_and_gives_their_spread(tmp_path):
     from yolo9kit.config import TrainConfig
     from yolo9kit.data import make_shapes
-    from yolo9kit.train import fit_seeds
+    from yolo9kit.train.seeds import fit_seeds
 
     data = make_shapes(tmp_path / "data", n_train=8, n_val=2, imgsz=64, num_classes=3, seed=5)
     config = TrainConfig(epochs=1, batch_size=4, imgsz=64, device="cpu", workers=0, project=str(tmp_path),
@@ -100,7 +100,7 @@ def test_fit_seeds_refuses_a_module_and_repeated_seeds():
 
     from yolo9kit import create_model
     from yolo9kit.config import TrainConfig
-    from yolo9kit.train import fit_seeds
+    from yolo9kit.train.seeds import fit_seeds
 
     with pytest.raises(TypeError, match="model name or file"):
         fit_seeds(create_model("yolov9-t", 3), None, TrainConfig())

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from yolo9kit.detections import Prediction
+from yolo9kit.figure import plot_validation
 from yolo9kit.metrics import ConfusionMatrix
-from yolo9kit.plots.metrics import plot_validation
 
 NAMES = ["rectangle", "ellipse", "triangle"]
 

@@ -1,4 +1,4 @@
-"""Each training setting is declared once (config.declare): the train command's flags, their checks and the
+"""Each training setting is declared once (config.step.declare): the train command's flags, their checks and the
 resume rules are read from the declarations, so they cannot drift from TrainConfig."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 
 from yolo9kit.cli import train as train_cli
 from yolo9kit.config import LossConfig, OptimConfig, PipelineConfig, RunConfig, StepConfig, TrainConfig
-from yolo9kit.config.declare import CHANGE, KEEP, RUN, Declared, declarations
+from yolo9kit.config.step import CHANGE, KEEP, RUN, Declared, settings
 from yolo9kit.train.rundir import FIXED_ON_RESUME
 
-DECLARED = declarations(TrainConfig)
+DECLARED = {name: (f, declared) for name, (_, f, declared) in settings(TrainConfig).items()}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,7 +104,7 @@ def test_a_resume_refuses_each_kept_flag_and_takes_each_changeable_one():
         value = {"--batch-size": "8", "--gpu": "H100", "--freeze": "3", "--amp": "off", "--optimizer": "AdamW",
                  "--device": "cpu", "--cache": "disk", "--compile": "max-autotune", "--name": "other",
                  "--activation-checkpointing": "all", "--imgsz": "320", "--margin": "0.3",
-                 "--label-smoothing": "0.1", "--recipe": "short", "--loggers": "mlflow"}.get(declared.flag, "5")
+                 "--recipe": "short", "--loggers": "mlflow"}.get(declared.flag, "5")
         is_switch = _train_actions()[name].nargs == 0
         argv = ["train", "--resume", "x", declared.flag] + ([] if is_switch else [value])
         args = _parser().parse_args(argv)
@@ -140,15 +140,14 @@ def test_a_whole_part_may_be_given_and_the_names_beside_it_apply_on_top():
         TrainConfig(step=step)  # the default batch of 16 cannot hold micro-batches of 32
 
 
-def test_a_checkpoint_holds_every_setting_by_name_and_older_ones_still_load():
+def test_a_checkpoint_holds_every_setting_by_name_and_unknown_ones_are_ignored():
     config = TrainConfig(epochs=7, freeze=[0, 1], activation_checkpointing=[2, 3], hyp={"mosaic": 0.5},
                          loss=LossConfig(box_gain=5.0))
     saved = config.to_dict()
     assert set(saved) == set(DECLARED) - {"callbacks"}
     assert saved["freeze"] == [0, 1] and saved["micro_batch_size"] is None and saved["loss"]["box_gain"] == 5.0
     assert TrainConfig.from_dict(saved) == config
-    older = {**TrainConfig().to_dict(), "loss": None, "retired_setting": 1}  # loss None: the official gains
-    assert TrainConfig.from_dict(older) == TrainConfig()
+    assert TrainConfig.from_dict({**TrainConfig().to_dict(), "retired_setting": 1}) == TrainConfig()
 
 
 def test_the_memory_tools_take_the_training_configs_step():

@@ -58,13 +58,12 @@ def test_config_round_trip():
 
 def test_create_model_for_the_data_transfers_weights(tmp_path, caplog):
     from yolo9kit import create_model
-    from yolo9kit.checkpoint import save_checkpoint
     from yolo9kit.data import make_shapes
-    from yolo9kit.models import build_model
-    from yolo9kit.train import class_names
+    from yolo9kit.models.checkpoint import save_checkpoint
+    from yolo9kit.train.rundir import class_names
 
     data = make_shapes(tmp_path / "d", n_train=2, n_val=1, imgsz=64, num_classes=3)
-    source = build_model("gelan-t", num_classes=5)
+    source = create_model("gelan-t", num_classes=5)
     ckpt = save_checkpoint(tmp_path / "src.pt", source)
     with caplog.at_level("INFO"):
         model = create_model("gelan-t", names=class_names(data), weights=ckpt)
@@ -105,8 +104,8 @@ def test_plots(tmp_path):
 
 
 def test_cli_trains_and_resumes(tmp_path, capsys):
-    from yolo9kit.checkpoint import read_checkpoint
     from yolo9kit.data import make_shapes
+    from yolo9kit.models.checkpoint import read_checkpoint
 
     data = make_shapes(tmp_path / "d", n_train=4, n_val=2, imgsz=64, num_classes=2)
     common = ["--project", str(tmp_path / "runs"), "--name", "cli", "--workers", "0", "--device", "cpu"]

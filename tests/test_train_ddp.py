@@ -16,7 +16,7 @@ import torch.distributed as dist
 from train_toys import ToyNet, make_batches, one_thread, rebatch, spawn_ranks, toy_loss
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import fit
+from yolo9kit.train.fit import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

@@ -11,10 +11,11 @@ import torch
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.models import build_model
-from yolo9kit.train import build_trainer, train_one_epoch, train_step
+from yolo9kit.models import create_model
 from yolo9kit.train.guards import NonFiniteLossError
+from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.state import Progress
+from yolo9kit.train.step import build_trainer, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -53,8 +54,6 @@ def test_defaults_are_fast_on_cuda_channels_last_on_the_cpu_and_explicit_values_
              for dev, bf16 in (("cpu", True), ("cpu", False), ("cuda", True), ("cuda", False))}
     assert steps == {("cpu", True): "off", ("cpu", False): "off", ("cuda", True): "bf16",
                      ("cuda", False): "fp16"}  # amp="auto"
-    with pytest.raises(ValueError, match="log_interval"):
-        TrainConfig(log_interval=0)
 
 
 def _trajectory(base, batches, switches: dict, lr0: float = 0.001):
@@ -70,7 +69,7 @@ def _trajectory(base, batches, switches: dict, lr0: float = 0.001):
 @pytest.fixture(scope="module")
 def yolov9_t():
     torch.manual_seed(0)
-    return build_model("yolov9-t", num_classes=4), _detection_batches(6, 2, 96)
+    return create_model("yolov9-t", num_classes=4), _detection_batches(6, 2, 96)
 
 
 def test_fused_step_gives_the_same_loss_trajectory_as_the_plain_step(yolov9_t):
@@ -98,11 +97,13 @@ def test_full_fast_step_follows_the_plain_trajectory(yolov9_t):
     assert relative.max() < 0.01, relative
 
 
-def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses():
-    """The losses are read back every log_interval batches: the on_batch records of the fast and the plain step
+def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses(monkeypatch):
+    """The losses are read back every LOG_INTERVAL batches: the on_batch records of the fast and the plain step
     agree, and a run of non-finite losses stops with the error naming the batch."""
     batches = make_batches(8, 4)
     seen = {}
+    monkeypatch.setattr("yolo9kit.train.loop.MAX_NONFINITE_BATCHES", 3)
+    monkeypatch.setattr("yolo9kit.train.loop.LOG_INTERVAL", 3)
     for name, switches in (("plain", PLAIN), ("fast", FAST)):
         calls = {"n": 0}
 
@@ -112,8 +113,8 @@ def test_epoch_logs_the_same_values_and_stops_on_nonfinite_losses():
             return (loss * float("nan"), items * float("nan")) if calls["n"] >= 5 else (loss, items)
 
         records = []
-        config = TrainConfig(amp="off", device="cpu", batch_size=4, accumulate_steps=1, max_nonfinite_batches=3,
-                             log_interval=3, epochs=1, **switches, **NO_WARMUP)
+        config = TrainConfig(amp="off", device="cpu", batch_size=4, accumulate_steps=1, epochs=1, **switches,
+                             **NO_WARMUP)
         torch.manual_seed(0)
         trainer = build_trainer(ToyNet(), config, loss_fn=nan_from_batch_4)
         with pytest.raises(NonFiniteLossError, match="batch 7"):  # index 6, counted from 1 in the message
@@ -141,7 +142,7 @@ def test_compile_option_trains_like_eager():
 
 
 def test_config_round_trip_keeps_the_new_switches():
-    config = TrainConfig(compile="reduce-overhead", fused_optimizer=True, colour_on_device=False, log_interval=5)
+    config = TrainConfig(compile="reduce-overhead", fused_optimizer=True, colour_on_device=False)
     again = TrainConfig.from_dict(config.to_dict())
     assert dataclasses.asdict(again) == dataclasses.asdict(config)
 
@@ -151,7 +152,7 @@ def test_lean_batchnorm_silu_keeps_less_for_backward_and_gives_the_same_gradient
     from yolo9kit.models.layers import set_lean
 
     torch.manual_seed(0)
-    base = build_model("yolov9-t", num_classes=4).train()
+    base = create_model("yolov9-t", num_classes=4).train()
     (images, targets), = _detection_batches(1, 2, 128)
     x = images.float() / 255
     out = {}

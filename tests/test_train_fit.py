@@ -11,10 +11,11 @@ import torch
 import yaml
 from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
 
-from yolo9kit.checkpoint import read_checkpoint
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import BatchRecord, EpochRecord, NonFiniteLossError, fit
-from yolo9kit.train.records import RESULTS_COLUMNS
+from yolo9kit.models.checkpoint import read_checkpoint
+from yolo9kit.train.fit import fit
+from yolo9kit.train.guards import NonFiniteLossError
+from yolo9kit.train.records import RESULTS_COLUMNS, BatchRecord, EpochRecord
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -87,8 +88,10 @@ def test_a_new_run_in_an_existing_folder_writes_its_own_results_and_keeps_the_ea
 
 
 def test_callbacks_get_step_and_epoch_records_and_the_epoch_record_is_the_results_row(tmp_path):
-    steps, epochs = [], []
-    result = _fit(_config(tmp_path, callbacks={"on_batch": steps.append, "on_epoch_end": epochs.append}))
+    steps, epochs, ends = [], [], []
+    result = _fit(_config(tmp_path, callbacks={"on_batch": steps.append, "on_epoch_end": epochs.append,
+                                               "on_run_end": ends.append}))
+    assert ends == ["finished"]  # state.yaml's word, once, after the last epoch
     assert all(type(r) is BatchRecord for r in steps) and all(type(r) is EpochRecord for r in epochs)
     assert [(r.epoch, r.batch_index, r.ni) for r in steps] == [(e, i, 5 * e + i) for e in (0, 1) for i in range(5)]
     assert [r.optimizer_steps for r in steps] == [1, 2, 2, 3, 3, 4, 4, 5, 5, 6]  # steps at ni 0, 1, 3, 5, 7, 9
@@ -150,7 +153,7 @@ def test_keyboard_interrupt_saves_last(tmp_path):
         assert torch.equal(ckpt["model"][k], v)
 
 
-def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tmp_path):
+def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tmp_path, monkeypatch):
     calls = {"n": 0}
 
     def nan_after_first_epoch(outputs, targets):
@@ -158,7 +161,8 @@ def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tm
         loss, items = toy_loss(outputs, targets)
         return (loss * float("nan"), items) if calls["n"] > 5 else (loss, items)
 
-    config = _config(tmp_path, epochs=3, max_nonfinite_batches=3)
+    monkeypatch.setattr("yolo9kit.train.loop.MAX_NONFINITE_BATCHES", 3)
+    config = _config(tmp_path, epochs=3)
     with pytest.raises(NonFiniteLossError, match="3 non-finite losses in a row") as info:
         _fit(config, loss_fn=nan_after_first_epoch)
     run = tmp_path / "runs" / "exp"
@@ -169,7 +173,7 @@ def test_nonfinite_losses_stop_with_clear_error_and_keep_last_good_checkpoint(tm
 
 
 def test_a_run_whose_every_step_was_skipped_did_not_finish(tmp_path):
-    """Fewer non-finite losses than max_nonfinite_batches (dfl: 1e300 makes every one inf): an epoch that trained
+    """Fewer non-finite losses than MAX_NONFINITE_BATCHES (dfl: 1e300 makes every one inf): an epoch that trained
     nothing fails the run, naming the cause, instead of a "finished" run with an untrained best.pt."""
     calls = {"n": 0}
 

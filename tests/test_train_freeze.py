@@ -11,14 +11,15 @@ import pytest
 import torch
 from train_toys import one_thread
 
-from yolo9kit.checkpoint import read_checkpoint, save_checkpoint
-from yolo9kit.cli.flags import freeze as freeze_words
-from yolo9kit.cli.flags import freeze_token
+from yolo9kit.cli.train import freeze as freeze_words
+from yolo9kit.cli.train import freeze_token
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.models import build_model
-from yolo9kit.models.freeze import freeze_layers, frozen_layer_indices
-from yolo9kit.train import build_optimizer, build_trainer, fit, train_step
-from yolo9kit.train.step import ModelEMA
+from yolo9kit.models import create_model
+from yolo9kit.models.checkpoint import read_checkpoint, save_checkpoint
+from yolo9kit.models.model import freeze_layers, frozen_layer_indices
+from yolo9kit.train.fit import fit
+from yolo9kit.train.optim import build_optimizer
+from yolo9kit.train.step import ModelEMA, build_trainer, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -26,7 +27,7 @@ _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 @pytest.fixture(scope="module")
 def yolov9_t():
     torch.manual_seed(0)
-    return build_model("yolov9-t", num_classes=2)
+    return create_model("yolov9-t", num_classes=2)
 
 
 def _official_names(model, freeze_flag: list[int]) -> set[str]:
@@ -140,7 +141,7 @@ def test_estimate_of_the_frozen_step_is_lower_and_equals_the_traced_step():
     from yolo9kit.train.step import describe_step
 
     config = TrainConfig(batch_size=2, imgsz=64, amp="off", device="cpu", freeze="backbone")
-    step = describe_step(config, build_model("yolov9-t"), torch.device("cpu"))
+    step = describe_step(config, create_model("yolov9-t"), torch.device("cpu"))
     assert step.freeze == "backbone" and "freeze=backbone" in step.label
     step = dataclasses.replace(step, model="yolov9-t", num_targets=4, num_classes=80)
     frozen_est, full_est = StepEstimator(step), StepEstimator(dataclasses.replace(step, freeze=None))
@@ -151,7 +152,7 @@ def test_estimate_of_the_frozen_step_is_lower_and_equals_the_traced_step():
             assert frozen_parts[cat] < full_parts[cat], (b, cat)
     frozen_peak, frozen_parts = frozen_est.memory.peak(2)
     torch.manual_seed(0)
-    model = build_model("yolov9-t")
+    model = create_model("yolov9-t")
     trainer = build_trainer(model, config)
     for group in trainer.optimizer.param_groups:  # the multi-tensor kernels, CUDA's default (as the estimate)
         group["foreach"] = True
@@ -173,7 +174,7 @@ def test_fine_tuning_a_checkpoint_with_the_backbone_frozen(tmp_path):
 
     data = make_shapes(tmp_path / "shapes", n_train=4, n_val=2, imgsz=64, num_classes=2)
     torch.manual_seed(0)
-    start = save_checkpoint(tmp_path / "start.pt", build_model("yolov9-t", num_classes=2))
+    start = save_checkpoint(tmp_path / "start.pt", create_model("yolov9-t", num_classes=2))
     config = TrainConfig(epochs=1, batch_size=2, imgsz=64, workers=0, device="cpu", warmup_epochs=0.0,
                          warmup_min_batches=0, accumulate_steps=1, freeze="backbone", project=str(tmp_path / "runs"),
                          progress_bar=False)

@@ -9,8 +9,16 @@ import torch
 from train_toys import ToyNet, one_thread
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import ModelEMA, base_accumulate, build_optimizer, lr_factor, param_groups, scaled_weight_decay
-from yolo9kit.train.optim import step_settings, warmup_batches
+from yolo9kit.train.optim import (
+    base_accumulate,
+    build_optimizer,
+    lr_factor,
+    param_groups,
+    scaled_weight_decay,
+    step_settings,
+    warmup_batches,
+)
+from yolo9kit.train.step import ModelEMA
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -94,7 +102,7 @@ def test_param_groups_and_optimizers():
 
 def test_param_group_counts_yolov9_t():
     models = pytest.importorskip("yolo9kit.models")
-    b, d, n = param_groups(models.build_model("yolov9-t"))
+    b, d, n = param_groups(models.create_model("yolov9-t"))
     assert (len(b), len(d), len(n)) == (303, 305, 291)  # counts of the official smart_optimizer
 
 

@@ -1,6 +1,6 @@
 """The official training options of train_dual.py in TrainConfig, fit and the train CLI, each against the
 official rule restated here: --rect batch shapes, --multi-scale sizes, --single-cls, --min-items,
---label-smoothing (a no-op in the official dual loss), --save-period names."""
+--label-smoothing (a no-op in the official dual loss: accepted and ignored), --save-period names."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
 from yolo9kit.cli import train as train_cli
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import build_trainer, ddp, fit, train_one_epoch
-from yolo9kit.train.inputs import check_classes, make_loader, multi_scale_rng, multi_scale_shape
-from yolo9kit.train.state import Progress
+from yolo9kit.train.fit import fit, make_loader
+from yolo9kit.train.loop import train_one_epoch
+from yolo9kit.train.optim import multi_scale_rng, multi_scale_shape
+from yolo9kit.train.rundir import check_classes
+from yolo9kit.train.state import Progress, current
+from yolo9kit.train.step import build_trainer
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -65,7 +68,7 @@ def _official_rect_shapes(sizes_wh, batch_size: int, img_size: int, stride: int,
 
 def test_rect_batches_have_the_official_shapes(mixed):
     config = TrainConfig(rect=True, batch_size=2, imgsz=64, workers=0, seed=3)
-    loader = make_loader(mixed, "train", config, ddp.current())
+    loader = make_loader(mixed, "train", config, current())
     expected = _official_rect_shapes([(w, h) for w, h, _ in _IMAGES], 2, 64, 32, 0.0)
     assert not loader.dataset.mosaic and loader.dataset.rect
     for epoch in (0, 1):  # no shuffling: the same aspect-ratio order every epoch
@@ -73,7 +76,7 @@ def test_rect_batches_have_the_official_shapes(mixed):
         shapes = [tuple(images.shape[2:]) for images, *_ in loader]
         assert shapes == [tuple(s) for s in expected]
     assert [tuple(s) for s in expected] == [(32, 64), (64, 64), (64, 64), (64, 32)]  # the set is mixed enough
-    square = make_loader(mixed, "train", TrainConfig(batch_size=2, imgsz=64, workers=0), ddp.current())
+    square = make_loader(mixed, "train", TrainConfig(batch_size=2, imgsz=64, workers=0), current())
     assert square.dataset.mosaic and all(tuple(im.shape[2:]) == (64, 64) for im, *_ in square)
 
 
@@ -113,11 +116,11 @@ def test_multi_scale_training_feeds_the_drawn_sizes():
 
 def test_single_cls_makes_one_class(mixed):
     from yolo9kit import create_model
-    from yolo9kit.train.inputs import class_names
+    from yolo9kit.train.rundir import class_names
 
     still = {"scale": 0.0, "translate": 0.0, "fliplr": 0.0, "mixup": 0.0, "copy_paste": 0.0}  # every box kept
     config = TrainConfig(single_cls=True, batch_size=7, imgsz=64, workers=0, rect=True, hyp=still)
-    images, targets, *_ = next(iter(make_loader(mixed, "train", config, ddp.current())))
+    images, targets, *_ = next(iter(make_loader(mixed, "train", config, current())))
     assert len(targets) == sum(n for *_, n in _IMAGES) and set(targets[:, 1].tolist()) == {0.0}
     model = create_model("gelan-t", names=class_names(mixed, single_cls=True))
     assert model.nc == 1 and model.names == ["item"]  # official: names = {0: 'item'} unless one name already
@@ -129,7 +132,7 @@ def test_single_cls_makes_one_class(mixed):
 def test_min_items_drops_images_with_fewer_labels(mixed):
     for min_items in (0, 1, 2, 3):
         loader = make_loader(mixed, "train", TrainConfig(min_items=min_items, batch_size=2, imgsz=64, workers=0),
-                             ddp.current())
+                             current())
         assert len(loader.dataset) == sum(n >= min_items for *_, n in _IMAGES)  # official: len(labels) >= min_items
     with pytest.raises(ValueError, match="min_items"):
         TrainConfig(min_items=-1)
@@ -160,18 +163,16 @@ def test_deterministic_switches_the_kernels_for_the_run_and_back_after_it(tmp_pa
     assert [r["train/box_loss"] for r in result.results] == [r["train/box_loss"] for r in plain.results]
 
 
-def test_label_smoothing_is_accepted_and_changes_nothing(tmp_path, caplog):
+def test_label_smoothing_is_accepted_and_ignored(caplog):
     """The official dual loss (utils/loss_tal_dual.py ComputeLoss) sets ``self.cp, self.cn = smooth_BCE(eps)`` and
-    never reads them: the same run with and without it gives the same weights."""
-    with caplog.at_level(logging.WARNING, logger="yolo9kit.train.fit"):
-        smoothed = _toy_fit(tmp_path, label_smoothing=0.1, name="smoothed")
-    plain = _toy_fit(tmp_path, name="plain")
-    assert "label_smoothing=0.1 changes nothing" in caplog.text
-    for (k, a), b in zip(smoothed.model.state_dict().items(), plain.model.state_dict().values()):
-        assert torch.equal(a, b), k
-    for bad in (-0.1, 1.0):
-        with pytest.raises(ValueError, match="label_smoothing"):
-            TrainConfig(label_smoothing=bad)
+    never reads them: the official flag is accepted, says so, and the run is the one without it."""
+    with caplog.at_level(logging.WARNING, logger="yolo9kit.cli"):
+        smoothed = train_cli.config_from_args(_parse(["--label-smoothing", "0.1"]))
+    assert "--label-smoothing 0.1 is ignored" in caplog.text
+    assert smoothed == train_cli.config_from_args(_parse([]))
+    for bad in ("-0.1", "1.0"):
+        with pytest.raises(SystemExit):
+            _parse(["--label-smoothing", bad])
 
 
 def _parse(argv):
@@ -186,14 +187,13 @@ def test_train_flags_to_config():
                                                 "--save-period", "5"]))
     assert (config.step.freeze, config.pipeline.rect, config.step.multi_scale, config.pipeline.single_cls) == \
         (10, True, True, True)
-    assert (config.pipeline.min_items, config.optim.label_smoothing, config.run.save_period) == (2, 0.1, 5)
+    assert (config.pipeline.min_items, config.run.save_period) == (2, 5)
     assert train_cli.config_from_args(_parse(["--freeze", "0", "1", "2"])).step.freeze == (0, 1, 2)
     assert train_cli.config_from_args(_parse(["--freeze", "backbone"])).step.freeze == "backbone"
     assert train_cli.config_from_args(_parse(["--freeze", "0"])).step.freeze is None  # the official default
     default = train_cli.config_from_args(_parse([]))
     assert (default.step.freeze, default.pipeline.rect, default.step.multi_scale, default.pipeline.single_cls,
-            default.pipeline.min_items, default.optim.label_smoothing, default.run.save_period) == \
-        (None, False, False, False, 0, 0.0, -1)
+            default.pipeline.min_items, default.run.save_period) == (None, False, False, False, 0, -1)
     for bad in (["--freeze", "x"], ["--label-smoothing", "1.5"], ["--min-items", "-1"]):
         with pytest.raises(SystemExit):
             _parse(bad)

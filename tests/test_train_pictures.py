@@ -17,7 +17,7 @@ from train_toys import ToyNet, make_batches, one_thread, toy_loss
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.config.recipe import apply_short_recipe
-from yolo9kit.train import fit
+from yolo9kit.train.fit import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -43,9 +43,9 @@ def _config(tmp_path, **kw):
 
 
 def _shapes_fit(data, config):
-    from yolo9kit.pretrained import shapes_model
+    from yolo9kit.models import create_model
 
-    return fit(shapes_model(), data, config)
+    return fit(create_model("yolov9-t-shapes").eval(), data, config)
 
 
 def _assert_picture(path):
@@ -109,8 +109,7 @@ def _toy_fit(tmp_path, **kw):
 def test_a_failing_picture_is_a_warning_naming_it_and_training_goes_on(tmp_path, monkeypatch, caplog):
     """The batch pictures fail to draw, results.png fails half-way through its save in the second epoch: four
     warnings naming the files, both epochs trained and saved, and results.png of the first epoch kept whole."""
-    import yolo9kit.plots.batch
-    import yolo9kit.plots.results
+    import yolo9kit.train.records as records
 
     def broken(*args, **kwargs):
         raise RuntimeError("no ink")
@@ -121,19 +120,19 @@ def test_a_failing_picture_is_a_warning_naming_it_and_training_goes_on(tmp_path,
             raise OSError(28, "No space left on device")
 
     curves = []
-    draw_results = yolo9kit.plots.results.draw_results
+    draw_results = records.draw_results
 
     def second_fails(*args, **kwargs):
         curves.append(len(curves))
         return draw_results(*args, **kwargs) if len(curves) == 1 else HalfWritten()
 
-    monkeypatch.setattr(yolo9kit.plots.batch, "show_batch", broken)
-    monkeypatch.setattr(yolo9kit.plots.results, "draw_results", second_fails)
-    with caplog.at_level(logging.WARNING, logger="yolo9kit.train.pictures"):
+    monkeypatch.setattr(records, "show_batch", broken)
+    monkeypatch.setattr(records, "draw_results", second_fails)
+    with caplog.at_level(logging.WARNING, logger="yolo9kit.train.records"):
         result = _toy_fit(tmp_path, epochs=2)
     assert result.epochs_completed == 2 and not result.interrupted
     assert (result.save_dir / "weights" / "last.pt").is_file() and len(result.results) == 2
-    warned = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.train.pictures"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "yolo9kit.train.records"]
     assert len(warned) == 4, warned
     for i, message in enumerate(warned[:3]):
         assert f"train_batch{i}.jpg: picture not drawn (RuntimeError: no ink)" in message

@@ -6,10 +6,10 @@ import pytest
 import torch
 from train_toys import one_thread
 
-from yolo9kit.checkpoint import load_checkpoint, read_checkpoint
 from yolo9kit.config import TrainConfig
-from yolo9kit.models import build_model
-from yolo9kit.train import fit
+from yolo9kit.models import create_model
+from yolo9kit.models.checkpoint import read_checkpoint
+from yolo9kit.train.fit import fit
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -29,7 +29,7 @@ def _config(tmp_path, **kw):
 
 def _model(num_classes=2):
     torch.manual_seed(0)
-    return build_model("yolov9-t", num_classes=num_classes)
+    return create_model("yolov9-t", num_classes=num_classes)
 
 
 def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):
@@ -55,7 +55,7 @@ def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["state"][i][key])), (i, key)
     # the final epoch was validated with evaluate(); the kit checkpoint loads back as the EMA model
     assert resumed.results[-1]["metrics/mAP50"] is not None
-    model = load_checkpoint(resumed.best)
+    model = create_model(resumed.best)
     for k, v in resumed.ema.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
 

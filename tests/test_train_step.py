@@ -9,10 +9,10 @@ import torch
 from train_toys import OOMAbove, ToyNet, make_batches, one_thread, params_of, rebatch, toy_loss
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.train import Trainer, build_trainer, train_one_epoch, train_step
 from yolo9kit.train.guards import OutOfMemoryAtMinimumError
+from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.state import Progress
-from yolo9kit.train.step import BatchNormSnapshot, train_step_with_backoff
+from yolo9kit.train.step import BatchNormSnapshot, Trainer, build_trainer, train_step, train_step_with_backoff
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from yolo9kit.config import NMSConfig, SaveConfig
-from yolo9kit.models import DualOutput, build_model
+from yolo9kit.models import DualOutput, create_model
 from yolo9kit.prediction import predict
 from yolo9kit.validate import compare_heads, evaluate
 
@@ -167,7 +167,7 @@ def test_evaluate_coco_json_and_cocoeval(dataset, tmp_path):
 
 
 def test_coco_records_follow_the_official_rules():
-    from yolo9kit.coco import COCO80_TO_COCO91, coco_predictions, is_coco_val
+    from yolo9kit.metrics import COCO80_TO_COCO91, coco_predictions, is_coco_val
 
     det = torch.tensor([[10.12345, 20.0, 30.5, 60.25, 0.123456789, 11.0]])
     (record,) = coco_predictions(det, "images/val2017/000000000139.jpg", COCO80_TO_COCO91)
@@ -195,7 +195,7 @@ def test_evaluate_with_the_data_layer_rect_loader(tmp_path):
 
 def test_random_model_without_detections_gives_zero_metrics(dataset):
     data, batches = dataset
-    model = build_model("gelan-t", num_classes=2)
+    model = create_model("gelan-t", num_classes=2)
     result = evaluate(model, data, dataloader=batches, device="cpu", nms=NMSConfig(conf=0.5), progress_bar=False)
     assert result.map50_95 == 0 and result.instances == 3 and model.training  # mode restored
     # every labelled class still gets its row, with zeros (the official table would print none)
@@ -255,23 +255,19 @@ def test_predict_bad_inputs(tmp_path):
 # ---------------------------------------------------------------------------------------------- CLI
 
 
-def _cli(module, argv):
-    import argparse
+def _cli(argv):
+    from yolo9kit.cli import build_parser
 
-    parser = argparse.ArgumentParser()
-    module.add_parser(parser.add_subparsers())
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 
 def test_detect_cli_prints_speed_and_writes_run_folder(dataset, tmp_path, capsys):
-    from yolo9kit.cli import detect
-
     data, _ = dataset
     argv = ["detect", "--weights", "gelan-t", "--source", str(data.parent / "images" / "val"), "--imgsz", "64",
             "--device", "cpu", "--save-txt", "--project", str(tmp_path / "runs"), "--name", "exp"]
-    assert _cli(detect, argv) == 0
-    assert _cli(detect, argv) == 0  # a second run goes to exp2
+    assert _cli(argv) == 0
+    assert _cli(argv) == 0  # a second run goes to exp2
     out = capsys.readouterr().out
     assert "image 1/3 " in out and ": 64x64 " in out  # 64x96 letterboxed to imgsz 64 -> 64x64 rectangle
     assert "Speed: " in out and "per image at shape (1, 3, 64, 64)" in out
@@ -290,14 +286,13 @@ def test_half_evaluation_leaves_the_callers_fp32_weights_alone(dataset):
 
 
 def test_val_cli_on_a_kit_checkpoint(dataset, tmp_path, capsys):
-    from yolo9kit.checkpoint import save_checkpoint
-    from yolo9kit.cli import val
+    from yolo9kit.models.checkpoint import save_checkpoint
 
     data, _ = dataset
-    weights = save_checkpoint(tmp_path / "gelan.pt", build_model("gelan-t", num_classes=2, names=NAMES))
+    weights = save_checkpoint(tmp_path / "gelan.pt", create_model("gelan-t", num_classes=2, names=NAMES))
     argv = ["val", "--data", str(data), "--weights", str(weights), "--imgsz", "64", "--batch-size", "2",
             "--workers", "0", "--device", "cpu", "--save-json", "--project", str(tmp_path / "runs")]
-    assert _cli(val, argv) == 0
+    assert _cli(argv) == 0
     out = capsys.readouterr().out
     assert "Class     Images  Instances" in out and "per image at shape (2, 3, 64, 64)" in out
     record = json.loads((tmp_path / "runs" / "exp" / "results.json").read_text())
@@ -317,7 +312,7 @@ def test_a_channels_last_model_is_evaluated_in_its_layout_with_the_same_metrics(
     where oneDNN runs the convolutions): the same detections, so the same metrics."""
     from yolo9kit import create_model
     from yolo9kit.data import make_shapes
-    from yolo9kit.models.inference import inference_layout
+    from yolo9kit.models.deploy import inference_layout
 
     data = make_shapes(tmp_path / "shapes", n_train=1, n_val=8, imgsz=160, num_classes=3, seed=2)
     model = create_model("yolov9-t-shapes").float()

@@ -2,7 +2,7 @@
 
 The public API read here: the names the package exports (``yolo9kit``, ``yolo9kit.memory``, ``.data``,
 ``.train``, ``.plots``, ``.widgets``, ``.config``), the entry points of ``validate``, ``prediction``,
-``checkpoint`` and ``models``, and the fields of every ``...Config`` settings class. Result types (a
+``models`` and ``models.checkpoint``, and the fields of every ``...Config`` settings class. Result types (a
 dataclass that is not a settings class) and the layer-building classes (official names, for checkpoints)
 are not parameters a user passes, so they are left out.
 """
@@ -21,13 +21,19 @@ from conftest import REPO
 GLOSSARY = REPO / "docs" / "glossary.md"
 # module -> the names read (None: its __all__)
 SURFACES: dict[str, list[str] | None] = {
-    "yolo9kit": None, "yolo9kit.memory": None, "yolo9kit.data": None, "yolo9kit.train": None,
+    "yolo9kit": None, "yolo9kit.memory": None, "yolo9kit.data": None,
     "yolo9kit.plots": None, "yolo9kit.widgets": None, "yolo9kit.config": None,
+    "yolo9kit.train.fit": ["fit", "FitResult"], "yolo9kit.train.seeds": ["fit_seeds", "SeedSpread"],
+    "yolo9kit.train.tuning": ["tune", "TuneResult"], "yolo9kit.train.loop": ["train_one_epoch", "EpochStats"],
+    "yolo9kit.train.step": ["Trainer", "build_trainer", "describe_step", "train_step", "ModelEMA"],
+    "yolo9kit.train.optim": ["base_accumulate", "build_optimizer", "lr_factor", "param_groups",
+                             "scaled_weight_decay", "step_settings", "warmup_batches"],
+    "yolo9kit.train.records": ["read_results", "BatchRecord", "EpochRecord"],
+    "yolo9kit.train.guards": ["NonFiniteLossError", "OutOfMemoryAtMinimumError"],
+    "yolo9kit.train.rundir": ["class_names"], "yolo9kit.files": ["DiskFullError"],
     "yolo9kit.validate": ["evaluate", "compare_heads"], "yolo9kit.prediction": ["predict"],
-    "yolo9kit.checkpoint": ["load_checkpoint", "read_checkpoint", "save_checkpoint"],
-    "yolo9kit.zoo": ["create_model", "load_model", "transfer_weights"],
-    "yolo9kit.models": ["build_model", "list_models", "model_table", "to_deploy", "fuse", "load_official_checkpoint",
-                        "count_flops"],
+    "yolo9kit.models.checkpoint": ["read_checkpoint", "save_checkpoint"],
+    "yolo9kit.models": ["create_model", "load_model", "list_models", "model_table", "to_deploy", "fuse", "count_flops"],
 }
 
 

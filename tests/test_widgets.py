@@ -31,7 +31,7 @@ def needs(module: str, *names: str):
 
 def _step(i: int, **changes):
     """The ``BatchRecord`` that ``train_one_epoch`` would pass to ``on_batch`` at batch ``ni = i``."""
-    from yolo9kit.train import BatchRecord
+    from yolo9kit.train.records import BatchRecord
 
     values = dict(epoch=0, batch_index=i, ni=i, optimizer_steps=i // 2, box_loss=3.0 - 0.1 * i, cls_loss=2.0,
                   dfl_loss=1.5, lr_bias=0.01 * i, lr_weight=0.01, lr_norm_weight=0.01, momentum=0.9,
@@ -41,7 +41,7 @@ def _step(i: int, **changes):
 
 def _epoch(epoch: int, **changes):
     """An ``EpochRecord`` of an epoch that was not validated, unless ``changes`` say otherwise."""
-    from yolo9kit.train import EpochRecord
+    from yolo9kit.train.records import EpochRecord
 
     values = dict(epoch=epoch, box_loss=2.5, cls_loss=2.0, dfl_loss=1.5, lr_bias=0.01, lr_weight=0.01,
                   lr_norm_weight=0.01, precision=None, recall=None, map50=None, map50_95=None, fitness=None,
@@ -85,7 +85,7 @@ def test_dashboard_shows_the_first_batch_as_a_point_in_every_panel():
 
 def test_an_empty_dashboard_says_it_waits_and_numbers_no_axis():
     from yolo9kit.widgets import train_dashboard
-    from yolo9kit.widgets._dashboard_panel import draw_dashboard
+    from yolo9kit.widgets.panel import draw_dashboard
 
     dash = train_dashboard(min_interval_s=0.0, show=False)
     for ax in draw_dashboard(dash).axes:
@@ -97,7 +97,7 @@ def test_an_empty_dashboard_says_it_waits_and_numbers_no_axis():
 
 def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
     from yolo9kit.widgets import train_dashboard
-    from yolo9kit.widgets._dashboard_panel import table_html
+    from yolo9kit.widgets.panel import table_html
 
     dash = train_dashboard(min_interval_s=3600.0, show=False)
     for i in range(1, 6):
@@ -322,7 +322,7 @@ def test_output_png_round_trip():
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
-    from yolo9kit.widgets._common import output_png, show_figure
+    from yolo9kit.widgets.panel import output_png, show_figure
 
     out = w.Output()
     assert output_png(out) is None
@@ -348,11 +348,11 @@ def shapes(tmp_path_factory):
 def test_detection_viewer_sliders_filter_and_switch_images(shapes):
     import torch
 
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.widgets import detection_viewer, output_png
 
     torch.manual_seed(0)
-    model = build_model("yolov9-t", 3)
+    model = create_model("yolov9-t", 3)
     val_images = sorted((shapes.parent / "images" / "val").glob("*")) or sorted(shapes.parent.rglob("val*/*.png"))
     app = detection_viewer(model, [str(p) for p in val_images], imgsz=64, conf=0.001, iou=0.7, device="cpu")
     assert set(app.controls) == {"image", "conf", "iou", "head"}
@@ -374,11 +374,11 @@ def test_detection_viewer_sliders_filter_and_switch_images(shapes):
 
 @needs("yolo9kit.prediction", "predict")
 def test_detection_viewer_rejects_an_empty_folder(tmp_path):
-    from yolo9kit.models import build_model
+    from yolo9kit.models import create_model
     from yolo9kit.widgets import detection_viewer
 
     with pytest.raises(ValueError, match="no image files"):
-        detection_viewer(build_model("gelan-t", 2), tmp_path)
+        detection_viewer(create_model("gelan-t", 2), tmp_path)
 
 
 # -- augmentation viewer ---------------------------------------------------------------------------
@@ -404,7 +404,7 @@ def test_augmentation_viewer_sliders_change_the_batch(shapes):
 
 def test_augmentation_hyp_scales_hsv_and_keeps_other_keys():
     from yolo9kit.config import DEFAULT_AUGMENT_HYP
-    from yolo9kit.widgets.augmentation import augmentation_hyp
+    from yolo9kit.widgets import augmentation_hyp
 
     hyp = augmentation_hyp({"hsv": 0.5, "mixup": 0.0})
     assert hyp["hsv_v"] == pytest.approx(DEFAULT_AUGMENT_HYP["hsv_v"] / 2) and hyp["mixup"] == 0.0

@@ -123,12 +123,12 @@ def _rank_main(rank, body, world, init_file, *args):
 
     import torch.distributed as dist
 
-    from yolo9kit.train import ddp
+    from yolo9kit.train.state import finish_processes
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     body(rank, *args)  # an error propagates: mp.spawn reports it and the test fails
-    ddp.finish()
+    finish_processes()
     sys.stdout.flush()
     sys.stderr.flush()
     # A clean exit skips the interpreter's teardown: there torch's gloo worker threads can still drop tensors

@@ -14,17 +14,14 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "checks": "yolo9kit.gpu_check",
-    "create_model": "yolo9kit.zoo",
+    "create_model": "yolo9kit.models",
     "list_models": "yolo9kit.models",
     "model_table": "yolo9kit.models",
     "DualOutput": "yolo9kit.models",
-    "load_official_checkpoint": "yolo9kit.models",
     "to_deploy": "yolo9kit.models",
     "fuse": "yolo9kit.models",
-    "save_checkpoint": "yolo9kit.checkpoint",
-    "load_checkpoint": "yolo9kit.checkpoint",
-    "read_checkpoint": "yolo9kit.checkpoint",
-    "load_model": "yolo9kit.zoo",
+    "save_checkpoint": "yolo9kit.models.checkpoint",
+    "read_checkpoint": "yolo9kit.models.checkpoint",
     "make_shapes": "yolo9kit.data",
     "create_dataloader": "yolo9kit.data",
     "DetectionLoss": "yolo9kit.loss",
@@ -35,21 +32,20 @@ _EXPORTS: dict[str, str] = {
     "SaveConfig": "yolo9kit.config",
     "LoaderConfig": "yolo9kit.config",
     "ExportConfig": "yolo9kit.config",
-    "fit": "yolo9kit.train",
-    "fit_seeds": "yolo9kit.train",
-    "tune": "yolo9kit.train",
+    "fit": "yolo9kit.train.fit",
+    "fit_seeds": "yolo9kit.train.seeds",
+    "tune": "yolo9kit.train.tuning",
     "runs": "yolo9kit.experiments",
     "predict": "yolo9kit.prediction",
     "export": "yolo9kit.export_onnx",
     "evaluate": "yolo9kit.validate",
     "compare_heads": "yolo9kit.validate",
-    "shapes_model": "yolo9kit.pretrained",
 }
 
 # sub-modules reachable as attributes: yolo9kit.data, yolo9kit.memory, ...
 _SUBMODULES = {
-    "assigner", "boxes", "checkpoint", "cli", "coco", "config", "data", "env", "export_onnx", "loss", "memory",
-    "metrics", "models", "ops", "plots", "prediction", "pretrained", "train", "validate", "widgets", "zoo",
+    "assigner", "boxes", "cli", "config", "data", "env", "export_onnx", "loss", "memory", "metrics", "models",
+    "plots", "prediction", "train", "validate", "widgets",
 }
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
@@ -72,7 +68,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from yolo9kit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
     from yolo9kit.config import (
         ExportConfig,
         LoaderConfig,
@@ -87,16 +82,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from yolo9kit.export_onnx import export
     from yolo9kit.gpu_check import checks
     from yolo9kit.loss import DetectionLoss
-    from yolo9kit.models import (
-        DualOutput,
-        fuse,
-        list_models,
-        load_official_checkpoint,
-        model_table,
-        to_deploy,
-    )
+    from yolo9kit.models import DualOutput, create_model, fuse, list_models, model_table, to_deploy
+    from yolo9kit.models.checkpoint import read_checkpoint, save_checkpoint
     from yolo9kit.prediction import predict
-    from yolo9kit.pretrained import shapes_model
-    from yolo9kit.train import fit, fit_seeds, tune
+    from yolo9kit.train.fit import fit
+    from yolo9kit.train.seeds import fit_seeds
+    from yolo9kit.train.tuning import tune
     from yolo9kit.validate import compare_heads, evaluate
-    from yolo9kit.zoo import create_model, load_model

@@ -1,13 +1,6 @@
-"""Pure tensor box functions. Every name says its formats.
-
-Formats used across the kit:
-
-* ``xyxy``: corners (x1, y1, x2, y2), in pixels unless the name says ``_norm``.
-* ``cxcywh``: centre and size (cx, cy, w, h). YOLO label files hold ``cxcywh`` normalised to [0, 1].
-* ``ltrb``: distances (left, top, right, bottom) from an anchor point, in grid units.
-
-Targets are always ``(N, 6)`` rows ``[image_index, class, cx, cy, w, h]`` normalised to [0, 1].
-"""
+"""Box functions; every name says its formats: ``xyxy`` corners (pixels unless ``_norm``), ``cxcywh`` centre and
+size (label files: normalised to [0, 1]), ``ltrb`` distances from an anchor point (grid units). Targets are
+``(N, 6)`` rows ``[image_index, class, cx, cy, w, h]`` normalised to [0, 1]."""
 
 from __future__ import annotations
 
@@ -19,13 +12,9 @@ import torch
 Array = torch.Tensor | np.ndarray
 
 
-def _empty_like(boxes: Array) -> Array:
-    return boxes.clone() if isinstance(boxes, torch.Tensor) else np.copy(boxes)
-
-
 def cxcywh_to_xyxy(boxes: Array) -> Array:
     """Convert (..., 4) centre/size boxes to corners. Works on tensors and arrays."""
-    out = _empty_like(boxes)
+    out = boxes.clone() if isinstance(boxes, torch.Tensor) else np.copy(boxes)
     half_w, half_h = boxes[..., 2] / 2, boxes[..., 3] / 2
     out[..., 0] = boxes[..., 0] - half_w
     out[..., 1] = boxes[..., 1] - half_h
@@ -34,28 +23,18 @@ def cxcywh_to_xyxy(boxes: Array) -> Array:
     return out
 
 
-def box_area(boxes_xyxy: torch.Tensor) -> torch.Tensor:
-    """Areas of (..., 4) xyxy boxes."""
-    return (boxes_xyxy[..., 2] - boxes_xyxy[..., 0]) * (boxes_xyxy[..., 3] - boxes_xyxy[..., 1])
-
-
 def box_iou(boxes1_xyxy: torch.Tensor, boxes2_xyxy: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
-    """Pairwise IoU of (N, 4) and (M, 4) xyxy boxes -> (N, M).
-
-    Matches the official ``utils/metrics.py box_iou`` (eps added to the union).
-    """
+    """Pairwise IoU of (N, 4) and (M, 4) xyxy boxes -> (N, M), as the official ``box_iou`` (eps on the union)."""
     a1, a2 = boxes1_xyxy[:, None, :2], boxes1_xyxy[:, None, 2:]
     b1, b2 = boxes2_xyxy[None, :, :2], boxes2_xyxy[None, :, 2:]
     inter = (torch.min(a2, b2) - torch.max(a1, b1)).clamp(0).prod(2)
-    return inter / (box_area(boxes1_xyxy)[:, None] + box_area(boxes2_xyxy)[None, :] - inter + eps)
+    area1, area2 = (a2 - a1).prod(2), (b2 - b1).prod(2)
+    return inter / (area1 + area2 - inter + eps)
 
 
 def bbox_ciou(box1_xyxy: torch.Tensor, box2_xyxy: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
-    """Element-wise Complete-IoU of (..., 4) xyxy boxes (broadcasting) -> (..., 1).
-
-    Matches the official ``utils/metrics.py bbox_iou(..., xywh=False, CIoU=True)``: eps on the
-    heights only, the aspect-ratio weight ``alpha`` computed without gradient.
-    """
+    """Element-wise Complete-IoU of (..., 4) xyxy boxes (broadcasting) -> (..., 1), as the official
+    ``bbox_iou(..., xywh=False, CIoU=True)``: eps on the heights only, ``alpha`` without gradient."""
     b1_x1, b1_y1, b1_x2, b1_y2 = box1_xyxy.chunk(4, -1)
     b2_x1, b2_y1, b2_x2, b2_y2 = box2_xyxy.chunk(4, -1)
     w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
@@ -85,6 +64,7 @@ def make_anchors(
         feature_shapes: (H_i, W_i) per level.
         strides: stride per level, in input pixels.
         offset: 0.5 puts each point in the centre of its cell.
+        dtype, device: of the outputs.
 
     Returns:
         points (A, 2) x, y in grid units of their level; stride_per_point (A, 1).
@@ -122,10 +102,8 @@ def clip_boxes_xyxy(boxes_xyxy: Array, shape_hw: tuple[int, int]) -> Array:
     """Clip (N, 4) xyxy boxes in place to an image of shape (h, w); returns the same object."""
     h, w = shape_hw
     if isinstance(boxes_xyxy, torch.Tensor):
-        boxes_xyxy[..., 0].clamp_(0, w)
-        boxes_xyxy[..., 1].clamp_(0, h)
-        boxes_xyxy[..., 2].clamp_(0, w)
-        boxes_xyxy[..., 3].clamp_(0, h)
+        boxes_xyxy[..., 0::2].clamp_(0, w)
+        boxes_xyxy[..., 1::2].clamp_(0, h)
     else:
         boxes_xyxy[..., [0, 2]] = boxes_xyxy[..., [0, 2]].clip(0, w)
         boxes_xyxy[..., [1, 3]] = boxes_xyxy[..., [1, 3]].clip(0, h)

@@ -1,8 +1,10 @@
-"""Detection results: :class:`Prediction` (one image) and :class:`Predictions` (a run), with drawing,
-label lines and the per-stage speed table. ``yolo9kit.prediction.predict`` makes them."""
+"""From the head output to detections: the official NMS and rescaling (parity-tested, docs/validation.md),
+and the result types :class:`Prediction` (one image) and :class:`Predictions` (a run) that ``predict`` returns."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,34 +12,123 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+import torchvision
 
+from yolo9kit.boxes import clip_boxes_xyxy, cxcywh_to_xyxy
+from yolo9kit.data.sources import read_frame
+from yolo9kit.figure import new_figure
 from yolo9kit.files import write_bytes_atomically
 
+LOGGER = logging.getLogger(__name__)
+
+MAX_WH = 7680  # class c is shifted by c * MAX_WH pixels: class-aware NMS in one torchvision call
+MAX_NMS = 30000  # at most this many of the highest scores enter NMS: bounds its O(n^2) cost
 SPEED_COLUMNS = ["preprocess_ms", "inference_ms", "nms_ms"]
+
+
+def non_max_suppression(prediction: torch.Tensor | Sequence[torch.Tensor], conf: float = 0.25, iou: float = 0.45,
+                        classes: Sequence[int] | None = None, agnostic: bool = False, multi_label: bool = False,
+                        max_det: int = 300, time_limit_s: float | None = None) -> list[torch.Tensor]:
+    """Confidence filter and class-aware NMS per image, as the official ``utils/general.py`` one.
+
+    Args:
+        prediction: decoded head output (B, 4+nc, A), boxes cx cy w h in pixels; of a (decoded, raw) pair the first.
+        conf: minimum class score (exclusive), in [0, 1].
+        iou: IoU above which the lower-scored box of a class is dropped, in [0, 1].
+        classes: keep only these class ids (None: all).
+        agnostic: suppress across classes.
+        multi_label: a row per (box, class) above ``conf`` (validation), not the best class only.
+        max_det: at most this many rows per image.
+        time_limit_s: then stop with a warning, the later images empty (None: the official ``2.5 + 0.05 * B``).
+
+    Returns:
+        B tensors (n, 6) ``[x1, y1, x2, y2, conf, cls]`` on the prediction's device, by descending conf.
+
+    Raises:
+        ValueError: ``conf`` or ``iou`` outside [0, 1], a prediction not (B, 4+nc, A).
+    """
+    if isinstance(prediction, (list, tuple)):
+        prediction = prediction[0]
+    if not 0 <= conf <= 1:
+        raise ValueError(f"conf={conf} is outside [0, 1]; pass a score threshold such as 0.25")
+    if not 0 <= iou <= 1:
+        raise ValueError(f"iou={iou} is outside [0, 1]; pass an IoU threshold such as 0.45")
+    if prediction.ndim != 3 or prediction.shape[1] < 5:
+        raise ValueError(f"prediction must be (B, 4+nc, A) with nc >= 1, got shape {tuple(prediction.shape)}")
+    batch_size = prediction.shape[0]
+    candidates = prediction[:, 4:].amax(1) > conf  # (B, A)
+    multi_label = multi_label and prediction.shape[1] > 5  # only with nc > 1
+    time_limit = 2.5 + 0.05 * batch_size if time_limit_s is None else time_limit_s
+    start = time.time()
+    output = [torch.zeros((0, 6), device=prediction.device)] * batch_size
+    for index, per_image in enumerate(prediction):
+        rows = _rows(per_image.T[candidates[index]], conf, classes, multi_label)
+        if not rows.shape[0]:
+            continue
+        rows = rows[rows[:, 4].argsort(descending=True)[:MAX_NMS]]
+        offsets = rows[:, 5:6] * (0 if agnostic else MAX_WH)
+        output[index] = rows[torchvision.ops.nms(rows[:, :4] + offsets, rows[:, 4], iou)[:max_det]]
+        if time.time() - start > time_limit:
+            LOGGER.warning("NMS time limit %.3fs exceeded after image %d of %d; the remaining images get no "
+                           "detections (raise conf or lower max_det)", time_limit, index + 1, batch_size)
+            break
+    return output
+
+
+def _rows(candidates: torch.Tensor, conf: float, classes, multi_label: bool) -> torch.Tensor:
+    """(n, 4+nc) candidates -> (m, 6) ``[x1, y1, x2, y2, conf, cls]`` rows above ``conf`` of the kept classes."""
+    boxes, scores = cxcywh_to_xyxy(candidates[:, :4]), candidates[:, 4:]
+    if multi_label:
+        anchor, cls = (scores > conf).nonzero(as_tuple=False).T
+        rows = torch.cat((boxes[anchor], candidates[anchor, 4 + cls, None], cls[:, None].float()), 1)
+    else:
+        best, cls = scores.max(1, keepdim=True)
+        rows = torch.cat((boxes, best, cls.float()), 1)[best.view(-1) > conf]
+    if classes is not None:
+        rows = rows[(rows[:, 5:6] == torch.tensor(classes, device=rows.device)).any(1)]
+    return rows
+
+
+def scale_boxes(input_shape_hw: tuple[int, int], boxes_xyxy: torch.Tensor | np.ndarray,
+                original_shape_hw: tuple[int, ...], ratio_pad: tuple | None = None):
+    """Map xyxy boxes in place from the letterboxed network input back to the original image, clipped to it.
+
+    Args:
+        input_shape_hw: (h, w) of the network input.
+        boxes_xyxy: (N, 4+) boxes in input pixels, tensor or array; modified in place.
+        original_shape_hw: (h0, w0, ...) of the original image.
+        ratio_pad: ((gain, gain), (pad_w, pad_h)), a loader's ``shapes[i][1]``; None: those of a centred letterbox.
+
+    Returns:
+        The same boxes, in original-image pixels.
+    """
+    if ratio_pad is None:
+        gain = min(input_shape_hw[0] / original_shape_hw[0], input_shape_hw[1] / original_shape_hw[1])
+        pad = ((input_shape_hw[1] - original_shape_hw[1] * gain) / 2,
+               (input_shape_hw[0] - original_shape_hw[0] * gain) / 2)
+    else:
+        gain, pad = ratio_pad[0][0], ratio_pad[1]
+    boxes_xyxy[:, [0, 2]] -= pad[0]
+    boxes_xyxy[:, [1, 3]] -= pad[1]
+    boxes_xyxy[:, :4] /= gain
+    clip_boxes_xyxy(boxes_xyxy, tuple(original_shape_hw[:2]))
+    return boxes_xyxy
 
 
 @dataclass
 class Prediction:
-    """Detections of one image, in original-image pixels.
+    """Detections of one image, in original-image pixels."""
 
-    Attributes:
-        boxes: (n, 4) float32 xyxy, rounded to whole pixels (as detect_dual.py).
-        scores: (n,) float32 confidences. classes: (n,) int64 class ids.
-        names: class names of the model. orig_shape: (h0, w0). input_shape: (h, w) fed to the network.
-        path: the image or video file, or None for an array source. speed: milliseconds per stage.
-        frame: the frame's 0-based index in the video ``path``, None for an image.
-    """
-
-    boxes: np.ndarray
-    scores: np.ndarray
-    classes: np.ndarray
-    names: list[str]
-    orig_shape: tuple[int, int]
-    input_shape: tuple[int, int]
-    path: str | None = None
-    speed: dict[str, float] = field(default_factory=dict)
-    image: np.ndarray | None = field(default=None, repr=False)  # BGR, kept only for array sources
-    frame: int | None = None
+    boxes: np.ndarray  # (n, 4) float32 xyxy, rounded to whole pixels
+    scores: np.ndarray  # (n,) float32
+    classes: np.ndarray  # (n,) int64
+    names: list[str]  # the model's class names
+    orig_shape: tuple[int, int]  # (h0, w0)
+    input_shape: tuple[int, int]  # (h, w) fed to the network
+    path: str | None = None  # the image or video file, None for an array
+    speed: dict[str, float] = field(default_factory=dict)  # milliseconds per stage
+    image: np.ndarray | None = field(default=None, repr=False)  # BGR, kept only for an array
+    frame: int | None = None  # the 0-based frame index in the video ``path``, None for an image
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -51,10 +142,7 @@ class Prediction:
                              "name": [self.names[int(c)] for c in self.classes]})
 
     def summary(self) -> str:
-        """``640x480: 4 persons, 1 bus``: the network input size (h x w), then the count of each class found.
-
-        The official per-image line without its trailing comma; ``640x480: (no detections)`` when empty.
-        """
+        """``640x480: 4 persons, 1 bus`` (input h x w, count per class), the official line without its comma."""
         counts = [f"{n} {self.names[c]}{'s' * (n > 1)}"
                   for c, n in zip(*(a.tolist() for a in np.unique(self.classes, return_counts=True)))]
         return f"{self.input_shape[0]:g}x{self.input_shape[1]:g}: {', '.join(counts) or '(no detections)'}"
@@ -75,9 +163,7 @@ class Prediction:
         if self.image is not None:
             return self.image
         if self.frame is not None and self.path:
-            from yolo9kit.data.media import read_frame
-
-            image = read_frame(str(self.path), self.frame)  # a video frame is not kept in memory: decode it again
+            image = read_frame(str(self.path), self.frame)  # frames are not kept in memory: decode it again
         else:
             image = cv2.imread(str(self.path)) if self.path else None
         if image is None:
@@ -86,10 +172,7 @@ class Prediction:
         return image
 
     def annotated(self, line_width: int | None = None) -> np.ndarray:
-        """The original image (BGR) with boxes and ``name conf`` labels drawn.
-
-        ``line_width`` None scales with the image (0.3 % of its mean side, at least 2 px).
-        """
+        """The original image (BGR) with boxes and ``name conf`` labels; ``line_width`` None scales with it."""
         image = self._bgr().copy()
         lw = line_width or max(round(sum(image.shape[:2]) / 2 * 0.003), 2)
         scale, thickness = lw / 3, max(lw - 1, 1)
@@ -109,12 +192,9 @@ class Prediction:
         """Matplotlib figure of the image with its boxes (returns the figure; shows inline in Jupyter)."""
         from matplotlib.patches import Rectangle
 
-        from yolo9kit.figure import new_figure
-
         if ax is None:
             h0, w0 = self.orig_shape
             ax = new_figure((6, 6 * h0 / max(w0, 1))).add_subplot()
-        fig = ax.figure
         ax.imshow(self._bgr()[..., ::-1])
         for (x1, y1, x2, y2), conf, cls in zip(self.boxes.tolist(), self.scores, self.classes):
             color = tuple(c / 255 for c in _color(int(cls))[::-1])
@@ -125,11 +205,10 @@ class Prediction:
         name = Path(self.path).name if self.path else "image"
         name += f" frame {self.frame}" if self.frame is not None else ""
         ax.set_title(f"{name}, input {self.summary()}", fontsize=10)
-        return fig
+        return ax.figure
 
     def save(self, path: str | Path, line_width: int | None = None, *, inputs: tuple = ()) -> Path:
-        """Write the annotated image (``files.write_file``: whole or not at all, never over one of ``inputs``);
-        the format follows the suffix.
+        """Write the annotated image, whole or not at all, never over one of ``inputs``; the suffix gives the format.
 
         Raises:
             ValueError: the suffix is not an image format OpenCV writes.
@@ -148,10 +227,9 @@ class Predictions(list):
     """List of :class:`Prediction` with the run's timings and skipped inputs.
 
     Attributes:
-        speed: DataFrame, one row per image or video frame: path, frame (only when a video was read: the
-            frame's index, None for images), load_ms (read or decode + letterbox), preprocess_ms,
-            inference_ms, nms_ms (the last three are what the official Speed line averages).
-        skipped: (source, reason) for inputs that could not be read.
+        speed: DataFrame, one row per image or frame: path, frame (only when a video was read), load_ms (read
+            and letterbox), then the :data:`SPEED_COLUMNS` the official Speed line averages.
+        skipped: (source, reason) of the inputs that could not be read.
         imgsz: (h, w) requested size. save_dir: where outputs were written, or None.
     """
 
@@ -163,7 +241,7 @@ class Predictions(list):
         """All detections as one DataFrame with an ``image`` column (path or index) and, for videos, ``frame``."""
         import pandas as pd
 
-        videos = any(p.frame is not None for p in self)  # a frame column only when there are video frames
+        videos = any(p.frame is not None for p in self)
         frames = [p.to_frame().assign(image=p.path or i, **({"frame": p.frame} if videos else {}))
                   for i, p in enumerate(self)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(

@@ -1,28 +1,35 @@
-"""``environment_report()`` (what ``yolo9kit.checks()`` shows first): what a workshop needs to know about the
-machine before the first cell runs; the devices the kit resolves."""
+"""The machine: ``environment_report`` (what ``checks()`` shows first), the cores a CPU run may use (affinity and
+cgroup quota), the memory a process may still take (RAM, rlimits, cgroup) and the torch device a setting names."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import gc
+import logging
+import math
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from yolo9kit.cpu import COMPETING_CORES, competing_cores, native_cpu_bf16, set_cpu_threads, usable_cores
+import torch
 
-# The data files a wheel must carry: (folder inside the package, pattern, what needs them). A missing
-# folder means an install that dropped its package data (for example a wheel built without it).
+# The data files a wheel must carry: (folder inside the package, pattern, what needs them).
 PACKAGE_DATA = (
-    ("models/cfg", "*.yaml", "the model layer tables (build_model)"),
+    ("models/cfg", "*.yaml", "the model layer tables (create_model)"),
     ("memory_calibration", "*.json", "the memory calibration (memory.estimate)"),
-    ("pretrained", "*.pt", "the shipped shapes model (shapes_model)"),
+    ("models", "*.pt", "the shipped shapes model (create_model)"),
 )
+COMPETING_CORES = 0.5  # busy cores of other processes (on this process's cores) from which the report warns
+PROC, CGROUP = Path("/proc"), Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -45,12 +52,11 @@ class EnvReport:
     package_data: dict[str, int] = field(default_factory=dict)  # folder -> number of data files found
     location: str = ""  # where the package was imported from (an editable checkout or site-packages)
     problems: list[str] = field(default_factory=list)
-    # What slows this machine without stopping it (another process busy on these cores, ...): shown, not failed.
-    warnings: list[str] = field(default_factory=list)
-    cpu_threads: int = 1  # torch's intra-op threads (set_cpu_threads: at most the usable cores)
+    warnings: list[str] = field(default_factory=list)  # what slows this machine without stopping it
+    cpu_threads: int = 1  # torch's intra-op threads (set_cpu_threads)
     cpu_isa: str = "unknown"  # the vector instructions torch's CPU kernels use (AVX512, AVX2, ...)
-    cpu_bf16: bool = False  # bf16 in hardware (native_cpu_bf16): where amp="bf16" may run on the CPU
-    gpu_check: Any = None  # yolo9kit.gpu_check.GPUCheck when asked for (checks(gpu=True)), else None
+    cpu_bf16: bool = False  # native_cpu_bf16: where amp="bf16" may run on the CPU
+    gpu_check: Any = None  # a gpu_check.GPUCheck with checks(gpu=True)
 
     @property
     def ok(self) -> bool:
@@ -63,31 +69,66 @@ class EnvReport:
 
     def __str__(self) -> str:
         gib = 1024**3
-        lines = [
-            f"yolo9kit {self.yolo9kit}  Python {self.python}  {self.platform}",
-            f"torch {self.torch}  torchvision {self.torchvision}  CUDA {self.cuda_version or '-'}",
-        ]
-        if self.gpus:
-            for i, gpu in enumerate(self.gpus):
-                lines.append(f"GPU {i}: {gpu['name']}  {gpu['total_bytes'] / gib:.1f} GiB  sm_{gpu['capability']}")
-        else:
-            lines.append("GPU: none (CPU only: memory figures are estimated, training runs on the CPU)")
+        lines = [f"yolo9kit {self.yolo9kit}  Python {self.python}  {self.platform}",
+                 f"torch {self.torch}  torchvision {self.torchvision}  CUDA {self.cuda_version or '-'}"]
+        lines += [f"GPU {i}: {gpu['name']}  {gpu['total_bytes'] / gib:.1f} GiB  sm_{gpu['capability']}"
+                  for i, gpu in enumerate(self.gpus)] or [
+            "GPU: none (CPU only: memory figures are estimated, training runs on the CPU)"]
         ram = f"{self.ram_total_bytes / gib:.1f} GiB" if self.ram_total_bytes else "unknown"
         free = f"{self.ram_available_bytes / gib:.1f} GiB" if self.ram_available_bytes else "unknown"
-        lines.append(f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads}), {self.cpu_isa}, bf16 in "
-                     f"hardware: {'yes' if self.cpu_bf16 else 'no'}  RAM: {ram} total, {free} available")
-        lines.append("packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()))
-        lines.append(f"JupyterLab widget extension: {self.widgets_extension}")
-        lines.append(f"package data ({self.location}): "
-                     + ", ".join(f"{k} {v} file(s)" for k, v in self.package_data.items()))
-        lines.extend(f"PROBLEM: {p}" for p in self.problems)
-        lines.extend(f"WARNING: {w}" for w in self.warnings)
+        lines += [f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads}), {self.cpu_isa}, bf16 in "
+                  f"hardware: {'yes' if self.cpu_bf16 else 'no'}  RAM: {ram} total, {free} available",
+                  "packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()),
+                  f"JupyterLab widget extension: {self.widgets_extension}",
+                  f"package data ({self.location}): "
+                  + ", ".join(f"{k} {v} file(s)" for k, v in self.package_data.items()),
+                  *(f"PROBLEM: {p}" for p in self.problems), *(f"WARNING: {w}" for w in self.warnings)]
         if self.gpu_check is not None:
             lines.append(str(self.gpu_check))
         return "\n".join(lines)
 
     def _repr_markdown_(self) -> str:  # notebooks show the same table
         return "```\n" + str(self) + "\n```"
+
+
+def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
+    """Report versions, CUDA and GPUs, CPU cores, RAM, package data and the JupyterLab widget extension.
+
+    Args:
+        verbose: log the report at INFO level as well as returning it.
+        widgets: ask JupyterLab about its widget extension (a subprocess, about a second).
+
+    Returns:
+        An ``EnvReport`` (a table in a notebook); ``problems`` lists what would stop a walkthrough.
+    """
+    problems: list[str] = []
+    state = _widgets_extension_state() if widgets else "unknown"
+    if state in ("disabled", "not installed"):
+        problems.append(f"JupyterLab widget extension is {state}: sliders will show as text. Install "
+                        "`jupyterlab_widgets` (it is in the `notebooks` extra) and restart JupyterLab")
+    package_data = _package_data(problems)
+    cuda = torch.cuda.is_available()
+    gpus = [{"name": p.name, "total_bytes": int(p.total_memory), "capability": f"{p.major}{p.minor}"}
+            for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count() if cuda else 0))]
+    total, available = _memory()
+    others = competing_cores()
+    warnings = [] if others is None or others < COMPETING_CORES else [
+        f"other processes keep about {others:.1f} of this process's {usable_cores()} cores busy: training and "
+        "timings here run slower while they do (two notebooks training at once share the cores; stop the other "
+        "kernel, or wait for it)"]
+    report = EnvReport(
+        python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
+        yolo9kit=_version("yolo9kit") or "(not installed)", torch=_version("torch"),
+        torchvision=_version("torchvision"), cuda_available=cuda, cuda_version=torch.version.cuda, gpus=gpus,
+        cpu_cores=usable_cores(), cpu_threads=set_cpu_threads(), cpu_isa=torch.backends.cpu.get_cpu_capability(),
+        cpu_bf16=native_cpu_bf16(), ram_total_bytes=total, ram_available_bytes=available,
+        packages={name: _version(name) for name in
+                  ("numpy", "opencv-python-headless", "pandas", "matplotlib", "jupyterlab", "ipywidgets")},
+        widgets_extension=state, package_data=package_data, location=str(Path(__file__).resolve().parent),
+        problems=problems, warnings=warnings)
+    if verbose:
+        logging.getLogger(__name__).info("\n%s", report)
+    return report
 
 
 def _version(name: str) -> str | None:
@@ -98,7 +139,7 @@ def _version(name: str) -> str | None:
 
 
 def _package_data(problems: list[str]) -> dict[str, int]:
-    """Count the installed data files of each ``PACKAGE_DATA`` folder; a missing kind is a problem."""
+    """Count the data files of each ``PACKAGE_DATA`` folder; a kind missing is a problem."""
     root = Path(__file__).resolve().parent
     found: dict[str, int] = {}
     for folder, pattern, used_by in PACKAGE_DATA:
@@ -109,20 +150,6 @@ def _package_data(problems: list[str]) -> dict[str, int]:
     return found
 
 
-def _memory() -> tuple[int | None, int | None]:
-    """Total and available RAM from /proc/meminfo (Linux) or sysconf; (None, None) when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return info.get("MemTotal"), info.get("MemAvailable")
-    except (OSError, ValueError, IndexError):
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            return total, None
-        except (ValueError, OSError, AttributeError):
-            return None, None
-
-
 def _widgets_extension_state() -> str:
     """Ask JupyterLab whether @jupyter-widgets/jupyterlab-manager is installed and enabled."""
     jupyter = shutil.which("jupyter", path=os.path.dirname(sys.executable)) or shutil.which("jupyter")
@@ -131,177 +158,119 @@ def _widgets_extension_state() -> str:
     if jupyter is None:
         return "unknown"
     try:
-        out = subprocess.run(
-            [jupyter, "labextension", "list"], capture_output=True, text=True, timeout=60, check=False
-        )
+        out = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True, timeout=60,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    text = out.stdout + out.stderr
-    for line in text.splitlines():
+    for line in (out.stdout + out.stderr).splitlines():
         if "@jupyter-widgets/jupyterlab-manager" in line:
             return "enabled" if "enabled" in line and "disabled" not in line else "disabled"
     return "not installed"
 
 
-def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
-    """Report versions, CUDA and GPUs, CPU cores, RAM and the JupyterLab widget extension.
-
-    Args:
-        verbose: log the report at INFO level as well as returning it.
-        widgets: ask JupyterLab about its widget extension (a subprocess, about a second).
-
-    Returns:
-        An ``EnvReport``; in a notebook it displays as a table. ``report.problems`` lists what would
-        stop a walkthrough (missing torch, a disabled widget extension).
-    """
-    import logging
-
-    problems: list[str] = []
-    torch_version = _version("torch")
-    cuda_available, cuda_version, gpus = False, None, []
-    if torch_version is None:
-        problems.append("PyTorch is not installed: run `make demo` or `pip install -e .[notebooks]`")
-    else:
-        import torch
-
-        cuda_available = torch.cuda.is_available()
-        cuda_version = torch.version.cuda
-        for i in range(torch.cuda.device_count() if cuda_available else 0):
-            props = torch.cuda.get_device_properties(i)
-            gpus.append({"name": props.name, "total_bytes": int(props.total_memory),
-                         "capability": f"{props.major}{props.minor}"})
-    state = _widgets_extension_state() if widgets else "unknown"
-    if state in ("disabled", "not installed"):
-        problems.append(
-            f"JupyterLab widget extension is {state}: sliders will show as text. "
-            "Install `jupyterlab_widgets` (it is in the `notebooks` extra) and restart JupyterLab"
-        )
-    package_data = _package_data(problems)
-    total, available = _memory()
-    warnings = []
-    others = competing_cores()
-    if others is not None and others >= COMPETING_CORES:
-        warnings.append(f"other processes keep about {others:.1f} of this process's {usable_cores()} cores busy: "
-                        "training and timings here run slower while they do (two notebooks training at once "
-                        "share the cores; stop the other kernel, or wait for it)")
-    report = EnvReport(
-        python=platform.python_version(),
-        platform=f"{platform.system()} {platform.machine()}",
-        yolo9kit=_version("yolo9kit") or "(not installed)",
-        torch=torch_version,
-        torchvision=_version("torchvision"),
-        cuda_available=cuda_available,
-        cuda_version=cuda_version,
-        gpus=gpus,
-        cpu_cores=usable_cores(),
-        cpu_threads=set_cpu_threads() if torch_version is not None else 1,
-        cpu_isa=torch.backends.cpu.get_cpu_capability() if torch_version is not None else "unknown",
-        cpu_bf16=native_cpu_bf16() if torch_version is not None else False,
-        ram_total_bytes=total,
-        ram_available_bytes=available,
-        packages={name: _version(name) for name in
-                  ("numpy", "opencv-python-headless", "pandas", "matplotlib", "jupyterlab", "ipywidgets")},
-        widgets_extension=state,
-        package_data=package_data,
-        location=str(Path(__file__).resolve().parent),
-        problems=problems,
-        warnings=warnings,
-    )
-    if verbose:
-        logging.getLogger(__name__).info("\n%s", report)
-    return report
+def usable_cores(cgroup: Path | None = None) -> int:
+    """The cores this process may use: its CPU affinity capped by the CPU quota (``--cpus``) of ``cgroup`` (a
+    folder; default: this process's cgroup), at least 1. ``os.cpu_count()`` and torch ignore the quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota(cgroup or _own_cgroup())
+    return max(1, min(cores, math.ceil(quota)) if quota else cores)
 
 
-def parse_device(device: Any) -> torch.device:  # noqa: F821 (torch imported lazily)
-    """The device a setting names, not checked against this machine: None or "" the first CUDA device when
-    there is CUDA, else the CPU; a GPU index (``0``, ``"1"``) that CUDA device; else ``torch.device(device)``.
-
-    Raises:
-        RuntimeError: not a device torch knows (``torch.device``'s own error).
-    """
-    import torch
-
-    if device is None or device == "":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, int) or (isinstance(device, str) and device.strip().isdigit()):
-        return torch.device(f"cuda:{int(device)}")
-    return torch.device(str(device).strip() if isinstance(device, str) else device)
+def _cgroups(proc: Path) -> list[list[str]]:
+    """``[hierarchy, controllers, path]`` of each line of ``<proc>/self/cgroup``; [] when unreadable."""
+    try:
+        return [line.split(":", 2) for line in (proc / "self" / "cgroup").read_text().splitlines()]
+    except OSError:
+        return []
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:  # noqa: F821 (torch imported lazily)
-    """None/"" -> the first CUDA device when available, else CPU; "0" -> cuda:0; else ``torch.device(device)``.
-
-    A CUDA device always comes back with its index: ``"cuda"`` is the current CUDA device
-    (``torch.cuda.current_device()``), so every later question about "the card" (its name, memory, bf16,
-    random state) is about the one the tensors are on, also on a machine with several GPUs.
-
-    Raises:
-        ValueError: a CUDA device is asked for on a machine without CUDA.
-    """
-    import torch
-
-    device = parse_device(device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device} requested but CUDA is not available; use device='cpu'")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-    return device
+def _own_cgroup() -> Path:
+    """This process's cgroup v2 folder (the ``0::/path`` line), else the cgroup root."""
+    return next((CGROUP / line[2].lstrip("/") for line in _cgroups(PROC) if line[:2] == ["0", ""]), CGROUP)
 
 
-def free_cuda_memory(device: Any = None) -> None:
-    """Collect unreachable tensors and hand the cached CUDA blocks back to the driver (after the caller dropped
-    its own): before a measurement and after an out-of-memory error. Nothing to do for a CPU ``device``."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
-        torch.cuda.synchronize()  # blocks of kernels still running are freed once they finish
-        torch.cuda.empty_cache()
-
-
-def native_bf16(index: int) -> bool:
-    """Whether CUDA device ``index`` computes bf16 in hardware: compute capability 8.0 or more (Ampere and
-    newer). ``torch.cuda.is_bf16_supported()`` is not this question: by default it also counts emulation and
-    says True on a T4 or V100 (7.x), where bf16 has no tensor cores and no cuDNN engines."""
-    import torch
-
-    return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
+def _cgroup_quota(folder: Path) -> float | None:
+    """The CPU quota in cores (``200000 100000`` -> 2.0); None when there is none or it cannot be read."""
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota = int((folder / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
-def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:  # noqa: F821
-    """Copy a (small) host tensor to ``device`` without making the host wait for the GPU.
-
-    A copy from ordinary (pageable) host memory may make the CUDA driver wait for the stream; staging it
-    in pinned memory first lets ``non_blocking`` really overlap. No-op for tensors already on ``device``.
-    """
-    if tensor.device == device:
-        return tensor
-    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
+def set_cpu_threads() -> int:
+    """Lower torch's intra-op threads to ``usable_cores()`` (never raise: ``OMP_NUM_THREADS`` stays); the count."""
+    cores = usable_cores()
+    if torch.get_num_threads() > cores:
+        torch.set_num_threads(cores)
+    return torch.get_num_threads()
 
 
-def ram_available_bytes() -> int | None:
-    """Memory the OS can give this process now (MemAvailable on Linux), or None when unknown."""
-    return _memory()[1]
+def competing_cores(sample_s: float = 0.5) -> float | None:
+    """How many of this process's cores other processes keep busy over ``sample_s`` seconds; None off Linux."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    try:
+        busy0, own0, t0 = _busy_jiffies((PROC / "stat").read_text(), cpus), _own_jiffies(), time.monotonic()
+        time.sleep(sample_s)
+        busy1, own1, t1 = _busy_jiffies((PROC / "stat").read_text(), cpus), _own_jiffies(), time.monotonic()
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, (busy1 - busy0 - (own1 - own0)) / os.sysconf("SC_CLK_TCK") / (t1 - t0))
 
 
-def memory_limits(proc: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup") -> dict[str, int]:
-    """What this process may still allocate, by each limit that applies (bytes): ``"RAM"`` (MemAvailable),
-    ``"RLIMIT_AS"`` and ``"RLIMIT_DATA"`` (``ulimit -v``, ``prlimit``: the limit less what the process already
-    maps), ``"cgroup"`` (a container's or a systemd slice's memory.max, v2, or memory.limit_in_bytes, v1, less
-    its current use). Limits that are not set, or cannot be read, are left out."""
+def _busy_jiffies(stat: str, cpus: list[int] | None) -> int:
+    """Busy clock ticks of the /proc/stat lines of ``cpus`` (None: the aggregate ``cpu`` line)."""
+    total = 0
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if (cpus is None and name == "cpu") or (cpus is not None and name[3:].isdigit() and name.startswith("cpu")
+                                                and int(name[3:]) in cpus):
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+            total += user + nice + system + irq + softirq + steal
+    return total
+
+
+def _own_jiffies() -> int:
+    fields = (PROC / "self" / "stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the line)
+
+
+@functools.lru_cache(maxsize=1)  # StepConfig.resolve asks at every step it resolves
+def native_cpu_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware for oneDNN (AVX512-BF16 or AMX-BF16, Arm FEAT_BF16)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        flags = (PROC / "cpuinfo").read_text()
+        return " avx512_bf16" in flags or " amx_bf16" in flags
+    except OSError:
+        pass
+    try:  # macOS
+        out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True,
+                             timeout=5, check=False)
+        return out.stdout.strip() == "1"
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def memory_limits(proc: str | Path = PROC, cgroup_root: str | Path = CGROUP) -> dict[str, int]:
+    """The bytes this process may still allocate under each limit that is set and readable (from the ``proc`` and
+    ``cgroup_root`` folders): ``"RAM"`` (MemAvailable), ``"RLIMIT_AS"`` / ``"RLIMIT_DATA"`` (the limit less what
+    the process maps), ``"cgroup"`` (memory.max, v2, or memory.limit_in_bytes, v1, less its use)."""
     proc, root = Path(proc), Path(cgroup_root)
     out: dict[str, int] = {}
-    available = _memory()[1] if proc == Path("/proc") else _meminfo(proc / "meminfo").get("MemAvailable")
+    available = _meminfo(proc / "meminfo").get("MemAvailable")
     if available is not None:
         out["RAM"] = available
     status = _meminfo(proc / "self" / "status")
     try:
-        import resource
+        import resource  # not on Windows
 
         for name, used in (("RLIMIT_AS", status.get("VmSize")), ("RLIMIT_DATA", status.get("VmData"))):
             soft, _ = resource.getrlimit(getattr(resource, name))
@@ -329,23 +298,23 @@ def _meminfo(path: Path) -> dict[str, int]:
     return out
 
 
+def _memory() -> tuple[int | None, int | None]:
+    """Total and available RAM (/proc/meminfo, else sysconf's total); None where unknown."""
+    info = _meminfo(PROC / "meminfo")
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # no sysconf on Windows
+        info.setdefault("MemTotal", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return info.get("MemTotal"), info.get("MemAvailable")
+
+
 def _cgroup_room(proc: Path, root: Path) -> int | None:
-    """The memory left under this process's cgroup limit (v2 memory.max, or v1 memory.limit_in_bytes)."""
-    try:
-        lines = (proc / "self" / "cgroup").read_text().splitlines()
-    except OSError:
-        return None
+    """The memory left under the lowest cgroup limit of this process (v2 memory.max at every level, or v1)."""
     candidates = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
+    for _, controllers, path in _cgroups(proc):
         rel = path.lstrip("/")
-        if controllers == "":  # v2: limits at every level up to the root count
+        if controllers == "":  # v2: the limits of every level up to the root count
             folder = root / rel
-            while True:
-                candidates.append((folder / "memory.max", folder / "memory.current"))
-                if folder == root or root not in folder.parents:
-                    break
-                folder = folder.parent
+            for level in (folder, *(p for p in folder.parents if p == root or root in p.parents)):
+                candidates.append((level / "memory.max", level / "memory.current"))
         elif "memory" in controllers.split(","):
             for base in (root / "memory" / rel, root / "memory"):
                 candidates.append((base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"))
@@ -360,3 +329,53 @@ def _cgroup_room(proc: Path, root: Path) -> int | None:
         except (OSError, ValueError):
             continue
     return min(rooms) if rooms else None
+
+
+def parse_device(device: Any) -> torch.device:
+    """The device a setting names, unchecked: None/"" the first CUDA device if any, else the CPU; ``0``/``"1"``
+    that CUDA device; else ``torch.device(device)`` (whose ``RuntimeError`` names a device torch does not know)."""
+    if device is None or device == "":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, int) or (isinstance(device, str) and device.strip().isdigit()):
+        return torch.device(f"cuda:{int(device)}")
+    return torch.device(device.strip() if isinstance(device, str) else device)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``parse_device`` checked against this machine; a CUDA device always with its index.
+
+    ``"cuda"`` becomes the current device, so that later questions (name, memory, bf16) are about the card in use.
+
+    Raises:
+        ValueError: a CUDA device is asked for on a machine without CUDA.
+    """
+    device = parse_device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device} requested but CUDA is not available; use device='cpu'")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def free_cuda_memory(device: Any = None) -> None:
+    """Collect garbage and hand the cached CUDA blocks back to the driver; nothing to do for a CPU ``device``."""
+    gc.collect()
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.synchronize()  # blocks of kernels still running are freed once they finish
+        torch.cuda.empty_cache()
+
+
+def native_bf16(index: int) -> bool:
+    """Whether CUDA device ``index`` computes bf16 in hardware (capability 8.0+; ``torch.cuda.is_bf16_supported``
+    also counts emulation, True on a T4)."""
+    return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
+
+
+def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy a small host tensor to ``device`` without the host waiting for the GPU (staged in pinned memory)."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()  # a pageable copy may make the driver wait for the stream
+    return tensor.to(device, non_blocking=True)

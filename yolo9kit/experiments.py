@@ -19,12 +19,11 @@ import pandas as pd
 import yaml
 
 from yolo9kit.files import LOCK_NAME, FolderLock, RecordError, read_record
-from yolo9kit.train.records import ENDED, STATE_FILE
+from yolo9kit.train.records import ENDED, SETTINGS_FILE, STATE_FILE
 
-SETTINGS_FILE = "settings.yaml"
 RESULTS_FILE = "results.csv"
 # settings that name the run rather than describe it: never shown as a difference
-_NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "log_interval", "loggers", "mlflow_uri"}
+_NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "loggers", "mlflow_uri"}
 # MLflow's local stores, which keep copies of a run's results.csv, settings.yaml and state.yaml
 _COPIES = {"mlartifacts", "mlruns"}
 NUMBERS = ["best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "wall time (s)", "images/s", "peak memory (GiB)"]

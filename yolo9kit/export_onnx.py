@@ -6,7 +6,7 @@ size and, by default, any batch size. Its input and outputs:
 
 * ``images``: (B, 3, H, W) float32, RGB in [0, 1], letterboxed to H x W as ``predict`` does.
 * ``predictions``: (B, 4 + nc, A) float32, A anchors over the three levels: cx, cy, w, h in input pixels,
-  then the class scores in [0, 1]; what :func:`~yolo9kit.ops.non_max_suppression` takes. NMS is the
+  then the class scores in [0, 1]; what :func:`~yolo9kit.detections.non_max_suppression` takes. NMS is the
   caller's (the default).
 * with ``nms``: ``detections`` first, (K, 7) float32, one row per kept box of the whole batch:
   ``[image_index, x1, y1, x2, y2, score, class]`` in input pixels, each image's rows by descending score;
@@ -35,14 +35,13 @@ import numpy as np
 import torch
 
 from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
+from yolo9kit.detections import MAX_WH, non_max_suppression
 from yolo9kit.files import refuse_own_input, write_bytes_atomically
-from yolo9kit.models.inference import max_stride, prepare_model, select_head
-from yolo9kit.ops import non_max_suppression
-from yolo9kit.zoo import load_model
+from yolo9kit.models import load_model
+from yolo9kit.models.deploy import max_stride, prepare_model, select_head
 
 LOGGER = logging.getLogger(__name__)
 EXTRA = "pip install 'yolo9kit[export]'"
-MAX_WH = 7680  # the official class offset of NMS: boxes of different classes never overlap
 
 __all__ = ["ExportCheckError", "ExportReport", "export"]
 
@@ -107,7 +106,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     """Write the deployed model as an ONNX file and check it against PyTorch in ONNX Runtime.
 
     Args:
-        model: a DetectionModel, or anything :func:`~yolo9kit.zoo.load_model` accepts (checkpoint path,
+        model: a DetectionModel, or anything :func:`~yolo9kit.models.load_model` accepts (checkpoint path,
             model name). Never changed: the export works on its deployed copy, on the CPU in float32.
         path: the .onnx file to write (its folder is made): written whole or not at all, never over the
             weights file it exports (``files.write_file``).

@@ -1,19 +1,28 @@
-"""Matplotlib figures that a notebook shows inline without pyplot.
-
-The result types (:class:`yolo9kit.detections.Prediction`) and the plots share this helper, so it sits below
-both: a figure built here is not in pyplot's registry, so it is freed like any object, never shown twice, and
-it renders itself as PNG when it is the last value of a notebook cell.
-"""
+"""Figures outside pyplot (freed like any object, shown inline as PNG, never twice) and the figures of what
+training and validation produce: batches, label statistics, validation curves, results.csv curves. Every plot
+takes ``ax=None`` (or ``fig=None``), builds what it lacks with :func:`new_figure` and returns the figure."""
 
 from __future__ import annotations
 
+import functools
 import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+import matplotlib
+import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from yolo9kit.files import write_file
+from yolo9kit.metrics import smooth
 
-__all__ = ["InlineFigure", "axes_for", "new_figure", "save_figure"]
+_MAX_LEGEND_CLASSES = 20
+_METRICS = (("metrics/mAP50", "mAP50"), ("metrics/mAP50-95", "mAP50-95"), ("metrics/precision", "P"),
+            ("metrics/recall", "R"))
 
 
 class InlineFigure(Figure):
@@ -25,26 +34,283 @@ class InlineFigure(Figure):
         return buffer.getvalue()
 
 
-def save_figure(figure: Figure, path, dpi: int = 100):
-    """Write ``figure`` to ``path`` (format from the suffix) through ``files.write_file``: whole or not at all.
-    Not flushed to the disk like a checkpoint: a picture lost to a power cut is drawn again."""
-    from pathlib import Path
-
-    path = Path(path)
-    return write_file(path, lambda tmp: figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"),
-                      needed=8 << 20, what=f"saving the picture {path}", durable=False)
-
-
 def new_figure(figsize: tuple[float, float]) -> InlineFigure:
-    """A figure outside pyplot's registry: it is freed like any object and never shown twice."""
+    """A figure outside pyplot's registry, laid out when drawn."""
     return InlineFigure(figsize=figsize, layout="tight")
 
 
 def axes_for(ax, figsize: tuple[float, float]):
-    """(figure, axes) to draw on: ``ax`` and its figure when given, else one axes on a new figure. The one
-    convention of every plot of the kit: a plot takes ``ax=`` (or ``fig=`` when it lays out several axes),
-    builds what it lacks with :func:`new_figure`, and returns the figure."""
+    """(figure, axes) to draw on: ``ax`` and its figure, else one axes on a new figure of ``figsize``."""
     if ax is not None:
         return ax.figure, ax
     fig = new_figure(figsize)
     return fig, fig.add_subplot()
+
+
+def save_figure(figure: Figure, path, dpi: int = 100) -> Path:
+    """Write ``figure`` to ``path`` (format from the suffix), whole or not at all (``files.write_file``);
+    returns the path."""
+    path = Path(path)
+    # not flushed to the disk like a checkpoint: a picture lost to a power cut is drawn again
+    return write_file(path, lambda tmp: figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"),
+                      needed=8 << 20, what=f"saving the picture {path}", durable=False)
+
+
+def _tight(fig):
+    if fig.get_layout_engine() is None:  # a figure with its own layout (new_figure) lays out when drawn
+        fig.tight_layout()
+    return fig
+
+
+def _class_name(names: list[str] | dict[int, str] | None, c: int) -> str:
+    if isinstance(names, dict):
+        return str(names.get(c, c))
+    return names[c] if names is not None and c < len(names) else str(c)
+
+
+def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_images: int = 16, ax=None, fig=None,
+               ncols: int | None = None, tile_inches: float = 3.0, title: str | None = None):
+    """Draw the images of a loader batch with their boxes.
+
+    Args:
+        batch: ``(images (B, 3, H, W) uint8 RGB or float in [0, 1], targets (N, 6) [image, class, cx, cy, w, h]
+            normalised, ...)`` as ``yolo9kit.data.create_dataloader`` yields.
+        names: class names (list or {id: name}); ids when None.
+        max_images: draw at most this many images.
+        ax: one axes to draw a mosaic of the images into.
+        fig: a figure to add a grid of axes to (when ``ax`` is None); None: a new one.
+        ncols: columns of the grid (default: about the square root).
+        tile_inches: the size of one image on a new figure.
+        title: a title above the grid (laid out with it, never over the images).
+    """
+    images, targets = batch[0], batch[1]
+    n = min(len(images), max_images)
+    ncols = ncols or math.ceil(math.sqrt(n))
+    nrows = math.ceil(n / ncols)
+    if ax is not None:
+        axes, fig = None, ax.figure
+    else:
+        fig = fig if fig is not None else new_figure((ncols * tile_inches, nrows * tile_inches))
+        axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    targets = np.asarray(targets.cpu() if hasattr(targets, "cpu") else targets, dtype=np.float64)
+    for i in range(n):
+        image = images[i].detach().cpu().numpy() if hasattr(images[i], "detach") else np.asarray(images[i])
+        image = image.transpose(1, 2, 0)
+        if image.dtype != np.uint8:
+            image = (image.clip(0, 1) * 255).astype(np.uint8)
+        h, w = image.shape[:2]
+        if axes is not None:
+            a, x_off, y_off = axes[i], 0, 0
+            a.imshow(image)
+        else:  # one axes: lay the images out on a grid in data coordinates
+            a, x_off, y_off = ax, (i % ncols) * w, (i // ncols) * h
+            a.imshow(image, extent=(x_off, x_off + w, y_off + h, y_off))
+        _draw_boxes(a, targets[targets[:, 0] == i], names, (x_off, y_off, w, h))
+    for a in axes[n:] if axes is not None else ():
+        a.set_axis_off()
+    if axes is None:
+        ax.set(xlim=(0, ncols * w), ylim=(nrows * h, 0))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _tight(fig)  # after the title: the grid makes room for it
+
+
+def _draw_boxes(ax, rows: np.ndarray, names, frame: tuple[float, float, int, int]) -> None:
+    """The labelled boxes of one image at (x offset, y offset, width, height) ``frame`` on ``ax``."""
+    x_off, y_off, w, h = frame
+    colours = matplotlib.colormaps["tab10"]
+    for _, cls, cx, cy, bw, bh in rows:
+        colour = colours(int(cls) % 10)
+        x1, y1 = x_off + (cx - bw / 2) * w, y_off + (cy - bh / 2) * h
+        ax.add_patch(Rectangle((x1, y1), bw * w, bh * h, fill=False, edgecolor=colour, linewidth=1.5))
+        ax.text(x1, y1, _class_name(names, int(cls)), color="white", fontsize=7, va="bottom",
+                bbox={"facecolor": colour, "alpha": 0.8, "pad": 1, "edgecolor": "none"})
+    ax.set_axis_off()
+
+
+def plot_labels(labels, names: list[str] | dict[int, str] | None = None, fig=None, max_boxes: int = 1000):
+    """Boxes per class, box centres, box sizes, and the outlines of boxes drawn about one centre (2 x 2 axes).
+
+    Args:
+        labels: rows ``[class, cx, cy, w, h]`` normalised, shape (N, 5), or a list of such arrays (one per image).
+        names: class names (list or {id: name}); bars are labelled by id when None.
+        fig: a figure to draw into (cleared), or None for a new one.
+        max_boxes: boxes drawn in the outline panel (the first ones; all of them count in the others).
+    """
+    if isinstance(labels, (list, tuple)):
+        labels = np.concatenate([np.asarray(x, dtype=np.float64).reshape(-1, 5) for x in labels]) if labels \
+            else np.zeros((0, 5))
+    labels = np.asarray(labels, dtype=np.float64).reshape(-1, 5)
+    classes = labels[:, 0].astype(int)
+    nc = max(len(names or ()), int(classes.max()) + 1 if len(classes) else 0)
+    fig = fig if fig is not None else new_figure((8, 8))
+    fig.clear()
+    axes = fig.subplots(2, 2)
+    axes[0, 0].bar(range(nc), np.bincount(classes, minlength=nc), color=[f"C{c % 10}" for c in range(nc)])
+    if 0 < nc <= 30:  # beyond that the tick labels overlap
+        axes[0, 0].set_xticks(range(nc), [_class_name(names, c) for c in range(nc)], rotation=90 if nc > 8 else 0,
+                              fontsize=8)
+    axes[0, 0].set(title=f"boxes per class ({len(labels)} boxes)", ylabel="boxes")
+    for ax, (i, j), title, xlabel, ylabel in ((axes[1, 0], (1, 2), "box centres", "x", "y"),
+                                              (axes[1, 1], (3, 4), "box sizes", "width", "height")):
+        ax.hist2d(labels[:, i], labels[:, j], bins=50, range=((0, 1), (0, 1)), cmap="Blues", cmin=1)
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1), aspect="equal")
+    axes[1, 0].invert_yaxis()  # image coordinates: y grows downwards
+    outline = axes[0, 1]
+    for cls, _, _, w, h in labels[:max_boxes]:
+        outline.add_patch(Rectangle((0.5 - w / 2, 0.5 - h / 2), w, h, fill=False, linewidth=0.5, alpha=0.5,
+                                    edgecolor=f"C{int(cls) % 10}"))
+    outline.set(title="box outlines about one centre", xlim=(0, 1), ylim=(1, 0), aspect="equal", xticks=[],
+                yticks=[])
+    return _tight(fig)
+
+
+def draw_results(df: Any, fig=None):
+    """Losses, validation metrics, learning rates and images/s per epoch (2 x 2 axes) of results.csv rows.
+
+    Args:
+        df: a DataFrame with the results.csv columns, one row per epoch (metrics NaN where not validated).
+        fig: a figure to draw into (cleared), or None for a new one (safe in a worker thread, no display).
+    """
+    fig = fig if fig is not None else new_figure((10, 6))
+    fig.clear()
+    axes = fig.subplots(2, 2)
+    x = df["epoch"] + 1
+    for name in ("box", "cls", "dfl"):
+        axes[0, 0].plot(x, df[f"train/{name}_loss"], marker=".", label=name)
+    axes[0, 0].set(title="train loss", xlabel="epoch")
+    for col, label in _METRICS:
+        values = df[col].astype(float) if col in df else None  # None (not validated) -> NaN
+        if values is not None and values.notna().any():
+            axes[0, 1].plot(x, values, marker=".", label=label)
+    axes[0, 1].set(title="validation (EMA)", xlabel="epoch", ylim=(0, 1))
+    for i, label in enumerate(("bias", "weights", "norm weights")):
+        axes[1, 0].plot(x, df[f"lr/pg{i}"], label=label)
+    axes[1, 0].set(title="learning rate (end of epoch)", xlabel="epoch")
+    axes[1, 1].plot(x, df["images_per_s"], marker=".")
+    axes[1, 1].set(title="training images / s", xlabel="epoch")
+    for ax in axes.flat:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        if ax is not axes[1, 1] and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return _tight(fig)
+
+
+def plot_confusion_matrix(matrix, names: Sequence[str] = (), normalize: bool = True, ax=None):
+    """Heat map of a (nc+1, nc+1) confusion matrix (rows predicted, columns true, last = background).
+
+    Args:
+        matrix: a :class:`yolo9kit.metrics.ConfusionMatrix` or its ``.matrix`` array.
+        names: class names; the tick labels when there are fewer than 99 and they match nc.
+        normalize: divide each column by its sum (values < 0.005 left blank), as the official plot.
+        ax: axes to draw on.
+    """
+    counts = np.asarray(getattr(matrix, "matrix", matrix), dtype=float)
+    nc = counts.shape[0] - 1
+    array = counts / (counts.sum(0, keepdims=True) + 1e-9) if normalize else counts.copy()
+    array[array < 0.005] = np.nan
+    fig, ax = axes_for(ax, (12, 9) if nc >= 10 else (7, 5.5))
+    image = ax.imshow(np.ma.masked_invalid(array), cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
+    fig.colorbar(image, ax=ax)
+    if 0 < len(names) < 99 and len(names) == nc:
+        ticks = list(names) + ["background"]
+        ax.set_xticks(range(nc + 1), ticks, rotation=90)
+        ax.set_yticks(range(nc + 1), ticks)
+    if nc < 30:
+        for (i, j), value in np.ndenumerate(array):
+            if np.isfinite(value):
+                ax.text(j, i, f"{value:.2f}" if normalize else f"{value:g}", ha="center", va="center",
+                        fontsize=8, color="white" if normalize and value > 0.5 else "black")
+    ax.set(xlabel="True", ylabel="Predicted", title="Confusion Matrix" + (" (column-normalised)" if normalize else ""))
+    return fig
+
+
+def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
+    """Precision-recall curve at IoU 0.5 per class and their mean, with mAP@0.5 in the legend.
+
+    Args:
+        ap_result: :class:`yolo9kit.metrics.APResult`; None (no true positive) draws empty axes that say so.
+        names: names of ``ap_result.classes`` in order (or of every class, indexed by class id).
+        ax: axes to draw on.
+    """
+    fig, ax = axes_for(ax, (9, 6))
+    if ap_result is None:
+        ax.text(0.5, 0.5, "no true positive at any confidence:\nno precision-recall curve (mAP 0)",
+                ha="center", va="center", transform=ax.transAxes)
+        return _finish(fig, ax, "Recall", "Precision", "Precision-Recall Curve")
+    px, curves, ap = ap_result.px, ap_result.pr_curve, ap_result.ap
+    _class_curves(ax, px, curves, [f"{n} {a:.3f}" for n, a in zip(_class_labels(ap_result, names), ap[:, 0])])
+    if len(curves):
+        ax.plot(px, curves.mean(0), linewidth=3, color="blue", label=f"all classes {ap[:, 0].mean():.3f} mAP@0.5")
+    return _finish(fig, ax, "Recall", "Precision", "Precision-Recall Curve")
+
+
+def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), ax=None):
+    """A metric against confidence per class, and the smoothed class mean with its best point.
+
+    Args:
+        ap_result: :class:`yolo9kit.metrics.APResult`.
+        metric: ``"f1"``, ``"p"`` (precision) or ``"r"`` (recall).
+        names: class names (as for :func:`plot_pr_curve`).
+        ax: axes to draw on.
+
+    Raises:
+        ValueError: an unknown ``metric``.
+    """
+    curves = {"f1": ap_result.f1_curve, "p": ap_result.p_curve, "r": ap_result.r_curve}
+    if metric not in curves:
+        raise ValueError(f"metric must be one of 'f1', 'p', 'r', got {metric!r}")
+    ylabel = {"f1": "F1", "p": "Precision", "r": "Recall"}[metric]
+    fig, ax = axes_for(ax, (9, 6))
+    px, y = ap_result.px, curves[metric]
+    _class_curves(ax, px, y, _class_labels(ap_result, names))
+    if len(y):
+        mean = smooth(y.mean(0), 0.05)
+        best = int(mean.argmax())
+        ax.plot(px, mean, linewidth=3, color="blue", label=f"all classes {mean[best]:.2f} at {px[best]:.3f}")
+    return _finish(fig, ax, "Confidence", ylabel, f"{ylabel}-Confidence Curve")
+
+
+def plot_validation(confusion, ap_result, names: Sequence[str] = ()) -> dict:
+    """The official validation plots: {official file name: figure}.
+
+    Args:
+        confusion: the ``ConfusionMatrix`` (or its array).
+        ap_result: the ``APResult``; None (no true positive): the matrix and an empty PR curve, no F1, P, R curves.
+        names: class names.
+    """
+    return {name: make() for name, make in validation_figure_makers(confusion, ap_result, names).items()}
+
+
+def validation_figure_makers(confusion, ap_result, names: Sequence[str] = ()) -> dict:
+    """What :func:`plot_validation` draws, one uncalled function per file name (a run folder draws them one by
+    one, so that one failing picture does not cost the others)."""
+    makers = {"confusion_matrix.png": functools.partial(plot_confusion_matrix, confusion, names),
+              "PR_curve.png": functools.partial(plot_pr_curve, ap_result, names)}
+    if ap_result is not None:
+        for metric, stem in (("f1", "F1"), ("p", "P"), ("r", "R")):
+            makers[f"{stem}_curve.png"] = functools.partial(plot_metric_curve, ap_result, metric, names)
+    return makers
+
+
+def _class_curves(ax, px, curves, labels: list[str]) -> None:
+    if 0 < len(curves) <= _MAX_LEGEND_CLASSES:
+        for label, curve in zip(labels, curves):
+            ax.plot(px, curve, linewidth=1, label=label)
+    elif len(curves):  # too many to name: grey and unlabelled
+        ax.plot(px, curves.T, linewidth=1, color="grey")
+
+
+def _class_labels(ap_result, names: Sequence[str]) -> list[str]:
+    classes = [int(c) for c in ap_result.classes]
+    names = list(names)
+    if names and max(classes, default=-1) < len(names):
+        return [str(names[c]) for c in classes]
+    return [str(c) for c in classes]
+
+
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str):
+    ax.set(xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1), title=title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left")
+    return fig

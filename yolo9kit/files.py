@@ -1,6 +1,5 @@
-"""Files that survive crashes and full disks: the one way the kit writes a file (``write_file``) or a folder
-(``write_folder``) (temporary ``.<name>.<pid>.tmp`` beside it, flushed, then moved over it), the run folder's lock,
-the removal of temporary files left by killed writes, and the bounded reading of YAML records (docs/faults.md)."""
+"""Files that survive crashes and full disks (docs/faults.md): the one writer of a file (``write_file``) or a folder
+(``write_folder``), the run folder's lock, the removal of killed writes' temporaries, bounded YAML records."""
 
 from __future__ import annotations
 
@@ -20,18 +19,11 @@ import yaml
 LOGGER = logging.getLogger(__name__)
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp(\.\w+)?$")
-# Errors a write gets from a full disk or an exhausted quota.
-_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # a full disk, an exhausted quota
 
 
 class DiskFullError(OSError):
-    """Not enough free space to write a file; nothing already in the folder was changed.
-
-    Attributes:
-        folder: where the file was to be written.
-        needed: bytes the write needs (an estimate from the data to write).
-        free: bytes free there when it was checked (None when the file system does not say).
-    """
+    """Not enough free space for a write (``folder``, ``needed`` bytes, ``free`` or None); nothing was changed."""
 
     def __init__(self, folder: Path, needed: int, free: int | None, what: str) -> None:
         self.folder, self.needed, self.free = Path(folder), int(needed), free
@@ -43,7 +35,7 @@ class DiskFullError(OSError):
 
 
 def format_bytes(nbytes: float | None) -> str:
-    """``1.23 GiB``, ``45.60 MiB``, ``512 B``; ``-`` for None (unknown). For display only: the kit keeps bytes."""
+    """``1.23 GiB``, ``45.60 MiB``, ``512 B``; ``-`` for None (unknown)."""
     if nbytes is None:
         return "-"
     for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -70,14 +62,8 @@ def check_free_space(folder: str | Path, needed: int, what: str) -> None:
         raise DiskFullError(Path(folder), needed, free, what)
 
 
-def is_out_of_space(error: BaseException) -> bool:
-    """True for an OSError of a full disk or quota (``ENOSPC``, ``EDQUOT``)."""
-    return isinstance(error, OSError) and error.errno in _NO_SPACE
-
-
 def temporary_path(path: Path, keep_suffix: bool = False) -> Path:
-    """``<folder>/.<name>.<pid>.tmp``: where ``path`` is written before it replaces the old file
-    (``keep_suffix``: ``.tmp.mp4`` and the like, for writers that choose the format by the suffix)."""
+    """``<folder>/.<name>.<pid>.tmp`` (``keep_suffix``: ``.tmp.mp4``, for writers that go by the suffix)."""
     return path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix if keep_suffix else ''}")
 
 
@@ -97,11 +83,9 @@ def refuse_own_input(path: Path, inputs: Iterable[str | Path]) -> None:
                                     "destroy it; choose another output path")
 
 
-def failed_for_space(error: BaseException, free: int | None, needed: int) -> bool:
-    """A failed write that a full disk explains: ENOSPC or EDQUOT, or a writer failing with little room left
-    (torch reports a full disk as "unexpected pos"; the space the partial file took is free again when this is
-    asked, hence the factor 2)."""
-    if is_out_of_space(error):
+def _failed_for_space(error: BaseException, free: int | None, needed: int) -> bool:
+    """ENOSPC or EDQUOT, or torch's "unexpected pos" with little room (the partial file's space is free again)."""
+    if isinstance(error, OSError) and error.errno in _NO_SPACE:
         return True
     text = str(error)
     torch_write = isinstance(error, RuntimeError) and ("unexpected pos" in text or "failed writing" in text)
@@ -110,12 +94,17 @@ def failed_for_space(error: BaseException, free: int | None, needed: int) -> boo
 
 def write_file(path: str | Path, write: Callable[[Path], object], *, needed: int, what: str | None = None,
                inputs: Iterable[str | Path] = (), keep_suffix: bool = False, durable: bool = True) -> Path:
-    """Write ``path`` through ``write(temporary_path)``: the one way the kit writes a file.
+    """Write ``path`` through ``write(temporary_path)``, then move it over ``path``; returns ``path``. On any failure
+    (an interrupt included) the temporary file is removed and ``path`` is as it was.
 
-    Refuses to write over one of ``inputs``; checks that the folder has ``needed`` bytes free; writes the
-    temporary file beside ``path``, flushes it to the disk (``durable``; a picture need not be) and moves it
-    over ``path``. On any failure, an interrupt included, the temporary file is removed and ``path`` is as it
-    was.
+    Args:
+        path: the file to write.
+        write: writes the data to the path it is given.
+        needed: the bytes the folder must have free.
+        what: the write, as error messages name it (default: "writing <path>").
+        inputs: files of the command that ``path`` must not be.
+        keep_suffix: the temporary file ends with ``path``'s suffix.
+        durable: flush it to the disk before the move (a picture need not be).
 
     Raises:
         OwnInputError: ``path`` is one of ``inputs``.
@@ -130,15 +119,12 @@ def write_file(path: str | Path, write: Callable[[Path], object], *, needed: int
     tmp = temporary_path(path, keep_suffix)
     try:
         write(tmp)
-        if durable:
-            replace_durably(tmp, path)
-        else:
-            os.replace(tmp, path)
+        (replace_durably if durable else os.replace)(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, (OSError, RuntimeError)):
             free = free_bytes(path.parent)
-            if failed_for_space(e, free, needed):
+            if _failed_for_space(e, free, needed):
                 raise DiskFullError(path.parent, needed, free, what) from e
             if isinstance(e, OSError) and str(path) not in str(e):
                 raise OSError(e.errno, f"{what}: {e.strerror or e}") from e
@@ -148,10 +134,14 @@ def write_file(path: str | Path, write: Callable[[Path], object], *, needed: int
 
 def write_folder(path: str | Path, fill: Callable[[Path], object], *, needed: int, overwrite: bool = False,
                  what: str | None = None) -> Path:
-    """Make the folder ``path`` by ``fill(temporary_folder)``, then move it into place in one step.
+    """Make the folder ``path`` by ``fill(temporary_folder)``, then move it into place in one step; returns ``path``.
 
-    A folder that exists and is not empty is refused unless ``overwrite`` (then it is replaced only once the
-    new one is complete: an interrupted or failed ``fill`` leaves it as it was).
+    Args:
+        path: the folder to make.
+        fill: writes the folder's files into the folder it is given.
+        needed: the bytes the disk must have free.
+        overwrite: replace a folder that holds files (once the new one is complete).
+        what: the write, as error messages name it.
 
     Raises:
         FileExistsError: ``path`` holds files and ``overwrite`` is False (the message says how to go on).
@@ -176,7 +166,7 @@ def write_folder(path: str | Path, fill: Callable[[Path], object], *, needed: in
         shutil.rmtree(tmp, ignore_errors=True)
         if old.exists() and not path.exists():
             os.replace(old, path)
-        if is_out_of_space(e):
+        if isinstance(e, OSError) and e.errno in _NO_SPACE:
             raise DiskFullError(path.parent, needed, free_bytes(path.parent), what) from e
         raise
     shutil.rmtree(old, ignore_errors=True)
@@ -184,8 +174,7 @@ def write_folder(path: str | Path, fill: Callable[[Path], object], *, needed: in
 
 
 def replace_durably(tmp: Path, path: Path) -> None:
-    """Flush ``tmp`` to the disk, then move it over ``path`` (readers see the old or the new file, also after a
-    power cut: without the flush a file system may commit the rename before the data)."""
+    """Flush ``tmp`` to the disk, then move it over ``path``: the old or the new file, also after a power cut."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -200,15 +189,12 @@ def replace_durably(tmp: Path, path: Path) -> None:
 
 def write_text_atomically(path: Path, text: str, *, inputs: Iterable[str | Path] = ()) -> None:
     """Replace ``path`` with ``text`` through ``write_file``; on failure the old file stays."""
-    data = text.encode()
-    write_bytes_atomically(path, data, inputs=inputs)
+    write_bytes_atomically(path, text.encode(), inputs=inputs)
 
 
-def write_bytes_atomically(path: Path, data: bytes, *, inputs: Iterable[str | Path] = (),
-                           durable: bool = True) -> None:
+def write_bytes_atomically(path: Path, data: bytes, *, inputs: Iterable[str | Path] = ()) -> None:
     """Replace ``path`` with ``data`` through ``write_file``; on failure the old file stays."""
-    write_file(path, lambda tmp: Path(tmp).write_bytes(data), needed=len(data) + 4096, inputs=inputs,
-               durable=durable)
+    write_file(path, lambda tmp: Path(tmp).write_bytes(data), needed=len(data) + 4096, inputs=inputs)
 
 
 class FolderInUseError(ValueError):
@@ -219,18 +205,14 @@ LOCK_NAME = ".yolo9kit.lock"
 
 
 class FolderLock:
-    """One process at a time in a folder: ``<folder>/.yolo9kit.lock``, locked by its owner (``flock``) and naming
-    the owner's pid and host.
+    """One process at a time in a folder: ``<folder>/.yolo9kit.lock``, ``flock``ed by its owner (pid and host in it).
 
-    The system drops the lock when its owner ends, however it ends (kill -9, a restarted container, a machine
-    lost on a network file system), so ``acquire`` takes over a lock file that no process holds, with a line in
-    the log, and refuses one that a live process holds with ``FolderInUseError`` naming it. Where files cannot be
-    locked (Windows, a file system without locks) nothing is refused. ``release`` removes the file.
+    The system drops the lock when the owner ends, however it ends: ``acquire`` takes over a file no process holds
+    and raises ``FolderInUseError`` for one a live process holds (nothing is refused where files cannot be locked).
     """
 
     def __init__(self, folder: str | Path, what: str = "a run") -> None:
-        self.path = Path(folder) / LOCK_NAME
-        self.what = what
+        self.path, self.what = Path(folder) / LOCK_NAME, what
         self.fd: int | None = None
 
     def acquire(self) -> FolderLock:
@@ -282,8 +264,7 @@ class FolderLock:
 
 
 def _held_elsewhere(fd: int, exclusive: bool) -> bool:
-    """Lock ``fd`` without waiting (``flock``); True when another process holds it. Where files cannot be locked
-    (Windows, a file system without locks), False."""
+    """Lock ``fd`` without waiting (``flock``); True when another process holds it, False where nothing locks."""
     try:
         import fcntl  # POSIX only
 
@@ -296,29 +277,23 @@ def _held_elsewhere(fd: int, exclusive: bool) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
-    if not 0 < pid < 2**31:  # no process has such an id (os.kill overflows, or signals a whole group)
-        return False
-    if pid == os.getpid():
-        return False  # this process is starting: none of its writes is in progress
-    if os.name != "posix":  # Windows: os.kill(pid, 0) would end the process; an open file refuses unlink anyway
+    # False for: no possible process id (os.kill overflows, or signals a group); this process (starting: none of
+    # its writes is in progress); Windows (os.kill(pid, 0) ends the process; an open file refuses unlink anyway)
+    if not 0 < pid < 2**31 or pid == os.getpid() or os.name != "posix":
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # exists, owned by someone else
-        return True
+        pass
     return True
 
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Delete the temporary files of killed writes (``.<name>.<pid>.tmp`` of a process that is gone) in
-    ``folder``; returns what was removed. A write still in progress in another process is left alone."""
-    folder = Path(folder)
-    removed = []
-    if not folder.is_dir():
-        return removed
-    for path in folder.iterdir():
+    """Delete the temporary files of killed writes in ``folder`` (a live process's stay); what was removed."""
+    folder, removed = Path(folder), []
+    for path in folder.iterdir() if folder.is_dir() else ():
         match = _TEMPORARY.match(path.name)
         if not match or not path.is_file() or _pid_alive(int(match["pid"])):
             continue
@@ -337,8 +312,7 @@ class RecordError(ValueError):
     """A YAML record of a run or a study (settings.yaml, state.yaml, tune.yaml, ...) that the kit will not read."""
 
 
-# The kit's records are a few KB (settings.yaml ~3 KB); a bound keeps a hostile file from taking the machine.
-MAX_RECORD_BYTES = 1 << 20
+MAX_RECORD_BYTES = 1 << 20  # records are a few KB (settings.yaml ~3 KB): a hostile file does not take the machine
 
 
 class _RecordLoader(yaml.SafeLoader):
@@ -361,7 +335,7 @@ def dump_record(value: Any) -> str:
 
 
 def read_record(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Any:
-    """A YAML record the kit wrote (or a person edited), read with bounds: at most ``max_bytes``, no aliases.
+    """The value of a YAML record the kit wrote (or a person edited): at most ``max_bytes``, no aliases.
 
     Raises:
         RecordError: larger than ``max_bytes``, unreadable, or not YAML (the message names the file).
@@ -382,13 +356,12 @@ def read_record(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Any:
 
 
 def path_inside(folder: str | Path, name: str | Path, what: str) -> Path:
-    """``folder / name``, refused when ``name`` (read from a record, a storage, a user) leads out of ``folder``.
+    """``folder / name`` (resolved), refused when ``name`` (from a record, a storage, a user) leads out of it.
 
     Raises:
         ValueError: ``name`` is absolute, empty, or resolves (``..``, a symbolic link) outside ``folder``.
     """
-    folder = Path(folder).resolve()
-    text = str(name)
+    folder, text = Path(folder).resolve(), str(name)
     target = (folder / text).resolve()
     if not text or Path(text).is_absolute() or target == folder or not target.is_relative_to(folder):
         raise ValueError(f"{what} {text!r} is not a name inside {folder}; refused")

@@ -36,7 +36,7 @@ from yolo9kit.memory import estimate, gpus, measure
 from yolo9kit.memory.estimate import estimator_for
 from yolo9kit.memory.gpus import GPUSpec, gpu_from_device
 from yolo9kit.memory.tracer import synthetic_batch
-from yolo9kit.models import build_model
+from yolo9kit.models import create_model
 from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
 
 RESULT_NAME = "gpu_check.json"
@@ -179,7 +179,7 @@ def _versions() -> dict:
 def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.device) -> None:
     """The fast and the plain step from the same weights on the same batches: losses, images/s, syncs."""
     torch.manual_seed(0)
-    model = build_model(config.model)
+    model = create_model(config.model)
     batches = [synthetic_batch(config.batch_size, config.imgsz, 8, model.nc, seed=i)
                for i in range(config.warmup_batches + config.steps)]
     batches = [(images.pin_memory(), targets) for images, targets in batches]  # as the loader hands them over

@@ -1,18 +1,15 @@
-"""Detection metrics with the official YOLOv9 semantics: matching, AP, confusion matrix.
-
-* :func:`match_predictions` marks each detection a true positive or not at 10 IoU thresholds
-  (0.50:0.05:0.95) with the official tie-breaking.
-* :func:`ap_per_class` turns those marks into per-class AP (101-point interpolation), and P/R/F1
-  read at the confidence that maximises the smoothed mean F1.
-* :class:`ConfusionMatrix` counts (predicted class, true class) pairs at score > 0.25, IoU > 0.45.
-
-Conventions: detections are (N, 6) rows ``[x1, y1, x2, y2, conf, cls]``; labels are (M, 5) rows
-``[cls, x1, y1, x2, y2]``, both in the same pixel space.
-"""
+"""Detection metrics as the official YOLOv9 code (matching, AP, confusion matrix), and the COCO records and
+``COCOeval`` adapter of ``val_dual.py --save-json`` (docs/validation.md says how the two differ). Detections are
+(N, 6) rows ``[x1, y1, x2, y2, conf, cls]``, labels (M, 5) rows ``[cls, x1, y1, x2, y2]``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import io
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -20,23 +17,43 @@ import torch
 
 from yolo9kit.boxes import box_iou
 
-__all__ = ["APResult", "ConfusionMatrix", "IOU_THRESHOLDS", "ap_per_class", "compute_ap", "fitness",
-           "match_predictions", "smooth"]
+LOGGER = logging.getLogger(__name__)
 
 # The 10 COCO IoU thresholds 0.50, 0.55, ..., 0.95, as the float32 values the official code compares with.
 IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)
 
+# index = 80-class id, value = COCO category id (1..90 without the ten unused ids)
+COCO80_TO_COCO91 = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32, 33,
+    34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61,
+    62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
+]
 
-def match_predictions(
-    detections: torch.Tensor, labels: torch.Tensor, iou_thresholds: torch.Tensor | Sequence[float] | None = None,
-) -> torch.Tensor:
-    """True-positive flags of detections at each IoU threshold.
+# the 12 numbers of COCOeval.summarize(), in order (maxDets 100 unless named)
+COCOEVAL_NAMES = ["AP50-95", "AP50", "AP75", "AP50-95 small", "AP50-95 medium", "AP50-95 large", "AR50-95 maxDets1",
+                  "AR50-95 maxDets10", "AR50-95 maxDets100", "AR50-95 small", "AR50-95 medium", "AR50-95 large"]
 
-    Matches the official ``val_dual.py process_batch``. For each threshold t: all (label, detection)
-    pairs of equal class with IoU >= t; pairs sorted by IoU descending, the first pair of each
-    detection kept; then, *without re-sorting by IoU*, the first remaining pair of each label in
-    order of ascending detection index (so, with NMS output sorted by confidence, a label goes to
-    its most confident matching detection, not to its highest-IoU one).
+
+def _matches(iou: torch.Tensor, mask: torch.Tensor, resort: bool = False) -> np.ndarray:
+    """(label, detection, iou) rows where ``mask`` holds, highest IoU first, kept once per detection then once per
+    label; ``resort``: sorted by IoU again in between (the confusion matrix does, val_dual.py's matching not)."""
+    label_index, detection_index = torch.where(mask)
+    pairs = torch.cat((torch.stack((label_index, detection_index), 1),
+                       iou[label_index, detection_index][:, None]), 1).cpu().numpy()
+    if pairs.shape[0] > 1:
+        pairs = pairs[pairs[:, 2].argsort()[::-1]]
+        pairs = pairs[np.unique(pairs[:, 1], return_index=True)[1]]
+        if resort:
+            pairs = pairs[pairs[:, 2].argsort()[::-1]]
+        pairs = pairs[np.unique(pairs[:, 0], return_index=True)[1]]
+    return pairs
+
+
+def match_predictions(detections: torch.Tensor, labels: torch.Tensor,
+                      iou_thresholds: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
+    """True-positive flags of detections at each IoU threshold, as the official ``val_dual.py process_batch``.
+
+    A label goes to its first matching detection in NMS order (the most confident), not to the highest IoU.
 
     Args:
         detections: (N, 6) ``[x1, y1, x2, y2, conf, cls]``.
@@ -53,15 +70,7 @@ def match_predictions(
         iou = box_iou(labels[:, 1:5], detections[:, :4])  # (M, N)
         same_class = labels[:, 0:1] == detections[:, 5]
         for k in range(thresholds.shape[0]):
-            label_index, detection_index = torch.where((iou >= thresholds[k]) & same_class)
-            if not label_index.shape[0]:
-                continue
-            pairs = torch.cat((torch.stack((label_index, detection_index), 1),
-                               iou[label_index, detection_index][:, None]), 1).cpu().numpy()
-            if pairs.shape[0] > 1:
-                pairs = pairs[pairs[:, 2].argsort()[::-1]]  # highest IoU first
-                pairs = pairs[np.unique(pairs[:, 1], return_index=True)[1]]  # one label per detection
-                pairs = pairs[np.unique(pairs[:, 0], return_index=True)[1]]  # one detection per label
+            pairs = _matches(iou, (iou >= thresholds[k]) & same_class)
             correct[pairs[:, 1].astype(int), k] = True
     return torch.from_numpy(correct).to(detections.device)
 
@@ -75,14 +84,10 @@ def smooth(y: np.ndarray, fraction: float = 0.05) -> np.ndarray:
 
 
 def compute_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """Average precision of one precision/recall curve, 101-point interpolated.
-
-    Matches the official ``compute_ap`` (method "interp"): sentinels (recall 0, precision 1) and
-    (recall 1, precision 0), precision made non-increasing from the right (envelope), the envelope
-    linearly interpolated at recall 0, 0.01, ..., 1 and integrated with the trapezoidal rule.
+    """Average precision of one curve, 101-point interpolated as the official ``compute_ap``.
 
     Returns:
-        (ap, envelope precision, recall with sentinels).
+        (ap, envelope precision, recall), both with the sentinels (0, 1) and (1, 0).
     """
     mrec = np.concatenate(([0.0], recall, [1.0]))
     mpre = np.concatenate(([1.0], precision, [0.0]))
@@ -93,10 +98,7 @@ def compute_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.nda
 
 
 class APResult(NamedTuple):
-    """Output of :func:`ap_per_class`; the first seven fields are the official return values.
-
-    Per-class arrays have one entry per class present in the labels (``classes``, sorted).
-    """
+    """Output of :func:`ap_per_class`: the seven official values, then the curves; one row per labelled class."""
 
     tp: np.ndarray  # (C,) true positives at the chosen confidence, round(R * n_labels)
     fp: np.ndarray  # (C,) false positives at the chosen confidence
@@ -104,7 +106,7 @@ class APResult(NamedTuple):
     r: np.ndarray  # (C,) recall at that confidence
     f1: np.ndarray  # (C,) F1 at that confidence
     ap: np.ndarray  # (C, T) AP per IoU threshold
-    classes: np.ndarray  # (C,) int class ids
+    classes: np.ndarray  # (C,) int class ids, sorted
     px: np.ndarray  # (1000,) confidence (and recall) axis of the curves
     p_curve: np.ndarray  # (C, 1000) precision vs confidence
     r_curve: np.ndarray  # (C, 1000) recall vs confidence
@@ -117,23 +119,17 @@ def _to_numpy(x) -> np.ndarray:
 
 
 def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult:
-    """Per-class AP at every IoU threshold, plus P, R, F1 at the best mean-F1 confidence.
-
-    Matches the official ``utils/metrics.py ap_per_class``: detections sorted by confidence
-    (descending); for each class with labels, cumulative TP/FP; recall = TP / (n_labels + eps),
-    precision = TP / (TP + FP); AP per column by :func:`compute_ap`. Precision/recall are also
-    sampled at 1000 confidences (linspace 0..1; recall left-filled 0, precision 1) and P, R, F1 are
-    read at the confidence index maximising the box-smoothed (fraction 0.1) mean-over-classes F1.
-    Classes with labels but no predictions get zeros.
+    """Per-class AP at every IoU threshold, and P, R, F1 at the best mean-F1 confidence (official semantics).
 
     Args:
         tp: (N, T) bool true-positive flags (from :func:`match_predictions`).
         conf: (N,) detection scores.
         pred_cls: (N,) predicted class ids.
         target_cls: (L,) class ids of all labels.
+        eps: guards the divisions.
 
     Returns:
-        :class:`APResult`.
+        :class:`APResult`; classes with labels but no predictions get zeros.
     """
     tp, conf, pred_cls, target_cls = map(_to_numpy, (tp, conf, pred_cls, target_cls))
     if tp.ndim == 1:
@@ -142,7 +138,6 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult
     tp, conf, pred_cls = tp[order], conf[order], pred_cls[order]
     classes, n_labels = np.unique(target_cls, return_counts=True)
     num_classes = classes.shape[0]
-
     px = np.linspace(0, 1, 1000)
     ap = np.zeros((num_classes, tp.shape[1]))
     p_curve, r_curve, pr_curve = (np.zeros((num_classes, 1000)) for _ in range(3))
@@ -161,7 +156,6 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult
             ap[ci, j], mpre, mrec = compute_ap(recall[:, j], precision[:, j])
             if j == 0:
                 pr_curve[ci] = np.interp(px, mrec, mpre)
-
     f1_curve = 2 * p_curve * r_curve / (p_curve + r_curve + eps)
     best = smooth(f1_curve.mean(0), 0.1).argmax() if num_classes else 0
     p, r, f1 = p_curve[:, best], r_curve[:, best], f1_curve[:, best]
@@ -176,13 +170,10 @@ def fitness(map50: float, map50_95: float) -> float:
 
 
 class ConfusionMatrix:
-    """(nc+1) x (nc+1) counts; rows = predicted class, columns = true class, last = background.
+    """(nc+1) x (nc+1) counts as the official ``ConfusionMatrix``: rows predicted, columns true, last background.
 
-    Matches the official ``utils/metrics.py ConfusionMatrix`` (conf 0.25, IoU 0.45): detections with
-    score > conf are matched one-to-one to labels with IoU > iou_thres (highest IoU first, unique per
-    detection then per label, regardless of class). A label with exactly one match adds to
-    [predicted class, true class], any other label to [background, true class]. Unmatched detections
-    add to [predicted class, background], but only when the image had at least one match.
+    Detections above ``conf`` match labels one-to-one at IoU > ``iou_thres`` whatever the class; unmatched
+    detections count only in an image with at least one match (official rule).
     """
 
     def __init__(self, nc: int, conf: float = 0.25, iou_thres: float = 0.45):
@@ -193,8 +184,8 @@ class ConfusionMatrix:
         """Add one image.
 
         Args:
-            detections: (N, 6) ``[x1, y1, x2, y2, conf, cls]``, or None when the image has none (then
-                ``labels`` may be just the (M,) class ids).
+            detections: (N, 6) ``[x1, y1, x2, y2, conf, cls]``, or None when the image has none (then ``labels``
+                may be the (M,) class ids alone).
             labels: (M, 5) ``[cls, x1, y1, x2, y2]``.
         """
         if detections is None:
@@ -202,35 +193,110 @@ class ConfusionMatrix:
                 self.matrix[self.nc, gc] += 1
             return
         detections = detections[detections[:, 4] > self.conf]
-        gt_classes = labels[:, 0].int().tolist()
         detection_classes = detections[:, 5].int().tolist()
         iou = box_iou(labels[:, 1:5], detections[:, :4])
-        label_index, detection_index = torch.where(iou > self.iou_thres)
-        if label_index.shape[0]:
-            matches = torch.cat((torch.stack((label_index, detection_index), 1),
-                                 iou[label_index, detection_index][:, None]), 1).cpu().numpy()
-            if matches.shape[0] > 1:
-                matches = matches[matches[:, 2].argsort()[::-1]]
-                matches = matches[np.unique(matches[:, 1], return_index=True)[1]]
-                matches = matches[matches[:, 2].argsort()[::-1]]
-                matches = matches[np.unique(matches[:, 0], return_index=True)[1]]
-        else:
-            matches = np.zeros((0, 3))
+        matches = _matches(iou, iou > self.iou_thres, resort=True)
         any_match = matches.shape[0] > 0
         matched_label, matched_detection = matches[:, 0].astype(int), matches[:, 1].astype(int)
-        for i, gc in enumerate(gt_classes):
+        for i, gc in enumerate(labels[:, 0].int().tolist()):
             hit = matched_label == i
             if any_match and hit.sum() == 1:
                 self.matrix[detection_classes[int(matched_detection[hit][0])], gc] += 1
             else:
                 self.matrix[self.nc, gc] += 1
-        if any_match:
-            for i, dc in enumerate(detection_classes):
-                if not (matched_detection == i).any():
-                    self.matrix[dc, self.nc] += 1
+        for i, dc in enumerate(detection_classes if any_match else ()):
+            if not (matched_detection == i).any():
+                self.matrix[dc, self.nc] += 1
 
-    def tp_fp(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-class true positives (diagonal) and false positives (row sum minus diagonal)."""
-        tp = self.matrix.diagonal()
-        fp = self.matrix.sum(1) - tp
-        return tp[:-1], fp[:-1]
+
+def is_coco_val(val_path: str | Path | Sequence | None) -> bool:
+    """True when the validation list is COCO's (its path ends with ``val2017.txt``), as the official check."""
+    return isinstance(val_path, (str, Path)) and str(val_path).endswith("val2017.txt")
+
+
+def image_id_from_path(path: str | Path) -> int | str:
+    """COCO image id of an image file: ``int(stem)`` when the stem is numeric, else the stem."""
+    stem = Path(path).stem
+    return int(stem) if stem.isnumeric() else stem
+
+
+def coco_predictions(detections, path: str | Path, class_map: Sequence[int] | None = None) -> list[dict]:
+    """COCO result records of one image, as ``val_dual.py --save-json``.
+
+    Args:
+        detections: (n, 6) ``[x1, y1, x2, y2, conf, cls]`` in original-image pixels (tensor or array).
+        path: the image file (its stem gives the image id).
+        class_map: class id -> category id (``COCO80_TO_COCO91`` for COCO); None keeps the class id.
+
+    Returns:
+        One dict per detection: bbox top-left xywh rounded to 3 decimals, score to 5.
+    """
+    image_id = image_id_from_path(path)
+    records = []
+    for x1, y1, x2, y2, conf, cls in _to_numpy(detections).tolist():
+        category = class_map[int(cls)] if class_map is not None else int(cls)
+        records.append({"image_id": image_id, "category_id": category,
+                        "bbox": [round(v, 3) for v in (x1, y1, x2 - x1, y2 - y1)], "score": round(conf, 5)})
+    return records
+
+
+def coco_ground_truth(images: Iterable[tuple[str | Path, tuple[int, int], np.ndarray]], names: Sequence[str],
+                      class_map: Sequence[int] | None = None) -> dict:
+    """COCO ground-truth dict from labelled images.
+
+    Args:
+        images: (path, (h0, w0), labels (m, 5) ``[cls, x1, y1, x2, y2]`` in original-image pixels) per image.
+        names: class names.
+        class_map: class id -> category id, as for the predictions.
+
+    Returns:
+        ``{"images", "annotations", "categories"}``; ``iscrowd`` 0, ``area`` the box's.
+    """
+    category = (lambda c: class_map[c]) if class_map is not None else (lambda c: c)
+    out = {"images": [], "annotations": [],
+           "categories": [{"id": category(i), "name": str(n)} for i, n in enumerate(names)]}
+    for path, (h0, w0), labels in images:
+        image_id = image_id_from_path(path)
+        out["images"].append({"id": image_id, "file_name": Path(path).name, "height": int(h0), "width": int(w0)})
+        for cls, x1, y1, x2, y2 in np.asarray(labels, dtype=float).reshape(-1, 5).tolist():
+            w, h = x2 - x1, y2 - y1
+            out["annotations"].append({"id": len(out["annotations"]) + 1, "image_id": image_id,
+                                       "category_id": category(int(cls)), "bbox": [x1, y1, w, h],
+                                       "area": w * h, "iscrowd": 0})
+    return out
+
+
+def run_cocoeval(ground_truth: dict | str | Path, predictions: list[dict] | str | Path,
+                 image_ids: Iterable | None = None) -> dict[str, float]:
+    """Score predictions with pycocotools ``COCOeval(..., "bbox")`` (its printout is logged at DEBUG level).
+
+    Args:
+        ground_truth: COCO ground-truth dict or JSON path (e.g. ``annotations/instances_val2017.json``).
+        predictions: result records or a JSON path of them.
+        image_ids: evaluate only these images (the official code does so for COCO).
+
+    Returns:
+        The 12 ``summarize()`` numbers keyed by :data:`COCOEVAL_NAMES` (all 0 without predictions).
+    """
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    if isinstance(predictions, (str, Path)):
+        predictions = json.loads(Path(predictions).read_text())
+    if not predictions:
+        LOGGER.warning("COCOeval: no predictions to score; all 12 numbers are 0")
+        return dict.fromkeys(COCOEVAL_NAMES, 0.0)
+    printout = io.StringIO()
+    with contextlib.redirect_stdout(printout):
+        gt = COCO()
+        gt.dataset = json.loads(Path(ground_truth).read_text()) if isinstance(ground_truth, (str, Path)) \
+            else ground_truth
+        gt.createIndex()
+        evaluator = COCOeval(gt, gt.loadRes(predictions), "bbox")
+        if image_ids is not None:
+            evaluator.params.imgIds = sorted(set(image_ids))
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    LOGGER.debug(printout.getvalue())
+    return {name: float(v) for name, v in zip(COCOEVAL_NAMES, evaluator.stats)}

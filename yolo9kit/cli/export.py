@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from yolo9kit.cli.flags import add_model_limit_flag, image_size, model_limit, non_negative_int, positive_int, share
+from yolo9kit.cli.train import add_model_limit_flag, checked, model_limit
 
 NMS_FLAGS = ("conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms")
 
@@ -18,16 +18,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("export", help="write the deployed model as an ONNX file (needs yolo9kit[export])")
     p.add_argument("weights", help="kit checkpoint, official .pt, or a model name (random weights)")
     p.add_argument("--out", help="the .onnx file (default: the weights' name with .onnx, in the current folder)")
-    p.add_argument("--imgsz", "--img", "--img-size", type=image_size, nargs="+", default=[640],
+    p.add_argument("--imgsz", "--img", "--img-size", type=checked(int, low=1), nargs="+", default=[640],
                    help="h [w] of the input (default 640)")
     p.add_argument("--nms", action="store_true",
                    help="include NMS: output detections (K, 7) [image, x1, y1, x2, y2, score, class] first")
-    p.add_argument("--conf-thres", type=share, help="with --nms: confidence threshold (default 0.25)")
-    p.add_argument("--iou-thres", type=share, help="with --nms: NMS IoU threshold (default 0.45)")
-    p.add_argument("--max-det", type=positive_int, help="with --nms: most detections per image (default 1000)")
-    p.add_argument("--classes", type=non_negative_int, nargs="+", help="with --nms: keep only these class ids")
+    p.add_argument("--conf-thres", type=checked(float, low=0, high=1),
+                   help="with --nms: confidence threshold (default 0.25)")
+    p.add_argument("--iou-thres", type=checked(float, low=0, high=1),
+                   help="with --nms: NMS IoU threshold (default 0.45)")
+    p.add_argument("--max-det", type=checked(int, low=1), help="with --nms: most detections per image (default 1000)")
+    p.add_argument("--classes", type=checked(int, low=0), nargs="+", help="with --nms: keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", default=None, help="with --nms: class-agnostic NMS")
-    p.add_argument("--opset", type=positive_int, default=17, help="ONNX opset, 13 to 20 (default 17)")
+    p.add_argument("--opset", type=checked(int, low=1), default=17, help="ONNX opset, 13 to 20 (default 17)")
     p.add_argument("--dynamic-batch", action=argparse.BooleanOptionalAction, default=True,
                    help="a symbolic batch axis (default on; off: batch 1)")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from yolo9kit.config import ExportConfig, NMSConfig
     from yolo9kit.export_onnx import export
     from yolo9kit.files import refuse_own_input
-    from yolo9kit.zoo import load_model
+    from yolo9kit.models import load_model
 
     if len(args.imgsz) > 2:
         raise ValueError(f"--imgsz: expected one size or h w, got {len(args.imgsz)} values {args.imgsz}")

@@ -1,48 +1,145 @@
-"""``python -m yolo9kit train``: train a model (official flag names where they make sense).
+"""``python -m yolo9kit train``: train a model (official flag names), and the value checks every verb shares.
 
-    python -m yolo9kit train --data data.yaml --model yolov9-s --batch-size 16 --epochs 100 --imgsz 640
     python -m yolo9kit train --data data.yaml --model yolov9-c --batch-size auto   # sized from the estimate
-    python -m yolo9kit train --data data.yaml --model yolov9-c --weights yolov9-c.pt --batch-size 8
     python -m yolo9kit train --data data.yaml --model yolov9-c.pt --freeze backbone --rect   # fine-tune
-    python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt
-    torchrun --nproc_per_node 2 -m yolo9kit train --data data.yaml --model yolov9-s --batch-size 64 --sync-bn
-"""
+    python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt"""
 
 from __future__ import annotations
 
 import argparse
 import functools
+import logging
+from typing import Any
 
-from yolo9kit.cli.flags import (
-    activation_checkpointing,
-    add_model_limit_flag,
-    cache_mode,
-    device,
-    freeze,
-    freeze_token,
-    model_limit,
-)
+import torch
+
 from yolo9kit.config import FAST_SWITCHES, LossConfig, TrainConfig
-from yolo9kit.config.declare import CHANGE, declarations
-from yolo9kit.config.hyp import hyp_settings, read_hyp
+from yolo9kit.config.recipe import hyp_settings, read_hyp
+from yolo9kit.config.step import CHANGE, KEEP, Declared, settings
 from yolo9kit.config.train import LOGGERS
+from yolo9kit.env import parse_device
+from yolo9kit.models import create_model
+from yolo9kit.models.checkpoint import read_checkpoint
+from yolo9kit.train.fit import fit
+from yolo9kit.train.rundir import class_names, resume_conflicts
+from yolo9kit.train.seeds import fit_seeds
+from yolo9kit.train.state import current, find_resume_checkpoint, finish_processes, init_from_env
 
+LOGGER = logging.getLogger(__name__)
 DEFAULT_MODEL = "yolov9-t"
+SETTINGS = settings(TrainConfig)
+
+
+def checked(kind: type, **rule: Any) -> functools.partial:
+    """An argparse type: the text as ``kind``, allowed as a setting's declaration allows (``low=1``, ...)."""
+    return functools.partial(_parsed, kind, Declared("a command-line value", no_flag="-", integer=kind is int,
+                                                     **rule))
+
+
+def setting_type(name: str, of: type = TrainConfig) -> functools.partial:
+    """An argparse type: the text as the setting ``name`` of ``of`` takes it, checked by its declaration."""
+    _, f, declared = settings(of)[name]
+    return functools.partial(_parsed, int if "int" in f.type else float if "float" in f.type else str, declared)
+
+
+def _parsed(kind: type, declared: Declared, text: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {declared.expected}") from None
+    problem = declared.problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {problem}")
+    return value
+
+
+def device(text: str) -> str:
+    """``cpu``, ``cuda``, ``cuda:N`` or a GPU index ``N``, checked against this machine ("" stays "": the default)."""
+    spec = text.strip().lower()
+    if not spec:
+        return text
+    if "," in spec:
+        raise argparse.ArgumentTypeError(f"{text!r}: one device only (cpu, 0, cuda:1); for several GPUs start "
+                                         "the command with torchrun --nproc_per_node N")
+    try:
+        dev = parse_device(spec)
+    except RuntimeError:
+        dev = None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if dev is None or dev.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected cpu, cuda, cuda:N or a GPU index N (e.g. 0)")
+    if dev.type == "cuda" and not count:
+        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine; use --device cpu")
+    if dev.type == "cuda" and (dev.index or 0) >= count:
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s), 0..{count - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine; use --device cpu")
+    return text
+
+
+def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-model-gib", type=checked(float, low=0, low_open=True), default=None,
+                   help="refuse a weights file whose model takes more than this (parameters and layer outputs "
+                        "for one 256 px image; default 4): raise it for a model that really is that large")
+
+
+def model_limit(args: argparse.Namespace) -> int | None:
+    """``--max-model-gib`` in bytes (None: the default limit, ``yolo9kit.models.weights``)."""
+    return None if args.max_model_gib is None else int(args.max_model_gib * 2**30)
+
+
+def activation_checkpointing(text: str | None) -> str | list[int] | None:
+    """``none``, ``all``, ``backbone`` or comma-separated layer indices -> the API value."""
+    if text is None or text.lower() == "none":
+        return None
+    if text in ("all", "backbone"):
+        return text
+    try:
+        return [int(i) for i in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected none, all, backbone or comma-separated layer indices (e.g. 1,2,3)") from None
+
+
+def freeze_token(text: str) -> int | str:
+    """One word of ``--freeze``: ``backbone``, ``none`` or a layer number >= 0."""
+    if text.lower() in ("backbone", "none"):
+        return text.lower()
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected backbone, a number of first layers (10), or layer "
+                                         "indices (0 1 2)")
+    return int(text)
+
+
+def freeze(tokens: list[int | str] | None) -> int | str | list[int] | None:
+    """``--freeze`` words -> the setting ``freeze``, as the official flag: one number N is the first N layers,
+    several are layer indices; ``backbone`` the model yaml's backbone rows; ``none`` (or 0) nothing."""
+    if not tokens or tokens == ["none"]:
+        return None
+    if tokens == ["backbone"]:
+        return "backbone"
+    if any(isinstance(t, str) for t in tokens):
+        raise ValueError(f"--freeze {' '.join(map(str, tokens))}: backbone and none stand alone; give one of them, "
+                         "a number of first layers, or layer indices")
+    return tokens[0] if len(tokens) == 1 else list(tokens)
+
+
 # How the command line writes the settings whose text is not a plain number, word or switch (the rest of each
-# flag, its help, default, range and resume rule, is the setting's declaration in config.train).
+# flag, its help, default, range and resume rule, is the setting's declaration in yolo9kit.config).
 _FORMS = {
-    "batch_size": {"type": lambda text: _batch_size(text)},
+    "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else _parsed(
+        int, SETTINGS["batch_size"][2], text)},
     "activation_checkpointing": {"type": activation_checkpointing, "metavar": "LAYERS"},
     "freeze": {"type": freeze_token, "nargs": "+", "metavar": "LAYERS"},
-    "cache": {"type": cache_mode, "nargs": "?", "const": "ram"},
+    "cache": {"choices": ("ram", "disk"), "nargs": "?", "const": "ram"},
     "compile": {"nargs": "?", "const": True, "metavar": "MODE"},
     "resume": {"nargs": "?", "const": True},
     "device": {"type": device},
     "gpu": {"type": str},
     "loggers": {"nargs": "+", "choices": LOGGERS, "metavar": "NAME"},
 }
-# The flags a resume reads as how to find the run, not as settings to compare with it.
-_HOW_TO_RESUME = ("project", "resume")
+_PLAIN = dict.fromkeys((*FAST_SWITCHES, "colour_on_device"), False)  # --plain-step
+_SCHEDULES = {"cos_lr": "cosine", "flat_cos_lr": "flat-cosine", "fixed_lr": "fixed"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -58,99 +155,85 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of a run: --data, --model, a flag per declared setting, --hyp, the schedule and --plain-step
-    (``train`` and ``tune``; ``config_from_args`` reads them)."""
+    """The flags of a run (``train`` and ``tune``): --data, --model, a flag per declared setting, --hyp, ..."""
     p.add_argument("--data", help="data.yaml")
     p.add_argument("--model", "--cfg", default=None,
                    help=f"model name (yolov9-t ... gelan-e), model yaml, or a checkpoint to start from (default "
                         f"{DEFAULT_MODEL})")
-    add_setting_flags(p)
+    for name, (_, _, declared) in SETTINGS.items():
+        if declared.flag is not None:
+            add_setting_flag(p, name)
     add_model_limit_flag(p)
     p.add_argument("--hyp", default=None, help="hyper-parameter yaml (official keys; tune's best_hyp.yaml also holds "
                                                "the recipe its trials trained); a flag given wins over the file")
+    p.add_argument("--label-smoothing", type=checked(float, low=0, high=1, high_open=True), default=None,
+                   help="official flag, ignored: the official dual loss never applies it (docs/training.md)")
     sched = p.add_mutually_exclusive_group()
-    sched.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
-    sched.add_argument("--flat-cos-lr", action="store_true", help="flat, then cosine")
-    sched.add_argument("--fixed-lr", action="store_true", help="constant LR")
+    for flag, what in (("--cos-lr", "cosine LR schedule"), ("--flat-cos-lr", "flat, then cosine"),
+                       ("--fixed-lr", "constant LR")):
+        sched.add_argument(flag, action="store_true", help=what)
     p.add_argument("--plain-step", action="store_true",
                    help="turn the CUDA speed switches off (channels_last, lean activations, fused optimizer, "
                         "colour jitter on the GPU): the official step's layout")
 
 
-def add_setting_flags(p: argparse.ArgumentParser) -> None:
-    """A flag for every TrainConfig setting declared with one. Every default is None ("not given"), so that a
-    resume sees a flag given with its default value; ``given_settings`` reads them back."""
-    for name, (f, declared) in declarations(TrainConfig).items():
-        if declared.flag is None:
-            continue
-        default = f.default
-        shown = "" if default is None or default is False or declared.negate else f" (default {default})"
-        options = {"dest": name, "default": None, "help": declared.help + shown}
-        if name in _FORMS:
-            options.update(_FORMS[name])
-        elif str(f.type) == "bool":  # a switch: its flag turns it on (off when negated)
-            options.update(action="store_const", const=not declared.negate)
-        elif declared.choices is not None:
-            options.update(choices=declared.choices)
-        else:
-            options.update(type=functools.partial(_parsed, name))
-        p.add_argument(declared.flag, *declared.aliases, **options)
-
-
-def _parsed(name: str, text: str):
-    """The flag's text as the setting's type (int, float or str), checked against its declared range."""
-    f, declared = declarations(TrainConfig)[name]
-    kind = str(f.type)
-    try:
-        value = int(text) if "int" in kind else float(text) if "float" in kind else text
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected {declared.expected}") from None
-    problem = declared.problem(value)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected {problem}")
-    return value
+def add_setting_flag(p: argparse.ArgumentParser, name: str, of: type = TrainConfig, **changes: Any) -> None:
+    """The flag of the setting ``name`` of ``of`` as its declaration has it (spellings, help, type or choices;
+    default None: "not given", so that a resume sees a flag given with its default value), with ``changes``."""
+    _, f, declared = settings(of)[name]
+    default = changes.get("default", f.default)
+    shown = "" if default is None or default is False or declared.negate else f" (default {default})"
+    options: dict[str, Any] = {"dest": name, "default": None, "help": declared.help + shown}
+    if f.type == "bool":  # a switch: its flag turns it on (off when negated)
+        options.update(action="store_const", const=not declared.negate)
+    elif declared.choices is not None:
+        options.update(choices=declared.choices)
+    else:
+        options.update(type=setting_type(name, of))
+    forms = _FORMS.get(name, {}) if of is TrainConfig else {}
+    p.add_argument(declared.flag, *declared.aliases, **{**options, **forms, **changes})
 
 
 def given_settings(args: argparse.Namespace) -> dict:
     """{setting: value} of the setting flags given on the command line (in TrainConfig's form)."""
-    out = {name: getattr(args, name) for name, (_, declared) in declarations(TrainConfig).items()
+    out = {name: getattr(args, name) for name, (_, _, declared) in SETTINGS.items()
            if declared.flag is not None and getattr(args, name, None) is not None}
     if "freeze" in out:
         out["freeze"] = freeze(out["freeze"])
-    schedule = _schedule(args)
-    if schedule:
-        out["schedule"] = schedule
+    for flag, schedule in _SCHEDULES.items():
+        if getattr(args, flag):
+            out["schedule"] = schedule
     return out
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """TrainConfig from the flags given and the --hyp file (its values and recipe where no flag is given; an
+    official file means the official recipe)."""
+    if args.label_smoothing is not None:
+        LOGGER.warning("--label-smoothing %g is ignored: the official dual loss never applies it", args.label_smoothing)
+    from_hyp = {"recipe": "official", **hyp_settings(read_hyp(args.hyp), LossConfig())} if args.hyp else {}
+    return TrainConfig(**{**from_hyp, **given_settings(args)}, **(_PLAIN if args.plain_step else {}))
 
 
 def run(args: argparse.Namespace) -> int:
     """Train; exit status 0 when the run finished, 130 when interrupted (SIGINT, Ctrl-C), 143 (SIGTERM)."""
-    from yolo9kit.train import ddp
-
-    ddp.init_from_env()
-    code = _train(args)
-    ddp.finish()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
+    init_from_env()
+    code = _train(args) if args.seeds == 1 else _train_seeds(args)
+    finish_processes()  # not after an error: the other ranks may never reach its barrier (torchrun ends them)
     return code
 
 
 def _train(args: argparse.Namespace) -> int:
-    from yolo9kit.train import ddp, fit
-    from yolo9kit.train.inputs import class_names
-    from yolo9kit.zoo import create_model
-
-    if args.seeds != 1:
-        return _train_seeds(args)
     if args.resume:
         model, data, config = _resume_setup(args)
     else:
         if not args.data:
             raise ValueError("--data is required (a data.yaml), unless --resume")
-        config = config_from_args(args)
-        data = args.data
+        config, data = config_from_args(args), args.data
         model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.pipeline.single_cls),
                              weights=args.weights, max_model_bytes=model_limit(args), seed=config.run.seed)
     result = fit(model, data, config)
-    main = ddp.current().is_main
+    main = current().is_main
     if main and result.auto_batch is not None:
         print(result.auto_batch)
     if main and result.save_dir:
@@ -163,16 +246,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _exit_status(result) -> int:
-    """0 when the run was not interrupted, else 130 (SIGINT, Ctrl-C, a callback's stop) or 143 (SIGTERM)."""
-    if not result.interrupted:
-        return 0
-    return 143 if result.interrupted_by == "SIGTERM" else 130  # 128 + the signal, as a shell reports it
+    """0 when the run was not interrupted, else 128 + the signal: 130 (SIGINT, Ctrl-C, a callback's stop), 143."""
+    return 0 if not result.interrupted else 143 if result.interrupted_by == "SIGTERM" else 130
 
 
 def _train_seeds(args: argparse.Namespace) -> int:
     """``--seeds N``: the run N times (``fit_seeds``), then each seed's final metrics and their spread."""
-    from yolo9kit.train.seeds import fit_seeds
-
     if args.seeds < 1 or args.resume or args.weights or not args.data:
         raise ValueError("--seeds N takes N >= 1 new runs of a --data set; not with --resume (the same --seeds "
                          "command again continues its seeds), and not with --weights: pass the checkpoint as "
@@ -183,69 +262,23 @@ def _train_seeds(args: argparse.Namespace) -> int:
     return _exit_status(spread.results[-1]) if spread.results else 0  # a stop is the last run: it ends the command
 
 
-def _batch_size(text: str) -> int | str:
-    if text.lower() in ("auto", "-1"):
-        return "auto"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of images, or auto (also -1)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected at least 1 image, or auto (also -1)")
-    return value
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig from the flags given (the others keep their declared defaults) and the --hyp yaml: its values
-    and recipe (tune's best_hyp.yaml holds the one its trials trained; an official file means the official recipe)
-    where no flag is given, a flag given wins."""
-    from_hyp = {"recipe": "official", **_hyp_settings(args.hyp)} if args.hyp else {}
-    return TrainConfig(**{**from_hyp, **given_settings(args)}, **(_PLAIN if args.plain_step else {}))
-
-
-def _hyp_settings(path: str) -> dict:
-    """The settings of a --hyp file, each key's value checked alone so that a ValueError names the file and key."""
-    values = read_hyp(path)
-    for key, value in values.items():
-        try:
-            TrainConfig(**hyp_settings({key: value}, LossConfig()))
-        except ValueError as e:
-            raise ValueError(f"--hyp {path}: {key}: {e}") from None
-    return hyp_settings(values, LossConfig())
-
-
-def _schedule(args: argparse.Namespace) -> str | None:
-    """The schedule the flags ask for (None: no schedule flag, the linear default)."""
-    return ("cosine" if args.cos_lr else "flat-cosine" if args.flat_cos_lr else "fixed" if args.fixed_lr
-            else None)
-
-
-_PLAIN = dict.fromkeys((*FAST_SWITCHES, "colour_on_device"), False)  # --plain-step
-
-
 def _resume_setup(args: argparse.Namespace):
     """Model, data and config of the run to resume: its checkpoint's settings, with the flags of settings a
     resume may change (declared resume=CHANGE); a flag that would change the run is refused, naming it."""
-    from yolo9kit.checkpoint import check_model_config, read_checkpoint
-    from yolo9kit.models.model import DetectionModel
-    from yolo9kit.train.state import find_resume_checkpoint
-
-    path = find_resume_checkpoint(args.resume, args.project or declarations(TrainConfig)["project"][0].default)
+    path = find_resume_checkpoint(args.resume, args.project or SETTINGS["project"][1].default)
     ckpt = read_checkpoint(path)
     if "train_config" not in ckpt:
         raise ValueError(f"{path} has no training state; start a new run with --weights {path}")
-    saved = ckpt["train_config"]
-    refused = _refused_on_resume(args, saved, ckpt["model_config"])
+    refused = _refused_on_resume(args, ckpt["train_config"], ckpt["model_config"])
     if refused:
-        free = [declared.flag for _, declared in declarations(TrainConfig).values()
-                if declared.resume == CHANGE and declared.flag]
+        free = [d.flag for _, _, d in SETTINGS.values() if d.resume == CHANGE and d.flag]
         raise ValueError(f"--resume {path}: {', '.join(refused)} cannot change in the middle of a run; leave "
                          f"them out (only {', '.join(free)} and --plain-step may change), or start a new run from "
                          f"its weights: train --weights {path} ...")
-    changes = {k: v for k, v in given_settings(args).items() if declarations(TrainConfig)[k][1].resume == CHANGE}
-    config = TrainConfig.from_dict(saved, resume=str(path), **changes, **(_PLAIN if args.plain_step else {}))
-    cfg = check_model_config(ckpt, path, ckpt["model"], model_limit(args))
-    model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"))
+    changes = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == CHANGE}
+    config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path), **changes,
+                                   **(_PLAIN if args.plain_step else {}))
+    model = create_model(path, max_model_bytes=model_limit(args))  # the run's model; fit loads its state
     data = args.data or ckpt.get("data")
     if not data:
         raise ValueError(f"{path} does not record its data; pass --data")
@@ -253,19 +286,19 @@ def _resume_setup(args: argparse.Namespace):
 
 
 def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict) -> list[str]:
-    """``--flag value (the run's: x)`` for each given flag that would change the run: the model, the weights,
-    the --hyp file, and every setting a resume may not change (declared KEEP, or the run folder's RUN)."""
-    declared = declarations(TrainConfig)
-    given = {k: v for k, v in given_settings(args).items()
-             if declared[k][1].resume != CHANGE and k not in _HOW_TO_RESUME}
-    flags = {k: declared[k][1].flag or "--cos-lr/--flat-cos-lr/--fixed-lr" for k in given}
-    for name, value in (("model", args.model), ("weights", args.weights), ("hyp", args.hyp)):
-        if value is not None:
-            given[name], flags[name] = value, f"--{name}"
+    """``--flag value (the run's: x)`` for each flag given that would change the run: a setting the run keeps
+    (``resume_conflicts``, the rule of every resume), its folder's name, the model, the weights, the --hyp file."""
+    given = given_settings(args)
+    conflicts = resume_conflicts(saved, TrainConfig.from_dict(saved, **{k: v for k, v in given.items()
+                                                                       if SETTINGS[k][2].resume == KEEP}))
     runs = {**saved, "model": model_config.get("name")}
+    for name in ("name", "exist_ok", "model", "weights", "hyp"):
+        value = getattr(args, name)
+        if value is not None and (name not in runs or runs[name] != value):
+            conflicts[name] = (runs.get(name), value)
     refused = []
-    for key, value in given.items():
-        if key not in runs or runs[key] != value:
-            theirs = f" (the run's: {runs[key]})" if key in runs else ""
-            refused.append(f"{flags[key]} {value}{theirs}" if value is not True else flags[key])
+    for name, (theirs, value) in conflicts.items():
+        flag = (SETTINGS[name][2].flag if name in SETTINGS else f"--{name}") or "--cos-lr/--flat-cos-lr/--fixed-lr"
+        theirs = f" (the run's: {theirs})" if name in runs else ""
+        refused.append(flag if value is True else f"{flag} {value}{theirs}")
     return refused

@@ -19,7 +19,7 @@ from yolo9kit.cli.train import DEFAULT_MODEL, add_train_flags, config_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from yolo9kit.config.hyp import EVOLVE_SPACE
+    from yolo9kit.config.recipe import EVOLVE_SPACE
     from yolo9kit.train.tuning import KEEP_WEIGHTS
 
     p = subparsers.add_parser("tune", help="search the hyper-parameters (--evolve's space, with Optuna): every trial "

@@ -1,33 +1,17 @@
-"""Settings as data: frozen dataclasses with the official defaults and why they are what they are.
-
-* ``TrainConfig`` (``config.train``): everything ``yolo9kit.train.fit`` needs besides the model and the data,
-  with the official ``hyp.scratch-high.yaml`` defaults, made of the parts ``StepConfig`` (``step``),
-  ``OptimConfig`` (``optim``, with the ``LossConfig``), ``PipelineConfig`` (``pipeline``) and ``RunConfig``
-  (``run``).
-* ``StepConfig`` (``config.step``): one training step, what the memory tools describe and ``fit`` runs.
-* ``NMSConfig``, ``SaveConfig``, ``LoaderConfig`` (``config.inference``): prediction, validation, loading.
-* ``ExportConfig`` (``config.export``): the ONNX export.
-"""
+"""Settings as frozen dataclasses with the official defaults: ``TrainConfig`` and its parts (``config.train``),
+``StepConfig`` (``config.step``), the hyp files and the recipe (``config.recipe``), and here the settings of
+prediction, validation, the loader and the ONNX export."""
 
 from __future__ import annotations
 
-from yolo9kit.config.export import ExportConfig
-from yolo9kit.config.hyp import DEFAULT_AUGMENT_HYP
-from yolo9kit.config.inference import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
-from yolo9kit.config.step import (
-    ACTIVATION_CHECKPOINTING,
-    AMP_MODES,
-    FAST_SWITCHES,
-    OPTIMIZERS,
-    StepConfig,
-    amp_for,
-    check_activation_checkpointing,
-)
+from dataclasses import dataclass
+from pathlib import Path
+
+from yolo9kit.config.step import AMP_MODES, API_ONLY, FAST_SWITCHES, Settings, StepConfig, declare
 from yolo9kit.config.train import (
     CACHE_MODES,
-    CALLBACK_NAMES,
+    DEFAULT_AUGMENT_HYP,
     DEFAULT_MARGIN,
-    SCHEDULES,
     LossConfig,
     OptimConfig,
     PipelineConfig,
@@ -36,8 +20,77 @@ from yolo9kit.config.train import (
 )
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "AMP_MODES", "CACHE_MODES", "CALLBACK_NAMES", "DEFAULT_AUGMENT_HYP",
-    "DEFAULT_MARGIN", "FAST_SWITCHES", "OPTIMIZERS", "PREDICT_NMS", "SCHEDULES", "VAL_NMS", "PipelineConfig",
-    "ExportConfig", "LoaderConfig", "LossConfig", "NMSConfig", "OptimConfig", "RunConfig", "SaveConfig",
-    "StepConfig", "TrainConfig", "amp_for", "check_activation_checkpointing",
+    "AMP_MODES", "CACHE_MODES", "DEFAULT_AUGMENT_HYP", "DEFAULT_MARGIN", "FAST_SWITCHES", "PREDICT_NMS", "VAL_NMS",
+    "ExportConfig", "LoaderConfig", "LossConfig", "NMSConfig", "OptimConfig", "PipelineConfig", "RunConfig",
+    "SaveConfig", "StepConfig", "TrainConfig",
 ]
+
+
+@dataclass(frozen=True)
+class NMSConfig(Settings):
+    """Which boxes survive non-maximum suppression (``predict``, ``evaluate``, ``non_max_suppression``).
+
+    A field left None takes the official value of the function it is passed to: :data:`PREDICT_NMS` in
+    ``predict`` (detect_dual.py), :data:`VAL_NMS` in ``evaluate`` (val_dual.py).
+    """
+
+    conf: float | None = declare(None, "a box needs a class score above this", flag="--conf-thres", low=0, high=1)
+    iou: float | None = declare(None, "a box overlapping a higher-scored one by more is dropped", flag="--iou-thres",
+                                low=0, high=1)
+    max_det: int | None = declare(None, "at most this many boxes per image, the highest scored", flag="--max-det",
+                                  integer=True, low=1)
+    classes: tuple[int, ...] | None = declare(None, "keep only these class ids (a tuple: hashable)", flag="--classes")
+    agnostic: bool = declare(False, "suppress across classes, not only within one", flag="--agnostic-nms")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.classes is not None:
+            object.__setattr__(self, "classes", tuple(int(c) for c in self.classes))
+
+    def filled(self, defaults: NMSConfig) -> NMSConfig:
+        """This config with its None fields taken from ``defaults`` (``PREDICT_NMS`` or ``VAL_NMS``)."""
+        return self.replace(**{name: getattr(defaults, name) for name in ("conf", "iou", "max_det")
+                               if getattr(self, name) is None})
+
+
+PREDICT_NMS = NMSConfig(conf=0.25, iou=0.45, max_det=1000)  # detect_dual.py's defaults
+# val_dual.py's: the low threshold keeps the whole precision-recall curve, which mAP integrates over
+VAL_NMS = NMSConfig(conf=0.001, iou=0.7, max_det=300)
+
+
+@dataclass(frozen=True)
+class SaveConfig:
+    """What ``predict`` writes and where (official ``detect_dual.py`` outputs). Nothing without ``save_dir``."""
+
+    save_dir: str | Path | None = None  # the folder; None writes nothing (a notebook usually wants the objects)
+    txt: bool = False  # labels/<stem>.txt lines "cls cx cy w h" normalised (official --save-txt)
+    conf: bool = False  # add the confidence to each txt line (--save-conf)
+    images: bool = True  # annotated images, on by default as the official script (off: --nosave)
+    line_width: int | None = None  # box lines in pixels; None scales with the image (--line-thickness)
+
+
+@dataclass(frozen=True)
+class LoaderConfig(Settings):
+    """Process plumbing of ``create_dataloader``: it changes speed and memory, never the batches."""
+
+    pin_memory: bool | None = declare(None, "page-locked batches: the copy to the GPU overlaps compute (None: on "
+                                      "with CUDA)", no_flag=API_ONLY)
+    prefetch_factor: int = declare(4, "batches each worker prepares ahead (torch: 2; deeper absorbs the slow ones, "
+                                   "mosaic, for RAM)", no_flag=API_ONLY, integer=True, low=1)
+    cache_budget: float = declare(0.5, "cache='auto' fills RAM only when the images need less than this share of it",
+                                  no_flag=API_ONLY, low=0, low_open=True, high=1)
+
+
+@dataclass(frozen=True)
+class ExportConfig(Settings):
+    """How :func:`yolo9kit.export` writes and checks an ONNX file (docs/export.md)."""
+
+    # 17: the newest the TorchScript exporter writes without warnings, that ONNX Runtime >= 1.13 runs; 13: Unsqueeze
+    # with axes as an input (the NMS part); 20: the exporter's newest
+    opset: int = declare(17, "the ONNX operator set", flag="--opset", integer=True, low=13, high=20)
+    dynamic_batch: bool = declare(True, "a symbolic batch axis; off: the traced batch of 1 (static-shape compilers)",
+                                  flag="--dynamic-batch")
+    check: bool = declare(True, "run the file in ONNX Runtime (when installed) and compare with PyTorch",
+                          flag="--check")
+    atol: float = declare(1e-2, "largest |ONNX Runtime - PyTorch| (pixels, probabilities): a wrong graph, never "
+                          "rounding (docs/export.md)", flag="--atol", low=0, low_open=True)

@@ -1,11 +1,6 @@
-"""Training augmentations with the semantics of the official ``utils/dataloaders.py`` load_mosaic and
-``utils/augmentations.py`` random_perspective, box_candidates, mixup and augment_hsv, written for speed.
-
-The official pipeline builds a 2s x 2s mosaic canvas, warps it to s x s, converts to HSV and back, then
-flips. Here each source tile is warped once, straight into the s x s output, by the product of its
-placement, the random affine and the flip (one 3x3 matrix per tile): the same geometry and the same box
-arithmetic, without the canvas or the extra copies. Boxes follow the official arithmetic exactly.
-"""
+"""Training augmentations with the semantics of the official ``load_mosaic``, ``random_perspective``,
+``box_candidates``, ``mixup``, ``augment_hsv`` and ``copy_paste``; each tile is warped once, straight into the
+output (docs/data.md, "Why it is fast"). Boxes follow the official arithmetic exactly."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ from dataclasses import asdict, dataclass
 import cv2
 import numpy as np
 
-from yolo9kit.config.hyp import check_augment_hyp
-from yolo9kit.data.polygons import transform_polygon_boxes
+from yolo9kit.config.train import check_augment_hyp
 
 
 @dataclass(frozen=True)
@@ -49,17 +43,11 @@ class Hyp:
         return cls(**{k: float(v) for k, v in hyp.items() if k in known})
 
 
+# ---- 3x3 pixel matrices -------------------------------------------------------------------------------------
 def random_affine_matrix(rng: np.random.Generator, hyp: Hyp, in_size: tuple[int, int],
                          out_size: tuple[int, int]) -> tuple[np.ndarray, float]:
-    """The random_perspective matrix M = T @ S @ R @ P @ C (official order and distributions).
-
-    Args:
-        in_size: (width, height) of the image being warped (the mosaic canvas, or the letterboxed image).
-        out_size: (width, height) of the output.
-
-    Returns:
-        (M (3, 3) float64 mapping input pixels to output pixels, zoom factor s).
-    """
+    """The random_perspective matrix M = T @ S @ R @ P @ C (official order and distributions) from an
+    ``in_size`` (w, h) image to an ``out_size`` one; returns (M, zoom)."""
     C = np.eye(3)
     C[0, 2], C[1, 2] = -in_size[0] / 2, -in_size[1] / 2
     P = np.eye(3)
@@ -104,12 +92,17 @@ def resize_matrix(src_w: int, src_h: int, dst_w: float, dst_h: float) -> np.ndar
     return np.array([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5], [0, 0, 1.0]])
 
 
-def warp_into(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
-    """Write ``src`` warped by ``A`` (3x3, src pixels -> out pixels) into ``out``, in place, bilinear.
+def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
+    """Does the rectangle [0, w] x [0, h] mapped by A overlap the output?"""
+    corners = np.array([[0, 0, 1], [w, 0, 1], [0, h, 1], [w, h, 1]], np.float64) @ A.T
+    xy = corners[:, :2] / corners[:, 2:3]
+    return bool(xy[:, 0].max() > 0 and xy[:, 0].min() < out_w and xy[:, 1].max() > 0 and xy[:, 1].min() < out_h)
 
-    Only the bounding rectangle of the warped source is computed, and pixels that do not come from the
-    source keep their value (BORDER_TRANSPARENT), so several tiles can be warped into one output.
-    """
+
+# ---- pixels -------------------------------------------------------------------------------------------------
+def warp_into(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
+    """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, bilinear, over the warped
+    source's bounding rectangle only; other pixels keep their value, so tiles can share one output."""
     h, w = src.shape[:2]
     H, W = out.shape[:2]
     corners = np.array([[-0.5, -0.5, 1], [w - 0.5, -0.5, 1], [-0.5, h - 0.5, 1], [w - 0.5, h - 0.5, 1]]) @ A.T
@@ -128,14 +121,9 @@ def warp_into(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool
                        borderMode=cv2.BORDER_TRANSPARENT)
 
 
-def is_scale_translate(A: np.ndarray) -> bool:
-    """True when A only scales (positively) and translates: then a resize and a paste do the warp."""
-    return A[0, 1] == 0 and A[1, 0] == 0 and A[2, 0] == 0 and A[2, 1] == 0 and A[0, 0] > 0 and A[1, 1] > 0
-
-
 def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, int, int, int, int] | None:
-    """For x_out = a * x_src + b along one axis: output range [i0, i1), source crop [c0, c1), resized length
-    and the offset of the resized crop in the output; None when nothing lands in the output."""
+    """For x_out = a * x_src + b: output range [i0, i1), source crop [c0, c1), resized length and the output
+    offset of the resized crop; None when nothing lands in the output."""
     i0 = max(math.ceil(a * -0.5 + b), 0)
     i1 = min(math.ceil(a * (n_src - 0.5) + b), n_out)
     if i1 <= i0:
@@ -148,11 +136,8 @@ def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, in
 
 
 def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
-    """Same as :func:`warp_into` for a scale-and-translate A, done as crop + cv2.resize + paste.
-
-    A resize costs several times less than a general warp per pixel. The result lands within half a
-    pixel of the exact warp (integer placement, scale rounded to whole pixels of the resized crop).
-    """
+    """:func:`warp_into` for a scale-and-translate A as crop + cv2.resize + paste: several times cheaper,
+    within half a pixel of the exact warp."""
     H, W = out.shape[:2]
     px = _axis_plan(A[0, 0], A[0, 2], src.shape[1], W)
     py = _axis_plan(A[1, 1], A[1, 2], src.shape[0], H)
@@ -169,8 +154,9 @@ def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
 
 
 def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
-    """Warp ``src`` by ``A`` into ``out`` (fast path for scale + translate, the default hyp)."""
-    if not perspective and is_scale_translate(A):
+    """Warp ``src`` by ``A`` into ``out``; a positive scale + translate (the default hyp) is pasted."""
+    if not perspective and A[0, 1] == 0 and A[1, 0] == 0 and A[2, 0] == 0 and A[2, 1] == 0 and A[0, 0] > 0 \
+            and A[1, 1] > 0:
         paste_scaled(out, src, A)
     else:
         warp_into(out, src, A, perspective)
@@ -185,13 +171,38 @@ def flip_image(image: np.ndarray, lr: bool, ud: bool) -> np.ndarray:
     return image
 
 
-def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
-    """Does the rectangle [0, w] x [0, h] mapped by A overlap the output?"""
-    corners = np.array([[0, 0, 1], [w, 0, 1], [0, h, 1], [w, h, 1]], np.float64) @ A.T
-    xy = corners[:, :2] / corners[:, 2:3]
-    return bool(xy[:, 0].max() > 0 and xy[:, 0].min() < out_w and xy[:, 1].max() > 0 and xy[:, 1].min() < out_h)
+def hsv_gains(rng: np.random.Generator, hyp: Hyp) -> np.ndarray | None:
+    """Random (3,) gains for H, S, V: 1 + U(-1, 1) * (hsv_h, hsv_s, hsv_v) (official augment_hsv), or None."""
+    if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
+        return None
+    return rng.uniform(-1, 1, 3) * [hyp.hsv_h, hyp.hsv_s, hyp.hsv_v] + 1
 
 
+def bgr_to_rgb(image_bgr: np.ndarray, gains: np.ndarray | None) -> np.ndarray:
+    """BGR -> RGB, through the HSV jitter when ``gains`` is given.
+
+    One ``cv2.transform`` computes the official tables' ``floor(x * g)`` with saturation; a hue past 179 is
+    left for the HSV -> RGB conversion, which wraps hue modulo 180 itself: the same colours.
+    """
+    if gains is None:
+        return cv2.cvtColor(image_bgr, cv2.COLOR_BGR2RGB)
+    hsv = cv2.cvtColor(image_bgr, cv2.COLOR_BGR2HSV)
+    m = np.zeros((3, 4))
+    m[[0, 1, 2], [0, 1, 2]] = gains
+    m[:, 3] = -0.5 + 1e-4  # round(y - 0.5 + 1e-4) == floor(y): truncation like astype(uint8)
+    cv2.transform(hsv, m, dst=hsv)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+
+
+def mixup(image: np.ndarray, labels: np.ndarray, image2: np.ndarray, labels2: np.ndarray,
+          rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Blend two images with r ~ Beta(32, 32) and keep both label sets (official mixup)."""
+    r = rng.beta(32.0, 32.0)
+    image = cv2.addWeighted(image, r, image2, 1 - r, -0.5)  # -0.5: the official truncation, bar exact .5 ties
+    return image, np.concatenate([labels, labels2], 0)
+
+
+# ---- labels: (n, 5) rows ``cls x1 y1 x2 y2`` in pixels ----------------------------------------------------------
 def transform_boxes(boxes_xyxy: np.ndarray, M: np.ndarray, width: int, height: int) -> np.ndarray:
     """Map boxes by their 4 corners through M, take the enclosing box, clip to the output (official)."""
     n = len(boxes_xyxy)
@@ -206,6 +217,25 @@ def transform_boxes(boxes_xyxy: np.ndarray, M: np.ndarray, width: int, height: i
     return new
 
 
+def transform_polygon_boxes(polygons: list, M: np.ndarray, width: int, height: int) -> dict[int, np.ndarray]:
+    """Per row with a polygon: 1000 points evenly spaced in vertex index (official resample_segments) mapped
+    through M, and the box of those inside the image (official segment2box; zeros when none is)."""
+    boxes = {}
+    for row, poly in enumerate(polygons):
+        if poly is None:
+            continue
+        closed = np.concatenate([poly, poly[:1]], 0)
+        t, tp = np.linspace(0, len(closed) - 1, 1000), np.arange(len(closed))
+        xy = np.ones((1000, 3))
+        xy[:, 0], xy[:, 1] = np.interp(t, tp, closed[:, 0]), np.interp(t, tp, closed[:, 1])
+        xy = xy @ M.T
+        x, y = xy[:, 0] / xy[:, 2], xy[:, 1] / xy[:, 2]
+        inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
+        x, y = x[inside], y[inside]
+        boxes[row] = np.array([x.min(), y.min(), x.max(), y.max()]) if inside.any() else np.zeros(4)
+    return boxes
+
+
 def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr: float = 100,
                    area_thr: float = 0.1, eps: float = 1e-16) -> np.ndarray:
     """Keep boxes wider and taller than ``wh_thr`` px, with area ratio after/before above ``area_thr`` and
@@ -218,11 +248,8 @@ def box_candidates(box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr
 
 def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, height: int,
                   polygons: list | None = None) -> np.ndarray:
-    """Apply the random affine to (n, 5) ``cls x1 y1 x2 y2`` pixel labels and drop lost boxes (official).
-
-    Rows with a polygon (``polygons[i]`` not None, canvas pixels) are re-boxed from the transformed
-    polygon, and the area threshold drops to 0.01 as in the official code when polygons are present.
-    """
+    """Apply the random affine to pixel labels and drop lost boxes (official); rows with a polygon
+    (canvas pixels) are boxed from the transformed polygon, and the area threshold is then 0.01."""
     if not len(labels):
         return labels
     new = transform_boxes(labels[:, 1:5], M, width, height)
@@ -238,8 +265,46 @@ def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, he
     return labels
 
 
+def box_ioa(boxes1: np.ndarray, boxes2: np.ndarray, eps: float = 1e-7) -> np.ndarray:
+    """(n, m) intersection over the area of each boxes2 box (official bbox_ioa)."""
+    x1 = np.maximum(boxes1[:, None, 0], boxes2[None, :, 0])
+    y1 = np.maximum(boxes1[:, None, 1], boxes2[None, :, 1])
+    x2 = np.minimum(boxes1[:, None, 2], boxes2[None, :, 2])
+    y2 = np.minimum(boxes1[:, None, 3], boxes2[None, :, 3])
+    inter = (x2 - x1).clip(0) * (y2 - y1).clip(0)
+    area2 = (boxes2[:, 2] - boxes2[:, 0]) * (boxes2[:, 3] - boxes2[:, 1])
+    return inter / (area2[None] + eps)
+
+
+def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Generator,
+               canvas_width: int) -> tuple[np.ndarray, list, list[np.ndarray]]:
+    """Choose polygons to mirror left-right and paste (official copy_paste, on label level): rows whose
+    mirrored box covers less than 30 % of every box are candidates, round(p * n) of them are appended.
+
+    ``polygons`` holds per row a (k, 2) polygon in canvas pixels or None; returns (labels, polygons, the
+    pasted polygons: the regions to fill from the mirrored image).
+    """
+    rows = [i for i, poly in enumerate(polygons) if poly is not None]
+    if not p or not rows:
+        return labels, polygons, []
+    b = labels[rows, 1:5]
+    mirrored = np.stack([canvas_width - b[:, 2], b[:, 1], canvas_width - b[:, 0], b[:, 3]], 1)
+    candidates = [rows[k] for k in np.flatnonzero((box_ioa(mirrored, labels[:, 1:5]) < 0.30).all(1))]
+    chosen = rng.permutation(candidates)[:round(p * len(candidates))] if candidates else []
+    new_rows, pasted = [], []
+    for j in chosen:
+        poly = polygons[j].copy()
+        poly[:, 0] = canvas_width - poly[:, 0]
+        x1, x2 = canvas_width - labels[j, 3], canvas_width - labels[j, 1]
+        new_rows.append([labels[j, 0], x1, labels[j, 2], x2, labels[j, 4]])
+        pasted.append(poly)
+    if not new_rows:
+        return labels, polygons, []
+    return np.concatenate([labels, np.array(new_rows)], 0), [*polygons, *pasted], pasted
+
+
 def flip_labels(labels: np.ndarray, width: int, height: int, lr: bool, ud: bool) -> np.ndarray:
-    """Mirror (n, 5) pixel xyxy labels the way the image was flipped."""
+    """Mirror pixel labels the way the image was flipped."""
     if lr:
         labels[:, [1, 3]] = width - labels[:, [3, 1]]
     if ud:
@@ -247,45 +312,8 @@ def flip_labels(labels: np.ndarray, width: int, height: int, lr: bool, ud: bool)
     return labels
 
 
-def hsv_gains(rng: np.random.Generator, hyp: Hyp) -> np.ndarray | None:
-    """Random (3,) gains for H, S, V: 1 + U(-1, 1) * (hsv_h, hsv_s, hsv_v) (official augment_hsv), or None."""
-    if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
-        return None
-    return rng.uniform(-1, 1, 3) * [hyp.hsv_h, hyp.hsv_s, hyp.hsv_v] + 1
-
-
-def bgr_to_rgb(image_bgr: np.ndarray, gains: np.ndarray | None) -> np.ndarray:
-    """BGR -> RGB, through the HSV jitter when ``gains`` is given.
-
-    The official code maps each HSV channel through a table: hue ``(x * g) % 180``, saturation and value
-    ``clip(x * g, 0, 255)``, all truncated to uint8. Here one ``cv2.transform`` computes ``floor(x * g)``
-    with saturation (a few times faster than three look-ups); a hue past 179 is left for the HSV->RGB
-    conversion, which wraps hue modulo 180 itself, so the colours are the same.
-    """
-    if gains is None:
-        return cv2.cvtColor(image_bgr, cv2.COLOR_BGR2RGB)
-    hsv = cv2.cvtColor(image_bgr, cv2.COLOR_BGR2HSV)
-    m = np.zeros((3, 4))
-    m[[0, 1, 2], [0, 1, 2]] = gains
-    m[:, 3] = -0.5 + 1e-4  # round(y - 0.5 + 1e-4) == floor(y): truncation like astype(uint8)
-    cv2.transform(hsv, m, dst=hsv)
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
-
-
-def mixup(image: np.ndarray, labels: np.ndarray, image2: np.ndarray, labels2: np.ndarray,
-          rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Blend two images with r ~ Beta(32, 32) and keep both label sets (official mixup).
-
-    The official code truncates ``img * r + img2 * (1 - r)`` to uint8; ``addWeighted`` with -0.5 rounds
-    to the same value (except on exact .5 ties) without the float64 temporaries.
-    """
-    r = rng.beta(32.0, 32.0)
-    image = cv2.addWeighted(image, r, image2, 1 - r, -0.5)
-    return image, np.concatenate([labels, labels2], 0)
-
-
 def xyxy_to_cxcywh_norm(labels: np.ndarray, width: int, height: int, eps: float = 1e-3) -> np.ndarray:
-    """(n, 5) pixel xyxy -> normalised cxcywh, clipped to the image minus ``eps`` (official xyxy2xywhn)."""
+    """Pixel xyxy -> normalised cxcywh, clipped to the image minus ``eps`` (official xyxy2xywhn)."""
     out = labels.astype(np.float32, copy=True)
     x1, x2 = labels[:, 1].clip(0, width - eps), labels[:, 3].clip(0, width - eps)
     y1, y2 = labels[:, 2].clip(0, height - eps), labels[:, 4].clip(0, height - eps)
@@ -295,7 +323,7 @@ def xyxy_to_cxcywh_norm(labels: np.ndarray, width: int, height: int, eps: float 
 
 
 def cxcywh_norm_to_xyxy(labels: np.ndarray, w: float, h: float, padw: float = 0, padh: float = 0) -> np.ndarray:
-    """(n, 5) normalised cxcywh -> pixel xyxy in an image of size (w, h), shifted by the padding."""
+    """Normalised cxcywh -> pixel xyxy in an image of size (w, h), shifted by the padding."""
     out = labels.astype(np.float64, copy=True)
     out[:, 1] = w * (labels[:, 1] - labels[:, 3] / 2) + padw
     out[:, 2] = h * (labels[:, 2] - labels[:, 4] / 2) + padh

@@ -1,4 +1,4 @@
-"""YOLODataset: checked images and labels, with the official training and validation sample paths."""
+"""Opening a split: ``check`` (the report alone) and ``YOLODataset`` (official training and validation samples)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,46 @@ from torch.utils.data import Dataset
 
 from yolo9kit.config.train import CACHE_MODES
 from yolo9kit.data import augment as A
-from yolo9kit.data.cache import build_report, cache_path, scan_images
-from yolo9kit.data.disk_cache import disk_cache_path, open_disk_cache
-from yolo9kit.data.guard import check_command, refuse_bad_labels
-from yolo9kit.data.images import cache_images, load_resized, read_bgr, reduce_factor, resized_size
-from yolo9kit.data.letterbox import PAD_VALUE, letterbox
-from yolo9kit.data.polygons import copy_paste
-from yolo9kit.data.report import DatasetReport
+from yolo9kit.data.cache import cache_images, cache_path, disk_cache_path, open_disk_cache, scan_images
+from yolo9kit.data.images import PAD_VALUE, letterbox, load_resized, read_bgr, reduce_factor, resized_size
+from yolo9kit.data.labels import DataError, DatasetReport, ImageRecord, build_report, check_command, refuse_bad_labels
 from yolo9kit.data.sources import DataConfig, load_data_config
 
 log = logging.getLogger(__name__)
+
+
+def _scan(config: DataConfig, split: str, use_cache: bool) -> tuple[list[ImageRecord], DatasetReport]:
+    """Every image of ``split`` checked (from the label cache when nothing changed) and the report."""
+    images = config.images(split)
+    if not images:
+        raise DataError(f"{config.yaml_file or 'the data config'}: the {split} split has no images in "
+                        f"{', '.join(map(str, config.sources[split]))}; put images there (folders are searched "
+                        f"recursively) or fix its {split}: entry")
+    records = scan_images(images, config.sources[split], config.nc, use_cache, desc=f"checking {split}")
+    return records, build_report(split, records, config.sources[split])
+
+
+def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache: bool = True,
+          for_training: bool = False) -> DatasetReport:
+    """Check every image and label file of ``split``: the check any opening of the data set runs.
+
+    Args:
+        data: data.yaml path, dict or DataConfig.
+        split: train / val / test.
+        use_cache: reuse (and write) the label cache.
+        for_training: also raise the ``DataError`` that training on ``split`` would raise before its first step.
+
+    Returns:
+        DatasetReport; ``report.to_frame()`` has one row per problem (file, severity, reason).
+
+    Raises:
+        DataError: the split has no image at all, or (``for_training``) it would not train.
+    """
+    config = load_data_config(data)
+    records, report = _scan(config, split, use_cache)
+    if for_training:
+        refuse_bad_labels(config, split, report, records)
+    return report
 
 
 class SampleKey(NamedTuple):
@@ -36,8 +66,7 @@ class SampleKey(NamedTuple):
 
 def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, imgsz: int, stride: int = 32,
                       pad: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Aspect-ratio order and per-batch (h, w) shapes for rectangular batches (official ``utils/dataloaders.py``
-    LoadImagesAndLabels.__init__, its ``rect`` branch).
+    """Aspect-ratio order and per-batch (h, w) shapes of rectangular batches (official ``rect`` branch).
 
     Returns:
         (order (n,) indices sorting images by h/w, batch_shapes (n_batches, 2) int (h, w) in pixels).
@@ -57,20 +86,8 @@ def rect_batch_shapes(sizes_wh: np.ndarray, batch_size: int, imgsz: int, stride:
     return order, (np.ceil(shapes * imgsz / stride + pad).astype(int) * stride)
 
 
-def _disk_or_ram(path: Path, paths: list[str], sizes: list[tuple[int, int]], imgsz: int, augment: bool,
-                 cache_budget: float):
-    """cache="disk", or the RAM cache (none when RAM is short) with a warning when its folder cannot be written."""
-    try:
-        return open_disk_cache(path, paths, sizes, imgsz, augment)
-    except OSError as e:  # read-only data, a full disk: the run goes on, as with the label cache
-        log.warning("cache='disk': cannot write the image cache in %s (%s); caching the images in RAM instead "
-                    "when they fit in %.0f%% of the available memory (else no cache)", path.parent, e,
-                    100 * cache_budget)
-        return cache_images(paths, sizes, imgsz, augment, cache_budget, required=False)
-
-
 class YOLODataset(Dataset):
-    """A checked YOLO-format split with official-semantics augmentation.
+    """A checked YOLO-format split with official-semantics augmentation (docs/data.md).
 
     Args:
         data: data.yaml path, dict or DataConfig.
@@ -79,28 +96,22 @@ class YOLODataset(Dataset):
         augment: official training augmentation (mosaic, mixup, affine, HSV, flips).
         hyp: augmentation hyper-parameters (dict with official keys, or :class:`Hyp`); default hyp.scratch-high.
         rect: rectangular batches of ``batch_size`` (images sorted by aspect ratio, mosaic off).
+        batch_size: images per rectangular batch.
         stride, pad: rect batch shapes are multiples of ``stride`` with ``pad`` strides of margin.
-        cache: the image cache, the same four values everywhere (``CACHE_MODES``): "ram" decodes every image
-            once into RAM (MemoryError when it does not fit in ``cache_budget`` of the available RAM); "auto" the
-            same but silently skipped when it does not fit; None reads the files every time; "disk" decodes every
-            image once into one memory-mapped file beside the label cache (``yolo9kit.data.disk_cache``), for
-            data sets larger than RAM; when that folder cannot be written (read-only data, a full disk) it warns
-            and caches in RAM as "auto".
-        min_items: drop images with fewer boxes. single_cls: every class becomes 0.
+        cache: "ram" (MemoryError when over ``cache_budget`` of the free RAM), "auto" (RAM when it fits), None,
+            or "disk" (a memory-mapped file; as "auto" when it cannot be written).
+        min_items: drop images with fewer boxes.
+        single_cls: every class becomes 0.
         seed: augmentation draws depend only on (seed, epoch, index).
         use_label_cache: reuse and write the label cache.
-        allow_bad_labels: open a ``train`` split even when its labels use class ids ``names`` does not
-            name, hold no box at all, or lose more than a tenth of the labelled images to errors
-            (``yolo9kit.data.guard``); by default such a split raises :class:`~yolo9kit.data.guard.DataError`.
-            Other splits are never refused.
+        cache_budget: the share of the available RAM the image cache may take.
+        allow_bad_labels: open a ``train`` split that would raise a ``DataError`` (other splits never do).
 
     Attributes:
-        im_files: image paths (str), in sample order (aspect-ratio order with ``rect``).
-        labels: per image (n, 5) float32 ``class cx cy w h`` normalised.
-        shapes: (N, 2) int original (width, height) after EXIF orientation, as the official ``shapes``.
-        names, nc: class names and count.
-        report: the :class:`DatasetReport` of the check done when opening.
-        mosaic: whether the mosaic path is on (see :func:`yolo9kit.data.set_mosaic`).
+        im_files, labels: image paths and per image (n, 5) ``class cx cy w h``, in sample order.
+        shapes: (N, 2) original (width, height) after EXIF orientation, as the official ``shapes``.
+        report: the :class:`DatasetReport` of the check. mosaic: the mosaic path is on (``set_mosaic``).
+        colour_on_device: augmented samples carry their HSV gains for the loader (set by create_dataloader).
     """
 
     def __init__(self, data: str | Path | dict | DataConfig, split: str = "train", imgsz: int = 640,
@@ -108,13 +119,13 @@ class YOLODataset(Dataset):
                  stride: int = 32, pad: float = 0.0, cache: str | None = None, min_items: int = 0,
                  single_cls: bool = False, seed: int = 0, use_label_cache: bool = True,
                  cache_budget: float = 0.5, allow_bad_labels: bool = False):
+        if cache not in CACHE_MODES:
+            raise ValueError(f"cache must be one of {CACHE_MODES} (None: no cache), got {cache!r}")
         self.config = load_data_config(data)
         self.split, self.image_size, self.augment, self.rect, self.seed = split, imgsz, augment, rect, seed
         self.hyp = A.Hyp.from_dict(hyp)
         self.names, self.nc = list(self.config.names), self.config.nc
-        records = scan_images(self.config.images(split), self.config.sources[split], self.nc, use_label_cache,
-                              desc=f"checking {split}")
-        self.report: DatasetReport = build_report(split, records, self.config.sources[split])
+        records, self.report = _scan(self.config, split, use_label_cache)
         if any(p.severity != "info" for p in self.report.problems):
             log.warning("%s: `%s` lists them (in Python: the dataset's .report)", self.report.summary(),
                         check_command(self.config, split))
@@ -124,6 +135,13 @@ class YOLODataset(Dataset):
         if not records:
             raise ValueError(f"no usable image in the {split} split of {self.config.yaml_file or self.config.path}: "
                              f"{self.report.summary()}; `{check_command(self.config, split)}` gives the reasons")
+        order = np.arange(len(records))
+        self.batch_shapes = None
+        if rect:
+            order, self.batch_shapes = rect_batch_shapes(np.array([r.size for r in records]), batch_size, imgsz,
+                                                         stride, pad)
+            self.batch_index = np.arange(len(order)) // batch_size
+        records = [records[i] for i in order]
         self.im_files = [r.im_file for r in records]
         self.labels = [r.labels.copy() for r in records]
         self.segments = [r.segments for r in records]  # per image: one (k, 2) polygon per row, or []
@@ -131,54 +149,40 @@ class YOLODataset(Dataset):
             for lb in self.labels:
                 lb[:, 0] = 0
         self.shapes = np.array([r.size for r in records], dtype=np.int64)
-        self.mosaic = augment and not rect and self.hyp.mosaic > 0
-        # True: augmented samples skip the HSV jitter and carry their gains as a 5th field (the loader
-        # applies them in torch on its device, see yolo9kit.data.colour); set by create_dataloader.
-        self.colour_on_device = False
-        self.batch_shapes = None
-        if rect:
-            order, self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, imgsz, stride, pad)
-            self.im_files = [self.im_files[i] for i in order]
-            self.labels = [self.labels[i] for i in order]
-            self.segments = [self.segments[i] for i in order]
-            self.shapes = self.shapes[order]
-            self.batch_index = np.arange(len(order)) // batch_size
         self.nominal = np.array([resized_size(w, h, imgsz) for w, h in self.shapes], np.int64)  # (w, h)
+        self.mosaic = augment and not rect and self.hyp.mosaic > 0
+        self.colour_on_device = False
+        sizes = [tuple(int(v) for v in s) for s in self.shapes]
         self.images = None
-        if cache not in CACHE_MODES:
-            raise ValueError(f"cache must be one of {CACHE_MODES} (None: no cache), got {cache!r}")
         if cache == "disk":
-            label_cache = cache_path(self.config.sources[split], [r.lb_file for r in records])
-            self.images = _disk_or_ram(disk_cache_path(label_cache, imgsz, augment), self.im_files,
-                                       [tuple(int(v) for v in s) for s in self.shapes], imgsz, augment, cache_budget)
-        elif cache is not None:
-            self.images = cache_images(self.im_files, [tuple(s) for s in self.shapes], imgsz, augment,
-                                       cache_budget, required=cache == "ram")
+            path = disk_cache_path(cache_path(self.config.sources[split], [r.lb_file for r in records]), imgsz, augment)
+            try:
+                self.images = open_disk_cache(path, self.im_files, sizes, imgsz, augment)
+            except OSError as e:  # read-only data, a full disk: the run goes on, as with the label cache
+                log.warning("cache='disk': cannot write the image cache in %s (%s); caching the images in RAM "
+                            "instead when they fit in %.0f%% of the available memory (else no cache)", path.parent,
+                            e, 100 * cache_budget)
+        if cache is not None and self.images is None:
+            self.images = cache_images(self.im_files, sizes, imgsz, augment, cache_budget, required=cache == "ram")
 
     def __len__(self) -> int:
         return len(self.im_files)
 
-    # ---- image access -------------------------------------------------------------------------------
     def load_image(self, i: int) -> np.ndarray:
-        """Official load_image: BGR, long side = image_size (from the RAM cache when there is one)."""
+        """Official load_image: BGR, long side = image_size (from the image cache when there is one)."""
         if self.images is not None:
             return self.images[i]
         return load_resized(self.im_files[i], self.image_size, self.augment, tuple(int(v) for v in self.shapes[i]))
 
     def _source(self, i: int, zoom: float) -> tuple[np.ndarray, np.ndarray]:
-        """An image to warp from and the matrix mapping its pixels to the nominal resized image.
-
-        Without a RAM cache the file is decoded directly, at a reduced size when the warp shrinks it by 2x
-        or more, and the resize is folded into the warp (one interpolation instead of two).
-        """
+        """An image to warp from and the matrix to the nominal resized image: without a cache the file itself,
+        decoded smaller when the warp shrinks it 2x or more (one interpolation instead of two)."""
         w, h = self.nominal[i]
         if self.images is not None:
             return self.images[i], np.eye(3)
-        w0, h0 = self.shapes[i]
-        src = read_bgr(self.im_files[i], reduce_factor(zoom * w / w0))
+        src = read_bgr(self.im_files[i], reduce_factor(zoom * w / self.shapes[i][0]))
         return src, A.resize_matrix(src.shape[1], src.shape[0], w, h)
 
-    # ---- samples --------------------------------------------------------------------------------------
     def __getitem__(self, key: int | SampleKey):
         key = SampleKey(int(key), 0, self.mosaic) if not isinstance(key, SampleKey) else key
         index = key.index
@@ -224,8 +228,7 @@ class YOLODataset(Dataset):
         w0, h0 = (int(v) for v in self.shapes[index])
         image, ratio, pad = letterbox(image, self._target_shape(index), auto=False, scaleup=self.augment)
         labels = A.cxcywh_norm_to_xyxy(self.labels[index], ratio[0] * w, ratio[1] * h, pad[0], pad[1])
-        shapes = ((int(h0), int(w0)), ((h / h0, w / w0), pad))
-        return self._output(A.bgr_to_rgb(image, None), labels, index, shapes)
+        return self._output(A.bgr_to_rgb(image, None), labels, index, ((h0, w0), ((h / h0, w / w0), pad)))
 
     def _single_augmented(self, index: int, rng: np.random.Generator):
         """Mosaic off: letterbox to the target shape, then the random affine without border, as one warp."""
@@ -243,8 +246,7 @@ class YOLODataset(Dataset):
         A.place(image, src, M @ place, self.hyp.perspective != 0)
         labels = A.cxcywh_norm_to_xyxy(self.labels[index], r * w, r * h, dw, dh)
         labels = A.affine_labels(labels, M, zoom, W, H)
-        shapes = ((int(h0), int(w0)), ((h / h0, w / w0), (dw, dh)))
-        return image, labels, shapes
+        return image, labels, ((h0, w0), ((h / h0, w / w0), (dw, dh)))
 
     def _mosaic_layout(self, index: int, rng: np.random.Generator) -> list[tuple[int, int, int, int, int, int, int]]:
         """Tiles of the official 2s x 2s mosaic: (image, x1a, y1a, x2a, y2a, padw, padh) canvas pixels."""
@@ -295,7 +297,7 @@ class YOLODataset(Dataset):
                 [None] * len(self.labels[i])
         labels = np.concatenate(labels, 0)
         np.clip(labels[:, 1:], 0, 2 * s, out=labels[:, 1:])
-        labels, polygons, pasted = copy_paste(labels, polygons, self.hyp.copy_paste, rng, 2 * s)
+        labels, polygons, pasted = A.copy_paste(labels, polygons, self.hyp.copy_paste, rng, 2 * s)
         M, zoom = A.random_affine_matrix(rng, self.hyp, (2 * s, 2 * s), (s, s))
         out = np.full((s, s, 3), PAD_VALUE, np.uint8)
         self._render(out, tiles, M, zoom)

@@ -1,16 +1,9 @@
-"""Per-image checks: can the image be read, and is its label file valid (official ``utils/dataloaders.py``
-verify_image_label)?
-
-Each image is checked once; the result (labels, size, problems) goes to the label cache.
-
-A JPEG with bytes after its end-of-image marker (some cameras and editors append data) is kept with a
-warning: OpenCV and PIL stop decoding at the marker, so the pixels are those of the image, and the file is
-never rewritten. (The official loader re-saves such a file in place at quality 100, which changes the
-user's file and, by re-encoding, its pixels.) A JPEG that ends before its marker is truncated: an error.
-"""
+"""Checking a split: each image and its label file (official ``verify_image_label``), the report, and the
+refusal of a training split that lost its labels. docs/data.md, "Checks", lists every case."""
 
 from __future__ import annotations
 
+import html
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,27 +11,95 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from yolo9kit.data.report import ERROR, INFO, WARNING, Problem
+from yolo9kit.data.sources import DataConfig, orphan_label_files
 
+ERROR, WARNING, INFO = "error", "warning", "info"
 MIN_IMAGE_SIDE = 10  # pixels, as in the official checks
 PIL_FORMATS = {"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PFM"}
 _TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+# how far (a share of the image side) a box may reach past an edge before it is reported: six-decimal labels
+# round cx and w to 5e-7 each; converters that clip in pixels land within a pixel of the edge
+OVERHANG = 1e-3
+# beyond a tenth of the labelled images lost to errors something systematic is wrong (names, format, layout)
+MAX_DROPPED_SHARE = 0.10
+_PROCEED = "or pass allow_bad_labels=True (TrainConfig, create_dataloader) to train on the images that are left"
+
+
+class DataError(ValueError):
+    """A data set that cannot be used as it is; the message names the data.yaml, the split, the counts and
+    what to do."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows in a notebook: the message without the traceback (``%tb`` still prints it)."""
+        return [f"\x1b[31mDataError\x1b[0m: {self}"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: ``error`` leaves the image out, ``warning`` keeps it (something fixed or odd), ``info``
+    keeps it as it is."""
+
+    file: str
+    reason: str
+    severity: str = ERROR
+
+
+@dataclass
+class DatasetReport:
+    """What :func:`yolo9kit.data.check` found in one split: the counts (``n_images``, ``n_usable`` = labelled
+    + background, ``n_labelled``, ``n_background``, ``n_skipped``, ``n_instances``, ``n_duplicates_removed``,
+    ``n_orphan_labels``) and every finding, in file order."""
+
+    split: str
+    n_images: int = 0
+    n_usable: int = 0
+    n_labelled: int = 0
+    n_background: int = 0
+    n_skipped: int = 0
+    n_instances: int = 0
+    n_duplicates_removed: int = 0
+    n_orphan_labels: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no image had to be left out."""
+        return not any(p.severity == ERROR for p in self.problems)
+
+    def to_frame(self):
+        """One row per problem: columns file, severity, reason (a pandas DataFrame)."""
+        import pandas as pd
+
+        return pd.DataFrame([(p.file, p.severity, p.reason) for p in self.problems],
+                            columns=["file", "severity", "reason"])
+
+    def summary(self) -> str:
+        orphans = f", {self.n_orphan_labels} label files without an image" if self.n_orphan_labels else ""
+        return (f"{self.split}: {self.n_images} images, {self.n_usable} usable ({self.n_labelled} labelled, "
+                f"{self.n_background} background), {self.n_skipped} skipped, {self.n_instances} boxes, "
+                f"{self.n_duplicates_removed} duplicate rows removed{orphans}, {len(self.problems)} problems")
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        if self.problems:
+            width = min(max(len(p.file) for p in self.problems), 80)
+            lines.append(f"{'severity':8}  {'file':{width}}  reason")
+            lines += [f"{p.severity:8}  {p.file:{width}}  {p.reason}" for p in self.problems]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{html.escape(p.severity)}</td><td>{html.escape(p.file)}</td>"
+                       f"<td>{html.escape(p.reason)}</td></tr>" for p in self.problems)
+        table = (f"<table><thead><tr><th>severity</th><th>file</th><th>reason</th></tr></thead>"
+                 f"<tbody>{rows}</tbody></table>") if rows else "<p>no problems found</p>"
+        return f"<div><p><b>{html.escape(self.summary())}</b></p>{table}</div>"
 
 
 @dataclass
 class ImageRecord:
-    """What the check found for one image.
-
-    Attributes:
-        im_file, lb_file: paths (strings).
-        size: (width, height) after EXIF orientation; (0, 0) when unreadable.
-        labels: (n, 5) float32 rows ``class cx cy w h`` normalised.
-        segments: polygons (k, 2) normalised, one per label row, when the file held polygons (else []).
-        problems: findings for this image.
-        n_duplicates: duplicate rows removed.
-        unnamed_classes: class ids of the label file that ``names`` does not name (>= nc); the image is
-            left out, and a training split with any of them refuses to open (``yolo9kit.data.guard``).
-    """
+    """What the check found for one image: ``size`` (w, h) after EXIF orientation, (0, 0) when unreadable;
+    ``labels`` (n, 5) ``class cx cy w h``; ``segments`` one (k, 2) polygon per row when the file held
+    polygons; ``unnamed_classes`` ids >= nc (the image is left out, a training split refused)."""
 
     im_file: str
     lb_file: str
@@ -65,8 +126,7 @@ def exif_size(image: Image.Image) -> tuple[int, int]:
 
 
 def _jpeg_trailing_bytes(path: str) -> int | None:
-    """Bytes after the end-of-image marker of a JPEG that does not end with one; None when it has no marker
-    before its end or when the image does not decode completely (a truncated file)."""
+    """Bytes after the end-of-image marker; None when there is none or the image does not decode fully."""
     data = Path(path).read_bytes()  # only for the rare JPEG that does not end with its marker
     end = data.rfind(b"\xff\xd9")
     if end < 0:
@@ -88,7 +148,7 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
         head = f.read(2)
         f.seek(-2, 2) if os.path.getsize(path) >= 4 else None
         tail = f.read(2)
-    if head == b"\xff\xd8" and tail != b"\xff\xd9":
+    if head == b"\xff\xd8" and tail != b"\xff\xd9":  # kept, never re-saved as the official code does
         trailing = _jpeg_trailing_bytes(path)
         if trailing is None:
             return (0, 0), "corrupt or truncated JPEG (no end-of-image marker)", None
@@ -108,13 +168,8 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
     return size, None, note
 
 
-# how far (a share of the image side) a box may reach past an edge before it is reported: six-decimal labels
-# round cx and w to 5e-7 each; converters that clip in pixels land within a pixel of the edge
-OVERHANG = 1e-3
-
-
 def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.ndarray], str | None]:
-    """Parse split label lines into (n, 5) boxes and polygons; returns an error reason instead when invalid."""
+    """Split label lines -> (n, 5) boxes and polygons, or an error reason."""
     is_polygon = any(len(r) > 6 for r in rows)  # official rule: one long row makes every row a polygon
     boxes, segments = [], []
     for i, row in enumerate(rows, 1):
@@ -135,8 +190,7 @@ def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.nda
         if is_polygon:
             pts = values[1:].reshape(-1, 2)
             segments.append(pts.astype(np.float32))
-            x1, y1 = pts.min(0)
-            x2, y2 = pts.max(0)
+            (x1, y1), (x2, y2) = pts.min(0), pts.max(0)
             coords = np.array([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1])
             raw = pts.ravel()
         else:
@@ -151,10 +205,7 @@ def _unnamed_classes(rows: list[list[str]], nc: int) -> tuple[int, ...]:
     """Whole-number class ids >= ``nc`` in the first column (what a short ``names`` list leaves unnamed)."""
     ids = set()
     for row in rows:
-        try:
-            value = float(row[0])
-        except ValueError:
-            continue
+        value = float(row[0]) if _is_float(row[0]) else np.nan
         if np.isfinite(value) and value == int(value) and value >= nc:
             ids.add(int(value))
     return tuple(sorted(ids))
@@ -168,16 +219,19 @@ def _is_float(text: str) -> bool:
         return False
 
 
+def _rows_noted(lb_file: str, mask: np.ndarray, what: str) -> Problem:
+    return Problem(lb_file, f"{what} (line {', '.join(str(i + 1) for i in np.flatnonzero(mask))})", WARNING)
+
+
 def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> ImageRecord:
     """Check one image and its label file; never raises for bad content (the record holds the problems)."""
     im_file, lb_file = str(im_file), str(lb_file)
     rec = ImageRecord(im_file, lb_file)
     rec.size, reason, note = _check_image(im_file)
+    if reason or note:
+        rec.problems.append(Problem(im_file, reason or note, ERROR if reason else WARNING))
     if reason:
-        rec.problems.append(Problem(im_file, reason, ERROR))
         return rec
-    if note:
-        rec.problems.append(Problem(im_file, note, WARNING))
     if not os.path.isfile(lb_file):
         rec.problems.append(Problem(im_file, f"no label file ({lb_file}): used as a background image", WARNING))
         return rec
@@ -201,13 +255,11 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     overhang = (cx - w / 2 < -OVERHANG) | (cx + w / 2 > 1 + OVERHANG) | (cy - h / 2 < -OVERHANG) | \
         (cy + h / 2 > 1 + OVERHANG)
     if overhang.any():  # training clips the box to the image: what it learns is not the box in the file
-        rows_txt = ", ".join(str(i + 1) for i in np.flatnonzero(overhang))
-        rec.problems.append(Problem(lb_file, f"box reaches past the image edge, training clips it to the image "
-                                             f"(line {rows_txt})", WARNING))
+        rec.problems.append(_rows_noted(lb_file, overhang, "box reaches past the image edge, training clips it to "
+                                                           "the image"))
     zero = (boxes[:, 3] <= 0) | (boxes[:, 4] <= 0)
     if zero.any():
-        rows_txt = ", ".join(str(i + 1) for i in np.flatnonzero(zero))
-        rec.problems.append(Problem(lb_file, f"zero-size box removed (line {rows_txt})", WARNING))
+        rec.problems.append(_rows_noted(lb_file, zero, "zero-size box removed"))
         boxes = boxes[~zero]
         segments = [s for s, z in zip(segments, zero) if not z] if segments else []
     _, first = np.unique(boxes, axis=0, return_index=True)
@@ -219,3 +271,58 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
         segments = [segments[i] for i in keep] if segments else []
     rec.labels, rec.segments = boxes, segments
     return rec
+
+
+def build_report(split: str, records: list[ImageRecord], sources: list[Path] | None = None) -> DatasetReport:
+    """Counts and problems of a scanned split; with ``sources``, label files without an image too (warnings)."""
+    report = DatasetReport(split=split, n_images=len(records))
+    for r in records:
+        report.problems += r.problems
+        if not r.usable:
+            report.n_skipped += 1
+            continue
+        report.n_usable += 1
+        report.n_duplicates_removed += r.n_duplicates
+        report.n_instances += len(r.labels)
+        report.n_labelled += bool(len(r.labels))
+    report.n_background = report.n_usable - report.n_labelled
+    orphans = orphan_label_files(sources, [r.lb_file for r in records]) if sources else []
+    report.n_orphan_labels = len(orphans)
+    report.problems += [Problem(f, "label file with no image: not used", WARNING) for f in orphans]
+    return report
+
+
+def check_command(config: DataConfig, split: str) -> str:
+    """What a shell user runs to see every problem of ``split`` (a Python call for a dict config)."""
+    if config.yaml_file is None:
+        return f"yolo9kit.data.check(data, split={split!r})"
+    return f"python -m yolo9kit data check {config.yaml_file} --split {split}"
+
+
+def refuse_bad_labels(config: DataConfig, split: str, report: DatasetReport, records: list[ImageRecord]) -> None:
+    """Raise :class:`DataError` for unnamed class ids (official assert), no box at all (official "no labels
+    found"), or more than :data:`MAX_DROPPED_SHARE` of the non-background images lost to errors."""
+    where = f"{config.yaml_file or 'the data config'} ({split} split)"
+    unnamed = sorted({c for r in records for c in r.unnamed_classes})
+    if unnamed:
+        files = [r.lb_file for r in records if r.unnamed_classes]
+        raise DataError(
+            f"{where}: labels use class id{'s' * (len(unnamed) > 1)} {', '.join(map(str, unnamed))} but names has "
+            f"{config.nc} (ids 0..{config.nc - 1}): {len(files)} of {report.n_images} images would be left out "
+            f"(e.g. {files[0]}); add the missing names to data.yaml or fix the label files, {_PROCEED}")
+    if report.n_usable == 0:  # left to the caller's own error
+        return
+    if report.n_instances == 0:
+        missing = sum(not os.path.isfile(r.lb_file) for r in records if r.usable)
+        example = next(r for r in records if r.usable)
+        raise DataError(
+            f"{where}: none of the {report.n_usable} usable images has a box ({missing} without a label file, "
+            f"{report.n_usable - missing} with an empty one); the label of {example.im_file} is expected at "
+            f"{example.lb_file} (the last images/ of the path becomes labels/, the suffix .txt): put the labels "
+            f"there, {_PROCEED}")
+    candidates = report.n_images - report.n_background
+    if report.n_skipped > MAX_DROPPED_SHARE * candidates:
+        raise DataError(
+            f"{where}: {report.n_skipped} of {candidates} images with labels would be left out because of errors "
+            f"(more than {MAX_DROPPED_SHARE:.0%}), {report.n_labelled} kept; `{check_command(config, split)}` "
+            f"lists the files and reasons: fix them, {_PROCEED}")

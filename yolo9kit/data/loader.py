@@ -1,14 +1,10 @@
-"""create_dataloader: uint8 batches, seeded and reproducible with any number of workers (docs/data.md, Loader).
-
-Design: the sampler (main process) sends :class:`SampleKey` (index, epoch, mosaic) to the workers, and
-every random draw of a sample comes from a generator seeded by (seed, epoch, index). So the batches depend
-only on the seed and the epoch, not on the number of workers, and switching mosaic off (close-mosaic)
-reaches persistent workers without restarting them.
-"""
+"""create_dataloader: uint8 batches that depend only on the seed and the epoch, with any number of workers: the
+sampler sends :class:`SampleKey` (index, epoch, mosaic) and every draw of a sample comes from a generator seeded
+by (seed, epoch, index) (docs/data.md, "Loader")."""
 
 from __future__ import annotations
 
-import logging
+import random
 from pathlib import Path
 
 import cv2
@@ -17,20 +13,15 @@ import torch
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolo9kit.config import LoaderConfig
-from yolo9kit.cpu import usable_cores
-from yolo9kit.data.colour import hsv_jitter
 from yolo9kit.data.dataset import SampleKey, YOLODataset
+from yolo9kit.data.images import hsv_jitter
 from yolo9kit.data.sources import DataConfig
-
-log = logging.getLogger(__name__)
+from yolo9kit.env import usable_cores
 
 
 class KeySampler(Sampler):
-    """Yields SampleKey(index, epoch, mosaic); shuffles with a generator seeded by (seed, epoch).
-
-    With ``distributed`` each rank takes every world_size-th index of the (padded) permutation, as
-    torch's DistributedSampler does.
-    """
+    """Yields SampleKey(index, epoch, mosaic), shuffled by a generator seeded by (seed, epoch); with several
+    ranks each takes every world_size-th index of the padded order, as torch's DistributedSampler."""
 
     def __init__(self, n: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1, dataset=None):
         self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
@@ -43,8 +34,7 @@ class KeySampler(Sampler):
 
     def __iter__(self):
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.n, generator=g).tolist()
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
         else:
             order = list(range(self.n))
         if self.world_size > 1:
@@ -55,11 +45,8 @@ class KeySampler(Sampler):
 
 
 def collate(batch):
-    """Stack samples: (images uint8 (B, 3, H, W) in channels_last memory, targets (N, 6), paths, shapes).
-
-    Inside a worker the image batch is allocated in shared memory, so it crosses to the main process
-    without another copy.
-    """
+    """Stack samples: (images uint8 (B, 3, H, W) in channels_last memory, targets (N, 6), paths, shapes[, gains]);
+    in a worker the images go straight into shared memory."""
     images, targets, paths, shapes, *gains = zip(*batch)
     h, w = images[0].shape[1:]
     shape = (len(images), h, w, 3)
@@ -80,26 +67,19 @@ def _worker_init(worker_id: int) -> None:
     cv2.setNumThreads(0)  # one process per core already: OpenCV's own threads only compete
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
-    import random
-
     random.seed(seed)
 
 
 class YOLOLoader:
-    """Iterable over batches; each full pass is one epoch (``set_epoch`` to choose it, e.g. on resume).
-
-    Attributes:
-        dataset: the :class:`YOLODataset`.
-        sampler: the :class:`KeySampler`.
-        loader: the underlying torch DataLoader.
-    """
+    """Iterable over batches; each full pass is one epoch (``set_epoch`` chooses it, e.g. on resume).
+    ``dataset``, ``sampler`` and ``loader`` (the torch DataLoader) are attributes."""
 
     def __init__(self, dataset: YOLODataset, loader: DataLoader, sampler: KeySampler,
                  colour_device: torch.device | None = None):
         self.dataset, self.loader, self.sampler = dataset, loader, sampler
         self.batch_size = loader.batch_size
         self.colour_device = colour_device
-        self._epoch_set = False
+        self._epoch_set = self._started = False
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -113,7 +93,7 @@ class YOLOLoader:
         return self.sampler.epoch
 
     def __iter__(self):
-        if not self._epoch_set and getattr(self, "_started", False):
+        if not self._epoch_set and self._started:
             self.sampler.epoch += 1
         self._started, self._epoch_set = True, False
         if self.colour_device is None:
@@ -129,11 +109,13 @@ class YOLOLoader:
             yield images, targets, paths, shapes
 
 
-def set_mosaic(loader_or_dataset, enabled: bool) -> None:
-    """Switch the mosaic path on or off (close-mosaic); takes effect at the next epoch, in every worker.
+def set_mosaic(loader_or_dataset: YOLOLoader | YOLODataset, enabled: bool) -> None:
+    """Switch the mosaic path on or off (close-mosaic) from the next epoch, in every worker: the sampler puts
+    the main process's flag into every sample key.
 
-    The flag lives on the dataset object of the main process; the sampler puts it into every sample key,
-    so persistent worker processes (which hold their own copies of the dataset) follow it too.
+    Args:
+        loader_or_dataset: a YOLOLoader or its YOLODataset.
+        enabled: mosaic on (still only for an augmented, non-rect dataset).
     """
     if isinstance(loader_or_dataset, YOLOLoader):
         loader_or_dataset = loader_or_dataset.dataset
@@ -141,8 +123,7 @@ def set_mosaic(loader_or_dataset, enabled: bool) -> None:
 
 
 def default_workers(batch_size: int) -> int:
-    """Official rule: min(cpu count // GPUs, batch size if > 1 else 0, 8), with the cores this process may use
-    (``cpu.usable_cores``: its affinity and a container's CPU quota), not the machine's count."""
+    """Official rule: min(cores // GPUs, batch size if > 1 else 0, 8), with the cores this process may use."""
     gpus = max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
     return min(usable_cores() // gpus, batch_size if batch_size > 1 else 0, 8)
 
@@ -154,53 +135,43 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
                       distributed: bool = False, stride: int = 32, pad: float | None = None, min_items: int = 0,
                       single_cls: bool = False, colour_device: str | torch.device | None = None,
                       options: LoaderConfig | None = None, allow_bad_labels: bool = False) -> YOLOLoader:
-    """A loader of ``(images uint8 (B, 3, H, W) RGB, targets (N, 6), paths, shapes)``.
+    """A loader of ``(images uint8 (B, 3, H, W) RGB, targets (N, 6), paths, shapes)``; mosaic starts on.
 
     Args:
-        data: data.yaml path, dict, DataConfig, or an already built YOLODataset.
+        data: data.yaml path, dict, DataConfig, or a YOLODataset (then the dataset keywords are not used).
         split: train / val / test.
         imgsz: training size (long side for rect batches).
         batch_size: images per batch.
         augment: official training augmentation; default True for train.
-        workers: worker processes; default min(cpus, batch size, 8). 0 loads in the main process.
+        workers: worker processes; default min(cores, batch size, 8); 0 loads in the main process.
         rect: rectangular batches (aspect-ratio order, no shuffle, no mosaic); default True except for train.
         shuffle: default True for train (False with rect).
         seed: the same seed gives the same batches, whatever the number of workers.
-        cache: "auto" (default) caches the decoded images in RAM only when they fit in
-            ``options.cache_budget`` of the available RAM; "ram" always, and fails with the numbers when they
-            do not fit; None never; "disk" decodes them once into a memory-mapped file beside the label cache
-            (data sets larger than RAM; rebuilt when an image changes).
+        cache: "auto" (RAM when it fits in ``options.cache_budget``), "ram", "disk" or None (``YOLODataset``).
         hyp: augmentation hyper-parameters (dict, official keys); default hyp.scratch-high.
-        distributed: split the samples over torch.distributed ranks (multi-GPU).
+        distributed: split the samples over torch.distributed ranks.
+        stride: rect batch shapes are multiples of it.
         pad: rect padding in strides; default 0.5 for validation, 0.0 for training.
-        colour_device: run the HSV colour jitter there (batched, in torch: ``yolo9kit.data.colour``) instead
-            of in the CPU workers; the batches' images then come out on that device. Pays on a GPU (the
-            jitter is about a third of the CPU work of a cached mosaic batch); on a CPU it is slower than
-            OpenCV. The same gains are drawn either way; pixels agree within one level.
-        options: a :class:`~yolo9kit.config.LoaderConfig`: pinned memory (default: when CUDA is available),
-            batches prefetched per worker (4), the RAM share the automatic cache may take (0.5). They change
-            speed and memory, never the batches. Mosaic starts on; :func:`set_mosaic` switches it.
-        allow_bad_labels: open a ``train`` split whose labels use unnamed class ids, hold no box, or lose
-            more than a tenth of the labelled images to errors (by default a ``DataError`` says which and why).
+        min_items: drop images with fewer boxes.
+        single_cls: every class becomes 0.
+        colour_device: apply the HSV jitter there, batched in torch (the batches come out on that device).
+        options: a :class:`~yolo9kit.config.LoaderConfig`: speed and memory, never the batches.
+        allow_bad_labels: open a ``train`` split that would raise a ``DataError``.
+
+    Returns:
+        A YOLOLoader.
     """
     options = options or LoaderConfig()
     train = split == "train"
-    augment = train if augment is None else augment
-    rect = (not train) if rect is None else rect
-    if isinstance(data, YOLODataset):
-        dataset = data
-    else:
-        pad = (0.0 if train else 0.5) if pad is None else pad
-        dataset = YOLODataset(data, split, imgsz, augment=augment, hyp=hyp, rect=rect, batch_size=batch_size,
-                              stride=stride, pad=pad, cache=cache,
-                              min_items=min_items, single_cls=single_cls, seed=seed,
-                              cache_budget=options.cache_budget, allow_bad_labels=allow_bad_labels)
-    shuffle = (train and not dataset.rect) if shuffle is None else (shuffle and not dataset.rect)
+    dataset = data if isinstance(data, YOLODataset) else YOLODataset(
+        data, split, imgsz, augment=train if augment is None else augment, hyp=hyp,
+        rect=(not train) if rect is None else rect, batch_size=batch_size, stride=stride,
+        pad=(0.0 if train else 0.5) if pad is None else pad, cache=cache, min_items=min_items,
+        single_cls=single_cls, seed=seed, cache_budget=options.cache_budget, allow_bad_labels=allow_bad_labels)
+    shuffle = (train if shuffle is None else shuffle) and not dataset.rect
     batch_size = min(batch_size, len(dataset))
     workers = default_workers(batch_size) if workers is None else workers
-    rank, world = 0, 1
-    if distributed:
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
     sampler = KeySampler(len(dataset), shuffle, seed, rank, world, dataset=dataset)
     set_mosaic(dataset, True)
     colour_device = torch.device(colour_device) if colour_device is not None else None
@@ -215,10 +186,17 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
 
 def preprocess_images(images: torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32,
                       channels_last: bool = False) -> torch.Tensor:
-    """uint8 (B, 3, H, W) -> ``dtype`` in [0, 1] on ``device``: copy the bytes, then convert there.
+    """uint8 (B, 3, H, W) -> ``dtype`` in [0, 1] on ``device``: the uint8 bytes are copied (4x fewer than
+    float32; non-blocking from pinned memory), then converted there.
 
-    Copying uint8 moves 4x fewer bytes than float32; ``non_blocking`` overlaps it with compute when the
-    batch is in pinned memory.
+    Args:
+        images: the uint8 batch.
+        device: where the result goes.
+        dtype: the result's dtype.
+        channels_last: the result's memory format.
+
+    Returns:
+        The converted batch.
     """
     images = images.to(device, non_blocking=True)
     fmt = torch.channels_last if channels_last else torch.contiguous_format

@@ -1,22 +1,22 @@
-"""A synthetic detection data set of coloured shapes on textured backgrounds.
-
-The class of an object is its shape, so a tiny model can learn it on a CPU in minutes, and every box is
-the exact pixel extent of the shape as drawn (polygons and ellipses are filled without anti-aliasing).
-Files depend only on the arguments: the same seed writes byte-identical images and labels.
-"""
+"""Making data sets: the synthetic shapes data set (docs/data.md: exact boxes, byte-identical files for a seed)
+and the conversion of COCO annotations to YOLO labels."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-from pathlib import Path
+import os
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 import cv2
 import numpy as np
 import yaml
 
-from yolo9kit.files import write_folder
+from yolo9kit.files import write_folder, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -35,26 +35,16 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
 
 def _polygon(kind: str, cx: float, cy: float, radius: float, angle: float) -> np.ndarray:
     """Vertices (K, 2) of a regular shape centred on (cx, cy), rotated by ``angle`` radians."""
-    if kind == "triangle":
-        t = angle + np.arange(3) * 2 * np.pi / 3
-        r = np.full(3, radius)
-    elif kind == "star":
-        t = angle + np.arange(10) * np.pi / 5
-        r = np.where(np.arange(10) % 2 == 0, radius, radius * 0.45)
-    elif kind == "hexagon":
-        t = angle + np.arange(6) * np.pi / 3
-        r = np.full(6, radius)
-    elif kind == "diamond":
-        t = angle + np.arange(4) * np.pi / 2
-        r = np.array([radius, radius * 0.6, radius, radius * 0.6])
-    elif kind == "cross":
+    if kind == "cross":
         a = radius * 0.33
         pts = np.array([(-a, -radius), (a, -radius), (a, -a), (radius, -a), (radius, a), (a, a), (a, radius),
                         (-a, radius), (-a, a), (-radius, a), (-radius, -a), (-a, -a)])
         c, s = math.cos(angle), math.sin(angle)
         return pts @ np.array([[c, s], [-s, c]]) + (cx, cy)
-    else:
-        raise ValueError(f"unknown polygon shape {kind!r}")
+    n, radii = {"triangle": (3, [radius]), "star": (10, [radius, radius * 0.45]), "hexagon": (6, [radius]),
+                "diamond": (4, [radius, radius * 0.6])}[kind]  # radii repeat round the vertices
+    t = angle + np.arange(n) * 2 * np.pi / n
+    r = np.resize(radii, n)
     return np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], 1)
 
 
@@ -111,12 +101,25 @@ def _draw_image(rng: np.random.Generator, height: int, width: int, num_classes: 
     return image, labels
 
 
-def _manifest(root: Path) -> dict | None:
-    """The settings of the shapes data set in ``root`` (None: there is none)."""
-    try:
-        return json.loads((root / _MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
+def _write_shapes(folder: Path, root: Path, params: dict) -> None:
+    """The shapes data set ``params`` describes (images, labels, data.yaml, manifest) into ``folder``, the
+    temporary twin of ``root``."""
+    for split_id, split in enumerate(("train", "val")):
+        image_dir, label_dir = folder / "images" / split, folder / "labels" / split
+        image_dir.mkdir(parents=True, exist_ok=True)
+        label_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(params[f"n_{split}"]):
+            rng = np.random.default_rng([params["seed"], split_id, i])
+            image, labels = _draw_image(rng, params["height"], params["width"], params["num_classes"],
+                                        params["max_objects"])
+            if not cv2.imwrite(str(image_dir / f"{i:06d}.jpg"), image, [cv2.IMWRITE_JPEG_QUALITY, 92]):
+                raise OSError(f"could not write {root / 'images' / split / f'{i:06d}.jpg'}")
+            (label_dir / f"{i:06d}.txt").write_text("".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n"
+                                                            for c, x, y, w, h in labels))
+    config = {"path": ".", "train": "images/train", "val": "images/val",
+              "names": list(SHAPE_NAMES[:params["num_classes"]])}
+    (folder / "data.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (folder / _MANIFEST).write_text(json.dumps(params))
 
 
 def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: int | tuple[int, int] = 320,
@@ -130,15 +133,15 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
         num_classes: 1 to 8 shape classes (rectangle, ellipse, triangle, star, cross, hexagon, diamond, ring).
         seed: the same seed (and arguments) gives byte-identical files.
         max_objects: at most this many objects per image (at least one).
-        overwrite: write even when ``root`` holds other files (they are replaced), or regenerate when it
-            already holds this exact data set. Without it a folder with other files is refused; one holding
-            another shapes data set (its manifest says so: it can be made again) is replaced with a warning.
+        overwrite: replace other files in ``root``, or regenerate this same data set; without it other files
+            are refused, and another shapes data set (its manifest says so) is replaced with a warning.
 
     Returns:
         Path of the written ``data.yaml``.
 
     Raises:
         FileExistsError: ``root`` holds other files and ``overwrite`` is False.
+        ValueError: ``num_classes`` or ``imgsz`` out of range.
     """
     if not 1 <= num_classes <= len(SHAPE_NAMES):
         raise ValueError(f"num_classes must be between 1 and {len(SHAPE_NAMES)}, got {num_classes}")
@@ -149,36 +152,216 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
     params = {"n_train": n_train, "n_val": n_val, "width": width, "height": height, "num_classes": num_classes,
               "seed": seed, "max_objects": max_objects, "version": 1}
     yaml_path = root / "data.yaml"
-    previous = _manifest(root)
+    try:
+        previous = json.loads((root / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        previous = None
     if not overwrite and yaml_path.is_file() and previous == params:
         log.info("shapes data set already present in %s", root)
         return yaml_path
-    if previous is not None and not overwrite:
-        # another shapes data set: made again from its settings at any time, so it is replaced, with a word
+    if previous is not None and not overwrite:  # made again from its settings at any time: replaced, with a word
         log.warning("replacing the shapes data set in %s (made with %s) by one with %s", root,
                     {k: v for k, v in previous.items() if params.get(k) != v}, {k: v for k, v in params.items()
                                                                              if previous.get(k) != v})
         overwrite = True
-
-    def fill(folder: Path) -> None:
-        for split_id, (split, count) in enumerate((("train", n_train), ("val", n_val))):
-            image_dir, label_dir = folder / "images" / split, folder / "labels" / split
-            image_dir.mkdir(parents=True, exist_ok=True)
-            label_dir.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                rng = np.random.default_rng([seed, split_id, i])
-                image, labels = _draw_image(rng, height, width, num_classes, max_objects)
-                if not cv2.imwrite(str(image_dir / f"{i:06d}.jpg"), image, [cv2.IMWRITE_JPEG_QUALITY, 92]):
-                    raise OSError(f"could not write {root / 'images' / split / f'{i:06d}.jpg'}")
-                lines = "".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
-                (label_dir / f"{i:06d}.txt").write_text(lines)
-        config = {"path": ".", "train": "images/train", "val": "images/val",
-                  "names": list(SHAPE_NAMES[:num_classes])}
-        (folder / "data.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        (folder / _MANIFEST).write_text(json.dumps(params))
-
     # written whole in a folder beside ``root`` and moved into place: an interrupted run leaves the old one
-    write_folder(root, fill, needed=(n_train + n_val) * (width * height // 4 + 4096), overwrite=overwrite,
-                 what="writing the shapes data set")
+    write_folder(root, lambda folder: _write_shapes(folder, root, params), overwrite=overwrite,
+                 needed=(n_train + n_val) * (width * height // 4 + 4096), what="writing the shapes data set")
     log.info("wrote %d train and %d val images to %s", n_train, n_val, root)
     return yaml_path
+
+
+# ---- COCO -> YOLO ---------------------------------------------------------------------------------------------
+@dataclass
+class CocoConversion:
+    """Result of :func:`coco_to_yolo`: the data.yaml written, class names and counts."""
+
+    yaml_path: Path
+    names: list[str]
+    category_ids: list[int]  # COCO category id of each class index
+    n_images: int = 0
+    n_boxes: int = 0
+    n_crowd_skipped: int = 0
+    n_invalid_skipped: int = 0
+    skipped: list[str] = field(default_factory=list)
+    n_missing_images: int = 0  # images the JSON names that are not in the images folder (in ``skipped``)
+    n_val: int = 0  # images held out for validation (``holdout``); 0: validation uses the converted split
+
+
+def _require(cond: bool, json_path: Path, what: str) -> None:
+    if not cond:
+        raise ValueError(f"{json_path}: malformed COCO annotations: {what}")
+
+
+def _read_coco(json_path: Path) -> tuple[dict, list[dict], dict[int, tuple[str, float, float]]]:
+    """The JSON, its categories in id order and ``{image id: (file_name, width, height)}``."""
+    try:
+        coco = json.loads(json_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{json_path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    _require(isinstance(coco, dict), json_path, "the top level must be an object")
+    for key in ("images", "annotations", "categories"):
+        _require(isinstance(coco.get(key), list), json_path, f"missing list '{key}'")
+    try:
+        cats = sorted(coco["categories"], key=lambda c: int(c["id"]))
+        images = {int(im["id"]): (str(im["file_name"]), float(im["width"]), float(im["height"]))
+                  for im in coco["images"]}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{json_path}: malformed COCO annotations: a category needs 'id' and an image needs "
+                         f"'id', 'file_name', 'width' and 'height' ({type(e).__name__}: {e})") from e
+    return coco, cats, images
+
+
+def _label_rows(coco: dict, cat_to_class: dict[int, int], images: dict, json_path: Path,
+                result: CocoConversion) -> dict[int, list[str]]:
+    """``{image id: label rows}``; crowd and unusable boxes are counted (and named) in ``result``."""
+    rows = defaultdict(list)
+    for k, ann in enumerate(coco["annotations"]):
+        try:
+            image_id, cat, (x, y, w, h) = int(ann["image_id"]), int(ann["category_id"]), map(float, ann["bbox"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{json_path}: annotation {k} needs image_id, category_id and bbox [x, y, w, h] "
+                             f"({type(e).__name__}: {e})") from e
+        _require(image_id in images, json_path, f"annotation {k} refers to unknown image id {image_id}")
+        _require(cat in cat_to_class, json_path, f"annotation {k} refers to unknown category id {cat}")
+        _require(all(math.isfinite(v) for v in (x, y, w, h)), json_path,
+                 f"annotation {k} has a non-finite bbox {[x, y, w, h]}")
+        if ann.get("iscrowd", 0):
+            result.n_crowd_skipped += 1
+            continue
+        row, why = _yolo_row(cat_to_class[cat], x, y, w, h, *images[image_id][1:])
+        if row is None:
+            result.n_invalid_skipped += 1
+            result.skipped.append(f"annotation {k} ({images[image_id][0]}): {why}")
+            log.warning("%s: %s: dropped", json_path, result.skipped[-1])
+            continue
+        rows[image_id].append(row)
+    return rows
+
+
+def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | Path | None = None,
+                 split: str = "train", overwrite: bool = False, holdout: float = 0.2) -> CocoConversion:
+    """Write YOLO labels, a list file of the images and a data.yaml: a data set that trains as it is.
+
+    Category ids become classes 0..K-1 in id order; a box is clipped to its image, one wholly outside or of no
+    size is dropped (named in ``skipped``), ``iscrowd`` ones are counted. Labels go to
+    ``out_dir/labels/<split>/<file_name>.txt`` (sub-folders kept), written whole or not at all. Images from
+    another folder are linked into ``out_dir/images/<split>/`` (hard link, else symbolic); missing ones are
+    left out (``skipped``). For the train split a share ``holdout`` of the images goes to ``val.txt``.
+
+    Args:
+        json_path: the COCO annotations file.
+        out_dir: the data set folder written.
+        images_dir: where the images are; default ``out_dir/images/<split>``.
+        split: the split the images make.
+        overwrite: replace an earlier conversion.
+        holdout: share of a train split held out for validation (0: validate on the training images).
+
+    Returns:
+        The CocoConversion.
+
+    Raises:
+        ValueError: ``holdout`` outside [0, 1); invalid JSON, missing fields, a non-finite number, an image of
+            non-positive size, a ``file_name`` outside the folder or two images of one label file (named).
+        FileExistsError: labels or a data.yaml exist there and ``overwrite`` is False.
+    """
+    json_path, out_dir = Path(json_path), Path(out_dir)
+    if not 0 <= holdout < 1:
+        raise ValueError(f"holdout={holdout!r}: expected a share of the images in [0, 1)")
+    label_dir, yaml_path = out_dir / "labels" / split, out_dir / "data.yaml"
+    if not overwrite and yaml_path.exists():
+        raise FileExistsError(f"{yaml_path} exists: converting into {out_dir} would overwrite it; choose an empty "
+                              "folder or pass overwrite (--overwrite)")
+    coco, cats, images = _read_coco(json_path)
+    label_files = _label_files(images, json_path)
+    result = CocoConversion(yaml_path, [str(c.get("name", c["id"])) for c in cats], [int(c["id"]) for c in cats])
+    rows = _label_rows(coco, {cat: i for i, cat in enumerate(result.category_ids)}, images, json_path, result)
+
+    def fill(folder: Path) -> None:
+        for image_id, relative in label_files.items():
+            target = folder / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("".join(r + "\n" for r in rows[image_id]))
+
+    write_folder(label_dir, fill, needed=sum(len(r) + 1 for rs in rows.values() for r in rs) + 4096 * len(images),
+                 overwrite=overwrite, what=f"writing the labels of {json_path.name}")
+    result.n_boxes, result.n_images = sum(len(rows[image_id]) for image_id in label_files), len(images)
+    placed = _place_images(images, out_dir / "images" / split, Path(images_dir) if images_dir else None, result)
+    val = _held_out(sorted(placed), holdout) if split == "train" else []
+    result.n_val = len(val)
+    for name, ids in {split: [i for i in sorted(placed) if i not in set(val)], **({"val": val} if val else {})}.items():
+        write_text_atomically(out_dir / f"{name}.txt", "".join(f"./images/{split}/{placed[i]}\n" for i in ids))
+    config = {"path": str(out_dir.resolve()), split: f"{split}.txt"}
+    if split == "train":
+        config["val"] = "val.txt" if val else "train.txt"
+    config["names"] = result.names
+    write_text_atomically(yaml_path, yaml.safe_dump(config, sort_keys=False), inputs=[json_path])
+    log.info("converted %d images, %d boxes (%d crowd skipped, %d dropped) from %s", result.n_images, result.n_boxes,
+             result.n_crowd_skipped, result.n_invalid_skipped, json_path)
+    return result
+
+
+def _place_images(images: dict[int, tuple[str, float, float]], placed_dir: Path, images_dir: Path | None,
+                  result: CocoConversion) -> dict[int, str]:
+    """{image id: its file name under ``placed_dir``} for the images found there or in ``images_dir`` (linked
+    into ``placed_dir``); the others are recorded as skipped."""
+    out = {}
+    for image_id, (file_name, _, _) in images.items():
+        relative = file_name.replace("\\", "/")
+        target = placed_dir / relative
+        source = (images_dir / relative) if images_dir is not None else target
+        if not source.is_file():
+            result.n_missing_images += 1
+            result.skipped.append(f"image {image_id} ({file_name}): not found in {source.parent}, left out")
+            continue
+        if source.resolve() != target.resolve():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists() or target.is_symlink():
+                target.unlink()  # a link of an earlier conversion (data.yaml existed: overwrite was given)
+            try:
+                os.link(source, target)
+            except OSError:  # another file system, or links not allowed: a symbolic link
+                os.symlink(source.resolve(), target)
+        out[image_id] = relative
+    if result.n_missing_images:
+        log.warning("%d of %d images are not in %s and were left out", result.n_missing_images, len(images),
+                    images_dir or placed_dir)
+    return out
+
+
+def _held_out(ids: list[int], holdout: float) -> list[int]:
+    """The image ids held out for validation: a share ``holdout`` of them, at least one of two or more."""
+    if holdout == 0 or len(ids) < 2:
+        return []
+    count = min(max(round(len(ids) * holdout), 1), len(ids) - 1)
+    return sorted(random.Random(0).sample(ids, count))
+
+
+def _label_files(images: dict[int, tuple[str, float, float]], json_path: Path) -> dict[int, PurePosixPath]:
+    """Each image's label file, relative to the labels folder: its ``file_name`` with ``.txt``."""
+    seen: dict[PurePosixPath, int] = {}
+    out = {}
+    for image_id, (file_name, width, height) in images.items():
+        _require(math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0, json_path,
+                 f"image {image_id} ({file_name}) has a non-positive or non-finite size {width} x {height}")
+        relative = PurePosixPath(file_name.replace("\\", "/"))
+        _require(not relative.is_absolute() and ".." not in relative.parts and relative.name, json_path,
+                 f"image {image_id} has file_name {file_name!r}, which is not inside the images folder")
+        label = relative.with_suffix(".txt")
+        _require(label not in seen, json_path, f"images {seen.get(label)} and {image_id} both have the label file "
+                                               f"{label} (file names {file_name!r}): give them distinct names")
+        seen[label] = image_id
+        out[image_id] = label
+    return out
+
+
+def _yolo_row(cls: int, x: float, y: float, w: float, h: float, width: float, height: float
+              ) -> tuple[str | None, str]:
+    """The label row of a COCO box clipped to its image, or (None, why it is dropped)."""
+    if w <= 0 or h <= 0:
+        return None, f"box of size {w} x {h} (zero or negative)"
+    x1, y1, x2, y2 = max(x, 0.0), max(y, 0.0), min(x + w, width), min(y + h, height)
+    if x2 <= x1 or y2 <= y1:
+        return None, f"box [{x}, {y}, {w}, {h}] lies wholly outside the {width:g} x {height:g} image"
+    cx, cy, bw, bh = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height
+    return f"{cls} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}", ""

@@ -1,31 +1,37 @@
-"""data.yaml parsing and image/label file discovery (the official format: ``utils/general.py`` check_dataset,
-``utils/dataloaders.py`` LoadImagesAndLabels.__init__ and img2label_paths)."""
+"""Every file discovery: data.yaml and the images of a split (official ``check_dataset``, ``img2label_paths``),
+the label file of an image, and what ``predict`` reads (official ``LoadImages``; docs/validation.md says
+where the kit differs)."""
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from yolo9kit.files import read_record
+import cv2
+import numpy as np
+
+from yolo9kit.files import read_record, write_file
+
+log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
+VIDEO_SUFFIXES = {".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv"}
 SPLITS = ("train", "val", "test")
+
+
+def _is_glob(text: str) -> bool:
+    return any(ch in text for ch in "*?[")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """A resolved data.yaml.
-
-    Attributes:
-        path: data set root; relative entries are joined to it.
-        names: class names, index = class id.
-        nc: number of classes (always ``len(names)``, as in the official code).
-        sources: per split, the entries as written (folders, list files, globs), resolved to absolute paths.
-        yaml_file: the file read, or None for a dict.
-    """
+    """A resolved data.yaml: ``path`` (root), ``names`` (index = class id), ``sources`` (per split, the
+    entries as absolute paths), ``yaml_file`` (None for a dict); ``nc`` is ``len(names)``."""
 
     path: Path
     names: list[str]
@@ -80,10 +86,15 @@ def _resolve(entry: str | os.PathLike, root: Path) -> Path:
 
 
 def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
-    """Read a data.yaml (path or dict) with the official keys: path, train, val, test, names (list or dict).
+    """Read a data.yaml with the official keys path (relative: to the yaml's folder, or the current one for a
+    dict), train, val, test and names (list or dict); ``nc`` is ignored.
 
-    A relative ``path`` is resolved against the yaml file's folder (the current directory for a dict);
-    a ``nc`` key is ignored, ``nc = len(names)``.
+    Args:
+        data: the data.yaml path, a dict of its keys, or a DataConfig (returned as it is).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a mapping, a required key (train, val, names) missing, or bad ``names``.
     """
     if isinstance(data, DataConfig):
         return data
@@ -113,6 +124,21 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
                       yaml_file=yaml_file)
 
 
+def _listed(list_file: Path) -> list[tuple[int, Path]]:
+    """(line number, path) per line of a ``.txt`` list; relative paths (``./x`` too) are relative to its folder."""
+    try:
+        lines = list_file.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark too
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"list file {list_file} could not be read as text ({e}): write one path a line") from e
+    out = []
+    for number, line in enumerate(lines, 1):
+        entry = line.strip()
+        if entry:
+            path = Path(entry[2:] if entry.startswith("./") else entry).expanduser()
+            out.append((number, path if path.is_absolute() else list_file.parent / path))
+    return out
+
+
 def _walk(folder: Path) -> Iterator[tuple[str, list[str]]]:
     """``os.walk`` following links, each real folder once: a link back up the tree is not followed round."""
     seen = set()
@@ -135,22 +161,13 @@ def list_images(sources: list[Path]) -> list[Path]:
     files: list[str] = []
     for src in sources:
         s = str(src)
-        if any(ch in s for ch in "*?["):
+        if _is_glob(s):
             for g in glob.glob(s, recursive=True):
                 files += _walk_images(Path(g)) if os.path.isdir(g) else [g]
         elif src.is_dir():
             files += _walk_images(src)
         elif src.is_file():
-            if src.suffix.lower() in IMAGE_SUFFIXES:
-                files.append(s)
-                continue
-            parent = src.parent
-            for line in src.read_text(encoding="utf-8-sig").splitlines():  # a byte-order mark too
-                line = line.strip()
-                if line:
-                    p = Path(line)
-                    files.append(str(parent / line[2:]) if line.startswith("./") else
-                                 str(p if p.is_absolute() else parent / p))
+            files += [s] if src.suffix.lower() in IMAGE_SUFFIXES else [str(p) for _, p in _listed(src)]
         else:
             raise FileNotFoundError(f"{src} does not exist: expected an image folder, a .txt list of images or a glob")
     unique = sorted({f for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES})
@@ -168,17 +185,12 @@ def label_path(image_path: str | os.PathLike) -> Path:
 
 
 def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]:
-    """Label files under the ``labels`` twin of each image folder of ``sources`` that no image has.
-
-    Only folder sources are searched (recursively, as their images are): a ``.txt`` list or a glob may
-    share its label folder with other splits, whose labels are not orphans; a folder whose path has no
-    ``images`` part keeps its labels beside the images, among other text files. ``classes.txt`` (written
-    by labelImg) is not a label file.
-    """
+    """Label files (not labelImg's ``classes.txt``) that no image has, under the ``labels`` twin of each image
+    folder of ``sources``; a list or a glob may share its label folder with other splits: not searched."""
     expected = {os.path.normpath(f) for f in label_files}
     orphans: set[str] = set()
     for src in sources:
-        if any(ch in str(src) for ch in "*?[") or not src.is_dir():
+        if _is_glob(str(src)) or not src.is_dir():
             continue
         folder = label_path(src / "image.jpg").parent
         if folder == src or not folder.is_dir():
@@ -187,3 +199,172 @@ def orphan_label_files(sources: list[Path], label_files: list[str]) -> list[str]
             orphans |= {path for path in (os.path.normpath(os.path.join(dirpath, f)) for f in files
                                           if f.endswith(".txt") and f != "classes.txt") if path not in expected}
     return sorted(orphans)
+
+
+def is_video(item) -> bool:
+    """True for a path (str or Path) whose suffix is a video format."""
+    return isinstance(item, (str, Path)) and Path(item).suffix.lower() in VIDEO_SUFFIXES
+
+
+def _media_in(folder: Path) -> list[str]:
+    """The image and video files of ``folder`` (not of its sub-folders), sorted."""
+    suffixes = IMAGE_SUFFIXES | VIDEO_SUFFIXES
+    return sorted(str(p) for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
+
+
+def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
+    """The files a ``.txt`` list names; a line naming no file is recorded in ``skipped``."""
+    out: list[str] = []
+    for number, path in _listed(list_file):
+        if path.is_dir():
+            out += _media_in(path)
+        elif path.is_file():
+            out.append(str(path))
+        else:
+            log.warning("skipping %s:%d: %s does not exist", list_file, number, path)
+            skipped.append((f"{list_file}:{number}", f"the listed file {path} does not exist"))
+    if not out and not skipped:
+        raise ValueError(f"list file {list_file} names no image or video: write one path a line")
+    return out
+
+
+def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]]]:
+    """The inputs ``source`` names, in order, and the listed files that are missing.
+
+    Args:
+        source: an image or video file, a folder, a glob, a ``.txt`` list, a BGR numpy image, or a list of these.
+
+    Returns:
+        (paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist).
+
+    Raises:
+        FileNotFoundError: a named file, folder or pattern does not exist or matches nothing.
+        ValueError: a folder without images or videos, a list file that names none, nothing to read.
+        TypeError: a torch tensor.
+    """
+    out: list[str | np.ndarray] = []
+    skipped: list[tuple[str, str]] = []
+    for item in source if isinstance(source, (list, tuple)) else [source]:
+        if isinstance(item, np.ndarray):
+            out.append(item)
+            continue
+        if type(item).__module__.startswith("torch"):  # str() of a tensor is not a path
+            raise TypeError(f"a {type(item).__name__} is not an image source: pass a BGR numpy image (H, W, 3) uint8, "
+                            "as cv2.imread gives (for an RGB CHW tensor: t.permute(1, 2, 0).flip(-1).numpy()), a "
+                            "file, folder, glob pattern or .txt list, or a list of these")
+        text = str(item)
+        path = Path(text).expanduser()
+        if _is_glob(text):
+            matches = sorted(glob.glob(text, recursive=True))
+            if not matches:
+                raise FileNotFoundError(f"no files match the pattern {text}")
+            out += [m for m in matches if Path(m).is_file()]
+        elif path.is_dir():
+            files = _media_in(path)
+            if not files:
+                raise ValueError(f"no images found in folder {text}, nor videos (looked for "
+                                 f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))})")
+            out += files
+        elif path.is_file():
+            out += _read_list(path, skipped) if path.suffix.lower() == ".txt" else [str(path)]
+        else:
+            raise FileNotFoundError(f"source {text} does not exist: pass an image or video file, a folder, a glob "
+                                    "pattern, a .txt list of files or a numpy image")
+    if not out and not skipped:
+        raise ValueError(f"no images or videos to predict on in {source!r}")
+    return out, skipped
+
+
+class VideoReader:
+    """The frames of one video, decoded one at a time; with ``vid_stride`` k, frames k-1, 2k-1, ... (official
+    ``LoadImages``). ``error`` says why it cannot be read ("" when it opened); ``frame_count`` is what the file
+    announces (an estimate for some containers)."""
+
+    def __init__(self, path: str, vid_stride: int = 1) -> None:
+        if vid_stride < 1:
+            raise ValueError(f"vid_stride must be >= 1 (every k-th frame of a video), got {vid_stride}")
+        self.path, self.vid_stride = path, vid_stride
+        self._capture = cv2.VideoCapture(path)
+        self.error = "" if self._capture.isOpened() else "OpenCV could not open it as a video (corrupt or no codec)"
+        fps = self._capture.get(cv2.CAP_PROP_FPS) if not self.error else 0.0
+        self.fps = fps if fps and np.isfinite(fps) and fps > 0 else 30.0  # the official fallback
+        self.frame_count = int(self._capture.get(cv2.CAP_PROP_FRAME_COUNT)) if not self.error else 0
+        self.size = (int(self._capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
+                     int(self._capture.get(cv2.CAP_PROP_FRAME_HEIGHT)))
+        self.frames_read = 0
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray, float]]:
+        """(0-based frame index, BGR image (H, W, 3) uint8, seconds spent decoding it) per kept frame."""
+        index = -1
+        try:
+            while not self.error:
+                t0 = time.perf_counter()
+                grabbed = True
+                for _ in range(self.vid_stride):
+                    grabbed = self._capture.grab()
+                    index += 1
+                    if not grabbed:
+                        break
+                ok, image = self._capture.retrieve() if grabbed else (False, None)
+                if not ok or image is None:
+                    return
+                self.frames_read += 1
+                yield index, image, time.perf_counter() - t0
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._capture.release()
+
+
+def read_frame(path: str, frame: int) -> np.ndarray | None:
+    """Frame ``frame`` (0-based) of a video as a BGR image, or None when it cannot be decoded."""
+    capture = cv2.VideoCapture(path)
+    try:
+        capture.set(cv2.CAP_PROP_POS_FRAMES, frame)
+        ok, image = capture.read()
+        return image if ok else None
+    finally:
+        capture.release()
+
+
+def write_video(images, path: str | Path, fps: float = 10.0) -> Path:
+    """Write image files (all the size of the first) as an mp4v video, one frame each: a clip to predict on.
+
+    Args:
+        images: image paths, in frame order.
+        path: the .mp4 file to write (lossy: the frames read back are close to the images, not equal).
+        fps: frames per second.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: no images, an image that cannot be read, or one of another size (each named).
+        OSError: OpenCV cannot open a writer for ``path``.
+    """
+    images, path = [str(i) for i in images], Path(path)
+    if not images:
+        raise ValueError(f"write_video({path}): no images given")
+    first = cv2.imread(images[0])
+    if first is None:
+        raise ValueError(f"{images[0]}: not a readable image")
+    height, width = first.shape[:2]
+
+    def write(tmp: Path) -> None:
+        writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+        if not writer.isOpened():
+            raise OSError(f"{path}: OpenCV could not open an mp4v video writer there")
+        try:
+            for name in images:
+                frame = cv2.imread(name)
+                if frame is None or frame.shape[:2] != (height, width):
+                    raise ValueError(f"{name}: " + ("not a readable image" if frame is None else
+                                     f"{frame.shape[1]}x{frame.shape[0]}, the video is {width}x{height}"))
+                writer.write(frame)
+        finally:
+            writer.release()
+
+    # estimated from the frames' raw size: mp4v keeps well under a tenth of it
+    write_file(path, write, needed=len(images) * width * height * 3 // 10, inputs=images, keep_suffix=True)
+    return path

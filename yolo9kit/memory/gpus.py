@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from yolo9kit.cpu import native_cpu_bf16
-from yolo9kit.env import memory_limits, native_bf16
+from yolo9kit.env import memory_limits, native_bf16, native_cpu_bf16
 
 LOGGER = logging.getLogger(__name__)
 MIB = 1 << 20

@@ -22,7 +22,7 @@ from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.files import format_bytes, write_file
 from yolo9kit.memory.gpus import gpu_from_device
 from yolo9kit.memory.tracer import CATEGORIES, synthetic_batch, trace_real_step
-from yolo9kit.models import build_model
+from yolo9kit.models import create_model
 from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
 
 LOGGER = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapp
 
 @functools.lru_cache(maxsize=2)
 def _built_model(name: str, num_classes: int | None) -> nn.Module:
-    return build_model(name, num_classes)  # kept for the next estimate (callers copy it or only read it)
+    return create_model(name, num_classes)  # kept for the next estimate (callers copy it or only read it)
 
 
 def resolve_model(step: StepConfig, *, copy_model: bool = True) -> nn.Module:
@@ -169,7 +169,7 @@ def require_cuda(device: str | torch.device) -> torch.device:
 
 def measure(step: StepConfig | str, batch_size: int | None = None, *, device: str | torch.device | None = None,
             repeats: int = 3, warmup_repeats: int = 1, breakdown: bool = True, **changes: Any) -> MemoryReport:
-    """Run ``warmup_repeats + repeats`` real training steps (``yolo9kit.train.train_step``) of ``step`` on a
+    """Run ``warmup_repeats + repeats`` real training steps (``yolo9kit.train.step.train_step``) of ``step`` on a
     CUDA device, resolved as ``fit`` would run it there. Isolated: its own copy of the model, what earlier
     cells hold subtracted, everything freed before returning.
 

@@ -62,7 +62,7 @@ def sweep(step: StepConfig | str | Sequence[StepConfig], batch_sizes: Sequence[i
         batch_sizes: the batches of each curve.
         gpu: the card the estimate is for (None: this machine's CUDA card, else ``DEFAULT_GPU``).
         method: "auto" (measure on CUDA, else estimate), "measured", "estimated" or "both" (measured
-            points and estimated lines, for ``plots.memory_vs_batch``).
+            points and estimated lines, for ``yolo9kit.plots.memory_vs_batch``).
         device: the CUDA device to measure on.
         **changes: ``StepConfig`` fields; one given as a list makes one curve per value
             (``amp=["fp16", "bf16"]``; a list of layer indices for ``activation_checkpointing`` is one value).

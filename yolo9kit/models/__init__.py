@@ -1,39 +1,44 @@
 """YOLOv9 and GELAN detectors in plain PyTorch, numerically equal to the official implementation.
 
-``build_model("yolov9-t")`` builds a registered model (its layer table ships as a yaml file under
-``yolo9kit/models/cfg/``); a path to a model yaml in the official format, or a dict of one, builds a
-custom variant. State_dict keys and shapes equal the official ones, so official weights load strictly.
+``create_model(source)`` is the one way to get a model: a registered name (its layer table in ``cfg/``), a
+model yaml or dict in the official format, a kit or official checkpoint, or the shipped ``"yolov9-t-shapes"``.
 """
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
-from yolo9kit.models.builder import MODULES, LayerTableError, make_divisible, parse_model
-from yolo9kit.models.heads import DFL, DDetect, DualDDetect, DualOutput
-from yolo9kit.models.model import DetectionModel
+from yolo9kit.models.checkpoint import SHAPES_MODEL, SHAPES_WEIGHTS, kit_model
+from yolo9kit.models.deploy import fuse, to_deploy
+from yolo9kit.models.heads import DualOutput
+from yolo9kit.models.model import DetectionModel, LayerTableError
+from yolo9kit.models.weights import official_model, pickled_globals
 
-__all__ = [
-    "DFL", "DDetect", "DetectionModel", "DualDDetect", "DualOutput", "LayerTableError", "MODULES",
-    "build_model", "class_list", "fuse", "list_models", "load_model_config", "load_official_checkpoint",
-    "make_divisible", "model_table", "count_flops", "parse_model", "to_deploy",
-]
+__all__ = ["DetectionModel", "DualOutput", "LayerTableError", "count_flops", "create_model", "fuse", "list_models",
+           "load_model", "load_model_config", "model_table", "to_deploy"]
 
-_FAMILIES = ("yolov9", "gelan")
-_SIZES = ("t", "s", "m", "c", "e")
+LOGGER = logging.getLogger(__name__)
 
 
 def list_models() -> list[str]:
     """Names of the registered models: yolov9-t/s/m/c/e (training, dual head), gelan-t/s/m/c/e."""
-    return [f"{family}-{size}" for family in _FAMILIES for size in _SIZES]
+    return [f"{family}-{size}" for family in ("yolov9", "gelan") for size in "tsmce"]
 
 
 def load_model_config(name_or_yaml: str | Path | dict) -> tuple[dict, str, str]:
-    """Resolve a model name, yaml path or dict -> (config dict, display name, source for error messages)."""
+    """(layer table, display name, source for error messages) of a registered name, a yaml path or a dict.
+
+    Raises:
+        ValueError: an unknown name. FileNotFoundError: no such yaml. LayerTableError: not a model yaml.
+    """
     if isinstance(name_or_yaml, dict):
         return name_or_yaml, str(name_or_yaml.get("name", "custom")), "model config dict"
     text = str(name_or_yaml)
@@ -55,13 +60,28 @@ def load_model_config(name_or_yaml: str | Path | dict) -> tuple[dict, str, str]:
                      "a path to a model .yaml (official format) or a dict of one")
 
 
-def class_list(num_classes: int | None, names: list[str] | dict[int, str] | None
-               ) -> tuple[int | None, list[str] | None]:
-    """(num_classes, names) as a model takes them: a data yaml's dict of names as a list in id order, the number
-    of classes ``len(names)`` when only names are given.
+def create_model(source: str | Path | dict, num_classes: int | None = None, *,
+                 names: list[str] | dict[int, str] | None = None, weights: str | Path | None = None,
+                 activation_checkpointing: Any = None, max_model_bytes: int | None = None,
+                 seed: int = 0) -> DetectionModel:
+    """A YOLOv9 / GELAN model in training mode, fp32, on the CPU, whose state_dict is the official one.
+
+    Args:
+        source: a name from :func:`list_models` (fresh weights), a model yaml path or dict, a kit or official
+            YOLOv9 checkpoint (its EMA weights when it has them), or ``"yolov9-t-shapes"`` (the shipped model).
+        num_classes: the classes to predict (default ``len(names)``, else the source's); a checkpoint of other
+            classes is rebuilt for them, its tensors that still fit transferred.
+        names: class names (a list, or a data yaml's dict of index -> name).
+        weights: a checkpoint whose same-name, same-shape tensors are copied in (official ``--weights``).
+        activation_checkpointing: None, "all", "backbone" or layer indices to recompute in backward.
+        max_model_bytes: the limit on the model a file describes (default 4 GiB, ``yolo9kit.models.weights``).
+        seed: the seed of freshly initialised tensors: the same model in every process (the caller's random
+            state is left as it was).
 
     Raises:
-        ValueError: as many names as classes were not given.
+        ValueError: an unknown name, a bad layer table, or names that are not ``num_classes``.
+        CheckpointError: a file that cannot be used (the message says why).
+        FileNotFoundError: no such weights file (or the shipped model's is missing from the installation).
     """
     if isinstance(names, dict):
         names = [names[k] for k in sorted(names)]
@@ -69,56 +89,92 @@ def class_list(num_classes: int | None, names: list[str] | dict[int, str] | None
         num_classes = len(names)
     if names is not None and len(names) != num_classes:
         raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
-    return num_classes, names
-
-
-def build_model(name_or_yaml: str | Path | dict, num_classes: int | None = None, *,
-                 names: list[str] | dict[int, str] | None = None,
-                 activation_checkpointing: Any = None, seed: int = 0) -> DetectionModel:
-    """Build a freshly initialised YOLOv9 / GELAN model (training mode, fp32, CPU) from its layer table:
-    what ``yolo9kit.create_model`` does for a name or a yaml (it also reads checkpoints).
-
-    Args:
-        name_or_yaml: a name from :func:`list_models`, a path to an official-format model yaml, or a dict.
-        num_classes: number of classes; default ``len(names)`` when names are given, else the yaml's
-            ``nc`` (80 for the registered models).
-        names: class names (list, or dict index -> name as in data yamls).
-        activation_checkpointing: None, "all", "backbone" or layer indices to recompute in backward
-            (see :meth:`DetectionModel.set_activation_checkpointing`).
-        seed: the seed of the initial weights: the same seed gives the same weights in every process, on
-            every machine with the same torch (the official train_dual.py seeds before it builds the model).
-            The caller's random state is left as it was.
-
-    Returns:
-        DetectionModel whose state_dict keys and shapes equal the official model's.
-    """
-    import torch
-
-    cfg, display, source = load_model_config(name_or_yaml)
-    num_classes, names = class_list(num_classes, names)
-    with torch.random.fork_rng(devices=[]):  # the initial weights come from the CPU generator only
-        torch.manual_seed(seed)
-        model = DetectionModel(cfg, nc=num_classes, names=names, source=source, name=display)
+    if _is_file(source):
+        model = _read_file(source, max_model_bytes)
+        if num_classes is not None and num_classes != model.nc:  # rebuilt, the class outputs start fresh
+            built = create_model(model.yaml, num_classes, names=names, seed=seed)
+            built.name = model.name  # the checkpoint's model ("yolov9-t"), not "custom" for a config dict
+            _transfer(built, model.state_dict())
+            model = built
+        elif names is not None:
+            model.names = list(names)
+    elif isinstance(source, (str, Path)) and Path(str(source)).suffix not in ("", ".yaml", ".yml"):
+        raise FileNotFoundError(f"weights {source} not found")
+    else:
+        cfg, display, where = load_model_config(source)
+        with torch.random.fork_rng(devices=[]):  # the initial weights come from the CPU generator only
+            torch.manual_seed(seed)
+            model = DetectionModel(cfg, nc=num_classes, names=names, source=where, name=display)
+    if weights:
+        _transfer(model, _read_file(weights, max_model_bytes).state_dict())
     if activation_checkpointing is not None:
         model.set_activation_checkpointing(activation_checkpointing)
-    return model
+    return model.train()
+
+
+def load_model(model: Any, max_model_bytes: int | None = None) -> nn.Module:
+    """What predict, evaluate and export take: a module as it is, else ``create_model(model)`` in eval mode (a
+    registered name, random weights, is named in a warning).
+
+    Raises:
+        FileNotFoundError: neither a file nor a registered name.
+    """
+    if isinstance(model, nn.Module):
+        return model
+    if not _is_file(model):
+        if str(model) not in list_models():
+            raise FileNotFoundError(f"weights {model} not found: pass a checkpoint path or one of "
+                                    f"{', '.join(list_models())}")
+        LOGGER.warning("%s: no weights file given, using a randomly initialised model", model)
+    return create_model(model, max_model_bytes=max_model_bytes).eval()
+
+
+def _is_file(source: Any) -> bool:
+    return source == SHAPES_MODEL or (isinstance(source, (str, Path)) and Path(str(source)).is_file()
+                                      and Path(str(source)).suffix not in (".yaml", ".yml"))
+
+
+def _read_file(source: str | Path, max_model_bytes: int | None) -> DetectionModel:
+    """The model of a file: official when its pickle names classes (a kit checkpoint names none), else the kit's."""
+    path = SHAPES_WEIGHTS if str(source) == SHAPES_MODEL else Path(str(source))
+    if not path.is_file() and path == SHAPES_WEIGHTS:
+        raise FileNotFoundError(f"{SHAPES_WEIGHTS} is missing: reinstall yolo9kit (the file is package data), "
+                                f"or make it with `python benchmarks/make_shapes_model.py --out {SHAPES_WEIGHTS}`")
+    return official_model(path, max_model_bytes) if pickled_globals(path) else kit_model(path, max_model_bytes)
+
+
+def _transfer(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Load the tensors whose name and shape match ``model`` (official ``--weights``)."""
+    own = model.state_dict()
+    match = {k: v for k, v in state_dict.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(match, strict=False)
+    LOGGER.info("Transferred %d/%d items from pretrained weights", len(match), len(own))
+
+
+@torch.no_grad()
+def count_flops(model: nn.Module, imgsz: int = 640, probe_size: int = 64) -> float:
+    """GFLOPs (1e9 FLOPs, a multiply-add = 2) of one eval-mode forward on a (1, ch, imgsz, imgsz) image, counted
+    at ``probe_size`` (a multiple of 32) and scaled by area (docs/models.md, "FLOP counting"); mode restored."""
+    was_training = model.training
+    param = next(model.parameters())
+    x = torch.zeros(1, getattr(model, "ch", 3), probe_size, probe_size, device=param.device, dtype=param.dtype)
+    model.eval()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            model(x)
+    finally:
+        model.train(was_training)
+    return counter.get_total_flops() / 1e9 * (imgsz / probe_size) ** 2
 
 
 def model_table(names: list[str] | None = None, imgsz: int = 640, num_classes: int = 80):
-    """The model zoo as a DataFrame: name, parameters, GFLOPs at ``imgsz`` and the deploy (fused gelan) model.
-
-    Columns: ``name``, ``parameters``, ``gflops``, ``deploy_parameters``, ``deploy_gflops``. FLOPs are
-    counted on a 64x64 input and scaled (see :mod:`yolo9kit.models.flops`). Builds every model on the CPU
-    (a few seconds each for the large ones).
-    """
+    """The model zoo as a DataFrame: ``name``, ``parameters``, ``gflops`` at ``imgsz``, ``deploy_parameters``,
+    ``deploy_gflops`` (the fused gelan model); every model is built on the CPU."""
     import pandas as pd
-
-    from yolo9kit.models.deploy import to_deploy
-    from yolo9kit.models.flops import count_flops
 
     rows = []
     for name in names or list_models():
-        model = build_model(name, num_classes)
+        model = create_model(name, num_classes)
         deployed = to_deploy(model)
         rows.append({
             "name": name,
@@ -128,19 +184,3 @@ def model_table(names: list[str] | None = None, imgsz: int = 640, num_classes: i
             "deploy_gflops": round(count_flops(deployed, imgsz), 2),
         })
     return pd.DataFrame(rows)
-
-
-def __getattr__(name: str):  # heavier helpers import on first use
-    if name in ("to_deploy", "fuse"):
-        from yolo9kit.models import deploy
-
-        return getattr(deploy, name)
-    if name == "load_official_checkpoint":
-        from yolo9kit.models.official import load_official_checkpoint
-
-        return load_official_checkpoint
-    if name == "count_flops":
-        from yolo9kit.models.flops import count_flops
-
-        return count_flops
-    raise AttributeError(f"module 'yolo9kit.models' has no attribute {name!r}")

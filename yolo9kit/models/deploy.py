@@ -1,10 +1,6 @@
-"""Inference conversion: yolov9-X -> gelan-X (drop the PGI auxiliary branch) and Conv+BN / RepConvN fusion.
-
-The conversion reproduces the official ``tools/reparameterization.ipynb`` key renaming:
-the main head's inputs are traced back through the layer table, the layers they need are kept and
-renumbered in order, the auxiliary layers are dropped, and the head's main branch (``cv4``/``cv5``/``dfl2``)
-becomes a single DDetect (``cv2``/``cv3``/``dfl``). For the ten registered configs this gives exactly the
-gelan-X layer tables; it works the same way on a custom yaml.
+"""The model for inference: yolov9-X -> gelan-X (the auxiliary branch dropped, keys renamed as the official
+``tools/reparameterization.ipynb``; docs/models.md, "Deploy conversion and fusion"), Conv+BN fusion, and
+the device, precision and head that prediction, validation and export share.
 """
 
 from __future__ import annotations
@@ -21,48 +17,35 @@ from yolo9kit.models.model import DetectionModel
 
 LOGGER = logging.getLogger(__name__)
 _HEAD_RENAMES = {"cv4": "cv2", "cv5": "cv3", "dfl2": "dfl"}
+_DEPLOYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @torch.no_grad()
 def fuse(model: nn.Module) -> nn.Module:
-    """Fold every BatchNorm into its conv and collapse every RepConvN, in place; eval mode.
-
-    Matches the official ``DetectionModel.fuse()``. The result is for inference only (no BatchNorm left
-    to train). Works on any module tree built from these layers. Returns ``model``.
-    """
+    """Fold every BatchNorm into its conv and collapse every RepConvN of any module tree, in place, as the
+    official ``DetectionModel.fuse()`` (for inference only: eval mode); returns ``model``."""
     if isinstance(model, DetectionModel):
         return model.fuse()
     return fuse_layers(model)
 
 
-def _main_dependencies(rows: list, head_inputs: list[int]) -> set[int]:
-    """Indices of the layers the given head inputs depend on (transitively)."""
-    needed, stack = set(), list(head_inputs)
-    while stack:
-        i = stack.pop()
-        if i in needed:
-            continue
-        needed.add(i)
-        f = rows[i][0]
-        for x in [f] if isinstance(f, int) else f:
-            src = i - 1 if x == -1 else (i + x if x < 0 else x)
-            if src >= 0:
-                stack.append(src)
-    return needed
-
-
 def deploy_config(cfg: dict) -> tuple[dict, dict[int, int]]:
-    """The single-head (gelan) config of a dual-head config and the old -> new layer index map.
-
-    A Silence at layer 0 that no kept row names explicitly is dropped (gelan-m/c); the CBNet second
-    backbone of -e is kept because the main branch reads it (as in the official ``models/detect/gelan-e.yaml``
-    table).
-    """
+    """The single-head (gelan) config of a dual-head config and the old -> new layer index map: the layers the
+    main head's inputs need, renumbered; a layer-0 Silence no kept row reads by index is dropped."""
     rows = list(cfg["backbone"]) + list(cfg["head"])
     head_row = rows[-1]
     nl = len(head_row[0]) // 2
     main_inputs = [x % (len(rows) - 1) if x < 0 else x for x in head_row[0][nl:]]
-    needed = _main_dependencies(rows, main_inputs)
+    needed, stack = set(), list(main_inputs)
+    while stack:  # every layer the main inputs depend on
+        i = stack.pop()
+        if i not in needed:
+            needed.add(i)
+            f = rows[i][0]
+            for x in [f] if isinstance(f, int) else f:
+                src = i - 1 if x == -1 else (i + x if x < 0 else x)
+                if src >= 0:
+                    stack.append(src)
     explicit_refs = {x for i in needed for x in ([rows[i][0]] if isinstance(rows[i][0], int) else rows[i][0])
                      if x >= 0}
     if rows[0][2] == "Silence" and 0 not in explicit_refs:
@@ -94,11 +77,10 @@ def _map_from(old: int, x: int, new: int, old_to_new: dict[int, int]) -> int:
     return old_to_new[src]
 
 
-def deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int, int],
-                      head_old: int) -> dict[str, torch.Tensor]:
-    """Rename dual-model keys to single-head keys (official ``tools/reparameterization.ipynb``): layer indices
-    by ``old_to_new``; in the head ``cv4``/``cv5``/``dfl2`` -> ``cv2``/``cv3``/``dfl``; everything else (aux
-    branch) is dropped."""
+def _deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int, int],
+                       head_old: int) -> dict[str, torch.Tensor]:
+    """Dual-model keys renamed to single-head keys (layer indices; the head's ``cv4``/``cv5``/``dfl2``), the
+    auxiliary branch dropped."""
     out = {}
     for key, value in state_dict.items():
         _, idx, rest = key.split(".", 2)
@@ -116,11 +98,8 @@ def deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int,
 
 @torch.no_grad()
 def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionModel:
-    """Inference model: yolov9-X -> gelan-X (auxiliary branch dropped), then :func:`fuse`; eval mode.
-
-    The main output is unchanged (the auxiliary branch never feeds the main head). The input model is not
-    modified. A single-head model is copied and fused.
-    """
+    """A copy of ``model`` for inference, in eval mode: yolov9-X -> gelan-X (the same main output), then
+    :func:`fuse` unless ``fuse_layers`` is False; a single-head model is copied (and fused)."""
     if not model.is_dual:
         deployed = copy.deepcopy(model)
     else:
@@ -129,8 +108,7 @@ def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionMo
         # no stride probe: the strides are copied from the source model below
         deployed = DetectionModel(cfg, nc=model.nc, names=model.names, source=f"{name} (deploy of {model.name})",
                                   name=name, probe=False)
-        head_old = len(model.model) - 1
-        sd = deploy_state_dict(model.state_dict(), old_to_new, head_old)
+        sd = _deploy_state_dict(model.state_dict(), old_to_new, len(model.model) - 1)
         deployed.load_state_dict(sd, strict=True)
         param = next(model.parameters())
         deployed.to(device=param.device, dtype=param.dtype)
@@ -139,25 +117,12 @@ def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionMo
     return fuse(deployed) if fuse_layers else deployed
 
 
-_DEPLOYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _weights_version(model: torch.nn.Module) -> tuple[int, int]:
-    """Changes whenever a parameter or buffer is modified in place (an optimizer step, a load)."""
+def deploy_for_inference(model: nn.Module, head: str = "main") -> nn.Module:
+    """The fastest equivalent inference model, built once per weights version and cached; the caller's model
+    is never modified. For the main head of a dual model that is :func:`to_deploy` (the official detect_dual
+    path computes the auxiliary output and throws it away); otherwise the model fused."""
     tensors = [*model.parameters(), *model.buffers()]
-    return len(tensors), sum(t._version for t in tensors)
-
-
-def deploy_for_inference(model: torch.nn.Module, head: str = "main") -> torch.nn.Module:
-    """The fastest equivalent inference model, built once per weights version and cached.
-
-    For the main head of a dual model this is the official deployment (``to_deploy``: the auxiliary
-    branch dropped, Conv+BN folded, RepConvN collapsed), which the official detect_dual path does not
-    do: it computes the auxiliary output and throws it away. Otherwise (a GELAN model, ``head="aux"``,
-    a custom layer table that cannot be converted) the model is fused as the official loader does.
-    The caller's model is never modified.
-    """
-    key = (head, _weights_version(model))
+    key = (head, len(tensors), sum(t._version for t in tensors))  # changes with every in-place update
     cached = _DEPLOYED.get(model)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -171,3 +136,69 @@ def deploy_for_inference(model: torch.nn.Module, head: str = "main") -> torch.nn
         deployed = fuse(copy.deepcopy(model))
     _DEPLOYED[model] = (key, deployed)
     return deployed
+
+
+def max_stride(model: nn.Module) -> int:
+    """The largest stride of ``model``, at least 32 (official ``gs``): a DetectionModel's host value, another
+    module's ``stride`` tensor (read once), else 32."""
+    value = getattr(model, "max_stride", None)
+    if value is None:
+        stride = getattr(model, "stride", None)
+        value = int(stride.max()) if isinstance(stride, torch.Tensor) else 32
+    return max(int(value), 32)
+
+
+def resolve_half(half: str | bool | None, device: torch.device) -> bool:
+    """FP16 or not: ``"auto"`` (or None) is FP16 on CUDA, FP32 on the CPU; ValueError for other values."""
+    if half is None or (isinstance(half, str) and half == "auto"):
+        return device.type == "cuda"
+    if isinstance(half, bool):
+        return half
+    raise ValueError(f"half={half!r}: expected 'auto' (FP16 on CUDA, off on the CPU), True or False")
+
+
+def inference_layout(model: nn.Module, device: torch.device, own_copy: bool) -> torch.memory_format:
+    """channels_last where the convolutions gain from it (cuDNN, oneDNN on the CPU: docs/benchmarks.md), on a
+    copy the kit made (``own_copy``) or a model already laid out so; else a caller's model keeps its layout."""
+    nhwc = device.type == "cuda" or (device.type == "cpu" and torch.backends.mkldnn.is_available())
+    if nhwc and not own_copy:
+        weight = next((p for p in model.parameters() if p.dim() == 4), None)
+        nhwc = weight is not None and not weight.is_contiguous() and \
+            weight.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if nhwc else torch.contiguous_format
+
+
+def prepare_model(model: nn.Module, device: torch.device, half: bool, deploy: bool = False,
+                  head: str = "main") -> nn.Module:
+    """The model on ``device`` in FP16 (``half``) or FP32, in eval mode; ``deploy``: the deployed model.
+
+    Moving or casting works on a copy, never the caller's model (it would round a trainer's EMA to FP16 for
+    good); only its train/eval mode changes when nothing else has to (the caller restores it).
+    """
+    callers = model
+    if deploy and hasattr(model, "yaml"):
+        model = deploy_for_inference(model, head)  # a cached copy, never the caller's model
+    dtype = torch.float16 if half else torch.float32
+    first = next(model.parameters(), None)
+    if first is not None and first.dtype != dtype:
+        # a copy even of the cached deployed model: casting it back and forth would round its weights
+        model = copy.deepcopy(model).to(device=device, dtype=dtype)
+    elif first is not None and not (first.device.type == device.type and (  # cuda and cuda:0 are one card
+            first.device.index is None or device.index is None or first.device.index == device.index)):
+        model = (copy.deepcopy(model) if model is callers else model).to(device)
+    return model.eval()
+
+
+def select_head(output, head: str = "main") -> torch.Tensor:
+    """The decoded (B, 4+nc, A) prediction of ``head`` ("main" or "aux") from an eval-mode forward; ValueError
+    for another name, or "aux" of a model without one."""
+    if head not in ("main", "aux"):
+        raise ValueError(f"head must be 'main' or 'aux', got {head!r}")
+    if isinstance(output, torch.Tensor):
+        if head == "aux":
+            raise ValueError("this model has a single head (GELAN); head='aux' needs a dual-head YOLOv9 model")
+        return output
+    chosen = getattr(output, head)
+    if chosen is None:
+        raise ValueError("this model has no auxiliary head (GELAN / converted); use head='main'")
+    return chosen

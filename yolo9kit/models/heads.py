@@ -1,8 +1,5 @@
-"""Detection heads: DFL decode, DDetect (GELAN, one head) and DualDDetect (YOLOv9, aux + main).
-
-As the official ``models/common.py`` DFL and ``models/yolo.py`` DDetect.forward and DualDDetect.forward (anchors
-and strides from ``utils/tal/anchor_generator.py`` make_anchors). Outputs are returned by name as
-:class:`DualOutput` instead of the official positional ``[aux, main]`` lists.
+"""Detection heads: DFL decode, DDetect (GELAN) and DualDDetect (YOLOv9: auxiliary + main), as the official
+``models/yolo.py`` DDetect and DualDDetect; outputs by name (:class:`DualOutput`), not the official ``[aux, main]``.
 """
 
 from __future__ import annotations
@@ -20,11 +17,10 @@ REG_MAX = 16  # bins per box side of the distribution focal decode
 
 
 class DualOutput(NamedTuple):
-    """Outputs of a detection model, by head.
+    """A detection model's outputs by head (``aux`` None for GELAN models).
 
-    Training mode (or ``raw=True``): ``aux`` and ``main`` are lists of 3 raw maps (B, 64+nc, H_i, W_i).
-    Eval mode: decoded tensors (B, 4+nc, A): (cx, cy, w, h) in input pixels, then sigmoid class scores.
-    ``aux`` is None for single-head (GELAN) models.
+    Training mode or ``raw=True``: lists of 3 raw maps (B, 64+nc, H_i, W_i). Eval mode: (B, 4+nc, A) tensors,
+    boxes (cx, cy, w, h) in input pixels, then sigmoid class scores.
     """
 
     aux: Any
@@ -32,12 +28,8 @@ class DualOutput(NamedTuple):
 
 
 class DFL(nn.Module):
-    """Distribution focal decode (official ``models/common.py`` DFL): (B, 64, A) bin logits -> (B, 4, A)
-    expected distances.
-
-    The 64 channels are side-major (side * 16 + bin), sides ordered left, top, right, bottom. ``conv``
-    is a fixed, frozen 1x1 conv with weights 0..15 that takes the expectation over the bins.
-    """
+    """(B, 64, A) bin logits (side-major: left, top, right, bottom) -> (B, 4, A) expected distances; ``conv`` is
+    a frozen 1x1 conv with weights 0..15."""
 
     def __init__(self, c1: int = REG_MAX):
         super().__init__()
@@ -74,13 +66,10 @@ def _class_branches(ch: list[int], width: int, nc: int) -> nn.ModuleList:
 
 
 class DDetect(nn.Module):
-    """Anchor-free decoupled head of the GELAN models (official ``models/yolo.py`` DDetect).
+    """Anchor-free decoupled head: ``cv2`` box branches, ``cv3`` class branches, ``dfl`` (official names).
 
-    Attributes (official names): ``cv2`` box branches, ``cv3`` class branches, ``dfl`` decode; ``nc``,
-    ``nl`` (levels), ``reg_max``, ``no`` = nc + 64 channels per anchor, ``stride`` (nl,) non-persistent buffer.
-    ``strides``: the same values as plain floats, which the decode reads (the buffer moves to the GPU with the
-    model, and reading it there would make every eval forward wait for the device). Set both with
-    ``set_strides``.
+    ``stride`` is an (nl,) non-persistent buffer; ``strides`` the same values as floats, which the decode reads
+    (reading the buffer on the GPU would make every eval forward wait for the device).
     """
 
     is_dual = False
@@ -115,24 +104,17 @@ class DDetect(nn.Module):
         """(box branches, class branches, dfl) per head group, aux first."""
         return [(self.cv2, self.cv3, self.dfl)]
 
-    def forward_raw(self, xs: list[torch.Tensor]) -> DualOutput:
-        """Raw maps (B, 64+nc, H_i, W_i) per level and head group."""
-        groups = self._groups()
+    def forward(self, xs: list[torch.Tensor], raw: bool = False) -> DualOutput:
+        """Raw maps (B, 64+nc, H_i, W_i) per level and head group in training mode or with ``raw``, else decoded."""
         maps = []
-        for g, (box, cls, _) in enumerate(groups):
+        for g, (box, cls, _) in enumerate(self._groups()):
             feats = xs[g * self.nl:(g + 1) * self.nl]
             maps.append([torch.cat((box[i](x), cls[i](x)), 1) for i, x in enumerate(feats)])
-        return DualOutput(maps[0], maps[1]) if len(maps) == 2 else DualOutput(None, maps[0])
-
-    def forward(self, xs: list[torch.Tensor], raw: bool = False) -> DualOutput:
-        maps = self.forward_raw(xs)
+        maps = DualOutput(maps[0], maps[1]) if len(maps) == 2 else DualOutput(None, maps[0])
         return maps if (raw or self.training) else self.decode(maps)
 
     def decode(self, maps: DualOutput) -> DualOutput:
-        """Raw maps -> (B, 4+nc, A) per head: boxes (cx, cy, w, h) in input pixels, sigmoid scores.
-
-        Matches the official DDetect/DualDDetect eval path; both heads share one set of anchors.
-        """
+        """Raw maps -> (B, 4+nc, A) per head (official eval path); both heads share one set of anchors."""
         ref = maps.main
         points, strides = make_anchors([tuple(m.shape[2:]) for m in ref], self.strides, 0.5,
                                        dtype=ref[0].dtype, device=ref[0].device)
@@ -152,8 +134,7 @@ class DDetect(nn.Module):
 
     @torch.no_grad()
     def initialize_biases(self) -> None:
-        """Box logits bias 1.0; class bias ln(5 / nc / (640 / stride)^2) (official prior: ~5 objects per
-        640 image). Needs ``stride`` set. On the meta device (a shape-only build) there is nothing to set."""
+        """Box bias 1.0, class bias ln(5 / nc / (640 / stride)^2) (official prior); nothing on the meta device."""
         if self.stride.is_meta:
             return
         for box, cls, _ in self._groups():
@@ -163,11 +144,8 @@ class DDetect(nn.Module):
 
 
 class DualDDetect(DDetect):
-    """YOLOv9 head with the PGI auxiliary branch (official ``models/yolo.py`` DualDDetect).
-
-    Six inputs (aux P3-P5, then main P3-P5). ``cv2``/``cv3``/``dfl`` decode the auxiliary inputs,
-    ``cv4``/``cv5``/``dfl2`` the main ones (the names the official checkpoints use).
-    """
+    """YOLOv9 head: inputs aux P3-P5 then main P3-P5; ``cv2``/``cv3``/``dfl`` decode the auxiliary ones,
+    ``cv4``/``cv5``/``dfl2`` the main ones (official names)."""
 
     is_dual = True
 

@@ -1,11 +1,6 @@
-"""Building blocks of YOLOv9 / GELAN, with the official attribute names so official weights load.
-
-Each block computes what the class of the same name in the official ``models/common.py`` computes. Attribute
-names such as ``cv1``/``cv2`` are kept because they are the state_dict keys of official checkpoints
-(``model.4.cv2.0.m.0.cv1.conv1.conv.weight``); each class says what its parts are.
-
-The blocks' own switches live here too: :func:`fuse_layers` folds BatchNorm into the convs for inference,
-:func:`set_lean` turns on the lean BatchNorm+SiLU of :mod:`yolo9kit.models.lean` for training.
+"""Building blocks of YOLOv9 / GELAN: each computes what the class of the same name in the official
+``models/common.py`` computes, with its attribute names (the state_dict keys of official checkpoints).
+Also the blocks' switches: ``fuse_layers`` (inference) and ``set_lean`` (a lean BatchNorm+SiLU for training).
 """
 
 from __future__ import annotations
@@ -13,8 +8,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from yolo9kit.models.lean import lean_bn2_silu, lean_bn_silu
 
 
 def autopad(k: int, p: int | None = None, d: int = 1) -> int:
@@ -25,14 +18,9 @@ def autopad(k: int, p: int | None = None, d: int = 1) -> int:
 
 
 class Conv(nn.Module):
-    """Conv2d (no bias) -> BatchNorm2d -> SiLU. ``act=False`` gives no activation.
+    """Conv2d (no bias) -> BatchNorm2d -> SiLU (``act=False``: none); fused, ``bn`` is None and ``conv`` biased."""
 
-    Keys: ``conv.weight``, ``bn.*``. After :func:`fuse_layers` the ``bn`` is gone and ``conv`` has a bias.
-    ``lean`` (set by :func:`set_lean`): in training, BatchNorm + SiLU keep one activation
-    for backward instead of two.
-    """
-
-    lean = False
+    lean = False  # set_lean: in training, BatchNorm + SiLU keep one activation for backward instead of two
 
     def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1,
                  d: int = 1, act: bool | nn.Module = True):
@@ -45,13 +33,12 @@ class Conv(nn.Module):
         if self.bn is None:  # fused for inference
             return self.act(self.conv(x))
         if self.lean and self.training and torch.is_grad_enabled():
-            return lean_bn_silu(self.conv(x), self.bn)
+            return lean_bn_silu((self.conv(x), self.bn))
         return self.act(self.bn(self.conv(x)))
 
 
 class AConv(nn.Module):
-    """'Avg-conv down': 2x2 average pool (stride 1) then a 3x3 stride-2 Conv ``cv1`` (official
-    ``models/common.py`` AConv)."""
+    """2x2 average pool (stride 1), then a 3x3 stride-2 Conv ``cv1``."""
 
     def __init__(self, c1: int, c2: int):
         super().__init__()
@@ -62,8 +49,8 @@ class AConv(nn.Module):
 
 
 class ADown(nn.Module):
-    """Two-path downsampling (official ``models/common.py`` ADown): half the channels through a 3x3 stride-2
-    Conv ``cv1``, the other half through a 3x3 stride-2 max pool and a 1x1 Conv ``cv2``; outputs concatenated."""
+    """Half the channels through a 3x3 stride-2 Conv ``cv1``, half through a 3x3 stride-2 max pool and a 1x1
+    Conv ``cv2``; concatenated."""
 
     def __init__(self, c1: int, c2: int):
         super().__init__()
@@ -79,8 +66,7 @@ class ADown(nn.Module):
 
 
 class ELAN1(nn.Module):
-    """Small ELAN block of the -t/-s stems (official ``models/common.py`` ELAN1): 1x1 ``cv1`` split in halves
-    a, b; two 3x3 Convs ``cv2``, ``cv3`` in series on b; 1x1 ``cv4`` over concat(a, b, y2, y3)."""
+    """1x1 ``cv1`` split in halves a, b; 3x3 ``cv2``, ``cv3`` in series on b; 1x1 ``cv4`` over (a, b, y2, y3)."""
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int):
         super().__init__()
@@ -98,14 +84,9 @@ class ELAN1(nn.Module):
 
 
 class RepConvN(nn.Module):
-    """Re-parameterisable 3x3 conv (official ``models/common.py`` RepConvN): SiLU(BN(3x3 conv) + BN(1x1 conv)),
-    no identity branch.
+    """SiLU(BN(3x3 ``conv1``) + BN(1x1 ``conv2``)); ``collapse`` merges them into one biased 3x3 ``conv``."""
 
-    ``conv1`` is the 3x3 branch, ``conv2`` the 1x1 branch. :meth:`collapse` merges both into one biased
-    3x3 ``conv`` for inference (the official ``fuse_convs``).
-    """
-
-    lean = False  # see set_lean
+    lean = False  # see Conv
 
     def __init__(self, c1: int, c2: int, k: int = 3, s: int = 1, p: int = 1, g: int = 1, d: int = 1,
                  act: bool | nn.Module = True):
@@ -120,93 +101,20 @@ class RepConvN(nn.Module):
         if hasattr(self, "conv"):  # collapsed for inference
             return self.act(self.conv(x))
         if self.lean and self.training and torch.is_grad_enabled():
-            return lean_bn2_silu(self.conv1.conv(x), self.conv1.bn, self.conv2.conv(x), self.conv2.bn)
+            return lean_bn_silu((self.conv1.conv(x), self.conv1.bn), (self.conv2.conv(x), self.conv2.bn))
         return self.act(self.conv1(x) + self.conv2(x))
 
     @torch.no_grad()
     def collapse(self) -> None:
-        """Fold both branches (and their BatchNorms) into one 3x3 ``conv`` with bias; in place."""
+        """Fold both branches and their BatchNorms into one biased 3x3 ``conv`` (official ``fuse_convs``)."""
         w3, b3 = conv_bn_weights(self.conv1)
         w1, b1 = conv_bn_weights(self.conv2)
-        src = self.conv1.conv
-        conv = nn.Conv2d(src.in_channels, src.out_channels, 3, src.stride, 1, groups=self.g, bias=True)
-        conv = conv.to(device=w3.device, dtype=w3.dtype)
-        conv.weight.copy_(w3 + F.pad(w1, [1, 1, 1, 1]))
-        conv.bias.copy_(b3 + b1)
-        conv.weight.requires_grad_(False)
-        conv.bias.requires_grad_(False)
-        self.conv = conv
+        self.conv = _biased_conv(self.conv1.conv, w3 + F.pad(w1, [1, 1, 1, 1]), b3 + b1)
         del self.conv1, self.conv2
 
 
-def conv_bn_weights(m: Conv) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weight and bias of the single conv equal to ``m.bn(m.conv(x))`` (official ``utils/torch_utils.py``
-    fuse_conv_and_bn).
-
-    W' = W * gamma / sqrt(var + eps) per output channel; b' = beta + (b - mean) * gamma / sqrt(var + eps).
-    """
-    w = m.conv.weight
-    b = m.conv.bias if m.conv.bias is not None else torch.zeros(w.shape[0], device=w.device, dtype=w.dtype)
-    if m.bn is None:
-        return w, b
-    scale = m.bn.weight / torch.sqrt(m.bn.running_var + m.bn.eps)
-    return w * scale.view(-1, 1, 1, 1), m.bn.bias + (b - m.bn.running_mean) * scale
-
-
-@torch.no_grad()
-def _fold_conv(m: Conv) -> None:
-    if m.bn is None:
-        return
-    w, b = conv_bn_weights(m)
-    src = m.conv
-    conv = nn.Conv2d(src.in_channels, src.out_channels, src.kernel_size, src.stride, src.padding,
-                     dilation=src.dilation, groups=src.groups, bias=True).to(device=w.device, dtype=w.dtype)
-    conv.weight.copy_(w)
-    conv.bias.copy_(b)
-    conv.requires_grad_(False)
-    m.conv, m.bn = conv, None
-
-
-@torch.no_grad()
-def fuse_layers(model: nn.Module) -> nn.Module:
-    """Fold every BatchNorm into its conv and collapse every RepConvN of a module tree, in place; eval mode.
-
-    The layer work of :func:`yolo9kit.models.fuse` (which also marks a DetectionModel as fused). Returns
-    ``model``.
-    """
-    model.eval()
-    for m in list(model.modules()):
-        if isinstance(m, RepConvN) and not hasattr(m, "conv"):
-            m.collapse()
-    for m in list(model.modules()):
-        if isinstance(m, Conv):
-            _fold_conv(m)
-    return model
-
-
-def _lean_eligible(bn: nn.Module | None, act: nn.Module) -> bool:
-    """A plain affine BatchNorm2d with running statistics followed by SiLU (not SyncBatchNorm)."""
-    return (type(bn) is nn.BatchNorm2d and bn.affine and bn.track_running_stats and isinstance(act, nn.SiLU))
-
-
-def set_lean(model: nn.Module, enabled: bool = True) -> int:
-    """Switch the lean BatchNorm+SiLU (:mod:`yolo9kit.models.lean`) on or off in every eligible ``Conv`` and
-    ``RepConvN`` of ``model``; returns how many modules it applies to."""
-    count = 0
-    for m in model.modules():
-        if isinstance(m, Conv) and _lean_eligible(m.bn, m.act):
-            m.lean = enabled
-            count += 1
-        elif isinstance(m, RepConvN) and hasattr(m, "conv1") and _lean_eligible(m.conv1.bn, m.act) and \
-                _lean_eligible(m.conv2.bn, m.act):
-            m.lean = enabled
-            count += 1
-    return count
-
-
 class RepNBottleneck(nn.Module):
-    """Residual bottleneck (official ``models/common.py`` RepNBottleneck): x + cv2(cv1(x)), ``cv1`` a RepConvN,
-    ``cv2`` a 3x3 Conv."""
+    """x + cv2(cv1(x)): ``cv1`` a RepConvN, ``cv2`` a 3x3 Conv (no shortcut when the widths differ)."""
 
     def __init__(self, c1: int, c2: int, shortcut: bool = True, g: int = 1, k: tuple[int, int] = (3, 3),
                  e: float = 1.0):
@@ -222,7 +130,7 @@ class RepNBottleneck(nn.Module):
 
 
 class RepNCSP(nn.Module):
-    """CSP block of n RepNBottlenecks (official ``models/common.py`` RepNCSP): cv3(concat(m(cv1(x)), cv2(x)))."""
+    """CSP block of ``n`` RepNBottlenecks: cv3(concat(m(cv1(x)), cv2(x)))."""
 
     def __init__(self, c1: int, c2: int, n: int = 1, shortcut: bool = True, g: int = 1, e: float = 0.5):
         super().__init__()
@@ -236,28 +144,20 @@ class RepNCSP(nn.Module):
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
 
 
-class RepNCSPELAN4(nn.Module):
-    """The GELAN block (official ``models/common.py`` RepNCSPELAN4): 1x1 ``cv1`` split in halves a, b; ``cv2`` =
-    RepNCSP + 3x3 Conv on b; ``cv3`` = RepNCSP + 3x3 Conv on that; 1x1 ``cv4`` over concat(a, b, y2, y3).
-    ``c5`` = RepNCSP depth."""
+class RepNCSPELAN4(ELAN1):
+    """The GELAN block: ELAN1 whose ``cv2``, ``cv3`` are a RepNCSP of depth ``c5`` + a 3x3 Conv."""
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int, c5: int = 1):
-        super().__init__()
+        nn.Module.__init__(self)
         self.c = c3 // 2
         self.cv1 = Conv(c1, c3, 1, 1)
         self.cv2 = nn.Sequential(RepNCSP(c3 // 2, c4, c5), Conv(c4, c4, 3, 1))
         self.cv3 = nn.Sequential(RepNCSP(c4, c4, c5), Conv(c4, c4, 3, 1))
         self.cv4 = Conv(c3 + (2 * c4), c2, 1, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.cv1(x).chunk(2, 1)
-        y2 = self.cv2(b)
-        y3 = self.cv3(y2)
-        return self.cv4(torch.cat((a, b, y2, y3), 1))
-
 
 class SP(nn.Module):
-    """Max pool, kernel ``k``, stride ``s``, 'same' padding (attribute ``m``, no parameters)."""
+    """Max pool, kernel ``k``, stride ``s``, 'same' padding."""
 
     def __init__(self, k: int = 3, s: int = 1):
         super().__init__()
@@ -268,8 +168,7 @@ class SP(nn.Module):
 
 
 class SPPELAN(nn.Module):
-    """Spatial pyramid pooling ELAN (official ``models/common.py`` SPPELAN): 1x1 ``cv1``, three 5x5 max pools
-    ``cv2``-``cv4`` in series, 1x1 ``cv5`` over the concatenation of all four."""
+    """1x1 ``cv1``, three 5x5 max pools ``cv2``-``cv4`` in series, 1x1 ``cv5`` over all four outputs."""
 
     def __init__(self, c1: int, c2: int, c3: int):
         super().__init__()
@@ -289,11 +188,7 @@ class SPPELAN(nn.Module):
 
 
 class CBLinear(nn.Module):
-    """Biased conv (no BN, no activation) whose output is split into pieces of widths ``c2s`` (official
-    ``models/common.py`` CBLinear).
-
-    Returns a tuple of tensors, one per entry of ``c2s``.
-    """
+    """Biased conv whose output is split into a tuple of pieces of widths ``c2s``."""
 
     def __init__(self, c1: int, c2s: list[int], k: int = 1, s: int = 1, p: int | None = None, g: int = 1):
         super().__init__()
@@ -305,11 +200,7 @@ class CBLinear(nn.Module):
 
 
 class CBFuse(nn.Module):
-    """Sum of the current map and nearest-resized pieces of earlier CBLinear outputs (official
-    ``models/common.py`` CBFuse).
-
-    Input: list ``[tuple_0, ..., tuple_k, current]``; piece ``idx[j]`` of ``tuple_j`` is used.
-    """
+    """Input ``[tuple_0, ..., tuple_k, current]``: current + piece ``idx[j]`` of each ``tuple_j``, resized (nearest)."""
 
     def __init__(self, idx: list[int]):
         super().__init__()
@@ -323,14 +214,14 @@ class CBFuse(nn.Module):
 
 
 class Silence(nn.Module):
-    """Identity; as layer 0 it lets later rows refer to the raw image as layer ``0``."""
+    """Identity; as layer 0 it lets later rows read the image as layer ``0``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
 
 class Concat(nn.Module):
-    """Concatenate a list of tensors along ``dimension`` (channels by default)."""
+    """Concatenate a list of tensors along ``dimension``."""
 
     def __init__(self, dimension: int = 1):
         super().__init__()
@@ -338,3 +229,108 @@ class Concat(nn.Module):
 
     def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(xs, self.d)
+
+
+# ------------------------------------------------------------------------------------ fusion (inference)
+def conv_bn_weights(m: Conv) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias of the one conv equal to ``m.bn(m.conv(x))`` (official ``fuse_conv_and_bn``)."""
+    w = m.conv.weight
+    b = m.conv.bias if m.conv.bias is not None else torch.zeros(w.shape[0], device=w.device, dtype=w.dtype)
+    if m.bn is None:
+        return w, b
+    scale = m.bn.weight / torch.sqrt(m.bn.running_var + m.bn.eps)  # W' = W * scale, b' = beta + (b - mean) * scale
+    return w * scale.view(-1, 1, 1, 1), m.bn.bias + (b - m.bn.running_mean) * scale
+
+
+def _biased_conv(src: nn.Conv2d, w: torch.Tensor, b: torch.Tensor) -> nn.Conv2d:
+    """A frozen conv shaped as ``src``, with weight ``w`` and bias ``b``."""
+    conv = nn.Conv2d(src.in_channels, src.out_channels, src.kernel_size, src.stride, src.padding,
+                     dilation=src.dilation, groups=src.groups, bias=True).to(device=w.device, dtype=w.dtype)
+    conv.weight.copy_(w)
+    conv.bias.copy_(b)
+    return conv.requires_grad_(False)
+
+
+@torch.no_grad()
+def fuse_layers(model: nn.Module) -> nn.Module:
+    """Fold every BatchNorm into its conv and collapse every RepConvN, in place; eval mode; returns ``model``."""
+    model.eval()
+    for m in list(model.modules()):
+        if isinstance(m, RepConvN) and not hasattr(m, "conv"):
+            m.collapse()
+    for m in list(model.modules()):
+        if isinstance(m, Conv) and m.bn is not None:
+            m.conv, m.bn = _biased_conv(m.conv, *conv_bn_weights(m)), None
+    return model
+
+
+# ------------------------------------------------------------------- lean BatchNorm + SiLU (training memory)
+# A Conv block keeps the conv output (for the BN backward) and the BN output (for the SiLU backward): the
+# lean path keeps the conv output and the batch statistics, and recomputes the BN output in backward.
+class _BatchNormSiLU(torch.autograd.Function):
+    """silu(bn_1(x_1) + ... + bn_k(x_k)) in training mode, each bn given as x, weight, bias, running mean and
+    variance (``settings``: its momentum and eps); saves the x and the batch statistics only."""
+
+    @staticmethod
+    def forward(ctx, settings, *tensors):
+        total, saved = None, []
+        for (momentum, eps), i in zip(settings, range(0, len(tensors), 5)):
+            x, w, b, running_mean, running_var = tensors[i:i + 5]
+            y, mean, invstd = torch.native_batch_norm(x, w, b, running_mean, running_var, True, momentum, eps)
+            total = y if total is None else total + y
+            saved += [x, w, b, mean, invstd]
+        ctx.save_for_backward(*saved)
+        ctx.eps = [eps for _, eps in settings]
+        return F.silu(total)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        saved = ctx.saved_tensors  # unpacked once: a checkpointed graph allows one unpack
+        groups = [saved[i:i + 5] for i in range(0, len(saved), 5)]
+        total = None
+        for x, w, b, mean, invstd in groups:  # the BatchNorm outputs, recomputed
+            shape = (1, -1, 1, 1)
+            y = ((x.float() - mean.view(shape)) * invstd.view(shape) * w.float().view(shape)
+                 + b.float().view(shape)).to(x.dtype)
+            total = y if total is None else total + y
+            del y
+        grad = torch.ops.aten.silu_backward(grad_out, total)
+        del total
+        grads: list = [None]
+        for (x, w, b, mean, invstd), eps in zip(groups, ctx.eps):
+            grads += [*torch.ops.aten.native_batch_norm_backward(
+                grad, x, w, None, None, mean, invstd, True, eps, [True, w.requires_grad, b.requires_grad]), None, None]
+        return tuple(grads)
+
+
+def lean_bn_silu(*pairs: tuple[torch.Tensor, nn.BatchNorm2d]) -> torch.Tensor:
+    """``silu(bn_1(x_1) + ...)`` for (x, bn) pairs in training mode, with BatchNorm2d's bookkeeping."""
+    settings = []
+    for _, bn in pairs:
+        bn.num_batches_tracked.add_(1)
+        settings.append((bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked), bn.eps))
+    tensors = [t for x, bn in pairs for t in (x, bn.weight, bn.bias, bn.running_mean, bn.running_var)]
+    return _BatchNormSiLU.apply(tuple(settings), *tensors)
+
+
+def _lean_eligible(bn: nn.Module | None, act: nn.Module) -> bool:
+    """A plain affine BatchNorm2d with running statistics (not SyncBatchNorm) followed by SiLU."""
+    return type(bn) is nn.BatchNorm2d and bn.affine and bn.track_running_stats and isinstance(act, nn.SiLU)
+
+
+def set_lean(model: nn.Module, enabled: bool = True) -> int:
+    """Switch the lean BatchNorm+SiLU on or off in every eligible ``Conv`` and ``RepConvN``; returns their count.
+
+    Forward values, running statistics and gradients are those of the plain modules (the recomputed
+    normalisation may round differently in the last bit).
+    """
+    count = 0
+    for m in model.modules():
+        if isinstance(m, Conv) and _lean_eligible(m.bn, m.act):
+            m.lean = enabled
+            count += 1
+        elif isinstance(m, RepConvN) and hasattr(m, "conv1") and _lean_eligible(m.conv1.bn, m.act) and \
+                _lean_eligible(m.conv2.bn, m.act):
+            m.lean = enabled
+            count += 1
+    return count

@@ -1,37 +1,148 @@
-"""DetectionModel: the layer table run in index order, with the official state_dict layout."""
+"""DetectionModel: an official-format layer table (the ``backbone``/``head`` rows of a model yaml) built and run
+in index order, with the official state_dict layout (docs/models.md); and frozen layers (official ``--freeze``,
+docs/training.md).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import functools
+import itertools
 import logging
+import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from yolo9kit.models.builder import ACTIVATIONS, PROBE_SIZE, LayerTableError, parse_model
-from yolo9kit.models.heads import DDetect, DualOutput
-from yolo9kit.models.layers import Conv, RepConvN, fuse_layers
+from yolo9kit.config.step import Freeze, check_freeze
+from yolo9kit.models import layers as L
+from yolo9kit.models.heads import DDetect, DualDDetect, DualOutput
 
 LOGGER = logging.getLogger(__name__)
 
-CheckpointLayers = None | str | Iterable[int]
+# yaml module name -> class (nothing in a yaml is eval-ed); nn.Upsample is spelled as in the official files
+MODULES: dict[str, type[nn.Module]] = {
+    "Conv": L.Conv, "AConv": L.AConv, "ADown": L.ADown, "ELAN1": L.ELAN1, "RepNCSPELAN4": L.RepNCSPELAN4,
+    "RepNCSP": L.RepNCSP, "RepNBottleneck": L.RepNBottleneck, "RepConvN": L.RepConvN, "SPPELAN": L.SPPELAN,
+    "SP": L.SP, "CBLinear": L.CBLinear, "CBFuse": L.CBFuse, "Silence": L.Silence, "Concat": L.Concat,
+    "nn.Upsample": nn.Upsample, "Upsample": nn.Upsample, "DDetect": DDetect, "DualDDetect": DualDDetect,
+}
+# modules whose first yaml arg is the output width: c1 is prepended and c2 rounded by width_multiple
+CHANNEL_MODULES = {L.Conv, L.AConv, L.ADown, L.ELAN1, L.RepNCSPELAN4, L.RepNCSP, L.RepNBottleneck, L.RepConvN,
+                   L.SPPELAN}
+HEADS = (DDetect, DualDDetect)
+# blocks whose constructor takes a repeat count of their own: (position in the constructor's args, its name)
+BLOCK_REPEATS = {L.RepNCSPELAN4: (4, "c5 (RepNCSP depth)"), L.RepNCSP: (2, "n")}
+# optional top-level ``activation:`` values (the official files accept any Python expression; we accept these)
+ACTIVATIONS = {"nn.SiLU()": nn.SiLU, "nn.ReLU()": nn.ReLU, "nn.LeakyReLU(0.1)": lambda: nn.LeakyReLU(0.1),
+               "nn.Hardswish()": nn.Hardswish, "nn.Identity()": nn.Identity}
+PROBE_SIZE = 256  # side of the all-zero image the official build runs once to measure the strides
+# Bounds on a table, checked row by row before the row is built (docs/faults.md): yolov9-e, the largest
+# official model, has 50 layers, repeats of 1 to 3, widths up to 1024; LVIS has 1203 classes.
+MAX_LAYERS = 400
+MAX_REPEATS = 64  # a row's repeats times depth_multiple, and a block's own repeat argument
+MAX_MULTIPLE = 4.0  # depth_multiple and width_multiple
+MAX_CHANNELS = 16384  # any integer argument of a row (widths, hidden widths, kernel sizes)
+MAX_CLASSES = 100_000
+
+
+class LayerTableError(ValueError):
+    """A layer table that cannot be built, or is past the bounds; the message names the file and the row."""
+
+
+def _ints(value: Any) -> list[int]:
+    if isinstance(value, (list, tuple)):
+        return [i for v in value for i in _ints(v)]
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
+
+
+def _layer(cls: type, n: int, f: Any, args: list, ch: list[int], gw: float, nc: int, label: str):
+    """One row's module and output channels (the rules of the official ``parse_model``)."""
+    if cls in CHANNEL_MODULES:
+        c2 = int(math.ceil(args[0] * gw / 8) * 8)  # official make_divisible
+        args, c2 = [ch[f], c2, *args[1:]], c2
+    elif cls is L.Concat:
+        c2 = sum(ch[x] for x in f)
+    elif cls is L.CBLinear:
+        args, c2 = [ch[f], list(args[0]), *args[1:]], list(args[0])
+    elif cls is L.CBFuse:
+        c2 = ch[f[-1]]
+    elif cls in HEADS:
+        args, c2 = [args[0] if args else nc, [ch[x] for x in f]], 0
+    else:
+        c2 = ch[f] if isinstance(f, int) else ch[f[-1]]
+    if cls in BLOCK_REPEATS:  # before the block is made: a depth of thousands takes minutes and gigabytes
+        at, name = BLOCK_REPEATS[cls]
+        value = args[at] if len(args) > at else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEATS:
+            raise LayerTableError(f"{label}: {name}={value!r}: expected 1 to {MAX_REPEATS}")
+    return (nn.Sequential(*(cls(*args) for _ in range(n))) if n > 1 else cls(*args)), c2
+
+
+def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tuple[nn.Sequential, list[int]]:
+    """The layers of an official-format table (rows ``[from, repeats, module, args]``) and the sorted indices
+    of the layers whose outputs later rows read; ``source`` names the table in errors.
+
+    Raises:
+        LayerTableError: a row that cannot be built or is past the bounds (the message names it).
+    """
+    try:
+        gd, gw = float(cfg.get("depth_multiple", 1.0)), float(cfg.get("width_multiple", 1.0))
+        rows = list(cfg["backbone"]) + list(cfg["head"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise LayerTableError(f"{source}: expected 'backbone' and 'head' row lists and numeric "
+                              f"depth_multiple/width_multiple ({e})") from e
+    if not 1 <= len(rows) <= MAX_LAYERS:
+        raise LayerTableError(f"{source}: {len(rows)} layer rows: expected 1 to {MAX_LAYERS}")
+    if not (0 < gd <= MAX_MULTIPLE and 0 < gw <= MAX_MULTIPLE):
+        raise LayerTableError(f"{source}: depth_multiple={gd}, width_multiple={gw}: expected (0, {MAX_MULTIPLE}]")
+    if not 1 <= nc <= MAX_CLASSES:
+        raise LayerTableError(f"{source}: nc={nc}: expected 1 to {MAX_CLASSES} classes")
+    layers, save, chs = [], [], [ch]
+    for i, row in enumerate(rows):
+        section, j = ("backbone", i) if i < len(cfg["backbone"]) else ("head", i - len(cfg["backbone"]))
+        label = f"{source}: layer {i} ({section} row {j}) {row!r}"
+        if not (isinstance(row, (list, tuple)) and len(row) == 4):
+            raise LayerTableError(f"{label}: expected [from, repeats, module, args]")
+        f, n, name, args = row
+        cls = MODULES.get(name)
+        if cls is None:
+            raise LayerTableError(f"{label}: unknown module {name!r}; known modules: {', '.join(sorted(MODULES))}")
+        froms = [f] if isinstance(f, int) else list(f) if isinstance(f, (list, tuple)) else None
+        if not froms or any(not isinstance(x, int) or not -i - 1 <= x < i for x in froms):
+            raise LayerTableError(f"{label}: 'from' must be -1 or indices of earlier layers, got {f!r}")
+        if not isinstance(n, int) or n < 1 or round(n * gd) > MAX_REPEATS:
+            raise LayerTableError(f"{label}: {n!r} repeats (times depth_multiple {gd}): expected 1 to {MAX_REPEATS}")
+        widths = [abs(v) for v in _ints(args)]
+        if widths and max(widths) * max(gw, 1.0) > MAX_CHANNELS:
+            raise LayerTableError(f"{label}: argument {max(widths)}: expected layer widths up to {MAX_CHANNELS}")
+        n = max(round(n * gd), 1) if n > 1 else n
+        args = [{"nc": nc, "None": None, "True": True, "False": False, "anchors": cfg.get("anchors")}.get(a, a)
+                if isinstance(a, str) else a for a in (args or [])]
+        try:
+            module, c2 = _layer(cls, n, f, args, chs, gw, nc, label)
+        except (TypeError, ValueError, IndexError, KeyError, AssertionError, RuntimeError) as e:
+            raise LayerTableError(f"{label}: cannot build {name} with args {args!r}: {e}") from e
+        module.i, module.f, module.type = i, f, name
+        module.np = sum(p.numel() for p in module.parameters())
+        save.extend(x % i for x in froms if x != -1)
+        layers.append(module)
+        if i == 0:
+            chs = []
+        chs.append(c2)
+    if not layers or not isinstance(layers[-1], HEADS):
+        raise LayerTableError(f"{source}: the last row must be a DDetect or DualDDetect head")
+    return nn.Sequential(*layers), sorted(set(save))
 
 
 class DetectionModel(nn.Module):
-    """YOLOv9 / GELAN detector built from an official-format config dict.
-
-    Attributes:
-        model: ``nn.Sequential`` of the layers (state_dict keys ``model.<i>.…``, identical to official).
-        yaml: the config dict (official format, with ``nc`` and ``ch`` filled in).
-        nc, names: number of classes and their names. stride: (3,) float buffer [8, 16, 32].
-        head: the last layer (DDetect or DualDDetect). is_dual: True for YOLOv9 (PGI auxiliary head).
-        save: indices of layers whose outputs later layers read.
-        fused: True after :meth:`fuse` (recorded in checkpoints).
-    """
+    """YOLOv9 / GELAN detector of an official-format table: ``model`` holds the layers (state_dict keys
+    ``model.<i>.…`` as official), ``yaml`` the table (``nc``, ``ch`` filled in), ``save`` the layers later ones
+    read; ``stride`` [8, 16, 32]; ``fused`` after :meth:`fuse` (checkpoints record it)."""
 
     fused = False
 
@@ -75,7 +186,7 @@ class DetectionModel(nn.Module):
         if act not in ACTIVATIONS:
             raise LayerTableError(f"{source}: activation {act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
         for m in self.modules():
-            if isinstance(m, (Conv, RepConvN)) and isinstance(m.act, nn.SiLU):
+            if isinstance(m, (L.Conv, L.RepConvN)) and isinstance(m.act, nn.SiLU):
                 m.act = ACTIVATIONS[act]()
 
     @torch.no_grad()
@@ -92,9 +203,8 @@ class DetectionModel(nn.Module):
         self.train(was_training)
 
     def set_strides(self, strides) -> None:
-        """The strides of the head's levels (floats, or a tensor on the host): the ``stride`` buffers of the
-        model and of its head, and their host copies (``head.strides``, ``max_stride``), which the forward
-        and the decode read without waiting for the device."""
+        """The strides of the head's levels (floats, or a host tensor): the ``stride`` buffers of the model and
+        its head, and their host copies (``head.strides``, ``max_stride``) that forward and decode read."""
         self.head.set_strides(strides)
         values = self.head.strides
         self.stride = torch.tensor(values, dtype=self.stride.dtype, device=self.stride.device)
@@ -105,28 +215,15 @@ class DetectionModel(nn.Module):
         """The largest stride (32), an int on the host: image sides must be multiples of it."""
         return self._max_stride
 
-    # ----------------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, raw: bool = False) -> DualOutput:
-        """Run the detector.
-
-        Args:
-            x: images (B, ch, H, W), H and W multiples of the largest stride (32), values in [0, 1].
-            raw: return the raw maps even in eval mode.
-
-        Returns:
-            DualOutput. Training mode or ``raw``: lists of 3 maps (B, 64+nc, H/s, W/s) per head.
-            Eval mode: (B, 4+nc, A) per head, boxes (cx, cy, w, h) in input pixels and sigmoid scores.
-            ``aux`` is None for GELAN models.
-        """
-        self._check_input(x)
-        return self._run(x, raw)
-
-    def _check_input(self, x: torch.Tensor) -> None:
+        """The :class:`DualOutput` of images (B, ch, H, W) in [0, 1], H and W multiples of the largest stride: raw
+        maps in training mode or with ``raw``, decoded (B, 4+nc, A) predictions in eval mode."""
         s = self._max_stride
         if x.ndim != 4 or x.shape[1] != self.ch or x.shape[2] % s or x.shape[3] % s:
             raise ValueError(
                 f"{self.name}: expected an input of shape (B, {self.ch}, H, W) with H and W multiples of {s}, "
                 f"got {tuple(x.shape)}; letterbox or pad images to a multiple of {s} (e.g. 640x640)")
+        return self._run(x, raw)
 
     def _run(self, x: torch.Tensor, raw: bool, label_errors: bool = False) -> DualOutput:
         outputs: list = []
@@ -150,18 +247,10 @@ class DetectionModel(nn.Module):
             outputs.append(x if m.i in self.save else None)
         return x
 
-    # --------------------------------------------------------------------- activation checkpointing
-    def set_activation_checkpointing(self, layers: CheckpointLayers) -> list[int]:
-        """Recompute the activations of chosen layers in the backward pass instead of storing them.
-
-        Args:
-            layers: None (off), "all" (every layer with parameters), "backbone" (the yaml's backbone
-                rows) or layer indices. Only active in training mode with gradients enabled; outputs and
-                gradients are unchanged (BatchNorm statistics are not updated twice).
-
-        Returns:
-            The sorted layer indices now checkpointed.
-        """
+    def set_activation_checkpointing(self, layers: str | Iterable[int] | None) -> list[int]:
+        """Recompute the activations of ``layers`` in backward instead of storing them (training mode with
+        gradients only; outputs, gradients and BatchNorm statistics unchanged): None (off), "all" (every layer
+        with parameters), "backbone" (the yaml's backbone rows) or layer indices. Returns the indices, sorted."""
         with_params = [m.i for m in self.model if any(True for _ in m.parameters())]
         if layers is None or layers is False:
             chosen: list[int] = []
@@ -187,14 +276,13 @@ class DetectionModel(nn.Module):
 
     def fuse(self) -> DetectionModel:
         """Fold BatchNorm into convs and collapse RepConvN, in place (inference only); returns self."""
-        fuse_layers(self)
+        L.fuse_layers(self)
         self.fused = True
         return self
 
 
 def _recompute_contexts(module: nn.Module):
-    """(forward, recompute) contexts for torch.utils.checkpoint: during the recompute BatchNorm must not
-    update its running statistics a second time."""
+    """(forward, recompute) contexts for torch.utils.checkpoint: the recompute leaves BatchNorm statistics alone."""
     return contextlib.nullcontext(), _frozen_bn_stats(module)
 
 
@@ -211,3 +299,58 @@ def _frozen_bn_stats(module: nn.Module):
             m.momentum = momentum
             if tracked is not None:
                 m.num_batches_tracked.copy_(tracked)
+
+
+def frozen_layer_indices(model: nn.Module, freeze: Freeze) -> list[int]:
+    """The layer indices ``freeze`` names for a DetectionModel (a DDP wrapper unwrapped first): None or 0
+    (nothing), N (layers 0..N-1, official ``--freeze N``), "backbone" (the yaml's ``backbone:`` rows) or a list
+    of layer indices (official ``--freeze i j k``). ValueError: no layer list, or an index out of range."""
+    freeze = check_freeze(freeze, "TrainConfig")
+    if not freeze:
+        return []
+    layers = getattr(model, "model", None)
+    if not isinstance(layers, nn.Sequential):
+        raise ValueError(f"freeze={freeze!r} needs a DetectionModel (layers in .model); got {type(model).__name__}; "
+                         "set requires_grad=False on its parameters yourself and leave freeze=None")
+    n = len(layers)
+    if freeze == "backbone":
+        yaml = getattr(model, "yaml", None) or {}
+        if "backbone" not in yaml:
+            raise ValueError(f"freeze='backbone': {getattr(model, 'name', type(model).__name__)} has no yaml with a "
+                             "'backbone' section; give the number of first layers instead")
+        return list(range(min(len(yaml["backbone"]), n)))
+    indices = list(range(freeze)) if isinstance(freeze, int) else sorted(set(freeze))
+    bad = [i for i in indices if i >= n]
+    if bad:
+        raise ValueError(f"freeze={freeze!r}: layers {bad} out of range; "
+                         f"{getattr(model, 'name', 'the model')} has layers 0..{n - 1}")
+    return indices
+
+
+def freeze_layers(model: nn.Module, freeze: Freeze) -> list[str]:
+    """Set ``requires_grad=False`` on the parameters of the layers ``freeze`` names (official ``--freeze``);
+    nothing is unfrozen. Returns the names of the parameters frozen (``model.<i>.<rest>``).
+
+    Raises:
+        ValueError: as :func:`frozen_layer_indices`, or every layer would be frozen.
+    """
+    indices = frozen_layer_indices(model, freeze)
+    if not indices:
+        return []
+    prefixes = tuple(f"model.{i}." for i in indices)
+    names, values, changed = [], 0, False
+    for name, p in model.named_parameters():
+        if name.startswith(prefixes):
+            changed |= p.requires_grad
+            p.requires_grad_(False)
+            names.append(name)
+            values += p.numel()
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"freeze={freeze!r} freezes every layer of {getattr(model, 'name', 'the model')} "
+                         f"({len(model.model)} layers, 0..{len(model.model) - 1}): nothing would train; freeze "
+                         "fewer (e.g. 'backbone', or the first N layers with N below the layer count)")
+    if changed:  # a second call (fit, then the trainer) changes nothing and says nothing
+        runs = [[i for _, i in g] for _, g in itertools.groupby(enumerate(indices), lambda t: t[1] - t[0])]
+        spans = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)  # [0, 1, 2, 5] -> 0-2, 5
+        LOGGER.info("freezing layers %s: %d parameter tensors, %d values", spans, len(names), values)
+    return names

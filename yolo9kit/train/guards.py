@@ -15,7 +15,7 @@ LOGGER = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """``max_nonfinite_batches`` non-finite losses in a row, or an epoch whose every batch had one.
+    """``MAX_NONFINITE_BATCHES`` non-finite losses in a row, or an epoch whose every batch had one.
 
     Attributes:
         run_dir: the run folder (``fit`` sets it); its ``weights/last.pt``, if any, is the last good checkpoint.

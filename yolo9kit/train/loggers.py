@@ -1,27 +1,10 @@
-"""Experiment loggers: a run copied, as it is written, to TensorBoard and MLflow (``TrainConfig(loggers=...)``,
-``train --loggers tensorboard mlflow``). Each is an optional extra of the package (``yolo9kit[tensorboard]``,
-``yolo9kit[mlflow]``).
-
-* ``tensorboard``: an events file in the run folder, as the official train_dual.py writes one, so that
-  ``tensorboard --logdir runs`` shows every run: the settings (settings.yaml) as text, each results.csv column as
-  a scalar after every epoch, the run folder's pictures as images when they are drawn or redrawn.
-* ``mlflow``: a run in the experiment named after the ``project`` folder, on the tracking server or store of
-  ``mlflow_uri`` (default ``sqlite:///<project>/mlflow.db``, its artifacts in ``<project>/mlartifacts``): the
-  settings as parameters, each results.csv column as a metric after every epoch, the pictures as they are drawn,
-  and at the end results.csv, settings.yaml, state.yaml and the weights as artifacts. A resumed run continues its
-  MLflow run (``mlflow.yaml`` in the run folder names it).
-
-The x axis of both is the epoch counted from 1, as in the kit's plots.
-
-A logger never stops the run. Each works in a thread of its own, so a slow server does not hold training up; at the
-end of the run it gets ``CLOSE_WAIT_S`` to finish sending. Any error of a logger (a server gone, a full disk) is
-one warning naming it, and that logger gets nothing more of the run; the run folder holds everything anyway. Only
-a logger whose package is not installed stops the run, before its first epoch.
-"""
+"""Experiment loggers (``TrainConfig(loggers=...)``): TensorBoard and MLflow, each an optional extra of the package
+and an entry point of the group "yolo9kit.loggers", which ``fit`` calls through its callbacks (``on_epoch_end``,
+``on_run_end``). Each works in a thread of its own; an error of a logger is one warning, never the end of the run
+(docs/training.md, loggers)."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import queue
 import threading
@@ -30,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from yolo9kit.files import check_free_space
+from yolo9kit.files import RecordError, check_free_space, dump_record, read_record, write_text_atomically
+from yolo9kit.train.records import EpochRecord, read_results
 
 LOGGER = logging.getLogger(__name__)
 
@@ -43,107 +27,63 @@ MLFLOW_FILE = "mlflow.yaml"  # the run folder's MLflow run, continued on resume
 _STATUS = {"finished": "FINISHED", "stopped early": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
 
 
-class RunLoggers:
-    """The loggers of one run (rank 0). ``epoch`` after each epoch, ``close`` once when the run ended."""
+class _Logger:
+    """A logger behind fit's callbacks: the subclass's ``open``, ``epoch(rows)`` and ``close(state)`` run in order in
+    its thread; the first error is one warning and ends them. Subclasses set their fields, then call this."""
 
-    def __init__(self, loggers: Sequence[Any] = (), run_dir: Path | None = None, sent: int = -1) -> None:
-        self._workers = [_Worker(logger) for logger in loggers]
-        self._run_dir = run_dir
-        self._sent = sent  # the last epoch sent (results.csv counts from 0)
+    name = "logger"
 
-    @classmethod
-    def open(cls, config: Any, run_dir: Path | None, resumed: bool, files: list[Path]) -> RunLoggers:
-        """The loggers ``config.run.loggers`` asks for, started (``run_dir`` None: a rank that writes nothing).
-        ``files`` gets the files they make in the run folder (removed with it when the run fails early). Their
-        packages are checked before (``check_loggers``).
-        """
-        names = config.run.loggers if run_dir is not None else ()
-        if run_dir is not None and config.run.mlflow_uri and "mlflow" not in names:
-            LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
-                           config.run.mlflow_uri)
-        made = [TensorBoardLogger(run_dir, files) if name == "tensorboard" else
-                MlflowLogger(run_dir, config, resumed, files) for name in names]
-        # a resumed run's epochs so far were sent by its earlier parts
-        sent = max((int(row["epoch"]) for row in _rows(run_dir)), default=-1) if resumed and made else -1
-        return cls(made, run_dir, sent)
+    def __init__(self, run_dir: Path, resumed: bool, files: list[Path]) -> None:
+        self.run_dir, self.files = run_dir, files
+        # the last epoch sent (results.csv counts from 0); a resumed run's epochs so far were sent by its earlier parts
+        self.sent = max((int(row["epoch"]) for row in _rows(run_dir)), default=-1) if resumed else -1
+        self.calls: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name=f"yolo9kit-{self.name}", daemon=True)
+        self.thread.start()
 
-    def epoch(self, rows: Sequence[dict]) -> None:
-        """The results.csv rows not sent yet (of ``rows``, the run's so far)."""
-        if not self._workers:
-            return
-        new = [dict(row) for row in rows if row.get("epoch") is not None and row["epoch"] > self._sent]
+    def on_epoch_end(self, record: EpochRecord) -> None:
+        self._send([record.row()])
+
+    def on_run_end(self, state: str) -> None:
+        """The rows not sent yet (an epoch written by an interrupt), then ``close``, waited for ``CLOSE_WAIT_S``."""
+        self._send(_rows(self.run_dir))
+        self.calls.put(("close", (state,)))
+        self.thread.join(CLOSE_WAIT_S)
+        if self.thread.is_alive():
+            LOGGER.warning("%s: still sending after %.0f s; the rest of this run is not sent to it (the run "
+                           "folder holds everything)", self.name, CLOSE_WAIT_S)
+
+    def _send(self, rows: Sequence[dict]) -> None:
+        new = [dict(row) for row in rows if row.get("epoch") is not None and row["epoch"] > self.sent]
         if new:
-            self._sent = int(new[-1]["epoch"])
-            for worker in self._workers:
-                worker.submit("epoch", new)
+            self.sent = int(new[-1]["epoch"])
+            self.calls.put(("epoch", (new,)))
 
-    def close(self, state: str) -> None:
-        """The run ended in ``state`` (state.yaml's word): each logger gets the results.csv rows it has not had (an
-        epoch written by an interrupt) and sends what it holds, within ``CLOSE_WAIT_S`` in all."""
-        if self._workers and self._run_dir is not None:
-            self.epoch(_rows(self._run_dir))
-        for worker in self._workers:
-            worker.submit("close", state)
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        for worker in self._workers:
-            worker.thread.join(max(deadline - time.monotonic(), 0.0))
-            if worker.thread.is_alive():
-                LOGGER.warning("%s: still sending after %.0f s; the rest of this run is not sent to it (the run "
-                               "folder holds everything)", worker.logger.name, CLOSE_WAIT_S)
-        self._workers = []
-
-
-def check_loggers(config: Any) -> None:
-    """Refuse, before a run writes anything, a logger whose package is not installed.
-
-    Raises:
-        ValueError: the logger and the extra that installs it.
-    """
-    for name in config.run.loggers:  # each logger is the package it needs and the extra that installs it
-        if importlib.util.find_spec(name) is None:
-            raise ValueError(f"TrainConfig.loggers: {name} needs the {name} package: pip install 'yolo9kit[{name}]'")
+    def _work(self) -> None:
+        method, args, failed = "open", (), False
+        while True:
+            if not failed:
+                try:
+                    getattr(self, method)(*args)
+                except Exception as e:  # a logger never stops the run
+                    failed = True
+                    LOGGER.warning("%s: %s (%s); the run goes on without it (its folder holds everything)",
+                                   self.name, str(e).splitlines()[0][:300] if str(e) else "", type(e).__name__)
+            if method == "close":
+                return
+            method, args = self.calls.get()
 
 
 def _rows(run_dir: Path) -> list[dict]:
     """The results.csv rows of a run folder (empty cells None); [] when there is none or it is unreadable."""
     if not (run_dir / "results.csv").is_file():
         return []
-    from yolo9kit.train.records import read_results
-
     try:
         table = read_results(run_dir)
     except (OSError, ValueError) as e:
         LOGGER.warning("loggers: %s unreadable (%s)", run_dir / "results.csv", e)
         return []
     return table.astype(object).where(table.notna(), None).to_dict("records")
-
-
-class _Worker:
-    """One logger's thread: ``open`` first, then the calls in order; the first error is a warning, and ends them."""
-
-    def __init__(self, logger: Any) -> None:
-        self.logger = logger
-        self.calls: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name=f"yolo9kit-{logger.name}", daemon=True)
-        self.thread.start()
-
-    def submit(self, method: str, *args: Any) -> None:
-        self.calls.put((method, args))
-
-    def _run(self) -> None:
-        method, args, failed = "open", (), False
-        while True:
-            if not failed:
-                try:
-                    getattr(self.logger, method)(*args)
-                except Exception as e:  # a logger never stops the run
-                    failed = True
-                    LOGGER.warning("%s: %s (%s); the run goes on without it (its folder holds everything)",
-                                   self.logger.name, str(e).splitlines()[0][:300] if str(e) else "",
-                                   type(e).__name__)
-            if method == "close":
-                return
-            method, args = self.calls.get()
 
 
 class _Pictures:
@@ -165,13 +105,14 @@ class _Pictures:
         return out
 
 
-class TensorBoardLogger:
+class TensorBoardLogger(_Logger):
     """Events in the run folder (``torch.utils.tensorboard.SummaryWriter``)."""
 
     name = "tensorboard"
 
-    def __init__(self, run_dir: Path, files: list[Path]) -> None:
-        self.run_dir, self.files, self.pictures, self.step = run_dir, files, _Pictures(run_dir), 0
+    def __init__(self, config: Any, run_dir: Path, resumed: bool, files: list[Path]) -> None:
+        self.pictures, self.step = _Pictures(run_dir), 0
+        super().__init__(run_dir, resumed, files)
 
     def open(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -206,19 +147,19 @@ class TensorBoardLogger:
                 self.writer.add_image(path.stem, image[..., ::-1].copy(), self.step, dataformats="HWC")
 
 
-class MlflowLogger:
+class MlflowLogger(_Logger):
     """A run on an MLflow tracking server or store (``mlflow.tracking.MlflowClient``)."""
 
     name = "mlflow"
 
-    def __init__(self, run_dir: Path, config: Any, resumed: bool, files: list[Path]) -> None:
+    def __init__(self, config: Any, run_dir: Path, resumed: bool, files: list[Path]) -> None:
         project = Path(config.run.project)
         self.uri = config.run.mlflow_uri or f"sqlite:///{(project / 'mlflow.db').resolve().as_posix()}"
-        self.experiment = config.run.project
-        self.run_dir, self.resumed, self.files = run_dir, resumed, files
+        self.experiment, self.resumed = config.run.project, resumed
         self.params = _flat(config.to_dict())
         self.pictures = _Pictures(run_dir)
         self.log_weights = config.run.log_weights
+        super().__init__(run_dir, resumed, files)
 
     def open(self) -> None:
         from mlflow.tracking import MlflowClient
@@ -285,8 +226,6 @@ class MlflowLogger:
 
     def _resumed_run(self) -> str | None:
         """The run folder's MLflow run when this is a resume logging to the same place."""
-        from yolo9kit.files import RecordError, read_record
-
         path = self.run_dir / MLFLOW_FILE
         if not self.resumed or not path.is_file():
             return None
@@ -297,8 +236,6 @@ class MlflowLogger:
         return record.get("run_id") if isinstance(record, dict) and record.get("uri") == self.uri else None
 
     def _write_record(self) -> None:
-        from yolo9kit.files import dump_record, write_text_atomically
-
         path = self.run_dir / MLFLOW_FILE
         write_text_atomically(path, dump_record({"uri": self.uri, "experiment": self.experiment,
                                                  "run_id": self.run_id}))

@@ -14,10 +14,10 @@ import torch
 from tqdm.auto import tqdm
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.models.inference import max_stride
+from yolo9kit.config.train import LOG_INTERVAL, MAX_NONFINITE_BATCHES, OOM_BACKOFF
+from yolo9kit.models.deploy import max_stride
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
-from yolo9kit.train.inputs import multi_scale_rng, multi_scale_shape
-from yolo9kit.train.optim import apply_settings, step_settings
+from yolo9kit.train.optim import apply_settings, multi_scale_rng, multi_scale_shape, step_settings
 from yolo9kit.train.records import BatchRecord, bar_text, device_memory_bytes, read_peak_allocated, reset_peak_memory
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import BatchNormSnapshot, Trainer, train_step, train_step_with_backoff, unwrap
@@ -53,7 +53,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         interrupt: asked before each batch; a reason (e.g. "SIGTERM") stops the epoch with ``Interrupted``.
 
     Raises:
-        NonFiniteLossError: ``config.run.max_nonfinite_batches`` non-finite losses in a row, or an epoch of them.
+        NonFiniteLossError: ``MAX_NONFINITE_BATCHES`` non-finite losses in a row, or an epoch of them.
         Interrupted: ``interrupt`` gave a reason (on any KeyboardInterrupt the BatchNorm statistics are put back
             to the start of the unfinished accumulation window, where a resume continues).
     """
@@ -79,7 +79,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
             if config.step.multi_scale:  # one random size per batch, all its micro-steps alike
                 size = multi_scale_shape(tuple(images.shape[2:]), config.step.imgsz, stride,
                                          multi_scale_rng(config.run.seed, ni))
-            if config.run.oom_backoff:
+            if OOM_BACKOFF:
                 items = train_step_with_backoff(trainer, images, targets, window, ni=ni,
                                                 accumulate_steps=settings.accumulate, imgsz=size)
             else:
@@ -100,7 +100,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
 
 
 class _ReadBack:
-    """The batches' loss items, left on the device by the step, read back every ``config.run.log_interval``
+    """The batches' loss items, left on the device by the step, read back every ``LOG_INTERVAL``
     batches and at the epoch's end in one transfer: running means, the bar, ``on_batch``, non-finite counts."""
 
     def __init__(self, trainer: Trainer, config: TrainConfig, progress: Progress, bar,
@@ -113,7 +113,7 @@ class _ReadBack:
 
     def add(self, items: torch.Tensor, *batch) -> None:
         self.pending.append((items, self.trainer.optimizer_steps, self.trainer.micro_batch_size or batch[2], *batch))
-        if len(self.pending) >= self.config.run.log_interval:
+        if len(self.pending) >= LOG_INTERVAL:
             self.flush()
 
     def flush(self) -> None:
@@ -167,7 +167,7 @@ def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int, ni: in
     progress.nonfinite_in_row += 1
     progress.nonfinite_total += 1
     LOGGER.warning("non-finite loss in epoch %d at batch %d: step skipped (%d in a row, stop at %d)",
-                   progress.epoch + 1, batch + 1, progress.nonfinite_in_row, config.run.max_nonfinite_batches)
-    if progress.nonfinite_in_row >= config.run.max_nonfinite_batches:
+                   progress.epoch + 1, batch + 1, progress.nonfinite_in_row, MAX_NONFINITE_BATCHES)
+    if progress.nonfinite_in_row >= MAX_NONFINITE_BATCHES:
         raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1,
                                  from_start=progress.nonfinite_in_row > ni)  # batches 0..ni all skipped

@@ -1,35 +1,27 @@
-"""Optimizer, learning-rate schedules, warmup and the accumulation rule of the official train_dual.py.
-
-Everything here is a small pure function of the config and the integrated batch index ``ni`` (batches
-seen since the start of training), so the values can be tabulated, tested and plotted without a model.
-"""
+"""The optimizer and what the official train_dual.py sets per batch (learning rates, momentum, accumulation, the
+multi-scale size): pure functions of the config and ``ni``, the loader batches since the start."""
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from yolo9kit.config import TrainConfig
+from yolo9kit.config.step import multi_scale_side
 from yolo9kit.config.train import official_accumulate
 
-# Normalisation layers, whose weights get no weight decay (matches the official smart_optimizer test
-# "Norm in the class name of torch.nn").
+# Normalisation layers, whose weights get no weight decay (official: "Norm" in the class name of torch.nn).
 _NORM_TYPES = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
 
 
 def param_groups(model: nn.Module, trainable_only: bool = False
                  ) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """Split parameters as the official ``smart_optimizer``: (biases, decayed weights, norm weights).
-
-    Walks every module's own parameters: ``bias`` -> group 0 (no decay); ``weight`` of a
-    normalisation layer -> group 2 (no decay); anything else -> group 1 (decayed). For yolov9-t this
-    gives 303 / 305 / 291 tensors. Parameters with ``requires_grad=False`` are included as in the official
-    code (they get no gradient, so the optimizer skips them) unless ``trainable_only``: then they are left
-    out, and the optimizer holds no state for them (frozen layers).
-    """
+    """The official ``smart_optimizer`` groups: (biases, decayed weights, normalisation weights), for yolov9-t 303,
+    305 and 291 tensors. ``trainable_only`` leaves out frozen parameters (the official groups keep them)."""
     biases, decayed, norm_weights = [], [], []
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
@@ -57,18 +49,9 @@ def scaled_weight_decay(config: TrainConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool = False) -> torch.optim.Optimizer:
-    """The official three groups [biases, decayed weights, norm weights] with lr0 and scaled decay.
-
-    SGD: momentum, nesterov=True. Adam: betas (momentum, 0.999). AdamW: betas (momentum, 0.999),
-    amsgrad=True, decoupled decay on group 1 only. Matches ``smart_optimizer`` in the official utils.
-    ``fused_optimizer``: torch's fused implementation (one kernel group for all tensors, and the GradScaler's
-    skip of a non-finite step happens on the device); the same update up to float rounding.
-
-    With ``config.step.freeze`` the groups hold only the parameters that train: a parameter without a gradient is
-    skipped by every torch optimizer (no decay, no momentum), so leaving it out changes no update and keeps
-    no state. Without it the groups are the official ones (the DFL's fixed convolution included), so the
-    optimizer state of runs started before freezing existed still loads.
-    """
+    """The official optimizer (``smart_optimizer``): SGD (nesterov), Adam or AdamW (amsgrad, decoupled decay) over
+    the three ``param_groups`` (only what trains with ``config.step.freeze``), lr0, the scaled decay on group 1.
+    ``fused_optimizer``: torch's fused implementation, the same update up to float rounding."""
     biases, decayed, norm_weights = param_groups(model, trainable_only=config.step.freeze is not None)
     lr, momentum, decay = config.optim.lr0, config.optim.momentum, scaled_weight_decay(config)
     kw = {"fused": True} if fused_optimizer else {}
@@ -86,11 +69,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool
 
 
 def lr_factor(config: TrainConfig, epoch: int) -> float:
-    """Multiplier of lr0 for ``epoch`` (0-based), stepped once per epoch like the official LambdaLR.
-
-    linear: (1 - e/E)(1 - lrf) + lrf; cosine: 1 + (lrf - 1)(1 - cos(pi e/E))/2; flat-cosine: 1 for the
-    first half (e <= E//2), then a cosine from 1 to lrf over the second half; fixed: 1.
-    """
+    """Multiplier of lr0 in ``epoch`` (official LambdaLR): linear, cosine, flat-cosine (1, then a cosine to lrf
+    over the second half) or fixed."""
     e, n, lrf = epoch, config.epochs, config.optim.lrf
     if config.optim.schedule == "linear":
         return (1 - e / n) * (1.0 - lrf) + lrf
@@ -110,7 +90,7 @@ def warmup_batches(config: TrainConfig, batches_per_epoch: int) -> int:
 
 
 def _interp(x: float, x1: float, y0: float, y1: float) -> float:
-    """Linear interpolation on [0, x1], like ``numpy.interp(x, [0, x1], [y0, y1])``."""
+    """``numpy.interp(x, [0, x1], [y0, y1])``."""
     if x1 <= 0 or x >= x1:
         return y1
     return y0 + (y1 - y0) * x / x1
@@ -126,21 +106,16 @@ class StepSettings:
 
 
 def step_settings(config: TrainConfig, ni: int, epoch: int, warmup: int) -> StepSettings:
-    """Accumulation, learning rates and momentum for integrated batch ``ni`` in ``epoch``.
-
-    Official warmup (train_dual.py), for ni <= warmup: accumulate = max(1, round(interp(ni, [0, nw],
-    [1, nominal/batch]))); bias LR warmup_bias_lr -> lr0*lf(epoch); other LRs 0 -> lr0*lf(epoch);
-    momentum warmup_momentum -> momentum. After warmup: accumulate as ``base_accumulate``, every LR
-    lr0*lf(epoch), momentum as configured.
-    """
+    """Accumulation, learning rates and momentum for batch ``ni`` in ``epoch``. Official warmup, for ``ni <=
+    warmup``: accumulation ramps up from 1, the bias LR from warmup_bias_lr and the others from 0 to
+    lr0 * lr_factor, momentum from warmup_momentum."""
     o = config.optim
     target_lr = o.lr0 * lr_factor(config, epoch)
     accumulate = base_accumulate(config)
     if ni > warmup or warmup <= 0:
         return StepSettings(accumulate, (target_lr,) * 3, o.momentum)
-    if o.accumulate_warmup:
-        end = o.nominal_batch_size / config.batch_size if o.accumulate_steps is None else accumulate
-        accumulate = max(1, round(_interp(ni, warmup, 1.0, end)))
+    end = o.nominal_batch_size / config.batch_size if o.accumulate_steps is None else accumulate
+    accumulate = max(1, round(_interp(ni, warmup, 1.0, end)))  # ramped up from 1 (official)
     lrs = (
         _interp(ni, warmup, o.warmup_bias_lr, target_lr),
         _interp(ni, warmup, 0.0, target_lr),
@@ -155,3 +130,19 @@ def apply_settings(optimizer: torch.optim.Optimizer, settings: StepSettings) -> 
         group["lr"] = lr
         if "momentum" in group:  # SGD only; Adam's beta1 is not ramped (official)
             group["momentum"] = settings.momentum
+
+
+def multi_scale_shape(shape_hw: tuple[int, int], imgsz: int, stride: int, rng: random.Random
+                      ) -> tuple[int, int] | None:
+    """The (h, w) a batch of ``shape_hw`` is resized to in multi-scale training (official ``--multi-scale``: each
+    side ``ceil(x * size / max(h, w) / stride) * stride``), or None when it stays."""
+    factor = multi_scale_side(imgsz, stride, rng) / max(shape_hw)
+    if factor == 1:
+        return None
+    h, w = (math.ceil(x * factor / stride) * stride for x in shape_hw)
+    return h, w
+
+
+def multi_scale_rng(seed: int, ni: int) -> random.Random:
+    """The generator of batch ``ni``'s size, a function of (seed, ni) only, so a resumed run draws the same sizes."""
+    return random.Random(f"multi-scale {seed} {ni}")

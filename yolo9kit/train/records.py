@@ -1,23 +1,36 @@
-"""What a run reports: the per-batch ``BatchRecord`` and per-epoch ``EpochRecord`` given to the callbacks,
-results.csv (written from the ``EpochRecord``), state.yaml (how the run ended), and the numbers shown on the
-progress bar."""
+"""What a run reports: the ``BatchRecord`` and ``EpochRecord`` its callbacks receive, results.csv, settings.yaml,
+state.yaml and the run folder's pictures (docs/training.md, the run folder)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import dataclasses
+import datetime
 import io
-from collections.abc import Mapping, Sequence
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import torch
 
+from yolo9kit.config import TrainConfig
+from yolo9kit.figure import draw_results, new_figure, plot_labels, save_figure, show_batch, validation_figure_makers
 from yolo9kit.files import dump_record, read_record, write_text_atomically
+from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
+from yolo9kit.train.step import Trainer, unwrap
 
 if TYPE_CHECKING:
     from yolo9kit.train.loop import EpochStats
 
+LOGGER = logging.getLogger(__name__)
+
+SETTINGS_FILE = "settings.yaml"
 STATE_FILE = "state.yaml"  # running, finished, stopped early, interrupted or failed: what yolo9kit.runs reads
 ENDED = ("finished", "stopped early")  # the states of a run that ended on its own: what a seed spread counts
 RESULTS_COLUMNS = [
@@ -25,69 +38,36 @@ RESULTS_COLUMNS = [
     "metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "fitness",
     "peak_allocated", "images_per_s", "epoch_s",
 ]
+BATCH_PICTURES = 3  # train_batch0.jpg .. train_batch2.jpg, as the official run folder
+_DPI = 100  # ~1000 px wide figures: readable, and cheap enough to redraw results.png after every epoch
 
 
 @dataclass(frozen=True)
 class BatchRecord:
-    """What ``on_batch`` receives after each trained loader batch (rank 0; skipped non-finite batches are not
-    reported). The records of ``log_interval`` batches arrive together, at each read-back, in batch order.
-
-    The learning rates are those of the official parameter groups (results.csv ``lr/pg0``, ``pg1``, ``pg2``).
-
-    Attributes:
-        epoch: the epoch, counted from 0.
-        batch_index: the loader batch within the epoch, counted from 0.
-        ni: the integrated batch index, ``batch_index + epoch * batches_per_epoch`` (the x axis of a run;
-            a resumed run repeats the batches of the accumulation window it was interrupted in).
-        optimizer_steps: optimizer updates made since the run started (including this batch's, if any).
-        box_loss, cls_loss, dfl_loss: running means over the epoch's trained batches of the loss terms
-            (after the gains, per image as in the official ``loss_items``).
-        lr_bias: learning rate of the biases (group 0, no weight decay).
-        lr_weight: learning rate of the decayed weights (group 1).
-        lr_norm_weight: learning rate of the normalisation-layer weights (group 2, no weight decay).
-        momentum: SGD momentum (Adam's beta1) used for this batch.
-        accumulate_steps: loader batches per optimizer step in effect for this batch (ramps up in warmup).
-        micro_batch_size: images per forward/backward (the whole batch unless it was split).
-        peak_allocated: peak allocated CUDA memory since the epoch started, bytes; None when training on
-            another device (VRAM is measured on CUDA only).
-        images_per_s: training images per second since the epoch started, all ranks together.
-    """
+    """What ``on_batch`` receives after each trained batch (rank 0; ``LOG_INTERVAL`` batches at a time, at each
+    read-back). The fields are described in docs/training.md; losses are running means over the epoch."""
 
     epoch: int
-    batch_index: int
-    ni: int
-    optimizer_steps: int
+    batch_index: int  # in the epoch
+    ni: int  # batch_index + epoch * batches_per_epoch
+    optimizer_steps: int  # since the run started, this batch's included
     box_loss: float
     cls_loss: float
     dfl_loss: float
-    lr_bias: float
-    lr_weight: float
-    lr_norm_weight: float
+    lr_bias: float  # group 0 (results.csv lr/pg0)
+    lr_weight: float  # group 1, decayed
+    lr_norm_weight: float  # group 2
     momentum: float
-    accumulate_steps: int
+    accumulate_steps: int  # loader batches per optimizer step for this batch
     micro_batch_size: int
-    peak_allocated: int | None
-    images_per_s: float
+    peak_allocated: int | None  # peak CUDA bytes since the epoch started; None on other devices
+    images_per_s: float  # since the epoch started, all ranks
 
 
 @dataclass(frozen=True)
 class EpochRecord:
-    """What ``on_epoch_end`` receives after each epoch (rank 0): one results.csv row, see ``row()``.
-
-    Attributes:
-        epoch: the epoch, counted from 0.
-        box_loss, cls_loss, dfl_loss: means over the epoch's trained batches of the loss terms.
-        lr_bias, lr_weight, lr_norm_weight: learning rates of the parameter groups at the end of the epoch
-            (results.csv ``lr/pg0``, ``lr/pg1``, ``lr/pg2``).
-        precision, recall, map50, map50_95: validation of the EMA (mAP at IoU 0.5 and 0.5:0.95); None when
-            the epoch was not validated.
-        fitness: the score best.pt is chosen by (by default ``0.1 * map50 + 0.9 * map50_95``); None when not
-            validated.
-        peak_allocated: peak allocated CUDA memory during the epoch's training, bytes; None when training on
-            another device (VRAM is measured on CUDA only).
-        images_per_s: training images per second over the epoch, all ranks together.
-        epoch_s: seconds of training in the epoch (validation and checkpoints excluded).
-    """
+    """What ``on_epoch_end`` receives after each epoch (rank 0): the results.csv row (``row()``) as fields; the
+    metrics of the EMA are None when the epoch was not validated."""
 
     epoch: int
     box_loss: float
@@ -100,60 +80,55 @@ class EpochRecord:
     recall: float | None
     map50: float | None
     map50_95: float | None
-    fitness: float | None
+    fitness: float | None  # what best.pt is chosen by
     peak_allocated: int | None
     images_per_s: float
-    epoch_s: float
+    epoch_s: float  # training only: validation and checkpoints excluded
 
     @classmethod
     def from_stats(cls, epoch: int, stats: EpochStats, metrics: Mapping[str, float],
                    world_size: int = 1) -> EpochRecord:
-        """The record of ``epoch`` from the loop's ``EpochStats`` and the validation ``metrics`` (keys
-        ``precision, recall, map50, map50_95, fitness``; empty when not validated). ``stats.images`` counts this
-        rank's images, so the throughput is scaled by ``world_size``."""
-        box, cls_, dfl = (float(v) for v in stats.mean_items)
-        lr_bias, lr_weight, lr_norm_weight = (float(lr) for lr in stats.lrs)
-        return cls(epoch=epoch, box_loss=box, cls_loss=cls_, dfl_loss=dfl, lr_bias=lr_bias, lr_weight=lr_weight,
-                   lr_norm_weight=lr_norm_weight, precision=_number(metrics, "precision"),
-                   recall=_number(metrics, "recall"), map50=_number(metrics, "map50"),
-                   map50_95=_number(metrics, "map50_95"), fitness=_number(metrics, "fitness"),
-                   peak_allocated=stats.peak_allocated,
+        """The record of ``epoch`` from the loop's ``stats`` (this rank's images) and the validation ``metrics``."""
+        return cls(epoch, *(float(v) for v in stats.mean_items), *(float(lr) for lr in stats.lrs),
+                   *metric_columns(metrics).values(), peak_allocated=stats.peak_allocated,
                    images_per_s=stats.images * world_size / max(stats.seconds, 1e-9), epoch_s=stats.seconds)
 
     def row(self) -> dict[str, float | int | None]:
         """The results.csv row: ``RESULTS_COLUMNS`` (the official column names, then the kit's) to values."""
-        return {
-            "epoch": self.epoch, "train/box_loss": self.box_loss, "train/cls_loss": self.cls_loss,
-            "train/dfl_loss": self.dfl_loss, "lr/pg0": self.lr_bias, "lr/pg1": self.lr_weight,
-            "lr/pg2": self.lr_norm_weight, "metrics/precision": self.precision, "metrics/recall": self.recall,
-            "metrics/mAP50": self.map50, "metrics/mAP50-95": self.map50_95, "fitness": self.fitness,
-            "peak_allocated": self.peak_allocated, "images_per_s": self.images_per_s, "epoch_s": self.epoch_s,
-        }
+        return dict(zip(RESULTS_COLUMNS, (
+            self.epoch, self.box_loss, self.cls_loss, self.dfl_loss, self.lr_bias, self.lr_weight,
+            self.lr_norm_weight, self.precision, self.recall, self.map50, self.map50_95, self.fitness,
+            self.peak_allocated, self.images_per_s, self.epoch_s)))
 
 
 def metric_columns(metrics: Mapping[str, float]) -> dict[str, float | None]:
     """The results.csv metric columns of validation ``metrics`` (keys precision, recall, map50, map50_95, fitness)."""
-    return {"metrics/precision": _number(metrics, "precision"), "metrics/recall": _number(metrics, "recall"),
-            "metrics/mAP50": _number(metrics, "map50"), "metrics/mAP50-95": _number(metrics, "map50_95"),
-            "fitness": _number(metrics, "fitness")}
+    keys = {"metrics/precision": "precision", "metrics/recall": "recall", "metrics/mAP50": "map50",
+            "metrics/mAP50-95": "map50_95", "fitness": "fitness"}
+    # float(): numpy or tensor scalars from a custom validate_fn
+    return {column: None if metrics.get(k) is None else float(metrics[k]) for column, k in keys.items()}
+
+
+def call_back(hooks: Sequence[Any], name: str, value: Any) -> None:
+    """``hook.name(value)`` for each hook that has it: the loggers, then ``TrainConfig.callbacks``."""
+    for hook in hooks:
+        method = getattr(hook, name, None)
+        if method is not None:
+            method(value)
 
 
 def append_results(path: Path, record: EpochRecord) -> None:
-    """Append one epoch to ``results.csv`` (header written when the file is new; None as an empty cell).
-
-    The file is rewritten whole with the new row through ``files.write_file`` (a results file holds a few
-    hundred rows at most): a failed write (a full disk, an interrupt) leaves it as it was.
+    """Append one epoch to ``results.csv``, rewriting it whole: a failed write leaves it as it was.
 
     Raises:
-        DiskFullError: not enough space for the file (checked first, or reported by the write).
+        DiskFullError: not enough space for the file.
     """
     old = path.read_text() if path.is_file() else ""
     write_text_atomically(path, old + _csv_text([record.row()], header=not old))
 
 
 def write_results(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
-    """Replace ``results.csv`` with ``rows`` (``EpochRecord.row()`` dicts; missing columns empty), atomically:
-    a resumed run writes the rows its checkpoint recorded, dropping those of epochs it did not keep."""
+    """Replace ``results.csv`` with ``rows`` (``EpochRecord.row()`` dicts), atomically."""
     write_text_atomically(path, _csv_text(rows, header=True))
 
 
@@ -163,39 +138,25 @@ def _csv_text(rows: Sequence[Mapping[str, object]], header: bool) -> str:
     if header:
         writer.writeheader()
     for row in rows:
-        writer.writerow({k: _fmt(row.get(k)) for k in RESULTS_COLUMNS})
+        writer.writerow({k: f"{v:.6g}" if isinstance(v := row.get(k), float) else "" if v is None else v
+                         for k in RESULTS_COLUMNS})
     return out.getvalue()
 
 
-def _number(metrics: Mapping[str, float], key: str) -> float | None:
-    value = metrics.get(key)
-    return None if value is None else float(value)  # numpy or tensor scalars from a custom validate_fn
-
-
-def _fmt(value) -> object:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return "" if value is None else value
-
-
-def read_results(path: str | Path):
-    """``results.csv`` of a run (or its folder) as a pandas DataFrame."""
-    import pandas as pd
-
+def read_results(path: str | Path) -> pd.DataFrame:
+    """``results.csv`` of a run (or its folder) as a DataFrame."""
     path = Path(path)
     return pd.read_csv(path / "results.csv" if path.is_dir() else path)
 
 
-def device_memory_bytes(device: torch.device, peak: bool = False) -> int:
-    """Allocated (or peak allocated since the last reset) bytes on a CUDA device; 0 on CPU."""
-    if device.type != "cuda":
-        return 0
-    return int(torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device))
+def device_memory_bytes(device: torch.device) -> int:
+    """Allocated bytes on a CUDA device; 0 elsewhere."""
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
 
 
 def read_peak_allocated(device: torch.device) -> int | None:
-    """Peak allocated bytes on a CUDA device since the last reset; None on other devices (not measured)."""
-    return device_memory_bytes(device, peak=True) if device.type == "cuda" else None
+    """Peak allocated bytes on a CUDA device since the last reset; None elsewhere (not measured)."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -213,15 +174,8 @@ def bar_text(mean_items: torch.Tensor, peak_allocated: int, images_per_s: float,
 
 def write_state(folder: Path, state: str, reason: str | None, epochs_done: int | None, epochs: int | None,
                 wall_s: float) -> Path | None:
-    """``state.yaml`` of a run folder: ``state`` ("running", "finished", "stopped early", "interrupted",
-    "failed"), ``reason`` (what stopped or failed it, one line), the epochs done of the planned, the wall time of
-    all the run's parts, when it was written and by which process. A run killed outright leaves "running"
-    behind (``yolo9kit.runs`` tells it from a live one by the folder's lock). A failed write is a warning (the
-    run's own files matter more) and returns None."""
-    import datetime
-    import logging
-    import os
-
+    """``state.yaml``: how the run stands or ended, why, its epochs, its wall time, when and by which process; a
+    failed write is a warning (None)."""
     record = {"state": state, "reason": reason, "epochs_done": epochs_done, "epochs": epochs,
               "wall_s": round(wall_s, 1), "pid": os.getpid(),
               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -229,13 +183,13 @@ def write_state(folder: Path, state: str, reason: str | None, epochs_done: int |
     try:
         write_text_atomically(path, dump_record(record))
     except OSError as e:
-        logging.getLogger(__name__).warning("%s: not written (%s)", path, e)
+        LOGGER.warning("%s: not written (%s)", path, e)
         return None
     return path
 
 
 def read_state(folder: Path) -> dict:
-    """``state.yaml`` of a run folder as a dict ({} when it is missing or holds no mapping).
+    """``state.yaml`` of a run folder ({} when there is none).
 
     Raises:
         RecordError: the file is refused (too large, aliases, not YAML), naming it.
@@ -243,3 +197,124 @@ def read_state(folder: Path) -> dict:
     path = folder / STATE_FILE
     value = read_record(path) if path.is_file() else None
     return value if isinstance(value, dict) else {}
+
+
+def data_record(data: Any) -> str | None:
+    """The data path a checkpoint records: absolute, so that a resume works from any folder."""
+    return str(Path(data).resolve()) if isinstance(data, (str, Path)) else None
+
+
+def write_settings(run_dir: Path | None, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int,
+                   recipe: str, written: list[Path]) -> None:
+    """``settings.yaml``: the settings, the resolved step, what training derives from them, the augmentation, the
+    loss, the data; rewritten on resume, a failed write a warning; ``written`` receives the file."""
+    if run_dir is None:
+        return
+    settings = {
+        "model": str(getattr(unwrap(trainer.model), "name", "model")),  # as save_checkpoint names it
+        "train_config": config.to_dict(), "step": trainer.step.to_dict() if trainer.step is not None else None,
+        "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
+                    "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
+                    "weight_decay": scaled_weight_decay(config),
+                    "warmup_batches": warmup_batches(config, batches_per_epoch),
+                    "cpu_threads": torch.get_num_threads(), "recipe": recipe},
+        "hyp": config.pipeline.augment_hyp, "loss": dataclasses.asdict(config.optim.loss),
+        "data": data if isinstance(data, dict) else data_record(data),
+    }
+    path = run_dir / SETTINGS_FILE
+    try:
+        write_text_atomically(path, dump_record(_plain(settings)))
+    except OSError as e:
+        LOGGER.warning("%s: not written (%s); training goes on", path, e)
+        return
+    if path not in written:
+        written.append(path)
+
+
+def _plain(value: Any) -> Any:
+    """Numbers, strings, lists and dicts only (what ``yaml.safe_dump`` writes); anything else by its name."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    return getattr(value, "__name__", None) or str(value)
+
+
+class RunPictures:
+    """The run folder's pictures (``TrainConfig.plots``) into ``run_dir`` (None: none), boxes and axes labelled
+    with the class ``names``; ``written`` receives each file. A picture that fails is a warning naming it."""
+
+    def __init__(self, run_dir: Path | None, names: Sequence[str] | Mapping[int, str] | None,
+                 written: list[Path] | None = None):
+        self.run_dir = run_dir
+        if isinstance(names, Mapping):  # {id: name} as in a data.yaml
+            names = [str(names[k]) for k in sorted(names)]
+        self.names = list(names) if names is not None else None
+        self.written = written if written is not None else []
+        self.pending: list[tuple[int, tuple]] = []  # (index, first images of a batch) to draw after the epoch
+
+    def draw(self, name: str, make: Callable[[], Any]) -> None:
+        """Save ``make()`` (a figure) as ``run_dir/name``; on any error a warning naming it."""
+        path, figure = self.run_dir / name, None
+        try:
+            figure = make()
+            save_figure(figure, path, _DPI)  # in one step: a failed save keeps the previous picture
+            if path not in self.written:
+                self.written.append(path)
+        except Exception as e:  # noqa: BLE001 - any plotting error: the picture is lost, the run is not
+            LOGGER.warning("%s: picture not drawn (%s: %s); training goes on without it", path, type(e).__name__, e)
+        finally:
+            with contextlib.suppress(Exception):  # frees it now, not at the next garbage collection
+                figure.clear()
+
+    def labels(self, loader: Iterable) -> None:
+        """``labels.jpg`` from the training dataset's labels; a resumed run keeps the one it started with."""
+        labels = getattr(getattr(loader, "dataset", None), "labels", None)
+        if self.run_dir is not None and labels is not None and not (self.run_dir / "labels.jpg").exists():
+            self.draw("labels.jpg", lambda: plot_labels(labels, self.names))
+
+    def batches(self, loader: Iterable, epoch: int) -> Iterable:
+        """The loader of ``epoch``: in the first, one that keeps its first batches to draw after the epoch (drawn
+        in it they would count in its time)."""
+        return self._first_batches(loader) if self.run_dir is not None and epoch == 0 else loader
+
+    def _first_batches(self, loader: Iterable) -> Iterator:
+        for i, batch in enumerate(loader):
+            if i < BATCH_PICTURES:
+                try:  # copies: the loop may reuse or change the batch
+                    images, targets = batch[0][:16], batch[1][batch[1][:, 0] < 16]
+                    self.pending.append((i, tuple(x.clone() if hasattr(x, "clone") else x.copy()
+                                                  for x in (images, targets))))
+                except Exception as e:  # noqa: BLE001 - a batch the picture cannot read is still trained on
+                    LOGGER.warning("%s: picture not drawn (%s: %s); training goes on without it",
+                                   self.run_dir / f"train_batch{i}.jpg", type(e).__name__, e)
+            yield batch
+
+    def epoch_end(self, rows: list[dict]) -> None:
+        """After an epoch: the batches kept in it, and ``results.png`` from the results rows so far."""
+        pending, self.pending = self.pending, []
+        for i, batch in pending:
+            self.draw(f"train_batch{i}.jpg", lambda batch=batch, i=i: self._batch_figure(batch, i))
+        if self.run_dir is not None and rows:
+            self.draw("results.png", lambda: draw_results(pd.DataFrame(rows)))
+
+    def validation(self, result: Any, custom: bool) -> None:
+        """The confusion matrix and the PR, F1, P, R curves of the last default validation's ``ValResult``
+        (``custom``: the caller's validation function, which keeps none)."""
+        if self.run_dir is None or result is None:
+            if self.run_dir is not None and custom:
+                LOGGER.info("no validation pictures: a custom validation function keeps no ValResult")
+            return
+        names = self.names or result.names
+        for name, make in validation_figure_makers(result.confusion_matrix, result.ap_result, names).items():
+            self.draw(name, make)
+
+    def _batch_figure(self, batch, i: int):
+        n = max(min(len(batch[0]), 16), 1)
+        ncols = math.ceil(math.sqrt(n))
+        return show_batch(batch, self.names, max_images=16, ncols=ncols, title=f"training batch {i}",
+                          fig=new_figure((2.5 * ncols, 2.5 * math.ceil(n / ncols))))

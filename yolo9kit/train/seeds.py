@@ -18,8 +18,8 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.files import read_record
 from yolo9kit.train.fit import FitResult, fit
-from yolo9kit.train.records import ENDED, read_results, read_state
-from yolo9kit.train.rundir import FIXED_ON_RESUME, SETTINGS_FILE
+from yolo9kit.train.records import ENDED, SETTINGS_FILE, read_results, read_state
+from yolo9kit.train.rundir import FIXED_ON_RESUME
 
 SHORT = {"metrics/mAP50": "mAP50", "metrics/mAP50-95": "mAP50-95"}  # results.csv column -> the table's name
 MAX_SEEDS = 100  # each seed is a whole training run: a spread needs a handful, 30 million is a typo

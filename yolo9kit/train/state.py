@@ -1,4 +1,5 @@
-"""Checkpoints of a training run, resume, random-number-generator states and the run folder."""
+"""Where a training process stands: its rank in a DDP run (``torchrun``), its ``Progress``, its random state, and
+the training checkpoint that saves and restores them (docs/training.md, resume)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,85 @@ import logging
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch import nn
 
-from yolo9kit.train.step import FIXED_SCALE_GROWTH_INTERVAL, Trainer, scaler_kind, unwrap
+from yolo9kit.models.checkpoint import estimate_checkpoint_bytes, save_checkpoint
+from yolo9kit.train.step import Trainer, scaler_kind, unwrap
 
 LOGGER = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class DistInfo:
+    """Rank of this process, number of processes, GPU index on this node; rank 0 logs, validates and saves."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    is_main = property(lambda self: self.rank == 0)
+    distributed = property(lambda self: self.world_size > 1)
+
+
+def init_from_env() -> DistInfo:
+    """The default process group when launched by torchrun (WORLD_SIZE > 1; nccl on CUDA, else gloo); rank 0 of 1
+    otherwise. Only this function reads the launcher's variables."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend)
+    return current()
+
+
+def finish_processes() -> None:
+    """After a finished run: each rank waits for the others (rank 0 may still be saving), then the group ends."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def current() -> DistInfo:
+    """The DistInfo of the initialised process group (rank 0 of 1 when none)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return DistInfo()
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(torch.cuda.device_count(), 1)))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, sync_bn: bool = False) -> nn.Module:
+    """SyncBatchNorm (``sync_bn``) and DistributedDataParallel in a DDP run; the model itself otherwise."""
+    if not info.distributed:
+        return model
+    if sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        LOGGER.info("using SyncBatchNorm")
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def broadcast_object(value, info: DistInfo):
+    """``value`` of rank 0 on every rank."""
+    if not info.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 @dataclass
 class Progress:
-    """Where training stands. ``ni`` counts loader batches since the start (official ``ni``).
-
-    ``epoch`` is the epoch being trained; ``last_opt_step`` is the ``ni`` of the last optimizer step
-    (official, starts at -1).
-    """
+    """Where training stands: ``epoch`` being trained, ``ni`` loader batches since the start and ``last_opt_step``
+    the ``ni`` of the last optimizer step (official names), the best fitness and the non-finite counts."""
 
     epoch: int = 0
     ni: int = 0
@@ -40,19 +100,10 @@ class Progress:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Progress:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
-
 
 def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
-    """Python, NumPy, torch CPU and, on CUDA, the training device's generator states, as plain lists/tensors.
-
-    Only the state of ``device`` (the one the run trains on; None: the current CUDA device once CUDA is
-    initialised) is kept: a run resumed on a machine with fewer GPUs, or on another GPU index, restores it
-    onto its own device (``restore_rng``).
-    """
+    """Python, NumPy, torch CPU and the CUDA generator of ``device`` (None: the current one once CUDA started):
+    one CUDA state, so that a resume on another GPU index or machine restores it onto its own device."""
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np_state, "torch": torch.get_rng_state()}
@@ -64,9 +115,7 @@ def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
-    """Inverse of ``capture_rng``: the CUDA state goes to ``device`` (None: the current CUDA device). A
-    checkpoint of an older version holds one state per visible GPU: the one of the same index is used, else
-    the first."""
+    """Inverse of ``capture_rng``: the CUDA state goes to ``device`` (None: the current CUDA device)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = dict(state["numpy"])
@@ -75,11 +124,8 @@ def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> No
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is None or not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
         return
-    index = torch.cuda.current_device() if device is None or device.index is None else device.index
-    cuda = state["cuda"]
-    if isinstance(cuda, (list, tuple)):  # one per GPU of the machine that saved it
-        cuda = cuda[index] if index < len(cuda) else cuda[0]
-    torch.cuda.set_rng_state(cuda, index)
+    torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device() if device is None or device.index is None
+                             else device.index)
 
 
 def seed_everything(seed: int) -> None:
@@ -91,10 +137,8 @@ def seed_everything(seed: int) -> None:
 
 @contextlib.contextmanager
 def deterministic_kernels(enabled: bool) -> Iterator[None]:
-    """Deterministic algorithms for the block, the previous settings back after it: PyTorch's deterministic
-    versions of the ops that add in a varying order on CUDA, cuDNN's deterministic kernels, cuBLAS with a fixed
-    workspace (``CUBLAS_WORKSPACE_CONFIG``, read when CUDA starts: a process that already used CUDA keeps its
-    own). An op without a deterministic version warns and runs (``warn_only``), as in the official code."""
+    """Deterministic algorithms for the block (torch's ops, cuDNN, cuBLAS's fixed workspace, read when CUDA starts);
+    an op without a deterministic version warns and runs, as officially. The previous settings come back after."""
     if not enabled:
         yield
         return
@@ -122,7 +166,12 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 
 def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
-    """The checkpoint to resume: the given path, or (``resume=True``) the newest ``last.pt`` under ``project``."""
+    """The checkpoint to resume: the given path or run folder, or (``resume=True``) the newest last.pt under
+    ``project``.
+
+    Raises:
+        FileNotFoundError: no such checkpoint.
+    """
     if resume is True:
         candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
         if not candidates:
@@ -134,11 +183,6 @@ def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Pa
     if not path.is_file():
         raise FileNotFoundError(f"resume={resume!r}: {path} does not exist; pass a run folder or a last.pt")
     return path
-
-
-def run_dir_of(checkpoint: Path) -> Path:
-    """Run folder of ``<run>/weights/last.pt``."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "weights" else checkpoint.parent
 
 
 def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng: dict | None = None,
@@ -161,14 +205,18 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
     }
 
 
-def checkpoint_bytes(trainer: Trainer) -> int:
-    """About the size of a training checkpoint of ``trainer``, in bytes: model, EMA and optimizer state (before
-    the first step, SGD momentum is one copy of the parameters and Adam's moments two), plus the file's
-    overhead (``yolo9kit.checkpoint.estimate_checkpoint_bytes``)."""
-    from yolo9kit.checkpoint import estimate_checkpoint_bytes
+def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, config_dict: dict,
+                             rng: dict | None = None, extra: dict | None = None) -> Path:
+    """Write ``path`` atomically (``yolo9kit.checkpoint.save_checkpoint``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(path, unwrap(trainer.model), **training_state(trainer, progress, config_dict, rng, extra))
+    return path
 
-    model = unwrap(trainer.model)
-    parts: list = [model.state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
+
+def checkpoint_bytes(trainer: Trainer) -> int:
+    """About the size of a training checkpoint of ``trainer``: model, EMA and optimizer state (before the first
+    step SGD's momentum is one copy of the parameters, Adam's moments two)."""
+    parts: list = [unwrap(trainer.model).state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
     optimizer = trainer.optimizer
     if optimizer.state:
         parts.append(optimizer.state_dict()["state"])
@@ -178,24 +226,12 @@ def checkpoint_bytes(trainer: Trainer) -> int:
     return estimate_checkpoint_bytes(parts)
 
 
-def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, config_dict: dict,
-                             rng: dict | None = None, extra: dict | None = None) -> Path:
-    """Write ``path`` atomically through ``yolo9kit.checkpoint.save_checkpoint`` (temp file + rename)."""
-    from yolo9kit.checkpoint import save_checkpoint
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(path, unwrap(trainer.model), **training_state(trainer, progress, config_dict, rng, extra))
-    return path
-
-
 def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "the checkpoint") -> Progress:
-    """Load model, EMA, optimizer, scaler and counters from a ``read_checkpoint`` dict into ``trainer``.
-
-    RNG states are not restored here: the loop restores them right before the first batch it trains.
+    """Load model, EMA, optimizer, scaler and counters of a ``read_checkpoint`` dict into ``trainer`` (the random
+    states are restored later, right before the first batch).
 
     Raises:
-        ValueError: no training state, or one that is not finite (NaN or Inf in the weights, the EMA, the
-            optimizer state or the loss scaler: a resume would train from it); ``source`` names the file.
+        ValueError: no training state, or one with NaN or Inf (weights, EMA, optimizer state, loss scale).
     """
     if "progress" not in ckpt or "optimizer" not in ckpt:
         raise ValueError(f"{source} has no training state (a stripped or foreign file): "
@@ -212,63 +248,47 @@ def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "t
         trainer.ema.ema.load_state_dict(ckpt["ema"])
         trainer.ema.updates = int(ckpt.get("ema_updates", 0))
     trainer.optimizer.load_state_dict(ckpt["optimizer"])
-    _restore_scaler(trainer, ckpt.get("scaler") or {}, ckpt.get("scaler_kind"))
+    # another kind's scaler state is never inherited: an fp16 run would take the fixed scale of 1
+    saved, kind = ckpt.get("scaler_kind"), scaler_kind(trainer.amp_dtype)
+    if saved == kind and ckpt.get("scaler"):
+        trainer.scaler.load_state_dict(ckpt["scaler"])
+    elif saved != kind:
+        LOGGER.info("resume: the checkpoint's loss scaler is %s, this run's is %s: it starts afresh", saved, kind)
     trainer.micro_batch_size = ckpt.get("micro_batch_size", trainer.micro_batch_size)
     trainer.optimizer_steps = int(ckpt.get("optimizer_steps", 0))
-    return Progress.from_dict(ckpt["progress"])
-
-
+    return Progress(**ckpt["progress"])
 
 
 def nonfinite_entries(value: Any, where: str = "") -> list[str]:
-    """Key paths of the floating-point tensors and numbers in nested dicts/lists that are NaN or Inf."""
-    if isinstance(value, torch.Tensor):
-        return [where] if value.is_floating_point() and not bool(torch.isfinite(value).all()) else []
-    if isinstance(value, float):
-        return [] if np.isfinite(value) else [where]
-    if isinstance(value, dict):
-        return [w for k, v in value.items() for w in nonfinite_entries(v, f"{where}.{k}" if where else str(k))]
-    if isinstance(value, (list, tuple)):
-        return [w for i, v in enumerate(value) for w in nonfinite_entries(v, f"{where}.{i}")]
-    return []
+    """Key paths of the NaN or Inf floating-point tensors and numbers in nested dicts/lists (tensors on one device:
+    a single read-back)."""
+    found = list(_floats(value, where))
+    if not found:
+        return []
+    finite = torch.stack([torch.isfinite(v).all() for _, v in found]).cpu()
+    return [k for (k, _), ok in zip(found, finite.tolist()) if not ok]
+
+
+def _floats(value: Any, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+        yield where, value
+    elif isinstance(value, float):
+        yield where, torch.tensor(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _floats(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _floats(v, f"{where}.{i}")
 
 
 def nonfinite_weights(trainer: Trainer) -> list[str]:
-    """Names of the model's and the EMA's floating-point tensors that hold NaN or Inf (one read-back)."""
-    named = [(f"model.{k}", v) for k, v in unwrap(trainer.model).state_dict().items()]
-    if trainer.ema is not None:
-        named += [(f"ema.{k}", v) for k, v in trainer.ema.ema.state_dict().items()]
-    named = [(k, v) for k, v in named if v.is_floating_point() and v.numel()]
-    if not named:
-        return []
-    finite = torch.stack([torch.isfinite(v).all() for _, v in named]).cpu()  # a sync: once per checkpoint
-    return [k for (k, _), ok in zip(named, finite.tolist()) if not ok]
+    """Names of the model's and the EMA's floating-point tensors that hold NaN or Inf."""
+    return nonfinite_entries({"model": unwrap(trainer.model).state_dict(),
+                              **({"ema": trainer.ema.ema.state_dict()} if trainer.ema is not None else {})})
 
 
-def _restore_scaler(trainer: Trainer, state: dict, saved_kind: str | None) -> None:
-    """The saved GradScaler state when it is of the kind this run uses; otherwise the run's own fresh scaler.
-
-    A kind is what the scaler does (``scaler_kind``): dynamic fp16 loss scaling, a fixed scale of 1 (the
-    step's skip of non-finite steps without fp16) or nothing. Another kind's state is never inherited: an fp16 run
-    resumed from a bf16 state would otherwise train at scale 1 with a growth interval of 2**30,
-    fp16 without loss scaling, and a disabled scaler's empty state cannot be loaded into an enabled one.
-    """
-    saved_kind = saved_kind or _kind_of_state(state)
-    kind = scaler_kind(trainer.amp_dtype)
-    if saved_kind == kind and state:
-        trainer.scaler.load_state_dict(state)
-    elif saved_kind != kind:
-        LOGGER.info("resume: the checkpoint's loss scaler is %s, this run's is %s: it starts afresh", saved_kind, kind)
-
-
-def _kind_of_state(state: dict) -> str:
-    """The ``scaler_kind`` of a scaler state saved before the kind was recorded."""
-    if not state:
-        return "off"
-    return "fixed" if state.get("growth_interval", 0) >= FIXED_SCALE_GROWTH_INTERVAL else "dynamic"
-
-
-def _load_model_weights(model: torch.nn.Module, weights: dict) -> None:
+def _load_model_weights(model: nn.Module, weights: dict) -> None:
     """``load_state_dict`` with a short message when the checkpoint is of another architecture."""
     own = model.state_dict()
     missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())

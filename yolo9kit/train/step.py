@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.config.train import GRAD_CLIP
 from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.loss import DetectionLoss
-from yolo9kit.models.freeze import freeze_layers
 from yolo9kit.models.layers import set_lean
+from yolo9kit.models.model import freeze_layers
 from yolo9kit.train.guards import DistributedOutOfMemoryError, OutOfMemoryAtMinimumError, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
 
@@ -27,7 +28,6 @@ LOGGER = logging.getLogger(__name__)
 
 LossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 AMP_DTYPES: dict[str, torch.dtype | None] = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
-GRAD_CLIP = 10.0  # max total gradient norm after unscaling (official constant)
 FIXED_SCALE_GROWTH_INTERVAL = 2**30  # a scaler at a fixed scale of 1 never grows
 
 
@@ -128,7 +128,7 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
         compiled = torch.compile(model, mode=step.compile if isinstance(step.compile, str) else None)
     if loss_fn is None:
         loss_fn = DetectionLoss(unwrap(model), config.optim.loss)
-    ema = ModelEMA(model, config.optim.ema_decay, config.optim.ema_tau) if step.ema else None
+    ema = ModelEMA(model) if step.ema else None  # the official decay 0.9999, ramped over 2000 updates
     optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer)
     return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, ema=ema, device=device, step=step,
                    amp_dtype=amp_dtype, autocast_device=device.type, world_size=world_size, compiled=compiled,

@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.config.hyp import EVOLVE_SPACE, LOG_SCALE, LOSS_KEYS, TUNABLE, hyp_of, hyp_settings, write_hyp
-from yolo9kit.config.recipe import choose_recipe
+from yolo9kit.config.recipe import (
+    EVOLVE_SPACE,
+    LOG_SCALE,
+    LOSS_KEYS,
+    TUNABLE,
+    choose_recipe,
+    hyp_of,
+    hyp_settings,
+    write_hyp,
+)
 from yolo9kit.config.train import named_settings
 from yolo9kit.files import FolderInUseError, _pid_alive, dump_record, path_inside, write_text_atomically
 
@@ -41,13 +49,11 @@ class TuneResult:
     """What ``tune`` returns.
 
     Attributes:
-        folder: the study folder: ``tune.yaml`` (the study's settings), ``best_hyp.yaml``, ``study.db`` (the
-            default storage) and the trials' run folders.
+        folder: the study folder: ``tune.yaml``, ``best_hyp.yaml``, ``study.db`` and the trials' run folders.
         trials: one row per trial of the study (all workers'): ``trial``, ``state`` (complete, running, waiting,
             fail), ``fitness``, its hyper-parameters, ``run`` (its run folder in ``folder``), ``continues`` (the
             trial it continues after a stop), ``worker`` (host:pid).
-        best: the best trial's hyper-parameters ({} before a trial completed); ``best_fitness``, ``best_run``
-            (its run folder) and ``hyp_file`` (``best_hyp.yaml``) go with them (None before).
+        best: the best trial's hyper-parameters ({} before one completed); with best_fitness, best_run, hyp_file.
         interrupted: the study stopped in a trial (Ctrl-C, SIGTERM); the same call continues it.
     """
 
@@ -201,8 +207,7 @@ class _Objective:
 
 
 class _Keeper:
-    """After each trial: ``best_hyp.yaml`` of the best trial so far, and (keep_weights "best") the weights of the
-    other complete trials removed."""
+    """After each trial: the best trial's ``best_hyp.yaml``, the other trials' weights removed (keep "best")."""
 
     def __init__(self, folder: Path, config: TrainConfig, space: Mapping[str, tuple[float, float]],
                  keep_weights: str) -> None:
@@ -274,8 +279,7 @@ def _base(config: TrainConfig, space: Mapping[str, tuple[float, float]]) -> dict
 
 
 def _data_set(data: Any) -> dict[str, Any]:
-    """The data set as the study records it (its fitness is measured on it), wherever its files are on each worker:
-    its classes and images. One that cannot be read is refused here, before anything is written."""
+    """The data set as the study records it, its classes and images (one that cannot be read is refused here)."""
     from yolo9kit.data import load_data_config
 
     found = load_data_config(data)
@@ -284,8 +288,7 @@ def _data_set(data: Any) -> dict[str, Any]:
 
 def _record(model: str | Path, config: TrainConfig, space: Mapping[str, tuple[float, float]],
             data: dict[str, Any]) -> dict[str, Any]:
-    """What every worker of a study must share: the model, the ``data`` set, the space, and the settings that change
-    a trial's result (those a resume keeps, and the epochs) but for the searched ones."""
+    """What every worker shares: model, data, space, the settings a resume keeps and the epochs (not the searched)."""
     from yolo9kit.train.rundir import FIXED_ON_RESUME
 
     values = config.to_dict()
@@ -300,8 +303,7 @@ def _record(model: str | Path, config: TrainConfig, space: Mapping[str, tuple[fl
 
 def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict, base: dict
                 ) -> tuple[Any, Any, bool]:
-    """The study ``name`` in ``storage`` made (its first trial: the ``base`` values) or loaded and checked against
-    ``record``, its storage, and whether it is new; one process at a time, so that two workers make one study."""
+    """The study made (first trial: ``base``) or loaded and checked against ``record``, its storage, whether new."""
     import fcntl
 
     url = storage or f"sqlite:///{(folder / 'study.db').resolve().as_posix()}"
@@ -345,8 +347,7 @@ def _run_dir(folder: Path, trial: Any) -> Path:
 
 
 def _queue_again(study: Any, trial: Any) -> None:
-    """The trial's hyper-parameters queued again, to be trained on in its run folder (from its last.pt): a trial
-    stopped, one whose folder is in use, or one of a worker that is gone (Optuna's heartbeat, a dead process)."""
+    """A stopped trial (or in use, or a dead worker's) queued again, to continue in its run folder from last.pt."""
     LOGGER.warning("tune: trial %d queued again: the next trial continues it", trial.number)
     study.enqueue_trial(trial.params, user_attrs={k: v for k, v in (
         ("continues", trial.user_attrs.get("continues", trial.number)), ("run", trial.user_attrs.get("run")))

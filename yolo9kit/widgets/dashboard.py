@@ -1,24 +1,7 @@
-"""``train_dashboard()``: live training plots for ``yolo9kit.train.fit``, with stop and resume buttons.
-
-The dashboard is a pair of callbacks (``dash.callbacks``: ``on_batch`` after each trained batch, ``on_epoch_end``
-after each epoch, see ``yolo9kit.train.records``) and one ipywidgets panel: stop and resume buttons, a status
-line, four plots (losses, learning rates, memory, images/s), the table of finished epochs and a message line.
-It computes nothing about training.
-
-Why the run goes through ``await dash.fit(...)``: a notebook cell that runs ``fit`` keeps the kernel busy, and
-the kernel reads a button click only when it is free, so a stop button inside a plain ``fit(...)`` cell acts
-after training has ended. ``dash.fit`` runs ``fit`` in a worker thread while the cell awaits it; an awaiting
-cell lets ipykernel (7.4 and later) handle widget messages, so a click reaches the dashboard during training
-while the next cells of a "Run All" still wait their turn. The stop button makes the next ``on_batch`` raise
-``KeyboardInterrupt``, which ``fit`` turns into a saved last.pt and a normal return with ``interrupted=True``;
-Kernel > Interrupt does the same. With an older ipykernel the click is read only after the cell: use
-Kernel > Interrupt there. The resume button continues the stopped run from its last.pt in the background (the
-kernel stays free, the stop button keeps working); ``await dash.resume()`` in a later cell does the same, or
-waits for the run the button started. Plain ``fit(..., TrainConfig(callbacks=dash.callbacks))`` still draws,
-without live buttons.
-
-While a run goes through the dashboard, the log records of ``yolo9kit`` from its thread are shown in the
-message line (a planned stop reads as a message, not as a red stderr box) and fit's own progress bar is off.
+"""``train_dashboard()``: live plots of ``fit`` with stop and resume buttons. It is a pair of callbacks
+(``on_batch``, ``on_epoch_end``) and one panel: buttons, status line, four plots, the finished epochs, messages.
+``await dash.fit(...)`` runs ``fit`` in a worker thread so that a click reaches it while it trains
+(docs/training.md); the run's ``yolo9kit`` log records go to the message line. It computes nothing of training.
 """
 
 from __future__ import annotations
@@ -28,27 +11,24 @@ import contextvars
 import dataclasses
 import html
 import logging
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pandas as pd
+from IPython.display import display
 
 from yolo9kit.files import format_bytes
-from yolo9kit.widgets._common import show_figure
-from yolo9kit.widgets._dashboard_panel import (
-    MAX_MESSAGES,
-    NO_VRAM,
-    build_widgets,
-    draw_dashboard,
-    epoch_table,
-    messages_html,
-    process_memory_bytes,
-    table_html,
+from yolo9kit.train.fit import (
+    FitResult,
+    fit,  # the function: ``yolo9kit.train.fit`` may name the module
 )
+from yolo9kit.train.records import BatchRecord, EpochRecord
+from yolo9kit.widgets import panel
 
-if TYPE_CHECKING:
-    from yolo9kit.train import FitResult
-    from yolo9kit.train.records import BatchRecord, EpochRecord
 
 @dataclass
 class _Job:
@@ -66,8 +46,7 @@ class _Job:
 
 
 class _LogToDashboard(logging.Handler):
-    """Shows the job thread's ``yolo9kit`` records in the message line; records of other threads go where
-    logging would have sent them without this handler (its last-resort stderr handler)."""
+    """The job thread's ``yolo9kit`` records go to the message line; other threads' where logging would send them."""
 
     def __init__(self, dash: TrainDashboard, thread_id: int | None):
         super().__init__(logging.INFO)
@@ -89,15 +68,13 @@ class TrainDashboard:
         history: the ``BatchRecord`` of every trained batch, in the order received (a resumed run repeats
             the batches of its interrupted accumulation window).
         epochs: the ``EpochRecord`` of every finished epoch.
-        resumes: integrated batch indices ``ni`` at which a resumed run started again (dotted lines).
-        process_memory: ``ni`` -> resident set size of the process in bytes, sampled at batches trained off
-            CUDA (``BatchRecord.peak_allocated`` is None there): the memory panel of a CPU run.
+        resumes: batch indices ``ni`` at which a resumed run started again (dotted lines).
+        process_memory: ``ni`` -> resident set size in bytes at batches trained off CUDA (the memory panel there).
         min_interval_s: redraw at most this often (drawing costs ~0.1 s); epoch ends always redraw.
-        interrupt_at: stop once this many batches of the run are trained (counted from 1 across epochs, as the
-            plots' axes count), as the stop button would (used to demonstrate stop-and-resume in a run nobody
-            watches); None never stops.
+        interrupt_at: stop once this many batches are trained (counted from 1, as the plots count), as the stop
+            button would; None never stops.
         result: the ``FitResult`` of the last run that went through ``fit`` or ``resume``.
-        messages: the message lines shown under the plots (log records of the run, stop and finish notes).
+        messages: the message lines under the plots (the run's log records, stop and finish notes).
     """
 
     title: str = "training"
@@ -125,17 +102,14 @@ class TrainDashboard:
     def callbacks(self) -> dict[str, Any]:
         return {"on_batch": self.on_batch, "on_epoch_end": self.on_epoch_end}
 
-    # -- callbacks (called by fit, in its thread) ------------------------------------------------
     def on_batch(self, record: BatchRecord) -> None:
-        resumed = self._resume_pending or (self.history and record.ni <= self.history[-1].ni)
-        if resumed:  # the first batch of a resumed run (which may repeat the unfinished accumulation window)
-            self.resumes.append(record.ni)
+        """fit's callback after each trained batch (in its thread)."""
+        if self._resume_pending or (self.history and record.ni <= self.history[-1].ni):
+            self.resumes.append(record.ni)  # a resumed run's first batch (it may repeat the accumulation window)
             self._resume_pending = False
         self.history.append(record)
-        if record.peak_allocated is None:
-            rss = process_memory_bytes()
-            if rss is not None:
-                self.process_memory[record.ni] = rss
+        if record.peak_allocated is None and (rss := process_memory_bytes()) is not None:
+            self.process_memory[record.ni] = rss
         planned = self.interrupt_at is not None and record.ni + 1 >= self.interrupt_at
         if planned or (self.stop_requested and self.running):
             self.interrupt_at, self.stop_requested = None, True  # once: the resumed run must not stop again
@@ -145,10 +119,10 @@ class TrainDashboard:
             self.update()
 
     def on_epoch_end(self, record: EpochRecord) -> None:
+        """fit's callback after each epoch."""
         self.epochs.append(record)
         self.update()
 
-    # -- runs --------------------------------------------------------------------------------------
     @property
     def running(self) -> bool:
         """True while a run started by ``fit``, ``resume`` or the resume button is training."""
@@ -162,27 +136,31 @@ class TrainDashboard:
             self.note("stop requested: training ends after the current batch and saves last.pt")
 
     async def fit(self, model, data, config, **kwargs) -> FitResult:
-        """``yolo9kit.train.fit(model, data, config, **kwargs)`` in a worker thread, drawn live here.
+        """``yolo9kit.train.fit(model, data, config, **kwargs)`` in a worker thread, drawn live here; awaited
+        (``first = await dash.fit(...)``) so that the stop button works while it trains. The dashboard's callbacks
+        join ``config.run.callbacks`` and fit's progress bar is off.
 
-        The cell awaits it (``first = await dash.fit(...)``) so that the stop button works while it trains.
-        The dashboard's callbacks are added to ``config.run.callbacks`` (callbacks already there are called too)
-        and fit's progress bar is turned off (the dashboard shows the progress).
+        Args:
+            model: the model, as for ``fit``.
+            data: the data, as for ``fit``.
+            config: a TrainConfig.
+            **kwargs: more arguments of ``fit``.
 
         Returns:
-            fit's ``FitResult``; ``interrupted=True`` after the stop button, ``interrupt_at`` or
-            Kernel > Interrupt (last.pt is then saved and ``resume`` continues from it).
+            fit's ``FitResult``; ``interrupted=True`` after the stop button, ``interrupt_at`` or Kernel > Interrupt
+            (last.pt is then saved and ``resume`` continues from it).
         """
         return await self._wait(self._start(_Job(model, data, config, dict(kwargs), resume=False)))
 
     async def resume(self) -> FitResult:
-        """Continue the last stopped run from its last.pt (the resume button does the same in the background).
+        """Continue the last stopped run from its last.pt; waits for (or returns) the resume button's run.
 
-        Waits for the resumed run when the resume button has already started it, and returns its result
-        when it has already finished.
+        Returns:
+            The resumed run's ``FitResult``.
 
         Raises:
-            RuntimeError: no stopped run to continue (none started here, the last one finished or failed,
-                or the first run is still training).
+            RuntimeError: no stopped run to continue (none started here, the last one finished or failed, or it is
+                still training).
         """
         job = self._job
         if job is not None and job.resume:  # the resume button's run: wait for it, or return how it finished
@@ -209,8 +187,8 @@ class TrainDashboard:
         if not job.result.interrupted:
             raise RuntimeError(f"nothing to resume: the last run finished all {job.result.epochs_completed} "
                                f"epochs ({job.result.save_dir})")
-        config = dataclasses.replace(job.config, resume=str(job.result.last))
-        return _Job(job.model, job.data, config, job.kwargs, resume=True)
+        return _Job(job.model, job.data, dataclasses.replace(job.config, resume=str(job.result.last)), job.kwargs,
+                    resume=True)
 
     def _start(self, job: _Job) -> _Job:
         if self.running:
@@ -225,8 +203,6 @@ class TrainDashboard:
 
     def _work(self, job: _Job) -> None:
         """The worker thread: fit with the dashboard's callbacks, its log records shown here."""
-        from yolo9kit.train import fit
-
         config = dataclasses.replace(job.config, callbacks=self._merged_callbacks(job.config.run.callbacks),
                                      progress_bar=False)
         logger, handler = logging.getLogger("yolo9kit"), _LogToDashboard(self, threading.get_ident())
@@ -286,12 +262,11 @@ class TrainDashboard:
             merged[name] = own if other is None or other == own else _chain(other, own)
         return merged
 
-    # -- the panel ---------------------------------------------------------------------------------
     @property
     def container(self):
         """The ipywidgets panel (built on first use); display it, or call ``show()``."""
         if self._widgets is None:
-            self._widgets = build_widgets(self)
+            self._widgets = panel.build_panel(self)
             self._set_buttons()
             self.update()
         return self._widgets["container"]
@@ -307,38 +282,34 @@ class TrainDashboard:
 
     def show(self) -> None:
         """Put the panel in the current cell; every place it is shown follows the same run."""
-        from IPython.display import display
-
         display(self.container)
 
     def note(self, text: str, warning: bool = False) -> None:
         """Add a line to the message area (``warning``: in orange, still not an error box)."""
         self.messages.append(("warning: " if warning else "") + text)
         if self._widgets is not None:
-            self._widgets["messages"].value = messages_html(self.messages[-MAX_MESSAGES:])
+            self._widgets["messages"].value = panel.messages_html(self.messages[-panel.MAX_MESSAGES:])
 
     def _set_buttons(self) -> None:
-        if self._widgets is None:
-            return
-        running = self.running
-        job = self._job
-        self._widgets["stop"].disabled = not running
-        stopped = not running and job is not None and job.result is not None and job.result.interrupted
-        self._widgets["resume"].disabled = running or not stopped
+        if self._widgets is not None:
+            job, running = self._job, self.running
+            self._widgets["stop"].disabled = not running
+            stopped = not running and job is not None and job.result is not None and job.result.interrupted
+            self._widgets["resume"].disabled = running or not stopped
 
     def update(self) -> None:
         """Redraw the plots, the status line and the table from what the callbacks received."""
         self._last_draw = time.monotonic()
-        self.figure = draw_dashboard(self)
+        self.figure = panel.draw_dashboard(self)
         self.redraws += 1
         if self._widgets is not None:
-            show_figure(self._widgets["plot"], self.figure)
+            panel.show_figure(self._widgets["plot"], self.figure)
             self._widgets["status"].value = f"<b>{html.escape(self.status_text())}</b>"
-            self._widgets["table"].value = table_html(epoch_table(self))
+            self._widgets["table"].value = panel.table_html(self.epoch_table())
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
-        """(ni, values) of one ``BatchRecord`` field in batch order; a batch seen twice (resume) keeps its latest
-        value; batches where the field is None (``peak_allocated`` off CUDA) are left out."""
+        """(ni, values) of one ``BatchRecord`` field in batch order: a batch seen twice (resume) keeps its latest
+        value, batches where it is None (``peak_allocated`` off CUDA) are left out."""
         points = {r.ni: getattr(r, name) for r in self.history}
         steps = sorted(k for k, v in points.items() if v is not None)
         return steps, [points[k] for k in steps]
@@ -358,14 +329,13 @@ class TrainDashboard:
         epochs = f" of {self._epochs_total}" if self._epochs_total else ""
         what, _, values = self.memory_series()
         label = "peak VRAM" if what.startswith("peak VRAM") else "process memory"
-        memory = f"{label} {format_bytes(values[-1])}" if values else NO_VRAM
+        memory = f"{label} {format_bytes(values[-1])}" if values else panel.NO_VRAM
         state = "training" if self.running else "stopped" if self.result and self.result.interrupted else "idle"
         return f"{state}: epoch {last.epoch + 1}{epochs}, batch {last.ni + 1}, {last.images_per_s:.1f} img/s, {memory}"
 
-    def epoch_table(self):
-        """The finished epochs as a compact DataFrame: losses, metrics (when validated), img/s, time, memory."""
-        return epoch_table(self)
-
+    def epoch_table(self) -> pd.DataFrame:
+        """The finished epochs, rounded and in readable units (losses, metrics when validated, img/s, time, memory)."""
+        return panel.epoch_frame(self)
 
 def _chain(first, second):
     def both(record):
@@ -392,3 +362,19 @@ def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, int
     if show:
         dash.show()
     return dash
+
+
+def process_memory_bytes() -> int | None:
+    """Resident set size of this process in bytes (``/proc/self/statm``, else the peak from ``getrusage``), None
+    where neither exists: what a CPU run has instead of VRAM."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB elsewhere

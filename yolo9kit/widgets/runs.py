@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yolo9kit.widgets._common import WidgetApp, html_table, show_error, show_figure
+import ipywidgets as w
+
+from yolo9kit.experiments import runs
+from yolo9kit.plots import compare
+from yolo9kit.widgets.panel import WidgetApp, html_table, launch, show_error, show_figure
 
 # the results.csv columns one can compare, as the viewer's dropdown names them
 METRICS = {"mAP50-95": "metrics/mAP50-95", "mAP50": "metrics/mAP50", "precision": "metrics/precision",
@@ -26,10 +30,6 @@ def runs_viewer(root: str | Path = "runs", metric: str = "metrics/mAP50-95") -> 
         ``metric``; outputs ``table`` (HTML) and ``curves`` (the figure); ``state`` holds ``table`` (the whole
         runs table) and ``chosen`` (its chosen rows).
     """
-    import ipywidgets as w
-
-    from yolo9kit.experiments import runs
-
     table = runs(root)
     label = next((k for k, v in METRICS.items() if v == metric), None)
     if label is None:
@@ -50,15 +50,10 @@ def runs_viewer(root: str | Path = "runs", metric: str = "metrics/mAP50-95") -> 
         if chosen.empty:
             show_error(outputs["curves"], "choose one or more runs")
             return
-        from yolo9kit.plots import compare
-
         figure = compare(chosen, metric=METRICS[controls["metric"].value])
         app.figures["curves"] = figure
         show_figure(outputs["curves"], figure)
 
     container = w.VBox([w.HBox([controls["runs"], controls["metric"]]), outputs["table"], outputs["curves"]])
-    app = WidgetApp(container=container, controls=controls, outputs=outputs, update=update)
-    for control in controls.values():
-        control.observe(lambda change: update(), names="value")
-    update()
-    return app
+    app = WidgetApp(container, controls, outputs, update)
+    return launch(app)
