@@ -7,7 +7,7 @@
 Parts (each row is written to ``suite.json`` and ``suite.md`` under ``--out`` as soon as it is measured):
 
 1. Training step, yolov9-t/s/c at 640, batch 8/32/64: the kit's ``train_step`` with its defaults on the
-   device (CUDA: channels_last, fused SGD, sync-free step, AMP "auto" = bf16 where supported) and, with
+   device (CUDA: channels_last, fused SGD, lean activations, AMP "auto" = bf16 where supported) and, with
    ``--official``, the official step (its Model, ComputeLoss of loss_tal_dual, smart_optimizer SGD,
    GradScaler fp16, clip 10, ModelEMA) on the same synthetic batch (uint8 images, 8 boxes each, nc 80).
    Both: ``--warmup`` steps, then ``--steps`` steps timed between two device synchronisations; peak
@@ -15,7 +15,7 @@ Parts (each row is written to ``suite.json`` and ``suite.md`` under ``--out`` as
    with ``torch.cuda.set_sync_debug_mode``.
    Ablation (``--parts ablation``, in the default run): the kit's step for yolov9-s at the largest batch with
    one switch changed at a time (AMP fp16 instead of auto, channels_last off, lean activations off,
-   sync-free off, fused optimizer off, all of them off), to see what each is worth on this GPU.
+   fused optimizer off, all of them off), to see what each is worth on this GPU.
 2. ``--compile``: the kit's step with ``compile=True`` for yolov9-s at the largest batch: the first
    step's time (compilation) and the step time after it.
 3. Epoch: yolov9-s over one epoch of a generated shapes data set (640x480 JPEGs) with the real loader
@@ -100,8 +100,12 @@ def kit_step(model_name: str, batch: int, args, device, **config) -> tuple[dict,
     model = create_model(model_name, num_classes=80).train()
     trainer = build_trainer(model, TrainConfig(batch_size=batch, amp=args.amp, device=str(device), **config),
                             device=device)
-    row = _timed(lambda: train_step(trainer, images, targets), device, args.warmup, args.steps)
-    row["host_syncs_per_step"] = _count_syncs(lambda: train_step(trainer, images, targets), device)
+
+    def step():  # every call an optimizer step
+        train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate_steps=1)
+
+    row = _timed(step, device, args.warmup, args.steps)
+    row["host_syncs_per_step"] = _count_syncs(step, device)
     row["amp"] = str(trainer.amp_dtype).replace("torch.", "") if trainer.amp_dtype else "fp32"
     return row, trainer
 
@@ -191,10 +195,8 @@ ABLATION = {
     "amp fp16": {"amp": "fp16"},
     "channels_last off": {"channels_last": False},
     "lean off": {"lean_activations": False},
-    "sync_free off": {"sync_free": False},
     "fused optimizer off": {"fused_optimizer": False},
-    "all off (plain step)": {"channels_last": False, "lean_activations": False, "sync_free": False,
-                             "fused_optimizer": False},
+    "all off (plain step)": {"channels_last": False, "lean_activations": False, "fused_optimizer": False},
 }
 
 
@@ -221,7 +223,8 @@ def compile_step(args, device, report) -> None:
     images, targets = synthetic_batch(batch, args.imgsz, 80)
     from yolo9kit.train.step import train_step
 
-    row = _timed(lambda: train_step(trainer, images, targets), device, args.warmup, args.steps)
+    row = _timed(lambda: train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate_steps=1), device,
+                 args.warmup, args.steps)
     report.add("compile", {"model": model_name, "batch": batch, "mode": args.compile_mode or "default",
                            "first_step_s": first_s, **row, "img_per_s": batch / row["step_ms"] * 1e3})
 

@@ -5,7 +5,7 @@ official step measured on an H200 (the reference points shipped in ``yolo9kit/me
 
 "plain" is the step with the official memory layout (NCHW, BatchNorm and SiLU each keeping their own
 activation); "kit default on CUDA" adds channels_last and the lean BatchNorm+SiLU (``yolo9kit.models.layers``),
-as ``fit`` runs on a CUDA device. Both include the sync-free (dense) loss. AMP fp16, 640, 8 boxes per image,
+as ``fit`` runs on a CUDA device. Both include the dense loss. AMP fp16, 640, 8 boxes per image,
 estimated for an H200 (allocator model, no calibration of the kit's own step yet). Also prints the time of
 one curve (model build and trace included).
 

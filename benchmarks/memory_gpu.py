@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     for model in args.models:
         for setting in args.settings:
             amp, ckpt = SETTINGS[setting]
-            # fit's default step on CUDA (channels_last, lean activations, sync-free loss) at this AMP
+            # fit's default step on CUDA (channels_last, lean activations, fused optimizer) at this AMP
             est = StepEstimator(StepConfig(model, imgsz=args.imgsz, amp=amp, activation_checkpointing=ckpt))
             print(f"{model} {setting}: traced in {est.trace_seconds:.1f} s", flush=True)
             for b in args.batches:

@@ -72,7 +72,7 @@ def time_kit(args, device, images, targets) -> dict:
     for i in range(args.warmup + args.steps):
         rec = i >= args.warmup
         with clock.phase("forward_ms", rec), torch.autocast(**autocast):
-            out = model(to_input(images, device, trainer.channels_last))
+            out = model(to_input(images, trainer))
         with clock.phase("loss_ms", rec), torch.autocast(**autocast):
             loss, _ = trainer.loss_fn(out, targets.to(device))
         with clock.phase("backward_ms", rec):
@@ -90,7 +90,7 @@ def time_kit(args, device, images, targets) -> dict:
     for i in range(args.warmup + args.steps):
         _sync(device)
         t = time.perf_counter()
-        train_step(trainer, images, targets)  # exactly the step fit runs (with micro-batching if asked)
+        train_step(trainer, images, targets, ni=i, accumulate_steps=1)  # exactly the step fit runs
         _sync(device)
         if i >= args.warmup:
             whole.append((time.perf_counter() - t) * 1e3)
@@ -155,7 +155,7 @@ def accumulation_gap(args, device, images, targets) -> None:
     frozen to its running statistics (isolates the loss's per-micro-batch normalisation by target_scores_sum)."""
     from yolo9kit.config import TrainConfig
     from yolo9kit.models import create_model
-    from yolo9kit.train.step import build_trainer, run_batch
+    from yolo9kit.train.step import build_trainer, train_step
 
     def grads(micro, frozen_bn):
         torch.manual_seed(0)
@@ -169,7 +169,7 @@ def accumulation_gap(args, device, images, targets) -> None:
                     m.eval()
         trainer = build_trainer(model, TrainConfig(batch_size=args.batch, micro_batch_size=micro, amp="off",
                                                    device=str(device)), device=device)
-        run_batch(trainer, images, targets)
+        train_step(trainer, images, targets, ni=0, accumulate_steps=2)  # a window's first batch: gradients, no step
         named = [(n, p.grad.flatten()) for n, p in model.named_parameters() if p.grad is not None]
         if not layer_of:
             layer_of.extend((".".join(n.split(".")[:2]), g.numel()) for n, g in named)

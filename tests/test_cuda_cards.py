@@ -24,7 +24,7 @@ from yolo9kit.memory.plan import choose_batch
 from yolo9kit.models import create_model
 from yolo9kit.train.guards import DistributedOutOfMemoryError
 from yolo9kit.train.state import Progress, capture_rng, restore_rng, restore_training_state, training_state
-from yolo9kit.train.step import build_trainer, describe_step, run_batch
+from yolo9kit.train.step import BatchNormSnapshot, build_trainer, describe_step, train_step_with_backoff
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -94,18 +94,18 @@ def _checkpoint(trainer) -> dict:
 
 
 def test_a_cpu_run_resumes_on_a_gpu_with_loss_scaling():
-    """The CPU run's scaler is disabled (its state is empty); the fp16 run on the card starts its own."""
+    """The CPU run's scaler keeps a fixed scale of 1; the fp16 run on the card starts its own loss scaling."""
     saved = _checkpoint(_toy_trainer(device="cpu"))
-    assert saved["scaler"] == {} and saved["scaler_kind"] == "off"
+    assert saved["scaler"]["scale"] == 1.0 and saved["scaler_kind"] == "fixed"
     with fake_cuda("RTX 4090"):
         trainer = _toy_trainer(device="cuda", amp="fp16")
         restore_training_state(saved, trainer)
         assert trainer.scaler.get_scale() == 2.0**16 and trainer.scaler.get_growth_interval() == 2000
 
 
-def test_an_fp16_run_never_inherits_the_fixed_scale_of_a_sync_free_state():
+def test_an_fp16_run_never_inherits_the_fixed_scale_of_a_bf16_state():
     with fake_cuda("H100"):
-        saved = _checkpoint(_toy_trainer(device="cuda", amp="bf16"))  # sync-free: a fixed scale of 1
+        saved = _checkpoint(_toy_trainer(device="cuda", amp="bf16"))  # a fixed scale of 1
         assert saved["scaler"]["scale"] == 1.0 and saved["scaler_kind"] == "fixed"
         fp16 = _toy_trainer(device="cuda", amp="fp16")
         restore_training_state(saved, fp16)
@@ -151,23 +151,35 @@ def _oom_loss(on_calls: set[int]):
     return loss_fn
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_out_of_memory_in_the_synchronising_micro_step_of_ddp_stops(world_size):
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of this process alone (gloo): a real DistributedDataParallel wrapper on the CPU."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _ddp_backoff(on_calls: set[int], ddp: bool):
+    """Batch 4 as micro-batches of 2, out of memory in the backward of the micro-steps ``on_calls``."""
+    (images, targets, *_), = make_batches(1, 4)
+    model = torch.nn.parallel.DistributedDataParallel(ToyNet()) if ddp else ToyNet()
+    config = TrainConfig(device="cpu", amp="off", ema=False, micro_batch_size=2, channels_last=False)  # DDP's layout
+    trainer = build_trainer(model, config, loss_fn=_oom_loss(on_calls))
+    train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(model), ni=0, accumulate_steps=1)
+    return trainer
+
+
+def test_out_of_memory_in_the_synchronising_micro_step_of_ddp_stops(one_rank):
     """Under DDP the last micro-step of a batch all-reduces the gradients: one rank cannot redo it alone."""
-    (images, targets, *_), = make_batches(1, 4)
-    trainer = build_trainer(ToyNet(), TrainConfig(device="cpu", amp="off", ema=False, micro_batch_size=2,
-                                                  sync_free=True), loss_fn=_oom_loss({2}), world_size=world_size)
-    if world_size == 1:
-        result = run_batch(trainer, images, targets)
-        assert trainer.micro_batch_size == 1 and result.grads_lost
-        return
     with pytest.raises(DistributedOutOfMemoryError, match="cannot retry it alone"):
-        run_batch(trainer, images, targets)
+        _ddp_backoff({2}, ddp=True)
+    trainer = _ddp_backoff({2}, ddp=False)  # a single process backs off there too
+    assert trainer.micro_batch_size == 1 and trainer.oom_events == 1 and trainer.optimizer_steps == 1
 
 
-def test_out_of_memory_in_a_no_sync_micro_step_of_ddp_backs_off():
-    (images, targets, *_), = make_batches(1, 4)
-    trainer = build_trainer(ToyNet(), TrainConfig(device="cpu", amp="off", ema=False, micro_batch_size=2,
-                                                  sync_free=True), loss_fn=_oom_loss({1}), world_size=2)
-    result = run_batch(trainer, images, targets)
-    assert trainer.micro_batch_size == 1 and result.micro_steps == 4 and trainer.oom_events == 1
+def test_out_of_memory_in_a_no_sync_micro_step_of_ddp_backs_off(one_rank):
+    trainer = _ddp_backoff({1}, ddp=True)
+    assert trainer.micro_batch_size == 1 and trainer.oom_events == 1 and trainer.optimizer_steps == 1
+    assert trainer.model.require_backward_grad_sync  # the last of the 4 new micro-steps synchronised

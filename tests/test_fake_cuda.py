@@ -2,7 +2,7 @@
 host-device synchronisations are counted against a budget stated in each test.
 
 Budgets are per steady-state step (after one warm-up step, which makes the optimizer state and the EMA's
-one-time check of frozen tensors). The sync-free step (the CUDA default) has none. What fake CUDA cannot
+one-time check of frozen tensors). The step with the fused optimizer (the CUDA default) has none. What fake CUDA cannot
 check (kernels, their speed, cuDNN per card, NCCL, real memory) is listed in docs/gpu.md.
 """
 
@@ -20,17 +20,13 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.env import resolve_device
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.models import create_model
-from yolo9kit.train.ema import ModelEMA
 from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.state import Progress
-from yolo9kit.train.step import build_trainer, optimizer_step, run_batch, train_step
+from yolo9kit.train.step import ModelEMA, build_trainer, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 NO_WARMUP = {"warmup_epochs": 0.0, "warmup_min_batches": 0}
-# The plain step reads back, as the official step does: per head the number of foreground anchors and the
-# boolean masks that select them in the loss, then the finiteness check and the loss items.
-PLAIN_STEP_SYNCS = 20
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +111,11 @@ def test_a_planted_device_mix_in_the_step_is_caught(model):
     with fake_cuda("H200"):
         trainer = build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", **NO_WARMUP), loss_fn=mixing_loss)
         with pytest.raises(DeviceMismatchError, match="at tests/test_fake_cuda.py"):
-            train_step(trainer, *_batches(1)[0])
+            _step(trainer, *_batches(1)[0])
 
 
-def test_a_planted_sync_in_the_sync_free_step_is_counted(model):
-    detection_loss = DetectionLoss(model, dense=True)
+def test_a_planted_sync_in_the_step_is_counted(model):
+    detection_loss = DetectionLoss(model)
 
     def reading_loss(outputs, targets):
         loss, items = detection_loss(outputs, targets)
@@ -130,30 +126,34 @@ def test_a_planted_sync_in_the_sync_free_step_is_counted(model):
     with fake_cuda("H200") as fake:
         trainer = build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", **NO_WARMUP), loss_fn=reading_loss)
         batches = _batches(3)
-        train_step(trainer, *batches[0])
+        _step(trainer, *batches[0])
         with fake.counting() as syncs:
             for images, targets in batches[1:]:
-                train_step(trainer, images, targets)
-    assert trainer.sync_free and len(syncs) == 2, [str(s) for s in syncs]  # the budget of 0 would fail
+                _step(trainer, images, targets)
+    assert len(syncs) == 2, [str(s) for s in syncs]  # the budget of 0 would fail
     assert all(s.op == "aten._local_scalar_dense.default" and s.where.startswith("tests/test_fake_cuda.py:")
                and s.where.endswith("reading_loss") for s in syncs)
 
 
 # ---- the training step as fit builds it for CUDA ------------------------------------------------------------
 
+def _step(trainer, images, targets):
+    """One optimizer step of ``train_step``."""
+    return train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate_steps=1)
+
+
 def _steady_state_syncs(trainer, fake, batches) -> list:
-    train_step(trainer, *batches[0])  # warm-up: optimizer state, the EMA's one-time check of frozen tensors
+    _step(trainer, *batches[0])  # warm-up: optimizer state, the EMA's one-time check of frozen tensors
     with fake.counting() as syncs:
         for images, targets in batches[1:]:
-            train_step(trainer, images, targets)
+            _step(trainer, images, targets)
     return syncs
 
 
 @pytest.mark.parametrize("amp", ["fp16", "bf16", "off"])
-@pytest.mark.parametrize("sync_free", [True, False])
 @pytest.mark.parametrize("fused", [True, False])
-def test_training_step_on_cuda_stays_on_the_card(model, amp, sync_free, fused):
-    config = TrainConfig(device="cuda", amp=amp, sync_free=sync_free, fused_optimizer=fused, **NO_WARMUP)
+def test_training_step_on_cuda_stays_on_the_card(model, amp, fused):
+    config = TrainConfig(device="cuda", amp=amp, fused_optimizer=fused, **NO_WARMUP)
     with fake_cuda("H200") as fake:
         device = resolve_device(config.run.device)
         trainer = build_trainer(copy.deepcopy(model), config, device=device)
@@ -162,27 +162,25 @@ def test_training_step_on_cuda_stays_on_the_card(model, amp, sync_free, fused):
         assert trainer.step.amp == amp and trainer.channels_last and trainer.step.lean_activations
         weight = trainer.model.model[0].conv.weight
         assert weight.is_contiguous(memory_format=torch.channels_last)
-        assert trainer.scaler.is_enabled() == (amp == "fp16" or sync_free)
+        assert trainer.scaler.is_enabled()  # always: fp16 loss scaling, else a fixed scale of 1
     per_step = len(syncs) / 2
-    if sync_free and fused:
+    if fused:
         assert syncs == [], [str(s) for s in syncs]  # the fast default: the host never waits inside the step
-    elif sync_free:  # the unfused optimizer: GradScaler.step reads found_inf once per optimizer step
-        assert per_step == 1 and all(s.where.endswith("optimizer_step") for s in syncs), [str(s) for s in syncs]
-    else:
-        assert 0 < per_step <= PLAIN_STEP_SYNCS, [str(s) for s in syncs]
+    else:  # the unfused optimizer: GradScaler.step reads found_inf once per optimizer step
+        assert per_step == 1 and all(s.where.endswith("train_step") for s in syncs), [str(s) for s in syncs]
 
 
 @pytest.mark.parametrize("change", [
     {"micro_batch_size": 1}, {"freeze": "backbone"}, {"activation_checkpointing": "all"},
     {"lean_activations": False}, {"channels_last": False}, {"optimizer": "AdamW"}])
-def test_training_step_variants_are_sync_free_on_cuda(model, change):
+def test_training_step_variants_do_not_sync_on_cuda(model, change):
     config = TrainConfig(device="cuda", **NO_WARMUP, **change)
     with fake_cuda("A100") as fake:
         device = resolve_device("cuda")
         trainer = build_trainer(copy.deepcopy(model), config, device=device)
         syncs = _steady_state_syncs(trainer, fake, _batches(3, batch=2))
         _check_trainer_on_card(trainer, device)
-        assert trainer.step.amp == "bf16" and trainer.sync_free
+        assert trainer.step.amp == "bf16" and trainer.step.fused_optimizer
         if "freeze" in change:
             frozen = [p for n, p in trainer.model.named_parameters() if n.startswith("model.0.")]
             assert frozen and all(p.grad is None and not p.requires_grad for p in frozen)
@@ -191,31 +189,32 @@ def test_training_step_variants_are_sync_free_on_cuda(model, change):
 
 def test_an_epoch_with_multi_scale_reads_back_once_per_log_interval(model, monkeypatch):
     """train_one_epoch as fit runs it: multi-scale resizing on the device, the losses read back every
-    LOG_INTERVAL batches (two transfers each: the loss items and the finite flags) and nothing else."""
+    LOG_INTERVAL batches (one transfer each: the loss items, whose finiteness is checked on the host) and nothing
+    else."""
     monkeypatch.setattr("yolo9kit.train.loop.LOG_INTERVAL", 2)
     config = TrainConfig(device="cuda", epochs=1, multi_scale=True, imgsz=64, **NO_WARMUP)
     with fake_cuda("RTX 4090") as fake:
         trainer = build_trainer(copy.deepcopy(model), config, device=resolve_device("cuda"))
         batches = _batches(5)
-        train_step(trainer, *batches[0])
+        _step(trainer, *batches[0])
         records = []
         with fake.counting() as syncs:
             stats = train_one_epoch(trainer, batches[1:], config, Progress(), batches_per_epoch=4, warmup=0,
                                     progress_bar=False, on_batch=records.append)
     assert stats.images == 8 and len(records) == 4
-    assert len(syncs) == 2 * 2 and all(s.op.endswith("to the host") for s in syncs), [str(s) for s in syncs]
+    assert len(syncs) == 2 and all(s.op.endswith("to the host") for s in syncs), [str(s) for s in syncs]
 
 
-def test_nonfinite_steps_keep_the_fixed_scale_of_the_sync_free_step(model):
-    """bf16 sync-free: NaN gradients make the scaler skip the step on the device, and its scale stays 1."""
+def test_nonfinite_steps_keep_the_fixed_scale_of_the_bf16_step(model):
+    """bf16: NaN gradients make the scaler skip the step on the device, and its scale stays 1."""
     with fake_cuda("H100", grad_value=float("nan")) as fake:
         trainer = build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", ema=False, **NO_WARMUP),
                                 device=resolve_device("cuda"))
         before = to_host(next(trainer.model.parameters()))
         with fake.counting() as syncs:
             for images, targets in _batches(3):
-                train_step(trainer, images, targets)
-        assert trainer.fixed_scale and float(to_host(trainer.scaler._scale)) == 1.0
+                _step(trainer, images, targets)
+        assert trainer.scaler.get_growth_interval() == 2**30 and float(to_host(trainer.scaler._scale)) == 1.0
         assert torch.equal(to_host(next(trainer.model.parameters())), before)  # every step was skipped
     assert syncs == []
 
@@ -298,12 +297,10 @@ def test_loader_hands_batches_to_the_device_and_the_step_takes_them(model, tmp_p
         assert not isinstance(targets, CudaTensor)  # boxes stay on the host: the loss pads them there
         trainer = build_trainer(copy.deepcopy(model), TrainConfig(device="cuda", imgsz=64, **NO_WARMUP),
                                 device=device)
-        run_batch(trainer, images, targets)
-        optimizer_step(trainer)
+        _step(trainer, images, targets)
         with fake.counting() as syncs:
-            result = run_batch(trainer, images, targets)
-            optimizer_step(trainer)
-        assert isinstance(result.loss_items, CudaTensor)
+            items = _step(trainer, images, targets)
+        assert isinstance(items, CudaTensor)
     assert syncs == []
 
 
@@ -321,7 +318,7 @@ def test_build_trainer_leaves_cudnn_autotuning_alone(model):
 
 
 def test_fit_on_cuda_end_to_end(model, tmp_path, monkeypatch):
-    """fit as a user calls it on a card: the loader's batches jittered on the device, the sync-free step, the
+    """fit as a user calls it on a card: the loader's batches jittered on the device, the fused step, the
     FP16 validation of the EMA, the checkpoints (they load on a CPU), cuDNN autotuning for the run only. The
     only syncs of the epoch's training are the read-backs of the logged losses; validation and the saves read
     back as they must (NMS, metrics, the checkpoint's bytes)."""
@@ -337,13 +334,14 @@ def test_fit_on_cuda_end_to_end(model, tmp_path, monkeypatch):
     monkeypatch.setattr("yolo9kit.train.loop.LOG_INTERVAL", 1)
     with fake_cuda("A100") as fake:
         result = fit(copy.deepcopy(model), data, config)
-    assert result.epochs_completed == 1 and result.step.amp == "bf16" and result.step.sync_free
+    assert result.epochs_completed == 1 and result.step.amp == "bf16" and result.step.fused_optimizer
     assert autotuned == [True, True] and torch.backends.cudnn.benchmark == previous
     assert result.results[0]["peak_allocated"] > 0  # the fake counters followed the step's tensors
     in_step = [s for s in fake.syncs if s.where.startswith(("train/step.py", "loss.py", "assigner.py", "models/"))
+               and not s.where.endswith(" _same")  # but the EMA's one-time check of the frozen tensors
                and not s.where.startswith("models/checkpoint.py")]  # the saves read the weights back, as they must
     assert in_step == [], [str(s) for s in in_step]
     read_backs = [s for s in fake.syncs if s.where.startswith("train/loop.py")]
-    assert len(read_backs) == 2 * 2 and all(s.where.endswith("flush") for s in read_backs)  # 2 batches, 2 each
+    assert len(read_backs) == 2 and all(s.where.endswith("flush") for s in read_backs)  # 2 batches, 1 each
     saved = torch.load(result.last, map_location="cpu", weights_only=True)
     assert all(type(v) is torch.Tensor for v in saved["model"].values())

@@ -34,9 +34,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("loss and results", ["yolo9kit.loss", "yolo9kit.detections", "yolo9kit.figure"]),
     # validation of a model on a dataset
     ("evaluation", ["yolo9kit.validate"]),
-    # one training step: micro-steps, the optimizer step, its optimizer groups and schedules, the EMA
-    ("training step", ["yolo9kit.train.step", "yolo9kit.train.optim", "yolo9kit.train.ema",
-                       "yolo9kit.train.guards"]),
+    # one training step (its micro-steps, the optimizer step, the EMA, the out-of-memory back-off), its
+    # optimizer groups and schedules, and the errors and stops of the loop around it
+    ("training step", ["yolo9kit.train.step", "yolo9kit.train.optim", "yolo9kit.train.guards"]),
     # the memory tools: they describe, estimate and measure that step
     ("memory tools", ["yolo9kit.memory"]),
     # the training run: fit, the epoch loop, checkpoints, DDP (an automatic batch is planned with the memory

@@ -55,8 +55,7 @@ def test_the_described_step_is_the_step_fit_builds(switches):
     ``fit`` calls) builds: the same switches on the trainer and the model, and the estimate's traced memory
     equals the built trainer's real step on the CPU, every category at the peak byte for byte except the
     loss (its masks depend on values; to the 512-byte rounding of a few tiny storages). "cuda defaults":
-    channels_last, lean activations, the sync-free
-    dense loss and the fused optimizer forced on the CPU, as CUDA turns them on."""
+    channels_last, lean activations and the fused optimizer forced on the CPU, as CUDA turns them on."""
     import dataclasses
 
     import torch
@@ -68,24 +67,24 @@ def test_the_described_step_is_the_step_fit_builds(switches):
 
     on = switches == "cuda defaults"
     config = TrainConfig(batch_size=2, imgsz=64, amp="off", device="cpu", channels_last=on, lean_activations=on,
-                         sync_free=on, fused_optimizer=on)
+                         fused_optimizer=on)
     cpu = torch.device("cpu")
     step = describe_step(config, create_model("yolov9-t"), cpu)
-    assert (step.channels_last, step.lean_activations, step.sync_free, step.fused_optimizer) == (on,) * 4
+    assert (step.channels_last, step.lean_activations, step.fused_optimizer) == (on,) * 3
     est = StepEstimator(dataclasses.replace(step, model="yolov9-t", num_targets=4, num_classes=80))
     for b in (2, 4):
         torch.manual_seed(0)
         model = create_model("yolov9-t")
         trainer = build_trainer(model, dataclasses.replace(config, batch_size=b), device=cpu)
         assert trainer.step == dataclasses.replace(step, batch_size=b, model=model)
-        assert trainer.loss_fn.dense == on and trainer.sync_free == on and trainer.channels_last == on
+        assert trainer.channels_last == on
         assert model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last) == on
         assert any(getattr(m, "lean", False) for m in model.modules()) == on
         assert trainer.optimizer.defaults.get("fused") in ((True,) if on else (False, None))
         for group in trainer.optimizer.param_groups:  # the multi-tensor kernels, CUDA's default (as the estimate)
             group["foreach"] = not group.get("fused")
         images, targets = synthetic_batch(b, 64, 4, 80)
-        train_step(trainer, images, targets)  # steady state: the optimizer's momentum exists, as in the estimate
+        train_step(trainer, images, targets, ni=0, accumulate_steps=1)  # steady state: momentum exists, as estimated
         real = trace_real_step(trainer, images, targets, device_type="cuda").peak()
         peak, parts = est.memory.peak(b)
         for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):

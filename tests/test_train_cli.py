@@ -36,8 +36,8 @@ def test_flags_to_config(tmp_path):
     fast = train_cli.config_from_args(_parse(["--data", "d.yaml", "--compile", "reduce-overhead"]))
     plain = train_cli.config_from_args(_parse(["--data", "d.yaml", "--compile", "--plain-step"]))
     assert fast.step.compile == "reduce-overhead" and plain.step.compile is True
-    assert (plain.step.channels_last, plain.step.lean_activations, plain.step.sync_free, plain.step.fused_optimizer,
-            plain.pipeline.colour_on_device) == (False,) * 5
+    assert (plain.step.channels_last, plain.step.lean_activations, plain.step.fused_optimizer,
+            plain.pipeline.colour_on_device) == (False,) * 4
     with pytest.raises(SystemExit):
         _parse(["--cos-lr", "--flat-cos-lr"])
 

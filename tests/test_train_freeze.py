@@ -16,10 +16,9 @@ from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint, save_checkpoint
 from yolo9kit.models.model import freeze_layers, frozen_layer_indices
-from yolo9kit.train.ema import ModelEMA
 from yolo9kit.train.fit import fit
 from yolo9kit.train.optim import build_optimizer
-from yolo9kit.train.step import build_trainer, train_step
+from yolo9kit.train.step import ModelEMA, build_trainer, train_step
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -99,8 +98,8 @@ def test_frozen_step_trains_only_the_unfrozen_parameters(yolov9_t):
     for group in trainer.optimizer.param_groups:
         group["lr"] = 0.05
     images, targets = synthetic_batch(2, 64, 4, 2)
-    for _ in range(3):
-        assert train_step(trainer, images, targets).finite
+    for ni in range(3):
+        assert torch.isfinite(train_step(trainer, images, targets, ni=ni, accumulate_steps=1)).all()
     frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
     dfl = {k for k, p in yolov9_t.named_parameters() if not p.requires_grad}  # fixed DFL convolutions
     assert frozen - dfl == {k for k in before if k.startswith(
@@ -165,7 +164,7 @@ def test_estimate_of_the_frozen_step_is_lower_and_equals_the_traced_step():
     for group in trainer.optimizer.param_groups:  # the multi-tensor kernels, CUDA's default (as the estimate)
         group["foreach"] = True
     images, targets = synthetic_batch(2, 64, 4, 80)
-    train_step(trainer, images, targets)  # steady state: momentum exists, as in the estimate
+    train_step(trainer, images, targets, ni=0, accumulate_steps=1)  # steady state: momentum exists, as in the estimate
     real = trace_real_step(trainer, images, targets, device_type="cuda").peak()
     for cat in ("weights", "gradients", "optimizer_state", "ema", "activations"):
         assert abs(frozen_parts[cat] - real[cat]) <= 4 * 512, (cat, frozen_parts[cat], real[cat])

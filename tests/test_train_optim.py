@@ -9,7 +9,6 @@ import torch
 from train_toys import ToyNet, one_thread
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.train.ema import ModelEMA
 from yolo9kit.train.optim import (
     base_accumulate,
     build_optimizer,
@@ -19,6 +18,7 @@ from yolo9kit.train.optim import (
     step_settings,
     warmup_batches,
 )
+from yolo9kit.train.step import ModelEMA
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

@@ -12,7 +12,7 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.train.guards import OutOfMemoryAtMinimumError
 from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.state import Progress
-from yolo9kit.train.step import Trainer, build_trainer, run_batch, train_step
+from yolo9kit.train.step import BatchNormSnapshot, Trainer, build_trainer, train_step, train_step_with_backoff
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -31,9 +31,15 @@ def test_micro_steps_sum_to_one_batch_gradient():
     for micro in (None, 2, 3):  # 3 leaves a ragged last micro-batch of 2
         torch.manual_seed(1)
         model = ToyNet()
-        trainer = build_trainer(model, TrainConfig(micro_batch_size=micro, amp="off", device="cpu"), loss_fn=toy_loss)
-        result = run_batch(trainer, images, targets)
-        assert result.finite and result.micro_steps == (1 if micro is None else -(-8 // micro))
+        calls = []
+
+        def counted(outputs, targets, calls=calls):
+            calls.append(outputs.shape[0])
+            return toy_loss(outputs, targets)
+
+        trainer = build_trainer(model, TrainConfig(micro_batch_size=micro, amp="off", device="cpu"), loss_fn=counted)
+        train_step(trainer, images, targets, ni=0, accumulate_steps=2)  # the window's first batch: no optimizer step
+        assert calls == {None: [8], 2: [2] * 4, 3: [3, 3, 2]}[micro] and trainer.optimizer_steps == 0
         grads[micro] = _grads(model)
     for micro in (2, 3):
         for name, g in grads[None].items():
@@ -66,9 +72,9 @@ def test_accumulated_loader_batches_equal_one_large_batch():
 
 @pytest.mark.parametrize("in_backward", [False, True])
 def test_oom_backoff_equals_training_at_the_smaller_micro_batch(in_backward):
-    """A simulated CUDA OOM above 2 images: batch 8 is retried as micro-batches 4 then 2 (accumulation x4, same
-    8 images per step) and the run equals one configured with micro_batch_size=2 from the start (with BatchNorm:
-    the micro-batches are the same images, so even the batch statistics agree)."""
+    """A simulated CUDA OOM above 2 images, in the forward or the backward: batch 8 is retried as micro-batches 4
+    then 2 (accumulation x4, same 8 images per step) and the run equals one configured with micro_batch_size=2
+    from the start (with BatchNorm: the micro-batches are the same images, so even the batch statistics agree)."""
     batches = make_batches(3, 8)
     base = {"epochs": 1, "batch_size": 8, "accumulate_steps": 1, "amp": "off", "device": "cpu", **NO_WARMUP}
     m_oom, t_oom, s_oom = _train(batches, TrainConfig(**base), batchnorm=True,
@@ -82,12 +88,40 @@ def test_oom_backoff_equals_training_at_the_smaller_micro_batch(in_backward):
     torch.testing.assert_close(s_oom.mean_items, s_ref.mean_items)
 
 
+class _OOMOnce(torch.nn.Module):
+    """Raises a simulated CUDA out-of-memory error in its ``at``-th forward (counted from 1)."""
+
+    def __init__(self, model, at: int) -> None:
+        super().__init__()
+        self.model, self.at, self.calls = model, at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return self.model(x)
+
+
+def test_oom_drops_the_window_and_starts_a_new_one_with_the_batch():
+    """accumulate 2, out of memory in batch 1 (the second of its window): batch 0's gradients and BatchNorm updates
+    are dropped and a new window starts at batch 1 with half the micro-batch. The one optimizer step (at batch 2)
+    then equals a fresh run over batches 1 and 2 configured with that micro-batch."""
+    batches = make_batches(4, 4)
+    base = {"epochs": 1, "batch_size": 4, "accumulate_steps": 2, "amp": "off", "device": "cpu", **NO_WARMUP}
+    m_oom, t_oom, _ = _train(batches, TrainConfig(**base), batchnorm=True, wrap=lambda m: _OOMOnce(m, 2))
+    m_ref, t_ref, _ = _train(batches[1:3], TrainConfig(micro_batch_size=2, **base), batchnorm=True)
+    assert t_oom.micro_batch_size == 2 and t_oom.oom_events == 1 and t_oom.last_opt_step == 2
+    assert t_oom.optimizer_steps == t_ref.optimizer_steps == 1
+    for name, value in m_ref.named_parameters():
+        assert torch.equal(dict(m_oom.named_parameters())[name], value), name
+
+
 def test_oom_at_one_image_is_a_clear_error():
     torch.manual_seed(0)
     trainer = build_trainer(OOMAbove(ToyNet(), 0), TrainConfig(amp="off", device="cpu"), loss_fn=toy_loss)
     (images, targets, *_), = make_batches(1, 2)
     with pytest.raises(OutOfMemoryAtMinimumError, match="micro-batch of 1 image"):
-        run_batch(trainer, images, targets)
+        train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(trainer.model), ni=0, accumulate_steps=1)
 
 
 def test_other_runtime_errors_are_not_swallowed():
@@ -97,22 +131,30 @@ def test_other_runtime_errors_are_not_swallowed():
     trainer = build_trainer(ToyNet(), TrainConfig(amp="off", device="cpu"), loss_fn=broken)
     (images, targets, *_), = make_batches(1, 2)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        run_batch(trainer, images, targets)
+        train_step_with_backoff(trainer, images, targets, BatchNormSnapshot(trainer.model), ni=0, accumulate_steps=1)
+    assert trainer.micro_batch_size is None and trainer.oom_events == 0
 
 
-def test_train_step_skips_nonfinite_loss():
+def test_train_step_skips_a_nonfinite_loss_on_the_device():
+    """No host check: the fixed-scale GradScaler skips the step on the device (weights unchanged, gradients
+    dropped), keeps its scale at 1, and the loss items come back non-finite for the loop to count."""
     def nan_loss(outputs, targets):
         loss, items = toy_loss(outputs, targets)
-        return loss * float("nan"), items
+        return loss * float("nan"), items * float("nan")
 
     model = ToyNet()
     before = params_of(model)
-    trainer: Trainer = build_trainer(model, TrainConfig(amp="off", device="cpu"), loss_fn=nan_loss)
+    trainer: Trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", ema=False), loss_fn=nan_loss)
     (images, targets, *_), = make_batches(1, 4)
-    result = train_step(trainer, images, targets)
-    assert not result.finite and trainer.optimizer_steps == 0
-    assert all(p.grad is None for p in model.parameters())
-    assert all(torch.equal(v, before[k]) for k, v in params_of(model).items())
+    for ni in range(3):
+        items = train_step(trainer, images, targets, ni=ni, accumulate_steps=1)
+        assert not torch.isfinite(items).any() and trainer.last_opt_step == ni
+        assert all(p.grad is None for p in model.parameters())
+        assert all(torch.equal(v, before[k]) for k, v in params_of(model).items())
+        assert trainer.scaler.get_scale() == 1.0  # the fixed scale: a skipped step does not halve it
+    good = build_trainer(ToyNet(), TrainConfig(amp="off", device="cpu", ema=False), loss_fn=toy_loss)
+    assert torch.isfinite(train_step(good, images, targets, ni=0, accumulate_steps=1)).all()
+    assert good.scaler.get_scale() == 1.0  # never grows past 1
 
 
 def test_train_step_updates_weights_and_ema():
@@ -120,6 +162,7 @@ def test_train_step_updates_weights_and_ema():
     trainer = build_trainer(model, TrainConfig(amp="off", device="cpu", micro_batch_size=2), loss_fn=toy_loss)
     ema_before = copy.deepcopy(trainer.ema.ema.state_dict())
     (images, targets, *_), = make_batches(1, 4)
-    result = train_step(trainer, images, targets)
-    assert result.finite and result.micro_steps == 2 and trainer.optimizer_steps == 1 and trainer.ema.updates == 1
+    items = train_step(trainer, images, targets, ni=0, accumulate_steps=1)
+    assert items.shape == (3,) and torch.isfinite(items).all()
+    assert trainer.optimizer_steps == 1 and trainer.ema.updates == 1 and trainer.last_opt_step == 0
     assert not torch.equal(trainer.ema.ema.state_dict()["conv1.weight"], ema_before["conv1.weight"])

@@ -1,30 +1,7 @@
-"""Task-aligned label assignment (TAL) for the YOLOv9 loss, computed in memory-bounded chunks.
-
-Reproduces the official ``utils/tal/assigner.py TaskAlignedAssigner`` as ``ComputeLoss`` builds it
-(topk 10, alpha 0.5, beta 6.0, eps 1e-9), but never holds the official version's large
-``(batch, objects, anchors)`` intermediates all at once:
-
-* images are processed in chunks whose ``images x objects x anchors`` pair count stays under
-  ``max_pairs``; inside a chunk, the CIoU / alignment stage runs over slices of GT rows, so a single
-  crowded image is bounded too;
-* each chunk is padded only to its own largest object count, not the batch's;
-* masks are ``bool`` (1 byte), the top-k selection is a scatter into a bool mask instead of the official
-  ``one_hot(topk_idxs, anchors)`` int64 tensor (``10 x 8`` bytes per pair), the in-box test never builds
-  the official ``(B, M, A, 4)`` float deltas, the CIoU runs in place, and the score normalisation is
-  gathered at foreground anchors instead of a third full float tensor.
-
-What stays per chunk: overlaps and alignment metric (float32, 4 + 4 bytes per pair) and the candidate
-mask (1 byte per pair). ``docs/loss.md`` has measured peaks.
-
-Exactness. Every step is row-wise (one GT against all anchors: CIoU, in-box test, ``torch.topk`` over
-the same row of the same values) or column-wise within one image (conflict resolution,
-normalisation), so splitting over images and GT rows changes no value: chunked and unchunked results
-are bit-identical. To keep them so, the per-pair work uses only correctly rounded arithmetic (the
-``atan`` of each box is taken once per box, ``overlap ** 6`` is three multiplications), whose result
-does not depend on where an element falls in a vectorised loop. Against the official code the values
-agree to float rounding (loss within 1e-7 relative on the committed references, docs/parity.md). Padding rows hold zero
-boxes; their CIoU clamps to 0 and they come after the real rows, so dropping the extra ones changes
-no ``argmax``.
+"""Task-aligned label assignment (TAL) for the YOLOv9 loss: the official ``utils/tal/assigner.py
+TaskAlignedAssigner`` (topk 10, alpha 0.5, beta 6.0, eps 1e-9) computed in memory-bounded chunks of
+images and GT rows, bit-identical to the unchunked result (only correctly rounded per-pair arithmetic).
+How and what it saves: docs/loss.md, "Memory of the assigner".
 """
 
 from __future__ import annotations
@@ -175,10 +152,8 @@ class TaskAlignedAssigner:
         return target_labels, target_bboxes, target_scores, fg
 
     def _candidates(self, scores_pow, pd_bboxes, pred_atan, anc_points, labels, gt_bboxes, gt_atan, is_real):
-        """CIoU overlaps, alignment metric and top-k-in-box candidate mask, (b, M, A) each.
-
-        Computed over slices of GT rows so the CIoU temporaries stay under ``max_pairs`` pairs.
-        """
+        """CIoU overlaps, alignment metric and top-k-in-box candidates, (b, M, A) each, over slices of GT rows
+        so that the CIoU temporaries stay under ``max_pairs`` pairs."""
         b, num_anchors, _ = scores_pow.shape
         num_rows = gt_bboxes.shape[1]
         step = num_rows if self.max_pairs is None else max(1, self.max_pairs // (b * num_anchors))
@@ -212,9 +187,8 @@ class TaskAlignedAssigner:
         return overlaps, align, candidate
 
     def _pow_beta(self, x: torch.Tensor) -> torch.Tensor:
-        """x ** beta. An integer beta (the official 6) uses multiplications, which round the same way
-        wherever an element sits in a vectorised loop, so chunked and unchunked runs agree bit for bit;
-        ``Tensor.pow`` may differ in the last bit between its vector and scalar paths."""
+        """x ** beta; an integer beta (the official 6) as multiplications, which round the same anywhere in a
+        vectorised loop (``Tensor.pow`` may not), so chunked and unchunked runs agree bit for bit."""
         n = self.beta
         if float(n).is_integer() and 1 <= n <= 16:
             n, result, base = int(n), None, x
@@ -232,10 +206,8 @@ def _pairwise_ciou(gt_xyxy: torch.Tensor, gt_atan: torch.Tensor, pred_xyxy: torc
                    pred_atan: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
     """CIoU of every GT against every prediction of the same image: (b, r, 4), (b, A, 4) -> (b, r, A).
 
-    The formula and operation order of ``boxes.bbox_ciou(gt, pred)`` (the official ``bbox_iou`` with
-    CIoU, GT as box1), with ``atan(w / h)`` of each box computed once outside (``_aspect_atan``) so
-    only correctly rounded arithmetic runs per pair, and in-place steps so that at most about five
-    (b, r, A) float tensors are alive at once.
+    ``boxes.bbox_ciou(gt, pred)`` in the same operation order, each box's ``atan(w / h)`` taken outside
+    (``_aspect_atan``), in place: about five (b, r, A) float tensors alive at once.
     """
     b1_x1, b1_y1, b1_x2, b1_y2 = (gt_xyxy[..., i, None] for i in range(4))  # (b, r, 1)
     b2_x1, b2_y1, b2_x2, b2_y2 = (pred_xyxy[:, None, :, i] for i in range(4))  # (b, 1, A)
@@ -260,11 +232,10 @@ def _aspect_atan(boxes_xyxy: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
     """atan(w / h) of (..., 4) xyxy boxes -> (...), with the CIoU's eps on the height."""
     return torch.atan((boxes_xyxy[..., 2] - boxes_xyxy[..., 0]) / (boxes_xyxy[..., 3] - boxes_xyxy[..., 1] + eps))
 
-def _anchors_in_boxes(anc_points: torch.Tensor, boxes_xyxy: torch.Tensor, eps: float) -> torch.Tensor:
-    """(A, 2) points, (b, r, 4) boxes -> (b, r, A) bool: point strictly inside (margin > eps).
 
-    Matches the official ``select_candidates_in_gts`` without its (b, r, A, 4) float deltas.
-    """
+def _anchors_in_boxes(anc_points: torch.Tensor, boxes_xyxy: torch.Tensor, eps: float) -> torch.Tensor:
+    """(A, 2) points, (b, r, 4) boxes -> (b, r, A) bool: point strictly inside (margin > eps); the official
+    ``select_candidates_in_gts`` without its (b, r, A, 4) float deltas."""
     x, y = anc_points[:, 0], anc_points[:, 1]
     x1, y1, x2, y2 = (boxes_xyxy[..., i, None] for i in range(4))
     margin = x - x1

@@ -1,16 +1,6 @@
-"""The YOLOv9 training loss: task-aligned assignment, CIoU box loss, DFL and BCE class loss, per head,
-with the dual (auxiliary + main) combination.
-
-Matches the official ``utils/loss_tal_dual.py ComputeLoss`` (yolov9 models, two heads) and
-``utils/loss_tal.py ComputeLoss`` (gelan models, one head) on their training-mode outputs. The constants
-the official code hard-codes are fields of :class:`LossConfig` (defined with the other settings in
-:mod:`yolo9kit.config`); ``docs/loss.md`` explains the loss.
-
-Usage::
-
-    loss_fn = DetectionLoss(model)                    # or DetectionLoss(num_classes=80, strides=[8, 16, 32])
-    loss, loss_items = loss_fn(model(images), targets)  # targets (N, 6) [image, class, cx, cy, w, h] normalised
-    loss.backward()
+"""The YOLOv9 training loss (task-aligned assignment, CIoU box loss, DFL, BCE class loss), per head, with the
+dual (auxiliary + main) combination: the official ``utils/loss_tal_dual.py`` / ``loss_tal.py`` ``ComputeLoss``.
+The official constants are the fields of :class:`LossConfig`; docs/loss.md explains the loss.
 """
 
 from __future__ import annotations
@@ -54,9 +44,6 @@ class DetectionLoss:
         num_classes: number of classes, when no model is given.
         strides: stride of each level in input pixels (e.g. [8, 16, 32]), when no model is given.
         reg_max: DFL bins per box side (16), when no model is given.
-        dense: compute the box and DFL terms over all anchors with a foreground mask instead of
-            gathering the foreground anchors: no data-dependent shapes, so no device synchronisation
-            (the fast CUDA step uses it). Same value up to float summation order.
 
     Call with ``(outputs, targets)``: outputs are the training-mode raw maps, a ``DualOutput``
     (``aux`` None for gelan) or the official order ``[aux maps, main maps]`` / one list of maps;
@@ -67,7 +54,7 @@ class DetectionLoss:
 
     def __init__(self, model: torch.nn.Module | None = None, config: LossConfig | None = None, *,
                  num_classes: int | None = None, strides: Sequence[float] | torch.Tensor | None = None,
-                 reg_max: int | None = None, dense: bool = False) -> None:
+                 reg_max: int | None = None) -> None:
         if model is not None:
             head = getattr(model, "head", None)
             num_classes = int(model.nc) if num_classes is None else num_classes
@@ -78,7 +65,6 @@ class DetectionLoss:
             raise ValueError("DetectionLoss needs a model, or num_classes and strides "
                              "(e.g. DetectionLoss(num_classes=80, strides=[8, 16, 32]))")
         self.config = config or LossConfig()
-        self.dense = dense
         self.num_classes = int(num_classes)
         self.strides = [float(s) for s in torch.as_tensor(strides, dtype=torch.float32).tolist()]
         self.reg_max = 16 if reg_max is None else int(reg_max)
@@ -183,41 +169,18 @@ class DetectionLoss:
         pos_weight = flat.new_full((1,), self.config.cls_pos_weight)  # a fill, not a host-to-device copy
         cls_loss = F.binary_cross_entropy_with_logits(pred_logits, target_scores, pos_weight=pos_weight,
                                                       reduction="none").sum() / target_scores_sum
-        fg = assigned.fg_mask
-        if self.dense:
-            box_loss, dfl_loss = self._dense_box_dfl(pred_dist, pred_boxes, target_boxes, target_scores, fg,
-                                                     anchor_points, target_scores_sum)
-            return [box_loss, cls_loss, dfl_loss]
-        if not bool(fg.any()):  # CPU-GPU sync point (the official code has it too)
-            zero = pred_dist.new_zeros(())
-            return [zero, cls_loss, zero]
-        weight = target_scores.sum(-1)[fg].unsqueeze(-1)  # (n, 1)
-        iou = bbox_ciou(pred_boxes[fg], target_boxes[fg])  # (n, 1)
-        box_loss = ((1.0 - iou) * weight).sum() / target_scores_sum
-        points = anchor_points.expand(batch_size, -1, -1)[fg]
-        target_ltrb = xyxy_to_ltrb(points, target_boxes[fg], self.reg_max - 1 - 0.01)  # clamp 14.99
-        dfl_loss = (self.distribution_focal_loss(pred_dist[fg], target_ltrb) * weight).sum() / target_scores_sum
-        return [box_loss, cls_loss, dfl_loss]
-
-    def _dense_box_dfl(self, pred_dist, pred_boxes, target_boxes, target_scores, fg, anchor_points,
-                       target_scores_sum) -> tuple[torch.Tensor, torch.Tensor]:
-        """Box (CIoU) and DFL terms over every anchor, background weighted 0: no boolean indexing.
-
-        Background anchors get harmless stand-in targets (their own detached prediction, DFL bin 0.5) so
-        that no NaN or inf can arise in terms that are then multiplied by zero.
-        """
-        batch_size = pred_dist.shape[0]
-        fg_f = fg.unsqueeze(-1)  # (B, A, 1)
-        weight = target_scores.sum(-1, keepdim=True) * fg_f  # (B, A, 1)
-        safe_targets = torch.where(fg_f, target_boxes, pred_boxes.detach())
+        # box (CIoU) and DFL over every anchor, background weighted 0: no boolean indexing, so no device sync;
+        # background anchors get harmless stand-in targets (their own prediction, DFL bin 0.5): no NaN to mask
+        fg = assigned.fg_mask.unsqueeze(-1)  # (B, A, 1)
+        weight = target_scores.sum(-1, keepdim=True) * fg  # (B, A, 1)
+        safe_targets = torch.where(fg, target_boxes, pred_boxes.detach())
         iou = bbox_ciou(pred_boxes, safe_targets)  # (B, A, 1)
         box_loss = ((1.0 - iou) * weight).sum() / target_scores_sum
         points = anchor_points.expand(batch_size, -1, -1)
-        target_ltrb = xyxy_to_ltrb(points, safe_targets, self.reg_max - 1 - 0.01)  # clamp 14.99
-        target_ltrb = torch.where(fg_f, target_ltrb, 0.5)
+        target_ltrb = torch.where(fg, xyxy_to_ltrb(points, safe_targets, self.reg_max - 1 - 0.01), 0.5)  # clamp 14.99
         dfl = self.distribution_focal_loss(pred_dist.reshape(-1, 4 * self.reg_max), target_ltrb.reshape(-1, 4))
         dfl_loss = (dfl * weight.reshape(-1, 1)).sum() / target_scores_sum
-        return box_loss, dfl_loss
+        return [box_loss, cls_loss, dfl_loss]
 
     def decode_boxes(self, anchor_points: torch.Tensor, pred_dist: torch.Tensor) -> torch.Tensor:
         """(A, 2) points, (B, A, 4*reg_max) logits -> (B, A, 4) xyxy boxes, grid units (softmax expectation)."""

@@ -149,7 +149,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     for flag, what in (("--cos-lr", "cosine"), ("--flat-cos-lr", "flat, then cosine"), ("--fixed-lr", "constant")):
         schedules.add_argument(flag, action="store_true", help=f"{what} learning-rate schedule")
     p.add_argument("--plain-step", action="store_true", help="the CUDA speed switches off (channels_last, lean "
-                   "activations, sync-free step, fused optimizer, colour jitter on the GPU): the official step")
+                   "activations, fused optimizer, colour jitter on the GPU): the official step")
 
 
 def add_setting_flag(p: argparse.ArgumentParser, name: str, of: type = TrainConfig, **changes: Any) -> None:

@@ -117,7 +117,7 @@ AMP_MODES = ("auto", "fp16", "bf16", "off")
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.model).
 Freeze = int | str | Sequence[int] | None
 # The speed switches that ``None`` leaves to the device: all on for CUDA, channels_last on the CPU (resolve).
-FAST_SWITCHES = ("channels_last", "lean_activations", "sync_free", "fused_optimizer")
+FAST_SWITCHES = ("channels_last", "lean_activations", "fused_optimizer")
 
 
 def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | None:
@@ -169,8 +169,6 @@ class StepConfig(Settings):
                                          no_flag=PLAIN_STEP, resume=CHANGE)
     lean_activations: bool | None = declare(None, "BatchNorm+SiLU keep one activation for backward, not two "
                                             "(~25 % less)", no_flag=PLAIN_STEP, resume=CHANGE)
-    sync_free: bool | None = declare(None, "no host-device sync in the step; losses read every 10 batches",
-                                     no_flag=PLAIN_STEP, resume=CHANGE)
     fused_optimizer: bool | None = declare(None, "torch's fused SGD/Adam/AdamW", no_flag=PLAIN_STEP, resume=CHANGE)
     # off by default: the first step then takes minutes (docs/benchmarks.md)
     compile: bool | str = declare(False, "torch.compile the forward (optionally a mode: reduce-overhead, "

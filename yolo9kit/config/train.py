@@ -18,7 +18,7 @@ CALLBACK_NAMES = ("on_batch", "on_epoch_end", "on_run_end")
 LOGGERS = ("tensorboard", "mlflow")  # entry points "yolo9kit.loggers", each an optional extra of the package
 # Fixed at the official values (docs/training.md):
 GRAD_CLIP = 10.0  # the largest total gradient norm after unscaling
-LOG_INTERVAL = 10  # sync-free step: batches between read-backs of the losses (progress bar, callbacks)
+LOG_INTERVAL = 10  # batches between read-backs of the losses (progress bar, callbacks)
 MAX_NONFINITE_BATCHES = 10  # non-finite losses in a row that stop a run
 OOM_BACKOFF = True  # on CUDA out-of-memory halve the micro-batch and retry
 DEFAULT_AUGMENT_HYP: dict[str, float] = {  # the augmentation of the official hyp.scratch-high.yaml

@@ -184,7 +184,7 @@ def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.devic
         for i, (images, targets) in enumerate(batches):
             torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            losses.append(train_step(trainer, images, targets).loss_items)
+            losses.append(train_step(trainer, images, targets, ni=i, accumulate_steps=1))
             torch.cuda.synchronize(device)  # CPU-GPU sync point: the step is over when the GPU is done
             if i >= config.warmup_batches:
                 times.append(time.perf_counter() - t0)
@@ -205,7 +205,7 @@ def _syncs_in_step(trainer, images: torch.Tensor, targets: torch.Tensor) -> int:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            train_step(trainer, images, targets)
+            train_step(trainer, images, targets, ni=trainer.last_opt_step + 1, accumulate_steps=1)
         finally:
             torch.cuda.set_sync_debug_mode(previous)
     return sum("synchronizing" in str(w.message) for w in seen)

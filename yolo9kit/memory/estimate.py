@@ -21,7 +21,7 @@ from yolo9kit.loss import DetectionLoss
 from yolo9kit.memory.gpus import CachingAllocatorModel, GPUSpec, ThroughputModel, calibration_for, target_gpu
 from yolo9kit.memory.measure import MemoryReport, as_step, num_classes_of, resolve_model
 from yolo9kit.memory.tracer import CATEGORIES, Trace, trace_meta_step
-from yolo9kit.train.step import AMP_DTYPES, build_trainer
+from yolo9kit.train.step import build_trainer
 
 LOGGER = logging.getLogger(__name__)
 DEFAULT_WORKSPACE_BYTES = 64 << 20  # cuDNN's workspace at the peak, assumed without a measured calibration
@@ -133,46 +133,34 @@ def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """``foreach`` kernels (the CUDA default), and the state made now by one step on zero gradients."""
-    for group in optimizer.param_groups:
+def prime(trainer) -> None:
+    """Make the optimizer state (one step on zero gradients, with the ``foreach`` kernels, the CUDA default) and
+    the scaler's scale now, as a first step does, so that a traced step is a steady-state step."""
+    for group in trainer.optimizer.param_groups:
         group["foreach"] = True
-    for p in model.parameters():
+    for p in trainer.model.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-class FusedStandIn:
-    """A fused optimizer on ``meta`` tensors: its step allocates nothing (in-place kernels), a no-op here."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self.param_groups, self.state = optimizer.param_groups, optimizer.state
-
-    def step(self, closure: Any = None) -> None:
-        return None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.scaler.scale(torch.zeros((), device=trainer.device))
 
 
 def build_meta_trainer(real_model: nn.Module, step: StepConfig):
-    """``build_trainer``'s trainer for the resolved ``step`` over a ``meta`` copy of ``real_model``, its optimizer
-    primed -> (trainer, loss_fn); the loss stays on the real model (the trace runs it for real)."""
-    loss_fn = step.loss_fn
-    if loss_fn is None:
-        loss_fn = DetectionLoss(real_model, dense=bool(step.sync_free))
+    """The trainer ``fit`` would assemble (``yolo9kit.train.step.build_trainer``) for the resolved ``step``, over
+    a ``meta`` copy of ``real_model`` (only read), its optimizer state primed -> (trainer, loss_fn). The loss
+    (``step.loss_fn``, default ``DetectionLoss``) stays on the real model: the trace runs it for real."""
+    loss_fn = step.loss_fn or DetectionLoss(real_model)
     if step.activation_checkpointing is not None and not hasattr(real_model, "set_activation_checkpointing"):
         raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
                          f"set_activation_checkpointing(); {step.model_name} has none")
     model = to_meta(real_model, bool(step.channels_last)).train()
     config = TrainConfig(step=step.replace(batch_size=None))  # the trace sets the batch; the rest is the step's
-    trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"), step=step)
-    prime_optimizer(trainer.model, trainer.optimizer)
-    if step.fused_optimizer:
-        trainer.optimizer = FusedStandIn(trainer.optimizer)
+    # on meta nothing is compiled, no fused kernel runs (the tracer skips its step) and autocast is emulated
+    trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"),
+                            step=step.replace(fused_optimizer=False, compile=False))
+    trainer.step, trainer.amp_dtype, trainer.autocast_device = step, None, "cpu"
+    prime(trainer)
     return trainer, loss_fn
 
 
@@ -186,16 +174,11 @@ class StepEstimator:
         self.step = step if step.device_type else step.resolve("cuda", bf16=True)
         real = resolve_model(self.step, copy_model=False)
         trainer, loss_fn = build_meta_trainer(real, self.step)
-        traces = []
-        for b in (B1, B2):
-            trace, self.gflops = trace_meta_step(
-                trainer, loss_fn, batch_size=b, imgsz=self.step.peak_imgsz, num_targets=self.step.num_targets,
-                num_classes=num_classes_of(self.step, real), amp_dtype=AMP_DTYPES[self.step.amp],
-                optimizer=b == B1, autocast="cpu" if self.step.device_type == "cpu" else "cuda")
-            traces.append(trace)
+        (trace1, self.gflops), (trace2, _) = (  # the optimizer once: it does not depend on the batch
+            trace_meta_step(trainer, loss_fn, b, num_classes_of(self.step, real), optimizer=b == B1) for b in (B1, B2))
         # forward + backward (2x forward) + the recompute when checkpointing
         self.train_gflops_per_image = self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
-        self.memory = StepMemoryModel(*traces)
+        self.memory = StepMemoryModel(trace1, trace2)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
         LOGGER.info("memory of one %s step (%s) measured without a GPU in %.1f s", self.step.model_name,

@@ -73,7 +73,7 @@ class MemoryReport:
         return {"model": step.model_name, "batch_size": step.batch_size, "imgsz": step.peak_imgsz, "amp": step.amp,
                 "activation_checkpointing": "none" if ckpt is None else str(ckpt),
                 "channels_last": step.channels_last, "lean_activations": step.lean_activations,
-                "sync_free": step.sync_free, "setting": step.label, "method": self.method, "device": self.device,
+                "setting": step.label, "method": self.method, "device": self.device,
                 "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
                 "step_time_s": self.step_time_s, "images_per_s": self.images_per_s,
                 "context_bytes": self.context_bytes, "num_targets": step.num_targets,
@@ -173,19 +173,18 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
     module = resolve_model(step)
     trainer = None
     try:
-        trainer = build_real_trainer(module, step, dev)
-        trainer.oom_backoff = False  # an out-of-memory must surface, not halve the micro-batch
+        trainer = build_real_trainer(module, step, dev)  # train_step itself: an out-of-memory error surfaces
         images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets,
                                           num_classes_of(step, module))
         with cudnn_autotune(dev):  # as fit runs the step
-            for _ in range(warmup_repeats):
-                train_step(trainer, images, targets)
+            for ni in range(warmup_repeats):
+                train_step(trainer, images, targets, ni=ni, accumulate_steps=1)
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             times = []
-            for _ in range(max(1, repeats)):
+            for ni in range(warmup_repeats, warmup_repeats + max(1, repeats)):
                 t0 = time.perf_counter()
-                train_step(trainer, images, targets)
+                train_step(trainer, images, targets, ni=ni, accumulate_steps=1)
                 torch.cuda.synchronize(dev)  # the step is over when the GPU is done
                 times.append(time.perf_counter() - t0)
         peak_allocated = torch.cuda.max_memory_allocated(dev) - held_allocated
@@ -227,7 +226,7 @@ def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any)
     module = resolve_model(step)
     trainer = build_real_trainer(module, step, torch.device("cpu"))
     images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets, num_classes_of(step, module))
-    train_step(trainer, images, targets)  # steady state: momentum buffers exist, as from the second step on
+    train_step(trainer, images, targets, ni=0, accumulate_steps=1)  # steady state: the momentum buffers exist
     t0 = time.perf_counter()
     parts = trace_real_step(trainer, images, targets, device_type="cpu").peak()
     seconds, peak = time.perf_counter() - t0, sum(parts.values())

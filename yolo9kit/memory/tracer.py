@@ -1,26 +1,28 @@
-"""Trace one training step of the kit, on ``meta`` tensors or real ones, recording every storage it allocates
-by category and over time (docs/memory.md, "How `estimate` works")."""
+"""Trace one training step of the kit, on ``meta`` tensors (shapes, no data) or real ones, and record every
+storage it allocates, by category and over time: the storage tracker, the autocast emulation and the bridge
+that runs the loss for real. How and what it assumes: docs/memory.md, "How `estimate` works".
+"""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from yolo9kit.memory.gpus import round_size
-from yolo9kit.train.step import micro_step, optimizer_step
+from yolo9kit.train.step import AMP_DTYPES, train_step
 
-# the categories of a MemoryReport breakdown, in display order
+# The categories of a MemoryReport breakdown, in display order.
 CATEGORIES = ("weights", "gradients", "optimizer_state", "ema", "activations", "loss_assigner", "workspace_other")
 # phase a storage was born in -> category, unless its identity says otherwise
 _PHASE_CATEGORY = {"forward": "activations", "loss": "loss_assigner", "loss_backward": "loss_assigner"}
-_LOW = (torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -38,7 +40,7 @@ class Trace:
 
     records: list[StorageRecord]
     num_events: int
-    phase_starts: list[tuple[str, int]]
+    phase_starts: list[tuple[str, int]] = field(default_factory=list)
 
     def category(self, rec: StorageRecord) -> str:
         return rec.tag or _PHASE_CATEGORY.get(rec.phase, "workspace_other")
@@ -60,8 +62,9 @@ class Trace:
 
 
 class StorageTracker(TorchDispatchMode):
-    """Record each storage an op creates while active, once, and when it dies (a weakref); ``device_type``
-    "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors standing for a CUDA run)."""
+    """Record each storage an op creates while active, once, and when its Python object dies (a weakref).
+    ``device_type`` "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors standing for a CUDA
+    run); anything else counts exact bytes."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
@@ -84,7 +87,8 @@ class StorageTracker(TorchDispatchMode):
     def _record(self, storage: torch.UntypedStorage, tag: str | None) -> None:
         idx = self._index.get(storage)
         if idx is not None:
-            self.records[idx].tag = self.records[idx].tag or tag
+            if tag is not None and self.records[idx].tag is None:
+                self.records[idx].tag = tag
             return
         idx = len(self.records)
         nbytes = round_size(storage.nbytes()) if self.device_type == "cuda" else storage.nbytes()
@@ -93,42 +97,48 @@ class StorageTracker(TorchDispatchMode):
         self._index[storage] = idx
         self._refs.append(weakref.ref(storage, lambda _ref, i=idx: self._on_free(i)))
 
-    def _on_free(self, idx: int) -> None:  # the storage's only weakref died
-        self.records[idx].free = self.events
-        self.events += 1
+    def _on_free(self, idx: int) -> None:
+        rec = self.records[idx]
+        if rec.free is None:
+            rec.free = self.events
+            self.events += 1
 
     def register(self, tensors, tag: str) -> None:
         """Record tensors that exist already (parameters, EMA, optimizer state) under ``tag``."""
         for t in tensors:
-            st = t.untyped_storage()
-            self._record(st, tag)
-            if tag == "weights" and isinstance(t, torch.nn.Parameter):
-                self._param_storages[st] = True
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                self._record(st, tag)
+                if tag == "weights" and isinstance(t, torch.nn.Parameter):
+                    self._param_storages[st] = True
 
-    def tag(self, tensors, tag: str) -> None:
-        """Give recorded storages an identity category (e.g. they became ``.grad``)."""
-        for t in tensors:
-            idx = self._index.get(t.untyped_storage())
-            if idx is not None:
-                self.records[idx].tag = tag
+    def tag(self, tensor: torch.Tensor, tag: str) -> None:
+        """Give a recorded storage an identity category (e.g. it became a ``.grad``)."""
+        idx = self._index.get(tensor.untyped_storage())
+        if idx is not None:
+            self.records[idx].tag = tag
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
+        tag = None
         if func is torch.ops.aten.convolution.default and self.phase == "forward":
             w = args[1]
             self.forward_flops += 2 * out.numel() * w.shape[1] * w.shape[2] * w.shape[3]
         # autocast's low-precision copy of a parameter counts as weights (it lives until backward used it)
-        weight = func is torch.ops.aten._to_copy.default and args[0].untyped_storage() in self._param_storages
+        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor) \
+                and args[0].untyped_storage() in self._param_storages:
+            tag = "weights"
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self._record(t.untyped_storage(), "weights" if weight else None)
+                self._record(t.untyped_storage(), tag)
         return out
 
     def trace(self) -> Trace:
         """A snapshot: storages freed after this call count as alive to the end."""
-        return Trace([replace(r) for r in self.records], self.events, list(self.phase_starts))
+        records = [StorageRecord(r.nbytes, r.phase, r.alloc, r.free, r.tag) for r in self.records]
+        return Trace(records, self.events, list(self.phase_starts))
 
 
 # The op lists of the PyTorch AMP documentation: CUDA ops that autocast to float16 / to float32, ...
@@ -170,8 +180,17 @@ POLICIES = {"cuda": (LOWER_PRECISION, FLOAT32, FLOAT32_BY_DTYPE_ARG, PROMOTE),
             "cpu": (CPU_LOWER_PRECISION, CPU_FLOAT32, frozenset(), frozenset({"cat", "stack", "index_copy"}))}
 
 
+def _map_tensors(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    return obj
+
+
 class AutocastEmulation(TorchFunctionMode):
-    """The autocast policy of ``policy`` ("cuda" or "cpu") with ``dtype``, on any device while ``enabled``."""
+    """The autocast policy of ``policy`` ("cuda", or "cpu" for a CPU bf16 step) with ``dtype`` (fp16 or bf16),
+    applied on any device while ``enabled`` (real autocast reaches no ``meta`` tensor)."""
 
     def __init__(self, dtype: torch.dtype | None, policy: str = "cuda") -> None:
         super().__init__()
@@ -192,9 +211,11 @@ class AutocastEmulation(TorchFunctionMode):
             return t
         if t.is_leaf and t.requires_grad and self.caching:  # a weight: cast once per region, as CUDA autocast
             hit = self._weight_cache.get(id(t))
-            if hit is None or hit[0] is not t:
-                hit = self._weight_cache[id(t)] = (t, t.to(dtype))
-            return hit[1]
+            if hit is not None and hit[0] is t:
+                return hit[1]
+            cast = t.to(dtype)
+            self._weight_cache[id(t)] = (t, cast)
+            return cast
         return t.to(dtype)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -204,33 +225,40 @@ class AutocastEmulation(TorchFunctionMode):
         if func is torch.Tensor.backward:
             return self._backward(args[0])
         name = getattr(func, "__name__", "")
+        low = self.dtype
         if name in self.lower:
-            args, kwargs = tree_map_only(torch.Tensor, lambda t: self._cast(t, self.dtype), (args, kwargs))
+            args, kwargs = _map_tensors(args, lambda t: self._cast(t, low)), {
+                k: _map_tensors(v, lambda t: self._cast(t, low)) for k, v in kwargs.items()}
         elif name in self.by_dtype:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.dtype in _LOW and kwargs.get("dtype") is None:
+            if first is not None and first.dtype in (torch.float16, torch.bfloat16) and kwargs.get("dtype") is None:
                 kwargs = {**kwargs, "dtype": torch.float32}
         elif name in self.float32:
-            args = tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype in _LOW else t, args)
+            args = _map_tensors(args, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
         elif name in self.promote:
             floats = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.is_floating_point()]
             if floats and len({t.dtype for t in floats}) > 1:
                 widest = torch.float32 if any(t.dtype == torch.float32 for t in floats) else floats[0].dtype
-                args = tree_map_only(torch.Tensor, lambda t: t.to(widest) if t.is_floating_point() else t, args)
+                args = _map_tensors(args, lambda t: t.to(widest) if t.is_floating_point() else t)
         return func(*args, **kwargs)
 
     def _backward(self, loss: torch.Tensor) -> None:
-        # checkpointed layers recompute under autocast, each its own region (no weight cache); a function mode is
-        # off while it handles a call: enter it again around the autograd engine (torch.autograd.backward's end)
+        # Checkpointed layers recompute under the forward's autocast state, each recompute its own region (no
+        # weight cache). A function mode is off while it handles a call: entered again around the autograd engine.
         self.set_enabled(True, caching=False)
         with self:
-            torch.autograd.Variable._execution_engine.run_backward(
-                (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True)
+            engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+            if engine is None:
+                loss.backward()
+            else:
+                engine.run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
+                                    accumulate_grad=True)
         self.set_enabled(False)
 
 
 class _LossBridge(torch.autograd.Function):
-    """The loss of meta outputs, run for real on random CPU tensors of their shapes; meta gradients go back."""
+    """The loss of meta outputs, run for real on random CPU tensors of their shapes (the assigner picks by
+    value) under the same tracker; meta gradients of the outputs' shapes go back to the meta backward."""
 
     @staticmethod
     def forward(ctx, setup: tuple, *outputs: torch.Tensor):
@@ -259,6 +287,8 @@ class _LossBridge(torch.autograd.Function):
 
 
 def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
+    """A loss callable for meta outputs that runs ``loss_fn`` for real (``_LossBridge``)."""
+
     def call(outputs, _targets):
         leaves, spec = tree_flatten(outputs)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -269,7 +299,8 @@ def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
 
 def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` random boxes per image as targets (N, 6)."""
+    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` boxes per image as targets (N, 6)
+    ``[image_index, class, cx, cy, w, h]`` normalised, reproducible from ``seed``."""
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (batch_size, 3, imgsz, imgsz), dtype=torch.uint8, generator=g)
     n = batch_size * num_targets
@@ -280,54 +311,82 @@ def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: 
     return images, torch.cat([index[:, None], cls[:, None], cxcy, wh], 1)
 
 
+class _BackwardDone(Exception):
+    """Ends a trace without the optimizer where the step would unscale the gradients."""
+
+
+class _MarkingScaler:
+    """The trainer's GradScaler as the tracer runs it: ``scale`` starts the backward, ``unscale_`` the optimizer (or
+    ends a trace without it, ``optimizer=False``)."""
+
+    def __init__(self, trainer, tracker: StorageTracker, optimizer: bool) -> None:
+        self.scaler, self.tracker, self.optimizer = trainer.scaler, tracker, optimizer
+        self.update = trainer.scaler.update
+        self.meta, self.fused = trainer.device.type == "meta", bool(trainer.step.fused_optimizer)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        self.tracker.set_phase("backward")
+        return self.scaler.scale(loss)
+
+    def unscale_(self, optimizer) -> None:
+        self.tracker.set_phase("optimizer" if self.optimizer else "end")
+        if not self.optimizer:
+            raise _BackwardDone
+        self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer) -> None:
+        if not self.meta:
+            self.scaler.step(optimizer)
+        elif not self.fused:  # on meta: as for finite gradients (unreadable); a fused step allocates nothing
+            optimizer.step()
+
+
 def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: StorageTracker,
-                emulation: AutocastEmulation | None, *, optimizer: bool = True) -> None:
-    """The kit's own ``micro_step`` and ``optimizer_step``, the phases each enters marked in the tracker."""
-    if emulation is not None:
-        emulation.set_enabled(True)  # until backward ends (AutocastEmulation._backward)
-    trainer.on_phase = tracker.set_phase
-    try:
-        micro_step(trainer, images, targets)
-    finally:
-        trainer.on_phase = None
-    tracker.tag([p.grad for p in trainer.model.parameters() if p.grad is not None], "gradients")
-    if optimizer:
-        tracker.set_phase("optimizer")
-        optimizer_step(trainer)
-    tracker.set_phase("end")
-    trainer.optimizer.zero_grad(set_to_none=True)
+                emulation: AutocastEmulation | None = None, *, optimizer: bool = True) -> Trace:
+    """The kit's own ``train_step`` (ni 0, a fresh window) under ``tracker`` -> its trace. The weights, EMA and
+    optimizer state, which exist before it, are recorded first; the phases are marked from outside the step: the
+    loss function, the scaler (``_MarkingScaler``) and each parameter's gradient tagged once accumulated."""
+    model, ema, scaler, loss_fn = trainer.model, trainer.ema, trainer.scaler, trainer.loss_fn
+    tracker.register([*model.parameters(), *model.buffers()], "weights")
+    if ema is not None:
+        tracker.register([*ema.ema.parameters(), *ema.ema.buffers()], "ema")
+    tracker.register([t for s in trainer.optimizer.state.values() for t in s.values()], "optimizer_state")
 
+    def marked_loss(outputs, targets):
+        tracker.set_phase("loss")
+        return loss_fn(outputs, targets)
 
-def register_persistent(tracker: StorageTracker, trainer) -> None:
-    model = trainer.model
-    tracker.register(list(model.parameters()) + list(model.buffers()), "weights")
-    if trainer.ema is not None:
-        tracker.register(list(trainer.ema.ema.parameters()) + list(trainer.ema.ema.buffers()), "ema")
-    state = [t for s in trainer.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    tracker.register(state, "optimizer_state")
-
-
-def trace_meta_step(trainer, loss_fn, *, batch_size: int, imgsz: int, num_targets: int, num_classes: int,
-                    amp_dtype: torch.dtype | None, optimizer: bool = True, autocast: str = "cuda"
-                    ) -> tuple[Trace, float]:
-    """One steady-state step on ``meta`` tensors -> (trace, forward GFLOPs per image); ``optimizer=False``
-    stops after backward, ``autocast`` names the autocast policy."""
-    _, targets = synthetic_batch(batch_size, 32, num_targets, num_classes)
-    tracker = StorageTracker(device_type="cuda")
-    emulation = AutocastEmulation(amp_dtype, autocast)
-    images = torch.empty((batch_size, 3, imgsz, imgsz), dtype=torch.uint8, device="meta")
-    register_persistent(tracker, trainer)
-    trainer.loss_fn = bridged_loss(loss_fn, targets, tracker)  # the tracer's own trainer: the loss runs for real
-    with emulation, tracker:
-        traced_step(trainer, images, targets, tracker, emulation, optimizer=optimizer)
-    return tracker.trace(), tracker.forward_flops / 1e9 / batch_size
-
-
-def trace_real_step(trainer, images: torch.Tensor, targets: torch.Tensor, *, device_type: str | None = None
-                    ) -> Trace:
-    """The same step on real tensors (CPU or CUDA, real autocast) under the same tracker."""
-    tracker = StorageTracker(device_type=device_type or trainer.device.type)
-    register_persistent(tracker, trainer)
-    with tracker:
-        traced_step(trainer, images, targets, tracker, None)
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.tag(p.grad, "gradients"))
+             for p in model.parameters() if p.requires_grad]
+    trainer.scaler = _MarkingScaler(trainer, tracker, optimizer)
+    trainer.loss_fn, trainer.last_opt_step = marked_loss, -1
+    with emulation or contextlib.nullcontext(), tracker:
+        if emulation is not None:
+            emulation.set_enabled(True)  # until backward ends (AutocastEmulation._backward)
+        tracker.set_phase("forward")
+        with contextlib.suppress(_BackwardDone):
+            train_step(trainer, images, targets, ni=0, accumulate_steps=1)
+        tracker.set_phase("end")
+        trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.scaler, trainer.loss_fn = scaler, loss_fn
+    for hook in hooks:
+        hook.remove()
     return tracker.trace()
+
+
+def trace_meta_step(trainer, loss_fn, batch_size: int, num_classes: int, *, optimizer: bool = True
+                    ) -> tuple[Trace, float]:
+    """One steady-state step of the meta trainer at ``batch_size`` and the step's largest image size, its autocast
+    emulated -> (trace, forward GFLOPs per image). ``optimizer=False`` stops after backward."""
+    step, tracker = trainer.step, StorageTracker(device_type="cuda")
+    _, targets = synthetic_batch(batch_size, 32, step.num_targets, num_classes)
+    images = torch.empty((batch_size, 3, step.peak_imgsz, step.peak_imgsz), dtype=torch.uint8, device="meta")
+    trainer.loss_fn = bridged_loss(loss_fn, targets, tracker)  # the tracer's own trainer: the loss runs for real
+    emulation = AutocastEmulation(AMP_DTYPES[step.amp], "cpu" if step.device_type == "cpu" else "cuda")
+    trace = traced_step(trainer, images, targets, tracker, emulation, optimizer=optimizer)
+    return trace, tracker.forward_flops / 1e9 / batch_size
+
+
+def trace_real_step(trainer, images: torch.Tensor, targets: torch.Tensor, device_type: str) -> Trace:
+    """The same step on real tensors (CPU or CUDA, real autocast) under the same tracker."""
+    return traced_step(trainer, images, targets, StorageTracker(device_type))

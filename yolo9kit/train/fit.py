@@ -16,18 +16,17 @@ from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.data import create_dataloader, set_mosaic
-from yolo9kit.env import set_cpu_threads
+from yolo9kit.env import resolve_device, set_cpu_threads
 from yolo9kit.memory.plan import choose_batch
 from yolo9kit.models import create_model
 from yolo9kit.train import records, rundir, state
-from yolo9kit.train.ema import unwrap
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals, stopped_by
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_batches
 from yolo9kit.train.records import EpochRecord, RunPictures
 from yolo9kit.train.rundir import RunFolder
 from yolo9kit.train.state import DistInfo, Progress
-from yolo9kit.train.step import Trainer, build_trainer, cudnn_autotune, describe_step, place_model, resolve_device
+from yolo9kit.train.step import Trainer, build_trainer, cudnn_autotune, describe_step, place_model, unwrap
 from yolo9kit.validate import evaluate
 
 LOGGER = logging.getLogger(__name__)

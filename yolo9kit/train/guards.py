@@ -1,4 +1,4 @@
-"""What the loop does when something goes wrong: out of memory, a non-finite loss, an interrupt."""
+"""What the loop does when something goes wrong: a non-finite loss, out of memory, an interrupt."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ LOGGER = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """Raised after ``MAX_NONFINITE_BATCHES`` non-finite losses in a row, or an epoch whose every batch had one.
+    """``MAX_NONFINITE_BATCHES`` non-finite losses in a row, or an epoch whose every batch had one.
 
     Attributes:
-        run_dir: the run folder (set by ``fit``, which names it in the message); its ``weights/last.pt``, when
-            there is one, is the last good checkpoint (not overwritten).
+        run_dir: the run folder (``fit`` sets it); its ``weights/last.pt``, if any, is the last good checkpoint.
         count: how many non-finite losses in a row were seen.
     """
 
@@ -68,13 +67,8 @@ class OutOfMemoryAtMinimumError(RuntimeError):
 
 
 class DistributedOutOfMemoryError(RuntimeError):
-    """Out of memory under DDP in a micro-step that talks to the other ranks: it cannot be retried on one rank.
-
-    The synchronising micro-step (the last of a batch before an optimizer step) broadcasts DDP's buffers in
-    its forward and all-reduces the gradients in its backward; a rank that backed off and redid it alone
-    would call those collectives again while the other ranks wait in theirs: a hang. The run stops instead
-    (torchrun then stops the other ranks) with what to change.
-    """
+    """Out of memory under DDP in the micro-step that synchronises the ranks (buffer broadcast, gradient
+    all-reduce): a rank that redid it alone would hang the others, so the run stops."""
 
     def __init__(self, rank_batch: int, error: BaseException) -> None:
         super().__init__(
@@ -86,22 +80,7 @@ class DistributedOutOfMemoryError(RuntimeError):
 
 def is_out_of_memory(error: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError`` and the generic "out of memory" RuntimeError."""
-    if isinstance(error, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
-
-
-def halve_micro_batch(micro_batch: int, error: BaseException) -> int:
-    """The micro-batch to retry with after an out-of-memory ``error``; raises when it is already 1."""
-    if micro_batch <= 1:
-        raise OutOfMemoryAtMinimumError(
-            "out of memory with a micro-batch of 1 image: use a smaller model or image size, "
-            "amp='fp16'/'bf16', or activation checkpointing (TrainConfig(activation_checkpointing='all'))"
-        ) from error
-    new = micro_batch // 2
-    LOGGER.warning("out of memory at micro-batch %d: retrying this batch as micro-batches of %d "
-                   "(accumulation x2, same images per optimizer step)", micro_batch, new)
-    return new
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -118,16 +97,10 @@ def stopped_by(reason: str) -> str:
 
 
 class StopSignals:
-    """SIGTERM (schedulers, ``docker stop``, a closed terminal), and SIGINT (Ctrl-C, the notebook's stop) when
-    Python's own handler is in place, turned into a stop at a safe point.
-
-    By default a signal is only recorded in ``received``: the training loop asks ``pending()`` before each
-    batch and the run stops there, and a checkpoint being written is finished first. Inside ``raising()``
-    (validation, which has no such point) it raises ``Interrupted`` at once. A second signal while stopping
-    is logged and ignored, so the checkpoint of the first one is written whole (SIGKILL still ends the
-    process at once). Handlers are installed on ``__enter__`` on the main thread only, where no other
-    handler was set, and the previous ones restored on ``__exit__``.
-    """
+    """SIGTERM, and SIGINT where Python's own handler is in place, turned into a stop at a safe point: recorded in
+    ``received`` for the loop to ask (``pending()``) before each batch, or raised as ``Interrupted`` inside
+    ``raising()`` (validation). A second signal is logged and ignored, so the first one's checkpoint is written
+    whole. Handlers are installed on the main thread only, where no other was set, and restored on exit."""
 
     def __init__(self, install: bool = True) -> None:
         self.received: str | None = None

@@ -22,9 +22,8 @@ import torch
 from yolo9kit.config import TrainConfig
 from yolo9kit.figure import draw_results, new_figure, plot_labels, save_figure, show_batch, validation_figure_makers
 from yolo9kit.files import dump_record, read_record, write_text_atomically
-from yolo9kit.train.ema import unwrap
 from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
-from yolo9kit.train.step import Trainer
+from yolo9kit.train.step import Trainer, unwrap
 
 if TYPE_CHECKING:
     from yolo9kit.train.loop import EpochStats
@@ -45,8 +44,8 @@ _DPI = 100  # ~1000 px wide figures: readable, and cheap enough to redraw result
 
 @dataclass(frozen=True)
 class BatchRecord:
-    """What ``on_batch`` receives after each trained batch (rank 0; sync-free, ``log_interval`` batches at a time).
-    The fields are described in docs/training.md; losses are running means over the epoch."""
+    """What ``on_batch`` receives after each trained batch (rank 0; ``LOG_INTERVAL`` batches at a time, at each
+    read-back). The fields are described in docs/training.md; losses are running means over the epoch."""
 
     epoch: int
     batch_index: int  # in the epoch

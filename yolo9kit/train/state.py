@@ -19,8 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from yolo9kit.models.checkpoint import estimate_checkpoint_bytes, save_checkpoint
-from yolo9kit.train.ema import unwrap
-from yolo9kit.train.step import Trainer, scaler_kind
+from yolo9kit.train.step import Trainer, scaler_kind, unwrap
 
 LOGGER = logging.getLogger(__name__)
 
@@ -194,7 +193,7 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
         "ema_updates": trainer.ema.updates if trainer.ema else 0,
         "optimizer": trainer.optimizer.state_dict(),
         "scaler": trainer.scaler.state_dict(),
-        "scaler_kind": scaler_kind(trainer.amp_dtype, trainer.sync_free),
+        "scaler_kind": scaler_kind(trainer.amp_dtype),
         "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
         "progress": progress.to_dict(),
         "micro_batch_size": trainer.micro_batch_size,
@@ -249,8 +248,8 @@ def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "t
         trainer.ema.ema.load_state_dict(ckpt["ema"])
         trainer.ema.updates = int(ckpt.get("ema_updates", 0))
     trainer.optimizer.load_state_dict(ckpt["optimizer"])
-    # another kind's scaler state is never inherited: an fp16 run would take the sync-free fixed scale of 1
-    saved, kind = ckpt.get("scaler_kind"), scaler_kind(trainer.amp_dtype, trainer.sync_free)
+    # another kind's scaler state is never inherited: an fp16 run would take the fixed scale of 1
+    saved, kind = ckpt.get("scaler_kind"), scaler_kind(trainer.amp_dtype)
     if saved == kind and ckpt.get("scaler"):
         trainer.scaler.load_state_dict(ckpt["scaler"])
     elif saved != kind:

@@ -1,43 +1,45 @@
-"""One training step, reusable on its own: micro-steps (forward, loss, backward), the optimizer step, the EMA.
-
-``fit`` drives these functions; memory profiling calls ``train_step`` to measure exactly the kit's step::
-
-    trainer = build_trainer(model, TrainConfig(batch_size=16, amp="fp16"))
-    trainer.step                                       # what it runs: config.step resolved, as the memory tools see it
-    out = train_step(trainer, images_uint8, targets)   # one optimizer update over the whole batch
+"""One training step: :func:`train_step` is the whole of it on one page (micro-batches, autocast, loss, backward,
+the optimizer step, the EMA), run by the epoch loop, ``memory.measure`` and the memory estimate alike. Around it:
+the :class:`Trainer` it runs (:func:`build_trainer`), the EMA, the BatchNorm snapshot and the out-of-memory back-off.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
+import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from yolo9kit.config import StepConfig, TrainConfig
-from yolo9kit.config.train import GRAD_CLIP, OOM_BACKOFF
+from yolo9kit.config.train import GRAD_CLIP
 from yolo9kit.env import free_cuda_memory, resolve_device
+from yolo9kit.loss import DetectionLoss
 from yolo9kit.models.layers import set_lean
 from yolo9kit.models.model import freeze_layers
-from yolo9kit.train.ema import ModelEMA, unwrap
-from yolo9kit.train.guards import DistributedOutOfMemoryError, halve_micro_batch, is_out_of_memory
+from yolo9kit.train.guards import DistributedOutOfMemoryError, OutOfMemoryAtMinimumError, is_out_of_memory
 from yolo9kit.train.optim import build_optimizer
 
 LOGGER = logging.getLogger(__name__)
 
 LossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+AMP_DTYPES: dict[str, torch.dtype | None] = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
+FIXED_SCALE_GROWTH_INTERVAL = 2**30  # a scaler at a fixed scale of 1 never grows
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside a DistributedDataParallel / DataParallel wrapper."""
+    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
 
 
 @dataclass
 class Trainer:
-    """Everything one step touches. ``model`` may be a DistributedDataParallel wrapper; ``step`` is the resolved
-    step it runs (``describe_step``), whose switches it reads.
-
-    ``micro_batch_size`` is the live micro-batch (None: the whole batch); the OOM back-off halves it.
-    """
+    """Everything one step touches, made by :func:`build_trainer`. ``model`` may be a DDP wrapper; ``step`` is the
+    resolved step (:func:`describe_step`); ``micro_batch_size`` the live micro-batch (None: the whole batch)."""
 
     model: nn.Module
     loss_fn: LossFn
@@ -46,66 +48,28 @@ class Trainer:
     ema: ModelEMA | None
     device: torch.device
     step: StepConfig
-    amp_dtype: torch.dtype | None = None
-    grad_clip: float = 10.0
+    amp_dtype: torch.dtype | None
+    autocast_device: str  # the device type autocast is entered for ("cpu" on meta, where the tracer emulates it)
     world_size: int = 1
-    compiled: nn.Module | None = None  # torch.compile of ``model`` used for the forward pass, when asked
+    compiled: nn.Module | None = None  # torch.compile of ``model`` for the forward, when asked
     micro_batch_size: int | None = None
-    oom_backoff: bool = True
+    last_opt_step: int = -1  # ni of the last optimizer step (official; Progress keeps it in checkpoints)
     optimizer_steps: int = 0
     oom_events: int = 0
-    phase: str = "idle"  # "forward", "loss" or "backward" while a micro-step runs (the OOM back-off reads it)
-    # Called with each phase a micro-step enters: the memory tracer marks the storages it records with it.
-    on_phase: Callable[[str], None] | None = field(default=None, repr=False)
-    buffer_backup: list[torch.Tensor] = field(default_factory=list, repr=False)  # BN stats before a micro-step
 
     @property
     def channels_last(self) -> bool:
-        """Inputs (and 4-D weights) in channels_last."""
         return bool(self.step.channels_last)
 
-    @property
-    def sync_free(self) -> bool:
-        """No host-device synchronisation inside the step: loss values stay on the device (``BatchResult``
-        holds tensors), a non-finite step is skipped on the device by the scaler."""
-        return bool(self.step.sync_free)
 
-    @property
-    def fixed_scale(self) -> bool:
-        """The scaler runs at a fixed scale of 1 (``scaler_kind`` "fixed")."""
-        return scaler_kind(self.amp_dtype, self.sync_free) == "fixed"
-
-
-# autocast dtype of each resolved ``amp`` mode
-AMP_DTYPES: dict[str, torch.dtype | None] = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
-
-
-# A fixed-scale scaler never grows (and optimizer_step sets its scale back to 1 after every update).
-FIXED_SCALE_GROWTH_INTERVAL = 2**30
-
-
-def scaler_kind(amp_dtype: torch.dtype | None, sync_free: bool) -> str:
-    """What the GradScaler of a step does: "dynamic" (fp16 loss scaling), "fixed" (scale 1: only the
-    device-side skip of a non-finite step, for the sync-free step without fp16) or "off"."""
-    if amp_dtype == torch.float16:
-        return "dynamic"
-    return "fixed" if sync_free else "off"
-
-
-def make_scaler(kind: str, device: torch.device) -> torch.amp.GradScaler:
-    """The GradScaler of a ``scaler_kind``."""
-    if kind == "dynamic":
-        return torch.amp.GradScaler(device.type)
-    if kind == "fixed":
-        return torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=FIXED_SCALE_GROWTH_INTERVAL)
-    return torch.amp.GradScaler(device.type, enabled=False)
+def scaler_kind(amp_dtype: torch.dtype | None) -> str:
+    """What the GradScaler does: "dynamic" fp16 loss scaling, else "fixed" at 1 (it only skips a non-finite step)."""
+    return "dynamic" if amp_dtype == torch.float16 else "fixed"
 
 
 def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1) -> StepConfig:
-    """The step ``build_trainer`` runs for ``config`` on ``device``: ``config.step`` with ``model`` (its classes)
-    and the micro-batch of each rank filled in (``step.batch_size``, else the batch per rank), resolved there
-    ("auto" AMP and the ``None`` switches decided by ``StepConfig.resolve``). The memory tools take the same
-    object, so an estimate and a run agree on what the step is.
+    """``config.step`` with ``model`` and each rank's micro-batch filled in, resolved for ``device``: the step
+    :func:`build_trainer` runs and the memory tools describe.
 
     Raises:
         ValueError: ``config.batch_size`` is still "auto" and no micro-batch is set (``fit`` sizes it first).
@@ -120,12 +84,10 @@ def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, w
 
 
 def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> None:
-    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout (channels_last 4-D weights),
-    in one pass; nothing happens to parameters already there in that layout.
+    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout (channels_last 4-D weights).
 
-    Call it before a DistributedDataParallel wrapper is made (``fit`` does): DDP lays out its gradient
-    buckets from the parameters' strides at construction, and parameters switched to channels_last after it
-    make every gradient a copy (and a warning that the strides do not match its buckets).
+    Call it before wrapping the model in DDP (``fit`` does): DDP lays out its gradient buckets from the
+    parameters' strides, and a layout changed afterwards makes every gradient a copy.
     """
     module = unwrap(model)
     freeze_layers(module, step.freeze)
@@ -136,63 +98,46 @@ def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> Non
 
     if all(placed(p) for p in module.parameters()) and all(b.device == device for b in module.buffers()):
         return
-    if step.channels_last:
-        module.to(device, memory_format=torch.channels_last)
-    else:
-        module.to(device)
+    module.to(device, memory_format=fmt) if step.channels_last else module.to(device)
 
 
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
                   device: torch.device | None = None, world_size: int = 1, step: StepConfig | None = None) -> Trainer:
-    """Optimizer (official groups), GradScaler and EMA for ``model`` on ``device``, for the step
-    :func:`describe_step` gives (kept as ``trainer.step``).
+    """The :class:`Trainer` of ``model`` for ``config``: optimizer (official groups), GradScaler, EMA, loss.
 
-    ``model`` is moved to the device (``place_model``); pass an already DDP-wrapped model for multi-GPU (the
-    EMA copies the module inside; place it before wrapping it, as ``fit`` does). The layers of
-    ``config.step.freeze`` are frozen first, so the optimizer and the EMA leave them out. ``loss_fn`` defaults
-    to ``yolo9kit.loss.DetectionLoss(model, config.optim.loss)``.
-
-    On CUDA the defaults are the fast ones: channels_last weights and inputs, a fused optimizer, a step
-    without host-device synchronisation, and the lean BatchNorm+SiLU (``yolo9kit.models.layers``: about a
-    quarter less activation memory); ``fit`` also switches cuDNN autotuning on for the run
-    (``cudnn_autotune``). The scaler is on for fp16 (loss
-    scaling); in a sync-free step without fp16 it runs at a fixed scale of 1, only to skip a non-finite
-    step on the device (``scaler_kind``).
-
-    The memory tracer assembles its trainer here too (``yolo9kit.memory.step.build_meta_trainer``): ``step``
-    is then the resolved step it describes and ``device`` is ``meta``, where autocast is emulated by the
-    tracer (no autocast dtype, no scaler), the optimizer runs its foreach kernels and nothing is compiled.
+    Args:
+        model: the model, placed on ``device`` here (``place_model``); a DDP-wrapped one for multi-GPU.
+        config: the run's settings; ``config.step`` is resolved for the device (``describe_step``).
+        loss_fn: ``(outputs, targets) -> (loss, items)``; default ``DetectionLoss(model, config.optim.loss)``.
+        device: default ``config.run.device``.
+        world_size: DDP ranks.
+        step: the resolved step, when the caller has it (the memory tracer).
     """
     device = device or resolve_device(config.run.device)
     step = step or describe_step(config, model, device, world_size)
-    meta = device.type == "meta"
     place_model(model, step, device)
     set_lean(unwrap(model), step.lean_activations)
     if step.activation_checkpointing is not None:
         unwrap(model).set_activation_checkpointing(step.activation_checkpointing)
-    if loss_fn is None:
-        from yolo9kit.loss import DetectionLoss
-
-        loss_fn = DetectionLoss(unwrap(model), config.optim.loss, dense=step.sync_free)
-    amp_dtype = None if meta else AMP_DTYPES[step.amp]
-    scaler = make_scaler("none" if meta else scaler_kind(amp_dtype, step.sync_free), torch.device("cpu") if meta
-                         else device)
-    ema = ModelEMA(model) if step.ema else None  # the official decay 0.9999, ramped over 2000 updates
-    optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer and not meta)
+    amp_dtype = AMP_DTYPES[step.amp]
+    # always on: fp16 scales the loss; otherwise a fixed scale of 1 skips a non-finite step on the device
+    scaler = torch.amp.GradScaler(device.type) if scaler_kind(amp_dtype) == "dynamic" else \
+        torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=FIXED_SCALE_GROWTH_INTERVAL)
     compiled = None
-    if config.step.compile and not meta:
-        mode = config.step.compile if isinstance(config.step.compile, str) else None
-        compiled = torch.compile(model, mode=mode)
-    return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, ema=ema, device=device,
-                   step=step, amp_dtype=amp_dtype, grad_clip=GRAD_CLIP, world_size=world_size,
-                   compiled=compiled, micro_batch_size=config.step.batch_size, oom_backoff=OOM_BACKOFF)
+    if step.compile:
+        compiled = torch.compile(model, mode=step.compile if isinstance(step.compile, str) else None)
+    if loss_fn is None:
+        loss_fn = DetectionLoss(unwrap(model), config.optim.loss)
+    ema = ModelEMA(model) if step.ema else None  # the official decay 0.9999, ramped over 2000 updates
+    optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer)
+    return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, ema=ema, device=device, step=step,
+                   amp_dtype=amp_dtype, autocast_device=device.type, world_size=world_size, compiled=compiled,
+                   micro_batch_size=config.step.batch_size)
 
 
 @contextlib.contextmanager
 def cudnn_autotune(device: torch.device, enabled: bool = True) -> Iterator[None]:
-    """cuDNN autotuning (``torch.backends.cudnn.benchmark``) on CUDA for the block, the previous setting back
-    after it: it pays for fixed training shapes, and a global switch left on would also autotune the
-    caller's own later work (a notebook's other cells)."""
+    """cuDNN autotuning on CUDA for the block only (a global switch would also tune a notebook's later cells)."""
     previous = torch.backends.cudnn.benchmark
     if device.type == "cuda" and enabled:
         torch.backends.cudnn.benchmark = True
@@ -202,192 +147,180 @@ def cudnn_autotune(device: torch.device, enabled: bool = True) -> Iterator[None]
         torch.backends.cudnn.benchmark = previous
 
 
-def to_input(images: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
-    """uint8 (B, 3, H, W) RGB -> float32 in [0, 1] on ``device`` (the copy to the GPU is asynchronous)."""
-    fmt = torch.channels_last if channels_last else torch.contiguous_format  # loaders may hand channels_last
-    return images.to(device, non_blocking=True).to(dtype=torch.float32, memory_format=fmt).div_(255)
+def to_input(images: torch.Tensor, trainer: Trainer, imgsz: tuple[int, int] | None = None) -> torch.Tensor:
+    """uint8 (B, 3, H, W) -> float32 in [0, 1] on the device in the step's layout, resized to ``imgsz`` (h, w)
+    when given (bilinear, the official multi-scale step; the normalised targets stay as they are)."""
+    fmt = torch.channels_last if trainer.channels_last else torch.contiguous_format
+    x = images.to(trainer.device, non_blocking=True).to(dtype=torch.float32, memory_format=fmt).div_(255)
+    if imgsz is not None and tuple(x.shape[2:]) != tuple(imgsz):
+        x = nn.functional.interpolate(x, size=tuple(imgsz), mode="bilinear", align_corners=False)
+    return x
 
 
-def slice_batch(images: torch.Tensor, targets: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images ``start:end`` and their targets (N, 6) with image indices renumbered from 0."""
-    keep = (targets[:, 0] >= start) & (targets[:, 0] < end)
-    part = targets[keep].clone()
-    part[:, 0] -= start
-    return images[start:end], part
+def micro_batches(images: torch.Tensor, targets: torch.Tensor, micro: int | None
+                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(first image, images, targets with image indices from 0) of each micro-batch of ``micro`` images."""
+    size = images.shape[0]
+    for start in range(0, size, micro or size):
+        end = min(start + (micro or size), size)
+        if start == 0 and end == size:
+            yield 0, images, targets
+            continue
+        keep = (targets[:, 0] >= start) & (targets[:, 0] < end)
+        part = targets[keep].clone()
+        part[:, 0] -= start
+        yield start, images[start:end], part
 
 
-def micro_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, sync: bool = True,
-               imgsz: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Forward, loss and backward of one micro-batch; gradients are added to ``.grad``.
+def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, ni: int, accumulate_steps: int,
+               imgsz: tuple[int, int] | None = None) -> torch.Tensor:
+    """Forward, loss and backward of one loader batch, micro-batch by micro-batch, then the optimizer step if due.
 
-    The loss is the sum-type loss of the loss function (mean over the micro-batch times its size), so
-    gradients of consecutive micro-steps simply add up: no division by the number of micro-steps
-    (official semantics). Under DDP the loss is multiplied by the world size because DDP averages
-    gradients over ranks, and gradients are all-reduced only when ``sync`` (the last micro-step before
-    an optimizer step). ``imgsz`` (h, w): the float images are resized there first (bilinear, the official
-    multi-scale step; targets are normalised and stay as they are).
+    Args:
+        trainer: what the step touches (:func:`build_trainer`).
+        images: uint8 (B, 3, H, W); targets: (N, 6) ``[image, class, cx, cy, w, h]`` normalised, on the CPU.
+        ni: the batch's index since the run started; accumulate_steps: batches per optimizer step.
+        imgsz: (h, w) to resize the batch to (multi-scale training), or None.
 
     Returns:
-        (loss, loss_items) detached; None when the loss is not finite in a single process (then nothing
-        was back-propagated). Under DDP a non-finite loss is back-propagated all the same, because every
-        rank must join the gradient all-reduce; ``run_batch`` has the ranks agree to drop the step. A
-        sync-free trainer never checks on the host: it always back-propagates and the scaler skips a
-        non-finite step on the device.
+        The batch's mean loss items [box, cls, dfl] (3,), left on the device (no host-device synchronisation).
     """
-    model = trainer.model
-    no_sync = (not sync) and isinstance(model, nn.parallel.DistributedDataParallel)
-    # a step without autocast enters no region (the memory tracer's meta device has none)
-    region = contextlib.nullcontext() if trainer.amp_dtype is None else \
-        torch.autocast(trainer.device.type, dtype=trainer.amp_dtype)
-    checked = trainer.world_size == 1 and not trainer.sync_free and trainer.device.type != "meta"  # meta: no values
-    with model.no_sync() if no_sync else contextlib.nullcontext():
-        _enter(trainer, "forward")
-        x = to_input(images, trainer.device, trainer.channels_last)
-        if imgsz is not None and tuple(x.shape[2:]) != tuple(imgsz):
-            x = nn.functional.interpolate(x, size=tuple(imgsz), mode="bilinear", align_corners=False)
-        with region:
-            outputs = (model if trainer.compiled is None else trainer.compiled)(x)
-            _enter(trainer, "loss")
-            loss, loss_items = trainer.loss_fn(outputs, targets)  # targets stay on the CPU: see DetectionLoss
-        # backward needs neither: the loss saved what it uses, so the head outputs (77 MB for yolov9-t at batch 16
-        # and 640 px) are freed before the backward peak instead of being held through it
-        del outputs, x
-        loss = loss * trainer.world_size
-        if checked and not torch.isfinite(loss.detach()):  # sync point
-            _enter(trainer, "idle")
-            return None
-        _enter(trainer, "backward")
-        trainer.scaler.scale(loss).backward()
-    _enter(trainer, "idle")
-    return loss.detach(), loss_items.detach()
+    model, size = trainer.model, images.shape[0]
+    forward = model if trainer.compiled is None else trainer.compiled
+    step_due = ni - trainer.last_opt_step >= accumulate_steps  # official rule (last_opt_step starts at -1)
+    items = torch.zeros(3, device=trainer.device)
+    for start, part, part_targets in micro_batches(images, targets, trainer.micro_batch_size):
+        if isinstance(model, nn.parallel.DistributedDataParallel):  # all-reduce gradients only before a step
+            model.require_backward_grad_sync = step_due and start + part.shape[0] == size
+        with torch.autocast(trainer.autocast_device, dtype=trainer.amp_dtype, enabled=trainer.amp_dtype is not None):
+            # the head outputs are freed once the loss has what it needs, before the backward peak
+            loss, part_items = trainer.loss_fn(forward(to_input(part, trainer, imgsz)), part_targets)
+        # the loss is the micro-batch's mean x its images, so the micro-steps' gradients add up (no division by
+        # the accumulation, official); x world_size, since DDP averages the gradients of the ranks
+        trainer.scaler.scale(loss * trainer.world_size).backward()
+        # + 0 * loss: a non-finite loss makes the items non-finite, for the loop to count when it reads them back
+        items += part_items.detach() * part.shape[0] + 0 * loss.detach()
+    if step_due:
+        trainer.scaler.unscale_(trainer.optimizer)
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm=GRAD_CLIP)
+        trainer.scaler.step(trainer.optimizer)  # skipped, on the device, when a gradient is not finite
+        # a fixed scale stays 1: update() would halve it at every skipped step and never grow it back
+        trainer.scaler.update(None if scaler_kind(trainer.amp_dtype) == "dynamic" else 1.0)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if trainer.ema is not None:
+            trainer.ema.update(model)
+        trainer.last_opt_step, trainer.optimizer_steps = ni, trainer.optimizer_steps + 1
+    return items / size
 
 
-def _enter(trainer: Trainer, phase: str) -> None:
-    trainer.phase = phase
-    if trainer.on_phase is not None:
-        trainer.on_phase(phase)
+class BatchNormSnapshot:
+    """The model's buffers (BatchNorm running statistics) as they were when the accumulation window began: put
+    back on an interrupt (a resume redoes the window) and on out of memory (the window is dropped)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.buffers = list(unwrap(model).buffers())
+        self.saved = [b.clone() for b in self.buffers]
+
+    def take(self) -> None:
+        if self.buffers:
+            torch._foreach_copy_(self.saved, self.buffers)
+
+    def restore(self) -> None:
+        if self.buffers:
+            torch._foreach_copy_(self.buffers, self.saved)
 
 
-def _finite_on_all_ranks(finite: bool, trainer: Trainer) -> bool:
-    """Under DDP: is the batch finite on every rank? One tiny all-reduce per batch (all ranks must agree)."""
-    if trainer.world_size == 1:
-        return finite
-    flag = torch.tensor([int(finite)], device=trainer.device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-    return bool(flag.item())
+def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor,
+                            snapshot: BatchNormSnapshot, *, ni: int, accumulate_steps: int,
+                            imgsz: tuple[int, int] | None = None) -> torch.Tensor:
+    """:func:`train_step`; on out of memory the accumulation window is dropped (BatchNorm statistics restored,
+    gradients zeroed) and the batch retried at half the micro-batch, as the first batch of a new window.
 
-
-def optimizer_step(trainer: Trainer) -> None:
-    """Unscale, clip the total gradient norm to ``grad_clip`` (10), step, update the scaler, zero, EMA.
-
-    Matches the official order: scaler.unscale_, clip_grad_norm_(max_norm=10), scaler.step,
-    scaler.update, zero_grad, ema.update.
+    Raises:
+        DistributedOutOfMemoryError: in the micro-step that synchronises the DDP ranks.
+        OutOfMemoryAtMinimumError: at a micro-batch of one image.
     """
-    trainer.scaler.unscale_(trainer.optimizer)
-    if trainer.grad_clip > 0:
-        nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm=trainer.grad_clip)
-    trainer.scaler.step(trainer.optimizer)  # skipped by the scaler if fp16 gradients overflowed
-    # A fixed scale stays 1: update() would halve it after every non-finite step and never grow it back.
-    trainer.scaler.update(1.0 if trainer.fixed_scale else None)
-    trainer.optimizer.zero_grad(set_to_none=True)
-    if trainer.ema is not None:
-        trainer.ema.update(trainer.model)
-    trainer.optimizer_steps += 1
-
-
-@dataclass
-class BatchResult:
-    """Outcome of one loader batch: mean loss items over its images, or ``finite=False``."""
-
-    loss_items: torch.Tensor | None  # (3,) [box, cls, dfl], image-weighted mean over micro-batches
-    finite: bool
-    micro_steps: int
-    grads_lost: bool = False  # an OOM during backward forced dropping the accumulated gradients
-    # Sync-free step: ``loss_items`` is still on the device, ``finite`` is not known yet (True) and this
-    # device bool says it; read both back when logging (``yolo9kit.train.loop`` does, every few batches).
-    finite_flag: torch.Tensor | None = None
-
-
-def run_batch(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, sync: bool = True,
-              imgsz: tuple[int, int] | None = None) -> BatchResult:
-    """Forward/backward one loader batch as micro-batches of ``trainer.micro_batch_size`` images (resized to
-    ``imgsz`` (h, w) when given: multi-scale training).
-
-    Out of memory (when ``oom_backoff``): the tensors are dropped, memory freed, the micro-batch halved
-    (so the micro-steps per optimizer step double and the images per step stay the same) and the
-    batch continues from the first image not yet back-propagated; BatchNorm running statistics are
-    restored to their values before the failed micro-step. If the error came during backward,
-    ``.grad`` may hold part of a backward pass, so all accumulated gradients are zeroed, the batch is
-    redone from its first image and ``grads_lost`` tells the caller. Under DDP a rank backs off on its own
-    only in the micro-steps that run under ``no_sync`` (no collective): an out-of-memory error in the
-    synchronising one raises ``DistributedOutOfMemoryError``, since retrying it on one rank would hang the others.
-    """
-    size = images.shape[0]
-    done, micro_steps, grads_lost, finite = 0, 0, False, True
-    items_sum = torch.zeros(3, device=trainer.device if trainer.sync_free else "cpu")
-    flag = torch.ones((), dtype=torch.bool, device=trainer.device) if trainer.sync_free else None
-    buffers = list(unwrap(trainer.model).buffers()) if trainer.oom_backoff else []
-    if buffers and len(trainer.buffer_backup) != len(buffers):
-        trainer.buffer_backup = [b.clone() for b in buffers]
-    while done < size:
-        end = min(done + (trainer.micro_batch_size or size), size)
-        part_images, part_targets = slice_batch(images, targets, done, end)
-        oom_error = None
-        if buffers:  # BatchNorm running stats before this micro-step, restored if it runs out of memory
-            torch._foreach_copy_(trainer.buffer_backup, buffers)  # a few small kernels: ~2 floats per channel
-        synchronising = sync and end == size
+    while True:
+        micro = min(trainer.micro_batch_size or images.shape[0], images.shape[0])
         try:
-            out = micro_step(trainer, part_images, part_targets, sync=synchronising, imgsz=imgsz)
+            return train_step(trainer, images, targets, ni=ni, accumulate_steps=accumulate_steps, imgsz=imgsz)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-            if not (trainer.oom_backoff and is_out_of_memory(error)):
+            if not is_out_of_memory(error):
                 raise
-            if trainer.world_size > 1 and synchronising:
-                raise DistributedOutOfMemoryError(end - done, error) from None
-            oom_error = RuntimeError(str(error))  # keep the message, drop the traceback and its tensors
-        if oom_error is not None:
-            del part_images, part_targets
-            if _recover_from_oom(trainer, buffers, end - done, oom_error):
-                done, items_sum, grads_lost = 0, torch.zeros_like(items_sum), True
-            continue
-        done, micro_steps = end, micro_steps + 1
-        if flag is not None:  # sync-free: accumulate on the device, decide nothing here
-            flag &= torch.isfinite(out[0])
-            items_sum += out[1].float() * part_images.shape[0]
-            continue
-        if out is None or not torch.isfinite(out[0]):
-            finite = False
-            if trainer.world_size == 1:
-                break
-            continue
-        items_sum += out[1].float().cpu() * (part_images.shape[0])
-    if flag is not None:  # under DDP the all-reduced gradients carry a NaN to every rank's scaler
-        return BatchResult(items_sum / size, True, micro_steps, grads_lost, finite_flag=flag)
-    if not _finite_on_all_ranks(finite, trainer):
-        return BatchResult(None, False, micro_steps, grads_lost)
-    return BatchResult(items_sum / size, True, micro_steps, grads_lost)
-
-
-def _recover_from_oom(trainer: Trainer, buffers: list[torch.Tensor], attempted: int, error: BaseException) -> bool:
-    """Free memory, restore BatchNorm stats, halve the micro-batch; True when gradients had to be zeroed."""
-    in_backward = trainer.phase == "backward"
-    trainer.phase = "idle"
-    if buffers:
-        torch._foreach_copy_(buffers, trainer.buffer_backup)  # undo the running-stat updates of the failed forward
-    free_cuda_memory(trainer.device)
-    trainer.micro_batch_size = halve_micro_batch(attempted, error)
-    trainer.oom_events += 1
-    if in_backward:
+            if isinstance(trainer.model, nn.parallel.DistributedDataParallel) and \
+                    trainer.model.require_backward_grad_sync:
+                raise DistributedOutOfMemoryError(micro, error) from None
+            message = str(error)  # not the error itself: its traceback holds the failed step's tensors
+        snapshot.restore()
         trainer.optimizer.zero_grad(set_to_none=True)
-    return in_backward
+        free_cuda_memory(trainer.device)
+        if micro <= 1:
+            raise OutOfMemoryAtMinimumError(
+                "out of memory with a micro-batch of 1 image: use a smaller model or image size, amp='fp16'/'bf16', "
+                f"or activation checkpointing (TrainConfig(activation_checkpointing='all')). {message[:200]}")
+        LOGGER.warning("out of memory at micro-batch %d: the gradients accumulated since the last optimizer step are "
+                       "dropped, and this batch runs again as micro-batches of %d", micro, micro // 2)
+        trainer.micro_batch_size, trainer.oom_events = micro // 2, trainer.oom_events + 1
+        if trainer.world_size == 1:  # a new window starts with this batch (DDP ranks keep one schedule: they sync)
+            trainer.last_opt_step = ni - 1
 
 
-def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor) -> BatchResult:
-    """One optimizer update over ``images`` (uint8 (B, 3, H, W)) and ``targets`` (N, 6): all micro-steps,
-    then the optimizer step and the EMA update. A non-finite loss zeroes the gradients and skips the step
-    (in a sync-free step the scaler skips it on the device)."""
-    result = run_batch(trainer, images, targets, sync=True)
-    if result.finite:
-        optimizer_step(trainer)
-    else:
-        trainer.optimizer.zero_grad(set_to_none=True)
-    return result
+class ModelEMA:
+    """EMA of every floating-point state_dict entry (parameters, BatchNorm statistics): the official ``ModelEMA``
+    (``d = decay * (1 - exp(-updates / tau))``, ``ema = d * ema + (1 - d) * model``) as two ``_foreach`` kernels.
+
+    A frozen parameter whose EMA equals the model's is left out (``d * x + (1 - d) * x`` is ``x``: the copy stays
+    bit-identical); one whose EMA differs keeps being averaged, as officially.
+
+    Args:
+        model: the model being trained (a DDP wrapper is unwrapped); its tensors must not be replaced afterwards.
+        decay: the asymptotic decay (0.9999).
+        tau: ramp time constant in updates (2000).
+        updates: number of updates already done (when resuming).
+    """
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0) -> None:
+        self.ema = copy.deepcopy(unwrap(model)).eval()
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+        self.decay, self.tau, self.updates = decay, tau, updates
+        self._pairs_of = None  # the model the tensor lists were built for
+
+    def _pairs(self, model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        if self._pairs_of is not model:
+            ema_sd, model_sd = self.ema.state_dict(), unwrap(model).state_dict()
+            fixed = {k for k, p in unwrap(model).named_parameters() if not p.requires_grad and _same(ema_sd[k], p)}
+            keys = [k for k, v in ema_sd.items() if v.dtype.is_floating_point and k not in fixed]
+            self._ema_tensors = [ema_sd[k] for k in keys]
+            self._model_tensors = [model_sd[k].detach() for k in keys]
+            self._pairs_of = model
+        return self._ema_tensors, self._model_tensors
+
+    def current_decay(self) -> float:
+        """Decay the next update would use."""
+        return self.decay * (1 - math.exp(-(self.updates + 1) / self.tau))
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """One EMA update from ``model`` (after every optimizer step)."""
+        d = self.current_decay()
+        self.updates += 1
+        ema_tensors, model_tensors = self._pairs(model)
+        torch._foreach_mul_(ema_tensors, d)
+        torch._foreach_add_(ema_tensors, model_tensors, alpha=1 - d)
+
+    def state_dict(self) -> dict:
+        """Weights and update count, for checkpoints."""
+        return {"model": self.ema.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ema.load_state_dict(state["model"])
+        self.updates = int(state["updates"])
+        self._pairs_of = None  # which frozen tensors equal the model's is decided again
+
+
+def _same(ema: torch.Tensor, param: torch.Tensor) -> bool:
+    """Bit-identical values; on ``meta`` tensors (the memory trace) a copy counts as identical."""
+    if ema.is_meta or param.is_meta:
+        return ema.shape == param.shape
+    return ema.shape == param.shape and torch.equal(ema, param.detach().to(ema.device))

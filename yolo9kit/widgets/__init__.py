@@ -99,7 +99,7 @@ def _explore(app: WidgetApp, num_classes: int, nominal_batch_size: int, max_batc
     try:
         step = StepConfig(settings["model"], imgsz=settings["imgsz"], amp=settings["amp"], num_classes=num_classes,
                           activation_checkpointing=checkpointing, channels_last=switch, lean_activations=switch,
-                          sync_free=switch, fused_optimizer=switch)
+                          fused_optimizer=switch)
         if method == "measured":
             progress(0, "measuring the step on this card")
         elif memory.is_traced(step, spec):
