@@ -117,6 +117,13 @@ def _own_calibrations(tmp_path_factory, monkeypatch):
     return folder
 
 
+@pytest.fixture
+def callbacks_every_batch(monkeypatch):
+    """on_batch after every batch (the loop reads the losses back every LOG_INTERVAL batches): for tests that stop
+    a run from a callback at one exact batch."""
+    monkeypatch.setattr("yolo9kit.train.loop.LOG_INTERVAL", 1)
+
+
 def holding_the_lock(folder: Path) -> subprocess.Popen:
     """Another process that takes ``folder``'s lock (``FolderLock``) and keeps it until killed."""
     other = subprocess.Popen([sys.executable, "-c", "import sys, time; from yolo9kit.files import FolderLock; "

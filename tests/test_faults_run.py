@@ -240,7 +240,7 @@ class _SignalAt:
             os.kill(os.getpid(), self.signum)
 
 
-@pytest.mark.usefixtures("default_sigint")
+@pytest.mark.usefixtures("default_sigint", "callbacks_every_batch")
 def test_sigint_inside_an_accumulation_window_saves_last_and_resumes_exactly_with_batchnorm(tmp_path):
     """Ctrl-C after batch 2 of epoch 0 (inside a window: steps at ni 0, 1, 3): the run stops before the next
     batch and says why; the resumed run equals a straight one, BatchNorm running statistics included."""

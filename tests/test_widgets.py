@@ -200,7 +200,7 @@ def _toy_run(tmp_path, dash, on_batch=None, epochs=2):
 
 
 @pytest.mark.slow
-def test_dashboard_stop_button_stops_fit_and_resume_button_finishes_the_run(tmp_path, capfd):
+def test_dashboard_stop_button_stops_fit_and_resume_button_finishes_the_run(tmp_path, capfd, callbacks_every_batch):
     import asyncio
 
     from yolo9kit.widgets import train_dashboard

@@ -91,6 +91,8 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         log.finish()
     except KeyboardInterrupt:
         window.restore()
+        if trainer.world_size == 1:  # the batches trained before the stop are reported (ranks may not meet here)
+            log.flush()
         raise
     bar.close()
     progress.oom_events = trainer.oom_events
