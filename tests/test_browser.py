@@ -54,7 +54,7 @@ CHROMIUM_FLAGS = [
 ]
 SERVER_START_TIMEOUT_S = 60
 START_TIMEOUT_S = 45  # no cell started by then: "Run All Cells" is issued once more
-NOTEBOOK_RUN_TIMEOUT_S = 300  # all cells of one smoke-mode notebook on a busy 2-core CPU
+NOTEBOOK_RUN_TIMEOUT_S = 600  # all cells of one smoke-mode notebook on a busy 2-core CPU (09 trains 4 runs)
 REDRAW_TIMEOUT_S = 90
 STDERR = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
 WIDGET_IMAGE = ".widget-output img, .jupyter-widgets-output-area img"
