@@ -9,7 +9,7 @@ import logging
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -345,9 +345,7 @@ def scan_split(config: DataConfig, split: str, use_cache: bool) -> tuple[list[Im
 
 
 def _save_cache(path: Path, key: dict, records: list[ImageRecord]) -> None:
-    text = json.dumps({**key, "records": [
-        [r.im_file, r.lb_file, r.size, r.labels.tolist(), [seg.tolist() for seg in r.segments],
-         [[p.file, p.reason, p.severity] for p in r.problems], r.n_duplicates, r.unnamed_classes] for r in records]})
+    text = json.dumps({**key, "records": [astuple(r) for r in records]}, default=np.ndarray.tolist)  # rows: _record
     try:
         write_file(path, lambda tmp: tmp.write_text(text), needed=len(text) + (1 << 20),
                    what=f"writing the label cache {path}", durable=False)
