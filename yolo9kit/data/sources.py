@@ -59,17 +59,6 @@ class DataConfig:
         return self.images("test") if "test" in self.sources else []
 
 
-def _names_list(names, where: str) -> list[str]:
-    if isinstance(names, dict):
-        keys = sorted(int(k) for k in names)
-        if keys != list(range(len(keys))):
-            raise ValueError(f"{where}: 'names' keys must be 0..{len(keys) - 1}, got {keys}")
-        return [str(names[k] if k in names else names[str(k)]) for k in keys]
-    if isinstance(names, (list, tuple)):
-        return [str(n) for n in names]
-    raise ValueError(f"{where}: 'names' must be a list or a {{id: name}} mapping, got {type(names).__name__}")
-
-
 def _resolve(entry: str | os.PathLike, root: Path) -> Path:
     path = root / os.path.expanduser(str(entry))  # an absolute entry stays as it is
     if not path.exists() and str(entry).startswith("../") and (root / str(entry)[3:]).exists():
@@ -107,8 +96,15 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
     for split in (s for s in ("train", "val", "test") if raw.get(s)):
         entries = raw[split] if isinstance(raw[split], (list, tuple)) else [raw[split]]
         sources[split] = [_resolve(e, root) for e in entries]
-    return DataConfig(path=root.resolve(), names=_names_list(raw["names"], where), sources=sources,
-                      yaml_file=yaml_file)
+    names = raw["names"]
+    if isinstance(names, dict):
+        keys = sorted(int(k) for k in names)
+        if keys != list(range(len(keys))):
+            raise ValueError(f"{where}: 'names' keys must be 0..{len(keys) - 1}, got {keys}")
+        names = [names[k] if k in names else names[str(k)] for k in keys]
+    elif not isinstance(names, (list, tuple)):
+        raise ValueError(f"{where}: 'names' must be a list or a {{id: name}} mapping, got {type(names).__name__}")
+    return DataConfig(path=root.resolve(), names=[str(n) for n in names], sources=sources, yaml_file=yaml_file)
 
 
 def _listed(list_file: Path) -> list[tuple[int, Path]]:
