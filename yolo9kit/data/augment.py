@@ -79,10 +79,21 @@ def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
 
 def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
     """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, over its bounding rectangle only."""
-    if not perspective and not A[[0, 1, 2, 2], [1, 0, 0, 1]].any() and A[0, 0] > 0 and A[1, 1] > 0:
-        return paste_scaled(out, src, A)  # a positive scale + translate: crop, resize, paste (faster)
-    h, w = src.shape[:2]
     H, W = out.shape[:2]
+    if not perspective and not A[[0, 1, 2, 2], [1, 0, 0, 1]].any() and A[0, 0] > 0 and A[1, 1] > 0:
+        # a positive scale + translate: crop + cv2.resize + paste (faster), within half a pixel
+        px, py = _axis_plan(A[0, 0], A[0, 2], src.shape[1], W), _axis_plan(A[1, 1], A[1, 2], src.shape[0], H)
+        if px is None or py is None:
+            return
+        (i0, i1, c0, c1, lx, ox), (j0, j1, r0, r1, ly, oy) = px, py
+        crop = src[r0:r1, c0:c1]
+        if (lx, ly) != (c1 - c0, r1 - r0):
+            crop = cv2.resize(crop, (lx, ly), interpolation=cv2.INTER_LINEAR)
+        k0, k1, m0, m1 = max(i0 - ox, 0), min(i1 - ox, lx), max(j0 - oy, 0), min(j1 - oy, ly)
+        if k1 > k0 and m1 > m0:
+            out[m0 + oy:m1 + oy, k0 + ox:k1 + ox] = crop[m0:m1, k0:k1]
+        return
+    h, w = src.shape[:2]
     xy = mapped_corners(A, -0.5, -0.5, w - 0.5, h - 0.5)
     x0, y0 = max(int(math.floor(xy[:, 0].min())), 0), max(int(math.floor(xy[:, 1].min())), 0)
     x1, y1 = min(int(math.ceil(xy[:, 0].max())) + 1, W), min(int(math.ceil(xy[:, 1].max())) + 1, H)
@@ -107,23 +118,6 @@ def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, in
     offset = min(round(a * (c0 - 0.5) + b + 0.5), i0)  # output index of resized pixel 0
     length = max(round((c1 - c0) * a), i1 - offset, 1)  # cover [i0, i1) fully: no seam between tiles
     return i0, i1, c0, c1, length, offset
-
-
-def paste_scaled(out: np.ndarray, src: np.ndarray, A: np.ndarray) -> None:
-    """:func:`place` for a scale-and-translate A as crop + cv2.resize + paste, within half a pixel."""
-    H, W = out.shape[:2]
-    px = _axis_plan(A[0, 0], A[0, 2], src.shape[1], W)
-    py = _axis_plan(A[1, 1], A[1, 2], src.shape[0], H)
-    if px is None or py is None:
-        return
-    (i0, i1, c0, c1, lx, ox), (j0, j1, r0, r1, ly, oy) = px, py
-    crop = src[r0:r1, c0:c1]
-    if (lx, ly) != (c1 - c0, r1 - r0):
-        crop = cv2.resize(crop, (lx, ly), interpolation=cv2.INTER_LINEAR)
-    k0, k1 = max(i0 - ox, 0), min(i1 - ox, lx)
-    m0, m1 = max(j0 - oy, 0), min(j1 - oy, ly)
-    if k1 > k0 and m1 > m0:
-        out[m0 + oy:m1 + oy, k0 + ox:k1 + ox] = crop[m0:m1, k0:k1]
 
 
 def flip_image(image: np.ndarray, lr: bool, ud: bool) -> np.ndarray:
@@ -205,17 +199,6 @@ def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, he
     return labels
 
 
-def box_ioa(boxes1: np.ndarray, boxes2: np.ndarray, eps: float = 1e-7) -> np.ndarray:
-    """(n, m) intersection over the area of each boxes2 box (official bbox_ioa)."""
-    x1 = np.maximum(boxes1[:, None, 0], boxes2[None, :, 0])
-    y1 = np.maximum(boxes1[:, None, 1], boxes2[None, :, 1])
-    x2 = np.minimum(boxes1[:, None, 2], boxes2[None, :, 2])
-    y2 = np.minimum(boxes1[:, None, 3], boxes2[None, :, 3])
-    inter = (x2 - x1).clip(0) * (y2 - y1).clip(0)
-    area2 = (boxes2[:, 2] - boxes2[:, 0]) * (boxes2[:, 3] - boxes2[:, 1])
-    return inter / (area2[None] + eps)
-
-
 def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Generator,
                canvas_width: int) -> tuple[np.ndarray, list, list[np.ndarray]]:
     """Official copy_paste on labels: rows whose mirrored box covers < 30 % of every box are candidates, round(p * n)
@@ -224,8 +207,13 @@ def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Gene
     if not p or not rows:
         return labels, polygons, []
     b = labels[rows, 1:5]
-    mirrored = np.stack([canvas_width - b[:, 2], b[:, 1], canvas_width - b[:, 0], b[:, 3]], 1)
-    candidates = [rows[k] for k in np.flatnonzero((box_ioa(mirrored, labels[:, 1:5]) < 0.30).all(1))]
+    mirrored = np.stack([canvas_width - b[:, 2], b[:, 1], canvas_width - b[:, 0], b[:, 3]], 1)[:, None]
+    boxes = labels[None, :, 1:5]
+    # official bbox_ioa: (candidates, boxes) intersection over the area of each box
+    inter = ((np.minimum(mirrored[..., 2], boxes[..., 2]) - np.maximum(mirrored[..., 0], boxes[..., 0])).clip(0)
+             * (np.minimum(mirrored[..., 3], boxes[..., 3]) - np.maximum(mirrored[..., 1], boxes[..., 1])).clip(0))
+    ioa = inter / ((boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1]) + 1e-7)
+    candidates = [rows[k] for k in np.flatnonzero((ioa < 0.30).all(1))]
     chosen = rng.permutation(candidates)[:round(p * len(candidates))] if candidates else []
     if not len(chosen):
         return labels, polygons, []

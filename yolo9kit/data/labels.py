@@ -9,7 +9,7 @@ import logging
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -311,13 +311,6 @@ def cache_path(sources: list[Path], label_files: list[str]) -> Path:
     return base.with_name(base.stem + CACHE_SUFFIX) if base.is_file() else base.with_name(base.name + CACHE_SUFFIX)
 
 
-def _record(row: list) -> ImageRecord:
-    im, lb, size, labels, segments, problems, n_duplicates, unnamed = row
-    return ImageRecord(im, lb, tuple(size), np.array(labels, np.float32).reshape(-1, 5),
-                       [np.array(seg, np.float32) for seg in segments], [Problem(*p) for p in problems],
-                       n_duplicates, tuple(unnamed))
-
-
 def scan_split(config: DataConfig, split: str, use_cache: bool) -> tuple[list[ImageRecord], DatasetReport]:
     """Every image of ``split`` checked (from the label cache when nothing changed) and the report."""
     ims, sources = [str(p) for p in config.images(split)], config.sources[split]
@@ -331,8 +324,11 @@ def scan_split(config: DataConfig, split: str, use_cache: bool) -> tuple[list[Im
     if use_cache and path.is_file():
         try:
             cached = json.loads(path.read_text())
-            if {k: cached.get(k) for k in key} == key:
-                records = [_record(row) for row in cached["records"]]
+            if {k: cached.get(k) for k in key} == key:  # each row as astuple(ImageRecord) below
+                records = [ImageRecord(im, lb, tuple(size), np.array(labels, np.float32).reshape(-1, 5),
+                                       [np.array(s, np.float32) for s in segments], [Problem(*p) for p in problems],
+                                       n_duplicates, tuple(unnamed))
+                           for im, lb, size, labels, segments, problems, n_duplicates, unnamed in cached["records"]]
         except Exception as e:  # a damaged cache is rebuilt, never trusted
             log.warning("ignoring unreadable label cache %s (%s)", path, e)
     if records is None:
@@ -340,16 +336,11 @@ def scan_split(config: DataConfig, split: str, use_cache: bool) -> tuple[list[Im
             records = list(tqdm(pool.map(check_image_label, ims, lbs, [config.nc] * len(ims)), total=len(ims),
                                 desc=f"checking {split}", disable=len(ims) < 1000))
         if use_cache:
-            _save_cache(path, key, records)
+            text = json.dumps({**key, "records": [astuple(r) for r in records]}, default=np.ndarray.tolist)
+            try:
+                write_file(path, lambda tmp: tmp.write_text(text), needed=len(text) + (1 << 20),
+                           what=f"writing the label cache {path}", durable=False)
+            except OSError as e:
+                log.warning("could not write the label cache %s (%s); the labels will be checked again next time",
+                            path, e)
     return records, build_report(split, records, sources)
-
-
-def _save_cache(path: Path, key: dict, records: list[ImageRecord]) -> None:
-    text = json.dumps({**key, "records": [
-        [r.im_file, r.lb_file, r.size, r.labels.tolist(), [seg.tolist() for seg in r.segments],
-         [[p.file, p.reason, p.severity] for p in r.problems], r.n_duplicates, r.unnamed_classes] for r in records]})
-    try:
-        write_file(path, lambda tmp: tmp.write_text(text), needed=len(text) + (1 << 20),
-                   what=f"writing the label cache {path}", durable=False)
-    except OSError as e:
-        log.warning("could not write the label cache %s (%s); the labels will be checked again next time", path, e)

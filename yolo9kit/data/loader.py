@@ -59,8 +59,7 @@ class YOLOLoader:
 
     def __init__(self, dataset: YOLODataset, loader: DataLoader, sampler: KeySampler,
                  colour_device: torch.device | None = None):
-        self.dataset, self.loader, self.sampler = dataset, loader, sampler
-        self.colour_device = colour_device
+        self.dataset, self.loader, self.sampler, self.colour_device = dataset, loader, sampler, colour_device
         self._epoch_set = self._started = False
 
     def __len__(self) -> int:

@@ -277,10 +277,8 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
     result.n_val = len(val)
     for name, ids in {split: [i for i in sorted(placed) if i not in set(val)], **({"val": val} if val else {})}.items():
         write_text_atomically(out_dir / f"{name}.txt", "".join(f"./images/{split}/{placed[i]}\n" for i in ids))
-    config = {"path": str(out_dir.resolve()), split: f"{split}.txt"}
-    if split == "train":
-        config["val"] = "val.txt" if val else "train.txt"
-    config["names"] = result.names
+    val_entry = {"val": "val.txt" if val else "train.txt"} if split == "train" else {}
+    config = {"path": str(out_dir.resolve()), split: f"{split}.txt", **val_entry, "names": result.names}
     write_text_atomically(yaml_path, yaml.safe_dump(config, sort_keys=False), inputs=[json_path])
     log.info("converted %d images, %d boxes (%d crowd skipped, %d dropped) from %s", result.n_images, result.n_boxes,
              result.n_crowd_skipped, result.n_invalid_skipped, json_path)

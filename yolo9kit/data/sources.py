@@ -59,17 +59,6 @@ class DataConfig:
         return self.images("test") if "test" in self.sources else []
 
 
-def _names_list(names, where: str) -> list[str]:
-    if isinstance(names, dict):
-        keys = sorted(int(k) for k in names)
-        if keys != list(range(len(keys))):
-            raise ValueError(f"{where}: 'names' keys must be 0..{len(keys) - 1}, got {keys}")
-        return [str(names[k] if k in names else names[str(k)]) for k in keys]
-    if isinstance(names, (list, tuple)):
-        return [str(n) for n in names]
-    raise ValueError(f"{where}: 'names' must be a list or a {{id: name}} mapping, got {type(names).__name__}")
-
-
 def _resolve(entry: str | os.PathLike, root: Path) -> Path:
     path = root / os.path.expanduser(str(entry))  # an absolute entry stays as it is
     if not path.exists() and str(entry).startswith("../") and (root / str(entry)[3:]).exists():
@@ -107,8 +96,15 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
     for split in (s for s in ("train", "val", "test") if raw.get(s)):
         entries = raw[split] if isinstance(raw[split], (list, tuple)) else [raw[split]]
         sources[split] = [_resolve(e, root) for e in entries]
-    return DataConfig(path=root.resolve(), names=_names_list(raw["names"], where), sources=sources,
-                      yaml_file=yaml_file)
+    names = raw["names"]
+    if isinstance(names, dict):
+        keys = sorted(int(k) for k in names)
+        if keys != list(range(len(keys))):
+            raise ValueError(f"{where}: 'names' keys must be 0..{len(keys) - 1}, got {keys}")
+        names = [names[k] if k in names else names[str(k)] for k in keys]
+    elif not isinstance(names, (list, tuple)):
+        raise ValueError(f"{where}: 'names' must be a list or a {{id: name}} mapping, got {type(names).__name__}")
+    return DataConfig(path=root.resolve(), names=[str(n) for n in names], sources=sources, yaml_file=yaml_file)
 
 
 def _listed(list_file: Path) -> list[tuple[int, Path]]:
@@ -177,20 +173,6 @@ def _media_in(folder: Path) -> list[str]:
     return sorted(str(p) for p in folder.iterdir() if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES)
 
 
-def _read_list(list_file: Path, skipped: list[tuple[str, str]]) -> list[str]:
-    """The files a ``.txt`` list names; a line naming no file goes to ``skipped``."""
-    out: list[str] = []
-    for number, path in _listed(list_file):
-        if path.exists():
-            out += _media_in(path) if path.is_dir() else [str(path)]
-        else:
-            log.warning("skipping %s:%d: %s does not exist", list_file, number, path)
-            skipped.append((f"{list_file}:{number}", f"the listed file {path} does not exist"))
-    if not out and not skipped:
-        raise ValueError(f"list file {list_file} names no image or video: write one path a line")
-    return out
-
-
 def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]]]:
     """The inputs ``source`` names: an image or video file, folder, glob, ``.txt`` list, BGR array, or a list.
 
@@ -224,8 +206,18 @@ def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]
                 raise ValueError(f"no images found in folder {text}, nor videos (looked for "
                                  f"{', '.join(sorted(MEDIA_SUFFIXES))})")
             out += files
+        elif path.is_file() and path.suffix.lower() == ".txt":  # a listed file that does not exist goes to skipped
+            found = len(out) + len(skipped)
+            for number, listed in _listed(path):
+                if listed.exists():
+                    out += _media_in(listed) if listed.is_dir() else [str(listed)]
+                else:
+                    log.warning("skipping %s:%d: %s does not exist", path, number, listed)
+                    skipped.append((f"{path}:{number}", f"the listed file {listed} does not exist"))
+            if len(out) + len(skipped) == found:
+                raise ValueError(f"list file {path} names no image or video: write one path a line")
         elif path.is_file():
-            out += _read_list(path, skipped) if path.suffix.lower() == ".txt" else [str(path)]
+            out.append(str(path))
         else:
             raise FileNotFoundError(f"source {text} does not exist: pass an image or video file, a folder, a glob "
                                     "pattern, a .txt list of files or a numpy image")
