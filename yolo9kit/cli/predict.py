@@ -112,8 +112,7 @@ def _print_line(result, number: int, inputs: int) -> None:
     """The line of one image or frame, as detect_dual.py prints it, as soon as it is done (flushed for a pipe)."""
     what = "image" if result.frame is None else f"video frame {result.frame}"
     text, _, counts = result.summary().partition(": ")
-    counts = f"{counts}, " if counts != "(no detections)" else "(no detections), "
-    print(f"{what} {number}/{inputs} {result.path or 'array'}: {text} {counts}{result.speed['inference_ms']:.1f}ms",
+    print(f"{what} {number}/{inputs} {result.path or 'array'}: {text} {counts}, {result.speed['inference_ms']:.1f}ms",
           flush=True)
 
 
@@ -128,20 +127,19 @@ def run_val(args: argparse.Namespace) -> int:
     if args.head == "both":
         table = compare_heads(model, args.data, **settings)
         print(table.to_string(float_format="%.4f"))
-        write_text_atomically(save_dir / "results.json", table.to_json(orient="index", indent=1))
-        print(f"Results saved to {save_dir}")
-        return 0
-    result = evaluate(model, args.data, head=args.head, plots=not (args.no_plots or speed_task), save_dir=save_dir,
-                      coco=args.save_json and not speed_task, coco_gt=args.coco_gt, **settings)
-    lines = result.summary().splitlines()
-    print("\n".join(lines if getattr(args, "verbose", False) or len(result.names) < 50 else lines[:2]))
-    print(result.speed_line())
-    if result.coco is not None:
-        print("COCOeval (pycocotools):")
-        for name, value in result.coco.items():
-            print(f"  {name:>20s} {value:.3f}")
-    record = {**result.to_dict(), "speed_ms_per_image": result.speed, "images": result.seen,
-              "instances": result.instances, "head": result.head, "weights": str(args.weights)}
-    write_text_atomically(save_dir / "results.json", json.dumps(record, indent=1))
+        text = table.to_json(orient="index", indent=1)
+    else:
+        result = evaluate(model, args.data, head=args.head, plots=not (args.no_plots or speed_task),
+                          save_dir=save_dir, coco=args.save_json and not speed_task, coco_gt=args.coco_gt, **settings)
+        lines = result.summary().splitlines()
+        print("\n".join(lines if getattr(args, "verbose", False) or len(result.names) < 50 else lines[:2]))
+        print(result.speed_line())
+        if result.coco is not None:
+            print("COCOeval (pycocotools):")
+            for name, value in result.coco.items():
+                print(f"  {name:>20s} {value:.3f}")
+        text = json.dumps({**result.to_dict(), "speed_ms_per_image": result.speed, "images": result.seen,
+                           "instances": result.instances, "head": result.head, "weights": str(args.weights)}, indent=1)
+    write_text_atomically(save_dir / "results.json", text)
     print(f"Results saved to {save_dir}")
     return 0

@@ -172,9 +172,7 @@ def given_settings(args: argparse.Namespace) -> dict:
     """{setting: value} of the setting flags given on the command line (in TrainConfig's form)."""
     out = {name: getattr(args, name) for name, (_, _, declared) in SETTINGS.items()
            if declared.flag is not None and getattr(args, name, None) is not None}
-    for flag, schedule in _SCHEDULES.items():
-        if getattr(args, flag):
-            out["schedule"] = schedule
+    out.update(("schedule", schedule) for flag, schedule in _SCHEDULES.items() if getattr(args, flag))
     return out
 
 

@@ -116,12 +116,10 @@ def choose_recipe(config: TrainConfig, images: int | None, saved: Mapping[str, A
 def apply_short_recipe(config: TrainConfig) -> TrainConfig:
     """The short recipe over the settings of ``config`` neither given by name (``named_settings``) nor changed
     from their default, and the augmentation keys its ``hyp`` does not name (idempotent)."""
-    named = named_settings(config)
-    free = {name for name in (*SHORT_SETTINGS, "close_mosaic") if name not in named
-            and getattr(getattr(config, _SETTINGS[name][0]), _SETTINGS[name][1].name) == _SETTINGS[name][1].default}
-    changes: dict[str, Any] = {name: value for name, value in SHORT_SETTINGS.items() if name in free}
-    if "close_mosaic" in free:
-        changes["close_mosaic"] = min(SHORT_CLOSE_MOSAIC, config.epochs)
+    named, values = named_settings(config), config.to_dict()
+    short = {**SHORT_SETTINGS, "close_mosaic": min(SHORT_CLOSE_MOSAIC, config.epochs)}
+    changes: dict[str, Any] = {name: value for name, value in short.items()
+                               if name not in named and values[name] == _SETTINGS[name][1].default}
     given = dict(config.pipeline.hyp or {})  # the augmentation keys given are kept, whatever their value
     changes["hyp"] = {**{k: v for k, v in SHORT_AUGMENT.items() if k not in given}, **given}
     return config.replace(recipe="short", **changes)

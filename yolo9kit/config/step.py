@@ -204,11 +204,9 @@ class StepConfig(Settings):
             index = torch.cuda.current_device() if device.index is None else device.index
             bf16 = native_bf16(index) if bf16 is None else bf16
             gpu_name = gpu_name or f"{torch.cuda.get_device_name(index)} (cuda:{index})"
-        elif device.type != "cuda" and bf16 is None:
-            bf16 = native_cpu_bf16()
         amp = "off" if self.amp == "off" or device.type not in ("cpu", "cuda") else self.amp
         if device.type == "cpu":  # only an explicit bf16 autocasts there
-            if amp == "bf16" and not bf16:
+            if amp == "bf16" and not (native_cpu_bf16() if bf16 is None else bf16):
                 raise ValueError("amp='bf16': this CPU has no bf16 in hardware (AVX512-BF16 or AMX; `python -m "
                                  "yolo9kit checks` says), so bf16 would be emulated, slower than fp32: use amp='off' "
                                  "or amp='auto' (fp32 on the CPU)")
