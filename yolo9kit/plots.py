@@ -82,29 +82,25 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, margin: float | None = None
             ax.plot(meas["batch_size"], meas["device_bytes"] / GIB, "o", color=color, label=f"{label} (measured)")
         if capacity and oom.any():
             ax.plot(part[oom]["batch_size"], [capacity / GIB] * int(oom.sum()), "x", color=color, markersize=9)
-    if capacity:
-        _draw_capacity(ax, df, capacity, spec.name if spec is not None else "GPU", margin)
+    if capacity:  # the capacity line, the out-of-memory region above it, a note where a curve leaves the plot
+        ax.axhline(capacity / GIB, color="k", lw=1)
+        # the card's capacity sets the scale: a curve far above it would flatten the part that matters
+        top = min(max(ax.get_ylim()[1], capacity / GIB * 1.15), capacity / GIB * 1.35)
+        ax.axhspan(capacity / GIB, top, color="#d62728", alpha=0.12,
+                   label=f"out of memory ({spec.name if spec is not None else 'GPU'})")
+        ax.set_ylim(0, top)
+        if df["device_bytes"].max() / GIB > top:
+            row = df.loc[df["device_bytes"].idxmax()]
+            ax.text(0.98, 0.97, f"up to {row['device_bytes'] / GIB:.0f} GiB at batch {int(row['batch_size'])} (off "
+                    "scale)", transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#a00")
+        if margin:
+            ax.axhline(capacity * (1 - margin) / GIB, color="k", ls="--", lw=0.8, label=f"{1 - margin:.0%} budget")
     ax.set(xlabel="batch size (images per micro-step)", ylabel="device bytes (GiB)")
     ax.set_title("device bytes of one training step against the batch size", fontsize=10)
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
-
-
-def _draw_capacity(ax, df, capacity: int, name: str, margin: float | None) -> None:
-    """The capacity line, the out-of-memory region above it, and a note where a curve leaves the plot."""
-    ax.axhline(capacity / GIB, color="k", lw=1)
-    # the card's capacity sets the scale: a curve far above it would flatten the part that matters
-    top = min(max(ax.get_ylim()[1], capacity / GIB * 1.15), capacity / GIB * 1.35)
-    ax.axhspan(capacity / GIB, top, color="#d62728", alpha=0.12, label=f"out of memory ({name})")
-    ax.set_ylim(0, top)
-    if df["device_bytes"].max() / GIB > top:
-        row = df.loc[df["device_bytes"].idxmax()]
-        ax.text(0.98, 0.97, f"up to {row['device_bytes'] / GIB:.0f} GiB at batch {int(row['batch_size'])} (off "
-                "scale)", transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#a00")
-    if margin:
-        ax.axhline(capacity * (1 - margin) / GIB, color="k", ls="--", lw=0.8, label=f"{1 - margin:.0%} budget")
 
 
 def memory_breakdown(reports, ax=None):

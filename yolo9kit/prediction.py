@@ -72,8 +72,10 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
         extra = "export" if backend == "onnxruntime" else backend
         forward = load_extra("yolo9kit.backends", backend, extra)(model, input_size)
     report = (lambda result, index: on_result(result, index + 1, len(items))) if on_result else None
+    save = save or SaveConfig()
+    save_dir = Path(save.save_dir) if save.save_dir is not None else None
     run = _Run(run_model, forward, device, dtype, nhwc, head, input_size, batch_size == 1 and not onnx,
-               (nms or NMSConfig()).filled(PREDICT_NMS), save or SaveConfig(), report)
+               (nms or NMSConfig()).filled(PREDICT_NMS), save, save_dir, report)
     try:
         run.predict_all(items, vid_stride, skipped, batch_size)
     finally:
@@ -155,15 +157,12 @@ class _Run:
     auto: bool  # letterbox to the minimal stride-multiple rectangle, not the full input size
     nms: NMSConfig
     save: SaveConfig
+    save_dir: Path | None
     report: Callable | None  # (result, input index) -> None
     results: list[Prediction] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
     videos: dict[str, VideoReader] = field(default_factory=dict)
     writer: tuple | None = None  # (source, cv2.VideoWriter, temporary file, the video's path)
-
-    @property
-    def save_dir(self) -> Path | None:
-        return Path(self.save.save_dir) if self.save.save_dir is not None else None
 
     def predict_all(self, items: list, vid_stride: int, skipped: list, batch_size: int) -> None:
         if self.save_dir is not None:

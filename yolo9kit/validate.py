@@ -102,23 +102,6 @@ def _loader(data, dataloader, split: str = "val", imgsz: int = 640, batch_size: 
                              shuffle=False, pad=0.5, workers=workers, single_cls=single_cls, allow_bad_labels=True)
 
 
-def _data_names(data, loader, single_cls: bool, nc: int) -> tuple[list[str], Any]:
-    """(class names, the data config or None), checked against the model's ``nc``."""
-    config = load_data_config(data) if data is not None else None
-    names = getattr(getattr(loader, "dataset", None), "names", None) or (config.names if config is not None else None)
-    if names is None:
-        raise ValueError("cannot tell the data's classes: pass data= (a data.yaml) or a loader whose dataset "
-                         "has .names")
-    names = list(names.values()) if isinstance(names, dict) else list(names)
-    if single_cls and len(names) != 1:
-        names = ["item"]  # every class counted as one, as the official --single-cls
-    if nc != len(names):
-        raise ValueError(f"the model predicts {nc} classes but the data {data or 'loader'} has {len(names)} "
-                         f"({names[:5]}{'...' if len(names) > 5 else ''}); train or load a model for this data, "
-                         "or pass matching data")
-    return names, config
-
-
 @torch.no_grad()
 def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_size: int = 32,
              nms: NMSConfig | None = None, head: str = "main", dataloader=None, half: str | bool = "auto",
@@ -148,10 +131,21 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
     device = resolve_device(device)
     half = resolve_half(half, device)
     dataloader = _loader(data, dataloader, split, imgsz, batch_size, workers, single_cls)
-    names, config = _data_names(data, dataloader, single_cls, model.nc)
+    config = load_data_config(data) if data is not None else None
+    names = getattr(getattr(dataloader, "dataset", None), "names", None) or (config.names if config else None)
+    if names is None:
+        raise ValueError("cannot tell the data's classes: pass data= (a data.yaml) or a loader whose dataset "
+                         "has .names")
+    names = list(names.values()) if isinstance(names, dict) else list(names)
+    if single_cls and len(names) != 1:
+        names = ["item"]  # every class counted as one, as the official --single-cls
+    if model.nc != len(names):
+        raise ValueError(f"the model predicts {model.nc} classes but the data {data or 'loader'} has {len(names)} "
+                         f"({names[:5]}{'...' if len(names) > 5 else ''}); train or load a model for this data, "
+                         "or pass matching data")
     coco_val = coco and config is not None and any(metrics.is_coco_val(s) for s in config.sources.get(split, []))
     state = _Validation(names, (nms or NMSConfig()).filled(VAL_NMS), head, single_cls, coco,
-                        metrics.COCO80_TO_COCO91 if coco_val else None, imgsz)
+                        metrics.COCO80_TO_COCO91 if coco_val else None, imgsz, metrics.ConfusionMatrix(len(names)))
     was_training = model.training
     try:
         run_model, dtype, nhwc = prepare(model, device, half)
@@ -172,15 +166,13 @@ class _Validation:
     coco: bool
     class_map: list[int] | None
     imgsz: int
+    confusion: metrics.ConfusionMatrix
     stats: list = field(default_factory=list)  # (correct, conf, pred_cls, target_cls) per image
     times: np.ndarray = field(default_factory=lambda: np.zeros(3))
     seen: int = 0
     input_shape: tuple[int, ...] = ()  # (batch, 3, imgsz, imgsz) as the official Speed line
     records: list = field(default_factory=list)  # COCO result records
     gt_images: list = field(default_factory=list)  # (path, (h0, w0), labels) for COCO ground truth
-
-    def __post_init__(self):
-        self.confusion = metrics.ConfusionMatrix(len(self.names))
 
 
 def _run_batches(model, dtype, nhwc: bool, loader, device, state: _Validation, progress_bar: bool) -> None:
@@ -246,10 +238,8 @@ def _finish(state: _Validation, plots: bool, save_dir: Path | None, coco_gt, con
     tp, conf, pred_cls, target_cls = ([torch.cat(x, 0).numpy() for x in zip(*state.stats)] if state.stats
                                       else [np.zeros((0, 10))] * 4)
     result = metrics.ap_per_class(tp, conf, pred_cls, target_cls) if len(tp) and tp.any() else None
-    mp = mr = map50 = map50_95 = 0.0
-    if result is not None:
-        mp, mr = float(result.p.mean()), float(result.r.mean())
-        map50, map50_95 = float(result.ap[:, 0].mean()), float(result.ap.mean(1).mean())
+    mp, mr, map50, map50_95 = (0.0,) * 4 if result is None else (
+        float(result.p.mean()), float(result.r.mean()), float(result.ap[:, 0].mean()), float(result.ap.mean(1).mean()))
     if len(target_cls) == 0:
         LOGGER.warning("no labels found in the validation set: metrics cannot be computed and are 0")
     speed = dict(zip(SPEED_COLUMNS, (state.times / max(state.seen, 1) * 1e3).tolist()))

@@ -216,9 +216,8 @@ class TrainDashboard:
                 if self.stop_requested:
                     raise  # a second interrupt: stop waiting (the run still ends at its next batch)
                 self.request_stop()
-                task = asyncio.current_task()
-                if task is not None and hasattr(task, "uncancel"):
-                    task.uncancel()
+                if hasattr(asyncio.current_task(), "uncancel"):  # Python >= 3.11
+                    asyncio.current_task().uncancel()
         job.thread.join(timeout=10)  # it only returns now; joined so that no thread outlives its run
         if job.error is not None:
             raise job.error
@@ -271,10 +270,9 @@ class TrainDashboard:
 
     def _set_buttons(self) -> None:
         if self._widgets is not None:
-            job, running = self._job, self.running
-            self._widgets["stop"].disabled = not running
-            stopped = not running and job is not None and job.result is not None and job.result.interrupted
-            self._widgets["resume"].disabled = running or not stopped
+            result = self._job.result if self._job is not None else None  # set once the run is over
+            self._widgets["stop"].disabled = not self.running
+            self._widgets["resume"].disabled = result is None or not result.interrupted
 
     def update(self) -> None:
         """Redraw the plots, the status line and the table from what the callbacks received."""
