@@ -83,23 +83,20 @@ def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
     return spec
 
 
-def gpu_from_device(index: int | None = None) -> GPUSpec:
-    """Local CUDA device ``index`` (None: the current one): its capacity and bf16, the table's speeds."""
-    index = torch.cuda.current_device() if index is None else index
+def target_gpu(gpu: str | int | GPUSpec | None, device: torch.device | None = None) -> GPUSpec:
+    """The card a figure is for: ``gpu`` resolved; when None, ``device``'s card (its capacity and bf16, the table's
+    speeds) or the RAM a CPU may use, or without a device this machine's CUDA card, else ``DEFAULT_GPU``."""
+    if gpu is not None:
+        return resolve_gpu(gpu)
+    if device is not None and device.type != "cuda":
+        return host_memory()
+    if device is None and not torch.cuda.is_available():
+        return resolve_gpu(DEFAULT_GPU)
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
     props = torch.cuda.get_device_properties(index)
     known = _known(props.name) or GPUSpec(props.name, 0, True, 312.0, 1555.0)
     return GPUSpec(known.name, props.total_memory, native_bf16(index), known.tflops_fp16, known.bandwidth_gbs,
                    known.context_bytes)
-
-
-def target_gpu(gpu: str | int | GPUSpec | None, device: torch.device | None = None) -> GPUSpec:
-    """The card a figure is for: ``gpu`` resolved; when None, ``device``'s card or the RAM a CPU may use, or
-    without a device this machine's CUDA card, else ``DEFAULT_GPU``."""
-    if gpu is not None:
-        return resolve_gpu(gpu)
-    if device is not None:
-        return gpu_from_device(device.index) if device.type == "cuda" else host_memory()
-    return gpu_from_device() if torch.cuda.is_available() else resolve_gpu(DEFAULT_GPU)
 
 
 def host_memory() -> GPUSpec:

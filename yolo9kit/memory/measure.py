@@ -19,7 +19,7 @@ from torch import nn
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.files import format_bytes, write_file
-from yolo9kit.memory.gpus import gpu_from_device
+from yolo9kit.memory.gpus import target_gpu
 from yolo9kit.memory.tracer import CATEGORIES, synthetic_batch, trace_real_step
 from yolo9kit.models import create_model
 from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
@@ -196,7 +196,7 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
         del trainer, module  # the model was moved to the GPU in place: drop it before emptying the cache
         free_cuda_memory()
     step_s = statistics.median(times)
-    spec = gpu_from_device(dev.index)
+    spec = target_gpu(None, dev)
     free, total = torch.cuda.mem_get_info(dev)
     context = max(0, total - free - torch.cuda.memory_reserved(dev))  # the CUDA context (and other processes)
     note = f"torch {torch.__version__}, median of {repeats} steps after {warmup_repeats} warm-up, cuDNN autotuning on"

@@ -110,7 +110,13 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
     spec = target_gpu(gpu)
     budget = int(spec.total_bytes * (1 - margin))
     if trial is None:
-        trial = _default_trial(as_step(step, None, changes, caller="find_max_batch"), method, device, spec)
+        one = as_step(step, None, changes, caller="find_max_batch")
+        est = None if _use_measure(method, device) else estimator_for(one, spec)
+
+        def trial(b: int) -> int:  # measured on CUDA, else estimated
+            if est is None:
+                return measure(one, b, device=device, breakdown=False).device_bytes
+            return est.reports([b], spec)[0].device_bytes
     trials: list[dict] = []
 
     def ok(b: int) -> bool:
@@ -140,13 +146,6 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
     used = next((t["bytes"] for t in trials if t["batch_size"] == failing), None)
     needs = f" needs {format_bytes(used)}" if used else " runs out of memory"
     return BatchSearch(lo, budget, margin, trials, f"batch {failing}{needs}, over {where}")
-
-
-def _default_trial(step: StepConfig, method: str, device: Any, spec: GPUSpec) -> Callable[[int], int]:
-    if _use_measure(method, device):
-        return lambda b: measure(step, b, device=device, breakdown=False).device_bytes
-    est = estimator_for(step, spec)
-    return lambda b: est.reports([b], spec)[0].device_bytes
 
 
 @dataclass
