@@ -65,11 +65,8 @@ def _known(name: str) -> GPUSpec | None:
 
 
 def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
-    """A GPU name (e.g. "rtx4090"), a capacity in bytes (bf16, A100-like speed), a GPUSpec, or None.
-
-    Raises:
-        ValueError: an unknown name or a capacity <= 0.
-    """
+    """A GPU name (e.g. "rtx4090"), a capacity in bytes (bf16, A100-like speed), a GPUSpec, or None, as a GPUSpec
+    (or None); a ValueError for an unknown name or a capacity <= 0."""
     if gpu is None or isinstance(gpu, GPUSpec):
         return gpu
     if isinstance(gpu, int):
@@ -100,11 +97,8 @@ def target_gpu(gpu: str | int | GPUSpec | None, device: torch.device | None = No
 
 
 def host_memory() -> GPUSpec:
-    """The memory this process may use now (the least of ``env.memory_limits``), as a CPU step's capacity.
-
-    Raises:
-        RuntimeError: no limit can be read.
-    """
+    """The memory this process may use now (the least of ``env.memory_limits``), as a CPU step's capacity; a
+    RuntimeError when no limit can be read."""
     limits = memory_limits()
     if not limits:
         raise RuntimeError("cannot tell how much memory this process may use (no /proc/meminfo, no limits): "
@@ -115,11 +109,7 @@ def host_memory() -> GPUSpec:
 
 
 def read_calibration(path) -> dict:
-    """One calibration JSON file (a path or a packaged resource), checked.
-
-    Raises:
-        ValueError: naming the file, when it is not a calibration.
-    """
+    """One calibration JSON file (a path or a packaged resource), checked: a ValueError naming it otherwise."""
     path = Path(path) if isinstance(path, str) else path
     try:
         data = json.loads(path.read_text())
@@ -180,13 +170,10 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
                             step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
-    """A calibration (kind "measured", the format of docs/memory.md) fitted on measured points per AMP mode.
-
-    Args:
-        points: dicts of ``amp``, ``estimated_traced_bytes``, ``measured_peak_allocated``,
-            ``measured_peak_reserved`` and optionally ``context_bytes`` (those not measured are left out).
-        smoke: a check of the script, never applied; step: what was measured.
-    """
+    """A calibration (kind "measured", the format of docs/memory.md) fitted per AMP mode on ``points``: dicts of
+    ``amp``, ``estimated_traced_bytes``, ``measured_peak_allocated``, ``measured_peak_reserved`` and optionally
+    ``context_bytes`` (unmeasured ones are left out). ``smoke``: a check of the script, never applied; ``step``:
+    what was measured."""
     fits = {}
     for amp in sorted({p["amp"] for p in points}):
         pts = [p for p in points if p["amp"] == amp and p.get("measured_peak_allocated")]

@@ -167,11 +167,8 @@ class BatchPlan:
         return f"{shown.to_string(index=False)}\n{self.reason}"
 
     def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
-        """``base`` (default ``TrainConfig()``) with the plan's step, recommended batch and nominal batch.
-
-        Raises:
-            ValueError: nothing fits.
-        """
+        """``base`` (default ``TrainConfig()``) with the plan's step, recommended batch and nominal batch; a
+        ValueError when nothing fits."""
         if self.recommended is None:
             raise ValueError(f"nothing to train: {self.reason}")
         return (base or TrainConfig()).replace(step=self.step.replace(batch_size=None),
@@ -273,14 +270,8 @@ class AutoBatch:
 def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1, *,
                  loss_fn: Callable | None = None) -> tuple[TrainConfig, AutoBatch]:
     """``config`` with ``batch_size="auto"`` replaced by ``plan``'s batch for ``config.gpu``, else the training
-    device's card or RAM, and the record of it.
-
-    Args:
-        world_size: DDP ranks (the batch is per device); loss_fn: the run's loss, if not ``DetectionLoss``.
-
-    Raises:
-        RuntimeError: not even batch 1 fits (the message says what to change).
-    """
+    device's card or RAM, and the record of it. ``world_size``: DDP ranks (the batch is per device); ``loss_fn``:
+    the run's loss, if not ``DetectionLoss``. A RuntimeError saying what to change when not even batch 1 fits."""
     spec = target_gpu(config.gpu, device)
     step = config.step.replace(model=model, batch_size=1, num_classes=getattr(model, "nc", None), loss_fn=loss_fn)
     chosen = plan(step, config.optim.nominal_batch_size, gpu=spec, margin=config.margin, method="estimated")
