@@ -179,11 +179,8 @@ class BatchPlan:
 def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int | GPUSpec | None = None,
          margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None, **changes: Any) -> BatchPlan:
     """Batch x accumulation choices that reach ``nominal_batch_size`` (its divisors and the largest batch that
-    fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest.
-
-    Args:
-        gpu, margin, method: as ``find_max_batch``'s (the speed: ``ThroughputModel``'s, or measured).
-    """
+    fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest. ``gpu``,
+    ``margin``, ``method``: as ``find_max_batch``'s (the speed: ``ThroughputModel``'s, or measured)."""
     if nominal_batch_size < 1:
         raise ValueError(f"nominal_batch_size={nominal_batch_size}: must be >= 1")
     step = as_step(step, None, changes, caller="plan")
