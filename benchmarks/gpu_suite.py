@@ -161,13 +161,13 @@ _ESTIMATORS: dict = {}
 def _estimate_gib(model_name: str, batch: int, trainer, args, device) -> float | None:
     """The kit's CPU estimate of the same step (same AMP, channels_last and lean settings) for this GPU."""
     from yolo9kit.memory import StepEstimator
-    from yolo9kit.memory.gpus import gpu_from_device
+    from yolo9kit.memory.gpus import target_gpu
 
     step = dataclasses.replace(trainer.step, model=model_name, num_classes=None)  # the step the trainer runs
     key = dataclasses.replace(step, batch_size=1)
     if key not in _ESTIMATORS:
         _ESTIMATORS[key] = StepEstimator(step)
-    gpu = gpu_from_device(device.index or 0) if device.type == "cuda" else None
+    gpu = target_gpu(None, device) if device.type == "cuda" else None
     return _ESTIMATORS[key].reports([batch], gpu)[0].peak_allocated / 2**30
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from yolo9kit.memory import StepConfig, StepEstimator, measure
-from yolo9kit.memory.gpus import calibration_from_points, gpu_from_device, resolve_gpu
+from yolo9kit.memory.gpus import calibration_from_points, resolve_gpu, target_gpu
 
 GIB = 1 << 30
 SETTINGS = {"fp16": ("fp16", None), "bf16": ("bf16", None), "fp16+ckpt": ("fp16", "all")}
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     if not on_gpu and not args.smoke:
         print("no CUDA device: run with --smoke to test the script on the CPU (estimates only)")
         return 2
-    gpu = gpu_from_device() if on_gpu else resolve_gpu("RTX 4090")
+    gpu = target_gpu(None) if on_gpu else resolve_gpu("RTX 4090")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.perf_counter()

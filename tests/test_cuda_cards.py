@@ -18,7 +18,7 @@ from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import resolve_device
 from yolo9kit.memory import estimate, plan
 from yolo9kit.memory.estimate import estimator_for
-from yolo9kit.memory.gpus import gpu_from_device, target_gpu
+from yolo9kit.memory.gpus import target_gpu
 from yolo9kit.memory.measure import require_cuda
 from yolo9kit.memory.plan import choose_batch
 from yolo9kit.models import create_model
@@ -51,7 +51,7 @@ def test_auto_amp_batch_plan_estimate_and_fit_agree_on_each_card(model, card):
         decided = {
             "StepConfig.resolve": step.resolve("cuda").amp,
             "fit": fitted.amp,
-            "card spec": "bf16" if gpu_from_device().bf16 else "fp16",
+            "card spec": "bf16" if target_gpu(None, device).bf16 else "fp16",
             "estimate": estimate(step).step.amp,
             "plan": estimator_for(step, plan(step, 64, method="estimated").gpu).step.amp,
             "batch auto": auto.step["amp"],
@@ -76,7 +76,7 @@ def test_cuda_without_an_index_is_the_current_card(model):
     with simulated_cards("T4", "H200", current=1):
         assert resolve_device("cuda") == torch.device("cuda", 1) == require_cuda("cuda")
         assert target_gpu(TrainConfig().gpu, torch.device("cuda")).total_bytes == CARDS["H200"].total_memory
-        assert gpu_from_device().total_bytes == CARDS["H200"].total_memory
+        assert target_gpu(None).total_bytes == CARDS["H200"].total_memory
         assert StepConfig(model).resolve("cuda").amp == "bf16"
         assert StepConfig(model).resolve("cuda:0").amp == "fp16"  # named, the T4
 

@@ -26,7 +26,7 @@ from yolo9kit.env import EnvReport, environment_report, free_cuda_memory, resolv
 from yolo9kit.files import write_text_atomically
 from yolo9kit.memory import estimate, gpus, measure
 from yolo9kit.memory.estimate import estimator_for
-from yolo9kit.memory.gpus import GPUSpec, gpu_from_device
+from yolo9kit.memory.gpus import GPUSpec, target_gpu
 from yolo9kit.memory.tracer import synthetic_batch
 from yolo9kit.models import create_model
 from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
@@ -142,7 +142,7 @@ def check_gpu(config: GPUCheckConfig | None = None, *, out: str | Path = ".", co
                                "nothing to check on a GPU", command=command)
     start = time.perf_counter()
     device = resolve_device("cuda")
-    spec = gpu_from_device(device.index)
+    spec = target_gpu(None, device)
     major, minor = torch.cuda.get_device_capability(device.index)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     result = GPUCheck(True, "", command=command, tolerance=config.loss_tolerance, device={

@@ -147,9 +147,8 @@ def prime(trainer) -> None:
 
 
 def build_meta_trainer(real_model: nn.Module, step: StepConfig):
-    """The trainer ``fit`` would assemble (``yolo9kit.train.step.build_trainer``) for the resolved ``step``, over
-    a ``meta`` copy of ``real_model`` (only read), its optimizer state primed -> (trainer, loss_fn). The loss
-    (``step.loss_fn``, default ``DetectionLoss``) stays on the real model: the trace runs it for real."""
+    """``fit``'s trainer (``build_trainer``) for the resolved ``step`` over a ``meta`` copy of ``real_model``, its
+    optimizer primed -> (trainer, loss_fn); the loss (default ``DetectionLoss``) stays real: the trace runs it."""
     loss_fn = step.loss_fn or DetectionLoss(real_model)
     if step.activation_checkpointing is not None and not hasattr(real_model, "set_activation_checkpointing"):
         raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
@@ -185,11 +184,8 @@ class StepEstimator:
                     self.step.label, self.trace_seconds)
 
     def reports(self, batch_sizes: Sequence[int], gpu: str | int | GPUSpec | None = None) -> list[MemoryReport]:
-        """One estimated ``MemoryReport`` per batch size, for ``gpu`` (as ``estimate``'s).
-
-        Raises:
-            ValueError: an empty list or a batch size < 1.
-        """
+        """One estimated ``MemoryReport`` per batch size, for ``gpu`` (as ``estimate``'s); a ValueError for an empty
+        list or a batch size < 1."""
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")
         spec = target_gpu(gpu)
@@ -199,9 +195,8 @@ class StepEstimator:
             lo, hi = min(batch_sizes), max(batch_sizes)
             chosen = [a for a in anchors if a <= lo][-1:] + [a for a in anchors if lo < a < hi] + \
                 [a for a in anchors if a >= hi][:1]
-            for a in chosen:
-                if a not in self._overheads:
-                    self._overheads[a] = self.memory.reserved_overhead(a)
+            for a in sorted(set(chosen) - set(self._overheads)):
+                self._overheads[a] = self.memory.reserved_overhead(a)
         throughput = ThroughputModel(**(cal or {}).get("throughput") or {})
         context = (cal or {}).get("context_bytes") or spec.context_bytes
         out = []
@@ -264,9 +259,8 @@ def estimate(step: StepConfig | str, batch_size: int | None = None, *, gpu: str 
 
     Args:
         step: a ``StepConfig``, or a model name for the step ``fit`` would run with it.
-        gpu: a name from ``GPUS``, a capacity in bytes or a ``GPUSpec`` (default: ``target_gpu``); the step is
-            resolved for it as ``fit`` would resolve it there.
-        **changes: ``StepConfig`` fields to change: ``estimate("yolov9-c", 16, imgsz=512, amp="fp16")``.
+        gpu: a name from ``GPUS``, a capacity in bytes or a ``GPUSpec`` (default: ``target_gpu``), the step resolved
+            for it as ``fit`` would; **changes: ``StepConfig`` fields: ``estimate("yolov9-c", 16, amp="fp16")``.
 
     Returns:
         MemoryReport with ``method="estimated"``.

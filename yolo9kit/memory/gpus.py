@@ -65,11 +65,8 @@ def _known(name: str) -> GPUSpec | None:
 
 
 def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
-    """A GPU name (e.g. "rtx4090"), a capacity in bytes (bf16, A100-like speed), a GPUSpec, or None.
-
-    Raises:
-        ValueError: an unknown name or a capacity <= 0.
-    """
+    """A GPU name (e.g. "rtx4090"), a capacity in bytes (bf16, A100-like speed), a GPUSpec, or None, as a GPUSpec
+    (or None); a ValueError for an unknown name or a capacity <= 0."""
     if gpu is None or isinstance(gpu, GPUSpec):
         return gpu
     if isinstance(gpu, int):
@@ -83,31 +80,25 @@ def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
     return spec
 
 
-def gpu_from_device(index: int | None = None) -> GPUSpec:
-    """Local CUDA device ``index`` (None: the current one): its capacity and bf16, the table's speeds."""
-    index = torch.cuda.current_device() if index is None else index
+def target_gpu(gpu: str | int | GPUSpec | None, device: torch.device | None = None) -> GPUSpec:
+    """The card a figure is for: ``gpu`` resolved; when None, ``device``'s card (its capacity and bf16, the table's
+    speeds) or the RAM a CPU may use, or without a device this machine's CUDA card, else ``DEFAULT_GPU``."""
+    if gpu is not None:
+        return resolve_gpu(gpu)
+    if device is not None and device.type != "cuda":
+        return host_memory()
+    if device is None and not torch.cuda.is_available():
+        return resolve_gpu(DEFAULT_GPU)
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
     props = torch.cuda.get_device_properties(index)
     known = _known(props.name) or GPUSpec(props.name, 0, True, 312.0, 1555.0)
     return GPUSpec(known.name, props.total_memory, native_bf16(index), known.tflops_fp16, known.bandwidth_gbs,
                    known.context_bytes)
 
 
-def target_gpu(gpu: str | int | GPUSpec | None, device: torch.device | None = None) -> GPUSpec:
-    """The card a figure is for: ``gpu`` resolved; when None, ``device``'s card or the RAM a CPU may use, or
-    without a device this machine's CUDA card, else ``DEFAULT_GPU``."""
-    if gpu is not None:
-        return resolve_gpu(gpu)
-    if device is not None:
-        return gpu_from_device(device.index) if device.type == "cuda" else host_memory()
-    return gpu_from_device() if torch.cuda.is_available() else resolve_gpu(DEFAULT_GPU)
-
-
 def host_memory() -> GPUSpec:
-    """The memory this process may use now (the least of ``env.memory_limits``), as a CPU step's capacity.
-
-    Raises:
-        RuntimeError: no limit can be read.
-    """
+    """The memory this process may use now (the least of ``env.memory_limits``), as a CPU step's capacity; a
+    RuntimeError when no limit can be read."""
     limits = memory_limits()
     if not limits:
         raise RuntimeError("cannot tell how much memory this process may use (no /proc/meminfo, no limits): "
@@ -118,11 +109,7 @@ def host_memory() -> GPUSpec:
 
 
 def read_calibration(path) -> dict:
-    """One calibration JSON file (a path or a packaged resource), checked.
-
-    Raises:
-        ValueError: naming the file, when it is not a calibration.
-    """
+    """One calibration JSON file (a path or a packaged resource), checked: a ValueError naming it otherwise."""
     path = Path(path) if isinstance(path, str) else path
     try:
         data = json.loads(path.read_text())
@@ -183,13 +170,10 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
                             step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
-    """A calibration (kind "measured", the format of docs/memory.md) fitted on measured points per AMP mode.
-
-    Args:
-        points: dicts of ``amp``, ``estimated_traced_bytes``, ``measured_peak_allocated``,
-            ``measured_peak_reserved`` and optionally ``context_bytes`` (those not measured are left out).
-        smoke: a check of the script, never applied; step: what was measured.
-    """
+    """A calibration (kind "measured", the format of docs/memory.md) fitted per AMP mode on ``points``: dicts of
+    ``amp``, ``estimated_traced_bytes``, ``measured_peak_allocated``, ``measured_peak_reserved`` and optionally
+    ``context_bytes`` (unmeasured ones are left out). ``smoke``: a check of the script, never applied; ``step``:
+    what was measured."""
     fits = {}
     for amp in sorted({p["amp"] for p in points}):
         pts = [p for p in points if p["amp"] == amp and p.get("measured_peak_allocated")]

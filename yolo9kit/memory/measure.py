@@ -19,7 +19,7 @@ from torch import nn
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.files import format_bytes, write_file
-from yolo9kit.memory.gpus import gpu_from_device
+from yolo9kit.memory.gpus import target_gpu
 from yolo9kit.memory.tracer import CATEGORIES, synthetic_batch, trace_real_step
 from yolo9kit.models import create_model
 from yolo9kit.train.step import build_trainer, cudnn_autotune, train_step
@@ -150,14 +150,9 @@ def require_cuda(device: str | torch.device) -> torch.device:
 
 def measure(step: StepConfig | str, batch_size: int | None = None, *, device: str | torch.device | None = None,
             repeats: int = 3, warmup_repeats: int = 1, breakdown: bool = True, **changes: Any) -> MemoryReport:
-    """Run ``warmup_repeats + repeats`` real training steps of ``step`` (as ``estimate``'s) on a CUDA device, on a
-    copy of the model, what earlier cells hold subtracted, everything freed before returning.
-
-    Args:
-        breakdown: one more step under the storage tracker splits the peak into categories.
-
-    Returns:
-        MemoryReport with ``method="measured"``: peaks of the CUDA counters over the timed steps, median time.
+    """Run ``warmup_repeats + repeats`` real training steps of ``step`` (as ``estimate``'s) on a copy of the model
+    on CUDA -> MemoryReport ("measured": the timed steps' peaks, what earlier cells hold subtracted, median time);
+    ``breakdown``: one more step under the storage tracker splits the peak. Everything is freed before returning.
 
     Raises:
         RuntimeError: without CUDA (use ``estimate``). torch.cuda.OutOfMemoryError after everything was freed.
@@ -170,8 +165,7 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
     if held_allocated:
         LOGGER.info("%.2f GiB is still allocated by earlier work; it is subtracted from the peaks",
                     held_allocated / GIB)
-    module = resolve_model(step)
-    trainer = None
+    module, trainer = resolve_model(step), None
     try:
         trainer = build_real_trainer(module, step, dev)  # train_step itself: an out-of-memory error surfaces
         images, targets = synthetic_batch(step.batch_size, step.peak_imgsz, step.num_targets,
@@ -195,8 +189,7 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
     finally:
         del trainer, module  # the model was moved to the GPU in place: drop it before emptying the cache
         free_cuda_memory()
-    step_s = statistics.median(times)
-    spec = gpu_from_device(dev.index)
+    step_s, spec = statistics.median(times), target_gpu(None, dev)
     free, total = torch.cuda.mem_get_info(dev)
     context = max(0, total - free - torch.cuda.memory_reserved(dev))  # the CUDA context (and other processes)
     note = f"torch {torch.__version__}, median of {repeats} steps after {warmup_repeats} warm-up, cuDNN autotuning on"
@@ -217,11 +210,8 @@ def fit_to_total(parts: dict[str, int], total: int) -> dict[str, int]:
 
 
 def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any) -> MemoryReport:
-    """One real training step of ``step`` (as ``estimate``'s) on the CPU, under the storage tracker.
-
-    Returns:
-        MemoryReport with ``method="traced"`` (``peak_reserved`` is ``peak_allocated``; the CPU's step time).
-    """
+    """One real training step of ``step`` (as ``estimate``'s) on the CPU under the storage tracker -> MemoryReport
+    with ``method="traced"`` (``peak_reserved`` is ``peak_allocated``; the CPU's step time)."""
     step = as_step(step, batch_size, changes, caller="trace", needs_batch=True).resolve("cpu")
     module = resolve_model(step)
     trainer = build_real_trainer(module, step, torch.device("cpu"))
@@ -237,11 +227,7 @@ def trace(step: StepConfig | str, batch_size: int | None = None, **changes: Any)
 
 def export_snapshot(path: str | Path, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Path:
     """Run ``fn(*args, **kwargs)`` recording every CUDA allocation, and write the snapshot to ``path`` (a .pickle
-    for https://pytorch.org/memory_viz), also when ``fn`` raises.
-
-    Raises:
-        RuntimeError: without CUDA.
-    """
+    for https://pytorch.org/memory_viz), also when ``fn`` raises; a RuntimeError without CUDA."""
     if not torch.cuda.is_available():
         raise RuntimeError("export_snapshot records the CUDA caching allocator and needs a CUDA device "
                            "(torch.cuda.is_available() is False); on the CPU use "

@@ -110,7 +110,13 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
     spec = target_gpu(gpu)
     budget = int(spec.total_bytes * (1 - margin))
     if trial is None:
-        trial = _default_trial(as_step(step, None, changes, caller="find_max_batch"), method, device, spec)
+        one = as_step(step, None, changes, caller="find_max_batch")
+        est = None if _use_measure(method, device) else estimator_for(one, spec)
+
+        def trial(b: int) -> int:  # measured on CUDA, else estimated
+            if est is None:
+                return measure(one, b, device=device, breakdown=False).device_bytes
+            return est.reports([b], spec)[0].device_bytes
     trials: list[dict] = []
 
     def ok(b: int) -> bool:
@@ -142,13 +148,6 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
     return BatchSearch(lo, budget, margin, trials, f"batch {failing}{needs}, over {where}")
 
 
-def _default_trial(step: StepConfig, method: str, device: Any, spec: GPUSpec) -> Callable[[int], int]:
-    if _use_measure(method, device):
-        return lambda b: measure(step, b, device=device, breakdown=False).device_bytes
-    est = estimator_for(step, spec)
-    return lambda b: est.reports([b], spec)[0].device_bytes
-
-
 @dataclass
 class BatchPlan:
     """What ``plan`` found: one row per batch x accumulation, the recommended row (None when nothing fits)."""
@@ -168,11 +167,8 @@ class BatchPlan:
         return f"{shown.to_string(index=False)}\n{self.reason}"
 
     def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
-        """``base`` (default ``TrainConfig()``) with the plan's step, recommended batch and nominal batch.
-
-        Raises:
-            ValueError: nothing fits.
-        """
+        """``base`` (default ``TrainConfig()``) with the plan's step, recommended batch and nominal batch; a
+        ValueError when nothing fits."""
         if self.recommended is None:
             raise ValueError(f"nothing to train: {self.reason}")
         return (base or TrainConfig()).replace(step=self.step.replace(batch_size=None),
@@ -183,11 +179,8 @@ class BatchPlan:
 def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int | GPUSpec | None = None,
          margin: float = DEFAULT_MARGIN, method: str = "auto", device: str | None = None, **changes: Any) -> BatchPlan:
     """Batch x accumulation choices that reach ``nominal_batch_size`` (its divisors and the largest batch that
-    fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest.
-
-    Args:
-        gpu, margin, method: as ``find_max_batch``'s (the speed: ``ThroughputModel``'s, or measured).
-    """
+    fits, accumulating by the official rule as ``fit`` does), their memory and speed, and the fastest. ``gpu``,
+    ``margin``, ``method``: as ``find_max_batch``'s (the speed: ``ThroughputModel``'s, or measured)."""
     if nominal_batch_size < 1:
         raise ValueError(f"nominal_batch_size={nominal_batch_size}: must be >= 1")
     step = as_step(step, None, changes, caller="plan")
@@ -274,14 +267,8 @@ class AutoBatch:
 def choose_batch(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1, *,
                  loss_fn: Callable | None = None) -> tuple[TrainConfig, AutoBatch]:
     """``config`` with ``batch_size="auto"`` replaced by ``plan``'s batch for ``config.gpu``, else the training
-    device's card or RAM, and the record of it.
-
-    Args:
-        world_size: DDP ranks (the batch is per device); loss_fn: the run's loss, if not ``DetectionLoss``.
-
-    Raises:
-        RuntimeError: not even batch 1 fits (the message says what to change).
-    """
+    device's card or RAM, and the record of it. ``world_size``: DDP ranks (the batch is per device); ``loss_fn``:
+    the run's loss, if not ``DetectionLoss``. A RuntimeError saying what to change when not even batch 1 fits."""
     spec = target_gpu(config.gpu, device)
     step = config.step.replace(model=model, batch_size=1, num_classes=getattr(model, "nc", None), loss_fn=loss_fn)
     chosen = plan(step, config.optim.nominal_batch_size, gpu=spec, margin=config.margin, method="estimated")

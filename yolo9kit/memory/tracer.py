@@ -1,7 +1,6 @@
 """Trace one training step of the kit, on ``meta`` tensors (shapes, no data) or real ones, and record every
 storage it allocates, by category and over time: the storage tracker, the autocast emulation and the bridge
-that runs the loss for real. How and what it assumes: docs/memory.md, "How `estimate` works".
-"""
+that runs the loss for real. How and what it assumes: docs/memory.md, "How `estimate` works"."""
 
 from __future__ import annotations
 
@@ -62,9 +61,8 @@ class Trace:
 
 
 class StorageTracker(TorchDispatchMode):
-    """Record each storage an op creates while active, once, and when its Python object dies (a weakref).
-    ``device_type`` "cuda" rounds sizes as the CUDA allocator does (also for ``meta`` tensors standing for a CUDA
-    run); anything else counts exact bytes."""
+    """Record each storage an op creates while active, once, and when its Python object dies (a weakref); sizes
+    rounded as the CUDA allocator does for ``device_type`` "cuda" (also ``meta`` standing for CUDA), else exact."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
@@ -247,12 +245,8 @@ class AutocastEmulation(TorchFunctionMode):
         # weight cache). A function mode is off while it handles a call: entered again around the autograd engine.
         self.set_enabled(True, caching=False)
         with self:
-            engine = getattr(torch.autograd.Variable, "_execution_engine", None)
-            if engine is None:
-                loss.backward()
-            else:
-                engine.run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
-                                    accumulate_grad=True)
+            torch.autograd.Variable._execution_engine.run_backward(
+                (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True)
         self.set_enabled(False)
 
 
@@ -299,8 +293,8 @@ def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
 
 def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` boxes per image as targets (N, 6)
-    ``[image_index, class, cx, cy, w, h]`` normalised, reproducible from ``seed``."""
+    """uint8 images (B, 3, imgsz, imgsz) and ``num_targets`` boxes per image as targets (N, 6) ``[image_index,
+    class, cx, cy, w, h]`` normalised, reproducible from ``seed``."""
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (batch_size, 3, imgsz, imgsz), dtype=torch.uint8, generator=g)
     n = batch_size * num_targets
