@@ -51,10 +51,9 @@ def bbox_ciou(box1_xyxy: torch.Tensor, box2_xyxy: torch.Tensor, eps: float = 1e-
     return iou - (centre_dist_sq / diag_sq + v * alpha)
 
 
-def make_anchors(
-    feature_shapes: list[tuple[int, int]], strides: list[float] | torch.Tensor, offset: float = 0.5,
-    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def make_anchors(feature_shapes: list[tuple[int, int]], strides: list[float] | torch.Tensor, offset: float = 0.5,
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Anchor points of every level, row-major, levels concatenated.
 
     Args:

@@ -266,11 +266,10 @@ def native_cpu_bf16() -> bool:
         return False
 
 
-def memory_limits(proc: str | Path = PROC, cgroup_root: str | Path = CGROUP) -> dict[str, int]:
+def memory_limits(proc: Path = PROC, root: Path = CGROUP) -> dict[str, int]:
     """The bytes this process may still allocate under each limit that is set and readable (from the ``proc`` and
-    ``cgroup_root`` folders): ``"RAM"`` (MemAvailable), ``"RLIMIT_AS"`` / ``"RLIMIT_DATA"`` (the limit less what
+    cgroup ``root`` folders): ``"RAM"`` (MemAvailable), ``"RLIMIT_AS"`` / ``"RLIMIT_DATA"`` (the limit less what
     the process maps), ``"cgroup"`` (memory.max, v2, or memory.limit_in_bytes, v1, less its use)."""
-    proc, root = Path(proc), Path(cgroup_root)
     out = {"RAM": _meminfo(proc / "meminfo").get("MemAvailable")}
     status = _meminfo(proc / "self" / "status")
     try:
