@@ -205,8 +205,7 @@ def _cgroup_quota(folder: Path) -> float | None:
     except (OSError, ValueError):
         pass
     try:  # cgroup v1
-        quota = int((folder / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((folder / "cpu" / "cpu.cfs_period_us").read_text())
+        quota, period = (int((folder / "cpu" / f"cpu.cfs_{name}_us").read_text()) for name in ("quota", "period"))
         return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError):
         return None
