@@ -75,8 +75,7 @@ class EnvReport:
         lines += [f"GPU {i}: {gpu['name']}  {gpu['total_bytes'] / gib:.1f} GiB  sm_{gpu['capability']}"
                   for i, gpu in enumerate(self.gpus)] or [
             "GPU: none (CPU only: memory figures are estimated, training runs on the CPU)"]
-        ram = f"{self.ram_total_bytes / gib:.1f} GiB" if self.ram_total_bytes else "unknown"
-        free = f"{self.ram_available_bytes / gib:.1f} GiB" if self.ram_available_bytes else "unknown"
+        ram, free = (f"{n / gib:.1f} GiB" if n else "unknown" for n in (self.ram_total_bytes, self.ram_available_bytes))
         lines += [f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads}), {self.cpu_isa}, bf16 in "
                   f"hardware: {'yes' if self.cpu_bf16 else 'no'}  RAM: {ram} total, {free} available",
                   "packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()),
