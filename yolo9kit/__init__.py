@@ -1,15 +1,7 @@
 """yolo9kit: train YOLOv9 on one GPU and understand its memory and speed. The core's public names are here; the
 extras (tuning, loggers, the runs table, ONNX export, the GPU check, claims) are in ``yolo9kit.extras``."""
 
-from yolo9kit.config import (
-    ExportConfig,
-    LoaderConfig,
-    LossConfig,
-    NMSConfig,
-    SaveConfig,
-    StepConfig,
-    TrainConfig,
-)
+from yolo9kit.config import ExportConfig, LoaderConfig, LossConfig, NMSConfig, SaveConfig, StepConfig, TrainConfig
 from yolo9kit.data import create_dataloader, make_shapes
 from yolo9kit.env import environment_report as checks
 from yolo9kit.loss import DetectionLoss

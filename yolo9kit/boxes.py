@@ -15,11 +15,9 @@ Array = torch.Tensor | np.ndarray
 def cxcywh_to_xyxy(boxes: Array) -> Array:
     """Convert (..., 4) centre/size boxes to corners. Works on tensors and arrays."""
     out = boxes.clone() if isinstance(boxes, torch.Tensor) else np.copy(boxes)
-    half_w, half_h = boxes[..., 2] / 2, boxes[..., 3] / 2
-    out[..., 0] = boxes[..., 0] - half_w
-    out[..., 1] = boxes[..., 1] - half_h
-    out[..., 2] = boxes[..., 0] + half_w
-    out[..., 3] = boxes[..., 1] + half_h
+    half = boxes[..., 2:4] / 2
+    out[..., 0:2] = boxes[..., 0:2] - half
+    out[..., 2:4] = boxes[..., 0:2] + half
     return out
 
 
@@ -39,9 +37,8 @@ def bbox_ciou(box1_xyxy: torch.Tensor, box2_xyxy: torch.Tensor, eps: float = 1e-
     b2_x1, b2_y1, b2_x2, b2_y2 = box2_xyxy.chunk(4, -1)
     w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
     w2, h2 = b2_x2 - b2_x1, b2_y2 - b2_y1 + eps
-    inter = (torch.min(b1_x2, b2_x2) - torch.max(b1_x1, b2_x1)).clamp(0) * (
-        torch.min(b1_y2, b2_y2) - torch.max(b1_y1, b2_y1)
-    ).clamp(0)
+    inter_w = (torch.min(b1_x2, b2_x2) - torch.max(b1_x1, b2_x1)).clamp(0)
+    inter = inter_w * (torch.min(b1_y2, b2_y2) - torch.max(b1_y1, b2_y1)).clamp(0)
     union = w1 * h1 + w2 * h2 - inter + eps
     iou = inter / union
     enclose_w = torch.max(b1_x2, b2_x2) - torch.min(b1_x1, b2_x1)
@@ -54,10 +51,9 @@ def bbox_ciou(box1_xyxy: torch.Tensor, box2_xyxy: torch.Tensor, eps: float = 1e-
     return iou - (centre_dist_sq / diag_sq + v * alpha)
 
 
-def make_anchors(
-    feature_shapes: list[tuple[int, int]], strides: list[float] | torch.Tensor, offset: float = 0.5,
-    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def make_anchors(feature_shapes: list[tuple[int, int]], strides: list[float] | torch.Tensor, offset: float = 0.5,
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Anchor points of every level, row-major, levels concatenated.
 
     Args:
@@ -87,8 +83,7 @@ def ltrb_to_xyxy(distances_ltrb: torch.Tensor, points: torch.Tensor, dim: int = 
 
 def ltrb_to_cxcywh(distances_ltrb: torch.Tensor, points: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Distances from anchor points -> centre/size boxes, same units (the official head decode)."""
-    lt, rb = distances_ltrb.chunk(2, dim)
-    x1y1, x2y2 = points - lt, points + rb
+    x1y1, x2y2 = ltrb_to_xyxy(distances_ltrb, points, dim).chunk(2, dim)
     return torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), dim)
 
 

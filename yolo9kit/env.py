@@ -75,8 +75,7 @@ class EnvReport:
         lines += [f"GPU {i}: {gpu['name']}  {gpu['total_bytes'] / gib:.1f} GiB  sm_{gpu['capability']}"
                   for i, gpu in enumerate(self.gpus)] or [
             "GPU: none (CPU only: memory figures are estimated, training runs on the CPU)"]
-        ram = f"{self.ram_total_bytes / gib:.1f} GiB" if self.ram_total_bytes else "unknown"
-        free = f"{self.ram_available_bytes / gib:.1f} GiB" if self.ram_available_bytes else "unknown"
+        ram, free = (f"{n / gib:.1f} GiB" if n else "unknown" for n in (self.ram_total_bytes, self.ram_available_bytes))
         lines += [f"CPU cores: {self.cpu_cores} (torch threads {self.cpu_threads}), {self.cpu_isa}, bf16 in "
                   f"hardware: {'yes' if self.cpu_bf16 else 'no'}  RAM: {ram} total, {free} available",
                   "packages: " + ", ".join(f"{k} {v or 'missing'}" for k, v in self.packages.items()),
@@ -107,11 +106,17 @@ def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
     if state in ("disabled", "not installed"):
         problems.append(f"JupyterLab widget extension is {state}: sliders will show as text. Install "
                         "`jupyterlab_widgets` (it is in the `notebooks` extra) and restart JupyterLab")
-    package_data = _package_data(problems)
+    root = Path(__file__).resolve().parent
+    package_data = {folder: len(list((root / folder).glob(pattern))) for folder, pattern, _ in PACKAGE_DATA}
+    problems += [f"no {pattern} files in {root / folder}: {used_by} will fail; reinstall yolo9kit from a wheel or "
+                 "checkout that includes its package data" for folder, pattern, used_by in PACKAGE_DATA
+                 if not package_data[folder]]
     cuda = torch.cuda.is_available()
     gpus = [{"name": p.name, "total_bytes": int(p.total_memory), "capability": f"{p.major}{p.minor}"}
             for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count() if cuda else 0))]
-    total, available = _memory()
+    ram = _meminfo(PROC / "meminfo")
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # no sysconf on Windows
+        ram.setdefault("MemTotal", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     others = competing_cores()
     warnings = [] if others is None or others < COMPETING_CORES else [
         f"other processes keep about {others:.1f} of this process's {usable_cores()} cores busy: training and "
@@ -122,10 +127,11 @@ def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
         yolo9kit=_version("yolo9kit") or "(not installed)", torch=_version("torch"),
         torchvision=_version("torchvision"), cuda_available=cuda, cuda_version=torch.version.cuda, gpus=gpus,
         cpu_cores=usable_cores(), cpu_threads=set_cpu_threads(), cpu_isa=torch.backends.cpu.get_cpu_capability(),
-        cpu_bf16=native_cpu_bf16(), ram_total_bytes=total, ram_available_bytes=available,
+        cpu_bf16=native_cpu_bf16(), ram_total_bytes=ram.get("MemTotal"),
+        ram_available_bytes=ram.get("MemAvailable"),
         packages={name: _version(name) for name in
                   ("numpy", "opencv-python-headless", "pandas", "matplotlib", "jupyterlab", "ipywidgets")},
-        widgets_extension=state, package_data=package_data, location=str(Path(__file__).resolve().parent),
+        widgets_extension=state, package_data=package_data, location=str(root),
         problems=problems, warnings=warnings)
     if verbose:
         logging.getLogger(__name__).info("\n%s", report)
@@ -154,18 +160,6 @@ def load_extra(group: str, name: str, extra: str = "", package: str | None = Non
     return found[0].load()
 
 
-def _package_data(problems: list[str]) -> dict[str, int]:
-    """Count the data files of each ``PACKAGE_DATA`` folder; a kind missing is a problem."""
-    root = Path(__file__).resolve().parent
-    found: dict[str, int] = {}
-    for folder, pattern, used_by in PACKAGE_DATA:
-        found[folder] = len(list((root / folder).glob(pattern)))
-        if not found[folder]:
-            problems.append(f"no {pattern} files in {root / folder}: {used_by} will fail; "
-                            "reinstall yolo9kit from a wheel or checkout that includes its package data")
-    return found
-
-
 def _widgets_extension_state() -> str:
     """Ask JupyterLab whether @jupyter-widgets/jupyterlab-manager is installed and enabled."""
     jupyter = shutil.which("jupyter", path=os.path.dirname(sys.executable)) or shutil.which("jupyter")
@@ -188,7 +182,9 @@ def usable_cores(cgroup: Path | None = None) -> int:
     """The cores this process may use: its CPU affinity capped by the CPU quota (``--cpus``) of ``cgroup`` (a
     folder; default: this process's cgroup), at least 1. ``os.cpu_count()`` and torch ignore the quota."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    quota = _cgroup_quota(cgroup or _own_cgroup())
+    # default: this process's cgroup v2 folder (the ``0::/path`` line), else the cgroup root
+    cgroup = cgroup or next((CGROUP / line[2].lstrip("/") for line in _cgroups(PROC) if line[:2] == ["0", ""]), CGROUP)
+    quota = _cgroup_quota(cgroup)
     return max(1, min(cores, math.ceil(quota)) if quota else cores)
 
 
@@ -200,11 +196,6 @@ def _cgroups(proc: Path) -> list[list[str]]:
         return []
 
 
-def _own_cgroup() -> Path:
-    """This process's cgroup v2 folder (the ``0::/path`` line), else the cgroup root."""
-    return next((CGROUP / line[2].lstrip("/") for line in _cgroups(PROC) if line[:2] == ["0", ""]), CGROUP)
-
-
 def _cgroup_quota(folder: Path) -> float | None:
     """The CPU quota in cores (``200000 100000`` -> 2.0); None when there is none or it cannot be read."""
     try:
@@ -213,8 +204,7 @@ def _cgroup_quota(folder: Path) -> float | None:
     except (OSError, ValueError):
         pass
     try:  # cgroup v1
-        quota = int((folder / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((folder / "cpu" / "cpu.cfs_period_us").read_text())
+        quota, period = (int((folder / "cpu" / f"cpu.cfs_{name}_us").read_text()) for name in ("quota", "period"))
         return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError):
         return None
@@ -245,8 +235,7 @@ def _busy_jiffies(stat: str, cpus: list[int] | None) -> int:
     total = 0
     for line in stat.splitlines():
         name, *fields = line.split()
-        if (cpus is None and name == "cpu") or (cpus is not None and name[3:].isdigit() and name.startswith("cpu")
-                                                and int(name[3:]) in cpus):
+        if name == "cpu" if cpus is None else name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
             user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
             total += user + nice + system + irq + softirq + steal
     return total
@@ -275,15 +264,11 @@ def native_cpu_bf16() -> bool:
         return False
 
 
-def memory_limits(proc: str | Path = PROC, cgroup_root: str | Path = CGROUP) -> dict[str, int]:
+def memory_limits(proc: Path = PROC, root: Path = CGROUP) -> dict[str, int]:
     """The bytes this process may still allocate under each limit that is set and readable (from the ``proc`` and
-    ``cgroup_root`` folders): ``"RAM"`` (MemAvailable), ``"RLIMIT_AS"`` / ``"RLIMIT_DATA"`` (the limit less what
+    cgroup ``root`` folders): ``"RAM"`` (MemAvailable), ``"RLIMIT_AS"`` / ``"RLIMIT_DATA"`` (the limit less what
     the process maps), ``"cgroup"`` (memory.max, v2, or memory.limit_in_bytes, v1, less its use)."""
-    proc, root = Path(proc), Path(cgroup_root)
-    out: dict[str, int] = {}
-    available = _meminfo(proc / "meminfo").get("MemAvailable")
-    if available is not None:
-        out["RAM"] = available
+    out = {"RAM": _meminfo(proc / "meminfo").get("MemAvailable")}
     status = _meminfo(proc / "self" / "status")
     try:
         import resource  # not on Windows
@@ -294,10 +279,8 @@ def memory_limits(proc: str | Path = PROC, cgroup_root: str | Path = CGROUP) -> 
                 out[name] = max(0, soft - (used or 0))
     except (ImportError, AttributeError, OSError, ValueError):
         pass
-    cgroup = _cgroup_room(proc, root)
-    if cgroup is not None:
-        out["cgroup"] = cgroup
-    return out
+    out["cgroup"] = _cgroup_room(proc, root)
+    return {name: room for name, room in out.items() if room is not None}
 
 
 def _meminfo(path: Path) -> dict[str, int]:
@@ -312,14 +295,6 @@ def _meminfo(path: Path) -> dict[str, int]:
     except OSError:
         pass
     return out
-
-
-def _memory() -> tuple[int | None, int | None]:
-    """Total and available RAM (/proc/meminfo, else sysconf's total); None where unknown."""
-    info = _meminfo(PROC / "meminfo")
-    with contextlib.suppress(ValueError, OSError, AttributeError):  # no sysconf on Windows
-        info.setdefault("MemTotal", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    return info.get("MemTotal"), info.get("MemAvailable")
 
 
 def _cgroup_room(proc: Path, root: Path) -> int | None:
@@ -390,8 +365,6 @@ def native_bf16(index: int) -> bool:
 
 def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Copy a small host tensor to ``device`` without the host waiting for the GPU (staged in pinned memory)."""
-    if tensor.device == device:
-        return tensor
     if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
         tensor = tensor.pin_memory()  # a pageable copy may make the driver wait for the stream
     return tensor.to(device, non_blocking=True)

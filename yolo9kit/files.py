@@ -73,23 +73,11 @@ class OwnInputError(ValueError):
 
 def refuse_own_input(path: Path, inputs: Iterable[str | Path]) -> None:
     """Raise ``OwnInputError`` when ``path`` is (the same file as) one of ``inputs``."""
-    if not path.exists():
-        return
     for item in inputs:
-        item = Path(item)
-        with contextlib.suppress(OSError):
-            if item.exists() and os.path.samefile(path, item):
+        with contextlib.suppress(OSError):  # either file missing: not the same
+            if os.path.samefile(path, item):
                 raise OwnInputError(f"{path} is this command's input {item}: writing the output there would "
                                     "destroy it; choose another output path")
-
-
-def _failed_for_space(error: BaseException, free: int | None, needed: int) -> bool:
-    """ENOSPC or EDQUOT, or torch's "unexpected pos" with little room (the partial file's space is free again)."""
-    if isinstance(error, OSError) and error.errno in _NO_SPACE:
-        return True
-    text = str(error)
-    torch_write = isinstance(error, RuntimeError) and ("unexpected pos" in text or "failed writing" in text)
-    return torch_write and (free is None or free < 2 * needed)
 
 
 def write_file(path: str | Path, write: Callable[[Path], object], *, needed: int, what: str | None = None,
@@ -124,7 +112,10 @@ def write_file(path: str | Path, write: Callable[[Path], object], *, needed: int
         tmp.unlink(missing_ok=True)
         if isinstance(e, (OSError, RuntimeError)):
             free = free_bytes(path.parent)
-            if _failed_for_space(e, free, needed):
+            # torch's "unexpected pos" with little room (the partial file's space is free again) is a full disk too
+            torch_full = isinstance(e, RuntimeError) and any(t in str(e) for t in ("unexpected pos", "failed writing"))
+            no_space = isinstance(e, OSError) and e.errno in _NO_SPACE
+            if no_space or (torch_full and (free is None or free < 2 * needed)):
                 raise DiskFullError(path.parent, needed, free, what) from e
             if isinstance(e, OSError) and str(path) not in str(e):
                 raise OSError(e.errno, f"{what}: {e.strerror or e}") from e
