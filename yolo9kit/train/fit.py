@@ -221,7 +221,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.run.plots)
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup_batches(config, nb), start_batch=progress.ni - epoch * nb,
-                                           on_batch=on_batch, interrupt=signals.pending,
+                                           on_batch=on_batch, interrupt=lambda: signals.received,
                                            progress_bar=run.dist.is_main and config.run.progress_bar)
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 if run.auto_batch is not None:

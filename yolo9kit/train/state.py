@@ -243,7 +243,16 @@ def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "t
         raise ValueError(f"resume {source}: its training state is not finite ({len(bad)} entries hold NaN or Inf, "
                          f"e.g. {', '.join(bad[:3])}): the run cannot continue from it; resume from an earlier "
                          "checkpoint, or start a new run from its weights (--weights) if those are finite")
-    _load_model_weights(unwrap(trainer.model), ckpt["model"])
+    model, weights = unwrap(trainer.model), ckpt["model"]
+    own = model.state_dict()
+    missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
+    reshaped = sorted(k for k in own.keys() & weights.keys() if own[k].shape != weights[k].shape)
+    if missing or unexpected or reshaped:
+        example = (missing or unexpected or reshaped)[0]
+        raise ValueError(f"resume: the checkpoint holds another model than the one to train ({len(missing)} tensors "
+                         f"missing, {len(unexpected)} unexpected, {len(reshaped)} of another shape, e.g. {example}); "
+                         "resume with the run's model (the CLI rebuilds it from the checkpoint)")
+    model.load_state_dict(weights)
     if trainer.ema is not None and ckpt.get("ema") is not None:
         trainer.ema.ema.load_state_dict(ckpt["ema"])
         trainer.ema.updates = int(ckpt.get("ema_updates", 0))
@@ -287,15 +296,3 @@ def nonfinite_weights(trainer: Trainer) -> list[str]:
     return nonfinite_entries({"model": unwrap(trainer.model).state_dict(),
                               **({"ema": trainer.ema.ema.state_dict()} if trainer.ema is not None else {})})
 
-
-def _load_model_weights(model: nn.Module, weights: dict) -> None:
-    """``load_state_dict`` with a short message when the checkpoint is of another architecture."""
-    own = model.state_dict()
-    missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
-    reshaped = sorted(k for k in own.keys() & weights.keys() if own[k].shape != weights[k].shape)
-    if missing or unexpected or reshaped:
-        example = (missing or unexpected or reshaped)[0]
-        raise ValueError(f"resume: the checkpoint holds another model than the one to train ({len(missing)} tensors "
-                         f"missing, {len(unexpected)} unexpected, {len(reshaped)} of another shape, e.g. {example}); "
-                         "resume with the run's model (the CLI rebuilds it from the checkpoint)")
-    model.load_state_dict(weights)
