@@ -101,31 +101,28 @@ class Progress:
         return asdict(self)
 
 
-def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
-    """Python, NumPy, torch CPU and the CUDA generator of ``device`` (None: the current one once CUDA started):
-    one CUDA state, so that a resume on another GPU index or machine restores it onto its own device."""
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """Python, NumPy, torch CPU and the CUDA generator of ``device``: one CUDA state, so that a resume on another
+    GPU index or machine restores it onto its own device."""
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np_state, "torch": torch.get_rng_state()}
-    if device is not None and device.type == "cuda":
+    if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
-    elif device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
-    """Inverse of ``capture_rng``: the CUDA state goes to ``device`` (None: the current CUDA device)."""
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Inverse of ``capture_rng``: the CUDA state goes to ``device``."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = dict(state["numpy"])
     np_state["state"] = {**np_state["state"], "key": np.asarray(np_state["state"]["key"], dtype=np.uint32)}
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is None or not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
+    if state.get("cuda") is None or not torch.cuda.is_available() or device.type != "cuda":
         return
-    torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device() if device is None or device.index is None
-                             else device.index)
+    torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device() if device.index is None else device.index)
 
 
 def seed_everything(seed: int) -> None:
