@@ -78,7 +78,7 @@ class _Run:
     extra: dict[str, Any]
     results: list[dict] = field(default_factory=list)
     auto_batch: Any = None  # FitResult.auto_batch
-    pictures: RunPictures = field(default_factory=lambda: RunPictures(None, None))
+    pictures: RunPictures = field(default_factory=lambda: RunPictures(None, None, []))
 
     @property
     def run_dir(self) -> Path | None:
@@ -221,7 +221,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 batches = run.pictures.batches(loader, epoch)  # keeps the first ones to draw (config.run.plots)
                 at.stats = train_one_epoch(run.trainer, batches, config, progress, batches_per_epoch=nb,
                                            warmup=warmup_batches(config, nb), start_batch=progress.ni - epoch * nb,
-                                           on_batch=on_batch, interrupt=signals.pending,
+                                           on_batch=on_batch, interrupt=lambda: signals.received,
                                            progress_bar=run.dist.is_main and config.run.progress_bar)
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 if run.auto_batch is not None:
@@ -270,7 +270,8 @@ def _validate(run: _Run, epoch: int) -> dict[str, float]:
     """The EMA's metrics (every epoch with ``config.run.val``, always after the last one); {} when not validated."""
     final = epoch + 1 == run.config.epochs
     if run.dist.is_main and run.validate_fn and (run.config.run.val or final):
-        return dict(run.validate_fn(_eval_model(run.trainer)))
+        trainer = run.trainer
+        return dict(run.validate_fn(trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)))
     return {}
 
 
@@ -307,7 +308,7 @@ def _validate_unvalidated_end(run: _Run) -> None:
             last.get("fitness") is not None or last.get("epoch") != progress.epoch - 1:
         return
     LOGGER.info("epoch %d was saved before its validation finished: validating it now", progress.epoch)
-    metrics = dict(run.validate_fn(_eval_model(run.trainer)))
+    metrics = _validate(run, progress.epoch - 1)
     last.update(records.metric_columns(metrics))
     _keep(run, progress.epoch - 1, metrics, period=False)
     if run.run_dir:
@@ -336,10 +337,6 @@ def _save(run: _Run, name: str, rng: dict | None) -> None:
     extra = {**run.extra, "results": run.results}
     state.save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
                                    rng=rng, extra=extra)
-
-
-def _eval_model(trainer: Trainer) -> nn.Module:
-    return trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)
 
 
 def make_loader(data, split: str, config: TrainConfig, dist: DistInfo, device: torch.device | None = None):

@@ -98,7 +98,7 @@ def stopped_by(reason: str) -> str:
 
 class StopSignals:
     """SIGTERM, and SIGINT where Python's own handler is in place, turned into a stop at a safe point: recorded in
-    ``received`` for the loop to ask (``pending()``) before each batch, or raised as ``Interrupted`` inside
+    ``received`` for the loop to ask before each batch, or raised as ``Interrupted`` inside
     ``raising()`` (validation). A second signal is logged and ignored, so the first one's checkpoint is written
     whole. Handlers are installed on the main thread only, where no other was set, and restored on exit."""
 
@@ -131,10 +131,6 @@ class StopSignals:
         if self._raising:
             raise Interrupted(name)
         LOGGER.warning("%s received: stopping at the next batch (after the checkpoint being written)", name)
-
-    def pending(self) -> str | None:
-        """The signal received so far (None: carry on)."""
-        return self.received
 
     @contextlib.contextmanager
     def raising(self) -> Iterator[None]:

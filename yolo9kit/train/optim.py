@@ -59,10 +59,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool
         opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True, **kw)
     elif config.step.optimizer == "Adam":
         opt = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999), **kw)
-    elif config.step.optimizer == "AdamW":
+    else:  # AdamW (TrainConfig validates the name)
         opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, amsgrad=True, **kw)
-    else:  # TrainConfig validates the name; this guards direct callers
-        raise ValueError(f"optimizer {config.step.optimizer!r}: expected SGD, Adam or AdamW")
     opt.add_param_group({"params": decayed, "weight_decay": decay})
     opt.add_param_group({"params": norm_weights, "weight_decay": 0.0})
     return opt

@@ -212,7 +212,7 @@ def write_settings(run_dir: Path | None, config: TrainConfig, trainer: Trainer, 
         return
     settings = {
         "model": str(getattr(unwrap(trainer.model), "name", "model")),  # as save_checkpoint names it
-        "train_config": config.to_dict(), "step": trainer.step.to_dict() if trainer.step is not None else None,
+        "train_config": config.to_dict(), "step": trainer.step.to_dict(),
         "derived": {"device": str(trainer.device), "world_size": trainer.world_size,
                     "batches_per_epoch": batches_per_epoch, "accumulate_steps": base_accumulate(config),
                     "weight_decay": scaled_weight_decay(config),
@@ -248,13 +248,12 @@ class RunPictures:
     """The run folder's pictures (``TrainConfig.plots``) into ``run_dir`` (None: none), boxes and axes labelled
     with the class ``names``; ``written`` receives each file. A picture that fails is a warning naming it."""
 
-    def __init__(self, run_dir: Path | None, names: Sequence[str] | Mapping[int, str] | None,
-                 written: list[Path] | None = None):
+    def __init__(self, run_dir: Path | None, names: Sequence[str] | Mapping[int, str] | None, written: list[Path]):
         self.run_dir = run_dir
         if isinstance(names, Mapping):  # {id: name} as in a data.yaml
             names = [str(names[k]) for k in sorted(names)]
         self.names = list(names) if names is not None else None
-        self.written = written if written is not None else []
+        self.written = written
         self.pending: list[tuple[int, tuple]] = []  # (index, first images of a batch) to draw after the epoch
 
     def draw(self, name: str, make: Callable[[], Any]) -> None:

@@ -125,20 +125,6 @@ def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_d
         run.files.append(path)
 
 
-def find_loggers(config: TrainConfig) -> list[Any]:
-    """The logger classes ``config.run.loggers`` names, entry points of the group "yolo9kit.loggers".
-
-    Raises:
-        ValueError: a logger that is not installed, naming the extra that installs it.
-    """
-    # a logger is named after its package and its extra
-    loggers = [load_extra("yolo9kit.loggers", name, name, package=name) for name in config.run.loggers]
-    if config.run.mlflow_uri and "mlflow" not in config.run.loggers:
-        LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
-                       config.run.mlflow_uri)
-    return loggers
-
-
 def open_callbacks(run: RunFolder, config: TrainConfig) -> None:
     """Rank 0's callbacks: the loggers started (their files go to ``run.files``), then ``TrainConfig.callbacks``."""
     if run.path is not None:
@@ -186,12 +172,19 @@ def _end(run: RunFolder, state: str, reason: str | None, epochs_done: int | None
 
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
     """The settings the run trains with (its recipe for ``images`` training images, a resumed run's own); its
-    loggers found, a resume checked."""
+    loggers found (entry points "yolo9kit.loggers", named after their package and extra), a resume checked.
+
+    Raises:
+        ValueError: a logger that is not installed (naming its extra), or a resume ``check_resume`` refuses.
+    """
     config, run.recipe = choose_recipe(config, images, run.ckpt.get("train_config", {}) if run.ckpt else None)
     if run.path is not None:
         LOGGER.info("%s", run.recipe)  # the first line of a run's output
         LOGGER.info("run folder %s", run.path)
-        run.loggers = find_loggers(config)
+        run.loggers = [load_extra("yolo9kit.loggers", name, name, package=name) for name in config.run.loggers]
+        if config.run.mlflow_uri and "mlflow" not in config.run.loggers:
+            LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
+                           config.run.mlflow_uri)
     if run.ckpt is not None:
         check_resume(config, run)
     return config

@@ -101,31 +101,28 @@ class Progress:
         return asdict(self)
 
 
-def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
-    """Python, NumPy, torch CPU and the CUDA generator of ``device`` (None: the current one once CUDA started):
-    one CUDA state, so that a resume on another GPU index or machine restores it onto its own device."""
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """Python, NumPy, torch CPU and the CUDA generator of ``device``: one CUDA state, so that a resume on another
+    GPU index or machine restores it onto its own device."""
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np_state, "torch": torch.get_rng_state()}
-    if device is not None and device.type == "cuda":
+    if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
-    elif device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
-    """Inverse of ``capture_rng``: the CUDA state goes to ``device`` (None: the current CUDA device)."""
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Inverse of ``capture_rng``: the CUDA state goes to ``device``."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = dict(state["numpy"])
     np_state["state"] = {**np_state["state"], "key": np.asarray(np_state["state"]["key"], dtype=np.uint32)}
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is None or not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
+    if state.get("cuda") is None or not torch.cuda.is_available() or device.type != "cuda":
         return
-    torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device() if device is None or device.index is None
-                             else device.index)
+    torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device() if device.index is None else device.index)
 
 
 def seed_everything(seed: int) -> None:
@@ -243,7 +240,16 @@ def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "t
         raise ValueError(f"resume {source}: its training state is not finite ({len(bad)} entries hold NaN or Inf, "
                          f"e.g. {', '.join(bad[:3])}): the run cannot continue from it; resume from an earlier "
                          "checkpoint, or start a new run from its weights (--weights) if those are finite")
-    _load_model_weights(unwrap(trainer.model), ckpt["model"])
+    model, weights = unwrap(trainer.model), ckpt["model"]
+    own = model.state_dict()
+    missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
+    reshaped = sorted(k for k in own.keys() & weights.keys() if own[k].shape != weights[k].shape)
+    if missing or unexpected or reshaped:
+        example = (missing or unexpected or reshaped)[0]
+        raise ValueError(f"resume: the checkpoint holds another model than the one to train ({len(missing)} tensors "
+                         f"missing, {len(unexpected)} unexpected, {len(reshaped)} of another shape, e.g. {example}); "
+                         "resume with the run's model (the CLI rebuilds it from the checkpoint)")
+    model.load_state_dict(weights)
     if trainer.ema is not None and ckpt.get("ema") is not None:
         trainer.ema.ema.load_state_dict(ckpt["ema"])
         trainer.ema.updates = int(ckpt.get("ema_updates", 0))
@@ -287,15 +293,3 @@ def nonfinite_weights(trainer: Trainer) -> list[str]:
     return nonfinite_entries({"model": unwrap(trainer.model).state_dict(),
                               **({"ema": trainer.ema.ema.state_dict()} if trainer.ema is not None else {})})
 
-
-def _load_model_weights(model: nn.Module, weights: dict) -> None:
-    """``load_state_dict`` with a short message when the checkpoint is of another architecture."""
-    own = model.state_dict()
-    missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
-    reshaped = sorted(k for k in own.keys() & weights.keys() if own[k].shape != weights[k].shape)
-    if missing or unexpected or reshaped:
-        example = (missing or unexpected or reshaped)[0]
-        raise ValueError(f"resume: the checkpoint holds another model than the one to train ({len(missing)} tensors "
-                         f"missing, {len(unexpected)} unexpected, {len(reshaped)} of another shape, e.g. {example}); "
-                         "resume with the run's model (the CLI rebuilds it from the checkpoint)")
-    model.load_state_dict(weights)
