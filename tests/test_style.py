@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 
+import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "yolo9kit"
-MAX_MODULE_LINES = 400
 
 
 def _modules():
     return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def test_modules_stay_small():
-    too_long = [f"{p.relative_to(REPO)}: {n} lines" for p in _modules()
-                if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
-    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them): {too_long}"
 
 
 def test_no_eval_exec_or_print_in_library_code():
@@ -39,3 +34,22 @@ def test_no_environment_knobs_in_the_package():
             if needle in text and path.parent.name != "train":  # torchrun's RANK/WORLD_SIZE are read in train/ddp
                 offenders.append(f"{path.relative_to(REPO)} reads {needle}")
     assert not offenders, offenders
+
+
+def _size():
+    spec = importlib.util.spec_from_file_location("size", REPO / "tools" / "size.py")
+    size = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(size)
+    return size.measure()
+
+
+def test_the_package_keeps_its_budgets():
+    """Modules of at most 400 lines, functions of at most 60, at most 60 files, extras of at most 1,800 lines
+    (``python tools/size.py`` prints the table)."""
+    over = [item for item in _size()["over"] if not item.startswith("the core:")]
+    assert not over, f"over budget: {over}"
+
+
+@pytest.mark.xfail(strict=True, reason="the core is over its 11,000-line budget: python tools/size.py")
+def test_the_core_fits_its_budget():
+    assert not [item for item in _size()["over"] if item.startswith("the core:")]

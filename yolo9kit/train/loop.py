@@ -43,8 +43,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
                     interrupt: Callable[[], str | None] | None = None) -> EpochStats:
     """Train ``progress.epoch`` over ``loader`` batches ``(images uint8 (B, 3, H, W), targets (N, 6), ...)``.
 
-    Gradients are zeroed at the start (a partial window of the previous epoch is dropped, as officially); batches
-    before ``start_batch`` are read, not trained (a resume inside the epoch keeps the data order exact).
+    Gradients are zeroed first, as officially; batches before ``start_batch`` are read, not trained (a resume).
 
     Args:
         trainer, config, progress: the run's trainer, settings and counters (``progress.last_opt_step`` is kept).
@@ -54,8 +53,8 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
 
     Raises:
         NonFiniteLossError: ``MAX_NONFINITE_BATCHES`` non-finite losses in a row, or an epoch of them.
-        Interrupted: ``interrupt`` gave a reason (on any KeyboardInterrupt the BatchNorm statistics are put back
-            to the start of the unfinished accumulation window, where a resume continues).
+        Interrupted: ``interrupt`` gave a reason (on any KeyboardInterrupt the batches trained so far are reported
+            and the BatchNorm statistics put back to the unfinished window's start, where a resume continues).
     """
     trainer.model.train()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -91,14 +90,13 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         log.finish()
     except KeyboardInterrupt:
         window.restore()
-        if trainer.world_size == 1:  # the batches trained before the stop are reported (ranks may not meet here)
+        if trainer.world_size == 1:  # ranks may not meet in a read-back here
             log.flush()
         raise
     bar.close()
     progress.oom_events = trainer.oom_events
-    lrs = tuple(float(g["lr"]) for g in trainer.optimizer.param_groups)
-    return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start,
-                      read_peak_allocated(trainer.device), lrs)
+    return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start, read_peak_allocated(
+        trainer.device), tuple(float(g["lr"]) for g in trainer.optimizer.param_groups))
 
 
 class _ReadBack:
