@@ -79,11 +79,12 @@ def test_notebook_is_committed_clean_and_follows_the_layout(path):
 
 
 def test_the_widget_notebooks_are_those_that_show_widgets():
-    """The browser test runs exactly the notebooks that display widgets (the kit's, or ipywidgets')."""
+    """The browser test runs exactly the notebooks that display widgets (the kit's, its extras' runs viewer, or
+    ipywidgets')."""
     imports = {p.name: [n for c in _read(p).cells if c.cell_type == "code" for n in _imported_names(c.source)]
                for p in NOTEBOOKS}
-    shown = [name for name, names in imports.items() if any(n.startswith(("yolo9kit.widgets", "ipywidgets"))
-                                                             for n in names)]
+    widget_makers = ("yolo9kit.widgets", "ipywidgets", "yolo9kit.extras.runs_viewer")
+    shown = [name for name, names in imports.items() if any(n.startswith(widget_makers) for n in names)]
     assert shown == list(WIDGET_NOTEBOOKS)
 
 
