@@ -5,6 +5,7 @@ losses). ``fit`` wraps it with set-up, validation and checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -90,13 +91,13 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         log.finish()
     except KeyboardInterrupt:
         window.restore()
-        if trainer.world_size == 1:  # ranks may not meet in a read-back here
-            log.flush()
+        log.flush_before_stop()
         raise
     bar.close()
     progress.oom_events = trainer.oom_events
-    return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start, read_peak_allocated(
-        trainer.device), tuple(float(g["lr"]) for g in trainer.optimizer.param_groups))
+    lrs = tuple(float(g["lr"]) for g in trainer.optimizer.param_groups)
+    return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start,
+                      read_peak_allocated(trainer.device), lrs)
 
 
 class _ReadBack:
@@ -147,6 +148,13 @@ class _ReadBack:
                     lr_norm_weight=float(settings.lrs[2]), momentum=float(settings.momentum),
                     accumulate_steps=settings.accumulate, micro_batch_size=micro,
                     peak_allocated=read_peak_allocated(device), images_per_s=speed))
+
+    def flush_before_stop(self) -> None:
+        """Report the batches trained before a stop; one process only (ranks may not meet here), and a stop stays a
+        stop (a non-finite count is not raised over it)."""
+        if self.trainer.world_size == 1:
+            with contextlib.suppress(NonFiniteLossError):
+                self.flush()
 
     def finish(self) -> None:
         """The last read-back; an epoch of skipped steps did not train (an error), unmatched boxes a warning."""
