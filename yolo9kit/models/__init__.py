@@ -164,11 +164,8 @@ def model_table(names: list[str] | None = None, imgsz: int = 640, num_classes: i
     for name in names or list_models():
         model = create_model(name, num_classes)
         deployed = to_deploy(model)
-        rows.append({
-            "name": name,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "gflops": round(count_flops(model, imgsz), 2),
-            "deploy_parameters": sum(p.numel() for p in deployed.parameters()),
-            "deploy_gflops": round(count_flops(deployed, imgsz), 2),
-        })
+        rows.append({"name": name, "parameters": sum(p.numel() for p in model.parameters()),
+                     "gflops": round(count_flops(model, imgsz), 2),
+                     "deploy_parameters": sum(p.numel() for p in deployed.parameters()),
+                     "deploy_gflops": round(count_flops(deployed, imgsz), 2)})
     return pd.DataFrame(rows)

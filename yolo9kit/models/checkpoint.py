@@ -50,6 +50,8 @@ TORCH_CLASSES = {f"torch.nn.modules.{name}" for name in (  # standard layers an 
 NUMPY_GLOBALS = {  # best_fitness is a numpy array in training checkpoints
     "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
     "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar"}
+PATH_CLASSES = {f"pathlib.{pure}{os}Path": getattr(pathlib, f"Pure{os}Path")  # pure classes load on any OS
+                for os in ("Posix", "Windows") for pure in ("", "Pure")}
 _STANDINS: dict[str, type] = {}
 
 
@@ -135,18 +137,18 @@ def estimate_checkpoint_bytes(payload: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors) + _PER_TENSOR_BYTES * len(tensors) + _FIXED_BYTES
 
 
-def check_archive(path: str | Path) -> None:
-    """Refuse a zip archive whose entries unpack to more than ``MAX_UNPACKED_EXTRA_BYTES`` beyond their size in
-    the file, read by its directory before any entry is; files that are not zip archives are left alone.
+def pickled_globals(path: str | Path) -> list[str]:
+    """The classes and functions a torch.save file's pickle names (none in a kit checkpoint); [] if unreadable.
 
     Raises:
-        CheckpointError: naming the entry, its size in the file and what it would unpack to.
+        CheckpointError: a zip archive whose entries unpack to more than ``MAX_UNPACKED_EXTRA_BYTES`` beyond
+            their size in the file (read by its directory before any entry is), naming the worst entry.
     """
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
     except (OSError, zipfile.BadZipFile):
-        return
+        entries = []  # not a zip archive: left to the loader
     extra = sum(max(e.file_size - e.compress_size, 0) for e in entries)
     if extra > MAX_UNPACKED_EXTRA_BYTES:
         worst = max(entries, key=lambda e: e.file_size - e.compress_size)
@@ -154,12 +156,6 @@ def check_archive(path: str | Path) -> None:
             f"{path}: its entry {worst.filename} takes {worst.compress_size / 2**20:.1f} MiB in the file and would "
             f"unpack to {worst.file_size / 2**20:.1f} MiB ({extra / 2**20:.0f} MiB more than the file holds in all); "
             "torch.save writes entries uncompressed: the file was made by something else, refusing to read it")
-
-
-def pickled_globals(path: str | Path) -> list[str]:
-    """The classes and functions a torch.save file's pickle names (none in a kit checkpoint), after
-    :func:`check_archive`; [] if unreadable."""
-    check_archive(path)
     try:
         return torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception:  # noqa: BLE001 - garbage input fails in many ways inside torch
@@ -298,10 +294,8 @@ def _official_allowed(path: Path, names: list[str]) -> list:
         elif dotted in TORCH_CLASSES or dotted in NUMPY_GLOBALS:
             module, name = dotted.rsplit(".", 1)
             allowed.append((getattr(importlib.import_module(module), name), dotted))
-        elif dotted in ("pathlib.PosixPath", "pathlib.PurePosixPath"):
-            allowed.append((pathlib.PurePosixPath, dotted))
-        elif dotted in ("pathlib.WindowsPath", "pathlib.PureWindowsPath"):
-            allowed.append((pathlib.PureWindowsPath, dotted))  # loads on any OS
+        elif dotted in PATH_CLASSES:
+            allowed.append((PATH_CLASSES[dotted], dotted))
         else:
             refused.append(dotted)
     if refused:

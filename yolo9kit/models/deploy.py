@@ -43,41 +43,22 @@ def deploy_config(cfg: dict) -> tuple[dict, dict[int, int]]:
     backbone, head_rows = [], []
     for old, new in old_to_new.items():
         f, n, module, args = rows[old]
-        mapped = [_map_from(old, x, new, old_to_new) for x in froms[old]]
+        mapped = []
+        for x in froms[old]:
+            src = _source(old, x)
+            if x == -1 and old_to_new.get(src, -1) == new - 1:  # still the previous kept row (or the image)
+                mapped.append(-1)
+            elif src in old_to_new:
+                mapped.append(old_to_new[src])
+            else:
+                raise ValueError(f"deploy conversion: layer {old} reads layer {src}, which the main branch does not "
+                                 "keep")
         row = [mapped[0] if isinstance(f, int) else mapped, n, module, copy.deepcopy(args)]
         (backbone if old < len(cfg["backbone"]) else head_rows).append(row)
     old_to_new[head] = len(old_to_new)
     head_rows.append([[old_to_new[x] for x in main_inputs], 1, "DDetect", copy.deepcopy(rows[head][3])])
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in ("backbone", "head")}
     return {**out, "backbone": backbone, "head": head_rows}, old_to_new
-
-
-def _map_from(old: int, x: int, new: int, old_to_new: dict[int, int]) -> int:
-    """New 'from' value of a kept row: -1 stays -1 when it reads the previous kept row (or the image)."""
-    src = _source(old, x)
-    if x == -1 and old_to_new.get(src, -1) == new - 1:
-        return -1
-    if src not in old_to_new:
-        raise ValueError(f"deploy conversion: layer {old} reads layer {src}, which the main branch does not keep")
-    return old_to_new[src]
-
-
-def _deploy_state_dict(state_dict: dict[str, torch.Tensor], old_to_new: dict[int, int],
-                       head_old: int) -> dict[str, torch.Tensor]:
-    """Dual-model keys renamed to single-head keys, the auxiliary branch dropped."""
-    out = {}
-    for key, value in state_dict.items():
-        _, idx, rest = key.split(".", 2)
-        old = int(idx)
-        if old == head_old:
-            first, _, tail = rest.partition(".")
-            if first not in _HEAD_RENAMES:
-                continue
-            rest = f"{_HEAD_RENAMES[first]}.{tail}"
-        elif old not in old_to_new:
-            continue
-        out[f"model.{old_to_new[old]}.{rest}"] = value
-    return out
 
 
 @torch.no_grad()
@@ -91,7 +72,15 @@ def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionMo
         name = model.name.replace("yolov9", "gelan") if model.name.startswith("yolov9") else f"{model.name}-deploy"
         deployed = DetectionModel(cfg, nc=model.nc, names=model.names, source=f"{name} (deploy of {model.name})",
                                   name=name, probe=False)  # no stride probe: the strides are copied below
-        deployed.load_state_dict(_deploy_state_dict(model.state_dict(), old_to_new, len(model.model) - 1))
+        state = {}
+        for key, value in model.state_dict().items():  # the auxiliary branch dropped, the main head renamed
+            _, old, rest = key.split(".", 2)
+            first, _, tail = rest.partition(".")
+            if int(old) == len(model.model) - 1:
+                rest = f"{_HEAD_RENAMES[first]}.{tail}" if first in _HEAD_RENAMES else None
+            if rest is not None and int(old) in old_to_new:
+                state[f"model.{old_to_new[int(old)]}.{rest}"] = value
+        deployed.load_state_dict(state)
         param = next(model.parameters())
         deployed.to(device=param.device, dtype=param.dtype)
         deployed.set_strides(model.head.strides)  # host values: no read from the device

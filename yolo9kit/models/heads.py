@@ -66,15 +66,19 @@ class DDetect(nn.Module):
         self.no = self.nc + 4 * REG_MAX
         self.register_buffer("stride", torch.zeros(self.nl), persistent=False)
         self.strides: tuple[float, ...] = (0.0,) * self.nl
-        self._build(ch)
-
-    def _build(self, ch: list[int]) -> None:
-        self.cv2, self.cv3 = _branches(ch, self.nc)
+        if self.is_dual and len(ch) % 2:
+            raise ValueError(f"DualDDetect needs an even number of inputs (aux levels then main levels), got {ch}")
+        self.cv2, self.cv3 = _branches(ch[:self.nl], self.nc)
+        if self.is_dual:  # official registration order: cv2, cv3, cv4, cv5, dfl, dfl2
+            self.cv4, self.cv5 = _branches(ch[self.nl:], self.nc)
         self.dfl = DFL()
+        if self.is_dual:
+            self.dfl2 = DFL()
 
     def _groups(self) -> list[tuple[nn.ModuleList, nn.ModuleList, DFL]]:
         """(box branches, class branches, dfl) per head group, aux first."""
-        return [(self.cv2, self.cv3, self.dfl)]
+        aux = [(self.cv2, self.cv3, self.dfl)]
+        return [*aux, (self.cv4, self.cv5, self.dfl2)] if self.is_dual else aux
 
     def set_strides(self, strides) -> None:
         """The strides of the levels (floats, or a host tensor): ``strides`` and the buffer."""
@@ -115,13 +119,3 @@ class DualDDetect(DDetect):
     ``cv4``/``cv5``/``dfl2`` the main ones (official names)."""
 
     is_dual = True
-
-    def _build(self, ch: list[int]) -> None:
-        if len(ch) % 2:
-            raise ValueError(f"DualDDetect needs an even number of inputs (aux levels then main levels), got {ch}")
-        self.cv2, self.cv3 = _branches(ch[:self.nl], self.nc)
-        self.cv4, self.cv5 = _branches(ch[self.nl:], self.nc)
-        self.dfl, self.dfl2 = DFL(), DFL()
-
-    def _groups(self) -> list[tuple[nn.ModuleList, nn.ModuleList, DFL]]:
-        return [(self.cv2, self.cv3, self.dfl), (self.cv4, self.cv5, self.dfl2)]

@@ -8,11 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def autopad(k: int, p: int | None = None, d: int = 1) -> int:
-    """'Same' padding for an odd kernel ``k`` with dilation ``d`` (official ``autopad``)."""
-    return (d * (k - 1) + 1) // 2 if p is None else p
-
-
 class Conv(nn.Module):
     """Conv2d (no bias) -> BatchNorm2d -> SiLU (``act=False``: none); fused, ``bn`` is None and ``conv`` biased."""
 
@@ -21,7 +16,8 @@ class Conv(nn.Module):
     def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1,
                  d: int = 1, act: bool = True):
         super().__init__()
-        self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p, d), groups=g, dilation=d, bias=False)
+        p = (d * (k - 1) + 1) // 2 if p is None else p  # 'same' padding (official autopad)
+        self.conv = nn.Conv2d(c1, c2, k, s, p, groups=g, dilation=d, bias=False)
         self.bn = nn.BatchNorm2d(c2)
         self.act = nn.SiLU() if act else nn.Identity()
 
@@ -171,7 +167,7 @@ class CBLinear(nn.Module):
     def __init__(self, c1: int, c2s: list[int], k: int = 1, s: int = 1, p: int | None = None, g: int = 1):
         super().__init__()
         self.c2s = list(c2s)
-        self.conv = nn.Conv2d(c1, sum(self.c2s), k, s, autopad(k, p), groups=g, bias=True)
+        self.conv = nn.Conv2d(c1, sum(self.c2s), k, s, k // 2 if p is None else p, groups=g, bias=True)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.conv(x).split(self.c2s, dim=1)
@@ -252,8 +248,8 @@ class _BatchNormSiLU(torch.autograd.Function):
         saved = ctx.saved_tensors  # unpacked once: a checkpointed graph allows one unpack
         groups = [saved[i:i + 5] for i in range(0, len(saved), 5)]
         total = None
+        shape = (1, -1, 1, 1)
         for x, w, b, mean, invstd in groups:  # the BatchNorm outputs, recomputed
-            shape = (1, -1, 1, 1)
             y = ((x.float() - mean.view(shape)) * invstd.view(shape) * w.float().view(shape)
                  + b.float().view(shape)).to(x.dtype)
             total = y if total is None else total + y
@@ -282,10 +278,9 @@ def set_lean(model: nn.Module, enabled: bool = True) -> int:
     affine BatchNorm2d with running statistics, followed by SiLU; returns their count."""
     count = 0
     for m in model.modules():
-        if isinstance(m, RepConvN):
-            bns = [m.conv1.bn, m.conv2.bn] if hasattr(m, "conv1") else []  # none once collapsed
-        else:
-            bns = [m.bn] if isinstance(m, Conv) else []
+        bns = [m.bn] if isinstance(m, Conv) else []
+        if isinstance(m, RepConvN) and hasattr(m, "conv1"):  # none once collapsed
+            bns = [m.conv1.bn, m.conv2.bn]
         if bns and isinstance(m.act, nn.SiLU) and all(
                 type(bn) is nn.BatchNorm2d and bn.affine and bn.track_running_stats for bn in bns):
             m.lean = enabled
