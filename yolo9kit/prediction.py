@@ -18,12 +18,12 @@ import torch
 from yolo9kit.config import PREDICT_NMS, NMSConfig, SaveConfig
 from yolo9kit.data import letterbox, preprocess_images
 from yolo9kit.data.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, VideoReader, expand_sources, is_video
-from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, non_max_suppression, scale_boxes
+from yolo9kit.detections import SPEED_COLUMNS, Prediction, Predictions, scale_boxes
 from yolo9kit.env import load_extra, parse_device, resolve_device
 from yolo9kit.files import refuse_own_input, replace_durably, temporary_path, write_text_atomically
 from yolo9kit.models import load_model
-from yolo9kit.models.deploy import max_stride, resolve_half, select_head
-from yolo9kit.validate import clock, prepare
+from yolo9kit.models.deploy import max_stride, resolve_half
+from yolo9kit.validate import detect_batch, prepare
 
 LOGGER = logging.getLogger(__name__)
 
@@ -227,20 +227,13 @@ class _Run:
 
 def _run_batch(run: _Run, pending: list) -> list[Prediction]:
     """One forward pass over the letterboxed images of ``pending``, a Prediction per image."""
-    n, device, nms = len(pending), run.device, run.nms
-    t1 = clock(device)
-    x = preprocess_images(torch.from_numpy(np.stack([chw for *_, chw, _ in pending])), device, run.dtype, run.nhwc)
-    t2 = clock(device)
-    prediction = select_head(run.forward(x), run.head)
-    t3 = clock(device)
-    dets = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic, max_det=nms.max_det)
-    t4 = clock(device)
+    images = torch.from_numpy(np.stack([chw for *_, chw, _ in pending]))
+    x, dets, times = detect_batch(run.forward, images, run.device, run.dtype, run.nhwc, run.head, run.nms)
     out = []
     for (_, image, path, frame, _, load_s), det in zip(pending, dets):
         det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], image.shape).round()
         det = det.float().cpu().numpy()
-        speed = {"load_ms": load_s * 1e3, "preprocess_ms": (t2 - t1) * 1e3 / n,
-                 "inference_ms": (t3 - t2) * 1e3 / n, "nms_ms": (t4 - t3) * 1e3 / n}
+        speed = {"load_ms": load_s * 1e3} | {k: t * 1e3 / len(pending) for k, t in zip(SPEED_COLUMNS, times)}
         out.append(Prediction(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), list(run.model.names),
                               tuple(image.shape[:2]), tuple(x.shape[2:]), path, speed,
                               image if path is None else None, frame=frame))

@@ -45,6 +45,20 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def detect_batch(forward, images: torch.Tensor, device, dtype, nhwc: bool, head: str, nms: NMSConfig,
+                 multi_label: bool = False):
+    """(input batch, detections per image, (preprocess, inference, NMS) seconds) of uint8 ``images``, timed as the
+    official scripts time them."""
+    t0 = clock(device)
+    x = preprocess_images(images, device, dtype, channels_last=nhwc)
+    t1 = clock(device)
+    prediction = select_head(forward(x), head)
+    t2 = clock(device)
+    detections = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic, multi_label,
+                                     nms.max_det)
+    return x, detections, (t1 - t0, t2 - t1, clock(device) - t2)
+
+
 @dataclass
 class ValResult:
     """Metrics of one validation run (official method), and what is needed to look into them."""
@@ -144,8 +158,10 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
                          f"({names[:5]}{'...' if len(names) > 5 else ''}); train or load a model for this data, "
                          "or pass matching data")
     coco_val = coco and config is not None and any(metrics.is_coco_val(s) for s in config.sources.get(split, []))
-    state = _Validation(names, (nms or NMSConfig()).filled(VAL_NMS), head, single_cls, coco,
-                        metrics.COCO80_TO_COCO91 if coco_val else None, imgsz, metrics.ConfusionMatrix(len(names)))
+    nms = (nms or NMSConfig()).filled(VAL_NMS)
+    nms = nms.replace(agnostic=nms.agnostic or single_cls)
+    state = _Validation(names, nms, head, single_cls, coco, metrics.COCO80_TO_COCO91 if coco_val else None, imgsz,
+                        metrics.ConfusionMatrix(len(names)))
     was_training = model.training
     try:
         run_model, dtype, nhwc = prepare(model, device, half)
@@ -176,21 +192,14 @@ class _Validation:
 
 
 def _run_batches(model, dtype, nhwc: bool, loader, device, state: _Validation, progress_bar: bool) -> None:
-    nms = state.nms
     for images, targets, paths, shapes in tqdm(loader, desc=f"validate ({state.head} head)",
                                                disable=not progress_bar, leave=False):
-        t0 = clock(device)
-        images = preprocess_images(images, device, dtype, channels_last=nhwc)
-        batch, _, height, width = images.shape
+        x, detections, times = detect_batch(model, images, device, dtype, nhwc, state.head, state.nms, True)
+        batch, _, height, width = x.shape
         state.input_shape = state.input_shape or (batch, 3, state.imgsz, state.imgsz)
-        t1 = clock(device)
-        prediction = select_head(model(images), state.head)
-        t2 = clock(device)
+        state.times += times
         # boxes to input pixels; a new tensor, the loader's batch stays untouched
         targets = targets.to(device) * torch.tensor((1, 1, width, height, width, height), device=device)
-        detections = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic or state.single_cls,
-                                         multi_label=True, max_det=nms.max_det)
-        state.times += (t1 - t0, t2 - t1, clock(device) - t2)
         for si, pred in enumerate(detections):
             _score_image(pred.float(), targets[targets[:, 0] == si, 1:], paths[si], shapes[si], (height, width),
                          state)
