@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 from yolo9kit.boxes import clip_boxes_xyxy, cxcywh_to_xyxy
 from yolo9kit.data.sources import read_frame
 from yolo9kit.figure import new_figure
-from yolo9kit.files import write_bytes_atomically
+from yolo9kit.files import write_text_atomically
 
 LOGGER = logging.getLogger(__name__)
 
@@ -125,9 +125,8 @@ class Prediction:
 
     def to_frame(self):
         """A DataFrame, one row per detection: x1, y1, x2, y2, conf, class, name."""
-        return pd.DataFrame({"x1": self.boxes[:, 0], "y1": self.boxes[:, 1], "x2": self.boxes[:, 2],
-                             "y2": self.boxes[:, 3], "conf": self.scores, "class": self.classes,
-                             "name": [self.names[int(c)] for c in self.classes]})
+        return pd.DataFrame({**dict(zip(("x1", "y1", "x2", "y2"), self.boxes.T)), "conf": self.scores,
+                             "class": self.classes, "name": [self.names[int(c)] for c in self.classes]})
 
     def summary(self) -> str:
         """``640x480: 4 persons, 1 bus`` (input h x w, count per class), as the official line."""
@@ -138,14 +137,10 @@ class Prediction:
     def label_lines(self, save_conf: bool = False) -> list[str]:
         """YOLO label lines ``cls cx cy w h [conf]``, normalised, printed with %g."""
         h0, w0 = self.orig_shape
-        gain = torch.tensor([w0, h0, w0, h0], dtype=torch.float32)
-        boxes = torch.from_numpy(self.boxes.astype(np.float32))
-        centre_size = torch.cat(((boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]), 1) / gain
-        lines = []
-        for cls, xywh, conf in zip(self.classes.tolist(), centre_size.tolist(), self.scores.tolist()):
-            row = (cls, *xywh, conf) if save_conf else (cls, *xywh)
-            lines.append(("%g " * len(row)).rstrip() % row)
-        return lines
+        boxes = self.boxes.astype(np.float32)
+        centre_size = np.concatenate(((boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]), 1)
+        rows = zip(self.classes.tolist(), (centre_size / np.float32([w0, h0, w0, h0])).tolist(), self.scores.tolist())
+        return [" ".join(f"{v:g}" for v in (cls, *xywh, conf)[:6 if save_conf else 5]) for cls, xywh, conf in rows]
 
     def _bgr(self) -> np.ndarray:
         if self.image is not None:
@@ -199,7 +194,7 @@ class Prediction:
         if not ok:
             raise ValueError(f"cannot write {path}: {path.suffix or '(no suffix)'} is not an image format OpenCV "
                              "writes (use .jpg or .png)")
-        write_bytes_atomically(path, encoded.tobytes(), inputs=inputs)
+        write_text_atomically(path, encoded.tobytes(), inputs=inputs)
         return path
 
 

@@ -178,13 +178,9 @@ def replace_durably(tmp: Path, path: Path) -> None:
                 os.close(fd)
 
 
-def write_text_atomically(path: Path, text: str, *, inputs: Iterable[str | Path] = ()) -> None:
-    """Replace ``path`` with ``text`` through ``write_file``; on failure the old file stays."""
-    write_bytes_atomically(path, text.encode(), inputs=inputs)
-
-
-def write_bytes_atomically(path: Path, data: bytes, *, inputs: Iterable[str | Path] = ()) -> None:
-    """Replace ``path`` with ``data`` through ``write_file``; on failure the old file stays."""
+def write_text_atomically(path: Path, text: str | bytes, *, inputs: Iterable[str | Path] = ()) -> None:
+    """Replace ``path`` with ``text`` (bytes as they are) through ``write_file``; on failure the old file stays."""
+    data = text.encode() if isinstance(text, str) else text
     write_file(path, lambda tmp: Path(tmp).write_bytes(data), needed=len(data) + 4096, inputs=inputs)
 
 

@@ -23,7 +23,7 @@ import torch
 from yolo9kit.cli.train import add_model_limit_flag, checked, model_limit
 from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
 from yolo9kit.detections import MAX_WH, non_max_suppression
-from yolo9kit.files import refuse_own_input, write_bytes_atomically
+from yolo9kit.files import refuse_own_input, write_text_atomically
 from yolo9kit.models import load_model
 from yolo9kit.models.deploy import max_stride, prepare_model, select_head
 
@@ -116,7 +116,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     for key, value in metadata.items():
         proto.metadata_props.add(key=key, value=value)
     onnx_lib.checker.check_model(proto)
-    write_bytes_atomically(path, proto.SerializeToString(), inputs=inputs)
+    write_text_atomically(path, proto.SerializeToString(), inputs=inputs)
     report = ExportReport(path, ("batch" if settings.dynamic_batch else 1, 3, *size),
                           [o.name for o in proto.graph.output], settings.opset, nms, atol=settings.atol)
     if settings.check:
