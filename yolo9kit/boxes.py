@@ -54,17 +54,9 @@ def bbox_ciou(box1_xyxy: torch.Tensor, box2_xyxy: torch.Tensor, eps: float = 1e-
 def make_anchors(feature_shapes: list[tuple[int, int]], strides: list[float] | torch.Tensor, offset: float = 0.5,
                  dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Anchor points of every level, row-major, levels concatenated.
-
-    Args:
-        feature_shapes: (H_i, W_i) per level.
-        strides: stride per level, in input pixels.
-        offset: 0.5 puts each point in the centre of its cell.
-        dtype, device: of the outputs.
-
-    Returns:
-        points (A, 2) x, y in grid units of their level; stride_per_point (A, 1).
-    """
+    """(points (A, 2) x, y in grid units of their level, stride_per_point (A, 1)) of the (H_i, W_i)
+    ``feature_shapes`` and input-pixel ``strides`` of the levels, row-major, levels concatenated; ``offset`` 0.5
+    puts each point in the centre of its cell."""
     points, stride_per_point = [], []
     for (h, w), stride in zip(feature_shapes, strides):
         sx = torch.arange(w, dtype=dtype, device=device) + offset

@@ -4,7 +4,6 @@ cgroup quota), the memory a process may still take (RAM, rlimits, cgroup) and th
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import gc
 import importlib.util
@@ -16,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -62,11 +61,6 @@ class EnvReport:
     @property
     def ok(self) -> bool:
         return not self.problems and (self.gpu_check is None or self.gpu_check.ok)
-
-    def to_dict(self) -> dict:
-        out = asdict(dataclasses.replace(self, gpu_check=None))
-        out["gpu_check"] = None if self.gpu_check is None else self.gpu_check.to_dict()
-        return out
 
     def __str__(self) -> str:
         gib = 1024**3
