@@ -23,11 +23,9 @@ from typing import Any
 import torch
 
 # The data files a wheel must carry: (folder inside the package, pattern, what needs them).
-PACKAGE_DATA = (
-    ("models/cfg", "*.yaml", "the model layer tables (create_model)"),
-    ("memory_calibration", "*.json", "the memory calibration (memory.estimate)"),
-    ("models", "*.pt", "the shipped shapes model (create_model)"),
-)
+PACKAGE_DATA = (("models/cfg", "*.yaml", "the model layer tables (create_model)"),
+                ("memory_calibration", "*.json", "the memory calibration (memory.estimate)"),
+                ("models", "*.pt", "the shipped shapes model (create_model)"))
 COMPETING_CORES = 0.5  # busy cores of other processes (on this process's cores) from which the report warns
 PROC, CGROUP = Path("/proc"), Path("/sys/fs/cgroup")
 
@@ -327,9 +325,8 @@ def parse_device(device: Any) -> torch.device:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``parse_device`` checked against this machine; a CUDA device always with its index.
-
-    ``"cuda"`` becomes the current device, so that later questions (name, memory, bf16) are about the card in use.
+    """``parse_device`` checked against this machine; a CUDA device always with its index (``"cuda"``: the current
+    device, so that later questions about its name, memory and bf16 are about the card in use).
 
     Raises:
         ValueError: a CUDA device is asked for on a machine without CUDA.

@@ -219,10 +219,9 @@ def _score_image(pred, labels, path, shape, input_hw, state: _Validation) -> Non
         pred[:, 5] = 0
     pred_original = pred.clone()
     scale_boxes(input_hw, pred_original[:, :4], original_hw, ratio_pad)
-    correct = torch.zeros((pred.shape[0], len(metrics.IOU_THRESHOLDS)), dtype=torch.bool)
-    if labels.shape[0]:
-        correct = metrics.match_predictions(pred_original, labels_xyxy).cpu()
-        state.confusion.process_batch(pred_original, labels_xyxy)
+    # without labels: no true positive, and the confusion matrix counts nothing (as the official code)
+    state.confusion.process_batch(pred_original, labels_xyxy)
+    correct = metrics.match_predictions(pred_original, labels_xyxy).cpu()
     state.stats.append((correct, pred[:, 4].cpu(), pred[:, 5].cpu(), labels[:, 0].cpu()))
     if state.coco:
         state.records += metrics.coco_predictions(pred_original, path, state.class_map)
