@@ -277,9 +277,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Delete the temporary files of killed writes in ``folder`` (a live process's stay); what was removed."""
-    folder, removed = Path(folder), []
+def remove_stale_temporaries(folder: str | Path) -> None:
+    """Delete the temporary files of killed writes in ``folder`` (a live process's stay)."""
+    folder = Path(folder)
     for path in folder.iterdir() if folder.is_dir() else ():
         match = _TEMPORARY.match(path.name)
         if not match or not path.is_file() or _pid_alive(int(match["pid"])):
@@ -287,12 +287,9 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
         size = path.stat().st_size
         try:
             path.unlink()
+            LOGGER.info("removed %s (%s), left by a killed write of %s", path, format_bytes(size), match["name"])
         except OSError as e:  # in use (Windows) or read-only: leave it
             LOGGER.debug("could not remove %s: %s", path, e)
-            continue
-        LOGGER.info("removed %s (%s), left by a killed write of %s", path, format_bytes(size), match["name"])
-        removed.append(path)
-    return removed
 
 
 class RecordError(ValueError):
