@@ -86,8 +86,6 @@ def write_file(path: str | Path, write: Callable[[Path], object], *, needed: int
     (an interrupt included) the temporary file is removed and ``path`` is as it was.
 
     Args:
-        path: the file to write.
-        write: writes the data to the path it is given.
         needed: the bytes the folder must have free.
         what: the write, as error messages name it (default: "writing <path>").
         inputs: files of the command that ``path`` must not be.
@@ -128,8 +126,6 @@ def write_folder(path: str | Path, fill: Callable[[Path], object], *, needed: in
     """Make the folder ``path`` by ``fill(temporary_folder)``, then move it into place in one step; returns ``path``.
 
     Args:
-        path: the folder to make.
-        fill: writes the folder's files into the folder it is given.
         needed: the bytes the disk must have free.
         overwrite: replace a folder that holds files (once the new one is complete).
         what: the write, as error messages name it.
