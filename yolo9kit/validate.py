@@ -54,8 +54,8 @@ def detect_batch(forward, images: torch.Tensor, device, dtype, nhwc: bool, head:
     t1 = clock(device)
     prediction = select_head(forward(x), head)
     t2 = clock(device)
-    detections = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic, multi_label,
-                                     nms.max_det)
+    detections = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic, multi_label=multi_label,
+                                     max_det=nms.max_det)
     return x, detections, (t1 - t0, t2 - t1, clock(device) - t2)
 
 
