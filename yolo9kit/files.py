@@ -212,8 +212,7 @@ class FolderLock:
             os.close(fd)
         else:
             raise FolderInUseError(f"{self.path.parent}: could not take its lock {self.path}")
-        gone = self._owner()
-        if gone:
+        if gone := self._owner():
             LOGGER.info("%s: taking over the lock of %s, which is gone", self.path.parent, gone)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
