@@ -88,10 +88,6 @@ def xyxy_to_ltrb(points: torch.Tensor, boxes_xyxy: torch.Tensor, max_distance: f
 def clip_boxes_xyxy(boxes_xyxy: Array, shape_hw: tuple[int, int]) -> Array:
     """Clip (N, 4) xyxy boxes in place to an image of shape (h, w); returns the same object."""
     h, w = shape_hw
-    if isinstance(boxes_xyxy, torch.Tensor):
-        boxes_xyxy[..., 0::2].clamp_(0, w)
-        boxes_xyxy[..., 1::2].clamp_(0, h)
-    else:
-        boxes_xyxy[..., [0, 2]] = boxes_xyxy[..., [0, 2]].clip(0, w)
-        boxes_xyxy[..., [1, 3]] = boxes_xyxy[..., [1, 3]].clip(0, h)
+    boxes_xyxy[..., [0, 2]] = boxes_xyxy[..., [0, 2]].clip(0, w)
+    boxes_xyxy[..., [1, 3]] = boxes_xyxy[..., [1, 3]].clip(0, h)
     return boxes_xyxy
