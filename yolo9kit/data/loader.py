@@ -112,12 +112,10 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
 
     Args:
         data: data.yaml path, dict, DataConfig, or a YOLODataset (then the dataset keywords are not used).
-        augment, rect, shuffle: default: augmented and shuffled for train, rectangular batches for other splits.
+        augment, rect, shuffle, pad: default: train augmented and shuffled, other splits rect, padded 0.5 stride.
         workers: worker processes; default min(cores, batch size, 8); 0 loads in the main process.
         seed, cache, hyp, stride, min_items, single_cls, allow_bad_labels: as :class:`YOLODataset`.
-        pad: rect padding in strides; default 0.5 for validation, 0.0 for training.
-        distributed: split the samples over torch.distributed ranks.
-        colour_device: apply the HSV jitter there, batched in torch (the batches come out on that device).
+        distributed: split the samples over torch.distributed ranks; colour_device: HSV jitter there (and batches).
         options: a :class:`~yolo9kit.config.LoaderConfig`: speed and memory, never the batches.
     """
     options = options or LoaderConfig()
