@@ -155,8 +155,7 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
     """Resize keeping the aspect ratio, then pad to ``new_shape`` (height, width): the official letterbox.
 
     Args:
-        auto: pad only up to the next multiple of ``stride``; scale_fill: stretch, no padding.
-        scaleup: allow enlarging (False caps the ratio at 1).
+        auto: pad only up to the next multiple of ``stride``; scale_fill: stretch, no padding; scaleup: may enlarge.
 
     Returns:
         ``(image, (rw, rh), (pad_w, pad_h))``: the ratios applied and half the padding (may be fractional).
@@ -232,10 +231,8 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
-    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` images at a time.
-
-    Returns:
-        A new uint8 batch; gains (1, 1, 1) leave an image as it is.
+    """A new uint8 batch: per-image HSV gains (B, 3) applied to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` at a
+    time, as OpenCV and the official tables (docs/data.md); gains (1, 1, 1) leave an image as it is.
 
     Raises:
         ValueError: images not uint8 (B, 3, H, W), or gains not (B, 3).

@@ -107,15 +107,6 @@ class ImageRecord:
         return not any(p.severity == ERROR for p in self.problems)
 
 
-def exif_size(image: Image.Image) -> tuple[int, int]:
-    w, h = image.size
-    try:
-        orientation = image.getexif().get(0x0112)
-    except Exception:  # a broken EXIF block is not a reason to drop the image
-        orientation = None
-    return (h, w) if orientation in {5, 6, 7, 8} else (w, h)  # EXIF orientations that swap width and height
-
-
 def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
     """Size, error reason (None when fine) and a warning (None when nothing is odd)."""
     if not os.path.isfile(path):
@@ -140,9 +131,14 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
         with Image.open(path) as im:
             im.verify()
         with Image.open(path) as im:
-            size, fmt = exif_size(im), im.format
+            (w, h), fmt = im.size, im.format
+            try:
+                orientation = im.getexif().get(0x0112)
+            except Exception:  # a broken EXIF block is not a reason to drop the image
+                orientation = None
     except Exception as e:  # PIL raises many types for unreadable files
         return (0, 0), f"unreadable image ({type(e).__name__}: {e})", None
+    size = (h, w) if orientation in {5, 6, 7, 8} else (w, h)  # EXIF orientations that swap width and height
     if fmt not in PIL_FORMATS:
         return size, f"unsupported image format {fmt}", None
     if size[0] < MIN_IMAGE_SIDE or size[1] < MIN_IMAGE_SIDE:

@@ -77,9 +77,7 @@ class YOLOLoader:
         if not self._epoch_set and self._started:
             self.sampler.epoch += 1
         self._started, self._epoch_set = True, False
-        if self.colour_device is None:
-            return iter(self.loader)
-        return self._jittered(iter(self.loader))
+        return iter(self.loader) if self.colour_device is None else self._jittered(iter(self.loader))
 
     def _jittered(self, batches):
         """Copy each batch's images to ``colour_device`` and apply its HSV gains there."""

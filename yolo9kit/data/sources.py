@@ -170,10 +170,8 @@ def _media_in(folder: Path) -> list[str]:
 
 
 def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]]]:
-    """The inputs ``source`` names: an image or video file, folder, glob, ``.txt`` list, BGR array, or a list.
-
-    Returns:
-        (paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist).
+    """(paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist) of a ``source``
+    (docs/validation.md, "Sources"): an image or video file, folder, glob, ``.txt`` list, BGR array, or a list.
 
     Raises:
         FileNotFoundError: a named file, folder or pattern does not exist or matches nothing.
