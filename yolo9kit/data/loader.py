@@ -22,16 +22,15 @@ class KeySampler(Sampler):
         self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
         self.epoch = 0
         self.dataset = dataset  # its .mosaic, read in the main process, travels with every key
-        self.num_samples = -(-n // world_size)
 
     def __len__(self) -> int:
-        return self.num_samples
+        return -(-self.n // self.world_size)  # this rank's share of the padded order
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.n, generator=generator).tolist() if self.shuffle else list(range(self.n))
         if self.world_size > 1:
-            total = self.num_samples * self.world_size
+            total = len(self) * self.world_size
             order = (order * (total // max(len(order), 1) + 1))[:total][self.rank::self.world_size]
         epoch, mosaic = self.epoch, bool(getattr(self.dataset, "mosaic", True))
         return (SampleKey(i, epoch, mosaic) for i in order)
