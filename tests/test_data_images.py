@@ -121,8 +121,8 @@ def test_training_may_decode_a_large_jpeg_at_a_reduced_size(tmp_path):
     # 600 -> 128 shrinks by 4.7x: decoded at 1/2 (300x200, still at least twice the target), then resized
     reduced = cv2.resize(cv2.imread(path, cv2.IMREAD_REDUCED_COLOR_2), (128, 85), interpolation=cv2.INTER_LINEAR)
     full = cv2.resize(cv2.imread(path), (128, 85), interpolation=cv2.INTER_LINEAR)
-    train = load_resized(path, 128, augment=True)
+    train = load_resized(path, 128, augment=True, size_wh=(600, 400))
     np.testing.assert_array_equal(train, reduced)
     assert not np.array_equal(train, full)  # the reduced path was taken: its pixels differ from a full decode
-    np.testing.assert_array_equal(load_resized(path, 128, augment=False),
+    np.testing.assert_array_equal(load_resized(path, 128, augment=False, size_wh=(600, 400)),
                                   cv2.resize(cv2.imread(path), (128, 85), interpolation=cv2.INTER_AREA))

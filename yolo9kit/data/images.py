@@ -11,10 +11,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
-from PIL import Image
 from tqdm.auto import tqdm
 
-from yolo9kit.data.labels import decode_pool, exif_size, files_hash
+from yolo9kit.data.labels import decode_pool, files_hash
 from yolo9kit.env import memory_limits, to_device_async
 from yolo9kit.files import write_file, write_text_atomically
 
@@ -48,12 +47,10 @@ def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:
     return (max(int(width * r), 1), max(int(height * r), 1)) if r != 1 else (width, height)
 
 
-def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, int] | None = None) -> np.ndarray:
-    """Official load_image: BGR, long side ``image_size``; ``augment`` decodes a large JPEG reduced (docs/data.md)."""
+def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, int]) -> np.ndarray:
+    """Official load_image: BGR, long side ``image_size``; ``augment`` decodes a large JPEG of (w, h) ``size_wh``
+    reduced (docs/data.md)."""
     if augment:
-        if size_wh is None:
-            with Image.open(path) as im:
-                size_wh = exif_size(im)
         w0, h0 = size_wh
         image = read_bgr(path, reduce_factor(image_size / max(h0, w0) * 2))
     else:  # the official validation path: full decode, sizes from the decoded image
@@ -158,8 +155,7 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
     """Resize keeping the aspect ratio, then pad to ``new_shape`` (height, width): the official letterbox.
 
     Args:
-        auto: pad only up to the next multiple of ``stride``; scale_fill: stretch, no padding.
-        scaleup: allow enlarging (False caps the ratio at 1).
+        auto: pad only up to the next multiple of ``stride``; scale_fill: stretch, no padding; scaleup: may enlarge.
 
     Returns:
         ``(image, (rw, rh), (pad_w, pad_h))``: the ratios applied and half the padding (may be fractional).
@@ -235,10 +231,8 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
-    """Apply per-image HSV gains (B, 3) to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` images at a time.
-
-    Returns:
-        A new uint8 batch; gains (1, 1, 1) leave an image as it is.
+    """A new uint8 batch: per-image HSV gains (B, 3) applied to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` at a
+    time, as OpenCV and the official tables (docs/data.md); gains (1, 1, 1) leave an image as it is.
 
     Raises:
         ValueError: images not uint8 (B, 3, H, W), or gains not (B, 3).

@@ -107,15 +107,6 @@ class ImageRecord:
         return not any(p.severity == ERROR for p in self.problems)
 
 
-def exif_size(image: Image.Image) -> tuple[int, int]:
-    w, h = image.size
-    try:
-        orientation = image.getexif().get(0x0112)
-    except Exception:  # a broken EXIF block is not a reason to drop the image
-        orientation = None
-    return (h, w) if orientation in {5, 6, 7, 8} else (w, h)  # EXIF orientations that swap width and height
-
-
 def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
     """Size, error reason (None when fine) and a warning (None when nothing is odd)."""
     if not os.path.isfile(path):
@@ -140,9 +131,14 @@ def _check_image(path: str) -> tuple[tuple[int, int], str | None, str | None]:
         with Image.open(path) as im:
             im.verify()
         with Image.open(path) as im:
-            size, fmt = exif_size(im), im.format
+            (w, h), fmt = im.size, im.format
+            try:
+                orientation = im.getexif().get(0x0112)
+            except Exception:  # a broken EXIF block is not a reason to drop the image
+                orientation = None
     except Exception as e:  # PIL raises many types for unreadable files
         return (0, 0), f"unreadable image ({type(e).__name__}: {e})", None
+    size = (h, w) if orientation in {5, 6, 7, 8} else (w, h)  # EXIF orientations that swap width and height
     if fmt not in PIL_FORMATS:
         return size, f"unsupported image format {fmt}", None
     if size[0] < MIN_IMAGE_SIDE or size[1] < MIN_IMAGE_SIDE:
@@ -242,19 +238,6 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     return rec
 
 
-def build_report(split: str, records: list[ImageRecord], sources: list[Path]) -> DatasetReport:
-    """Counts and problems of a scanned split, label files without an image in ``sources`` included."""
-    usable = [r for r in records if r.usable]
-    n_labelled = sum(bool(len(r.labels)) for r in usable)
-    orphans = orphan_label_files(sources, [r.lb_file for r in records])
-    return DatasetReport(split, n_images=len(records), n_usable=len(usable), n_labelled=n_labelled,
-                         n_background=len(usable) - n_labelled, n_skipped=len(records) - len(usable),
-                         n_instances=sum(len(r.labels) for r in usable),
-                         n_duplicates_removed=sum(r.n_duplicates for r in usable), n_orphan_labels=len(orphans),
-                         problems=[p for r in records for p in r.problems]
-                         + [Problem(f, "label file with no image: not used", WARNING) for f in orphans])
-
-
 def check_command(config: DataConfig, split: str) -> str:
     """What a shell user runs to see every problem of ``split`` (a Python call for a dict config)."""
     return (f"python -m yolo9kit data check {config.yaml_file} --split {split}" if config.yaml_file else
@@ -343,4 +326,12 @@ def scan_split(config: DataConfig, split: str, use_cache: bool) -> tuple[list[Im
             except OSError as e:
                 log.warning("could not write the label cache %s (%s); the labels will be checked again next time",
                             path, e)
-    return records, build_report(split, records, sources)
+    usable = [r for r in records if r.usable]
+    n_labelled = sum(bool(len(r.labels)) for r in usable)
+    orphans = orphan_label_files(sources, lbs)
+    return records, DatasetReport(
+        split, n_images=len(records), n_usable=len(usable), n_labelled=n_labelled,
+        n_background=len(usable) - n_labelled, n_skipped=len(records) - len(usable),
+        n_instances=sum(len(r.labels) for r in usable), n_duplicates_removed=sum(r.n_duplicates for r in usable),
+        n_orphan_labels=len(orphans), problems=[p for r in records for p in r.problems]
+        + [Problem(f, "label file with no image: not used", WARNING) for f in orphans])

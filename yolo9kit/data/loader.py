@@ -22,16 +22,15 @@ class KeySampler(Sampler):
         self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
         self.epoch = 0
         self.dataset = dataset  # its .mosaic, read in the main process, travels with every key
-        self.num_samples = -(-n // world_size)
 
     def __len__(self) -> int:
-        return self.num_samples
+        return -(-self.n // self.world_size)  # this rank's share of the padded order
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.n, generator=generator).tolist() if self.shuffle else list(range(self.n))
         if self.world_size > 1:
-            total = self.num_samples * self.world_size
+            total = len(self) * self.world_size
             order = (order * (total // max(len(order), 1) + 1))[:total][self.rank::self.world_size]
         epoch, mosaic = self.epoch, bool(getattr(self.dataset, "mosaic", True))
         return (SampleKey(i, epoch, mosaic) for i in order)
@@ -77,9 +76,7 @@ class YOLOLoader:
         if not self._epoch_set and self._started:
             self.sampler.epoch += 1
         self._started, self._epoch_set = True, False
-        if self.colour_device is None:
-            return iter(self.loader)
-        return self._jittered(iter(self.loader))
+        return iter(self.loader) if self.colour_device is None else self._jittered(iter(self.loader))
 
     def _jittered(self, batches):
         """Copy each batch's images to ``colour_device`` and apply its HSV gains there."""
@@ -112,12 +109,10 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
 
     Args:
         data: data.yaml path, dict, DataConfig, or a YOLODataset (then the dataset keywords are not used).
-        augment, rect, shuffle: default: augmented and shuffled for train, rectangular batches for other splits.
+        augment, rect, shuffle, pad: default: train augmented and shuffled, other splits rect, padded 0.5 stride.
         workers: worker processes; default min(cores, batch size, 8); 0 loads in the main process.
         seed, cache, hyp, stride, min_items, single_cls, allow_bad_labels: as :class:`YOLODataset`.
-        pad: rect padding in strides; default 0.5 for validation, 0.0 for training.
-        distributed: split the samples over torch.distributed ranks.
-        colour_device: apply the HSV jitter there, batched in torch (the batches come out on that device).
+        distributed: split the samples over torch.distributed ranks; colour_device: HSV jitter there (and batches).
         options: a :class:`~yolo9kit.config.LoaderConfig`: speed and memory, never the batches.
     """
     options = options or LoaderConfig()

@@ -111,16 +111,13 @@ def _write_shapes(folder: Path, root: Path, params: dict) -> None:
 
 def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: int | tuple[int, int] = 320,
                 num_classes: int = 4, seed: int = 0, max_objects: int = 6, overwrite: bool = False) -> Path:
-    """Write the synthetic shapes data set (``images/``, ``labels/``, ``data.yaml``) under ``root``.
+    """Write the synthetic shapes data set (``images/``, ``labels/``, ``data.yaml``) under ``root``: the data.yaml path.
 
     Args:
         n_train, n_val, max_objects: images per split, at most this many objects per image (at least one).
         imgsz: square side in pixels, or ``(width, height)``; num_classes: 1 to 8 (``SHAPE_NAMES``).
         seed: the same seed and arguments give byte-identical files.
         overwrite: replace other files in ``root`` (without it another shapes data set is replaced, with a warning).
-
-    Returns:
-        Path of the written ``data.yaml``.
 
     Raises:
         FileExistsError: ``root`` holds other files and ``overwrite`` is False.

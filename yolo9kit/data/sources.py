@@ -40,11 +40,24 @@ class DataConfig:
         return len(self.names)
 
     def images(self, split: str) -> list[Path]:
-        """Sorted image files of ``split`` (folders recursively, list files, globs)."""
+        """Image files of ``split``, named by folders (recursive), ``.txt`` list files or globs; sorted, unique."""
         if split not in self.sources:
             raise KeyError(f"split {split!r} is not defined in {self.yaml_file or 'the data config'}; "
                            f"defined: {sorted(self.sources)}")
-        return list_images(self.sources[split])
+        files: list[str] = []
+        for src in self.sources[split]:
+            s = str(src)
+            if _is_glob(s):
+                for g in glob.glob(s, recursive=True):
+                    files += _walk(g) if os.path.isdir(g) else [g]
+            elif src.is_dir():
+                files += _walk(src)
+            elif src.is_file():
+                files += [s] if src.suffix.lower() in IMAGE_SUFFIXES else [str(p) for _, p in _listed(src)]
+            else:
+                raise FileNotFoundError(f"{src} does not exist: expected an image folder, a .txt list of images or a "
+                                        "glob")
+        return [Path(f) for f in sorted({f for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES})]
 
     @property
     def train(self) -> list[Path]:
@@ -129,23 +142,6 @@ def _walk(folder: str | Path) -> Iterator[str]:
         yield from (os.path.join(dirpath, f) for f in files)
 
 
-def list_images(sources: list[Path]) -> list[Path]:
-    """Image files named by folders (recursive), ``.txt`` list files or glob patterns; sorted, unique."""
-    files: list[str] = []
-    for src in sources:
-        s = str(src)
-        if _is_glob(s):
-            for g in glob.glob(s, recursive=True):
-                files += _walk(g) if os.path.isdir(g) else [g]
-        elif src.is_dir():
-            files += _walk(src)
-        elif src.is_file():
-            files += [s] if src.suffix.lower() in IMAGE_SUFFIXES else [str(p) for _, p in _listed(src)]
-        else:
-            raise FileNotFoundError(f"{src} does not exist: expected an image folder, a .txt list of images or a glob")
-    return [Path(f) for f in sorted({f for f in files if os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES})]
-
-
 def label_path(image_path: str | os.PathLike) -> Path:
     """Label file of an image: the last ``/images/`` in the path becomes ``/labels/``, the suffix ``.txt``."""
     head, sep, tail = str(image_path).rpartition(f"{os.sep}images{os.sep}")
@@ -174,10 +170,8 @@ def _media_in(folder: Path) -> list[str]:
 
 
 def expand_sources(source) -> tuple[list[str | np.ndarray], list[tuple[str, str]]]:
-    """The inputs ``source`` names: an image or video file, folder, glob, ``.txt`` list, BGR array, or a list.
-
-    Returns:
-        (paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist).
+    """(paths and arrays, ``(list_file:line, reason)`` per listed file that does not exist) of a ``source``
+    (docs/validation.md, "Sources"): an image or video file, folder, glob, ``.txt`` list, BGR array, or a list.
 
     Raises:
         FileNotFoundError: a named file, folder or pattern does not exist or matches nothing.
