@@ -139,40 +139,28 @@ class StorageTracker(TorchDispatchMode):
 
 
 # The op lists of the PyTorch AMP documentation: CUDA ops that autocast to float16 / to float32, ...
-LOWER_PRECISION = frozenset({
-    "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-    "convolution", "_convolution", "prelu", "addmm", "addmv", "addr", "matmul", "__matmul__", "__rmatmul__",
-    "einsum", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "multi_dot",
-    "scaled_dot_product_attention", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
-})
-FLOAT32 = frozenset({
-    "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits", "cosh",
-    "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "dist", "erfinv", "exp", "expm1",
-    "group_norm", "hinge_embedding_loss", "kl_div", "l1_loss", "layer_norm", "log", "log10", "log1p", "log2",
-    "margin_ranking_loss", "mse_loss", "multilabel_margin_loss", "multi_margin_loss", "nll_loss", "norm",
-    "normalize", "pdist", "poisson_nll_loss", "pow", "reciprocal", "rsqrt", "sinh", "smooth_l1_loss",
-    "soft_margin_loss", "softmin", "softplus", "renorm", "tan", "triplet_margin_loss",
-})
+LOWER_PRECISION = frozenset("""conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d
+    convolution _convolution prelu addmm addmv addr matmul __matmul__ __rmatmul__ einsum mm mv linear addbmm baddbmm bmm
+    chain_matmul multi_dot scaled_dot_product_attention lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell""".split())
+FLOAT32 = frozenset("""__pow__ __rdiv__ __rpow__ __rtruediv__ acos asin binary_cross_entropy_with_logits cosh
+    cosine_embedding_loss cdist cosine_similarity cross_entropy dist erfinv exp expm1 group_norm hinge_embedding_loss
+    kl_div l1_loss layer_norm log log10 log1p log2 margin_ranking_loss mse_loss multilabel_margin_loss multi_margin_loss
+    nll_loss norm normalize pdist poisson_nll_loss pow reciprocal rsqrt sinh smooth_l1_loss soft_margin_loss softmin
+    softplus renorm tan triplet_margin_loss""".split())
 # reductions called with ``dtype=torch.float32`` (no fp32 copy of their input)
 FLOAT32_BY_DTYPE_ARG = frozenset({"sum", "softmax", "log_softmax", "cumsum", "cumprod", "prod"})
 PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put",
                      "scatter_add", "tensordot", "cat", "stack", "index_copy"})
 # ... and the CPU ones (bf16), by their Python names (``cross_entropy`` calls ``cross_entropy_loss``)
-CPU_LOWER_PRECISION = frozenset({
-    "conv1d", "conv2d", "conv3d", "bmm", "mm", "linalg_vecdot", "baddbmm", "addmm", "addbmm", "linear",
-    "_convolution", "matmul", "__matmul__", "__rmatmul__", "conv_tbc", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "prelu", "scaled_dot_product_attention",
-})
-CPU_FLOAT32 = frozenset({
-    "avg_pool3d", "binary_cross_entropy", "grid_sampler", "polar", "prod", "quantile", "nanquantile", "stft",
-    "cdist", "trace", "view_as_complex", "cholesky", "cholesky_inverse", "cholesky_solve", "inverse", "lu_solve",
-    "orgqr", "ormqr", "pinverse", "max_pool3d", "max_unpool2d", "max_unpool3d", "adaptive_avg_pool3d",
-    "reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d", "replication_pad3d",
-    "mse_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "poisson_nll_loss",
-    "cross_entropy", "cross_entropy_loss", "smooth_l1_loss", "huber_loss", "margin_ranking_loss",
-    "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "ctc_loss", "kl_div",
-    "multilabel_margin_loss", "binary_cross_entropy_with_logits",
-})
+CPU_LOWER_PRECISION = frozenset("""conv1d conv2d conv3d bmm mm linalg_vecdot baddbmm addmm addbmm linear _convolution
+    matmul __matmul__ __rmatmul__ conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d prelu
+    scaled_dot_product_attention""".split())
+CPU_FLOAT32 = frozenset("""avg_pool3d binary_cross_entropy grid_sampler polar prod quantile nanquantile stft cdist trace
+    view_as_complex cholesky cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse max_pool3d
+    max_unpool2d max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d replication_pad1d replication_pad2d
+    replication_pad3d mse_loss cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss poisson_nll_loss
+    cross_entropy cross_entropy_loss smooth_l1_loss huber_loss margin_ranking_loss soft_margin_loss triplet_margin_loss
+    multi_margin_loss ctc_loss kl_div multilabel_margin_loss binary_cross_entropy_with_logits""".split())
 POLICIES = {"cuda": (LOWER_PRECISION, FLOAT32, FLOAT32_BY_DTYPE_ARG, PROMOTE),
             "cpu": (CPU_LOWER_PRECISION, CPU_FLOAT32, frozenset(), frozenset({"cat", "stack", "index_copy"}))}
 
@@ -264,8 +252,7 @@ class _LossBridge(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, grad_items):
         ctx.tracker.set_phase("loss_backward")
-        grads = torch.autograd.grad(ctx.loss, ctx.real, allow_unused=True)
-        del grads  # freed before the meta gradients exist, as the real step would hand them on
+        torch.autograd.grad(ctx.loss, ctx.real, allow_unused=True)  # dropped: freed before the meta gradients exist
         ctx.loss = ctx.real = None
         ctx.tracker.set_phase("backward")
         return (None, *[grad_loss.new_empty(shape, dtype=dtype) for shape, dtype in ctx.meta])
