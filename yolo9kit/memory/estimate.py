@@ -122,11 +122,9 @@ def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
     def meta(t: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(t, device="meta", memory_format=fmt if t.ndim == 4 else torch.preserve_format)
 
-    memo: dict[int, Any] = {}
-    for p in model.parameters():
-        memo[id(p)] = nn.Parameter(meta(p.detach()), requires_grad=p.requires_grad)
-    for b in model.buffers():
-        memo[id(b)] = meta(b)
+    memo: dict[int, Any] = {id(p): nn.Parameter(meta(p.detach()), requires_grad=p.requires_grad)
+                            for p in model.parameters()}
+    memo.update({id(b): meta(b) for b in model.buffers()})
     stride = getattr(model, "stride", None)  # DetectionModel.stride: a plain tensor attribute
     if isinstance(stride, torch.Tensor) and id(stride) not in memo:
         memo[id(stride)] = meta(stride)

@@ -186,9 +186,9 @@ def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int
     step = as_step(step, None, changes, caller="plan")
     method = "measured" if _use_measure(method, device) else "estimated"
     spec = target_gpu(gpu)
-    budget = int(spec.total_bytes * (1 - margin))
     search = find_max_batch(step, gpu=spec, margin=margin, max_batch=nominal_batch_size, method=method,
                             device=device)
+    budget = search.budget_bytes
     batches = sorted({b for b in range(1, nominal_batch_size + 1) if nominal_batch_size % b == 0}
                      | ({search.batch_size} if search.batch_size else set()))
     throughput = ThroughputModel()

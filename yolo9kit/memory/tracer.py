@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from yolo9kit.memory.gpus import round_size
@@ -135,55 +135,34 @@ class StorageTracker(TorchDispatchMode):
 
     def trace(self) -> Trace:
         """A snapshot: storages freed after this call count as alive to the end."""
-        records = [StorageRecord(r.nbytes, r.phase, r.alloc, r.free, r.tag) for r in self.records]
-        return Trace(records, self.events, list(self.phase_starts))
+        return Trace([replace(r) for r in self.records], self.events, list(self.phase_starts))
 
 
 # The op lists of the PyTorch AMP documentation: CUDA ops that autocast to float16 / to float32, ...
-LOWER_PRECISION = frozenset({
-    "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-    "convolution", "_convolution", "prelu", "addmm", "addmv", "addr", "matmul", "__matmul__", "__rmatmul__",
-    "einsum", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "multi_dot",
-    "scaled_dot_product_attention", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
-})
-FLOAT32 = frozenset({
-    "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits", "cosh",
-    "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "dist", "erfinv", "exp", "expm1",
-    "group_norm", "hinge_embedding_loss", "kl_div", "l1_loss", "layer_norm", "log", "log10", "log1p", "log2",
-    "margin_ranking_loss", "mse_loss", "multilabel_margin_loss", "multi_margin_loss", "nll_loss", "norm",
-    "normalize", "pdist", "poisson_nll_loss", "pow", "reciprocal", "rsqrt", "sinh", "smooth_l1_loss",
-    "soft_margin_loss", "softmin", "softplus", "renorm", "tan", "triplet_margin_loss",
-})
+LOWER_PRECISION = frozenset("""conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d
+    convolution _convolution prelu addmm addmv addr matmul __matmul__ __rmatmul__ einsum mm mv linear addbmm baddbmm bmm
+    chain_matmul multi_dot scaled_dot_product_attention lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell""".split())
+FLOAT32 = frozenset("""__pow__ __rdiv__ __rpow__ __rtruediv__ acos asin binary_cross_entropy_with_logits cosh
+    cosine_embedding_loss cdist cosine_similarity cross_entropy dist erfinv exp expm1 group_norm hinge_embedding_loss
+    kl_div l1_loss layer_norm log log10 log1p log2 margin_ranking_loss mse_loss multilabel_margin_loss multi_margin_loss
+    nll_loss norm normalize pdist poisson_nll_loss pow reciprocal rsqrt sinh smooth_l1_loss soft_margin_loss softmin
+    softplus renorm tan triplet_margin_loss""".split())
 # reductions called with ``dtype=torch.float32`` (no fp32 copy of their input)
 FLOAT32_BY_DTYPE_ARG = frozenset({"sum", "softmax", "log_softmax", "cumsum", "cumprod", "prod"})
 PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put",
                      "scatter_add", "tensordot", "cat", "stack", "index_copy"})
 # ... and the CPU ones (bf16), by their Python names (``cross_entropy`` calls ``cross_entropy_loss``)
-CPU_LOWER_PRECISION = frozenset({
-    "conv1d", "conv2d", "conv3d", "bmm", "mm", "linalg_vecdot", "baddbmm", "addmm", "addbmm", "linear",
-    "_convolution", "matmul", "__matmul__", "__rmatmul__", "conv_tbc", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "prelu", "scaled_dot_product_attention",
-})
-CPU_FLOAT32 = frozenset({
-    "avg_pool3d", "binary_cross_entropy", "grid_sampler", "polar", "prod", "quantile", "nanquantile", "stft",
-    "cdist", "trace", "view_as_complex", "cholesky", "cholesky_inverse", "cholesky_solve", "inverse", "lu_solve",
-    "orgqr", "ormqr", "pinverse", "max_pool3d", "max_unpool2d", "max_unpool3d", "adaptive_avg_pool3d",
-    "reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d", "replication_pad3d",
-    "mse_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "poisson_nll_loss",
-    "cross_entropy", "cross_entropy_loss", "smooth_l1_loss", "huber_loss", "margin_ranking_loss",
-    "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "ctc_loss", "kl_div",
-    "multilabel_margin_loss", "binary_cross_entropy_with_logits",
-})
+CPU_LOWER_PRECISION = frozenset("""conv1d conv2d conv3d bmm mm linalg_vecdot baddbmm addmm addbmm linear _convolution
+    matmul __matmul__ __rmatmul__ conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d prelu
+    scaled_dot_product_attention""".split())
+CPU_FLOAT32 = frozenset("""avg_pool3d binary_cross_entropy grid_sampler polar prod quantile nanquantile stft cdist trace
+    view_as_complex cholesky cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse max_pool3d
+    max_unpool2d max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d replication_pad1d replication_pad2d
+    replication_pad3d mse_loss cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss poisson_nll_loss
+    cross_entropy cross_entropy_loss smooth_l1_loss huber_loss margin_ranking_loss soft_margin_loss triplet_margin_loss
+    multi_margin_loss ctc_loss kl_div multilabel_margin_loss binary_cross_entropy_with_logits""".split())
 POLICIES = {"cuda": (LOWER_PRECISION, FLOAT32, FLOAT32_BY_DTYPE_ARG, PROMOTE),
             "cpu": (CPU_LOWER_PRECISION, CPU_FLOAT32, frozenset(), frozenset({"cat", "stack", "index_copy"}))}
-
-
-def _map_tensors(obj, fn):
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(o, fn) for o in obj)
-    return obj
 
 
 class AutocastEmulation(TorchFunctionMode):
@@ -225,19 +204,19 @@ class AutocastEmulation(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         low = self.dtype
         if name in self.lower:
-            args, kwargs = _map_tensors(args, lambda t: self._cast(t, low)), {
-                k: _map_tensors(v, lambda t: self._cast(t, low)) for k, v in kwargs.items()}
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: self._cast(t, low), (args, kwargs))
         elif name in self.by_dtype:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is not None and first.dtype in (torch.float16, torch.bfloat16) and kwargs.get("dtype") is None:
                 kwargs = {**kwargs, "dtype": torch.float32}
         elif name in self.float32:
-            args = _map_tensors(args, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
+            args = tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t,
+                                 args)
         elif name in self.promote:
             floats = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.is_floating_point()]
             if floats and len({t.dtype for t in floats}) > 1:
                 widest = torch.float32 if any(t.dtype == torch.float32 for t in floats) else floats[0].dtype
-                args = _map_tensors(args, lambda t: t.to(widest) if t.is_floating_point() else t)
+                args = tree_map_only(torch.Tensor, lambda t: t.to(widest) if t.is_floating_point() else t, args)
         return func(*args, **kwargs)
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -273,22 +252,10 @@ class _LossBridge(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, grad_items):
         ctx.tracker.set_phase("loss_backward")
-        grads = torch.autograd.grad(ctx.loss, ctx.real, allow_unused=True)
-        del grads  # freed before the meta gradients exist, as the real step would hand them on
+        torch.autograd.grad(ctx.loss, ctx.real, allow_unused=True)  # dropped: freed before the meta gradients exist
         ctx.loss = ctx.real = None
         ctx.tracker.set_phase("backward")
         return (None, *[grad_loss.new_empty(shape, dtype=dtype) for shape, dtype in ctx.meta])
-
-
-def bridged_loss(loss_fn, real_targets: torch.Tensor, tracker: StorageTracker):
-    """A loss callable for meta outputs that runs ``loss_fn`` for real (``_LossBridge``)."""
-
-    def call(outputs, _targets):
-        leaves, spec = tree_flatten(outputs)
-        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        return _LossBridge.apply((loss_fn, real_targets, tracker, spec, positions), *[leaves[i] for i in positions])
-
-    return call
 
 
 def synthetic_batch(batch_size: int, imgsz: int, num_targets: int, num_classes: int, *, seed: int = 0
@@ -375,7 +342,13 @@ def trace_meta_step(trainer, loss_fn, batch_size: int, num_classes: int, *, opti
     step, tracker = trainer.step, StorageTracker(device_type="cuda")
     _, targets = synthetic_batch(batch_size, 32, step.num_targets, num_classes)
     images = torch.empty((batch_size, 3, step.peak_imgsz, step.peak_imgsz), dtype=torch.uint8, device="meta")
-    trainer.loss_fn = bridged_loss(loss_fn, targets, tracker)  # the tracer's own trainer: the loss runs for real
+
+    def bridged_loss(outputs, _targets):  # the tracer's own trainer: the loss runs for real (``_LossBridge``)
+        leaves, spec = tree_flatten(outputs)
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        return _LossBridge.apply((loss_fn, targets, tracker, spec, positions), *[leaves[i] for i in positions])
+
+    trainer.loss_fn = bridged_loss
     emulation = AutocastEmulation(AMP_DTYPES[step.amp], "cpu" if step.device_type == "cpu" else "cuda")
     trace = traced_step(trainer, images, targets, tracker, emulation, optimizer=optimizer)
     return trace, tracker.forward_flops / 1e9 / batch_size
