@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml | $(PY)
 demo: $(STAMP)
 	$(PY) -m yolo9kit demo
 
+# two workers of one thread each (tests/conftest.py): two cores stay busy while the other worker waits on a
+# subprocess, a browser or the Python interpreter; a file's tests stay on one worker (its module fixtures)
 test: $(STAMP)
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra -n 2 --dist loadfile tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -ra -m "not slow and not browser" tests

@@ -29,6 +29,9 @@ from yolo9kit.models.checkpoint import SHAPES_CLASSES
 from yolo9kit.train.fit import fit
 
 REPO = Path(__file__).resolve().parents[1]
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers: one thread each, their subprocesses too
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 FIXTURES = REPO / "tests" / "fixtures" / "official"
 REGENERATE = "python tools/official_reference.py --official PATH/TO/yolov9 --out tests/fixtures/official"
 
