@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -149,7 +150,9 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         rundir.close_failed(folder, e)
         raise
     trainer, progress = run.trainer, run.progress
-    rundir.close_run(folder, interrupted_by, progress.epoch, config.epochs)
+    ended = "interrupted" if interrupted_by else "finished" if progress.epoch == config.epochs else "stopped early"
+    reason = interrupted_by or ("patience" if ended == "stopped early" else None)
+    rundir.close_run(folder, ended, reason, progress.epoch, config.epochs)
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, folder.path, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted=interrupted_by is not None,
                      results=run.results, optimizer_steps=trainer.optimizer_steps,
@@ -184,14 +187,17 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
 
 def _open_records(run: _Run, data, loader: Iterable) -> None:
     """The run begun: auto_batch.json, settings.yaml, the callbacks (loggers), the pictures (``plots``)."""
-    folder = run.folder
+    folder, config = run.folder, run.config
+    if folder.path is None:  # rank > 0 writes nothing and calls no callback
+        return
     folder.begin()
-    if run.auto_batch is not None and folder.path is not None:
+    if run.auto_batch is not None:
         folder.files.append(run.auto_batch.save(folder.path))  # removed with the folder if the run fails early
     nb = len(loader)  # type: ignore[arg-type]
-    records.write_settings(folder.path, run.config, run.trainer, data, nb, folder.recipe, folder.files)
-    rundir.open_callbacks(folder, run.config)
-    if run.config.run.plots and folder.path is not None:
+    records.write_settings(folder.path, config, run.trainer, data, nb, folder.recipe, folder.files)
+    loggers = [logger(config, folder.path, folder.ckpt is not None, folder.files) for logger in folder.loggers]
+    folder.callbacks = [*loggers, SimpleNamespace(**(config.run.callbacks or {}))]  # the loggers read settings.yaml
+    if config.run.plots:
         names = getattr(getattr(loader, "dataset", None), "names", None) or \
             getattr(unwrap(run.trainer.model), "names", None)
         run.pictures = RunPictures(folder.path, names, folder.files)

@@ -204,12 +204,10 @@ def data_record(data: Any) -> str | None:
     return str(Path(data).resolve()) if isinstance(data, (str, Path)) else None
 
 
-def write_settings(run_dir: Path | None, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int,
+def write_settings(run_dir: Path, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int,
                    recipe: str, written: list[Path]) -> None:
     """``settings.yaml``: the settings, the resolved step, what training derives from them, the augmentation, the
     loss, the data; rewritten on resume, a failed write a warning; ``written`` receives the file."""
-    if run_dir is None:
-        return
     settings = {
         "model": str(getattr(unwrap(trainer.model), "name", "model")),  # as save_checkpoint names it
         "train_config": config.to_dict(), "step": trainer.step.to_dict(),

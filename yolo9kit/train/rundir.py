@@ -7,7 +7,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from yolo9kit.config import TrainConfig
@@ -55,9 +54,7 @@ class RunFolder:
 
     def begin(self) -> None:
         """Once every check passed: killed saves' temporaries removed, a resumed run's results.csv rewritten from
-        its last.pt (a new run's predecessor kept as results.previous.csv), state.yaml "running"."""
-        if self.path is None:
-            return
+        its last.pt (a new run's predecessor kept as results.previous.csv), state.yaml "running". Rank 0 only."""
         for folder in (self.path, self.path / "weights"):
             remove_stale_temporaries(folder)
         results = self.path / "results.csv"
@@ -118,25 +115,22 @@ def _first_missing(path: Path) -> Path | None:
 def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
                  epochs: int | None = None) -> None:
     """``state.yaml`` with the wall time of all the run's parts, once the run has begun."""
-    if run.path is None or not run.begun or not run.path.is_dir():
+    if not run.begun or not run.path.is_dir():  # begun: rank 0 only
         return
     path = write_state(run.path, state, reason, epochs_done, epochs, run.earlier_s + time.monotonic() - run.started)
     if path is not None and run.new and path not in run.files:
         run.files.append(path)
 
 
-def open_callbacks(run: RunFolder, config: TrainConfig) -> None:
-    """Rank 0's callbacks: the loggers started (their files go to ``run.files``), then ``TrainConfig.callbacks``."""
-    if run.path is not None:
-        loggers = [logger(config, run.path, run.ckpt is not None, run.files) for logger in run.loggers]
-        run.callbacks = [*loggers, SimpleNamespace(**(config.run.callbacks or {}))]
-
-
-def close_run(run: RunFolder, interrupted_by: str | None = None, epochs_done: int | None = None,
+def close_run(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
               epochs: int | None = None) -> None:
-    """After a run that returned: how it ended in state.yaml, ``on_run_end``, the lock released."""
-    state = "interrupted" if interrupted_by else "finished" if epochs_done == epochs else "stopped early"
-    _end(run, state, interrupted_by or ("patience" if state == "stopped early" else None), epochs_done, epochs)
+    """How the run ended in state.yaml, ``on_run_end``, the lock released."""
+    record_state(run, state, reason, epochs_done, epochs)
+    try:
+        call_back(run.callbacks, "on_run_end", state)
+    finally:  # also when Ctrl-C ends a logger's wait
+        if run.lock is not None:
+            run.lock.release()
 
 
 def close_failed(run: RunFolder, error: BaseException) -> None:
@@ -144,7 +138,7 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
     if run.path is None:
         return
     reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if str(error) else type(error).__name__
-    _end(run, "interrupted" if isinstance(error, KeyboardInterrupt) else "failed", reason)
+    close_run(run, "interrupted" if isinstance(error, KeyboardInterrupt) else "failed", reason)
     weights = run.path / "weights"
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
@@ -160,24 +154,18 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
             pass
 
 
-def _end(run: RunFolder, state: str, reason: str | None, epochs_done: int | None = None,
-         epochs: int | None = None) -> None:
-    record_state(run, state, reason, epochs_done, epochs)
-    try:
-        call_back(run.callbacks, "on_run_end", state)
-    finally:  # also when Ctrl-C ends a logger's wait
-        if run.lock is not None:
-            run.lock.release()
-
-
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
-    """The settings the run trains with (its recipe for ``images`` training images, a resumed run's own); its
-    loggers found (entry points "yolo9kit.loggers", named after their package and extra), a resume checked.
+    """The settings the run trains with (its recipe for ``images`` training images, a resumed run's own) and its
+    loggers (entry points "yolo9kit.loggers"); a resume may change no ``FIXED_ON_RESUME`` setting, and a larger
+    ``epochs`` extends it, the schedule following the new total from the epoch reached (as officially).
 
     Raises:
-        ValueError: a logger that is not installed (naming its extra), or a resume ``check_resume`` refuses.
+        ValueError: a logger that is not installed (naming its extra), changed fields (old and new values) or an
+            ``epochs`` below the epochs done.
     """
-    config, run.recipe = choose_recipe(config, images, run.ckpt.get("train_config", {}) if run.ckpt else None)
+    ckpt, path = run.ckpt, run.checkpoint
+    saved = ckpt.get("train_config", {}) if ckpt is not None else None
+    config, run.recipe = choose_recipe(config, images, saved)
     if run.path is not None:
         LOGGER.info("%s", run.recipe)  # the first line of a run's output
         LOGGER.info("run folder %s", run.path)
@@ -185,20 +173,8 @@ def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> 
         if config.run.mlflow_uri and "mlflow" not in config.run.loggers:
             LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
                            config.run.mlflow_uri)
-    if run.ckpt is not None:
-        check_resume(config, run)
-    return config
-
-
-def check_resume(config: TrainConfig, run: RunFolder) -> None:
-    """Refuse a resume whose ``config`` changes what cannot change mid-run (``FIXED_ON_RESUME``); a larger
-    ``epochs`` extends the run, the schedule following the new total from the epoch reached (as officially).
-
-    Raises:
-        ValueError: the changed fields (old and new values) or an ``epochs`` below the epochs done.
-    """
-    ckpt, path = run.ckpt or {}, run.checkpoint
-    saved = ckpt.get("train_config", {})
+    if ckpt is None:
+        return config
     changed = [f"{k} {old!r} -> {new!r}" for k, (old, new) in resume_conflicts(saved, config).items()]
     if changed:
         raise ValueError(f"resume {path}: {', '.join(changed)}: these cannot change in the middle of a run; "
@@ -214,6 +190,7 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
     elif config.epochs != saved.get("epochs", config.epochs):
         LOGGER.info("%s: training to %d epochs instead of %d; the learning rate follows the schedule of %d epochs "
                     "from epoch %d", path, config.epochs, saved["epochs"], config.epochs, done + 1)
+    return config
 
 
 def resume_conflicts(saved: dict, config: TrainConfig) -> dict[str, tuple[Any, Any]]:
