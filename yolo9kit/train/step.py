@@ -1,7 +1,6 @@
 """One training step: :func:`train_step` is the whole of it on one page (micro-batches, autocast, loss, backward,
-the optimizer step, the EMA), run by the epoch loop, ``memory.measure`` and the memory estimate alike. Around it:
-the :class:`Trainer` it runs (:func:`build_trainer`), the EMA, the BatchNorm snapshot and the out-of-memory back-off.
-"""
+the optimizer step, the EMA), run by the epoch loop and the memory tools alike. Around it: the :class:`Trainer` it
+runs (:func:`build_trainer`), the EMA, the BatchNorm snapshot and the out-of-memory back-off."""
 
 from __future__ import annotations
 
@@ -84,11 +83,8 @@ def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, w
 
 
 def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> None:
-    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout (channels_last 4-D weights).
-
-    Call it before wrapping the model in DDP (``fit`` does): DDP lays out its gradient buckets from the
-    parameters' strides, and a layout changed afterwards makes every gradient a copy.
-    """
+    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout (channels_last 4-D weights);
+    before DDP wraps it, whose gradient buckets follow the parameters' strides (else every gradient is a copy)."""
     module = unwrap(model)
     freeze_layers(module, step.freeze)
     fmt = torch.channels_last if step.channels_last else torch.contiguous_format
@@ -103,15 +99,9 @@ def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> Non
 
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
                   device: torch.device | None = None, world_size: int = 1, step: StepConfig | None = None) -> Trainer:
-    """The :class:`Trainer` of ``model`` for ``config``: optimizer (official groups), GradScaler, EMA, loss.
-
-    Args:
-        model: the model, placed on ``device`` here (``place_model``); a DDP-wrapped one for multi-GPU.
-        config: the run's settings; ``config.step`` is resolved for the device (``describe_step``).
-        loss_fn: ``(outputs, targets) -> (loss, items)``; default ``DetectionLoss(model, config.optim.loss)``.
-        device: default ``config.run.device``.
-        world_size: DDP ranks.
-        step: the resolved step, when the caller has it (the memory tracer).
+    """The :class:`Trainer` of ``model`` (placed on ``device`` here; DDP-wrapped for multi-GPU) for ``config``:
+    optimizer (official groups), GradScaler, EMA, loss (default ``DetectionLoss``). ``step``: the resolved step,
+    when the caller has it (the memory tracer); else ``describe_step`` for ``device`` (default ``config.run.device``).
     """
     device = device or resolve_device(config.run.device)
     step = step or describe_step(config, model, device, world_size)
@@ -266,18 +256,10 @@ def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: tor
 
 
 class ModelEMA:
-    """EMA of every floating-point state_dict entry (parameters, BatchNorm statistics): the official ``ModelEMA``
-    (``d = decay * (1 - exp(-updates / tau))``, ``ema = d * ema + (1 - d) * model``) as two ``_foreach`` kernels.
-
-    A frozen parameter whose EMA equals the model's is left out (``d * x + (1 - d) * x`` is ``x``: the copy stays
-    bit-identical); one whose EMA differs keeps being averaged, as officially.
-
-    Args:
-        model: the model being trained (a DDP wrapper is unwrapped); its tensors must not be replaced afterwards.
-        decay: the asymptotic decay (0.9999).
-        tau: ramp time constant in updates (2000).
-        updates: number of updates already done (when resuming).
-    """
+    """EMA of every floating-point state_dict entry of ``model`` (unwrapped; its tensors must not be replaced): the
+    official ``ModelEMA`` (``d = decay * (1 - exp(-updates / tau))``, ``ema = d * ema + (1 - d) * model``) as two
+    ``_foreach`` kernels. A frozen parameter whose EMA equals the model's is left out (``d * x + (1 - d) * x`` is
+    ``x``: the copy stays bit-identical); one whose EMA differs keeps being averaged, as officially."""
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0) -> None:
         self.ema = copy.deepcopy(unwrap(model)).eval()
@@ -296,27 +278,14 @@ class ModelEMA:
             self._pairs_of = model
         return self._ema_tensors, self._model_tensors
 
-    def current_decay(self) -> float:
-        """Decay the next update would use."""
-        return self.decay * (1 - math.exp(-(self.updates + 1) / self.tau))
-
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         """One EMA update from ``model`` (after every optimizer step)."""
-        d = self.current_decay()
         self.updates += 1
+        d = self.decay * (1 - math.exp(-self.updates / self.tau))
         ema_tensors, model_tensors = self._pairs(model)
         torch._foreach_mul_(ema_tensors, d)
         torch._foreach_add_(ema_tensors, model_tensors, alpha=1 - d)
-
-    def state_dict(self) -> dict:
-        """Weights and update count, for checkpoints."""
-        return {"model": self.ema.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.ema.load_state_dict(state["model"])
-        self.updates = int(state["updates"])
-        self._pairs_of = None  # which frozen tensors equal the model's is decided again
 
 
 def _same(ema: torch.Tensor, param: torch.Tensor) -> bool:
