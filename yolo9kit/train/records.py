@@ -95,10 +95,7 @@ class EpochRecord:
 
     def row(self) -> dict[str, float | int | None]:
         """The results.csv row: ``RESULTS_COLUMNS`` (the official column names, then the kit's) to values."""
-        return dict(zip(RESULTS_COLUMNS, (
-            self.epoch, self.box_loss, self.cls_loss, self.dfl_loss, self.lr_bias, self.lr_weight,
-            self.lr_norm_weight, self.precision, self.recall, self.map50, self.map50_95, self.fitness,
-            self.peak_allocated, self.images_per_s, self.epoch_s)))
+        return {column: getattr(self, f.name) for column, f in zip(RESULTS_COLUMNS, dataclasses.fields(self))}
 
 
 def metric_columns(metrics: Mapping[str, float]) -> dict[str, float | None]:
@@ -147,29 +144,6 @@ def read_results(path: str | Path) -> pd.DataFrame:
     """``results.csv`` of a run (or its folder) as a DataFrame."""
     path = Path(path)
     return pd.read_csv(path / "results.csv" if path.is_dir() else path)
-
-
-def device_memory_bytes(device: torch.device) -> int:
-    """Allocated bytes on a CUDA device; 0 elsewhere."""
-    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
-
-
-def read_peak_allocated(device: torch.device) -> int | None:
-    """Peak allocated bytes on a CUDA device since the last reset; None elsewhere (not measured)."""
-    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def bar_text(mean_items: torch.Tensor, peak_allocated: int, images_per_s: float, accumulate: int,
-             micro_batch: int) -> str:
-    """``box 1.23 cls 4.56 dfl 1.11 mem 3.2G 120 img/s acc 4x16``: the progress-bar postfix."""
-    box, cls, dfl = (float(v) for v in mean_items)
-    return (f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} mem {peak_allocated / 1e9:.3g}G "
-            f"{images_per_s:.1f} img/s acc {accumulate}x{micro_batch}")
 
 
 def write_state(folder: Path, state: str, reason: str | None, epochs_done: int | None, epochs: int | None,
