@@ -212,8 +212,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
     hooks = [hook for hook in run.folder.callbacks if getattr(hook, "on_batch", None)]
     on_batch = functools.partial(records.call_back, hooks, "on_batch") if hooks else None
     with StopSignals(install=not run.dist.distributed) as signals, \
-            cudnn_autotune(run.trainer.device, not config.run.deterministic), \
-            state.deterministic_kernels(config.run.deterministic):
+            cudnn_autotune(run.trainer.device, deterministic=config.run.deterministic):
         try:
             _validate_unvalidated_end(run)
             for epoch in range(progress.epoch, config.epochs):

@@ -3,7 +3,6 @@ the training checkpoint that saves and restores them (docs/training.md, resume).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -97,9 +96,6 @@ class Progress:
     nonfinite_total: int = 0
     oom_events: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
     """Python, NumPy, torch CPU and the CUDA generator of ``device``: one CUDA state, so that a resume on another
@@ -130,25 +126,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-@contextlib.contextmanager
-def deterministic_kernels(enabled: bool) -> Iterator[None]:
-    """Deterministic algorithms for the block (torch's ops, cuDNN, cuBLAS's fixed workspace, read when CUDA starts);
-    an op without a deterministic version warns and runs, as officially. The previous settings come back after."""
-    if not enabled:
-        yield
-        return
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.backends.cudnn.deterministic)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic = True
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-        torch.backends.cudnn.deterministic = previous[2]
 
 
 def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
@@ -192,7 +169,7 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
         "scaler": trainer.scaler.state_dict(),
         "scaler_kind": scaler_kind(trainer.amp_dtype),
         "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
-        "progress": progress.to_dict(),
+        "progress": asdict(progress),
         "micro_batch_size": trainer.micro_batch_size,
         "optimizer_steps": trainer.optimizer_steps,
         "rng": rng if rng is not None else capture_rng(trainer.device),

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -126,15 +127,26 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
 
 
 @contextlib.contextmanager
-def cudnn_autotune(device: torch.device, enabled: bool = True) -> Iterator[None]:
-    """cuDNN autotuning on CUDA for the block only (a global switch would also tune a notebook's later cells)."""
-    previous = torch.backends.cudnn.benchmark
-    if device.type == "cuda" and enabled:
-        torch.backends.cudnn.benchmark = True
+def cudnn_autotune(device: torch.device, enabled: bool = True, deterministic: bool = False) -> Iterator[None]:
+    """cuDNN autotuning on CUDA for the block only (a global switch would also tune a notebook's later cells);
+    ``deterministic``: deterministic algorithms instead (torch's ops, cuDNN, cuBLAS's fixed workspace, read when
+    CUDA starts), an op without one warns and runs, as officially. The previous settings come back after."""
+    cudnn = torch.backends.cudnn
+    previous = (cudnn.benchmark, cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+    if device.type == "cuda" and enabled and not deterministic:
+        cudnn.benchmark = True
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        cudnn.deterministic = True
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = previous
+        cudnn.benchmark = previous[0]
+        if deterministic:
+            cudnn.deterministic = previous[1]
+            torch.use_deterministic_algorithms(previous[2], warn_only=previous[3])
 
 
 def to_input(images: torch.Tensor, trainer: Trainer, imgsz: tuple[int, int] | None = None) -> torch.Tensor:
