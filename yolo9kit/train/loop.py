@@ -1,7 +1,6 @@
 """``train_one_epoch``, the inner loop of the official train_dual.py: per loader batch the schedule's settings, then
 ``step.train_step``; around it the deferred read-back of the losses and the stops (interrupts, non-finite
-losses). ``fit`` wraps it with set-up, validation and checkpoints.
-"""
+losses). ``fit`` wraps it with set-up, validation and checkpoints."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.config.train import LOG_INTERVAL, MAX_NONFINITE_BATCHES, OOM_BACKOFF
 from yolo9kit.models.deploy import max_stride
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
-from yolo9kit.train.optim import apply_settings, multi_scale_rng, multi_scale_shape, step_settings
+from yolo9kit.train.optim import multi_scale_rng, multi_scale_shape, step_settings
 from yolo9kit.train.records import BatchRecord
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import BatchNormSnapshot, Trainer, train_step, train_step_with_backoff, unwrap
@@ -42,9 +41,8 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
                     batches_per_epoch: int, warmup: int, start_batch: int = 0,
                     on_batch: Callable[[BatchRecord], None] | None = None, progress_bar: bool = True,
                     interrupt: Callable[[], str | None] | None = None) -> EpochStats:
-    """Train ``progress.epoch`` over ``loader`` batches ``(images uint8 (B, 3, H, W), targets (N, 6), ...)``.
-
-    Gradients are zeroed first, as officially; batches before ``start_batch`` are read, not trained (a resume).
+    """Train ``progress.epoch`` over ``loader`` batches ``(images uint8 (B, 3, H, W), targets (N, 6), ...)``;
+    gradients are zeroed first, as officially; batches before ``start_batch`` are read, not trained (a resume).
 
     Args:
         trainer, config, progress: the run's trainer, settings and counters (``progress.last_opt_step`` is kept).
@@ -75,7 +73,10 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
                 continue
             progress.ni = ni = i + nb * epoch
             settings = step_settings(config, ni, epoch, warmup)
-            apply_settings(trainer.optimizer, settings)
+            for group, lr in zip(trainer.optimizer.param_groups, settings.lrs):
+                group["lr"] = lr
+                if "momentum" in group:  # SGD only; Adam's beta1 is not ramped (official)
+                    group["momentum"] = settings.momentum
             size = None
             if config.step.multi_scale:  # one random size per batch, all its micro-steps alike
                 size = multi_scale_shape(tuple(images.shape[2:]), config.step.imgsz, stride,

@@ -79,11 +79,8 @@ class RunFolder:
 
 
 def open_run(config: TrainConfig, dist: DistInfo) -> RunFolder:
-    """The run folder (rank 0 creates and locks it; nothing in it changes before ``begin``) and its checkpoint.
-
-    Raises:
-        FolderInUseError: another live process writes into the run folder.
-    """
+    """The run folder (rank 0 creates and locks it: ``FolderInUseError`` when another live process writes into
+    it; nothing in it changes before ``begin``) and its checkpoint."""
     if config.run.resume:
         path = find_resume_checkpoint(config.run.resume, config.run.project)
         run_dir = path.parent.parent if path.parent.name == "weights" else path.parent
@@ -157,12 +154,8 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
     """The settings the run trains with (its recipe for ``images`` training images, a resumed run's own) and its
     loggers (entry points "yolo9kit.loggers"); a resume may change no ``FIXED_ON_RESUME`` setting, and a larger
-    ``epochs`` extends it, the schedule following the new total from the epoch reached (as officially).
-
-    Raises:
-        ValueError: a logger that is not installed (naming its extra), changed fields (old and new values) or an
-            ``epochs`` below the epochs done.
-    """
+    ``epochs`` extends it, the schedule following the new total from the epoch reached (as officially). A
+    ValueError names a logger that is not installed, the changed fields or an ``epochs`` below the epochs done."""
     ckpt, path = run.ckpt, run.checkpoint
     saved = ckpt.get("train_config", {}) if ckpt is not None else None
     config, run.recipe = choose_recipe(config, images, saved)
@@ -202,11 +195,8 @@ def resume_conflicts(saved: dict, config: TrainConfig) -> dict[str, tuple[Any, A
 
 
 def check_resume_model(model: Any, run: RunFolder) -> None:
-    """The model to resume predicts the run's classes by their names, and is the model of its settings.yaml.
-
-    Raises:
-        ValueError: another number of classes, other names or another model (both named).
-    """
+    """The model to resume predicts the run's classes by their names, and is the model of its settings.yaml
+    (else a ValueError naming both)."""
     saved = (run.ckpt or {}).get("model_config") or {}
     try:
         trains = read_record(run.path / SETTINGS_FILE).get("model") if run.path else None
@@ -227,11 +217,8 @@ def check_resume_model(model: Any, run: RunFolder) -> None:
 
 
 def resume_data(data: Any, run: RunFolder) -> Any:
-    """The data of a resumed run: the recorded one when ``data`` is None; a path names it (or it moved).
-
-    Raises:
-        ValueError: another data.yaml than the run's.
-    """
+    """The data of a resumed run: the recorded one when ``data`` is None; a path names it (or it moved), and
+    another data.yaml than the run's is a ValueError."""
     recorded = (run.ckpt or {}).get("data")
     if data is None or recorded is None or not isinstance(data, (str, Path)):
         return recorded if data is None else data
@@ -262,11 +249,8 @@ def class_names(data, single_cls: bool = False) -> list[str]:
 
 
 def check_classes(model: Any, data, single_cls: bool = False) -> None:
-    """The model must predict as many classes as the data has (one with ``single_cls``).
-
-    Raises:
-        ValueError: another number of classes, saying how to build the right model.
-    """
+    """The model must predict as many classes as the data has (one with ``single_cls``); else a ValueError saying
+    how to build the right model."""
     if data is None or not hasattr(model, "nc"):
         return
     names = class_names(data, single_cls)
@@ -293,11 +277,8 @@ def earns_best(fitness: float | None, best_fitness: float, run_dir: Path | None)
 
 
 def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> None:
-    """Room for the checkpoints ``names`` an epoch ends with: one temporary file plus the files new so far.
-
-    Raises:
-        DiskFullError: naming the folder and the space needed; nothing has been written.
-    """
+    """Room for the checkpoints ``names`` an epoch ends with: one temporary file plus the files new so far (else a
+    DiskFullError naming the folder and the space needed, before anything is written)."""
     weights = run_dir / "weights"
     size = checkpoint_bytes(trainer)
     needed = size * (1 + sum(not (weights / name).exists() for name in names[:-1])) + _SMALL_FILES_BYTES

@@ -141,11 +141,7 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
     """The checkpoint to resume: the given path or run folder, or (``resume=True``) the newest last.pt under
-    ``project``.
-
-    Raises:
-        FileNotFoundError: no such checkpoint.
-    """
+    ``project``; FileNotFoundError when there is none."""
     if resume is True:
         candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
         if not candidates:
@@ -202,11 +198,8 @@ def checkpoint_bytes(trainer: Trainer) -> int:
 
 def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "the checkpoint") -> Progress:
     """Load model, EMA, optimizer, scaler and counters of a ``read_checkpoint`` dict into ``trainer`` (the random
-    states are restored later, right before the first batch).
-
-    Raises:
-        ValueError: no training state, or one with NaN or Inf (weights, EMA, optimizer state, loss scale).
-    """
+    states are restored later, right before the first batch); ValueError for no training state, one with NaN or
+    Inf (weights, EMA, optimizer state, loss scale) or one of another model."""
     if "progress" not in ckpt or "optimizer" not in ckpt:
         raise ValueError(f"{source} has no training state (a stripped or foreign file): "
                          "start a new run from it with --weights instead of --resume")

@@ -69,11 +69,7 @@ def scaler_kind(amp_dtype: torch.dtype | None) -> str:
 
 def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1) -> StepConfig:
     """``config.step`` with ``model`` and each rank's micro-batch filled in, resolved for ``device``: the step
-    :func:`build_trainer` runs and the memory tools describe.
-
-    Raises:
-        ValueError: ``config.batch_size`` is still "auto" and no micro-batch is set (``fit`` sizes it first).
-    """
+    :func:`build_trainer` runs and the memory tools describe (a ValueError while ``config.batch_size`` is "auto")."""
     batch = config.step.batch_size
     if batch is None:
         if config.batch_size == "auto":
@@ -236,12 +232,8 @@ def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: tor
                             snapshot: BatchNormSnapshot, *, ni: int, accumulate_steps: int,
                             imgsz: tuple[int, int] | None = None) -> torch.Tensor:
     """:func:`train_step`; on out of memory the accumulation window is dropped (BatchNorm statistics restored,
-    gradients zeroed) and the batch retried at half the micro-batch, as the first batch of a new window.
-
-    Raises:
-        DistributedOutOfMemoryError: in the micro-step that synchronises the DDP ranks.
-        OutOfMemoryAtMinimumError: at a micro-batch of one image.
-    """
+    gradients zeroed) and the batch retried at half the micro-batch, as the first batch of a new window; but
+    ``DistributedOutOfMemoryError`` in a micro-step that syncs the DDP ranks, ``OutOfMemoryAtMinimumError`` at 1."""
     while True:
         micro = min(trainer.micro_batch_size or images.shape[0], images.shape[0])
         try:
