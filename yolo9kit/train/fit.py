@@ -82,7 +82,7 @@ class _Run:
     pictures: RunPictures = field(default_factory=lambda: RunPictures(None, None, []))
 
     @property
-    def run_dir(self) -> Path | None:
+    def run_dir(self) -> Path | None:  # None exactly on the ranks that do not write (DDP rank > 0)
         return self.folder.path
 
 
@@ -218,7 +218,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
             for epoch in range(progress.epoch, config.epochs):
                 at = _Position("training", epoch)
                 progress.epoch = epoch
-                if run.dist.is_main and run.run_dir:  # room for the epoch's checkpoints: a full disk costs no epoch
+                if run.run_dir:  # room for the epoch's checkpoints: a full disk costs no epoch
                     names = rundir.epoch_files(config, epoch, run.validate_fn is not None)
                     rundir.check_space_for_epoch(run.run_dir, run.trainer, names)
                 set_epoch_data(loader, config, epoch)
@@ -261,7 +261,7 @@ def _save_interrupted(run: _Run, at: _Position, nb: int, reason: str) -> None:
         progress.ni = max(progress.last_opt_step + 1, progress.epoch * nb)
         LOGGER.warning("%s in epoch %d of %d, after %d of its %d batches: saving last.pt", stopped_by(reason),
                        progress.epoch + 1, run.config.epochs, progress.ni - progress.epoch * nb, nb)
-        if run.dist.is_main and run.run_dir:
+        if run.run_dir:
             _save(run, "last.pt", at.rng_epoch_start)
         return
     if at.phase == "validating":
@@ -285,39 +285,36 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
     checkpoints (``_keep``), then its results.csv row."""
     record = EpochRecord.from_stats(at.epoch, at.stats, at.metrics, run.dist.world_size)
     run.progress.epoch, run.progress.ni = at.epoch + 1, (at.epoch + 1) * nb
-    if run.dist.is_main:
+    if run.run_dir:
         if not run.results or run.results[-1]["epoch"] != at.epoch:
             run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
         _keep(run, at.epoch, at.metrics)
-        if run.run_dir:
-            records.append_results(run.run_dir / "results.csv", record)
+        records.append_results(run.run_dir / "results.csv", record)
     return record
 
 
 def _keep(run: _Run, epoch: int, metrics: dict, period: bool = True) -> None:
     """best.pt when ``metrics`` earn it (before last.pt, which records the best fitness), epoch<n>.pt
-    (``period``), then last.pt: the commit point."""
+    (``period``), then last.pt: the commit point. Rank 0 only."""
     best = rundir.earns_best(metrics.get("fitness"), run.progress.best_fitness, run.run_dir)
     if best:
         run.progress.best_fitness, run.progress.best_epoch = float(metrics["fitness"]), epoch
-    if run.run_dir:
-        rng = state.capture_rng(run.trainer.device)
-        for name in rundir.epoch_files(run.config, epoch, best, period):
-            _save(run, name, rng)
+    rng = state.capture_rng(run.trainer.device)
+    for name in rundir.epoch_files(run.config, epoch, best, period):
+        _save(run, name, rng)
 
 
 def _validate_unvalidated_end(run: _Run) -> None:
     """A run whose last epoch was saved without its metrics (stopped in its validation) is validated on resume."""
     progress, last = run.progress, run.results[-1] if run.results else {}
-    if progress.epoch != run.config.epochs or not run.dist.is_main or run.validate_fn is None or \
+    if progress.epoch != run.config.epochs or not run.run_dir or run.validate_fn is None or \
             last.get("fitness") is not None or last.get("epoch") != progress.epoch - 1:
         return
     LOGGER.info("epoch %d was saved before its validation finished: validating it now", progress.epoch)
     metrics = _validate(run, progress.epoch - 1)
     last.update(records.metric_columns(metrics))
     _keep(run, progress.epoch - 1, metrics, period=False)
-    if run.run_dir:
-        records.write_results(run.run_dir / "results.csv", run.results)
+    records.write_results(run.run_dir / "results.csv", run.results)
 
 
 def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:

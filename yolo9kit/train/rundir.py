@@ -268,11 +268,11 @@ def epoch_files(config: TrainConfig, epoch: int, best: bool, period: bool = True
     return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
 
 
-def earns_best(fitness: float | None, best_fitness: float, run_dir: Path | None) -> bool:
+def earns_best(fitness: float | None, best_fitness: float, run_dir: Path) -> bool:
     """Above the best so far; equal when positive (official); 0 (nothing detected) only without a best.pt."""
     if fitness is None:
         return False
-    have_best = run_dir is not None and (run_dir / "weights" / "best.pt").exists()
+    have_best = (run_dir / "weights" / "best.pt").exists()
     return fitness > best_fitness or (fitness == best_fitness and (fitness > 0 or not have_best))
 
 
