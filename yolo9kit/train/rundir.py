@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from yolo9kit.config import TrainConfig
 from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.config.step import KEEP, settings
@@ -22,10 +24,10 @@ from yolo9kit.files import (
     read_record,
     remove_stale_temporaries,
 )
-from yolo9kit.models.checkpoint import read_checkpoint
+from yolo9kit.models.checkpoint import estimate_checkpoint_bytes, read_checkpoint
 from yolo9kit.train.records import SETTINGS_FILE, call_back, read_state, write_results, write_state
-from yolo9kit.train.state import DistInfo, broadcast_object, checkpoint_bytes, find_resume_checkpoint, increment_path
-from yolo9kit.train.step import Trainer
+from yolo9kit.train.state import DistInfo, broadcast_object, find_resume_checkpoint, increment_path
+from yolo9kit.train.step import Trainer, unwrap
 
 LOGGER = logging.getLogger(__name__)
 
@@ -278,9 +280,16 @@ def earns_best(fitness: float | None, best_fitness: float, run_dir: Path) -> boo
 
 def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> None:
     """Room for the checkpoints ``names`` an epoch ends with: one temporary file plus the files new so far (else a
-    DiskFullError naming the folder and the space needed, before anything is written)."""
-    weights = run_dir / "weights"
-    size = checkpoint_bytes(trainer)
+    DiskFullError naming the folder and the space needed, before anything is written). A checkpoint holds model,
+    EMA and optimizer state: before the first step SGD's momentum is one copy of the parameters, Adam's moments two."""
+    parts: list = [unwrap(trainer.model).state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
+    optimizer = trainer.optimizer
+    if optimizer.state:
+        parts.append(optimizer.state_dict()["state"])
+    else:
+        copies = 2 if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) else 1
+        parts += [[p for group in optimizer.param_groups for p in group["params"]]] * copies
+    weights, size = run_dir / "weights", estimate_checkpoint_bytes(parts)
     needed = size * (1 + sum(not (weights / name).exists() for name in names[:-1])) + _SMALL_FILES_BYTES
     check_free_space(weights, needed, f"the checkpoints of the next epoch ({', '.join(names)}, "
                      f"about {size / 1e6:.3g} MB each)")

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from yolo9kit.models.checkpoint import estimate_checkpoint_bytes, save_checkpoint
+from yolo9kit.models.checkpoint import save_checkpoint
 from yolo9kit.train.step import Trainer, scaler_kind, unwrap
 
 LOGGER = logging.getLogger(__name__)
@@ -181,19 +181,6 @@ def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, c
     path.parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(path, unwrap(trainer.model), **training_state(trainer, progress, config_dict, rng, extra))
     return path
-
-
-def checkpoint_bytes(trainer: Trainer) -> int:
-    """About the size of a training checkpoint of ``trainer``: model, EMA and optimizer state (before the first
-    step SGD's momentum is one copy of the parameters, Adam's moments two)."""
-    parts: list = [unwrap(trainer.model).state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
-    optimizer = trainer.optimizer
-    if optimizer.state:
-        parts.append(optimizer.state_dict()["state"])
-    else:
-        copies = 2 if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) else 1
-        parts += [[p for group in optimizer.param_groups for p in group["params"]]] * copies
-    return estimate_checkpoint_bytes(parts)
 
 
 def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "the checkpoint") -> Progress:
