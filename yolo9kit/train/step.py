@@ -291,6 +291,15 @@ class ModelEMA:
         torch._foreach_mul_(ema_tensors, d)
         torch._foreach_add_(ema_tensors, model_tensors, alpha=1 - d)
 
+    def state_dict(self) -> dict:
+        """Weights and update count, for checkpoints."""
+        return {"model": self.ema.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ema.load_state_dict(state["model"])
+        self.updates = int(state["updates"])
+        self._pairs_of = None  # which frozen tensors equal the model's is decided again
+
 
 def _same(ema: torch.Tensor, param: torch.Tensor) -> bool:
     """Bit-identical values; on ``meta`` tensors (the memory trace) a copy counts as identical."""
