@@ -96,6 +96,9 @@ class Progress:
     nonfinite_total: int = 0
     oom_events: int = 0
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
     """Python, NumPy, torch CPU and the CUDA generator of ``device``: one CUDA state, so that a resume on another
@@ -165,7 +168,7 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
         "scaler": trainer.scaler.state_dict(),
         "scaler_kind": scaler_kind(trainer.amp_dtype),
         "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
-        "progress": asdict(progress),
+        "progress": progress.to_dict(),
         "micro_batch_size": trainer.micro_batch_size,
         "optimizer_steps": trainer.optimizer_steps,
         "rng": rng if rng is not None else capture_rng(trainer.device),
