@@ -122,8 +122,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     dist = state.current()
     folder = rundir.open_run(config, dist)
     try:
-        if folder.ckpt is not None:
-            data = rundir.resume_data(data, folder)
+        data = rundir.resume_data(data, folder)  # the data itself for a new run
         config = rundir.settle_settings(config, folder, rundir.training_images(data, train_loader))
         if isinstance(model, (str, Path)):
             names = rundir.class_names(data, config.pipeline.single_cls)
@@ -347,8 +346,7 @@ def make_loader(data, split: str, config: TrainConfig, dist: DistInfo, device: t
     d = config.pipeline
     common = dict(imgsz=config.step.imgsz, workers=d.workers, cache=d.cache, single_cls=d.single_cls)
     if split != "train":
-        return create_dataloader(data, split, batch_size=2 * config.batch_size, augment=False,
-                                 **common)
+        return create_dataloader(data, split, batch_size=2 * config.batch_size, augment=False, **common)
     on_device = (device is not None and device.type == "cuda") if d.colour_on_device is None else d.colour_on_device
     return create_dataloader(data, "train", batch_size=config.batch_size // dist.world_size, augment=True,
                              hyp=d.augment_hyp, seed=config.run.seed,  # one seed: the ranks split one order
@@ -382,5 +380,4 @@ class EMAValidation:
         r = self.result = evaluate(model, self.data, dataloader=self.loader, imgsz=c.step.imgsz, half=self.half,
                                    device=self.device, single_cls=c.pipeline.single_cls,
                                    progress_bar=c.run.progress_bar)
-        return {"precision": float(r.precision), "recall": float(r.recall), "map50": float(r.map50),
-                "map50_95": float(r.map50_95), "fitness": float(r.fitness)}
+        return {k: float(getattr(r, k)) for k in ("precision", "recall", "map50", "map50_95", "fitness")}
