@@ -138,9 +138,6 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             run.validate_fn = EMAValidation(data, val_loader or make_loader(data, "val", run.config, dist),
                                             run.config, device=run.trainer.device, half=half)
         _open_records(run, data, train_loader)  # every check passed: from here on the run writes
-        if folder.ckpt:  # the random states restored last, so that nothing of the set-up consumes them
-            state.restore_rng(folder.ckpt["rng"], run.trainer.device)
-            LOGGER.info("resuming %s in epoch %d of %d", folder.path, run.progress.epoch + 1, config.epochs)
         interrupted_by = _epochs(run, train_loader)
     except NonFiniteLossError as e:
         rundir.close_failed(folder, e)
@@ -206,6 +203,9 @@ def _open_records(run: _Run, data, loader: Iterable) -> None:
 def _epochs(run: _Run, loader: Iterable) -> str | None:
     """The epoch loop; returns what interrupted it (``FitResult.interrupted_by``), None when it ran out."""
     config, progress = run.config, run.progress
+    if run.folder.ckpt:  # the random states restored last, so that nothing of the set-up consumes them
+        state.restore_rng(run.folder.ckpt["rng"], run.trainer.device)
+        LOGGER.info("resuming %s in epoch %d of %d", run.run_dir, progress.epoch + 1, config.epochs)
     nb = len(loader)  # type: ignore[arg-type]
     at = _Position(epoch=progress.epoch)
     hooks = [hook for hook in run.folder.callbacks if getattr(hook, "on_batch", None)]

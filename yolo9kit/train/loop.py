@@ -17,7 +17,7 @@ from yolo9kit.config import TrainConfig
 from yolo9kit.config.train import LOG_INTERVAL, MAX_NONFINITE_BATCHES, OOM_BACKOFF
 from yolo9kit.models.deploy import max_stride
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
-from yolo9kit.train.optim import multi_scale_rng, multi_scale_shape, step_settings
+from yolo9kit.train.optim import apply_settings, multi_scale_rng, multi_scale_shape, step_settings
 from yolo9kit.train.records import BatchRecord
 from yolo9kit.train.state import Progress
 from yolo9kit.train.step import BatchNormSnapshot, Trainer, train_step, train_step_with_backoff, unwrap
@@ -73,10 +73,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
                 continue
             progress.ni = ni = i + nb * epoch
             settings = step_settings(config, ni, epoch, warmup)
-            for group, lr in zip(trainer.optimizer.param_groups, settings.lrs):
-                group["lr"] = lr
-                if "momentum" in group:  # SGD only; Adam's beta1 is not ramped (official)
-                    group["momentum"] = settings.momentum
+            apply_settings(trainer.optimizer, settings)
             size = None
             if config.step.multi_scale:  # one random size per batch, all its micro-steps alike
                 size = multi_scale_shape(tuple(images.shape[2:]), config.step.imgsz, stride,

@@ -122,6 +122,14 @@ def step_settings(config: TrainConfig, ni: int, epoch: int, warmup: int) -> Step
     return StepSettings(accumulate, lrs, _interp(ni, warmup, o.warmup_momentum, o.momentum))
 
 
+def apply_settings(optimizer: torch.optim.Optimizer, settings: StepSettings) -> None:
+    """Write the LRs (and momentum, for optimizers that have one) into the three param groups."""
+    for group, lr in zip(optimizer.param_groups, settings.lrs):
+        group["lr"] = lr
+        if "momentum" in group:  # SGD only; Adam's beta1 is not ramped (official)
+            group["momentum"] = settings.momentum
+
+
 def multi_scale_shape(shape_hw: tuple[int, int], imgsz: int, stride: int, rng: random.Random
                       ) -> tuple[int, int] | None:
     """The (h, w) a batch of ``shape_hw`` is resized to in multi-scale training (official ``--multi-scale``: each
