@@ -115,11 +115,8 @@ def call_back(hooks: Sequence[Any], name: str, value: Any) -> None:
 
 
 def append_results(path: Path, record: EpochRecord) -> None:
-    """Append one epoch to ``results.csv``, rewriting it whole: a failed write leaves it as it was.
-
-    Raises:
-        DiskFullError: not enough space for the file.
-    """
+    """Append one epoch to ``results.csv``, rewriting it whole: a failed write (``DiskFullError`` when there is no
+    room) leaves it as it was."""
     old = path.read_text() if path.is_file() else ""
     write_text_atomically(path, old + _csv_text([record.row()], header=not old))
 
@@ -163,11 +160,8 @@ def write_state(folder: Path, state: str, reason: str | None, epochs_done: int |
 
 
 def read_state(folder: Path) -> dict:
-    """``state.yaml`` of a run folder ({} when there is none).
-
-    Raises:
-        RecordError: the file is refused (too large, aliases, not YAML), naming it.
-    """
+    """``state.yaml`` of a run folder ({} when there is none); ``RecordError`` naming a refused file (too large,
+    aliases, not YAML)."""
     path = folder / STATE_FILE
     value = read_record(path) if path.is_file() else None
     return value if isinstance(value, dict) else {}
