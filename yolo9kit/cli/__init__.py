@@ -5,7 +5,6 @@ An error is one line on stderr (a traceback with ``-v``); exit codes: docs/fault
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import re
 import sys
@@ -79,11 +78,7 @@ def _add_extra(verbs: argparse._SubParsersAction, name: str) -> None:
     except ValueError as e:
         p = verbs.add_parser(name, help=f"(not installed) {e}")
         p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=functools.partial(_missing, e))
-
-
-def _missing(error: ValueError, args: argparse.Namespace) -> int:
-    raise error
+        p.set_defaults(func=lambda args: load_extra("yolo9kit.commands", name, EXTRA_VERBS[name]))  # the same error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,9 +233,8 @@ def run_profile(args: argparse.Namespace) -> int:
         df.to_csv(args.csv, index=False)
         print(f"sweep written to {args.csv}")
     if args.nominal_batch_size:
-        print()
-        print(plan(steps[0], args.nominal_batch_size, gpu=gpu, margin=args.margin,
-                   method="estimated" if args.method == "estimated" else "auto"))
+        method = "estimated" if args.method == "estimated" else "auto"
+        print(f"\n{plan(steps[0], args.nominal_batch_size, gpu=gpu, margin=args.margin, method=method)}")
     return 0
 
 

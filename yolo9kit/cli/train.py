@@ -16,7 +16,7 @@ import torch
 from yolo9kit.config import FAST_SWITCHES, LossConfig, TrainConfig
 from yolo9kit.config.recipe import hyp_settings, read_hyp
 from yolo9kit.config.step import CHANGE, KEEP, Declared, settings
-from yolo9kit.config.train import LOGGERS
+from yolo9kit.config.train import LOGGERS, SETTINGS
 from yolo9kit.env import load_extra, parse_device
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint
@@ -26,7 +26,6 @@ from yolo9kit.train.state import current, find_resume_checkpoint, finish_process
 
 LOGGER = logging.getLogger(__name__)
 DEFAULT_MODEL = "yolov9-t"
-SETTINGS = settings(TrainConfig)
 
 
 def checked(kind: type, **rule: Any) -> functools.partial:
@@ -110,8 +109,7 @@ class Freeze(argparse.Action):
 
 # How the command line writes the settings that are not a plain number, word or switch (the rest: their declaration)
 _FORMS = {
-    "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else _parsed(
-        int, SETTINGS["batch_size"][2], text)},
+    "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else setting_type("batch_size")(text)},
     "activation_checkpointing": {"type": activation_checkpointing, "metavar": "LAYERS"},
     "freeze": {"action": Freeze, "type": str, "nargs": "+", "metavar": "LAYERS"},
     "cache": {"choices": ("ram", "disk"), "nargs": "?", "const": "ram"},
@@ -169,11 +167,11 @@ def add_setting_flag(p: argparse.ArgumentParser, name: str, of: type = TrainConf
 
 
 def given_settings(args: argparse.Namespace) -> dict:
-    """{setting: value} of the setting flags given on the command line (in TrainConfig's form)."""
+    """{setting: value} of the setting flags given on the command line (in TrainConfig's form), --plain-step's too."""
     out = {name: getattr(args, name) for name, (_, _, declared) in SETTINGS.items()
            if declared.flag is not None and getattr(args, name, None) is not None}
     out.update(("schedule", schedule) for flag, schedule in _SCHEDULES.items() if getattr(args, flag))
-    return out
+    return {**out, **(_PLAIN if args.plain_step else {})}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -181,7 +179,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.label_smoothing is not None:
         LOGGER.warning("--label-smoothing %g is ignored: the official dual loss never applies it", args.label_smoothing)
     from_hyp = {"recipe": "official", **hyp_settings(read_hyp(args.hyp), LossConfig())} if args.hyp else {}
-    return TrainConfig(**{**from_hyp, **given_settings(args)}, **(_PLAIN if args.plain_step else {}))
+    return TrainConfig(**{**from_hyp, **given_settings(args)})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,8 +230,7 @@ def _resume_setup(args: argparse.Namespace) -> tuple[Any, Any, TrainConfig]:
                          f"them out (only {', '.join(free)} and --plain-step may change), or start a new run from "
                          f"its weights: train --weights {path} ...")
     changes = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == CHANGE}
-    config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path), **changes,
-                                   **(_PLAIN if args.plain_step else {}))
+    config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path), **changes)
     data = args.data or ckpt.get("data")
     if not data:
         raise ValueError(f"{path} does not record its data; pass --data")

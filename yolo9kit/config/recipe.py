@@ -10,8 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from yolo9kit.config.step import settings
-from yolo9kit.config.train import DEFAULT_AUGMENT_HYP, LossConfig, TrainConfig, named_settings
+from yolo9kit.config.train import DEFAULT_AUGMENT_HYP, SETTINGS, LossConfig, TrainConfig, named_settings
 from yolo9kit.files import RecordError, read_record
 
 LOGGER = logging.getLogger(__name__)
@@ -39,7 +38,6 @@ SHORT_SETTINGS: Mapping[str, Any] = MappingProxyType({
 SHORT_AUGMENT: Mapping[str, float] = MappingProxyType({"mosaic": 0.5, "mixup": 0.0, "copy_paste": 0.0,
                                                         "scale": 0.5})
 SHORT_CLOSE_MOSAIC = 5  # mosaic off for the last epochs (at most this many): the model ends on whole images
-_SETTINGS = settings(TrainConfig)
 
 
 def read_hyp(path: str | Path) -> dict[str, Any]:
@@ -119,7 +117,7 @@ def apply_short_recipe(config: TrainConfig) -> TrainConfig:
     named, values = named_settings(config), config.to_dict()
     short = {**SHORT_SETTINGS, "close_mosaic": min(SHORT_CLOSE_MOSAIC, config.epochs)}
     changes: dict[str, Any] = {name: value for name, value in short.items()
-                               if name not in named and values[name] == _SETTINGS[name][1].default}
+                               if name not in named and values[name] == SETTINGS[name][1].default}
     given = dict(config.pipeline.hyp or {})  # the augmentation keys given are kept, whatever their value
     changes["hyp"] = {**{k: v for k, v in SHORT_AUGMENT.items() if k not in given}, **given}
     return config.replace(recipe="short", **changes)
