@@ -72,46 +72,37 @@ def device(text: str) -> str:
 
 
 def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-model-gib", type=checked(float, low=0, low_open=True), default=None, help="refuse a "
-                   "weights file whose model takes more (parameters and layer outputs at 256 px; default 4)")
+    """``--max-model-gib``, read in bytes as ``args.max_model_bytes`` (None: the default, models.checkpoint's)."""
+    gib = checked(float, low=0, low_open=True)
+    p.add_argument("--max-model-gib", dest="max_model_bytes", type=lambda text: int(gib(text) * 2**30),
+                   metavar="MAX_MODEL_GIB", help="refuse a weights file whose model takes more (parameters and layer "
+                   "outputs at 256 px; default 4)")
 
 
-def model_limit(args: argparse.Namespace) -> int | None:
-    """``--max-model-gib`` in bytes (None: the default limit, ``yolo9kit.models.checkpoint``)."""
-    return None if args.max_model_gib is None else int(args.max_model_gib * 2**30)
+class Layers(argparse.Action):
+    """``--freeze`` words or ``--activation-checkpointing`` text -> the setting: ``none``, ``backbone`` (``all``:
+    checkpointing), layer indices (0 1 2 or 0,1,2) or, for ``--freeze`` only, one number N: the first N layers."""
 
-
-def activation_checkpointing(text: str) -> str | list[int] | None:
-    """``none``, ``all``, ``backbone`` or comma-separated layer indices -> the API value."""
-    if text.lower() == "none" or text in ("all", "backbone"):
-        return None if text.lower() == "none" else text
-    try:
-        return [int(i) for i in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected none, all, backbone or comma-separated layer indices (e.g. 1,2,3)") from None
-
-
-class Freeze(argparse.Action):
-    """``--freeze`` words -> the setting ``freeze``: N (the first N layers), indices, ``backbone`` or ``none``."""
-
-    def __call__(self, parser, namespace, words: list[str], option_string: str | None = None) -> None:
-        words = [w.lower() for w in words]
-        if words in (["backbone"], ["none"]):
-            value = None if words == ["none"] else "backbone"
-        elif all(w.isdigit() for w in words):
-            value = int(words[0]) if len(words) == 1 else [int(w) for w in words]
+    def __call__(self, parser, namespace, words: list[str] | str, option_string: str | None = None) -> None:
+        freeze = self.dest == "freeze"
+        text = " ".join(words) if freeze else words
+        words = text.lower().replace(",", " ").split()
+        if words in (["none"], ["backbone"]) or (words == ["all"] and not freeze):
+            value = None if words == ["none"] else words[0]
+        elif words and all(w.isdigit() for w in words):
+            value = int(words[0]) if freeze and len(words) == 1 else [int(w) for w in words]
         else:
-            raise argparse.ArgumentError(self, f"{' '.join(words)!r}: expected backbone or none alone, a number of "
-                                               "first layers (10), or layer indices (0 1 2)")
+            raise argparse.ArgumentError(self, f"{text!r}: expected " + (
+                "backbone or none alone, a number of first layers (10), or layer indices (0 1 2)" if freeze else
+                "none, all, backbone or comma-separated layer indices (e.g. 1,2,3)"))
         setattr(namespace, self.dest, value)
 
 
 # How the command line writes the settings that are not a plain number, word or switch (the rest: their declaration)
 _FORMS = {
     "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else setting_type("batch_size")(text)},
-    "activation_checkpointing": {"type": activation_checkpointing, "metavar": "LAYERS"},
-    "freeze": {"action": Freeze, "type": str, "nargs": "+", "metavar": "LAYERS"},
+    "activation_checkpointing": {"action": Layers, "type": str, "metavar": "LAYERS"},
+    "freeze": {"action": Layers, "type": str, "nargs": "+", "metavar": "LAYERS"},
     "cache": {"choices": ("ram", "disk"), "nargs": "?", "const": "ram"},
     "compile": {"nargs": "?", "const": True, "metavar": "MODE"},
     "resume": {"nargs": "?", "const": True},
@@ -203,7 +194,7 @@ def _train(args: argparse.Namespace) -> Any:
             raise ValueError("--data is required (a data.yaml), unless --resume")
         config, data = config_from_args(args), args.data
         model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.pipeline.single_cls),
-                             weights=args.weights, max_model_bytes=model_limit(args), seed=config.run.seed)
+                             weights=args.weights, max_model_bytes=args.max_model_bytes, seed=config.run.seed)
     result = fit(model, data, config)
     main = current().is_main
     if main and result.auto_batch is not None:
@@ -234,7 +225,7 @@ def _resume_setup(args: argparse.Namespace) -> tuple[Any, Any, TrainConfig]:
     data = args.data or ckpt.get("data")
     if not data:
         raise ValueError(f"{path} does not record its data; pass --data")
-    return create_model(path, max_model_bytes=model_limit(args)), data, config  # the run's model; fit loads its state
+    return create_model(path, max_model_bytes=args.max_model_bytes), data, config  # the run's model; fit loads state
 
 
 def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict) -> list[str]:
