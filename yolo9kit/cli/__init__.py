@@ -49,6 +49,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m yolo9kit", description=__doc__.splitlines()[0])
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])  # no verb (a verb's own func replaces it)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log at DEBUG level and show the traceback of an error")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
@@ -86,9 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s",
                         stream=sys.stdout)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     set_cpu_threads()  # at most the cores this process may use (a container's quota included)
     try:
         return int(args.func(args) or 0)

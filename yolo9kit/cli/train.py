@@ -59,15 +59,14 @@ def device(text: str) -> str:
         dev = parse_device(text.strip().lower())
     except RuntimeError:  # a device torch does not know
         dev = None
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if dev is None or dev.type not in ("cpu", "cuda", "mps"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected cpu, cuda, cuda:N or a GPU index N (e.g. 0)")
-    if dev.type == "cuda" and not count:
-        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine; use --device cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not {"cpu": True, "cuda": count > 0, "mps": torch.backends.mps.is_available()}[dev.type]:
+        raise argparse.ArgumentTypeError(f"{text!r}: {dev.type.upper()} is not available on this machine; use "
+                                         "--device cpu")
     if dev.type == "cuda" and (dev.index or 0) >= count:
         raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s), 0..{count - 1}")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine; use --device cpu")
     return text
 
 

@@ -109,8 +109,7 @@ class PipelineConfig(Settings):
 class RunConfig(Settings):
     """Where and how the run goes: the device, the seed, the run folder, validation, saving and logging."""
 
-    device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
-                                 resume=CHANGE)
+    device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device", resume=CHANGE)
     seed: int = declare(0, "seed of the initial weights (a model fit builds), the data order and the augmentation",
                         flag="--seed", integer=True)
     deterministic: bool = declare(False, "deterministic CUDA kernels, no cuDNN autotuning: the same numbers on the "
