@@ -1,5 +1,4 @@
-"""``python -m yolo9kit detect`` and ``val``: detect_dual.py and val_dual.py, with their flags and outputs in
-``<project>/<name>``: annotated images and videos, labels/*.txt and speed.json; the metrics, plots and results.json."""
+"""``python -m yolo9kit detect`` and ``val``: detect_dual.py and val_dual.py, their flags and their outputs."""
 
 from __future__ import annotations
 

@@ -79,8 +79,7 @@ def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
 
 
 class Layers(argparse.Action):
-    """``--freeze`` words or ``--activation-checkpointing`` text -> the setting: ``none``, ``backbone`` (``all``:
-    checkpointing), layer indices (0 1 2 or 0,1,2) or, for ``--freeze`` only, one number N: the first N layers."""
+    """``--freeze`` words, ``--activation-checkpointing`` text -> the setting: none, backbone, all, indices, N."""
 
     def __call__(self, parser, namespace, words: list[str] | str, option_string: str | None = None) -> None:
         freeze = self.dest == "freeze"

@@ -1,5 +1,4 @@
-"""What a run trains with: official hyp files (``data/hyps/hyp.scratch-high.yaml``: reading them, their keys)
-and the recipe, train_dual.py's or the kit's for runs too short for it (docs/training.md, the recipe)."""
+"""What a run trains with: official hyp files (reading them, their keys) and the recipe (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -112,8 +111,7 @@ def choose_recipe(config: TrainConfig, images: int | None, saved: Mapping[str, A
 
 
 def apply_short_recipe(config: TrainConfig) -> TrainConfig:
-    """The short recipe over the settings of ``config`` neither given by name (``named_settings``) nor changed
-    from their default, and the augmentation keys its ``hyp`` does not name (idempotent)."""
+    """The short recipe over the settings and augmentation keys of ``config`` neither named nor changed (idempotent)."""
     named, values = named_settings(config), config.to_dict()
     short = {**SHORT_SETTINGS, "close_mosaic": min(SHORT_CLOSE_MOSAIC, config.epochs)}
     changes: dict[str, Any] = {name: value for name, value in short.items()

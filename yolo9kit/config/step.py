@@ -121,8 +121,7 @@ FAST_SWITCHES = ("channels_last", "lean_activations", "fused_optimizer")
 
 
 def check_layers(value: Any, owner: str, name: str) -> int | str | tuple[int, ...] | None:
-    """``freeze`` or ``activation_checkpointing`` in its stored form (a list a tuple), else a ValueError naming
-    ``owner``: None, "backbone", layer indices, "all" (checkpointing) or the first N layers (freeze; 0 is None)."""
+    """``freeze`` or ``activation_checkpointing`` as stored (a list as a tuple), else a ValueError naming ``owner``."""
     freeze = name == "freeze"
     if freeze and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value or None  # 0, the official default, freezes nothing
