@@ -34,8 +34,7 @@ SHORT_SETTINGS: Mapping[str, Any] = MappingProxyType({
     "warmup_min_batches": 0,
 })
 # Lighter augmentation: mixup and copy-paste slow a model that has few epochs to learn the objects at all.
-SHORT_AUGMENT: Mapping[str, float] = MappingProxyType({"mosaic": 0.5, "mixup": 0.0, "copy_paste": 0.0,
-                                                        "scale": 0.5})
+SHORT_AUGMENT: Mapping[str, float] = MappingProxyType({"mosaic": 0.5, "mixup": 0.0, "copy_paste": 0.0, "scale": 0.5})
 SHORT_CLOSE_MOSAIC = 5  # mosaic off for the last epochs (at most this many): the model ends on whole images
 
 
