@@ -186,8 +186,7 @@ class TrainConfig(Settings):
                                 f"{type(value).__name__}")
         unknown = sorted(set(values) - set(SETTINGS))
         if unknown:
-            raise TypeError(f"TrainConfig() got unexpected settings {unknown} (the settings: "
-                            "yolo9kit.config.step.settings(TrainConfig))")
+            raise TypeError(f"TrainConfig() got unexpected settings {unknown} (known: yolo9kit.config.train.SETTINGS)")
         if values.get("batch_size") in ("auto", -1):  # -1: the official --batch-size -1
             values["batch_size"] = "auto"
         elif "batch_size" in values and SETTINGS["batch_size"][2].problem(values["batch_size"]):
