@@ -5,7 +5,6 @@ An error is one line on stderr (a traceback with ``-v``); exit codes: docs/fault
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import re
 import sys
@@ -50,6 +49,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m yolo9kit", description=__doc__.splitlines()[0])
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])  # no verb (a verb's own func replaces it)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log at DEBUG level and show the traceback of an error")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
@@ -79,11 +79,7 @@ def _add_extra(verbs: argparse._SubParsersAction, name: str) -> None:
     except ValueError as e:
         p = verbs.add_parser(name, help=f"(not installed) {e}")
         p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=functools.partial(_missing, e))
-
-
-def _missing(error: ValueError, args: argparse.Namespace) -> int:
-    raise error
+        p.set_defaults(func=lambda args: load_extra("yolo9kit.commands", name, EXTRA_VERBS[name]))  # the same error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,9 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s",
                         stream=sys.stdout)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     set_cpu_threads()  # at most the cores this process may use (a container's quota included)
     try:
         return int(args.func(args) or 0)
@@ -238,9 +231,8 @@ def run_profile(args: argparse.Namespace) -> int:
         df.to_csv(args.csv, index=False)
         print(f"sweep written to {args.csv}")
     if args.nominal_batch_size:
-        print()
-        print(plan(steps[0], args.nominal_batch_size, gpu=gpu, margin=args.margin,
-                   method="estimated" if args.method == "estimated" else "auto"))
+        method = "estimated" if args.method == "estimated" else "auto"
+        print(f"\n{plan(steps[0], args.nominal_batch_size, gpu=gpu, margin=args.margin, method=method)}")
     return 0
 
 

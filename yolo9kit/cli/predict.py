@@ -1,5 +1,4 @@
-"""``python -m yolo9kit detect`` and ``val``: detect_dual.py and val_dual.py, with their flags and outputs in
-``<project>/<name>``: annotated images and videos, labels/*.txt and speed.json; the metrics, plots and results.json."""
+"""``python -m yolo9kit detect`` and ``val``: detect_dual.py and val_dual.py, their flags and their outputs."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from yolo9kit.cli.train import add_model_limit_flag, add_setting_flag, checked, device, model_limit
+from yolo9kit.cli.train import add_model_limit_flag, add_setting_flag, checked, device
 from yolo9kit.config import PREDICT_NMS, VAL_NMS, NMSConfig, SaveConfig
 from yolo9kit.files import write_text_atomically
 from yolo9kit.models import load_model
@@ -83,7 +82,7 @@ def run_detect(args: argparse.Namespace) -> int:
                     agnostic=args.agnostic_nms)
     save = SaveConfig(save_dir, txt=args.save_txt, conf=args.save_conf, images=not args.nosave,
                       line_width=args.line_thickness)
-    model = load_model(args.weights, model_limit(args))
+    model = load_model(args.weights, args.max_model_bytes)
     try:  # a stop signal raises, so that the video being written is closed (playable)
         with StopSignals() as stop, stop.raising():
             results = predict(model, args.source if len(args.source) > 1 else args.source[0], imgsz=imgsz, nms=nms,
@@ -118,7 +117,7 @@ def _print_line(result, number: int, inputs: int) -> None:
 
 def run_val(args: argparse.Namespace) -> int:
     speed_task = args.task == "speed"
-    model = load_model(args.weights, model_limit(args))  # first: a wrong --weights leaves no empty run folder behind
+    model = load_model(args.weights, args.max_model_bytes)  # first: a wrong --weights leaves no empty run folder behind
     save_dir = increment_path(Path(args.project) / args.name, args.exist_ok)  # made once there is a result
     nms = NMSConfig(conf=0.25 if speed_task else args.conf, iou=0.45 if speed_task else args.iou,
                     max_det=args.max_det)  # the official speed task times the detect thresholds

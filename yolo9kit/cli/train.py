@@ -16,7 +16,7 @@ import torch
 from yolo9kit.config import FAST_SWITCHES, LossConfig, TrainConfig
 from yolo9kit.config.recipe import hyp_settings, read_hyp
 from yolo9kit.config.step import CHANGE, KEEP, Declared, settings
-from yolo9kit.config.train import LOGGERS
+from yolo9kit.config.train import LOGGERS, SETTINGS
 from yolo9kit.env import load_extra, parse_device
 from yolo9kit.models import create_model
 from yolo9kit.models.checkpoint import read_checkpoint
@@ -26,7 +26,6 @@ from yolo9kit.train.state import current, find_resume_checkpoint, finish_process
 
 LOGGER = logging.getLogger(__name__)
 DEFAULT_MODEL = "yolov9-t"
-SETTINGS = settings(TrainConfig)
 
 
 def checked(kind: type, **rule: Any) -> functools.partial:
@@ -60,60 +59,48 @@ def device(text: str) -> str:
         dev = parse_device(text.strip().lower())
     except RuntimeError:  # a device torch does not know
         dev = None
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if dev is None or dev.type not in ("cpu", "cuda", "mps"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected cpu, cuda, cuda:N or a GPU index N (e.g. 0)")
-    if dev.type == "cuda" and not count:
-        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine; use --device cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not {"cpu": True, "cuda": count > 0, "mps": torch.backends.mps.is_available()}[dev.type]:
+        raise argparse.ArgumentTypeError(f"{text!r}: {dev.type.upper()} is not available on this machine; use "
+                                         "--device cpu")
     if dev.type == "cuda" and (dev.index or 0) >= count:
         raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s), 0..{count - 1}")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine; use --device cpu")
     return text
 
 
 def add_model_limit_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-model-gib", type=checked(float, low=0, low_open=True), default=None, help="refuse a "
-                   "weights file whose model takes more (parameters and layer outputs at 256 px; default 4)")
+    """``--max-model-gib``, read in bytes as ``args.max_model_bytes`` (None: the default, models.checkpoint's)."""
+    gib = checked(float, low=0, low_open=True)
+    p.add_argument("--max-model-gib", dest="max_model_bytes", type=lambda text: int(gib(text) * 2**30),
+                   metavar="MAX_MODEL_GIB", help="refuse a weights file whose model takes more (parameters and layer "
+                   "outputs at 256 px; default 4)")
 
 
-def model_limit(args: argparse.Namespace) -> int | None:
-    """``--max-model-gib`` in bytes (None: the default limit, ``yolo9kit.models.checkpoint``)."""
-    return None if args.max_model_gib is None else int(args.max_model_gib * 2**30)
+class Layers(argparse.Action):
+    """``--freeze`` words, ``--activation-checkpointing`` text -> the setting: none, backbone, all, indices, N."""
 
-
-def activation_checkpointing(text: str) -> str | list[int] | None:
-    """``none``, ``all``, ``backbone`` or comma-separated layer indices -> the API value."""
-    if text.lower() == "none" or text in ("all", "backbone"):
-        return None if text.lower() == "none" else text
-    try:
-        return [int(i) for i in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected none, all, backbone or comma-separated layer indices (e.g. 1,2,3)") from None
-
-
-class Freeze(argparse.Action):
-    """``--freeze`` words -> the setting ``freeze``: N (the first N layers), indices, ``backbone`` or ``none``."""
-
-    def __call__(self, parser, namespace, words: list[str], option_string: str | None = None) -> None:
-        words = [w.lower() for w in words]
-        if words in (["backbone"], ["none"]):
-            value = None if words == ["none"] else "backbone"
-        elif all(w.isdigit() for w in words):
-            value = int(words[0]) if len(words) == 1 else [int(w) for w in words]
+    def __call__(self, parser, namespace, words: list[str] | str, option_string: str | None = None) -> None:
+        freeze = self.dest == "freeze"
+        text = " ".join(words) if freeze else words
+        words = text.lower().replace(",", " ").split()
+        if words in (["none"], ["backbone"]) or (words == ["all"] and not freeze):
+            value = None if words == ["none"] else words[0]
+        elif words and all(w.isdigit() for w in words):
+            value = int(words[0]) if freeze and len(words) == 1 else [int(w) for w in words]
         else:
-            raise argparse.ArgumentError(self, f"{' '.join(words)!r}: expected backbone or none alone, a number of "
-                                               "first layers (10), or layer indices (0 1 2)")
+            raise argparse.ArgumentError(self, f"{text!r}: expected " + (
+                "backbone or none alone, a number of first layers (10), or layer indices (0 1 2)" if freeze else
+                "none, all, backbone or comma-separated layer indices (e.g. 1,2,3)"))
         setattr(namespace, self.dest, value)
 
 
 # How the command line writes the settings that are not a plain number, word or switch (the rest: their declaration)
 _FORMS = {
-    "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else _parsed(
-        int, SETTINGS["batch_size"][2], text)},
-    "activation_checkpointing": {"type": activation_checkpointing, "metavar": "LAYERS"},
-    "freeze": {"action": Freeze, "type": str, "nargs": "+", "metavar": "LAYERS"},
+    "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else setting_type("batch_size")(text)},
+    "activation_checkpointing": {"action": Layers, "type": str, "metavar": "LAYERS"},
+    "freeze": {"action": Layers, "type": str, "nargs": "+", "metavar": "LAYERS"},
     "cache": {"choices": ("ram", "disk"), "nargs": "?", "const": "ram"},
     "compile": {"nargs": "?", "const": True, "metavar": "MODE"},
     "resume": {"nargs": "?", "const": True},
@@ -169,11 +156,11 @@ def add_setting_flag(p: argparse.ArgumentParser, name: str, of: type = TrainConf
 
 
 def given_settings(args: argparse.Namespace) -> dict:
-    """{setting: value} of the setting flags given on the command line (in TrainConfig's form)."""
+    """{setting: value} of the setting flags given on the command line (in TrainConfig's form), --plain-step's too."""
     out = {name: getattr(args, name) for name, (_, _, declared) in SETTINGS.items()
            if declared.flag is not None and getattr(args, name, None) is not None}
     out.update(("schedule", schedule) for flag, schedule in _SCHEDULES.items() if getattr(args, flag))
-    return out
+    return {**out, **(_PLAIN if args.plain_step else {})}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -181,7 +168,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.label_smoothing is not None:
         LOGGER.warning("--label-smoothing %g is ignored: the official dual loss never applies it", args.label_smoothing)
     from_hyp = {"recipe": "official", **hyp_settings(read_hyp(args.hyp), LossConfig())} if args.hyp else {}
-    return TrainConfig(**{**from_hyp, **given_settings(args)}, **(_PLAIN if args.plain_step else {}))
+    return TrainConfig(**{**from_hyp, **given_settings(args)})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,7 +192,7 @@ def _train(args: argparse.Namespace) -> Any:
             raise ValueError("--data is required (a data.yaml), unless --resume")
         config, data = config_from_args(args), args.data
         model = create_model(args.model or DEFAULT_MODEL, names=class_names(data, config.pipeline.single_cls),
-                             weights=args.weights, max_model_bytes=model_limit(args), seed=config.run.seed)
+                             weights=args.weights, max_model_bytes=args.max_model_bytes, seed=config.run.seed)
     result = fit(model, data, config)
     main = current().is_main
     if main and result.auto_batch is not None:
@@ -232,12 +219,11 @@ def _resume_setup(args: argparse.Namespace) -> tuple[Any, Any, TrainConfig]:
                          f"them out (only {', '.join(free)} and --plain-step may change), or start a new run from "
                          f"its weights: train --weights {path} ...")
     changes = {k: v for k, v in given_settings(args).items() if SETTINGS[k][2].resume == CHANGE}
-    config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path), **changes,
-                                   **(_PLAIN if args.plain_step else {}))
+    config = TrainConfig.from_dict(ckpt["train_config"], resume=str(path), **changes)
     data = args.data or ckpt.get("data")
     if not data:
         raise ValueError(f"{path} does not record its data; pass --data")
-    return create_model(path, max_model_bytes=model_limit(args)), data, config  # the run's model; fit loads its state
+    return create_model(path, max_model_bytes=args.max_model_bytes), data, config  # the run's model; fit loads state
 
 
 def _refused_on_resume(args: argparse.Namespace, saved: dict, model_config: dict) -> list[str]:

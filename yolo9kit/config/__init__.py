@@ -26,8 +26,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class NMSConfig(Settings):
-    """Which boxes survive non-maximum suppression; a field left None takes the official value of the function it
-    is passed to: :data:`PREDICT_NMS` in ``predict`` (detect_dual.py), :data:`VAL_NMS` in ``evaluate``."""
+    """Which boxes survive NMS; a None field takes the official value: PREDICT_NMS in predict, VAL_NMS in evaluate."""
 
     conf: float | None = declare(None, "a box needs a class score above this", flag="--conf-thres", low=0, high=1)
     iou: float | None = declare(None, "a box overlapping a higher-scored one by more is dropped", flag="--iou-thres",

@@ -1,5 +1,4 @@
-"""What a run trains with: official hyp files (``data/hyps/hyp.scratch-high.yaml``: reading them, their keys)
-and the recipe, train_dual.py's or the kit's for runs too short for it (docs/training.md, the recipe)."""
+"""What a run trains with: official hyp files (reading them, their keys) and the recipe (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from yolo9kit.config.step import settings
-from yolo9kit.config.train import DEFAULT_AUGMENT_HYP, LossConfig, TrainConfig, named_settings
+from yolo9kit.config.train import DEFAULT_AUGMENT_HYP, SETTINGS, LossConfig, TrainConfig, named_settings
 from yolo9kit.files import RecordError, read_record
 
 LOGGER = logging.getLogger(__name__)
@@ -36,10 +34,8 @@ SHORT_SETTINGS: Mapping[str, Any] = MappingProxyType({
     "warmup_min_batches": 0,
 })
 # Lighter augmentation: mixup and copy-paste slow a model that has few epochs to learn the objects at all.
-SHORT_AUGMENT: Mapping[str, float] = MappingProxyType({"mosaic": 0.5, "mixup": 0.0, "copy_paste": 0.0,
-                                                        "scale": 0.5})
+SHORT_AUGMENT: Mapping[str, float] = MappingProxyType({"mosaic": 0.5, "mixup": 0.0, "copy_paste": 0.0, "scale": 0.5})
 SHORT_CLOSE_MOSAIC = 5  # mosaic off for the last epochs (at most this many): the model ends on whole images
-_SETTINGS = settings(TrainConfig)
 
 
 def read_hyp(path: str | Path) -> dict[str, Any]:
@@ -114,12 +110,11 @@ def choose_recipe(config: TrainConfig, images: int | None, saved: Mapping[str, A
 
 
 def apply_short_recipe(config: TrainConfig) -> TrainConfig:
-    """The short recipe over the settings of ``config`` neither given by name (``named_settings``) nor changed
-    from their default, and the augmentation keys its ``hyp`` does not name (idempotent)."""
+    """The short recipe over the settings and augmentation keys of ``config`` neither named nor changed (idempotent)."""
     named, values = named_settings(config), config.to_dict()
     short = {**SHORT_SETTINGS, "close_mosaic": min(SHORT_CLOSE_MOSAIC, config.epochs)}
     changes: dict[str, Any] = {name: value for name, value in short.items()
-                               if name not in named and values[name] == _SETTINGS[name][1].default}
+                               if name not in named and values[name] == SETTINGS[name][1].default}
     given = dict(config.pipeline.hyp or {})  # the augmentation keys given are kept, whatever their value
     changes["hyp"] = {**{k: v for k, v in SHORT_AUGMENT.items() if k not in given}, **given}
     return config.replace(recipe="short", **changes)

@@ -120,25 +120,18 @@ Freeze = int | str | Sequence[int] | None
 FAST_SWITCHES = ("channels_last", "lean_activations", "fused_optimizer")
 
 
-def check_freeze(value: Freeze, owner: str) -> int | str | tuple[int, ...] | None:
-    """The freeze setting in its stored form (0 is None, a list a tuple), else a ValueError naming ``owner``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+def check_layers(value: Any, owner: str, name: str) -> int | str | tuple[int, ...] | None:
+    """``freeze`` or ``activation_checkpointing`` as stored (a list as a tuple), else a ValueError naming ``owner``."""
+    freeze = name == "freeze"
+    if freeze and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value or None  # 0, the official default, freezes nothing
-    return _layers(value, ("backbone",), f"{owner}.freeze", "a number of first layers (int >= 0), 'backbone'")
-
-
-def check_activation_checkpointing(value: Any, owner: str) -> tuple[int, ...] | str | None:
-    """None, "backbone", "all" or a list of layer indices (stored as a tuple), else a ValueError naming ``owner``."""
-    return _layers(value, ("backbone", "all"), f"{owner}.activation_checkpointing", "'backbone', 'all'")
-
-
-def _layers(value: Any, words: tuple[str, ...], name: str, expected: str) -> tuple[int, ...] | str | None:
-    if value is None or value in words:
+    if value is None or value in (("backbone",) if freeze else ("backbone", "all")):
         return value
     if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and not isinstance(i, bool)
                                                           and i >= 0 for i in value):
         return tuple(value)
-    raise ValueError(f"{name}={value!r}: expected None, {expected} or a non-empty list of layer indices >= 0")
+    expected = "a number of first layers (int >= 0), 'backbone'" if freeze else "'backbone', 'all'"
+    raise ValueError(f"{owner}.{name}={value!r}: expected None, {expected} or a non-empty list of layer indices >= 0")
 
 
 def precision_name(amp: str) -> str:
@@ -182,10 +175,8 @@ class StepConfig(Settings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        # hashable: the estimator cache is keyed by steps
-        object.__setattr__(self, "activation_checkpointing",
-                           check_activation_checkpointing(self.activation_checkpointing, "StepConfig"))
-        object.__setattr__(self, "freeze", check_freeze(self.freeze, "StepConfig"))
+        for name in ("activation_checkpointing", "freeze"):  # hashable: the estimator cache is keyed by steps
+            object.__setattr__(self, name, check_layers(getattr(self, name), "StepConfig", name))
 
     @property
     def peak_imgsz(self) -> int:

@@ -109,8 +109,7 @@ class PipelineConfig(Settings):
 class RunConfig(Settings):
     """Where and how the run goes: the device, the seed, the run folder, validation, saving and logging."""
 
-    device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device",
-                                 resume=CHANGE)
+    device: str | None = declare(None, "cpu, 0, cuda:1 (default: first GPU, else CPU)", flag="--device", resume=CHANGE)
     seed: int = declare(0, "seed of the initial weights (a model fit builds), the data order and the augmentation",
                         flag="--seed", integer=True)
     deterministic: bool = declare(False, "deterministic CUDA kernels, no cuDNN autotuning: the same numbers on the "
@@ -185,18 +184,17 @@ class TrainConfig(Settings):
             if not isinstance(value, _PARTS[name]):
                 raise TypeError(f"TrainConfig({name}=...): expected a {_PARTS[name].__name__}, got "
                                 f"{type(value).__name__}")
-        unknown = sorted(set(values) - set(_SETTINGS))
+        unknown = sorted(set(values) - set(SETTINGS))
         if unknown:
-            raise TypeError(f"TrainConfig() got unexpected settings {unknown} (the settings: "
-                            "yolo9kit.config.step.settings(TrainConfig))")
+            raise TypeError(f"TrainConfig() got unexpected settings {unknown} (known: yolo9kit.config.train.SETTINGS)")
         if values.get("batch_size") in ("auto", -1):  # -1: the official --batch-size -1
             values["batch_size"] = "auto"
-        elif "batch_size" in values and _SETTINGS["batch_size"][2].problem(values["batch_size"]):
+        elif "batch_size" in values and SETTINGS["batch_size"][2].problem(values["batch_size"]):
             raise ValueError(f"TrainConfig.batch_size={values['batch_size']!r}: expected an integer >= 1, or \"auto\" "
                              "(also -1) to size it from the memory estimate")
         changes: dict[str | None, dict[str, Any]] = {None: {}, **{name: {} for name in _PARTS}}
         for name, value in values.items():
-            holder, f, _ = _SETTINGS[name]
+            holder, f, _ = SETTINGS[name]
             if name != "batch_size":
                 check_setting("TrainConfig", name, f, value)
             changes[holder][f.name] = value
@@ -206,7 +204,7 @@ class TrainConfig(Settings):
             if f.name in parts:  # the part, remembering the settings given by name (named_settings)
                 value = dataclasses.replace(parts[f.name], **changes[f.name])
                 object.__setattr__(value, "_named", getattr(parts[f.name], "_named", frozenset())
-                                   | {n for n in values if _SETTINGS[n][0] == f.name})
+                                   | {n for n in values if SETTINGS[n][0] == f.name})
             object.__setattr__(self, f.name, value)
         micro = self.step.batch_size
         if self.batch_size == "auto" and micro is not None:
@@ -219,7 +217,7 @@ class TrainConfig(Settings):
     def to_dict(self) -> dict[str, Any]:
         """Every setting by its name, as plain values for checkpoints and settings.yaml; callbacks are left out."""
         out: dict[str, Any] = {}
-        for name, (holder, f, _) in _SETTINGS.items():
+        for name, (holder, f, _) in SETTINGS.items():
             value = getattr(self if holder is None else getattr(self, holder), f.name)
             if dataclasses.is_dataclass(value):  # the loss
                 value = dataclasses.asdict(value)
@@ -234,14 +232,14 @@ class TrainConfig(Settings):
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], **overrides: Any) -> TrainConfig:
         """Inverse of ``to_dict``; unknown keys are ignored (settings the kit no longer has), ``overrides`` win."""
-        kwargs = {k: v for k, v in values.items() if k in _SETTINGS}
+        kwargs = {k: v for k, v in values.items() if k in SETTINGS}
         if isinstance(kwargs.get("loss"), Mapping):
             kwargs["loss"] = LossConfig(**kwargs["loss"])
         return cls(**{**kwargs, **overrides})
 
 
 _PARTS = {"step": StepConfig, "optim": OptimConfig, "pipeline": PipelineConfig, "run": RunConfig}
-_SETTINGS = settings(TrainConfig)
+SETTINGS = settings(TrainConfig)  # setting name -> (the part holding it, its field, its Declared)
 
 
 def named_settings(config: TrainConfig) -> frozenset[str]:

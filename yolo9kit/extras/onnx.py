@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from yolo9kit.cli.train import add_model_limit_flag, checked, model_limit
+from yolo9kit.cli.train import add_model_limit_flag, checked
 from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
 from yolo9kit.detections import MAX_WH, non_max_suppression
 from yolo9kit.files import refuse_own_input, write_text_atomically
@@ -319,7 +319,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(f"{Path(args.weights).stem}.onnx")
     refuse_own_input(out, [args.weights])  # before the weights are read: export X.pt --out X.pt
     imgsz = args.imgsz * 2 if len(args.imgsz) == 1 else args.imgsz
-    report = export(load_model(args.weights, model_limit(args)), out, imgsz=imgsz, nms=nms, onnx=settings)
+    report = export(load_model(args.weights, args.max_model_bytes), out, imgsz=imgsz, nms=nms, onnx=settings)
     print(f"Wrote {report.path}: input images {report.input_shape}, outputs {', '.join(report.outputs)}, "
           f"opset {report.opset}")
     print(f"Checked: ONNX Runtime = PyTorch within {report.atol:g} (max abs diff {report.max_abs_diff:.3g}); "

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from yolo9kit.config.step import Freeze, check_activation_checkpointing, check_freeze
+from yolo9kit.config.step import Freeze, check_layers
 from yolo9kit.models import layers as L
 from yolo9kit.models.heads import DDetect, DualDDetect, DualOutput
 
@@ -226,7 +226,7 @@ class DetectionModel(nn.Module):
         """Recompute the activations of ``layers`` in backward instead of storing them (training mode with
         gradients only; outputs, gradients and BatchNorm statistics unchanged): None (off), "all" (every layer
         with parameters), "backbone" (the yaml's backbone rows) or layer indices. Returns the indices, sorted."""
-        layers = check_activation_checkpointing(layers, "DetectionModel")
+        layers = check_layers(layers, "DetectionModel", "activation_checkpointing")
         with_params = [m.i for m in self.model if any(True for _ in m.parameters())]
         if layers in ("all", "backbone"):
             chosen = [i for i in with_params if layers == "all" or i < len(self.yaml["backbone"])]
@@ -263,7 +263,7 @@ def frozen_layer_indices(model: nn.Module, freeze: Freeze) -> list[int]:
     """The layer indices ``freeze`` names for a DetectionModel (a DDP wrapper unwrapped first): None or 0
     (nothing), N (layers 0..N-1, official ``--freeze N``), "backbone" (the yaml's ``backbone:`` rows) or a list
     of layer indices (official ``--freeze i j k``). ValueError: no layer list, or an index out of range."""
-    freeze = check_freeze(freeze, "TrainConfig")
+    freeze = check_layers(freeze, "TrainConfig", "freeze")
     if not freeze:
         return []
     layers = getattr(model, "model", None)

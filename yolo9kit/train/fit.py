@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -81,7 +82,7 @@ class _Run:
     pictures: RunPictures = field(default_factory=lambda: RunPictures(None, None, []))
 
     @property
-    def run_dir(self) -> Path | None:
+    def run_dir(self) -> Path | None:  # None exactly on the ranks that do not write (DDP rank > 0)
         return self.folder.path
 
 
@@ -121,8 +122,7 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     dist = state.current()
     folder = rundir.open_run(config, dist)
     try:
-        if folder.ckpt is not None:
-            data = rundir.resume_data(data, folder)
+        data = rundir.resume_data(data, folder)  # the data itself for a new run
         config = rundir.settle_settings(config, folder, rundir.training_images(data, train_loader))
         if isinstance(model, (str, Path)):
             names = rundir.class_names(data, config.pipeline.single_cls)
@@ -138,9 +138,6 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             run.validate_fn = EMAValidation(data, val_loader or make_loader(data, "val", run.config, dist),
                                             run.config, device=run.trainer.device, half=half)
         _open_records(run, data, train_loader)  # every check passed: from here on the run writes
-        if folder.ckpt:  # the random states restored last, so that nothing of the set-up consumes them
-            state.restore_rng(folder.ckpt["rng"], run.trainer.device)
-            LOGGER.info("resuming %s in epoch %d of %d", folder.path, run.progress.epoch + 1, config.epochs)
         interrupted_by = _epochs(run, train_loader)
     except NonFiniteLossError as e:
         rundir.close_failed(folder, e)
@@ -149,7 +146,9 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         rundir.close_failed(folder, e)
         raise
     trainer, progress = run.trainer, run.progress
-    rundir.close_run(folder, interrupted_by, progress.epoch, config.epochs)
+    ended = "interrupted" if interrupted_by else "finished" if progress.epoch == config.epochs else "stopped early"
+    reason = interrupted_by or ("patience" if ended == "stopped early" else None)
+    rundir.close_run(folder, ended, reason, progress.epoch, config.epochs)
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, folder.path, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted=interrupted_by is not None,
                      results=run.results, optimizer_steps=trainer.optimizer_steps,
@@ -184,14 +183,17 @@ def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss
 
 def _open_records(run: _Run, data, loader: Iterable) -> None:
     """The run begun: auto_batch.json, settings.yaml, the callbacks (loggers), the pictures (``plots``)."""
-    folder = run.folder
+    folder, config = run.folder, run.config
+    if folder.path is None:  # rank > 0 writes nothing and calls no callback
+        return
     folder.begin()
-    if run.auto_batch is not None and folder.path is not None:
+    if run.auto_batch is not None:
         folder.files.append(run.auto_batch.save(folder.path))  # removed with the folder if the run fails early
     nb = len(loader)  # type: ignore[arg-type]
-    records.write_settings(folder.path, run.config, run.trainer, data, nb, folder.recipe, folder.files)
-    rundir.open_callbacks(folder, run.config)
-    if run.config.run.plots and folder.path is not None:
+    records.write_settings(folder.path, config, run.trainer, data, nb, folder.recipe, folder.files)
+    loggers = [logger(config, folder.path, folder.ckpt is not None, folder.files) for logger in folder.loggers]
+    folder.callbacks = [*loggers, SimpleNamespace(**(config.run.callbacks or {}))]  # the loggers read settings.yaml
+    if config.run.plots:
         names = getattr(getattr(loader, "dataset", None), "names", None) or \
             getattr(unwrap(run.trainer.model), "names", None)
         run.pictures = RunPictures(folder.path, names, folder.files)
@@ -201,19 +203,21 @@ def _open_records(run: _Run, data, loader: Iterable) -> None:
 def _epochs(run: _Run, loader: Iterable) -> str | None:
     """The epoch loop; returns what interrupted it (``FitResult.interrupted_by``), None when it ran out."""
     config, progress = run.config, run.progress
+    if run.folder.ckpt:  # the random states restored last, so that nothing of the set-up consumes them
+        state.restore_rng(run.folder.ckpt["rng"], run.trainer.device)
+        LOGGER.info("resuming %s in epoch %d of %d", run.run_dir, progress.epoch + 1, config.epochs)
     nb = len(loader)  # type: ignore[arg-type]
     at = _Position(epoch=progress.epoch)
     hooks = [hook for hook in run.folder.callbacks if getattr(hook, "on_batch", None)]
     on_batch = functools.partial(records.call_back, hooks, "on_batch") if hooks else None
     with StopSignals(install=not run.dist.distributed) as signals, \
-            cudnn_autotune(run.trainer.device, not config.run.deterministic), \
-            state.deterministic_kernels(config.run.deterministic):
+            cudnn_autotune(run.trainer.device, deterministic=config.run.deterministic):
         try:
             _validate_unvalidated_end(run)
             for epoch in range(progress.epoch, config.epochs):
                 at = _Position("training", epoch)
                 progress.epoch = epoch
-                if run.dist.is_main and run.run_dir:  # room for the epoch's checkpoints: a full disk costs no epoch
+                if run.run_dir:  # room for the epoch's checkpoints: a full disk costs no epoch
                     names = rundir.epoch_files(config, epoch, run.validate_fn is not None)
                     rundir.check_space_for_epoch(run.run_dir, run.trainer, names)
                 set_epoch_data(loader, config, epoch)
@@ -256,7 +260,7 @@ def _save_interrupted(run: _Run, at: _Position, nb: int, reason: str) -> None:
         progress.ni = max(progress.last_opt_step + 1, progress.epoch * nb)
         LOGGER.warning("%s in epoch %d of %d, after %d of its %d batches: saving last.pt", stopped_by(reason),
                        progress.epoch + 1, run.config.epochs, progress.ni - progress.epoch * nb, nb)
-        if run.dist.is_main and run.run_dir:
+        if run.run_dir:
             _save(run, "last.pt", at.rng_epoch_start)
         return
     if at.phase == "validating":
@@ -280,39 +284,36 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
     checkpoints (``_keep``), then its results.csv row."""
     record = EpochRecord.from_stats(at.epoch, at.stats, at.metrics, run.dist.world_size)
     run.progress.epoch, run.progress.ni = at.epoch + 1, (at.epoch + 1) * nb
-    if run.dist.is_main:
+    if run.run_dir:
         if not run.results or run.results[-1]["epoch"] != at.epoch:
             run.results.append(record.row())  # plain rows: checkpoints load with weights_only=True
         _keep(run, at.epoch, at.metrics)
-        if run.run_dir:
-            records.append_results(run.run_dir / "results.csv", record)
+        records.append_results(run.run_dir / "results.csv", record)
     return record
 
 
 def _keep(run: _Run, epoch: int, metrics: dict, period: bool = True) -> None:
     """best.pt when ``metrics`` earn it (before last.pt, which records the best fitness), epoch<n>.pt
-    (``period``), then last.pt: the commit point."""
+    (``period``), then last.pt: the commit point. Rank 0 only."""
     best = rundir.earns_best(metrics.get("fitness"), run.progress.best_fitness, run.run_dir)
     if best:
         run.progress.best_fitness, run.progress.best_epoch = float(metrics["fitness"]), epoch
-    if run.run_dir:
-        rng = state.capture_rng(run.trainer.device)
-        for name in rundir.epoch_files(run.config, epoch, best, period):
-            _save(run, name, rng)
+    rng = state.capture_rng(run.trainer.device)
+    for name in rundir.epoch_files(run.config, epoch, best, period):
+        _save(run, name, rng)
 
 
 def _validate_unvalidated_end(run: _Run) -> None:
     """A run whose last epoch was saved without its metrics (stopped in its validation) is validated on resume."""
     progress, last = run.progress, run.results[-1] if run.results else {}
-    if progress.epoch != run.config.epochs or not run.dist.is_main or run.validate_fn is None or \
+    if progress.epoch != run.config.epochs or not run.run_dir or run.validate_fn is None or \
             last.get("fitness") is not None or last.get("epoch") != progress.epoch - 1:
         return
     LOGGER.info("epoch %d was saved before its validation finished: validating it now", progress.epoch)
     metrics = _validate(run, progress.epoch - 1)
     last.update(records.metric_columns(metrics))
     _keep(run, progress.epoch - 1, metrics, period=False)
-    if run.run_dir:
-        records.write_results(run.run_dir / "results.csv", run.results)
+    records.write_results(run.run_dir / "results.csv", run.results)
 
 
 def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:
@@ -345,8 +346,7 @@ def make_loader(data, split: str, config: TrainConfig, dist: DistInfo, device: t
     d = config.pipeline
     common = dict(imgsz=config.step.imgsz, workers=d.workers, cache=d.cache, single_cls=d.single_cls)
     if split != "train":
-        return create_dataloader(data, split, batch_size=2 * config.batch_size, augment=False,
-                                 **common)
+        return create_dataloader(data, split, batch_size=2 * config.batch_size, augment=False, **common)
     on_device = (device is not None and device.type == "cuda") if d.colour_on_device is None else d.colour_on_device
     return create_dataloader(data, "train", batch_size=config.batch_size // dist.world_size, augment=True,
                              hyp=d.augment_hyp, seed=config.run.seed,  # one seed: the ranks split one order
@@ -380,5 +380,4 @@ class EMAValidation:
         r = self.result = evaluate(model, self.data, dataloader=self.loader, imgsz=c.step.imgsz, half=self.half,
                                    device=self.device, single_cls=c.pipeline.single_cls,
                                    progress_bar=c.run.progress_bar)
-        return {"precision": float(r.precision), "recall": float(r.recall), "map50": float(r.map50),
-                "map50_95": float(r.map50_95), "fitness": float(r.fitness)}
+        return {k: float(getattr(r, k)) for k in ("precision", "recall", "map50", "map50_95", "fitness")}

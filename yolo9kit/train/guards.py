@@ -15,12 +15,8 @@ LOGGER = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """``MAX_NONFINITE_BATCHES`` non-finite losses in a row, or an epoch whose every batch had one.
-
-    Attributes:
-        run_dir: the run folder (``fit`` sets it); its ``weights/last.pt``, if any, is the last good checkpoint.
-        count: how many non-finite losses in a row were seen.
-    """
+    """``MAX_NONFINITE_BATCHES`` non-finite losses in a row (``count``), or an epoch whose every batch had one;
+    ``run_dir`` (``fit`` sets it) is the run folder, whose ``weights/last.pt``, if any, is the last good checkpoint."""
 
     def __init__(self, count: int, epoch: int, batch: int, *, from_start: bool = False,
                  whole_epoch: bool = False) -> None:
@@ -42,12 +38,8 @@ class NonFiniteLossError(RuntimeError):
 
 
 class NonFiniteWeightsError(RuntimeError):
-    """The weights (or the EMA) hold NaN or Inf when a checkpoint is due: nothing is written.
-
-    Attributes:
-        run_dir: the run folder; its ``weights/last.pt`` is the last good checkpoint (not overwritten).
-        names: the tensors that are not finite.
-    """
+    """The weights (or the EMA) hold NaN or Inf (the tensors ``names``) when a checkpoint is due: nothing is
+    written, and ``run_dir``'s ``weights/last.pt`` stays the last good checkpoint."""
 
     def __init__(self, run_dir: Path | None, what: str, names: list[str]) -> None:
         self.run_dir, self.names = run_dir, names

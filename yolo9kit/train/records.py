@@ -95,10 +95,7 @@ class EpochRecord:
 
     def row(self) -> dict[str, float | int | None]:
         """The results.csv row: ``RESULTS_COLUMNS`` (the official column names, then the kit's) to values."""
-        return dict(zip(RESULTS_COLUMNS, (
-            self.epoch, self.box_loss, self.cls_loss, self.dfl_loss, self.lr_bias, self.lr_weight,
-            self.lr_norm_weight, self.precision, self.recall, self.map50, self.map50_95, self.fitness,
-            self.peak_allocated, self.images_per_s, self.epoch_s)))
+        return {column: getattr(self, f.name) for column, f in zip(RESULTS_COLUMNS, dataclasses.fields(self))}
 
 
 def metric_columns(metrics: Mapping[str, float]) -> dict[str, float | None]:
@@ -118,11 +115,8 @@ def call_back(hooks: Sequence[Any], name: str, value: Any) -> None:
 
 
 def append_results(path: Path, record: EpochRecord) -> None:
-    """Append one epoch to ``results.csv``, rewriting it whole: a failed write leaves it as it was.
-
-    Raises:
-        DiskFullError: not enough space for the file.
-    """
+    """Append one epoch to ``results.csv``, rewriting it whole: a failed write (``DiskFullError`` when there is no
+    room) leaves it as it was."""
     old = path.read_text() if path.is_file() else ""
     write_text_atomically(path, old + _csv_text([record.row()], header=not old))
 
@@ -149,29 +143,6 @@ def read_results(path: str | Path) -> pd.DataFrame:
     return pd.read_csv(path / "results.csv" if path.is_dir() else path)
 
 
-def device_memory_bytes(device: torch.device) -> int:
-    """Allocated bytes on a CUDA device; 0 elsewhere."""
-    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
-
-
-def read_peak_allocated(device: torch.device) -> int | None:
-    """Peak allocated bytes on a CUDA device since the last reset; None elsewhere (not measured)."""
-    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def bar_text(mean_items: torch.Tensor, peak_allocated: int, images_per_s: float, accumulate: int,
-             micro_batch: int) -> str:
-    """``box 1.23 cls 4.56 dfl 1.11 mem 3.2G 120 img/s acc 4x16``: the progress-bar postfix."""
-    box, cls, dfl = (float(v) for v in mean_items)
-    return (f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} mem {peak_allocated / 1e9:.3g}G "
-            f"{images_per_s:.1f} img/s acc {accumulate}x{micro_batch}")
-
-
 def write_state(folder: Path, state: str, reason: str | None, epochs_done: int | None, epochs: int | None,
                 wall_s: float) -> Path | None:
     """``state.yaml``: how the run stands or ended, why, its epochs, its wall time, when and by which process; a
@@ -189,11 +160,8 @@ def write_state(folder: Path, state: str, reason: str | None, epochs_done: int |
 
 
 def read_state(folder: Path) -> dict:
-    """``state.yaml`` of a run folder ({} when there is none).
-
-    Raises:
-        RecordError: the file is refused (too large, aliases, not YAML), naming it.
-    """
+    """``state.yaml`` of a run folder ({} when there is none); ``RecordError`` naming a refused file (too large,
+    aliases, not YAML)."""
     path = folder / STATE_FILE
     value = read_record(path) if path.is_file() else None
     return value if isinstance(value, dict) else {}
@@ -204,12 +172,10 @@ def data_record(data: Any) -> str | None:
     return str(Path(data).resolve()) if isinstance(data, (str, Path)) else None
 
 
-def write_settings(run_dir: Path | None, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int,
+def write_settings(run_dir: Path, config: TrainConfig, trainer: Trainer, data: Any, batches_per_epoch: int,
                    recipe: str, written: list[Path]) -> None:
     """``settings.yaml``: the settings, the resolved step, what training derives from them, the augmentation, the
     loss, the data; rewritten on resume, a failed write a warning; ``written`` receives the file."""
-    if run_dir is None:
-        return
     settings = {
         "model": str(getattr(unwrap(trainer.model), "name", "model")),  # as save_checkpoint names it
         "train_config": config.to_dict(), "step": trainer.step.to_dict(),

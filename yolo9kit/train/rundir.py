@@ -7,8 +7,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
+
+import torch
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.config.recipe import choose_recipe
@@ -23,10 +24,10 @@ from yolo9kit.files import (
     read_record,
     remove_stale_temporaries,
 )
-from yolo9kit.models.checkpoint import read_checkpoint
+from yolo9kit.models.checkpoint import estimate_checkpoint_bytes, read_checkpoint
 from yolo9kit.train.records import SETTINGS_FILE, call_back, read_state, write_results, write_state
-from yolo9kit.train.state import DistInfo, broadcast_object, checkpoint_bytes, find_resume_checkpoint, increment_path
-from yolo9kit.train.step import Trainer
+from yolo9kit.train.state import DistInfo, broadcast_object, find_resume_checkpoint, increment_path
+from yolo9kit.train.step import Trainer, unwrap
 
 LOGGER = logging.getLogger(__name__)
 
@@ -55,9 +56,7 @@ class RunFolder:
 
     def begin(self) -> None:
         """Once every check passed: killed saves' temporaries removed, a resumed run's results.csv rewritten from
-        its last.pt (a new run's predecessor kept as results.previous.csv), state.yaml "running"."""
-        if self.path is None:
-            return
+        its last.pt (a new run's predecessor kept as results.previous.csv), state.yaml "running". Rank 0 only."""
         for folder in (self.path, self.path / "weights"):
             remove_stale_temporaries(folder)
         results = self.path / "results.csv"
@@ -82,11 +81,8 @@ class RunFolder:
 
 
 def open_run(config: TrainConfig, dist: DistInfo) -> RunFolder:
-    """The run folder (rank 0 creates and locks it; nothing in it changes before ``begin``) and its checkpoint.
-
-    Raises:
-        FolderInUseError: another live process writes into the run folder.
-    """
+    """The run folder (rank 0 creates and locks it: ``FolderInUseError`` when another live process writes into
+    it; nothing in it changes before ``begin``) and its checkpoint."""
     if config.run.resume:
         path = find_resume_checkpoint(config.run.resume, config.run.project)
         run_dir = path.parent.parent if path.parent.name == "weights" else path.parent
@@ -118,25 +114,22 @@ def _first_missing(path: Path) -> Path | None:
 def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
                  epochs: int | None = None) -> None:
     """``state.yaml`` with the wall time of all the run's parts, once the run has begun."""
-    if run.path is None or not run.begun or not run.path.is_dir():
+    if not run.begun or not run.path.is_dir():  # begun: rank 0 only
         return
     path = write_state(run.path, state, reason, epochs_done, epochs, run.earlier_s + time.monotonic() - run.started)
     if path is not None and run.new and path not in run.files:
         run.files.append(path)
 
 
-def open_callbacks(run: RunFolder, config: TrainConfig) -> None:
-    """Rank 0's callbacks: the loggers started (their files go to ``run.files``), then ``TrainConfig.callbacks``."""
-    if run.path is not None:
-        loggers = [logger(config, run.path, run.ckpt is not None, run.files) for logger in run.loggers]
-        run.callbacks = [*loggers, SimpleNamespace(**(config.run.callbacks or {}))]
-
-
-def close_run(run: RunFolder, interrupted_by: str | None = None, epochs_done: int | None = None,
+def close_run(run: RunFolder, state: str, reason: str | None = None, epochs_done: int | None = None,
               epochs: int | None = None) -> None:
-    """After a run that returned: how it ended in state.yaml, ``on_run_end``, the lock released."""
-    state = "interrupted" if interrupted_by else "finished" if epochs_done == epochs else "stopped early"
-    _end(run, state, interrupted_by or ("patience" if state == "stopped early" else None), epochs_done, epochs)
+    """How the run ended in state.yaml, ``on_run_end``, the lock released."""
+    record_state(run, state, reason, epochs_done, epochs)
+    try:
+        call_back(run.callbacks, "on_run_end", state)
+    finally:  # also when Ctrl-C ends a logger's wait
+        if run.lock is not None:
+            run.lock.release()
 
 
 def close_failed(run: RunFolder, error: BaseException) -> None:
@@ -144,7 +137,7 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
     if run.path is None:
         return
     reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if str(error) else type(error).__name__
-    _end(run, "interrupted" if isinstance(error, KeyboardInterrupt) else "failed", reason)
+    close_run(run, "interrupted" if isinstance(error, KeyboardInterrupt) else "failed", reason)
     weights = run.path / "weights"
     if run.new and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
@@ -160,24 +153,14 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
             pass
 
 
-def _end(run: RunFolder, state: str, reason: str | None, epochs_done: int | None = None,
-         epochs: int | None = None) -> None:
-    record_state(run, state, reason, epochs_done, epochs)
-    try:
-        call_back(run.callbacks, "on_run_end", state)
-    finally:  # also when Ctrl-C ends a logger's wait
-        if run.lock is not None:
-            run.lock.release()
-
-
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
-    """The settings the run trains with (its recipe for ``images`` training images, a resumed run's own); its
-    loggers found (entry points "yolo9kit.loggers", named after their package and extra), a resume checked.
-
-    Raises:
-        ValueError: a logger that is not installed (naming its extra), or a resume ``check_resume`` refuses.
-    """
-    config, run.recipe = choose_recipe(config, images, run.ckpt.get("train_config", {}) if run.ckpt else None)
+    """The settings the run trains with (its recipe for ``images`` training images, a resumed run's own) and its
+    loggers (entry points "yolo9kit.loggers"); a resume may change no ``FIXED_ON_RESUME`` setting, and a larger
+    ``epochs`` extends it, the schedule following the new total from the epoch reached (as officially). A
+    ValueError names a logger that is not installed, the changed fields or an ``epochs`` below the epochs done."""
+    ckpt, path = run.ckpt, run.checkpoint
+    saved = ckpt.get("train_config", {}) if ckpt is not None else None
+    config, run.recipe = choose_recipe(config, images, saved)
     if run.path is not None:
         LOGGER.info("%s", run.recipe)  # the first line of a run's output
         LOGGER.info("run folder %s", run.path)
@@ -185,20 +168,8 @@ def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> 
         if config.run.mlflow_uri and "mlflow" not in config.run.loggers:
             LOGGER.warning("mlflow_uri %s: nothing is logged there without loggers=('mlflow',) (--loggers mlflow)",
                            config.run.mlflow_uri)
-    if run.ckpt is not None:
-        check_resume(config, run)
-    return config
-
-
-def check_resume(config: TrainConfig, run: RunFolder) -> None:
-    """Refuse a resume whose ``config`` changes what cannot change mid-run (``FIXED_ON_RESUME``); a larger
-    ``epochs`` extends the run, the schedule following the new total from the epoch reached (as officially).
-
-    Raises:
-        ValueError: the changed fields (old and new values) or an ``epochs`` below the epochs done.
-    """
-    ckpt, path = run.ckpt or {}, run.checkpoint
-    saved = ckpt.get("train_config", {})
+    if ckpt is None:
+        return config
     changed = [f"{k} {old!r} -> {new!r}" for k, (old, new) in resume_conflicts(saved, config).items()]
     if changed:
         raise ValueError(f"resume {path}: {', '.join(changed)}: these cannot change in the middle of a run; "
@@ -214,6 +185,7 @@ def check_resume(config: TrainConfig, run: RunFolder) -> None:
     elif config.epochs != saved.get("epochs", config.epochs):
         LOGGER.info("%s: training to %d epochs instead of %d; the learning rate follows the schedule of %d epochs "
                     "from epoch %d", path, config.epochs, saved["epochs"], config.epochs, done + 1)
+    return config
 
 
 def resume_conflicts(saved: dict, config: TrainConfig) -> dict[str, tuple[Any, Any]]:
@@ -225,11 +197,8 @@ def resume_conflicts(saved: dict, config: TrainConfig) -> dict[str, tuple[Any, A
 
 
 def check_resume_model(model: Any, run: RunFolder) -> None:
-    """The model to resume predicts the run's classes by their names, and is the model of its settings.yaml.
-
-    Raises:
-        ValueError: another number of classes, other names or another model (both named).
-    """
+    """The model to resume predicts the run's classes by their names, and is the model of its settings.yaml
+    (else a ValueError naming both)."""
     saved = (run.ckpt or {}).get("model_config") or {}
     try:
         trains = read_record(run.path / SETTINGS_FILE).get("model") if run.path else None
@@ -250,11 +219,8 @@ def check_resume_model(model: Any, run: RunFolder) -> None:
 
 
 def resume_data(data: Any, run: RunFolder) -> Any:
-    """The data of a resumed run: the recorded one when ``data`` is None; a path names it (or it moved).
-
-    Raises:
-        ValueError: another data.yaml than the run's.
-    """
+    """The data of a resumed run: the recorded one when ``data`` is None; a path names it (or it moved), and
+    another data.yaml than the run's is a ValueError."""
     recorded = (run.ckpt or {}).get("data")
     if data is None or recorded is None or not isinstance(data, (str, Path)):
         return recorded if data is None else data
@@ -285,11 +251,8 @@ def class_names(data, single_cls: bool = False) -> list[str]:
 
 
 def check_classes(model: Any, data, single_cls: bool = False) -> None:
-    """The model must predict as many classes as the data has (one with ``single_cls``).
-
-    Raises:
-        ValueError: another number of classes, saying how to build the right model.
-    """
+    """The model must predict as many classes as the data has (one with ``single_cls``); else a ValueError saying
+    how to build the right model."""
     if data is None or not hasattr(model, "nc"):
         return
     names = class_names(data, single_cls)
@@ -307,22 +270,26 @@ def epoch_files(config: TrainConfig, epoch: int, best: bool, period: bool = True
     return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
 
 
-def earns_best(fitness: float | None, best_fitness: float, run_dir: Path | None) -> bool:
+def earns_best(fitness: float | None, best_fitness: float, run_dir: Path) -> bool:
     """Above the best so far; equal when positive (official); 0 (nothing detected) only without a best.pt."""
     if fitness is None:
         return False
-    have_best = run_dir is not None and (run_dir / "weights" / "best.pt").exists()
+    have_best = (run_dir / "weights" / "best.pt").exists()
     return fitness > best_fitness or (fitness == best_fitness and (fitness > 0 or not have_best))
 
 
 def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> None:
-    """Room for the checkpoints ``names`` an epoch ends with: one temporary file plus the files new so far.
-
-    Raises:
-        DiskFullError: naming the folder and the space needed; nothing has been written.
-    """
-    weights = run_dir / "weights"
-    size = checkpoint_bytes(trainer)
+    """Room for the checkpoints ``names`` an epoch ends with: one temporary file plus the files new so far (else a
+    DiskFullError naming the folder and the space needed, before anything is written). A checkpoint holds model,
+    EMA and optimizer state: before the first step SGD's momentum is one copy of the parameters, Adam's moments two."""
+    parts: list = [unwrap(trainer.model).state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
+    optimizer = trainer.optimizer
+    if optimizer.state:
+        parts.append(optimizer.state_dict()["state"])
+    else:
+        copies = 2 if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) else 1
+        parts += [[p for group in optimizer.param_groups for p in group["params"]]] * copies
+    weights, size = run_dir / "weights", estimate_checkpoint_bytes(parts)
     needed = size * (1 + sum(not (weights / name).exists() for name in names[:-1])) + _SMALL_FILES_BYTES
     check_free_space(weights, needed, f"the checkpoints of the next epoch ({', '.join(names)}, "
                      f"about {size / 1e6:.3g} MB each)")

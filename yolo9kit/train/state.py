@@ -3,7 +3,6 @@ the training checkpoint that saves and restores them (docs/training.md, resume).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -18,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from yolo9kit.models.checkpoint import estimate_checkpoint_bytes, save_checkpoint
+from yolo9kit.models.checkpoint import save_checkpoint
 from yolo9kit.train.step import Trainer, scaler_kind, unwrap
 
 LOGGER = logging.getLogger(__name__)
@@ -132,25 +131,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@contextlib.contextmanager
-def deterministic_kernels(enabled: bool) -> Iterator[None]:
-    """Deterministic algorithms for the block (torch's ops, cuDNN, cuBLAS's fixed workspace, read when CUDA starts);
-    an op without a deterministic version warns and runs, as officially. The previous settings come back after."""
-    if not enabled:
-        yield
-        return
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.backends.cudnn.deterministic)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic = True
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-        torch.backends.cudnn.deterministic = previous[2]
-
-
 def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
     """``runs/train/exp`` -> itself if free (or ``exist_ok``), else ``exp2``, ``exp3``, ... (official rule)."""
     path = Path(path)
@@ -164,11 +144,7 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
     """The checkpoint to resume: the given path or run folder, or (``resume=True``) the newest last.pt under
-    ``project``.
-
-    Raises:
-        FileNotFoundError: no such checkpoint.
-    """
+    ``project``; FileNotFoundError when there is none."""
     if resume is True:
         candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
         if not candidates:
@@ -210,26 +186,10 @@ def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, c
     return path
 
 
-def checkpoint_bytes(trainer: Trainer) -> int:
-    """About the size of a training checkpoint of ``trainer``: model, EMA and optimizer state (before the first
-    step SGD's momentum is one copy of the parameters, Adam's moments two)."""
-    parts: list = [unwrap(trainer.model).state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
-    optimizer = trainer.optimizer
-    if optimizer.state:
-        parts.append(optimizer.state_dict()["state"])
-    else:
-        copies = 2 if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) else 1
-        parts += [[p for group in optimizer.param_groups for p in group["params"]]] * copies
-    return estimate_checkpoint_bytes(parts)
-
-
 def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "the checkpoint") -> Progress:
     """Load model, EMA, optimizer, scaler and counters of a ``read_checkpoint`` dict into ``trainer`` (the random
-    states are restored later, right before the first batch).
-
-    Raises:
-        ValueError: no training state, or one with NaN or Inf (weights, EMA, optimizer state, loss scale).
-    """
+    states are restored later, right before the first batch); ValueError for no training state, one with NaN or
+    Inf (weights, EMA, optimizer state, loss scale) or one of another model."""
     if "progress" not in ckpt or "optimizer" not in ckpt:
         raise ValueError(f"{source} has no training state (a stripped or foreign file): "
                          "start a new run from it with --weights instead of --resume")

@@ -1,7 +1,6 @@
 """One training step: :func:`train_step` is the whole of it on one page (micro-batches, autocast, loss, backward,
-the optimizer step, the EMA), run by the epoch loop, ``memory.measure`` and the memory estimate alike. Around it:
-the :class:`Trainer` it runs (:func:`build_trainer`), the EMA, the BatchNorm snapshot and the out-of-memory back-off.
-"""
+the optimizer step, the EMA), run by the epoch loop and the memory tools alike. Around it: the :class:`Trainer` it
+runs (:func:`build_trainer`), the EMA, the BatchNorm snapshot and the out-of-memory back-off."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import contextlib
 import copy
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -69,11 +69,7 @@ def scaler_kind(amp_dtype: torch.dtype | None) -> str:
 
 def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, world_size: int = 1) -> StepConfig:
     """``config.step`` with ``model`` and each rank's micro-batch filled in, resolved for ``device``: the step
-    :func:`build_trainer` runs and the memory tools describe.
-
-    Raises:
-        ValueError: ``config.batch_size`` is still "auto" and no micro-batch is set (``fit`` sizes it first).
-    """
+    :func:`build_trainer` runs and the memory tools describe (a ValueError while ``config.batch_size`` is "auto")."""
     batch = config.step.batch_size
     if batch is None:
         if config.batch_size == "auto":
@@ -84,11 +80,8 @@ def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, w
 
 
 def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> None:
-    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout (channels_last 4-D weights).
-
-    Call it before wrapping the model in DDP (``fit`` does): DDP lays out its gradient buckets from the
-    parameters' strides, and a layout changed afterwards makes every gradient a copy.
-    """
+    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout (channels_last 4-D weights);
+    before DDP wraps it, whose gradient buckets follow the parameters' strides (else every gradient is a copy)."""
     module = unwrap(model)
     freeze_layers(module, step.freeze)
     fmt = torch.channels_last if step.channels_last else torch.contiguous_format
@@ -103,15 +96,9 @@ def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> Non
 
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
                   device: torch.device | None = None, world_size: int = 1, step: StepConfig | None = None) -> Trainer:
-    """The :class:`Trainer` of ``model`` for ``config``: optimizer (official groups), GradScaler, EMA, loss.
-
-    Args:
-        model: the model, placed on ``device`` here (``place_model``); a DDP-wrapped one for multi-GPU.
-        config: the run's settings; ``config.step`` is resolved for the device (``describe_step``).
-        loss_fn: ``(outputs, targets) -> (loss, items)``; default ``DetectionLoss(model, config.optim.loss)``.
-        device: default ``config.run.device``.
-        world_size: DDP ranks.
-        step: the resolved step, when the caller has it (the memory tracer).
+    """The :class:`Trainer` of ``model`` (placed on ``device`` here; DDP-wrapped for multi-GPU) for ``config``:
+    optimizer (official groups), GradScaler, EMA, loss (default ``DetectionLoss``). ``step``: the resolved step,
+    when the caller has it (the memory tracer); else ``describe_step`` for ``device`` (default ``config.run.device``).
     """
     device = device or resolve_device(config.run.device)
     step = step or describe_step(config, model, device, world_size)
@@ -136,15 +123,26 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
 
 
 @contextlib.contextmanager
-def cudnn_autotune(device: torch.device, enabled: bool = True) -> Iterator[None]:
-    """cuDNN autotuning on CUDA for the block only (a global switch would also tune a notebook's later cells)."""
-    previous = torch.backends.cudnn.benchmark
-    if device.type == "cuda" and enabled:
-        torch.backends.cudnn.benchmark = True
+def cudnn_autotune(device: torch.device, enabled: bool = True, deterministic: bool = False) -> Iterator[None]:
+    """cuDNN autotuning on CUDA for the block only (a global switch would also tune a notebook's later cells);
+    ``deterministic``: deterministic algorithms instead (torch's ops, cuDNN, cuBLAS's fixed workspace, read when
+    CUDA starts), an op without one warns and runs, as officially. The previous settings come back after."""
+    cudnn = torch.backends.cudnn
+    previous = (cudnn.benchmark, cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+    if device.type == "cuda" and enabled and not deterministic:
+        cudnn.benchmark = True
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        cudnn.deterministic = True
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = previous
+        cudnn.benchmark = previous[0]
+        if deterministic:
+            cudnn.deterministic = previous[1]
+            torch.use_deterministic_algorithms(previous[2], warn_only=previous[3])
 
 
 def to_input(images: torch.Tensor, trainer: Trainer, imgsz: tuple[int, int] | None = None) -> torch.Tensor:
@@ -234,12 +232,8 @@ def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: tor
                             snapshot: BatchNormSnapshot, *, ni: int, accumulate_steps: int,
                             imgsz: tuple[int, int] | None = None) -> torch.Tensor:
     """:func:`train_step`; on out of memory the accumulation window is dropped (BatchNorm statistics restored,
-    gradients zeroed) and the batch retried at half the micro-batch, as the first batch of a new window.
-
-    Raises:
-        DistributedOutOfMemoryError: in the micro-step that synchronises the DDP ranks.
-        OutOfMemoryAtMinimumError: at a micro-batch of one image.
-    """
+    gradients zeroed) and the batch retried at half the micro-batch, as the first batch of a new window; but
+    ``DistributedOutOfMemoryError`` in a micro-step that syncs the DDP ranks, ``OutOfMemoryAtMinimumError`` at 1."""
     while True:
         micro = min(trainer.micro_batch_size or images.shape[0], images.shape[0])
         try:
@@ -266,18 +260,10 @@ def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: tor
 
 
 class ModelEMA:
-    """EMA of every floating-point state_dict entry (parameters, BatchNorm statistics): the official ``ModelEMA``
-    (``d = decay * (1 - exp(-updates / tau))``, ``ema = d * ema + (1 - d) * model``) as two ``_foreach`` kernels.
-
-    A frozen parameter whose EMA equals the model's is left out (``d * x + (1 - d) * x`` is ``x``: the copy stays
-    bit-identical); one whose EMA differs keeps being averaged, as officially.
-
-    Args:
-        model: the model being trained (a DDP wrapper is unwrapped); its tensors must not be replaced afterwards.
-        decay: the asymptotic decay (0.9999).
-        tau: ramp time constant in updates (2000).
-        updates: number of updates already done (when resuming).
-    """
+    """EMA of every floating-point state_dict entry of ``model`` (unwrapped; its tensors must not be replaced): the
+    official ``ModelEMA`` (``d = decay * (1 - exp(-updates / tau))``, ``ema = d * ema + (1 - d) * model``) as two
+    ``_foreach`` kernels. A frozen parameter whose EMA equals the model's is left out (``d * x + (1 - d) * x`` is
+    ``x``: the copy stays bit-identical); one whose EMA differs keeps being averaged, as officially."""
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0) -> None:
         self.ema = copy.deepcopy(unwrap(model)).eval()
@@ -296,15 +282,11 @@ class ModelEMA:
             self._pairs_of = model
         return self._ema_tensors, self._model_tensors
 
-    def current_decay(self) -> float:
-        """Decay the next update would use."""
-        return self.decay * (1 - math.exp(-(self.updates + 1) / self.tau))
-
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         """One EMA update from ``model`` (after every optimizer step)."""
-        d = self.current_decay()
         self.updates += 1
+        d = self.decay * (1 - math.exp(-self.updates / self.tau))
         ema_tensors, model_tensors = self._pairs(model)
         torch._foreach_mul_(ema_tensors, d)
         torch._foreach_add_(ema_tensors, model_tensors, alpha=1 - d)
