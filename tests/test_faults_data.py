@@ -20,7 +20,6 @@ from yolo9kit.data import DataError, YOLODataset, check, coco_to_yolo, create_da
 
 # ---- training refuses labels it would silently lose ----------------------------------------------------------------
 
-
 def _fit(data: Path, tmp_path: Path, **changes):
     """fit a toy network (one class, like the shortened names) on ``data``: the real training loader."""
     from train_toys import ToyNet, toy_loss
@@ -78,7 +77,6 @@ def test_more_than_a_tenth_of_the_labelled_images_dropped_is_refused(tmp_path, c
 
 
 # ---- images and label files ----------------------------------------------------------------------------------------
-
 
 def test_jpeg_with_trailing_bytes_is_kept_with_a_warning_and_left_unchanged(shapes4):
     image = sorted((shapes4.parent / "images" / "train").glob("*.jpg"))[0]
@@ -175,7 +173,6 @@ def test_disk_cache_on_read_only_data_falls_back_to_ram(shapes4, caplog, monkeyp
 
 
 # ---- make_shapes and convert_coco ----------------------------------------------------------------------------------
-
 
 def test_make_shapes_refuses_a_folder_with_other_files(tmp_path, capsys, caplog):
     mine = tmp_path / "mine"

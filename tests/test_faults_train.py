@@ -110,7 +110,6 @@ def _kill_at(monkeypatch, target, epoch):
 
 # ---- kills and full disks at the end of an epoch --------------------------------------------------------------------
 
-
 @pytest.mark.parametrize("target", ["best.pt", "last.pt", "results.csv"])
 def test_a_kill_at_any_write_of_an_epoch_end_loses_nothing(tmp_path, monkeypatch, target):
     """Killed while epoch 1 writes ``target``; the resumed run has best.pt of the best epoch, one row per
@@ -223,7 +222,6 @@ def _record_fields():
 
 
 # ---- signals -------------------------------------------------------------------------------------------------------
-
 
 @pytest.fixture
 def default_sigint():
@@ -351,7 +349,6 @@ def test_sigterm_to_the_cli_saves_last_exits_143_and_resumes_exactly(tmp_path):
 
 
 # ---- resumes -------------------------------------------------------------------------------------------------------
-
 
 def test_resume_refuses_settings_that_cannot_change(tmp_path):
     first = _fit(_config(tmp_path, epochs=2))
@@ -512,7 +509,6 @@ def test_a_run_stopped_during_its_last_validation_is_validated_by_its_resume(tmp
 
 # ---- what a run keeps, and what it leaves when it fails ------------------------------------------------------------
 
-
 def test_non_finite_weights_are_never_saved(tmp_path):
     """Weights that turned NaN in epoch 1 (the second; messages count from 1): nothing is written, and
     best.pt and last.pt of epoch 0 are the files a user is left with."""
@@ -593,7 +589,6 @@ def test_a_run_with_batch_auto_that_fails_at_once_leaves_no_folder(tmp_path):
 
 
 # ---- docs/faults.md ------------------------------------------------------------------------------------------------
-
 
 def test_every_test_named_in_docs_faults_exists():
     """docs/faults.md names the test of each case: each must be a test function of that file."""
