@@ -1,5 +1,5 @@
 """Shared fixtures: the official references, and what many tests need made once per test run (``shapes64``,
-``tiny_model``, ``toy_fit``).
+``tiny_model``, ``toy_fit``) or fresh for each test (``shapes4``).
 
 Reference outputs of the official YOLOv9 code are committed under ``tests/fixtures/official/`` (written by
 ``tools/official_reference.py``, see docs/parity.md). A parity test whose reference file is missing FAILS
@@ -141,6 +141,13 @@ def shapes64(tmp_path_factory) -> Path:
     """data.yaml of a small shapes set made once per test run: 8 train and 4 val images, 64 px, the 3 classes of
     the shipped model, seed 0. Shared: read it, never change its files (make your own set for that)."""
     return make_shapes(tmp_path_factory.mktemp("shapes64"), n_train=8, n_val=4, imgsz=64, num_classes=3, seed=0)
+
+
+@pytest.fixture
+def shapes4(tmp_path) -> Path:
+    """data.yaml of a shapes set of the test's own: 4 train and 2 val images, 64 px, 2 classes. A test may change
+    its files."""
+    return make_shapes(tmp_path / "shapes", n_train=4, n_val=2, imgsz=64, num_classes=2)
 
 
 @pytest.fixture(scope="session")

@@ -4,13 +4,18 @@ first step from the estimate; the run folder records the prediction; an out-of-m
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import REPO
 from train_toys import one_thread
 
 from yolo9kit import memory
 from yolo9kit.config import StepConfig, TrainConfig
+from yolo9kit.env import memory_limits
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.memory.gpus import target_gpu
 from yolo9kit.memory.plan import choose_batch
@@ -48,11 +53,45 @@ def test_batch_auto_and_minus_one_are_the_same_and_validated():
 
 
 def test_cpu_training_is_sized_against_the_available_ram():
-    from yolo9kit.env import memory_limits
-
     target = target_gpu(TrainConfig(batch_size="auto").gpu, CPU)
     assert target.device_type == "cpu" and target.total_bytes == pytest.approx(memory_limits()["RAM"], rel=0.05)
     assert target_gpu(TrainConfig(batch_size="auto", gpu="T4").gpu, CPU).name == "T4"
+
+
+def test_batch_auto_on_the_cpu_is_bounded_by_the_process_limit():
+    """Under ``prlimit --as`` (here: setrlimit in the child) the CPU batch is sized against what the process may
+    still map, not the machine's RAM."""
+    code = ("import torch; from yolo9kit.memory.gpus import host_memory; m = host_memory(); "
+            "print(m.name); print(m.total_bytes)")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                         preexec_fn=limit)
+    name, total = run.stdout.split("\n")[:2]
+    assert run.returncode == 0, run.stderr
+    assert name == "CPU RAM (RLIMIT_AS limit)" and 0 < int(total) < 6 << 30
+
+
+def test_memory_limits_read_cgroup_v1_and_v2(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal: 16000000 kB\nMemAvailable: 8000000 kB\n")
+    (proc / "self" / "status").write_text("VmSize: 1000 kB\n")
+    root = tmp_path / "cgroup"
+    (root / "job").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text("0::/job\n")
+    (root / "job" / "memory.max").write_text(f"{4 << 30}\n")
+    (root / "job" / "memory.current").write_text(f"{1 << 30}\n")
+    assert memory_limits(proc, root)["cgroup"] == 3 << 30 and memory_limits(proc, root)["RAM"] == 8_192_000_000
+    (root / "job" / "memory.max").write_text("max\n")
+    assert "cgroup" not in memory_limits(proc, root)
+    (proc / "self" / "cgroup").write_text("4:memory:/box\n")
+    (root / "memory" / "box").mkdir(parents=True)
+    (root / "memory" / "box" / "memory.limit_in_bytes").write_text(f"{2 << 30}\n")
+    (root / "memory" / "box" / "memory.usage_in_bytes").write_text(f"{1 << 29}\n")
+    assert memory_limits(proc, root)["cgroup"] == (2 << 30) - (1 << 29)
 
 
 @pytest.mark.slow

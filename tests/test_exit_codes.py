@@ -1,6 +1,6 @@
 """The exit codes docs/faults.md documents, verb by verb: 0 done, 1 failed while running (or files had to be
-skipped), 2 the input is wrong, 130 Ctrl-C, 143 SIGTERM (the signal cases are in tests/test_faults_run.py and
-tests/test_faults_files.py). Every error is one line on stderr."""
+skipped), 2 the input is wrong, 130 Ctrl-C, 143 SIGTERM (the signal cases are in tests/test_faults_train.py and
+tests/test_faults_predict.py). Every error is one line on stderr."""
 
 from __future__ import annotations
 

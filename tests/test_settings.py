@@ -96,7 +96,10 @@ def test_the_resume_rules_are_the_declared_ones():
     assert {"batch_size", "imgsz", "lr0", "seed", "schedule", "freeze"} <= set(FIXED_ON_RESUME)
 
 
-def test_a_resume_refuses_each_kept_flag_and_takes_each_changeable_one():
+def test_a_resume_refuses_each_kept_flag_and_takes_each_changeable_one(tmp_path):
+    """Each declared flag against the declarations, then ``train --resume LAST`` against a run's checkpoint: the
+    refusal names each flag with the run's value, a flag given with its default value is seen, and the run's own
+    batch and the changeable flags are taken."""
     saved = TrainConfig().to_dict()
     for name, (_, declared) in DECLARED.items():
         if declared.flag is None or name in ("resume", "project"):
@@ -112,6 +115,27 @@ def test_a_resume_refuses_each_kept_flag_and_takes_each_changeable_one():
         assert bool(refused) == (declared.resume != CHANGE), (name, refused)
         if refused:
             assert refused[0].startswith(declared.flag), refused
+
+    from yolo9kit.models import create_model
+    from yolo9kit.models.checkpoint import save_checkpoint
+    from yolo9kit.train.state import Progress
+
+    run_config = TrainConfig(epochs=2, batch_size=4, imgsz=64, device="cpu", seed=5).to_dict()
+    last = save_checkpoint(tmp_path / "run" / "weights" / "last.pt", create_model("gelan-t", num_classes=2),
+                           train_config=run_config, progress=Progress(epoch=2).to_dict(),
+                           data=str(tmp_path / "d.yaml"))
+
+    def setup(*flags):
+        return train_cli._resume_setup(_parser().parse_args(["train", "--resume", str(last), *flags]))
+
+    with pytest.raises(ValueError, match=r"--batch-size 2 \(the run's: 4\), --imgsz 128 \(the run's: 64\), --cos-lr.*"
+                                         "cannot change in the middle of a run"):
+        setup("--epochs", "9", "--batch", "2", "--imgsz", "128", "--cos-lr")
+    with pytest.raises(ValueError, match=r"--seed 0 \(the run's: 5\)"):  # 0, the default, given: still seen
+        setup("--seed", "0")
+    _, data, config = setup("--epochs", "9", "--batch", "4", "--workers", "0")  # the run's batch: accepted
+    assert (config.epochs, config.batch_size, config.step.imgsz, config.pipeline.workers) == (9, 4, 64, 0)
+    assert data == str(tmp_path / "d.yaml") and config.run.resume == str(last)
 
 
 def test_a_setting_is_given_by_its_name_and_read_through_its_part():
