@@ -188,7 +188,10 @@ def _param(item, name: str):
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
 def pytest_collection_modifyitems(config, items):
     """Each notebook runs once per session: a widget notebook that the browser test runs is not also run
-    headless (where the browser cannot run, the headless test runs it)."""
+    headless (where the browser cannot run, the headless test runs it). The files that hold slow tests come
+    first (a stable sort: each file's tests stay together), so that `make test`'s two workers end together."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
+    items.sort(key=lambda item: item.path not in slow_files)
     if browser_missing():
         return
     in_browser = {_param(item, "name") for item in items if item.get_closest_marker("browser")}

@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_quick_demo_runs_end_to_end(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "yolo9kit", "demo", "--quick", "--out", str(out)],

@@ -317,6 +317,7 @@ def test_build_trainer_leaves_cudnn_autotuning_alone(model):
     assert torch.backends.cudnn.benchmark == previous
 
 
+@pytest.mark.slow
 def test_fit_on_cuda_end_to_end(model, tmp_path, monkeypatch):
     """fit as a user calls it on a card: the loader's batches jittered on the device, the fused step, the
     FP16 validation of the EMA, the checkpoints (they load on a CPU), cuDNN autotuning for the run only. The

@@ -35,6 +35,7 @@ def test_without_cuda_the_gpu_check_says_so_in_one_line_and_exits_0(tmp_path):
     assert report.gpu_check is not None and not report.gpu_check.ran and "no CUDA device" in str(report)
 
 
+@pytest.mark.slow
 def test_the_gpu_check_runs_the_steps_memory_and_writes_its_record(tmp_path):
     with fake_cuda("H200"):
         result = check_gpu(SMALL, out=tmp_path, command="test", calibration_dir=tmp_path / "calibration")
@@ -57,6 +58,7 @@ def test_the_gpu_check_runs_the_steps_memory_and_writes_its_record(tmp_path):
     assert "losses agree" in text and "img/s" in text and "batch 4: peak reserved" in text
 
 
+@pytest.mark.slow
 def test_a_fast_step_that_computes_another_loss_is_reported(tmp_path, monkeypatch):
     """The verdict is not fixed: a fast step whose loss is 5 % off makes the check disagree (and fail)."""
     real = gpu_check.build_trainer

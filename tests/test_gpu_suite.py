@@ -6,9 +6,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
+@pytest.mark.slow
 def test_gpu_suite_quick_mode_runs_every_part_on_the_cpu(tmp_path):
     out = tmp_path / "suite"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), "--quick", "--device", "cpu",

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 WEIGHTS_DIGEST = textwrap.dedent("""
@@ -46,6 +47,7 @@ def _run(script: str, *args: str) -> str:
     return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
 
 
+@pytest.mark.slow
 def test_a_model_from_a_name_has_the_same_weights_in_every_process_for_its_seed():
     first, second = _run(WEIGHTS_DIGEST, "1"), _run(WEIGHTS_DIGEST, "2")
     assert first == second, "two processes built different initial weights for the same (default) seed"
@@ -63,6 +65,7 @@ def test_building_a_model_leaves_the_callers_random_state_alone():
     assert torch.equal(torch.rand(4), expected)
 
 
+@pytest.mark.slow
 def test_create_model_and_fit_twice_in_two_processes_give_the_same_losses(tmp_path):
     rows = []
     for name in ("a", "b"):
