@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tqdm.auto import tqdm
 
 from yolo9kit.config import LoaderConfig
 from yolo9kit.data import create_dataloader, make_shapes, preprocess_images, set_mosaic
@@ -17,6 +18,17 @@ def shapes_yaml(tmp_path_factory):
 
 def _epoch(loader):
     return [(b[0].clone(), b[1].clone(), list(b[2]), b[3]) for b in loader]
+
+
+def test_a_progress_bar_over_the_loader_sees_the_epoch_that_was_set(shapes_yaml):
+    """tqdm.auto's bar calls iter() once more than it iterates: the loader's epoch moves on at a first batch only."""
+    loader = create_dataloader(shapes_yaml, "train", imgsz=96, batch_size=4, workers=0, seed=0)
+    loader.set_epoch(3)
+    plain = _epoch(loader)
+    loader.set_epoch(3)
+    barred = _epoch(tqdm(loader, disable=True))
+    assert len(barred) == len(plain) == len(loader)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, barred))
 
 
 def test_batch_format(shapes_yaml):

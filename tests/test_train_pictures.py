@@ -94,10 +94,14 @@ def test_a_short_run_writes_its_settings_and_every_picture(shapes3, tmp_path):
 
 
 @pytest.mark.slow
-def test_plots_off_writes_no_picture(shapes3, tmp_path):
-    result = _shapes_fit(shapes3, _config(tmp_path, plots=False))
+def test_plots_off_writes_no_picture_and_the_pictures_change_no_weight(shapes3, tmp_path):
+    result = _shapes_fit(shapes3, _config(tmp_path, plots=False, name="off"))
     files = sorted(p.name for p in result.save_dir.iterdir())
     assert files == ["results.csv", "settings.yaml", "state.yaml", "weights"]
+    drawn = _shapes_fit(shapes3, _config(tmp_path, plots=True, name="on"))
+    assert (drawn.save_dir / "train_batch0.jpg").is_file()
+    for k, v in result.model.state_dict().items():  # the same batches in the same order, so the same step
+        assert torch.equal(drawn.model.state_dict()[k], v), k
 
 
 def _toy_fit(tmp_path, **kw):

@@ -73,10 +73,13 @@ class YOLOLoader:
         return self.sampler.epoch
 
     def __iter__(self):
+        # a generator: the epoch moves on and the workers start at the first batch asked for, not at iter()
+        # (tqdm.auto's bar calls iter() once more than it iterates: the epoch's data was the next epoch's)
         if not self._epoch_set and self._started:
             self.sampler.epoch += 1
         self._started, self._epoch_set = True, False
-        return iter(self.loader) if self.colour_device is None else self._jittered(iter(self.loader))
+        batches = iter(self.loader)
+        yield from batches if self.colour_device is None else self._jittered(batches)
 
     def _jittered(self, batches):
         """Copy each batch's images to ``colour_device`` and apply its HSV gains there."""
