@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import REPO
 from fault_checks import DEAD_PID, digest
-from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
+from train_toys import ToyNet, assert_same_state, make_batches, one_thread, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.files import DiskFullError
@@ -69,13 +69,6 @@ def _fit(config, data=None, loss_fn=toy_loss, model_name=None):
     if model_name:
         model.name = model_name  # what checkpoints and settings.yaml call the model
     return fit(model, data, config, loss_fn=loss_fn, train_loader=make_batches(5, 2), validate_fn=_validate)
-
-
-def _same_weights(a, b):
-    for k, v in params_of(a.model).items():
-        assert torch.equal(params_of(b.model)[k], v), k
-    for k, v in a.ema.state_dict().items():
-        assert torch.equal(b.ema.state_dict()[k], v), k
 
 
 def _epochs_in_csv(run):
@@ -127,7 +120,7 @@ def test_a_kill_at_any_write_of_an_epoch_end_loses_nothing(tmp_path, monkeypatch
     assert best["progress"]["best_fitness"] == last["progress"]["best_fitness"]
     assert [r["epoch"] for r in last["results"]] == [0, 1]
     assert not [p.name for p in (run / "weights").iterdir() if p.name.endswith(".tmp")]
-    _same_weights(straight, resumed)
+    assert_same_state(straight, resumed)
 
 
 def test_temporary_files_of_killed_writes_are_removed_on_the_next_start(tmp_path):
@@ -256,7 +249,7 @@ def test_sigint_inside_an_accumulation_window_saves_last_and_resumes_exactly_wit
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
     resumed = _fit(_config(tmp_path, resume=str(stopped.save_dir)))
     assert resumed.interrupted_by is None and not resumed.interrupted
-    _same_weights(straight, resumed)
+    assert_same_state(straight, resumed)
 
 
 @pytest.mark.usefixtures("default_sigint")

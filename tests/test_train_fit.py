@@ -8,7 +8,7 @@ import csv
 import pytest
 import torch
 import yaml
-from train_toys import ToyNet, make_batches, one_thread, params_of, toy_loss
+from train_toys import ToyNet, assert_same_state, make_batches, one_thread, params_of, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.models.checkpoint import read_checkpoint
@@ -49,13 +49,6 @@ class _StopAt:
         self.calls += 1
         if self.calls == self.n:
             raise KeyboardInterrupt
-
-
-def _assert_same_state(a, b):
-    for k, v in params_of(a.model).items():
-        assert torch.equal(params_of(b.model)[k], v), k
-    for k, v in a.ema.state_dict().items():
-        assert torch.equal(b.ema.state_dict()[k], v), k
 
 
 def test_fit_writes_run_folder(tmp_path):
@@ -127,7 +120,7 @@ def test_resume_at_epoch_boundary_is_exact(tmp_path):
     assert read_checkpoint(stopped.last)["progress"]["epoch"] == 1  # a normal return: last.pt holds the epoch
     resumed = _fit(_config(tmp_path, name="stopped", resume=str(stopped.last)))
     assert resumed.save_dir == stopped.save_dir and resumed.epochs_completed == 2
-    _assert_same_state(straight, resumed)
+    assert_same_state(straight, resumed)
     assert resumed.optimizer_steps == straight.optimizer_steps
     assert len(list(csv.DictReader(open(resumed.save_dir / "results.csv")))) == 2
 
@@ -141,7 +134,7 @@ def test_resume_inside_an_epoch_is_exact(tmp_path, stop_at_batch):
                    batchnorm=False)
     assert stopped.interrupted and stopped.epochs_completed == 1
     resumed = _fit(_config(tmp_path, name="stopped", resume=str(stopped.save_dir)), batchnorm=False)
-    _assert_same_state(straight, resumed)
+    assert_same_state(straight, resumed)
 
 
 def test_keyboard_interrupt_saves_last(tmp_path):

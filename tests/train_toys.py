@@ -100,6 +100,14 @@ def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def assert_same_state(a, b) -> None:
+    """Two ``FitResult``s ended with bitwise equal weights and EMA."""
+    for k, v in params_of(a.model).items():
+        assert torch.equal(params_of(b.model)[k], v), k
+    for k, v in a.ema.state_dict().items():
+        assert torch.equal(b.ema.state_dict()[k], v), k
+
+
 def one_thread():
     """Generator for a module fixture: torch on one CPU thread (on a shared 2-core machine two threads per
     process spin against each other and a step runs many times slower), restored afterwards."""
