@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
-from train_toys import ToyNet, make_batches, one_thread, toy_loss
+from train_toys import ToyNet, assert_equal_states, make_batches, one_thread, toy_loss
 
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.config.recipe import apply_short_recipe
@@ -100,8 +100,7 @@ def test_plots_off_writes_no_picture_and_the_pictures_change_no_weight(shapes3, 
     assert files == ["results.csv", "settings.yaml", "state.yaml", "weights"]
     drawn = _shapes_fit(shapes3, _config(tmp_path, plots=True, name="on"))
     assert (drawn.save_dir / "train_batch0.jpg").is_file()
-    for k, v in result.model.state_dict().items():  # the same batches in the same order, so the same step
-        assert torch.equal(drawn.model.state_dict()[k], v), k
+    assert_equal_states(result.model, drawn.model)  # the same batches in the same order, so the same step
 
 
 def _toy_fit(tmp_path, **kw):
@@ -180,5 +179,4 @@ def test_drawing_the_pictures_leaves_the_training_unchanged(tmp_path):
     """The pictures read the batches on their way to the model and draw between epochs: same weights to the bit."""
     quiet, drawn = _toy_fit(tmp_path, epochs=2, plots=False, name="quiet"), _toy_fit(tmp_path, epochs=2, name="drawn")
     assert (drawn.save_dir / "train_batch0.jpg").is_file() and not (quiet.save_dir / "train_batch0.jpg").exists()
-    for key, value in quiet.model.state_dict().items():
-        assert torch.equal(drawn.model.state_dict()[key], value), key
+    assert_equal_states(quiet.model, drawn.model)

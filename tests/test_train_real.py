@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_toys import one_thread
+from train_toys import assert_equal_states, assert_same_state, one_thread
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.models import create_model
@@ -44,10 +44,7 @@ def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):
     assert stopped.interrupted and stopped.epochs_completed == 1
     resumed = fit(_model(), shapes64, _config(tmp_path, name="stopped", resume=True))
     assert resumed.save_dir == stopped.save_dir and resumed.epochs_completed == 2
-    for k, v in straight.model.state_dict().items():
-        assert torch.equal(resumed.model.state_dict()[k], v), k
-    for k, v in straight.ema.state_dict().items():
-        assert torch.equal(resumed.ema.state_dict()[k], v), k
+    assert_same_state(straight, resumed)
     a, b = read_checkpoint(straight.last)["optimizer"], read_checkpoint(resumed.last)["optimizer"]
     assert a["state"]  # the optimizer's per-parameter state (the default recipe's AdamW moments here)
     for i, state in a["state"].items():
@@ -55,9 +52,7 @@ def test_resume_is_exact_with_yolov9_t(shapes64, tmp_path):
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["state"][i][key])), (i, key)
     # the final epoch was validated with evaluate(); the kit checkpoint loads back as the EMA model
     assert resumed.results[-1]["metrics/mAP50"] is not None
-    model = create_model(resumed.best)
-    for k, v in resumed.ema.state_dict().items():
-        assert torch.equal(model.state_dict()[k], v), k
+    assert_equal_states(resumed.ema, create_model(resumed.best))
 
 
 def test_class_count_mismatch_is_a_clear_error(shapes64, tmp_path):

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from train_toys import OOMAbove, ToyNet, make_batches, one_thread, params_of, rebatch, toy_loss
+from train_toys import OOMAbove, ToyNet, assert_equal_states, make_batches, one_thread, params_of, rebatch, toy_loss
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.train.guards import OutOfMemoryAtMinimumError
@@ -64,10 +64,8 @@ def test_accumulated_loader_batches_equal_one_large_batch():
     m_small, t_small, _ = _train(small, TrainConfig(batch_size=2, accumulate_steps=4, **base))
     m_large, t_large, _ = _train(large, TrainConfig(batch_size=8, accumulate_steps=1, **base))
     assert t_small.optimizer_steps == t_large.optimizer_steps == 1
-    for k, v in params_of(m_large).items():
-        torch.testing.assert_close(params_of(m_small)[k], v, rtol=1e-5, atol=1e-6)
-    for k, v in t_large.ema.ema.state_dict().items():
-        torch.testing.assert_close(t_small.ema.ema.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(params_of(m_small), params_of(m_large), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(t_small.ema.ema.state_dict(), t_large.ema.ema.state_dict(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("in_backward", [False, True])
@@ -83,8 +81,7 @@ def test_oom_backoff_equals_training_at_the_smaller_micro_batch(in_backward):
     assert t_oom.micro_batch_size == 2 and t_oom.oom_events == 2
     assert t_oom.optimizer_steps == t_ref.optimizer_steps == 3
     assert s_oom.images == s_ref.images == 24
-    for k, v in params_of(m_ref).items():
-        assert torch.equal(params_of(m_oom)[k], v), k
+    assert_equal_states(m_ref, m_oom)
     torch.testing.assert_close(s_oom.mean_items, s_ref.mean_items)
 
 
@@ -112,8 +109,9 @@ def test_oom_drops_the_window_and_starts_a_new_one_with_the_batch():
     m_ref, t_ref, _ = _train(batches[1:3], TrainConfig(micro_batch_size=2, **base), batchnorm=True)
     assert t_oom.micro_batch_size == 2 and t_oom.oom_events == 1 and t_oom.last_opt_step == 2
     assert t_oom.optimizer_steps == t_ref.optimizer_steps == 1
+    oom_parameters = dict(m_oom.named_parameters())  # the weights: batch 3, not stepped yet, moved BatchNorm only
     for name, value in m_ref.named_parameters():
-        assert torch.equal(dict(m_oom.named_parameters())[name], value), name
+        assert torch.equal(oom_parameters[name], value), name
 
 
 def test_oom_at_one_image_is_a_clear_error():

@@ -39,7 +39,8 @@ def test_a_kit_checkpoint_keeps_its_weights_or_is_rebuilt_for_other_classes(tmp_
     with caplog.at_level(logging.INFO, logger="yolo9kit.models"):
         other = create_model(path, names=["only"])
     assert other.nc == 1 and other.name == "gelan-t" and "Transferred" in caplog.text
-    kept = {k for k, v in other.state_dict().items() if torch.equal(v, source.state_dict()[k])}
+    source_state = source.state_dict()
+    kept = {k for k, v in other.state_dict().items() if torch.equal(v, source_state[k])}
     assert kept and len(kept) < len(other.state_dict())  # the class outputs start fresh
 
 
