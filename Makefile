@@ -11,9 +11,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# Reinstall only when the dependency list changes (editable install: code edits need nothing).
+# Reinstall only when the dependency list changes (editable install: code edits need nothing). --no-compile:
+# a module is compiled when first imported, not all of them at install (half the install's time here)
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e ".[notebooks,dev]"
+	$(PY) -m pip install --quiet --no-compile -e ".[notebooks,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
