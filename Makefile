@@ -11,19 +11,23 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# Reinstall only when the dependency list changes (editable install: code edits need nothing). --no-compile:
-# a module is compiled when first imported, not all of them at install (half the install's time here)
+# Reinstall only when the dependency list changes (editable install: code edits need nothing). pip compiles the
+# modules on one core, compileall on all of them (a file that does not compile is left to its import, as pip does)
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --no-compile -e ".[notebooks,dev]"
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m yolo9kit demo
 
 # two workers of one thread each (tests/conftest.py): two cores stay busy while the other worker waits on a
-# subprocess, a browser or the Python interpreter; a file's tests stay on one worker (its module fixtures)
+# subprocess, a browser or the Python interpreter; a file's tests stay on one worker (its module fixtures), and
+# the files go out in conftest's order (slow ones first). compileall: the kit's subprocesses (CLI, kernels, DDP
+# ranks) read compiled modules even where PYTHONDONTWRITEBYTECODE is set
 test: $(STAMP)
-	$(PY) -m pytest -q -ra -n 2 --dist loadfile tests
+	$(PY) -m compileall -qq -j 0 yolo9kit tests
+	$(PY) -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -ra -m "not slow and not browser" tests

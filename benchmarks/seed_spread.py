@@ -2,6 +2,7 @@
 
     python benchmarks/seed_spread.py                 # 3 seeds of the demo (30 epochs, 160 px, CPU)
     python benchmarks/seed_spread.py --seeds 5 --epochs 10
+    python benchmarks/seed_spread.py --amp bf16         # the same under bf16 autocast
 
 The data is the demo's (``python -m yolo9kit demo``: 384 training and 64 validation shapes images at 160 px,
 written once with the demo's data seed), so only the run's seed changes: the initial weights, the data order and
@@ -24,6 +25,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--imgsz", type=int, default=160)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--amp", default="auto", help="TrainConfig.amp: auto, fp16, bf16 or off")
     args = parser.parse_args()
 
     from yolo9kit.cli import DEMO_CLASSES, demo_config
@@ -33,11 +35,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = make_shapes(Path(tmp) / "shapes", n_train=384, n_val=64, imgsz=args.imgsz, num_classes=DEMO_CLASSES,
                            max_objects=3, seed=0)
-        config = demo_config(args.epochs, args.imgsz, args.device, Path(tmp)).replace(plots=False)
+        config = demo_config(args.epochs, args.imgsz, args.device, Path(tmp)).replace(plots=False, amp=args.amp)
         t0 = time.perf_counter()
         spread = fit_seeds("yolov9-t", data, config, seeds=args.seeds)
         seconds = time.perf_counter() - t0
-    print(f"demo recipe, yolov9-t, {args.epochs} epochs at {args.imgsz} px on {args.device}, seeds "
+    print(f"demo recipe, yolov9-t, {args.epochs} epochs at {args.imgsz} px on {args.device}, amp {args.amp}, seeds "
           f"{spread.table['seed'].tolist()} ({seconds / 60:.1f} min in all)")
     print(spread.table.drop(columns="run").round(4).to_string(index=False))
     print(spread.summary().round(4).to_string())

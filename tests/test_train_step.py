@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
 from train_toys import OOMAbove, ToyNet, assert_equal_states, make_batches, one_thread, params_of, rebatch, toy_loss
 
 from yolo9kit.config import TrainConfig
+from yolo9kit.config.train import LOG_INTERVAL
 from yolo9kit.train.guards import OutOfMemoryAtMinimumError
 from yolo9kit.train.loop import train_one_epoch
 from yolo9kit.train.state import Progress
@@ -112,6 +114,16 @@ def test_oom_drops_the_window_and_starts_a_new_one_with_the_batch():
     oom_parameters = dict(m_oom.named_parameters())  # the weights: batch 3, not stepped yet, moved BatchNorm only
     for name, value in m_ref.named_parameters():
         assert torch.equal(oom_parameters[name], value), name
+
+
+def test_the_progress_bar_shows_the_process_memory_on_the_cpu(capsys):
+    """Off CUDA the bar shows the process's resident set ("rss", as the dashboard does), not a VRAM of 0."""
+    config = TrainConfig(epochs=1, batch_size=2, amp="off", device="cpu", **NO_WARMUP)
+    trainer = build_trainer(ToyNet(), config, loss_fn=toy_loss)
+    batches = make_batches(LOG_INTERVAL, 2)  # read back (and shown) every LOG_INTERVAL batches
+    train_one_epoch(trainer, batches, config, Progress(), batches_per_epoch=len(batches), warmup=0)
+    bar = capsys.readouterr().err
+    assert re.search(r"dfl [\d.]+ rss [\d.]+G [\d.]+ img/s", bar) and "mem " not in bar, bar
 
 
 def test_oom_at_one_image_is_a_clear_error():

@@ -22,6 +22,11 @@ from typing import Any
 
 import torch
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
 # The data files a wheel must carry: (folder inside the package, pattern, what needs them).
 PACKAGE_DATA = (("models/cfg", "*.yaml", "the model layer tables (create_model)"),
                 ("memory_calibration", "*.json", "the memory calibration (memory.estimate)"),
@@ -263,13 +268,11 @@ def memory_limits(proc: Path = PROC, root: Path = CGROUP) -> dict[str, int]:
     out = {"RAM": _meminfo(proc / "meminfo").get("MemAvailable")}
     status = _meminfo(proc / "self" / "status")
     try:
-        import resource  # not on Windows
-
         for name, used in (("RLIMIT_AS", status.get("VmSize")), ("RLIMIT_DATA", status.get("VmData"))):
             soft, _ = resource.getrlimit(getattr(resource, name))
             if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
                 out[name] = max(0, soft - (used or 0))
-    except (ImportError, AttributeError, OSError, ValueError):
+    except (AttributeError, OSError, ValueError):  # resource is None on Windows
         pass
     out["cgroup"] = _cgroup_room(proc, root)
     return {name: room for name, room in out.items() if room is not None}
@@ -312,6 +315,18 @@ def _cgroup_room(proc: Path, root: Path) -> int | None:
         except (OSError, ValueError):
             continue
     return min(rooms) if rooms else None
+
+
+def process_memory_bytes() -> int | None:
+    """This process's resident set size in bytes (Linux), else its peak (``getrusage``), None without either."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    if resource is None:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
 
 
 def parse_device(device: Any) -> torch.device:

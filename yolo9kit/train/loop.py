@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from yolo9kit.config import TrainConfig
 from yolo9kit.config.train import LOG_INTERVAL, MAX_NONFINITE_BATCHES, OOM_BACKOFF
+from yolo9kit.env import process_memory_bytes
 from yolo9kit.models.deploy import max_stride
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError
 from yolo9kit.train.optim import apply_settings, multi_scale_rng, multi_scale_shape, step_settings
@@ -138,8 +139,7 @@ class _ReadBack:
             mean, device = self.mean_items, self.trainer.device
             if self.bar is not None:  # box 1.23 cls 4.56 dfl 1.11 mem 3.2G 120 img/s acc 4x16
                 box, cls, dfl = mean.tolist()
-                memory = torch.cuda.memory_allocated(device) / 1e9 if device.type == "cuda" else 0
-                self.bar.set_postfix_str(f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} mem {memory:.3g}G "
+                self.bar.set_postfix_str(f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} {_memory_text(device)}"
                                          f"{speed:.1f} img/s acc {settings.accumulate}x{micro}", refresh=False)
             if self.on_batch is not None:
                 self.on_batch(BatchRecord(
@@ -180,6 +180,14 @@ def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int, ni: in
     if progress.nonfinite_in_row >= MAX_NONFINITE_BATCHES:
         raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1,
                                  from_start=progress.nonfinite_in_row > ni)  # batches 0..ni all skipped
+
+
+def _memory_text(device: torch.device) -> str:
+    """The bar's memory: VRAM allocated on CUDA, else the process's resident set ("rss"), or nothing."""
+    if device.type == "cuda":
+        return f"mem {torch.cuda.memory_allocated(device) / 1e9:.3g}G "
+    rss = process_memory_bytes()
+    return "" if rss is None else f"rss {rss / 1e9:.3g}G "
 
 
 def _peak_allocated(device: torch.device) -> int | None:

@@ -8,8 +8,6 @@ import contextvars
 import dataclasses
 import html
 import logging
-import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ import ipywidgets as w
 import pandas as pd
 from IPython.display import display
 
+from yolo9kit.env import process_memory_bytes
 from yolo9kit.files import format_bytes
 from yolo9kit.train.fit import FitResult, fit
 from yolo9kit.train.records import BatchRecord, EpochRecord
@@ -352,16 +351,3 @@ def train_dashboard(title: str = "training", *, min_interval_s: float = 1.0, int
         dash.show()
     return dash
 
-
-def process_memory_bytes() -> int | None:
-    """This process's resident set size in bytes (Linux), else its peak (``getrusage``), None without either."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        pass
-    try:
-        import resource
-    except ImportError:
-        return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
