@@ -1,8 +1,6 @@
 """Task-aligned label assignment (TAL) for the YOLOv9 loss: the official ``utils/tal/assigner.py
-TaskAlignedAssigner`` (topk 10, alpha 0.5, beta 6.0, eps 1e-9) computed in memory-bounded chunks of
-images and GT rows, bit-identical to the unchunked result (only correctly rounded per-pair arithmetic).
-How and what it saves: docs/loss.md, "Memory of the assigner".
-"""
+TaskAlignedAssigner`` (topk 10, alpha 0.5, beta 6.0, eps 1e-9) in memory-bounded chunks of images and GT rows,
+bit-identical to the unchunked result; how and what it saves: docs/loss.md, "Memory of the assigner"."""
 
 from __future__ import annotations
 
@@ -15,21 +13,12 @@ from yolo9kit.env import to_device_async
 
 
 class AssignResult(NamedTuple):
-    """Targets of the task-aligned assigner for every anchor.
+    """Targets of the task-aligned assigner for every anchor (docs/loss.md, "The task-aligned assigner")."""
 
-    Attributes:
-        target_labels: (B, A) int64 class of the assigned GT (GT 0's class where background,
-            like the official code; only meaningful where ``fg_mask``).
-        target_bboxes: (B, A, 4) xyxy box of the assigned GT, same units as the GT input.
-        target_scores: (B, A, C) float32: at foreground anchors the assigned class holds the
-            normalised alignment (so each GT's best anchor gets that GT's best CIoU), zero elsewhere.
-        fg_mask: (B, A) bool, anchors that have a GT.
-    """
-
-    target_labels: torch.Tensor
-    target_bboxes: torch.Tensor
-    target_scores: torch.Tensor
-    fg_mask: torch.Tensor
+    target_labels: torch.Tensor  # (B, A) int64 class of the assigned GT (GT 0's where background, as official)
+    target_bboxes: torch.Tensor  # (B, A, 4) xyxy box of the assigned GT, in the units of the GT input
+    target_scores: torch.Tensor  # (B, A, C) float32: the normalised alignment at the assigned class, else 0
+    fg_mask: torch.Tensor  # (B, A) bool, anchors that have a GT
 
 
 class TaskAlignedAssigner:
@@ -38,55 +27,46 @@ class TaskAlignedAssigner:
     Args:
         num_classes: number of classes C.
         topk: candidate anchors per GT (official ComputeLoss: 10).
-        alpha: exponent of the class score in the alignment metric (0.5).
-        beta: exponent of the CIoU in the alignment metric (6.0).
+        alpha, beta: exponents of the class score (0.5) and of the CIoU (6.0) in the alignment metric.
         eps: in-box margin and normalisation epsilon (1e-9).
-        max_pairs: most (image, GT, anchor) pairs whose intermediates are held at once; ``None``
-            processes the whole batch in one go (the official memory profile, minus its int64 one-hots).
+        max_pairs: most (image, GT, anchor) pairs whose intermediates are held at once; ``None``: the whole batch
+            in one go (the official memory profile, minus its int64 one-hots).
+
+    Raises:
+        ValueError: ``max_pairs`` below 1.
     """
 
     def __init__(self, num_classes: int, *, topk: int = 10, alpha: float = 0.5, beta: float = 6.0,
                  eps: float = 1e-9, max_pairs: int | None = 8_388_608) -> None:
         if max_pairs is not None and max_pairs < 1:
             raise ValueError(f"max_pairs must be a positive pair count or None, got {max_pairs}")
-        self.num_classes = num_classes
-        self.topk = topk
-        self.alpha = alpha
-        self.beta = beta
-        self.eps = eps
+        self.num_classes, self.topk, self.alpha, self.beta, self.eps = num_classes, topk, alpha, beta, eps
         self.max_pairs = max_pairs
         self._alpha_is_exact = alpha in (0.5, 1.0)  # pow runs as sqrt / identity: same bits anywhere
 
     @torch.no_grad()
     def __call__(self, pd_scores: torch.Tensor, pd_bboxes: torch.Tensor, anc_points: torch.Tensor,
                  gt_labels: torch.Tensor, gt_bboxes: torch.Tensor, gt_counts: torch.Tensor) -> AssignResult:
-        """Assign GTs to anchors.
+        """Assign GTs to anchors; returns an AssignResult. Boxes are xyxy, points and boxes in pixels.
 
         Args:
-            pd_scores: (B, A, C) predicted class probabilities (sigmoid applied), detached.
-            pd_bboxes: (B, A, 4) predicted xyxy boxes, pixels.
-            anc_points: (A, 2) anchor centres, pixels.
-            gt_labels: (B, M) class of each GT row (float or int), padding rows anything.
-            gt_bboxes: (B, M, 4) xyxy GT boxes, pixels; rows ``>= gt_counts[b]`` are padding.
-            gt_counts: (B,) int number of real GT rows of each image (real rows come first).
-
-        Returns:
-            AssignResult.
+            pd_scores, pd_bboxes: (B, A, C) predicted class probabilities (sigmoid applied), (B, A, 4) boxes.
+            anc_points: (A, 2) anchor centres.
+            gt_labels, gt_bboxes: (B, M) class (float or int) and (B, M, 4) box of each GT row.
+            gt_counts: (B,) int number of real GT rows of each image (they come first, the rest is padding).
         """
         batch_size, num_anchors, _ = pd_scores.shape
         device = pd_scores.device
         target_labels = torch.full((batch_size, num_anchors), self.num_classes, dtype=torch.long, device=device)
         target_bboxes = torch.zeros((batch_size, num_anchors, 4), dtype=gt_bboxes.dtype, device=device)
-        target_scores = torch.zeros((batch_size, num_anchors, self.num_classes), dtype=torch.float32,
-                                    device=device)
+        target_scores = torch.zeros((batch_size, num_anchors, self.num_classes), dtype=torch.float32, device=device)
         fg_mask = torch.zeros((batch_size, num_anchors), dtype=torch.bool, device=device)
         counts = gt_counts.tolist()  # the loss passes CPU counts: no device synchronisation here
         gt_counts = to_device_async(gt_counts, device)
         if gt_bboxes.shape[1] == 0 or max(counts, default=0) == 0:  # no GT in the batch: all background
             return AssignResult(target_labels, target_bboxes, target_scores, fg_mask)
-        # Per-box and per-score terms, once for the whole batch so every chunking sees the same bits.
-        # score ** 0.5 runs as a correctly rounded sqrt, so with the official alpha the power is taken
-        # later on the (b, r, A) gathered scores instead of on a (B, A, C) copy.
+        # Per-box and per-score terms once for the whole batch (every chunking sees the same bits); an exact alpha
+        # (sqrt) is taken later on the (b, r, A) gathered scores instead of on a (B, A, C) copy.
         scores_pow = pd_scores.float() if self._alpha_is_exact else pd_scores.float().pow(self.alpha)
         pred_atan, gt_atan = _aspect_atan(pd_bboxes), _aspect_atan(gt_bboxes)  # (B, A), (B, M)
         for start, stop in self._image_chunks(counts, num_anchors):
@@ -124,18 +104,14 @@ class TaskAlignedAssigner:
         overlaps, align, candidate = self._candidates(scores_pow, pd_bboxes, pred_atan, anc_points, labels,
                                                       gt_bboxes, gt_atan, is_real)
 
-        # An anchor that is a candidate of several GTs keeps the GT it overlaps most among ALL GTs
-        # of the image (official select_highest_overlaps), even one it was not a candidate of.
-        # Done unconditionally (a no-op where no anchor has several candidates): no device synchronisation.
+        # several candidates: the GT of most overlap among ALL GTs (official select_highest_overlaps), no device sync
         multi = candidate.sum(1) > 1  # (b, A)
         best = overlaps.argmax(1)  # (b, A); first maximum, padding rows are 0 and come last
         candidate = torch.where(multi[:, None, :], rows[None, :, None] == best[:, None, :], candidate)
         fg = candidate.any(1)  # (b, A)
         assigned = candidate.to(torch.uint8).argmax(1)  # (b, A); 0 where background, like the official
 
-        # Normalisation: per GT, the alignment of its final candidates is rescaled so that its best
-        # anchor scores that GT's best CIoU. After conflict resolution a column has at most one
-        # candidate, so the official max over GTs is the value at the assigned GT.
+        # normalisation: a column now has at most one candidate, so the official max over GTs is at the assigned GT
         align.masked_fill_(~candidate, 0)
         overlaps.masked_fill_(~candidate, 0)
         pos_align = align.amax(-1)  # (b, M)
@@ -204,20 +180,15 @@ class TaskAlignedAssigner:
 
 def _pairwise_ciou(gt_xyxy: torch.Tensor, gt_atan: torch.Tensor, pred_xyxy: torch.Tensor,
                    pred_atan: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
-    """CIoU of every GT against every prediction of the same image: (b, r, 4), (b, A, 4) -> (b, r, A).
-
-    ``boxes.bbox_ciou(gt, pred)`` in the same operation order, each box's ``atan(w / h)`` taken outside
-    (``_aspect_atan``), in place: about five (b, r, A) float tensors alive at once.
-    """
+    """CIoU of every GT against every prediction of the same image: (b, r, 4), (b, A, 4) -> (b, r, A);
+    ``boxes.bbox_ciou(gt, pred)`` in the same operation order, in place, each ``atan(w / h)`` taken outside."""
     b1_x1, b1_y1, b1_x2, b1_y2 = (gt_xyxy[..., i, None] for i in range(4))  # (b, r, 1)
     b2_x1, b2_y1, b2_x2, b2_y2 = (pred_xyxy[:, None, :, i] for i in range(4))  # (b, 1, A)
     w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
     w2, h2 = b2_x2 - b2_x1, b2_y2 - b2_y1 + eps
     inter = torch.min(b1_x2, b2_x2).sub_(torch.max(b1_x1, b2_x1)).clamp_(0)
     inter.mul_(torch.min(b1_y2, b2_y2).sub_(torch.max(b1_y1, b2_y1)).clamp_(0))
-    union = (w1 * h1 + w2 * h2).sub_(inter).add_(eps)
-    iou = inter.div_(union)
-    del union
+    iou = inter.div_((w1 * h1 + w2 * h2).sub_(inter).add_(eps))  # the union is freed at once
     diag_sq = torch.max(b1_x2, b2_x2).sub_(torch.min(b1_x1, b2_x1)).pow_(2)
     diag_sq.add_(torch.max(b1_y2, b2_y2).sub_(torch.min(b1_y1, b2_y1)).pow_(2)).add_(eps)
     centre_dist_sq = (b2_x1 + b2_x2 - b1_x1).sub_(b1_x2).pow_(2)

@@ -18,7 +18,7 @@ from matplotlib.patches import Rectangle
 
 from yolo9kit.boxes import clip_boxes_xyxy, cxcywh_to_xyxy
 from yolo9kit.data.sources import read_frame
-from yolo9kit.figure import new_figure
+from yolo9kit.figure import axes_for
 from yolo9kit.files import write_text_atomically
 
 LOGGER = logging.getLogger(__name__)
@@ -31,16 +31,14 @@ SPEED_COLUMNS = ["preprocess_ms", "inference_ms", "nms_ms"]
 def non_max_suppression(prediction: torch.Tensor | Sequence[torch.Tensor], conf: float = 0.25, iou: float = 0.45,
                         classes: Sequence[int] | None = None, agnostic: bool = False, multi_label: bool = False,
                         max_det: int = 300, time_limit_s: float | None = None) -> list[torch.Tensor]:
-    """Confidence filter and class-aware NMS per image, as the official ``utils/general.py`` one.
+    """Confidence filter and class-aware NMS per image, as the official ``utils/general.py`` one; returns B tensors
+    (n, 6) ``[x1, y1, x2, y2, conf, cls]``, by descending conf.
 
     Args:
         prediction: decoded head output (B, 4+nc, A), boxes cx cy w h in pixels; of a (decoded, raw) pair the first.
         conf, iou: minimum class score (exclusive); IoU above which the lower-scored box of a class is dropped.
         multi_label: a row per (box, class) above ``conf`` (validation), not the best class only.
         time_limit_s: then stop with a warning, the later images empty (None: the official ``2.5 + 0.05 * B``).
-
-    Returns:
-        B tensors (n, 6) ``[x1, y1, x2, y2, conf, cls]``, by descending conf.
 
     Raises:
         ValueError: ``conf`` or ``iou`` outside [0, 1], a prediction not (B, 4+nc, A).
@@ -162,8 +160,7 @@ class Prediction:
             cv2.rectangle(image, (x1, y1), (x2, y2), color, lw, cv2.LINE_AA)
             text = f"{self.names[int(cls)]} {conf:.2f}"
             (tw, th), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, thickness)
-            outside = y1 - th - 3 >= 0  # label above the box when it fits, else inside its top edge
-            top, bottom = (y1 - th - 3, y1) if outside else (y1, y1 + th + 3)
+            top, bottom = (y1 - th - 3, y1) if y1 - th - 3 >= 0 else (y1, y1 + th + 3)  # above the box, else inside
             cv2.rectangle(image, (x1, top), (x1 + tw, bottom), color, -1, cv2.LINE_AA)
             cv2.putText(image, text, (x1, bottom - 2), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), thickness,
                         cv2.LINE_AA)
@@ -171,9 +168,7 @@ class Prediction:
 
     def plot(self, ax=None, line_width: float = 2.0):
         """Matplotlib figure of the image with its boxes (returns the figure; shows inline in Jupyter)."""
-        if ax is None:
-            h0, w0 = self.orig_shape
-            ax = new_figure((6, 6 * h0 / max(w0, 1))).add_subplot()
+        _, ax = axes_for(ax, (6, 6 * self.orig_shape[0] / max(self.orig_shape[1], 1)))
         ax.imshow(self._bgr()[..., ::-1])
         for (x1, y1, x2, y2), conf, cls in zip(self.boxes.tolist(), self.scores, self.classes):
             color = tuple(c / 255 for c in _color(int(cls))[::-1])

@@ -89,14 +89,12 @@ class EnvReport:
 
 
 def environment_report(verbose: bool = True, widgets: bool = True) -> EnvReport:
-    """Report versions, CUDA and GPUs, CPU cores, RAM, package data and the JupyterLab widget extension.
+    """An ``EnvReport`` (a table in a notebook) of versions, CUDA and GPUs, CPU cores, RAM, package data and the
+    JupyterLab widget extension; its ``problems`` list what would stop a walkthrough.
 
     Args:
         verbose: log the report at INFO level as well as returning it.
         widgets: ask JupyterLab about its widget extension (a subprocess, about a second).
-
-    Returns:
-        An ``EnvReport`` (a table in a notebook); ``problems`` lists what would stop a walkthrough.
     """
     problems: list[str] = []
     state = _widgets_extension_state() if widgets else "unknown"
@@ -165,8 +163,7 @@ def _widgets_extension_state() -> str:
     if jupyter is None:
         return "unknown"
     try:
-        out = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True, timeout=60,
-                             check=False)
+        out = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     for line in (out.stdout + out.stderr).splitlines():
@@ -195,11 +192,9 @@ def _cgroups(proc: Path) -> list[list[str]]:
 
 def _cgroup_quota(folder: Path) -> float | None:
     """The CPU quota in cores (``200000 100000`` -> 2.0); None when there is none or it cannot be read."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         quota, period = (folder / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
     try:  # cgroup v1
         quota, period = (int((folder / "cpu" / f"cpu.cfs_{name}_us").read_text()) for name in ("quota", "period"))
         return quota / period if quota > 0 and period > 0 else None
@@ -248,11 +243,9 @@ def native_cpu_bf16() -> bool:
     """Whether this CPU computes bf16 in hardware for oneDNN (AVX512-BF16 or AMX-BF16, Arm FEAT_BF16)."""
     if not torch.backends.mkldnn.is_available():
         return False
-    try:
+    with contextlib.suppress(OSError):
         flags = (PROC / "cpuinfo").read_text()
         return " avx512_bf16" in flags or " amx_bf16" in flags
-    except OSError:
-        pass
     try:  # macOS
         out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True,
                              timeout=5, check=False)
@@ -267,13 +260,11 @@ def memory_limits(proc: Path = PROC, root: Path = CGROUP) -> dict[str, int]:
     the process maps), ``"cgroup"`` (memory.max, v2, or memory.limit_in_bytes, v1, less its use)."""
     out = {"RAM": _meminfo(proc / "meminfo").get("MemAvailable")}
     status = _meminfo(proc / "self" / "status")
-    try:
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # resource is None on Windows
         for name, used in (("RLIMIT_AS", status.get("VmSize")), ("RLIMIT_DATA", status.get("VmData"))):
             soft, _ = resource.getrlimit(getattr(resource, name))
             if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
                 out[name] = max(0, soft - (used or 0))
-    except (AttributeError, OSError, ValueError):  # resource is None on Windows
-        pass
     out["cgroup"] = _cgroup_room(proc, root)
     return {name: room for name, room in out.items() if room is not None}
 
@@ -281,14 +272,12 @@ def memory_limits(proc: Path = PROC, root: Path = CGROUP) -> dict[str, int]:
 def _meminfo(path: Path) -> dict[str, int]:
     """``Key: value kB`` lines (/proc/meminfo, /proc/self/status) in bytes; {} when unreadable."""
     out = {}
-    try:
+    with contextlib.suppress(OSError):
         for line in path.read_text().splitlines():
             key, _, rest = line.partition(":")
             parts = rest.split()
             if parts and parts[0].isdigit():
                 out[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
-    except OSError:
-        pass
     return out
 
 
@@ -298,32 +287,26 @@ def _cgroup_room(proc: Path, root: Path) -> int | None:
     for _, controllers, path in _cgroups(proc):
         rel = path.lstrip("/")
         if controllers == "":  # v2: the limits of every level up to the root count
-            folder = root / rel
-            for level in (folder, *(p for p in folder.parents if p == root or root in p.parents)):
-                candidates.append((level / "memory.max", level / "memory.current"))
+            levels = (root / rel, *(p for p in (root / rel).parents if p == root or root in p.parents))
+            candidates += [(level / "memory.max", level / "memory.current") for level in levels]
         elif "memory" in controllers.split(","):
-            for base in (root / "memory" / rel, root / "memory"):
-                candidates.append((base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"))
+            candidates += [(base / "memory.limit_in_bytes", base / "memory.usage_in_bytes")
+                           for base in (root / "memory" / rel, root / "memory")]
     rooms = []
     for limit_file, usage_file in candidates:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             limit = limit_file.read_text().strip()
             if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # v1 "no limit" is a huge number
                 continue
             usage = int(usage_file.read_text().strip()) if usage_file.is_file() else 0
             rooms.append(max(0, int(limit) - usage))
-        except (OSError, ValueError):
-            continue
     return min(rooms) if rooms else None
 
 
 def process_memory_bytes() -> int | None:
     """This process's resident set size in bytes (Linux), else its peak (``getrusage``), None without either."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError, AttributeError), open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     if resource is None:
         return None
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
@@ -364,8 +347,7 @@ def free_cuda_memory(device: Any = None) -> None:
 
 
 def native_bf16(index: int) -> bool:
-    """Whether CUDA device ``index`` computes bf16 in hardware (capability 8.0+; ``torch.cuda.is_bf16_supported``
-    also counts emulation, True on a T4)."""
+    """Whether CUDA device ``index`` computes bf16 in hardware, not emulated (capability 8.0+: docs/gpu.md)."""
     return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
 
 

@@ -83,8 +83,7 @@ def show_batch(batch, names: list[str] | dict[int, str] | None = None, max_image
     targets = np.asarray(targets.cpu() if hasattr(targets, "cpu") else targets, dtype=np.float64)
     colours = matplotlib.colormaps["tab10"]
     for i in range(n):
-        image = images[i].detach().cpu().numpy() if hasattr(images[i], "detach") else np.asarray(images[i])
-        image = image.transpose(1, 2, 0)
+        image = np.asarray(images[i].detach().cpu() if hasattr(images[i], "detach") else images[i]).transpose(1, 2, 0)
         if image.dtype != np.uint8:
             image = (image.clip(0, 1) * 255).astype(np.uint8)
         h, w = image.shape[:2]
@@ -169,8 +168,7 @@ def plot_confusion_matrix(matrix, names: Sequence[str] = (), normalize: bool = T
     array = counts / (counts.sum(0, keepdims=True) + 1e-9) if normalize else counts.copy()
     array[array < 0.005] = np.nan
     fig, ax = axes_for(ax, (12, 9) if nc >= 10 else (7, 5.5))
-    image = ax.imshow(np.ma.masked_invalid(array), cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
-    fig.colorbar(image, ax=ax)
+    fig.colorbar(ax.imshow(np.ma.masked_invalid(array), cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None), ax=ax)
     if 0 < len(names) < 99 and len(names) == nc:
         ticks = list(names) + ["background"]
         ax.set_xticks(range(nc + 1), ticks, rotation=90)
@@ -201,8 +199,7 @@ def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
 
 
 def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), ax=None):
-    """``metric`` ("f1", "p" or "r", else ValueError) against confidence per class, and the smoothed class mean
-    with its best point."""
+    """``metric`` ("f1", "p" or "r"; else ValueError) per class and their smoothed mean, best point marked."""
     ylabel = {"f1": "F1", "p": "Precision", "r": "Recall"}.get(metric)
     if ylabel is None:
         raise ValueError(f"metric must be one of 'f1', 'p', 'r', got {metric!r}")

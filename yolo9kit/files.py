@@ -188,11 +188,9 @@ LOCK_NAME = ".yolo9kit.lock"
 
 
 class FolderLock:
-    """One process at a time in a folder: ``<folder>/.yolo9kit.lock``, ``flock``ed by its owner (pid and host in it).
-
-    The system drops the lock when the owner ends, however it ends: ``acquire`` takes over a file no process holds
-    and raises ``FolderInUseError`` for one a live process holds (nothing is refused where files cannot be locked).
-    """
+    """One process at a time in a folder (docs/faults.md): ``<folder>/.yolo9kit.lock``, ``flock``ed by its owner;
+    ``acquire`` raises ``FolderInUseError`` when a live process holds it (nothing is refused where files cannot be
+    locked)."""
 
     def __init__(self, folder: str | Path, what: str = "a run") -> None:
         self.path, self.what = Path(folder) / LOCK_NAME, what

@@ -1,7 +1,6 @@
 """The YOLOv9 training loss (task-aligned assignment, CIoU box loss, DFL, BCE class loss), per head, with the
 dual (auxiliary + main) combination: the official ``utils/loss_tal_dual.py`` / ``loss_tal.py`` ``ComputeLoss``.
-The official constants are the fields of :class:`LossConfig`; docs/loss.md explains the loss.
-"""
+The official constants are the fields of :class:`LossConfig`; docs/loss.md explains the loss."""
 
 from __future__ import annotations
 
@@ -20,36 +19,26 @@ __all__ = ["DetectionLoss", "LossConfig", "HeadTargets"]
 
 
 class HeadTargets(NamedTuple):
-    """Targets padded per image, shared by both heads.
+    """Targets padded per image, shared by both heads."""
 
-    Attributes:
-        labels: (B, M) float class per GT row.
-        boxes_xyxy: (B, M, 4) GT boxes in input pixels; rows ``>= counts[b]`` are zeros.
-        counts: (B,) int64 real GT rows per image, on the device the targets came on (the CPU for loader
-            batches, so the assigner plans its padding without a device synchronisation).
-    """
-
-    labels: torch.Tensor
-    boxes_xyxy: torch.Tensor
-    counts: torch.Tensor
+    labels: torch.Tensor  # (B, M) float class per GT row
+    boxes_xyxy: torch.Tensor  # (B, M, 4) GT boxes in input pixels; rows ``>= counts[b]`` are zeros
+    counts: torch.Tensor  # (B,) int64 real GT rows per image, on the targets' device (loader batches: the CPU, no sync)
 
 
 class DetectionLoss:
     """YOLOv9 loss for dual-head (yolov9-*) and single-head (gelan-*) models.
 
     Args:
-        model: a DetectionModel (uses ``.nc``, ``.stride``, ``.head.reg_max``); or None with
-            ``num_classes`` and ``strides`` given.
+        model: a DetectionModel (uses ``.nc``, ``.stride``, ``.head.reg_max``); or None with ``num_classes`` and
+            ``strides`` given.
         config: LossConfig; defaults to the official constants.
-        num_classes: number of classes, when no model is given.
-        strides: stride of each level in input pixels (e.g. [8, 16, 32]), when no model is given.
-        reg_max: DFL bins per box side (16), when no model is given.
+        num_classes, strides, reg_max: without a model: the number of classes, the stride of each level in input
+            pixels (e.g. [8, 16, 32]) and the DFL bins per box side (16).
 
-    Call with ``(outputs, targets)``: outputs are the training-mode raw maps, a ``DualOutput``
-    (``aux`` None for gelan) or the official order ``[aux maps, main maps]`` / one list of maps;
-    each map (B, 4*reg_max + nc, H, W). targets (N, 6) ``[image_index, class, cx, cy, w, h]``
-    normalised to [0, 1]. Returns ``(loss, loss_items)``: loss is a scalar = (box + cls + dfl) x B for
-    backward; loss_items (3,) detached ``[box, cls, dfl]`` after the gains, before the batch factor.
+    Call with ``(outputs, targets)``, the training-mode maps and the (N, 6) normalised targets; returns ``(loss,
+    loss_items)``: the scalar (box + cls + dfl) x B for backward and the detached (3,) ``[box, cls, dfl]`` after the
+    gains (docs/loss.md).
     """
 
     def __init__(self, model: torch.nn.Module | None = None, config: LossConfig | None = None, *,
@@ -76,23 +65,18 @@ class DetectionLoss:
 
     def __call__(self, outputs: Any, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         heads = self._split_heads(outputs)
-        main = heads[-1]
-        batch_size = main[0].shape[0]
-        device = main[0].device
-        image_hw = (main[0].shape[2] * self.strides[0], main[0].shape[3] * self.strides[0])
+        batch_size, _, height, width = heads[-1][0].shape
+        device = heads[-1][0].device
+        image_hw = (height * self.strides[0], width * self.strides[0])
         gt = self.pad_targets(targets, batch_size, image_hw)  # on the targets' device (CPU: no sync)
         gt = HeadTargets(to_device_async(gt.labels, device), to_device_async(gt.boxes_xyxy, device), gt.counts)
         cfg = self.config
-        # float32 throughout, also inside an AMP autocast region: the maps are upcast in head_loss and
-        # autocast would otherwise run the DFL expectation (a matmul) in half precision.
+        # float32 also inside an AMP autocast region (docs/loss.md, "Precision"); head_loss upcasts the maps
         with torch.autocast(device.type, enabled=False):
             parts = [self.head_loss(maps, gt) for maps in heads]  # each [box, cls, dfl]
-        if len(parts) == 2:  # official order: aux x 0.25 first, then + main
-            items = [aux * cfg.aux_weight + main_ for aux, main_ in zip(*parts)]
-        else:
-            items = parts[0]
-        box, cls, dfl = items[0] * cfg.box_gain, items[1] * cfg.cls_gain, items[2] * cfg.dfl_gain
-        loss_items = torch.stack([box, cls, dfl])
+        # official order: aux x 0.25 first, then + main
+        items = [aux * cfg.aux_weight + main_ for aux, main_ in zip(*parts)] if len(parts) == 2 else parts[0]
+        loss_items = torch.stack([items[0] * cfg.box_gain, items[1] * cfg.cls_gain, items[2] * cfg.dfl_gain])
         return loss_items.sum() * batch_size, loss_items.detach()
 
     def _split_heads(self, outputs: Any) -> list[list[torch.Tensor]]:
@@ -119,10 +103,8 @@ class DetectionLoss:
         return [list(maps) for maps in heads]
 
     def pad_targets(self, targets: torch.Tensor, batch_size: int, image_hw: tuple[float, float]) -> HeadTargets:
-        """(N, 6) normalised targets -> per-image padded pixel boxes (official ComputeLoss.preprocess).
-
-        Rows keep their order within an image; M = most GT rows of any image.
-        """
+        """(N, 6) normalised targets -> per-image padded pixel boxes (official ComputeLoss.preprocess); rows keep
+        their order within an image; M = most GT rows of any image."""
         if targets.ndim != 2 or targets.shape[1] != 6:
             raise ValueError(f"targets must be (N, 6) rows [image_index, class, cx, cy, w, h]; "
                              f"got shape {tuple(targets.shape)}")
@@ -137,22 +119,16 @@ class DetectionLoss:
         out = torch.zeros((batch_size, num_rows, 5), device=device)
         if num_rows:
             order = torch.argsort(image_index, stable=True)
-            starts = torch.cumsum(counts, 0) - counts
-            slot = torch.arange(targets.shape[0], device=device) - starts[image_index[order]]
+            slot = torch.arange(targets.shape[0], device=device) - (counts.cumsum(0) - counts)[image_index[order]]
             out[image_index[order], slot] = targets[order, 1:]
             scale = torch.tensor([image_hw[1], image_hw[0], image_hw[1], image_hw[0]], device=device)
             out[..., 1:5] = cxcywh_to_xyxy(out[..., 1:5].mul_(scale))
         return HeadTargets(out[..., 0], out[..., 1:5], counts)
 
     def head_loss(self, maps: list[torch.Tensor], gt: HeadTargets) -> list[torch.Tensor]:
-        """Unweighted [box, cls, dfl] of one head (official ComputeLoss per-head body).
-
-        Args:
-            maps: per level (B, 4*reg_max + nc, H, W) raw outputs.
-            gt: padded targets from :meth:`pad_targets`.
-        """
-        batch_size = maps[0].shape[0]
-        flat = torch.cat([m.float().reshape(batch_size, self.num_outputs, -1) for m in maps], 2)
+        """Unweighted [box, cls, dfl] of one head (official ComputeLoss per-head body) from its raw ``maps``, per level
+        (B, 4*reg_max + nc, H, W), and the padded targets ``gt`` of :meth:`pad_targets`."""
+        flat = torch.cat([m.float().reshape(m.shape[0], self.num_outputs, -1) for m in maps], 2)
         pred_dist, pred_logits = flat.split((4 * self.reg_max, self.num_classes), 1)
         pred_dist = pred_dist.permute(0, 2, 1).contiguous()  # (B, A, 64)
         pred_logits = pred_logits.permute(0, 2, 1).contiguous()  # (B, A, nc)
@@ -174,28 +150,20 @@ class DetectionLoss:
         fg = assigned.fg_mask.unsqueeze(-1)  # (B, A, 1)
         weight = target_scores.sum(-1, keepdim=True) * fg  # (B, A, 1)
         safe_targets = torch.where(fg, target_boxes, pred_boxes.detach())
-        iou = bbox_ciou(pred_boxes, safe_targets)  # (B, A, 1)
-        box_loss = ((1.0 - iou) * weight).sum() / target_scores_sum
-        points = anchor_points.expand(batch_size, -1, -1)
-        target_ltrb = torch.where(fg, xyxy_to_ltrb(points, safe_targets, self.reg_max - 1 - 0.01), 0.5)  # clamp 14.99
+        box_loss = ((1.0 - bbox_ciou(pred_boxes, safe_targets)) * weight).sum() / target_scores_sum
+        target_ltrb = torch.where(fg, xyxy_to_ltrb(anchor_points, safe_targets, self.reg_max - 1 - 0.01), 0.5)  # 14.99
         dfl = self.distribution_focal_loss(pred_dist.reshape(-1, 4 * self.reg_max), target_ltrb.reshape(-1, 4))
-        dfl_loss = (dfl * weight.reshape(-1, 1)).sum() / target_scores_sum
-        return [box_loss, cls_loss, dfl_loss]
+        return [box_loss, cls_loss, (dfl * weight.reshape(-1, 1)).sum() / target_scores_sum]
 
     def decode_boxes(self, anchor_points: torch.Tensor, pred_dist: torch.Tensor) -> torch.Tensor:
         """(A, 2) points, (B, A, 4*reg_max) logits -> (B, A, 4) xyxy boxes, grid units (softmax expectation)."""
         b, a, c = pred_dist.shape
         bins = torch.arange(self.reg_max, dtype=pred_dist.dtype, device=pred_dist.device)
-        distances = pred_dist.view(b, a, 4, c // 4).softmax(3).matmul(bins)
-        return ltrb_to_xyxy(distances, anchor_points)
+        return ltrb_to_xyxy(pred_dist.view(b, a, 4, c // 4).softmax(3).matmul(bins), anchor_points)
 
     def distribution_focal_loss(self, pred_dist: torch.Tensor, target_ltrb: torch.Tensor) -> torch.Tensor:
-        """DFL (official BboxLoss._df_loss): (n, 4*reg_max) logits, (n, 4) targets in bins -> (n, 1).
-
-        Cross-entropy towards the two bins around each target, weighted by closeness; mean over sides.
-        Both cross-entropies read one log-softmax (what ``F.cross_entropy`` computes twice): the same
-        values, and autograd keeps one (n*4, reg_max) tensor instead of two.
-        """
+        """DFL (official BboxLoss._df_loss, docs/loss.md): (n, 4*reg_max) logits, (n, 4) targets in bins -> (n, 1).
+        Both cross-entropies read one log-softmax (``F.cross_entropy`` computes two): same values, less memory."""
         log_probs = F.log_softmax(pred_dist.reshape(-1, self.reg_max), dim=1)
         left = target_ltrb.long()
         right = left + 1

@@ -52,8 +52,7 @@ def match_predictions(detections: torch.Tensor, labels: torch.Tensor) -> torch.T
         iou = box_iou(labels[:, 1:5], detections[:, :4])  # (M, N)
         same_class = labels[:, 0:1] == detections[:, 5]
         for k in range(thresholds.shape[0]):
-            pairs = _matches(iou, (iou >= thresholds[k]) & same_class)
-            correct[pairs[:, 1].astype(int), k] = True
+            correct[_matches(iou, (iou >= thresholds[k]) & same_class)[:, 1].astype(int), k] = True
     return torch.from_numpy(correct).to(detections.device)
 
 
@@ -61,8 +60,7 @@ def smooth(y: np.ndarray, fraction: float = 0.05) -> np.ndarray:
     """Box-filter ``y`` over an odd window of ``fraction`` of its length, edges padded by repetition."""
     window = round(len(y) * fraction * 2) // 2 + 1
     pad = np.ones(window // 2)
-    padded = np.concatenate((pad * y[0], y, pad * y[-1]), 0)
-    return np.convolve(padded, np.ones(window) / window, mode="valid")
+    return np.convolve(np.concatenate((pad * y[0], y, pad * y[-1]), 0), np.ones(window) / window, mode="valid")
 
 
 def compute_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -71,8 +69,7 @@ def compute_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.nda
     mpre = np.concatenate(([1.0], precision, [0.0]))
     mpre = np.flip(np.maximum.accumulate(np.flip(mpre)))
     x = np.linspace(0, 1, 101)
-    ap = np.trapezoid(np.interp(x, mrec, mpre), x)
-    return float(ap), mpre, mrec
+    return float(np.trapezoid(np.interp(x, mrec, mpre), x)), mpre, mrec
 
 
 class APResult(NamedTuple):
@@ -159,10 +156,8 @@ class ConfusionMatrix:
         matched_label, matched_detection = matches[:, 0].astype(int), matches[:, 1].astype(int)
         for i, gc in enumerate(labels[:, 0].int().tolist()):
             hit = matched_label == i
-            if any_match and hit.sum() == 1:
-                self.matrix[detection_classes[int(matched_detection[hit][0])], gc] += 1
-            else:
-                self.matrix[self.nc, gc] += 1
+            row = detection_classes[int(matched_detection[hit][0])] if any_match and hit.sum() == 1 else self.nc
+            self.matrix[row, gc] += 1
         for i, dc in enumerate(detection_classes if any_match else ()):
             if not (matched_detection == i).any():
                 self.matrix[dc, self.nc] += 1
@@ -183,17 +178,14 @@ def coco_predictions(detections, path: str | Path, class_map: Sequence[int] | No
     """COCO result records of one image's detections (original-image pixels), as ``val_dual.py --save-json``;
     ``class_map``: class id -> category id (``COCO80_TO_COCO91`` for COCO), None keeps the class id."""
     image_id = image_id_from_path(path)
-    records = []
-    for x1, y1, x2, y2, conf, cls in _to_numpy(detections).tolist():
-        category = class_map[int(cls)] if class_map is not None else int(cls)
-        records.append({"image_id": image_id, "category_id": category,
-                        "bbox": [round(v, 3) for v in (x1, y1, x2 - x1, y2 - y1)], "score": round(conf, 5)})
-    return records
+    return [{"image_id": image_id, "category_id": class_map[int(cls)] if class_map is not None else int(cls),
+             "bbox": [round(v, 3) for v in (x1, y1, x2 - x1, y2 - y1)], "score": round(conf, 5)}
+            for x1, y1, x2, y2, conf, cls in _to_numpy(detections).tolist()]
 
 
 def coco_ground_truth(images: Iterable[tuple[str | Path, tuple[int, int], np.ndarray]], names: Sequence[str],
                       class_map: Sequence[int] | None = None) -> dict:
-    """COCO ground truth from (path, (h0, w0), labels in original-image pixels) per image; ``class_map`` as for
+    """COCO ground truth of (path, (h0, w0), labels in original pixels) per image; ``class_map`` as in
     :func:`coco_predictions`."""
     category = (lambda c: class_map[c]) if class_map is not None else (lambda c: c)
     out = {"images": [], "annotations": [],

@@ -95,17 +95,15 @@ def memory_vs_batch(df, gpu: Any = None, ax=None, *, margin: float | None = None
                     "scale)", transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#a00")
         if margin:
             ax.axhline(capacity * (1 - margin) / GIB, color="k", ls="--", lw=0.8, label=f"{1 - margin:.0%} budget")
-    ax.set(xlabel="batch size (images per micro-step)", ylabel="device bytes (GiB)")
+    ax.set(xlabel="batch size (images per micro-step)", ylabel="device bytes (GiB)", xlim=(0, None))
     ax.set_title("device bytes of one training step against the batch size", fontsize=10)
-    ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
 
 
 def memory_breakdown(reports, ax=None):
-    """Stacked bars of the breakdown of one ``MemoryReport`` or a list (one bar each), in GiB, with the reserved
-    peak marked above each bar."""
+    """Stacked bars (GiB) of the breakdown of one ``MemoryReport`` or a list (a bar each), reserved peaks marked."""
     reports = reports if isinstance(reports, (list, tuple)) else [reports]
     fig, ax = axes_for(ax, (max(4.0, 1.1 * len(reports) + 3), 4.5))
     labels = [f"{r.model}\nb{r.batch_size} {precision_name(r.step.amp)}"

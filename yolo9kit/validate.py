@@ -47,8 +47,7 @@ def clock(device: torch.device) -> float:
 
 def detect_batch(forward, images: torch.Tensor, device, dtype, nhwc: bool, head: str, nms: NMSConfig,
                  multi_label: bool = False):
-    """(input batch, detections per image, (preprocess, inference, NMS) seconds) of uint8 ``images``, timed as the
-    official scripts time them."""
+    """(input batch, detections per image, (preprocess, inference, NMS) seconds) of uint8 ``images``, as official."""
     t0 = clock(device)
     x = preprocess_images(images, device, dtype, channels_last=nhwc)
     t1 = clock(device)
@@ -99,9 +98,8 @@ class ValResult:
 
     def to_dict(self) -> dict[str, float]:
         """The headline numbers (plus COCOeval's, prefixed ``coco/``) as plain floats."""
-        out = {"P": self.precision, "R": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95,
-               "fitness": self.fitness}
-        return out | {f"coco/{k}": v for k, v in (self.coco or {}).items()}
+        return {"P": self.precision, "R": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95,
+                "fitness": self.fitness} | {f"coco/{k}": v for k, v in (self.coco or {}).items()}
 
 
 def _loader(data, dataloader, split: str = "val", imgsz: int = 640, batch_size: int = 32,
@@ -110,8 +108,7 @@ def _loader(data, dataloader, split: str = "val", imgsz: int = 640, batch_size: 
         return dataloader
     if data is None:
         raise ValueError("validation needs data= (a data.yaml path or dict) or dataloader=")
-    # as val_dual.py: rect batches padded by half a stride, no augmentation; a split whose labels would refuse
-    # to train is still scored
+    # as val_dual.py: rect batches padded by half a stride, no augmentation; labels that refuse to train are scored
     return create_dataloader(data, split, imgsz=imgsz, batch_size=batch_size, augment=False, rect=True,
                              shuffle=False, pad=0.5, workers=workers, single_cls=single_cls, allow_bad_labels=True)
 
@@ -201,8 +198,7 @@ def _run_batches(model, dtype, nhwc: bool, loader, device, state: _Validation, p
         # boxes to input pixels; a new tensor, the loader's batch stays untouched
         targets = targets.to(device) * torch.tensor((1, 1, width, height, width, height), device=device)
         for si, pred in enumerate(detections):
-            _score_image(pred.float(), targets[targets[:, 0] == si, 1:], paths[si], shapes[si], (height, width),
-                         state)
+            _score_image(pred.float(), targets[targets[:, 0] == si, 1:], paths[si], shapes[si], (height, width), state)
 
 
 def _score_image(pred, labels, path, shape, input_hw, state: _Validation) -> None:

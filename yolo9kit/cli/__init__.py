@@ -85,8 +85,7 @@ def _add_extra(verbs: argparse._SubParsersAction, name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s",
-                        stream=sys.stdout)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s", stream=sys.stdout)
     set_cpu_threads()  # at most the cores this process may use (a container's quota included)
     try:
         return int(args.func(args) or 0)
@@ -104,12 +103,10 @@ def one_line(error: BaseException) -> str:
     """The message of ``error`` as one line: its first line, a state-dict mismatch summarised, long ones cut."""
     text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
     if text.startswith("Error(s) in loading state_dict"):  # torch's: tens of KB of key names
-        def keys(label: str) -> int:
-            found = re.search(label + r" in state_dict: ([^\n]*)", text)
-            return len(re.findall(r'"[^"]*"', found.group(1))) if found else 0
-
+        keys = {line.split()[0]: len(re.findall(r'"[^"]*"', line)) for line in text.splitlines()
+                if line.strip().startswith(("Missing key(s) in state_dict:", "Unexpected key(s) in state_dict:"))}
         text = (f"the checkpoint's weights do not fit the model ({text.count('size mismatch for ')} tensors of "
-                f"another shape, {keys('Missing key[(]s[)]')} missing, {keys('Unexpected key[(]s[)]')} unexpected): "
+                f"another shape, {keys.get('Missing', 0)} missing, {keys.get('Unexpected', 0)} unexpected): "
                 "it was saved from another architecture or number of classes; start a new run from it with "
                 "`python -m yolo9kit train --weights FILE` (the tensors that fit are transferred)")
     lines = [line.strip() for line in text.splitlines() if line.strip()]

@@ -18,8 +18,7 @@ from yolo9kit.train.state import increment_path
 from yolo9kit.validate import compare_heads, evaluate
 
 
-def _add_shared(p: argparse.ArgumentParser, verb: str, nms: NMSConfig, batch_size: int, heads: tuple[str, ...]
-                ) -> None:
+def _add_shared(p: argparse.ArgumentParser, verb: str, nms: NMSConfig, batch_size: int, heads: tuple) -> None:
     """The flags detect and val share, with the official defaults of each (``nms``)."""
     p.add_argument("--weights", required=True, help="kit checkpoint, official .pt, or a model name (random weights)")
     p.add_argument("--batch-size", type=checked(int, low=1), default=batch_size,

@@ -99,14 +99,11 @@ class Layers(argparse.Action):
 # How the command line writes the settings that are not a plain number, word or switch (the rest: their declaration)
 _FORMS = {
     "batch_size": {"type": lambda text: "auto" if text.lower() in ("auto", "-1") else setting_type("batch_size")(text)},
-    "activation_checkpointing": {"action": Layers, "type": str, "metavar": "LAYERS"},
+    "activation_checkpointing": {"action": Layers, "type": str, "metavar": "LAYERS"}, "device": {"type": device},
     "freeze": {"action": Layers, "type": str, "nargs": "+", "metavar": "LAYERS"},
-    "cache": {"choices": ("ram", "disk"), "nargs": "?", "const": "ram"},
+    "cache": {"choices": ("ram", "disk"), "nargs": "?", "const": "ram"}, "resume": {"nargs": "?", "const": True},
     "compile": {"nargs": "?", "const": True, "metavar": "MODE"},
-    "resume": {"nargs": "?", "const": True},
-    "device": {"type": device},
-    "loggers": {"nargs": "+", "choices": LOGGERS, "metavar": "NAME"},
-}
+    "loggers": {"nargs": "+", "choices": LOGGERS, "metavar": "NAME"}}
 _PLAIN = dict.fromkeys((*FAST_SWITCHES, "colour_on_device"), False)  # --plain-step
 _SCHEDULES = {"cos_lr": "cosine", "flat_cos_lr": "flat-cosine", "fixed_lr": "fixed"}
 

@@ -71,12 +71,6 @@ def mapped_corners(A: np.ndarray, x0: float, y0: float, x1: float, y1: float) ->
     return xy[:, :2] / xy[:, 2:3]
 
 
-def visible(A: np.ndarray, w: float, h: float, out_w: int, out_h: int) -> bool:
-    """Does the rectangle [0, w] x [0, h] mapped by A overlap the output?"""
-    xy = mapped_corners(A, 0, 0, w, h)
-    return bool(xy[:, 0].max() > 0 and xy[:, 0].min() < out_w and xy[:, 1].max() > 0 and xy[:, 1].min() < out_h)
-
-
 def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = False) -> None:
     """Warp ``src`` by ``A`` (src pixels -> out pixels) into ``out`` in place, over its bounding rectangle only."""
     H, W = out.shape[:2]
@@ -100,21 +94,16 @@ def place(out: np.ndarray, src: np.ndarray, A: np.ndarray, perspective: bool = F
     if x1 <= x0 or y1 <= y0:
         return
     B = translation(-x0, -y0) @ A
-    kw = dict(dst=out[y0:y1, x0:x1], flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
-    if perspective:
-        cv2.warpPerspective(src, B, (x1 - x0, y1 - y0), **kw)
-    else:
-        cv2.warpAffine(src, B[:2], (x1 - x0, y1 - y0), **kw)
+    warp, B = (cv2.warpPerspective, B) if perspective else (cv2.warpAffine, B[:2])
+    warp(src, B, (x1 - x0, y1 - y0), dst=out[y0:y1, x0:x1], flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
 
 
 def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, int, int, int, int] | None:
     """x_out = a * x_src + b: output [i0, i1), source crop [c0, c1), resized length, its offset; or None."""
-    i0 = max(math.ceil(a * -0.5 + b), 0)
-    i1 = min(math.ceil(a * (n_src - 0.5) + b), n_out)
+    i0, i1 = max(math.ceil(a * -0.5 + b), 0), min(math.ceil(a * (n_src - 0.5) + b), n_out)
     if i1 <= i0:
         return None
-    c0 = max(math.floor((i0 - b) / a), 0)
-    c1 = min(math.ceil((i1 - 1 - b) / a) + 2, n_src)
+    c0, c1 = max(math.floor((i0 - b) / a), 0), min(math.ceil((i1 - 1 - b) / a) + 2, n_src)
     offset = min(round(a * (c0 - 0.5) + b + 0.5), i0)  # output index of resized pixel 0
     length = max(round((c1 - c0) * a), i1 - offset, 1)  # cover [i0, i1) fully: no seam between tiles
     return i0, i1, c0, c1, length, offset
@@ -122,16 +111,13 @@ def _axis_plan(a: float, b: float, n_src: int, n_out: int) -> tuple[int, int, in
 
 def flip_image(image: np.ndarray, lr: bool, ud: bool) -> np.ndarray:
     """np.fliplr / np.flipud as one OpenCV call (a contiguous copy)."""
-    if lr or ud:
-        return cv2.flip(image, -1 if lr and ud else 1 if lr else 0)
-    return image
+    return cv2.flip(image, -1 if lr and ud else 1 if lr else 0) if lr or ud else image
 
 
 def hsv_gains(rng: np.random.Generator, hyp: Hyp) -> np.ndarray | None:
     """Gains for H, S, V: 1 + U(-1, 1) * (hsv_h, hsv_s, hsv_v) (official augment_hsv), or None."""
-    if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
-        return None
-    return rng.uniform(-1, 1, 3) * [hyp.hsv_h, hyp.hsv_s, hyp.hsv_v] + 1
+    gains = [hyp.hsv_h, hyp.hsv_s, hyp.hsv_v]
+    return rng.uniform(-1, 1, 3) * gains + 1 if any(gains) else None
 
 
 def bgr_to_rgb(image_bgr: np.ndarray, gains: np.ndarray | None) -> np.ndarray:
@@ -168,32 +154,24 @@ def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, he
     n = len(labels)
     if not n:
         return labels
-    xy = np.ones((n * 4, 3))
-    xy[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)  # the 4 corners of each box
-    xy = xy @ M.T
+    xy = np.c_[labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2), np.ones(n * 4)] @ M.T  # 4 corners a box
     xy = (xy[:, :2] / xy[:, 2:3]).reshape(n, 8)
     x, y = xy[:, [0, 2, 4, 6]], xy[:, [1, 3, 5, 7]]
-    new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
-    new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
-    new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
+    new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1).clip(0, [width, height, width, height])
     reboxed = False
     for row, poly in enumerate(polygons or []):
         if poly is None:
             continue
-        # 1000 points evenly spaced in vertex index (official resample_segments), boxed where inside (segment2box)
-        closed = np.concatenate([poly, poly[:1]], 0)
+        closed = np.concatenate([poly, poly[:1]], 0)  # official resample_segments (1000 points) and segment2box
         t, tp = np.linspace(0, len(closed) - 1, 1000), np.arange(len(closed))
-        xy = np.ones((1000, 3))
-        xy[:, 0], xy[:, 1] = np.interp(t, tp, closed[:, 0]), np.interp(t, tp, closed[:, 1])
-        xy = xy @ M.T
+        xy = np.c_[np.interp(t, tp, closed[:, 0]), np.interp(t, tp, closed[:, 1]), np.ones(1000)] @ M.T
         x, y = xy[:, 0] / xy[:, 2], xy[:, 1] / xy[:, 2]
         inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
         x, y = x[inside], y[inside]
         new[row] = np.array([x.min(), y.min(), x.max(), y.max()]) if inside.any() else np.zeros(4)
         reboxed = True
     keep = box_candidates(labels[:, 1:5].T * zoom, new.T, area_thr=0.01 if reboxed else 0.10)
-    # a box clipped to nothing off the canvas: its polygon, an edge line, may rotate into a box (official keeps it)
-    keep &= (labels[:, 3] > labels[:, 1]) & (labels[:, 4] > labels[:, 2])
+    keep &= (labels[:, 3] > labels[:, 1]) & (labels[:, 4] > labels[:, 2])  # docs/data.md, "Deliberate differences"
     labels = labels[keep]
     labels[:, 1:5] = new[keep]
     return labels
@@ -201,8 +179,7 @@ def affine_labels(labels: np.ndarray, M: np.ndarray, zoom: float, width: int, he
 
 def copy_paste(labels: np.ndarray, polygons: list, p: float, rng: np.random.Generator,
                canvas_width: int) -> tuple[np.ndarray, list, list[np.ndarray]]:
-    """Official copy_paste on labels: rows whose mirrored box covers < 30 % of every box are candidates, round(p * n)
-    appended; ``polygons``: per row (k, 2) canvas pixels or None. Returns (labels, polygons, pasted polygons)."""
+    """Official copy_paste (docs/data.md); ``polygons``: per row (k, 2) pixels or None -> (labels, polygons, pasted)."""
     rows = [i for i, poly in enumerate(polygons) if poly is not None]
     if not p or not rows:
         return labels, polygons, []
@@ -236,8 +213,6 @@ def xyxy_to_cxcywh_norm(labels: np.ndarray, width: int, height: int, eps: float 
 def cxcywh_norm_to_xyxy(labels: np.ndarray, w: float, h: float, padw: float = 0, padh: float = 0) -> np.ndarray:
     """Normalised cxcywh -> pixel xyxy in an image of size (w, h), shifted by the padding."""
     out = labels.astype(np.float64, copy=True)
-    out[:, 1] = w * (labels[:, 1] - labels[:, 3] / 2) + padw
-    out[:, 2] = h * (labels[:, 2] - labels[:, 4] / 2) + padh
-    out[:, 3] = w * (labels[:, 1] + labels[:, 3] / 2) + padw
-    out[:, 4] = h * (labels[:, 2] + labels[:, 4] / 2) + padh
+    out[:, 1], out[:, 3] = w * (labels[:, 1] - labels[:, 3] / 2) + padw, w * (labels[:, 1] + labels[:, 3] / 2) + padw
+    out[:, 2], out[:, 4] = h * (labels[:, 2] - labels[:, 4] / 2) + padh, h * (labels[:, 2] + labels[:, 4] / 2) + padh
     return out

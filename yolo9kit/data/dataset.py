@@ -28,7 +28,6 @@ def check(data: str | Path | dict | DataConfig, split: str = "train", use_cache:
     Args:
         data: data.yaml path, dict or DataConfig; use_cache: reuse (and write) the label cache.
         for_training: also raise the ``DataError`` that training on ``split`` would raise.
-
     Raises:
         DataError: the split has no image at all, or (``for_training``) it would not train.
     """
@@ -67,10 +66,8 @@ class YOLODataset(Dataset):
         imgsz: long side of each loaded image; hyp: dict of official keys or :class:`Hyp` (hyp.scratch-high).
         rect, batch_size, stride, pad: rectangular batches (aspect-ratio order, mosaic off), ``pad`` strides wide.
         cache: "ram", "auto" (RAM within ``cache_budget`` of it), "disk" (memory-mapped) or None (docs/data.md).
-        min_items: drop images with fewer boxes; single_cls: every class becomes 0.
-        seed: augmentation draws depend only on (seed, epoch, index).
+        min_items: drop images with fewer boxes; single_cls: every class becomes 0; seed: of the augmentation.
         allow_bad_labels: open a ``train`` split that would raise a ``DataError``.
-
     Attributes:
         im_files, labels (per image (n, 5) ``class cx cy w h``), shapes ((N, 2) width, height), report,
         mosaic (``set_mosaic``), colour_on_device (samples carry their HSV gains, set by create_dataloader).
@@ -199,11 +196,11 @@ class YOLODataset(Dataset):
         H, W = out.shape[:2]
         for i, x1a, y1a, x2a, y2a, padw, padh in tiles:
             tile_w, tile_h = x2a - x1a, y2a - y1a
-            if tile_w <= 0 or tile_h <= 0 or not A.visible(G @ A.translation(x1a, y1a), tile_w, tile_h, W, H):
+            xy = A.mapped_corners(G @ A.translation(x1a, y1a), 0, 0, tile_w, tile_h)  # the tile in the output
+            if min(tile_w, tile_h) <= 0 or (xy.max(0) <= 0).any() or (xy.min(0) >= (W, H)).any():
                 continue  # this tile lands outside the output: never decode it
             src, to_nominal = self._source(i, zoom)
-            # crop the source to the part of the tile that lies on the canvas
-            sx, sy = to_nominal[0, 0], to_nominal[1, 1]
+            sx, sy = to_nominal[0, 0], to_nominal[1, 1]  # the source cropped to the part of the tile on the canvas
             inv = np.array([[1 / sx, 0, -to_nominal[0, 2] / sx], [0, 1 / sy, -to_nominal[1, 2] / sy], [0, 0, 1.0]])
             x1b, y1b = x1a - padw, y1a - padh
             (sx0, sy0), (sx1, sy1) = ((inv @ [x1b - 0.5, y1b - 0.5, 1])[:2],

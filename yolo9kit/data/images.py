@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,8 +21,7 @@ from yolo9kit.files import write_file, write_text_atomically
 log = logging.getLogger(__name__)
 
 PAD_VALUE = 114  # grey used for every padded or uncovered pixel, as in the official pipeline
-_REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-            8: cv2.IMREAD_REDUCED_COLOR_8}
+_REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 DISK_CACHE_VERSION = 2  # 2: validation images fully decoded (1 reduced large JPEGs), official sizes
 DISK_SUFFIX = ".yolo9kit-images"
 
@@ -48,8 +48,7 @@ def resized_size(width: int, height: int, image_size: int) -> tuple[int, int]:
 
 
 def load_resized(path: str, image_size: int, augment: bool, size_wh: tuple[int, int]) -> np.ndarray:
-    """Official load_image: BGR, long side ``image_size``; ``augment`` decodes a large JPEG of (w, h) ``size_wh``
-    reduced (docs/data.md)."""
+    """Official load_image: BGR, long side ``image_size``; ``augment``: a large JPEG (``size_wh``) decoded reduced."""
     if augment:
         w0, h0 = size_wh
         image = read_bgr(path, reduce_factor(image_size / max(h0, w0) * 2))
@@ -129,9 +128,9 @@ def _disk_images(path: Path, paths: list[str], sizes: list[tuple[int, int]], ima
         pass  # missing or damaged: rebuilt below
 
     def write(tmp: Path) -> None:
-        bar = tqdm(total=len(paths), disable=len(paths) < 1000,
-                   desc=f"writing the disk image cache ({images.nbytes / 2**30:.2f} GiB)")
-        with open(tmp, "wb") as f, decode_pool() as pool:
+        with (open(tmp, "wb") as f, decode_pool() as pool,
+              tqdm(total=len(paths), desc=f"writing the disk image cache ({images.nbytes / 2**30:.2f} GiB)",
+                   disable=len(paths) < 1000) as bar):
             for start in range(0, len(paths), 256):  # bounded: decoded images never pile up in RAM
                 part = slice(start, start + 256)
                 decoded = pool.map(lambda p, wh: load_resized(p, image_size, augment, wh), paths[part], sizes[part])
@@ -140,7 +139,6 @@ def _disk_images(path: Path, paths: list[str], sizes: list[tuple[int, int]], ima
                         raise OSError(f"{path_i} changed while caching: expected {shape}, got {image.shape[:2]}")
                     f.write(np.ascontiguousarray(image).data)
                 bar.update(len(shapes[part]))
-        bar.close()
 
     write_file(path, write, needed=images.nbytes, what=f"writing the disk image cache {path}", durable=False)
     write_text_atomically(header, json.dumps(meta))
@@ -156,22 +154,19 @@ def letterbox(image: np.ndarray, new_shape: int | tuple[int, int] = 640,
 
     Args:
         auto: pad only up to the next multiple of ``stride``; scale_fill: stretch, no padding; scaleup: may enlarge.
-
     Returns:
         ``(image, (rw, rh), (pad_w, pad_h))``: the ratios applied and half the padding (may be fractional).
     """
     shape = image.shape[:2]
     new_shape = (new_shape, new_shape) if isinstance(new_shape, int) else new_shape
-    r = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
-    r = r if scaleup else min(r, 1.0)
+    r = min(new_shape[0] / shape[0], new_shape[1] / shape[1], math.inf if scaleup else 1.0)
     ratio = (r, r)
     new_unpad = (int(round(shape[1] * r)), int(round(shape[0] * r)))  # (w, h)
     dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
     if auto:
         dw, dh = np.mod(dw, stride), np.mod(dh, stride)
     elif scale_fill:
-        dw, dh = 0.0, 0.0
-        new_unpad = (new_shape[1], new_shape[0])
+        dw, dh, new_unpad = 0.0, 0.0, (new_shape[1], new_shape[0])
         ratio = (new_shape[1] / shape[1], new_shape[0] / shape[0])
     dw, dh = dw / 2, dh / 2
     if shape[::-1] != new_unpad:
@@ -231,8 +226,7 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
-    """A new uint8 batch: per-image HSV gains (B, 3) applied to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` at a
-    time, as OpenCV and the official tables (docs/data.md); gains (1, 1, 1) leave an image as it is.
+    """Per-image HSV gains (B, 3) applied to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` at a time: a new batch.
 
     Raises:
         ValueError: images not uint8 (B, 3, H, W), or gains not (B, 3).
@@ -251,8 +245,7 @@ def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> tor
     for start in range(0, images.shape[0], chunk):
         sl = slice(start, start + chunk)
         hsv, g = rgb_to_hsv_cv(images[sl]).float(), g_all[sl]
-        # The official tables: floor(x * gain), hue taken modulo 180, saturation and value clipped.
-        h = torch.remainder(torch.floor(hsv[:, 0:1] * g[:, 0:1]), 180.0)
+        h = torch.remainder(torch.floor(hsv[:, 0:1] * g[:, 0:1]), 180.0)  # the official tables: floor(x * gain)
         sv = torch.floor(hsv[:, 1:] * g[:, 1:]).clamp_(0, 255)
         rgb = hsv_cv_to_rgb(h[:, 0], sv[:, 0], sv[:, 1])
         out[sl] = torch.where(keep_all[sl], images[sl], rgb)

@@ -78,15 +78,10 @@ class YOLOLoader:
         if not self._epoch_set and self._started:
             self.sampler.epoch += 1
         self._started, self._epoch_set = True, False
-        batches = iter(self.loader)
-        yield from batches if self.colour_device is None else self._jittered(batches)
-
-    def _jittered(self, batches):
-        """Copy each batch's images to ``colour_device`` and apply its HSV gains there."""
-        for images, targets, paths, shapes, *gains in batches:
-            images = images.to(self.colour_device, non_blocking=True)
-            if gains:
-                images = hsv_jitter(images, gains[0])
+        for images, targets, paths, shapes, *gains in self.loader:
+            if self.colour_device is not None:  # the images go there and get their HSV gains there
+                images = images.to(self.colour_device, non_blocking=True)
+                images = hsv_jitter(images, gains[0]) if gains else images
             yield images, targets, paths, shapes
 
 

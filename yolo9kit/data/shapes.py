@@ -115,10 +115,8 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
 
     Args:
         n_train, n_val, max_objects: images per split, at most this many objects per image (at least one).
-        imgsz: square side in pixels, or ``(width, height)``; num_classes: 1 to 8 (``SHAPE_NAMES``).
-        seed: the same seed and arguments give byte-identical files.
+        imgsz: square side in pixels, or ``(width, height)``; num_classes: 1 to 8 (``SHAPE_NAMES``); seed.
         overwrite: replace other files in ``root`` (without it another shapes data set is replaced, with a warning).
-
     Raises:
         FileExistsError: ``root`` holds other files and ``overwrite`` is False.
         ValueError: ``num_classes`` or ``imgsz`` out of range.
@@ -144,7 +142,6 @@ def make_shapes(root: str | Path, n_train: int = 256, n_val: int = 64, imgsz: in
                     {k: v for k, v in previous.items() if params.get(k) != v}, {k: v for k, v in params.items()
                                                                              if previous.get(k) != v})
         overwrite = True
-    # written whole in a folder beside ``root`` and moved into place: an interrupted run leaves the old one
     write_folder(root, lambda folder: _write_shapes(folder, root, params), overwrite=overwrite,
                  needed=(n_train + n_val) * (width * height // 4 + 4096), what="writing the shapes data set")
     log.info("wrote %d train and %d val images to %s", n_train, n_val, root)
@@ -242,7 +239,6 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
         images_dir: where the images are (linked into ``out_dir/images/<split>``); default that folder.
         split: the split the images make; overwrite: replace an earlier conversion.
         holdout: share of a train split held out for validation (0: validate on the training images).
-
     Raises:
         ValueError: ``holdout`` outside [0, 1) or malformed annotations (named).
         FileExistsError: a data.yaml exists there and ``overwrite`` is False.
@@ -268,7 +264,6 @@ def coco_to_yolo(json_path: str | Path, out_dir: str | Path, images_dir: str | P
                  overwrite=overwrite, what=f"writing the labels of {json_path.name}")
     result.n_boxes, result.n_images = sum(len(rows[image_id]) for image_id in label_files), len(images)
     placed = _place_images(images, out_dir / "images" / split, Path(images_dir) if images_dir else None, result)
-    # a share ``holdout`` of the images, at least one of two or more
     n_val = min(max(round(len(placed) * holdout), 1), len(placed) - 1) if holdout and len(placed) > 1 else 0
     val = sorted(random.Random(0).sample(sorted(placed), n_val)) if split == "train" else []
     result.n_val = len(val)
@@ -296,8 +291,7 @@ def _place_images(images: dict[int, tuple[str, float, float]], placed_dir: Path,
             continue
         if source.resolve() != target.resolve():
             target.parent.mkdir(parents=True, exist_ok=True)
-            if target.exists() or target.is_symlink():
-                target.unlink()  # a link of an earlier conversion (data.yaml existed: overwrite was given)
+            target.unlink(missing_ok=True)  # a link of an earlier conversion (data.yaml existed: overwrite was given)
             try:
                 os.link(source, target)
             except OSError:  # another file system, or links not allowed: a symbolic link

@@ -47,11 +47,9 @@ class DataConfig:
         files: list[str] = []
         for src in self.sources[split]:
             s = str(src)
-            if _is_glob(s):
-                for g in glob.glob(s, recursive=True):
+            if _is_glob(s) or src.is_dir():
+                for g in glob.glob(s, recursive=True) if _is_glob(s) else [s]:
                     files += _walk(g) if os.path.isdir(g) else [g]
-            elif src.is_dir():
-                files += _walk(src)
             elif src.is_file():
                 files += [s] if src.suffix.lower() in IMAGE_SUFFIXES else [str(p) for _, p in _listed(src)]
             else:
@@ -84,7 +82,6 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
 
     Args:
         data: the data.yaml path, a dict of its keys (relative to the current folder), or a DataConfig.
-
     Raises:
         FileNotFoundError: no such file.
         ValueError: not a mapping, train, val or names missing, or bad ``names``.
@@ -105,10 +102,8 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
     if missing:
         raise ValueError(f"{where}: missing required key(s) {missing}; a data.yaml needs train, val and names")
     root = base / os.path.expanduser(str(raw.get("path") or "."))
-    sources = {}
-    for split in (s for s in ("train", "val", "test") if raw.get(s)):
-        entries = raw[split] if isinstance(raw[split], (list, tuple)) else [raw[split]]
-        sources[split] = [_resolve(e, root) for e in entries]
+    sources = {s: [_resolve(e, root) for e in (raw[s] if isinstance(raw[s], (list, tuple)) else [raw[s]])]
+               for s in ("train", "val", "test") if raw.get(s)}
     names = raw["names"]
     if isinstance(names, dict):
         keys = sorted(int(k) for k in names)
@@ -229,8 +224,7 @@ class VideoReader:
         self.path, self.vid_stride = path, vid_stride
         self._capture = cv2.VideoCapture(path)
         self.error = "" if self._capture.isOpened() else "OpenCV could not open it as a video (corrupt or no codec)"
-        fps = self._capture.get(cv2.CAP_PROP_FPS) if not self.error else 0.0
-        self.fps = fps if fps and np.isfinite(fps) and fps > 0 else 30.0  # the official fallback
+        self.fps = fps if np.isfinite(fps := self._capture.get(cv2.CAP_PROP_FPS)) and fps > 0 else 30.0  # official
         self.frame_count = int(self._capture.get(cv2.CAP_PROP_FRAME_COUNT)) if not self.error else 0
         self.size = (int(self._capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
                      int(self._capture.get(cv2.CAP_PROP_FRAME_HEIGHT)))

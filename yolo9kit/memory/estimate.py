@@ -99,19 +99,15 @@ class StepMemoryModel:
         sim = CachingAllocatorModel()
         for i in sorted(persistent):
             sim.malloc(i, sizes[i])
-        for s in range(2):
-            timeline = []
-            for i, rec in enumerate(t2.records):
-                if i not in persistent:
-                    key = (s + 1) * len(t2.records) + i
-                    timeline.append((rec.alloc, key, sizes[i]))
-                    timeline.append((rec.free if rec.free is not None else t2.num_events, key, 0))
-            timeline.sort(key=lambda e: e[0])  # event indices are unique (never-freed ones end the step)
-            for _, key, size in timeline:
+        timeline = sorted([(rec.alloc, i, sizes[i]) for i, rec in enumerate(t2.records) if i not in persistent]
+                          + [(t2.num_events if rec.free is None else rec.free, i, 0)  # never freed: end of step
+                             for i, rec in enumerate(t2.records) if i not in persistent], key=lambda e: e[0])
+        for s in (1, 2):  # two steps: the second reuses the blocks the first left cached
+            for _, i, size in timeline:
                 if size:
-                    sim.malloc(key, size)
+                    sim.malloc(s * len(t2.records) + i, size)
                 else:
-                    sim.free(key)
+                    sim.free(s * len(t2.records) + i)
         return max(0, sim.peak_reserved - sim.peak_allocated)
 
 
@@ -153,9 +149,8 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
                          f"set_activation_checkpointing(); {step.model_name} has none")
     model = to_meta(real_model, bool(step.channels_last)).train()
     config = TrainConfig(step=step.replace(batch_size=None))  # the trace sets the batch; the rest is the step's
-    # on meta nothing is compiled, no fused kernel runs (the tracer skips its step) and autocast is emulated
-    trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"),
-                            step=step.replace(fused_optimizer=False, compile=False))
+    trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"),  # no compile, no fused kernel
+                            step=step.replace(fused_optimizer=False, compile=False))  # on meta; autocast emulated
     trainer.step, trainer.amp_dtype, trainer.autocast_device = step, None, "cpu"
     prime(trainer)
     return trainer, loss_fn
@@ -173,8 +168,7 @@ class StepEstimator:
         trainer, loss_fn = build_meta_trainer(real, self.step)
         (trace1, self.gflops), (trace2, _) = (  # the optimizer once: it does not depend on the batch
             trace_meta_step(trainer, loss_fn, b, num_classes_of(self.step, real), optimizer=b == B1) for b in (B1, B2))
-        # forward + backward (2x forward) + the recompute when checkpointing
-        self.train_gflops_per_image = self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)
+        self.train_gflops_per_image = self.gflops * (4.0 if self.step.activation_checkpointing else 3.0)  # fwd+2x bwd
         self.memory = StepMemoryModel(trace1, trace2)
         self.trace_seconds = time.perf_counter() - t0
         self._overheads: dict[int, int] = {}
@@ -189,12 +183,10 @@ class StepEstimator:
         spec = target_gpu(gpu)
         cal = calibration_for(spec.name, self.step.amp) if spec.device_type == "cuda" else None
         if cal is None and spec.device_type == "cuda":  # the allocator model at the anchors 1, 8, 64, ... around
-            anchors = [8 ** k for k in range(8)]
             lo, hi = min(batch_sizes), max(batch_sizes)
-            chosen = [a for a in anchors if a <= lo][-1:] + [a for a in anchors if lo < a < hi] + \
-                [a for a in anchors if a >= hi][:1]
-            for a in sorted(set(chosen) - set(self._overheads)):
-                self._overheads[a] = self.memory.reserved_overhead(a)
+            for a in [8 ** k for k in range(8) if lo < 8 ** (k + 1) and 8 ** k < 8 * hi]:
+                if a not in self._overheads:
+                    self._overheads[a] = self.memory.reserved_overhead(a)
         throughput = ThroughputModel(**(cal or {}).get("throughput") or {})
         context = (cal or {}).get("context_bytes") or spec.context_bytes
         out = []

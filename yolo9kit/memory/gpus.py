@@ -7,7 +7,7 @@ import bisect
 import datetime as dt
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -69,12 +69,11 @@ def resolve_gpu(gpu: str | int | GPUSpec | None) -> GPUSpec | None:
     (or None); a ValueError for an unknown name or a capacity <= 0."""
     if gpu is None or isinstance(gpu, GPUSpec):
         return gpu
+    if isinstance(gpu, int) and gpu <= 0:
+        raise ValueError(f"gpu={gpu}: a capacity must be a positive number of bytes")
     if isinstance(gpu, int):
-        if gpu <= 0:
-            raise ValueError(f"gpu={gpu}: a capacity must be a positive number of bytes")
         return GPUSpec(f"{gpu / (1 << 30):.1f} GiB GPU", gpu, True, 312.0, 1555.0)
-    spec = _known(str(gpu))
-    if spec is None:
+    if (spec := _known(str(gpu))) is None:
         raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPUS)} or a capacity in bytes "
                          "(e.g. gpu=24 * 2**30)")
     return spec
@@ -92,8 +91,7 @@ def target_gpu(gpu: str | int | GPUSpec | None, device: torch.device | None = No
     index = torch.cuda.current_device() if device is None or device.index is None else device.index
     props = torch.cuda.get_device_properties(index)
     known = _known(props.name) or GPUSpec(props.name, 0, True, 312.0, 1555.0)
-    return GPUSpec(known.name, props.total_memory, native_bf16(index), known.tflops_fp16, known.bandwidth_gbs,
-                   known.context_bytes)
+    return replace(known, total_bytes=props.total_memory, bf16=native_bf16(index))
 
 
 def host_memory() -> GPUSpec:
@@ -123,13 +121,12 @@ def read_calibration(path) -> dict:
 
 
 def _read_folder(folder) -> tuple[dict, ...]:
-    found = []
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name) if folder.is_dir() else []:
-        if entry.name.endswith(".json"):
-            try:
-                found.append(read_calibration(entry))
-            except (OSError, ValueError) as e:
-                LOGGER.warning("skipping calibration file %s: %s", entry.name, e)
+    found, entries = [], [e for e in folder.iterdir() if e.name.endswith(".json")] if folder.is_dir() else []
+    for entry in sorted(entries, key=lambda e: e.name):
+        try:
+            found.append(read_calibration(entry))
+        except (OSError, ValueError) as e:
+            LOGGER.warning("skipping calibration file %s: %s", entry.name, e)
     return tuple(found)
 
 
@@ -170,15 +167,12 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
                             step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
-    """A calibration (kind "measured", the format of docs/memory.md) fitted per AMP mode on ``points``: dicts of
-    ``amp``, ``estimated_traced_bytes``, ``measured_peak_allocated``, ``measured_peak_reserved`` and optionally
-    ``context_bytes`` (unmeasured ones are left out). ``smoke``: a check of the script, never applied; ``step``:
-    what was measured."""
+    """A "measured" calibration (docs/memory.md) fitted per AMP mode on ``points``, dicts of ``amp``,
+    ``estimated_traced_bytes``, ``measured_peak_allocated`` / ``_reserved`` (unmeasured ones left out) and optionally
+    ``context_bytes``. ``smoke``: a check of the script, never applied; ``step``: what was measured."""
     fits = {}
-    for amp in sorted({p["amp"] for p in points}):
+    for amp in sorted({p["amp"] for p in points if p.get("measured_peak_allocated")}):
         pts = [p for p in points if p["amp"] == amp and p.get("measured_peak_allocated")]
-        if not pts:
-            continue
         x = [p["estimated_traced_bytes"] for p in pts]
         a_alloc = fit_line(x, [p["measured_peak_allocated"] for p in pts])
         a_res = fit_line(x, [p["measured_peak_reserved"] for p in pts])
@@ -208,9 +202,8 @@ def round_size(nbytes: int) -> int:
 
 def segment_size(nbytes: int) -> int:
     """Size of the segment the allocator asks the driver for when no cached block fits."""
-    if nbytes <= SMALL_SIZE:
-        return SMALL_BUFFER
-    return LARGE_BUFFER if nbytes < MIN_LARGE_ALLOC else -(-nbytes // ROUND_LARGE) * ROUND_LARGE
+    return SMALL_BUFFER if nbytes <= SMALL_SIZE else LARGE_BUFFER if nbytes < MIN_LARGE_ALLOC \
+        else -(-nbytes // ROUND_LARGE) * ROUND_LARGE
 
 
 class CachingAllocatorModel:

@@ -48,8 +48,7 @@ class MemoryReport:
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        missing = [c for c in CATEGORIES if c not in self.breakdown]
-        if missing:
+        if missing := [c for c in CATEGORIES if c not in self.breakdown]:
             raise ValueError(f"MemoryReport breakdown lacks {missing}; expected the keys {CATEGORIES}")
 
     @property
@@ -93,8 +92,7 @@ def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapp
             caller: str, needs_batch: bool = False) -> StepConfig:
     """``step`` (or a model name's default step) with ``batch_size`` and the field ``changes`` applied."""
     changes = dict(changes or {})
-    unknown = sorted(set(changes) - _STEP_FIELDS)
-    if unknown:
+    if unknown := sorted(set(changes) - _STEP_FIELDS):
         raise TypeError(f"{caller}() got unexpected keyword arguments {unknown}; the step's settings are the "
                         f"fields of yolo9kit.config.StepConfig: {sorted(_STEP_FIELDS - {'device_type'})}")
     if isinstance(step, str):
@@ -113,9 +111,7 @@ def as_step(step: StepConfig | str, batch_size: int | None = None, changes: Mapp
     return step
 
 
-@functools.lru_cache(maxsize=2)  # kept for the next estimate (callers copy it or only read it)
-def _built_model(name: str, num_classes: int | None) -> nn.Module:
-    return create_model(name, num_classes)
+_built_model = functools.lru_cache(maxsize=2)(create_model)  # kept for the next estimate (callers copy or only read)
 
 
 def resolve_model(step: StepConfig, *, copy_model: bool = True) -> nn.Module:
@@ -163,8 +159,7 @@ def measure(step: StepConfig | str, batch_size: int | None = None, *, device: st
     free_cuda_memory()
     held_allocated, held_reserved = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
     if held_allocated:
-        LOGGER.info("%.2f GiB is still allocated by earlier work; it is subtracted from the peaks",
-                    held_allocated / GIB)
+        LOGGER.info("%.2f GiB is still allocated by earlier work; subtracted from the peaks", held_allocated / GIB)
     module, trainer = resolve_model(step), None
     try:
         trainer = build_real_trainer(module, step, dev)  # train_step itself: an out-of-memory error surfaces

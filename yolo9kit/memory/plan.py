@@ -114,9 +114,8 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
         est = None if _use_measure(method, device) else estimator_for(one, spec)
 
         def trial(b: int) -> int:  # measured on CUDA, else estimated
-            if est is None:
-                return measure(one, b, device=device, breakdown=False).device_bytes
-            return est.reports([b], spec)[0].device_bytes
+            report = measure(one, b, device=device, breakdown=False) if est is None else est.reports([b], spec)[0]
+            return report.device_bytes
     trials: list[dict] = []
 
     def ok(b: int) -> bool:
@@ -142,10 +141,9 @@ def find_max_batch(step: StepConfig | str | None = None, *, gpu: str | int | GPU
              f"of {spec.name}")
     if lo >= max_batch:
         return BatchSearch(lo, budget, margin, trials, f"reached max_batch={max_batch} within {where}")
-    failing = lo + 1
-    used = next((t["bytes"] for t in trials if t["batch_size"] == failing), None)
+    used = next((t["bytes"] for t in trials if t["batch_size"] == lo + 1), None)
     needs = f" needs {format_bytes(used)}" if used else " runs out of memory"
-    return BatchSearch(lo, budget, margin, trials, f"batch {failing}{needs}, over {where}")
+    return BatchSearch(lo, budget, margin, trials, f"batch {lo + 1}{needs}, over {where}")
 
 
 @dataclass
@@ -186,8 +184,7 @@ def plan(step: StepConfig | str, nominal_batch_size: int = 64, *, gpu: str | int
     step = as_step(step, None, changes, caller="plan")
     method = "measured" if _use_measure(method, device) else "estimated"
     spec = target_gpu(gpu)
-    search = find_max_batch(step, gpu=spec, margin=margin, max_batch=nominal_batch_size, method=method,
-                            device=device)
+    search = find_max_batch(step, gpu=spec, margin=margin, max_batch=nominal_batch_size, method=method, device=device)
     budget = search.budget_bytes
     batches = sorted({b for b in range(1, nominal_batch_size + 1) if nominal_batch_size % b == 0}
                      | ({search.batch_size} if search.batch_size else set()))

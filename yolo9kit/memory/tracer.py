@@ -1,6 +1,5 @@
-"""Trace one training step of the kit, on ``meta`` tensors (shapes, no data) or real ones, and record every
-storage it allocates, by category and over time: the storage tracker, the autocast emulation and the bridge
-that runs the loss for real. How and what it assumes: docs/memory.md, "How `estimate` works"."""
+"""Trace one training step of the kit, on ``meta`` tensors or real ones: the storage tracker, the autocast
+emulation and the bridge that runs the loss for real (docs/memory.md, "How `estimate` works")."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ class Trace:
 
 
 class StorageTracker(TorchDispatchMode):
-    """Record each storage an op creates while active, once, and when its Python object dies (a weakref); sizes
-    rounded as the CUDA allocator does for ``device_type`` "cuda" (also ``meta`` standing for CUDA), else exact."""
+    """Each storage an op creates, once, and when it dies; sizes rounded as CUDA's for ``device_type`` "cuda"."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
@@ -83,10 +81,8 @@ class StorageTracker(TorchDispatchMode):
             self.phase_starts.append((phase, self.events))
 
     def _record(self, storage: torch.UntypedStorage, tag: str | None) -> None:
-        idx = self._index.get(storage)
-        if idx is not None:
-            if tag is not None and self.records[idx].tag is None:
-                self.records[idx].tag = tag
+        if (idx := self._index.get(storage)) is not None:
+            self.records[idx].tag = self.records[idx].tag or tag
             return
         idx = len(self.records)
         nbytes = round_size(storage.nbytes()) if self.device_type == "cuda" else storage.nbytes()
@@ -112,22 +108,18 @@ class StorageTracker(TorchDispatchMode):
 
     def tag(self, tensor: torch.Tensor, tag: str) -> None:
         """Give a recorded storage an identity category (e.g. it became a ``.grad``)."""
-        idx = self._index.get(tensor.untyped_storage())
-        if idx is not None:
+        if (idx := self._index.get(tensor.untyped_storage())) is not None:
             self.records[idx].tag = tag
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
-        tag = None
         if func is torch.ops.aten.convolution.default and self.phase == "forward":
             w = args[1]
             self.forward_flops += 2 * out.numel() * w.shape[1] * w.shape[2] * w.shape[3]
-        # autocast's low-precision copy of a parameter counts as weights (it lives until backward used it)
-        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor) \
-                and args[0].untyped_storage() in self._param_storages:
-            tag = "weights"
+        tag = "weights" if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor) \
+            and args[0].untyped_storage() in self._param_storages else None  # autocast's cast of a weight
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._record(t.untyped_storage(), tag)
@@ -171,10 +163,8 @@ class AutocastEmulation(TorchFunctionMode):
 
     def __init__(self, dtype: torch.dtype | None, policy: str = "cuda") -> None:
         super().__init__()
-        self.dtype = dtype
+        self.dtype, self.enabled, self.caching = dtype, False, True
         self.lower, self.float32, self.by_dtype, self.promote = POLICIES[policy]
-        self.enabled = False
-        self.caching = True
         self._weight_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def set_enabled(self, enabled: bool, caching: bool = True) -> None:
@@ -186,14 +176,12 @@ class AutocastEmulation(TorchFunctionMode):
     def _cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if not t.is_floating_point() or t.dtype == dtype or t.dtype == torch.float64:
             return t
-        if t.is_leaf and t.requires_grad and self.caching:  # a weight: cast once per region, as CUDA autocast
-            hit = self._weight_cache.get(id(t))
-            if hit is not None and hit[0] is t:
-                return hit[1]
-            cast = t.to(dtype)
-            self._weight_cache[id(t)] = (t, cast)
-            return cast
-        return t.to(dtype)
+        if not (t.is_leaf and t.requires_grad and self.caching):
+            return t.to(dtype)
+        hit = self._weight_cache.get(id(t))  # a weight: cast once per region, as CUDA autocast
+        if hit is None or hit[0] is not t:
+            hit = self._weight_cache[id(t)] = (t, t.to(dtype))
+        return hit[1]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -202,9 +190,8 @@ class AutocastEmulation(TorchFunctionMode):
         if func is torch.Tensor.backward:
             return self._backward(args[0])
         name = getattr(func, "__name__", "")
-        low = self.dtype
         if name in self.lower:
-            args, kwargs = tree_map_only(torch.Tensor, lambda t: self._cast(t, low), (args, kwargs))
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: self._cast(t, self.dtype), (args, kwargs))
         elif name in self.by_dtype:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is not None and first.dtype in (torch.float16, torch.bfloat16) and kwargs.get("dtype") is None:
@@ -230,8 +217,7 @@ class AutocastEmulation(TorchFunctionMode):
 
 
 class _LossBridge(torch.autograd.Function):
-    """The loss of meta outputs, run for real on random CPU tensors of their shapes (the assigner picks by
-    value) under the same tracker; meta gradients of the outputs' shapes go back to the meta backward."""
+    """The loss of meta outputs, run for real on random CPU stand-ins under the same tracker (docs/memory.md)."""
 
     @staticmethod
     def forward(ctx, setup: tuple, *outputs: torch.Tensor):
@@ -241,13 +227,10 @@ class _LossBridge(torch.autograd.Function):
         g = torch.Generator().manual_seed(0)
         ctx.real = [torch.randn(o.shape, generator=g).to(o.dtype).requires_grad_(True) for o in outputs]
         ctx.tracker.paused = False
-        leaves: list = [None] * spec.num_leaves
-        for pos, r in zip(positions, ctx.real):
-            leaves[pos] = r
+        real = dict(zip(positions, ctx.real))
         with torch.enable_grad():
-            ctx.loss, _ = loss_fn(tree_unflatten(leaves, spec), targets)
-        first = outputs[0]
-        return first.new_zeros((), dtype=torch.float32), first.new_zeros(3, dtype=torch.float32)
+            ctx.loss, _ = loss_fn(tree_unflatten([real.get(i) for i in range(spec.num_leaves)], spec), targets)
+        return outputs[0].new_zeros((), dtype=torch.float32), outputs[0].new_zeros(3, dtype=torch.float32)
 
     @staticmethod
     def backward(ctx, grad_loss, grad_items):
@@ -277,8 +260,7 @@ class _BackwardDone(Exception):
 
 
 class _MarkingScaler:
-    """The trainer's GradScaler as the tracer runs it: ``scale`` starts the backward, ``unscale_`` the optimizer (or
-    ends a trace without it, ``optimizer=False``)."""
+    """The trainer's GradScaler: ``scale`` starts the backward, ``unscale_`` the optimizer (or ends the trace)."""
 
     def __init__(self, trainer, tracker: StorageTracker, optimizer: bool) -> None:
         self.scaler, self.tracker, self.optimizer = trainer.scaler, tracker, optimizer
@@ -304,9 +286,8 @@ class _MarkingScaler:
 
 def traced_step(trainer, images: torch.Tensor, targets: torch.Tensor, tracker: StorageTracker,
                 emulation: AutocastEmulation | None = None, *, optimizer: bool = True) -> Trace:
-    """The kit's own ``train_step`` (ni 0, a fresh window) under ``tracker`` -> its trace. The weights, EMA and
-    optimizer state, which exist before it, are recorded first; the phases are marked from outside the step: the
-    loss function, the scaler (``_MarkingScaler``) and each parameter's gradient tagged once accumulated."""
+    """The kit's own ``train_step`` (ni 0, a fresh window) under ``tracker`` -> its trace; the state that exists
+    before it recorded first, the phases marked from outside the step (docs/memory.md)."""
     model, ema, scaler, loss_fn = trainer.model, trainer.ema, trainer.scaler, trainer.loss_fn
     tracker.register([*model.parameters(), *model.buffers()], "weights")
     if ema is not None:

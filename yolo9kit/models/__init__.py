@@ -70,18 +70,15 @@ def create_model(source: str | Path | dict, num_classes: int | None = None, *,
         activation_checkpointing: see :meth:`DetectionModel.set_activation_checkpointing`.
         max_model_bytes: the limit on the model a file describes (``checkpoint.MAX_MODEL_BYTES``).
         seed: of the fresh tensors (the caller's random state is left as it was).
-
-    Raises:
-        ValueError: an unknown name, a bad layer table, or names that are not ``num_classes``.
-        CheckpointError: a file that cannot be used (the message says why).
-        FileNotFoundError: no such weights file (or the shipped model's is missing from the installation).
+    Raises: ValueError (an unknown name, a bad layer table, or names that are not ``num_classes``), CheckpointError
+        (a file that cannot be used; the message says why), FileNotFoundError (no such weights file, or the shipped
+        model's is missing from the installation).
     """
-    if isinstance(names, dict):
-        names = [names[k] for k in sorted(names)]
-    if names is not None and num_classes is None:
-        num_classes = len(names)
-    if names is not None and len(names) != num_classes:
-        raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
+    if names is not None:
+        names = [names[k] for k in sorted(names)] if isinstance(names, dict) else list(names)
+        num_classes = len(names) if num_classes is None else num_classes
+        if len(names) != num_classes:
+            raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
     if _is_file(source):
         model = _read_file(source, max_model_bytes)
         if num_classes is not None and num_classes != model.nc:  # rebuilt, the class outputs start fresh
@@ -162,10 +159,9 @@ def model_table(names: list[str] | None = None, imgsz: int = 640, num_classes: i
 
     rows = []
     for name in names or list_models():
+        rows.append({"name": name})
         model = create_model(name, num_classes)
-        deployed = to_deploy(model)
-        rows.append({"name": name, "parameters": sum(p.numel() for p in model.parameters()),
-                     "gflops": round(count_flops(model, imgsz), 2),
-                     "deploy_parameters": sum(p.numel() for p in deployed.parameters()),
-                     "deploy_gflops": round(count_flops(deployed, imgsz), 2)})
+        for prefix, m in (("", model), ("deploy_", to_deploy(model))):
+            rows[-1].update({f"{prefix}parameters": sum(p.numel() for p in m.parameters()),
+                             f"{prefix}gflops": round(count_flops(m, imgsz), 2)})
     return pd.DataFrame(rows)

@@ -1,6 +1,5 @@
-"""Weights files: yolo9kit checkpoints (plain dicts of state_dicts and a ``model_config``, written atomically with
-a checksum of the weights), official YOLOv9 ``.pt`` files read without their code, both bounded before anything is
-allocated (docs/models.md, "yolo9kit checkpoints"; docs/faults.md), and the model the kit ships."""
+"""Weights files: yolo9kit checkpoints, official YOLOv9 ``.pt`` files read without their code, both bounded before
+anything is allocated (docs/models.md, "yolo9kit checkpoints"; docs/faults.md), and the model the kit ships."""
 
 from __future__ import annotations
 
@@ -28,10 +27,8 @@ FORMAT = "yolo9kit"
 VERSION = 1
 RESERVED_KEYS = frozenset({"format", "version", "model", "model_config", "checksum"})  # written by save_checkpoint
 _CHECKSUMMED = ("model", "ema")  # the weights; the optimizer state is not what a damaged file would mislead with
-# torch.save's bytes beyond the tensors': a header and a directory entry per tensor (~200 B), the pickled
-# structure and the plain entries (results rows, random states)
-_PER_TENSOR_BYTES = 512
-_FIXED_BYTES = 1 << 20
+_PER_TENSOR_BYTES = 512  # torch.save's bytes beyond the tensors': a header and directory entry per tensor (~200 B)
+_FIXED_BYTES = 1 << 20  # the pickled structure and the plain entries (results rows, random states)
 MAX_MODEL_BYTES = 4 << 30  # parameters plus the probe's layer outputs, float32: 12 times yolov9-e
 MAX_UNPACKED_EXTRA_BYTES = 64 << 20  # torch.save never compresses: what entries may unpack to beyond their size
 
@@ -74,8 +71,7 @@ def _plain(value: Any, where: str) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        out = [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return out if isinstance(value, list) else tuple(out)
+        return (list if isinstance(value, list) else tuple)(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
     raise TypeError(f"checkpoint entry {where} is a {type(value).__name__}; store tensors, dicts, lists, numbers "
                     "or strings (e.g. a state_dict() instead of a module)")
 
@@ -87,10 +83,8 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, *, inputs: tuple =
         path: destination file (returned); its folder is created.
         inputs: files the command read (the checkpoint is never written over one of them).
         **extra: further plain entries (e.g. ``ema=...state_dict()``, ``epoch=3``); not ``RESERVED_KEYS``.
-
-    Raises:
-        DiskFullError: less free space than the checkpoint needs (checked first; the old file is intact).
-        OwnInputError: ``path`` is one of ``inputs``.
+    Raises: DiskFullError (less free space than it needs, checked first: the old file is intact); OwnInputError
+        (``path`` is one of ``inputs``); ValueError (a reserved key); TypeError (an entry that is not plain).
     """
     clash = RESERVED_KEYS & extra.keys()
     if clash:
@@ -139,11 +133,8 @@ def estimate_checkpoint_bytes(payload: Any) -> int:
 
 def pickled_globals(path: str | Path) -> list[str]:
     """The classes and functions a torch.save file's pickle names (none in a kit checkpoint); [] if unreadable.
-
-    Raises:
-        CheckpointError: a zip archive whose entries unpack to more than ``MAX_UNPACKED_EXTRA_BYTES`` beyond
-            their size in the file (read by its directory before any entry is), naming the worst entry.
-    """
+    CheckpointError: a zip archive whose entries unpack to more than ``MAX_UNPACKED_EXTRA_BYTES`` beyond their size
+    in the file (read by its directory before any entry is), naming the worst entry."""
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
@@ -181,12 +172,8 @@ def _load(path: Path, allowed: list | None = None) -> Any:
 
 def read_checkpoint(path: str | Path) -> dict:
     """A yolo9kit checkpoint's dict (weights_only: no code from the file runs), its weights verified against
-    the checksum written with them.
-
-    Raises:
-        FileNotFoundError: no such file.
-        CheckpointError: a truncated, corrupted or damaged file, or not a yolo9kit checkpoint.
-    """
+    the checksum written with them. FileNotFoundError: no such file; CheckpointError: a truncated, corrupted or
+    damaged file, or not a yolo9kit checkpoint."""
     if any(g.startswith(OFFICIAL_PREFIXES) for g in pickled_globals(path)):
         raise CheckpointError(f"{path}: an official YOLOv9 checkpoint, not a yolo9kit one: load it with "
                               "create_model(path)")
@@ -197,8 +184,7 @@ def read_checkpoint(path: str | Path) -> dict:
     if ckpt.get("version", 0) > VERSION:
         raise CheckpointError(f"{path}: checkpoint version {ckpt['version']} is newer than this yolo9kit "
                               f"understands ({VERSION}); upgrade yolo9kit")
-    checksum = ckpt.get("checksum")
-    digests = checksum.get("sha256") if isinstance(checksum, dict) else None
+    digests = ckpt["checksum"].get("sha256") if isinstance(ckpt.get("checksum"), dict) else None
     for name in _CHECKSUMMED:
         if name in ckpt and weights_digest(ckpt[name]) != (digests or {}).get(name):
             raise CheckpointError(f"{path}: the {name!r} weights do not match the checksum written with them (or it "
@@ -210,25 +196,17 @@ def read_checkpoint(path: str | Path) -> dict:
 
 def check_model(table: dict, nc: int, source: str, max_model_bytes: int | None = None, *,
                 names: list | None = None, weights: dict | None = None, fused: bool = False) -> None:
-    """Refuse a layer table before anything is allocated: built on the meta device within the row bounds of
-    :func:`~yolo9kit.models.model.parse_model`, its parameters and the stride probe's layer outputs must fit in
-    ``max_model_bytes`` (default ``MAX_MODEL_BYTES``) and its tensors (fused: of the fused model) have the names
-    and shapes of ``weights``, a state_dict. ``source`` names the table in errors.
-
-    Raises:
-        CheckpointError: naming the bound, the figure and the limit, the row, or the tensors that differ.
-    """
-    outputs: list[int] = []
-
-    def record(_module, _args, output) -> None:
-        outputs.extend(t.numel() * 4 for t in (output if isinstance(output, (list, tuple)) else [output])
-                       if isinstance(t, torch.Tensor))
-
+    """Refuse a layer table before anything is allocated (docs/models.md): built on the meta device within the row
+    bounds of ``parse_model``, its parameters and the probe's layer outputs must fit in ``max_model_bytes`` (default
+    ``MAX_MODEL_BYTES``) and its tensors (fused: the fused model's) have the names and shapes of the state_dict
+    ``weights``; ``source`` names the table. CheckpointError: naming the bound, figure and limit, row or tensors."""
+    outputs: list[int] = []  # bytes of each layer output of the probe
     try:
         with torch.device("meta"):  # shapes only: no memory is allocated, whatever the table asks for
             shell = DetectionModel(table, nc=nc, names=names, probe=False, source=source)
             for layer in shell.model:
-                layer.register_forward_hook(record)
+                layer.register_forward_hook(lambda _m, _a, out: outputs.extend(
+                    t.numel() * 4 for t in (out if isinstance(out, (list, tuple)) else [out]) if torch.is_tensor(t)))
             shell._probe_strides()
             if fused:
                 fuse(shell)
@@ -258,12 +236,8 @@ def check_model(table: dict, nc: int, source: str, max_model_bytes: int | None =
 
 def kit_model(path: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
     """The model of a yolo9kit checkpoint in eval mode, with its EMA weights when it has them; ``checkpoint_meta``
-    holds the path, the entry used and the epoch.
-
-    Raises:
-        CheckpointError: as :func:`read_checkpoint`; a ``model_config`` that is missing, past the bounds of
-            :func:`check_model` or not the weights' model.
-    """
+    holds the path, the entry used and the epoch. CheckpointError: as :func:`read_checkpoint`; a ``model_config``
+    that is missing, past the bounds of :func:`check_model` or not the weights' model."""
     ckpt = read_checkpoint(path)
     entry = "ema" if isinstance(ckpt.get("ema"), dict) and ckpt["ema"] else "model"
     weights, cfg = ckpt.get(entry), ckpt.get("model_config")
@@ -307,19 +281,15 @@ def _official_allowed(path: Path, names: list[str]) -> list:
 def official_model(path: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
     """Our model of an official YOLOv9 ``.pt`` (release or ``train_dual.py`` format) in eval mode: its EMA weights
     when present (as ``attempt_load``), cast to fp32, its names and classes; ``checkpoint_meta`` holds the path,
-    entry, epoch, date and best_fitness.
-
-    Raises:
-        CheckpointError: not an official checkpoint, or past the bounds of :func:`check_model`.
-    """
+    entry, epoch, date and best_fitness. CheckpointError: not an official checkpoint, or past the bounds of
+    :func:`check_model`."""
     path = Path(path)
     ckpt = _load(path, _official_allowed(path, pickled_globals(path)))
-    if not isinstance(ckpt, dict):
-        raise CheckpointError(f"{path}: expected a dict with a pickled 'model', got {type(ckpt).__name__}")
-    entry = next((key for key in ("ema", "model") if ckpt.get(key) is not None), None)  # official: EMA first
+    entry = next((k for k in ("ema", "model") if isinstance(ckpt, dict) and ckpt.get(k) is not None), None)  # EMA first
     if entry is None:
-        raise CheckpointError(f"{path}: no 'ema' or 'model' entry (keys: {sorted(map(str, ckpt))}); not an "
-                              "official YOLOv9 training or release checkpoint")
+        found = f"keys: {sorted(map(str, ckpt))}" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
+        raise CheckpointError(f"{path}: no 'ema' or 'model' entry ({found}); not an official YOLOv9 training or "
+                              "release checkpoint (a dict with a pickled 'model')")
     pickled = ckpt[entry]
     if not isinstance(pickled, nn.Module) or not isinstance(getattr(pickled, "yaml", None), dict):
         raise CheckpointError(f"{path}: '{entry}' is a {type(pickled).__name__} without a 'yaml' model config; "
@@ -338,9 +308,7 @@ def official_model(path: str | Path, max_model_bytes: int | None = None) -> Dete
     if isinstance(stride, torch.Tensor) and stride.numel() == model.head.nl:
         model.set_strides(stride.float())
     fitness = ckpt.get("best_fitness")
-    model.checkpoint_meta = {
-        "path": str(path), "entry": entry, "epoch": ckpt.get("epoch"), "date": ckpt.get("date"),
-        "best_fitness": None if fitness is None else float(np.asarray(fitness).reshape(-1)[0]),
-    }
+    model.checkpoint_meta = {"path": str(path), "entry": entry, "epoch": ckpt.get("epoch"), "date": ckpt.get("date"),
+                             "best_fitness": None if fitness is None else float(np.asarray(fitness).reshape(-1)[0])}
     LOGGER.info("loaded %s from %s ('%s' entry, %d classes)", name, path, entry, model.nc)
     return model.eval()

@@ -25,8 +25,7 @@ def _source(i: int, x: int) -> int:
 
 def deploy_config(cfg: dict) -> tuple[dict, dict[int, int]]:
     """The single-head (gelan) table of a dual-head one and the old -> new layer index map: the layers the main
-    head's inputs need, renumbered (as the official ``tools/reparameterization.ipynb``); a layer-0 Silence no
-    kept row reads by index is dropped."""
+    head's inputs need, renumbered (docs/models.md, "Deploy conversion and fusion")."""
     rows = list(cfg["backbone"]) + list(cfg["head"])
     head = len(rows) - 1
     froms = [[f] if isinstance(f, int) else list(f) for f, *_ in rows]
@@ -43,16 +42,12 @@ def deploy_config(cfg: dict) -> tuple[dict, dict[int, int]]:
     backbone, head_rows = [], []
     for old, new in old_to_new.items():
         f, n, module, args = rows[old]
-        mapped = []
-        for x in froms[old]:
-            src = _source(old, x)
-            if x == -1 and old_to_new.get(src, -1) == new - 1:  # still the previous kept row (or the image)
-                mapped.append(-1)
-            elif src in old_to_new:
-                mapped.append(old_to_new[src])
-            else:
-                raise ValueError(f"deploy conversion: layer {old} reads layer {src}, which the main branch does not "
-                                 "keep")
+        srcs = [_source(old, x) for x in froms[old]]  # -1 where still the previous kept row (or the image)
+        mapped = [-1 if x == -1 and old_to_new.get(src, -1) == new - 1 else old_to_new.get(src)
+                  for x, src in zip(froms[old], srcs)]
+        if None in mapped:
+            raise ValueError(f"deploy conversion: layer {old} reads layer {srcs[mapped.index(None)]}, which the main "
+                             "branch does not keep")
         row = [mapped[0] if isinstance(f, int) else mapped, n, module, copy.deepcopy(args)]
         (backbone if old < len(cfg["backbone"]) else head_rows).append(row)
     old_to_new[head] = len(old_to_new)
@@ -89,9 +84,8 @@ def to_deploy(model: DetectionModel, *, fuse_layers: bool = True) -> DetectionMo
 
 
 def deploy_for_inference(model: nn.Module, head: str = "main") -> nn.Module:
-    """The fastest equivalent inference model, built once per weights version and cached; the caller's model
-    is never modified. For the main head of a dual model that is :func:`to_deploy` (the official detect_dual
-    path computes the auxiliary output and throws it away); otherwise the model fused."""
+    """The fastest equivalent inference model, built once per weights version and cached, the caller's model never
+    modified: :func:`to_deploy` for the main head of a dual model, otherwise the model fused."""
     tensors = [*model.parameters(), *model.buffers()]
     key = (head, len(tensors), sum(t._version for t in tensors))  # changes with every in-place update
     cached = _DEPLOYED.get(model)
@@ -163,11 +157,8 @@ def select_head(output, head: str = "main") -> torch.Tensor:
     for another name, or "aux" of a model without one."""
     if head not in ("main", "aux"):
         raise ValueError(f"head must be 'main' or 'aux', got {head!r}")
-    if isinstance(output, torch.Tensor):
-        if head == "aux":
-            raise ValueError("this model has a single head (GELAN); head='aux' needs a dual-head YOLOv9 model")
-        return output
-    chosen = getattr(output, head)
+    chosen = (None if head == "aux" else output) if isinstance(output, torch.Tensor) else getattr(output, head)
     if chosen is None:
-        raise ValueError("this model has no auxiliary head (GELAN / converted); use head='main'")
+        raise ValueError("this model has no auxiliary head (GELAN / converted); head='aux' needs a dual-head YOLOv9 "
+                         "model, use head='main'")
     return chosen

@@ -16,9 +16,8 @@ REG_MAX = 16  # bins per box side of the distribution focal decode
 
 
 class DualOutput(NamedTuple):
-    """A detection model's outputs by head (``aux`` None for GELAN models): lists of 3 raw maps
-    (B, 64+nc, H_i, W_i) in training mode or with ``raw=True``; else (B, 4+nc, A) tensors, boxes (cx, cy, w, h)
-    in input pixels, then sigmoid class scores."""
+    """A detection model's outputs by head (``aux`` None for GELAN models): lists of 3 raw maps (B, 64+nc, H_i, W_i)
+    in training mode or with ``raw=True``, else (B, 4+nc, A) tensors (docs/models.md, "Outputs: the dual head")."""
 
     aux: Any
     main: Any
@@ -77,8 +76,7 @@ class DDetect(nn.Module):
 
     def _groups(self) -> list[tuple[nn.ModuleList, nn.ModuleList, DFL]]:
         """(box branches, class branches, dfl) per head group, aux first."""
-        aux = [(self.cv2, self.cv3, self.dfl)]
-        return [*aux, (self.cv4, self.cv5, self.dfl2)] if self.is_dual else aux
+        return [(self.cv2, self.cv3, self.dfl)] + ([(self.cv4, self.cv5, self.dfl2)] if self.is_dual else [])
 
     def set_strides(self, strides) -> None:
         """The strides of the levels (floats, or a host tensor): ``strides`` and the buffer."""

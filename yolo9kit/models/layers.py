@@ -234,11 +234,10 @@ class _BatchNormSiLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, settings, *tensors):
         total, saved = None, []
-        for (momentum, eps), i in zip(settings, range(0, len(tensors), 5)):
-            x, w, b, running_mean, running_var = tensors[i:i + 5]
-            y, mean, invstd = torch.native_batch_norm(x, w, b, running_mean, running_var, True, momentum, eps)
+        for (momentum, eps), i in zip(settings, range(0, len(tensors), 5)):  # x, w, b, running mean, running var
+            y, mean, invstd = torch.native_batch_norm(*tensors[i:i + 5], True, momentum, eps)
             total = y if total is None else total + y
-            saved += [x, w, b, mean, invstd]
+            saved += [*tensors[i:i + 3], mean, invstd]
         ctx.save_for_backward(*saved)
         ctx.eps = [eps for _, eps in settings]
         return F.silu(total)
@@ -247,8 +246,7 @@ class _BatchNormSiLU(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = ctx.saved_tensors  # unpacked once: a checkpointed graph allows one unpack
         groups = [saved[i:i + 5] for i in range(0, len(saved), 5)]
-        total = None
-        shape = (1, -1, 1, 1)
+        total, shape = None, (1, -1, 1, 1)
         for x, w, b, mean, invstd in groups:  # the BatchNorm outputs, recomputed
             y = ((x.float() - mean.view(shape)) * invstd.view(shape) * w.float().view(shape)
                  + b.float().view(shape)).to(x.dtype)

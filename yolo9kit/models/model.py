@@ -21,17 +21,13 @@ from yolo9kit.models.heads import DDetect, DualDDetect, DualOutput
 
 LOGGER = logging.getLogger(__name__)
 
-# yaml module name -> class (nothing in a yaml is eval-ed); Silence is the identity that lets rows read the image
-MODULES: dict[str, Any] = {
-    "Conv": L.Conv, "AConv": L.AConv, "ADown": L.ADown, "ELAN1": L.ELAN1, "RepNCSPELAN4": L.RepNCSPELAN4,
-    "RepNCSP": L.RepNCSP, "RepNBottleneck": L.RepNBottleneck, "RepConvN": L.RepConvN, "SPPELAN": L.SPPELAN,
-    "SP": L.SP, "CBLinear": L.CBLinear, "CBFuse": L.CBFuse, "Silence": nn.Identity, "Concat": L.Concat,
-    "nn.Upsample": nn.Upsample, "Upsample": nn.Upsample, "DDetect": DDetect, "DualDDetect": DualDDetect,
-}
 # modules whose first yaml arg is the output width: c1 is prepended and c2 rounded by width_multiple
 CHANNEL_MODULES = {L.Conv, L.AConv, L.ADown, L.ELAN1, L.RepNCSPELAN4, L.RepNCSP, L.RepNBottleneck, L.RepConvN,
                    L.SPPELAN}
 HEADS = (DDetect, DualDDetect)
+# yaml module name -> class (nothing in a yaml is eval-ed); Silence is the identity that lets rows read the image
+MODULES: dict[str, Any] = {m.__name__: m for m in (*CHANNEL_MODULES, *HEADS, L.SP, L.CBLinear, L.CBFuse, L.Concat)}
+MODULES.update({"Silence": nn.Identity, "nn.Upsample": nn.Upsample, "Upsample": nn.Upsample})
 # blocks with a repeat count of their own: (its position in the constructor's args, its name)
 BLOCK_REPEATS = {L.RepNCSPELAN4: (4, "c5 (RepNCSP depth)"), L.RepNCSP: (2, "n")}
 # the top-level ``activation:`` values accepted (the official files take any Python expression)
@@ -81,11 +77,8 @@ def _layer(cls: Any, n: int, f: Any, args: list, ch: list[int], gw: float, nc: i
 
 def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tuple[nn.Sequential, list[int]]:
     """The layers of an official-format table (rows ``[from, repeats, module, args]``) and the sorted indices
-    of the layers whose outputs later rows read; ``source`` names the table in errors.
-
-    Raises:
-        LayerTableError: a row that cannot be built or is past the bounds (the message names it).
-    """
+    of the layers whose outputs later rows read; ``source`` names the table in errors. LayerTableError: a row that
+    cannot be built or is past the bounds (the message names it)."""
     try:
         gd, gw = float(cfg.get("depth_multiple", 1.0)), float(cfg.get("width_multiple", 1.0))
         rows = list(cfg["backbone"]) + list(cfg["head"])
@@ -132,9 +125,8 @@ def parse_model(cfg: dict, ch: int, nc: int, source: str = "model yaml") -> tupl
 
 
 class DetectionModel(nn.Module):
-    """YOLOv9 / GELAN detector of an official-format table: ``model`` holds the layers (state_dict keys
-    ``model.<i>.…`` as official), ``yaml`` the table (``nc``, ``ch`` filled in), ``save`` the layers later ones
-    read; ``stride`` [8, 16, 32]; ``fused`` after :func:`~yolo9kit.models.layers.fuse` (checkpoints record it)."""
+    """YOLOv9 / GELAN detector of an official-format table: ``model`` the layers (state_dict keys ``model.<i>.…``),
+    ``yaml`` the table (``nc``, ``ch`` filled in), ``save`` the layers later ones read; ``stride``; ``fused``."""
 
     fused = False
 
@@ -177,8 +169,7 @@ class DetectionModel(nn.Module):
 
     @torch.no_grad()
     def _probe_strides(self) -> None:
-        """Official build step: one training-mode pass on zeros(1, ch, 256, 256) (before BN eps/momentum are set,
-        so running stats see one batch); stride = 256 / map height."""
+        """Official build step: a training-mode pass on zeros(1, ch, 256, 256); stride = 256 / map height."""
         was_training = self.training
         self.train()
         out = self._run(torch.zeros(1, self.ch, PROBE_SIZE, PROBE_SIZE), raw=True, label_errors=True)
@@ -285,11 +276,8 @@ def frozen_layer_indices(model: nn.Module, freeze: Freeze) -> list[int]:
 
 def freeze_layers(model: nn.Module, freeze: Freeze) -> list[str]:
     """Set ``requires_grad=False`` on the parameters of the layers ``freeze`` names (official ``--freeze``);
-    nothing is unfrozen. Returns the names of the parameters frozen (``model.<i>.<rest>``).
-
-    Raises:
-        ValueError: as :func:`frozen_layer_indices`, or every layer would be frozen.
-    """
+    nothing is unfrozen. Returns the names of the parameters frozen (``model.<i>.<rest>``). ValueError: as
+    :func:`frozen_layer_indices`, or every layer would be frozen."""
     indices = frozen_layer_indices(model, freeze)
     prefixes = tuple(f"model.{i}." for i in indices)
     frozen = [(name, p) for name, p in model.named_parameters() if name.startswith(prefixes)]

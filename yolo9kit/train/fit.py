@@ -1,5 +1,4 @@
-"""``fit``: the set-up and the loaders, the epoch loop, validation of the EMA, checkpoints, resume, interrupts.
-What no crash or signal may break: docs/faults.md."""
+"""``fit``: set-up, loaders, the epoch loop, EMA validation, checkpoints, resume, interrupts (docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -53,9 +52,7 @@ class FitResult:
     micro_batch_size: int | None = None
     step: StepConfig | None = None  # the step the run trained with (resolved for its device)
     auto_batch: Any = None  # batch_size="auto": the memory.plan.AutoBatch record (also auto_batch.json)
-    # "SIGINT" or "SIGTERM" (the CLI exits 130 or 143), or "KeyboardInterrupt" raised by code (a callback's stop);
-    # None: it ran out, or stopped on patience
-    interrupted_by: str | None = None
+    interrupted_by: str | None = None  # "SIGINT", "SIGTERM", "KeyboardInterrupt" (raised by code); None: not stopped
 
     @property
     def last(self) -> Path | None:
@@ -134,9 +131,8 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         if train_loader is None:
             train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
         if run.validate_fn is None and data is not None and dist.is_main:
-            half = run.trainer.step.amp != "off" and run.trainer.device.type == "cuda"  # FP16 eval: CUDA only
-            run.validate_fn = EMAValidation(data, val_loader or make_loader(data, "val", run.config, dist),
-                                            run.config, device=run.trainer.device, half=half)
+            loader = val_loader or make_loader(data, "val", run.config, dist)
+            run.validate_fn = EMAValidation(data, loader, run.config, run.trainer)
         _open_records(run, data, train_loader)  # every check passed: from here on the run writes
         interrupted_by = _epochs(run, train_loader)
     except NonFiniteLossError as e:
@@ -251,37 +247,33 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
 
 
 def _save_interrupted(run: _Run, at: _Position, nb: int, reason: str) -> None:
-    """Save what an interrupt at ``at`` leaves: in training, last.pt at the start of the unfinished accumulation
-    window (with the epoch's random state); in validation, the epoch without metrics; in a commit, the commit."""
+    """Save what an interrupt at ``at`` leaves (docs/faults.md): in training, last.pt at the start of the unfinished
+    accumulation window; in validation, the epoch without metrics; in a commit, the commit."""
     progress = run.progress
-    if at.phase == "committed":  # a callback's planned stop: last.pt already holds this epoch
-        return
     if at.phase == "training":
         progress.ni = max(progress.last_opt_step + 1, progress.epoch * nb)
         LOGGER.warning("%s in epoch %d of %d, after %d of its %d batches: saving last.pt", stopped_by(reason),
                        progress.epoch + 1, run.config.epochs, progress.ni - progress.epoch * nb, nb)
         if run.run_dir:
             _save(run, "last.pt", at.rng_epoch_start)
-        return
-    if at.phase == "validating":
+    elif at.phase == "validating":
         LOGGER.warning("%s during the validation of epoch %d: saving the epoch without its metrics",
                        stopped_by(reason), at.epoch + 1)
         at.metrics = {}
-    _commit(run, at, nb)
+    if at.phase in ("validating", "committing"):  # "committed": a callback's planned stop, last.pt holds the epoch
+        _commit(run, at, nb)
 
 
 def _validate(run: _Run, epoch: int) -> dict[str, float]:
     """The EMA's metrics (every epoch with ``config.run.val``, always after the last one); {} when not validated."""
-    final = epoch + 1 == run.config.epochs
-    if run.dist.is_main and run.validate_fn and (run.config.run.val or final):
-        trainer = run.trainer
-        return dict(run.validate_fn(trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)))
-    return {}
+    if not (run.dist.is_main and run.validate_fn and (run.config.run.val or epoch + 1 == run.config.epochs)):
+        return {}
+    trainer = run.trainer
+    return dict(run.validate_fn(trainer.ema.ema if trainer.ema is not None else unwrap(trainer.model)))
 
 
 def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
-    """Record the trained epoch in the order no crash breaks (docs/faults.md): the state in memory, its
-    checkpoints (``_keep``), then its results.csv row."""
+    """Record the trained epoch in the order no crash breaks (docs/faults.md): memory, checkpoints, results.csv."""
     record = EpochRecord.from_stats(at.epoch, at.stats, at.metrics, run.dist.world_size)
     run.progress.epoch, run.progress.ni = at.epoch + 1, (at.epoch + 1) * nb
     if run.run_dir:
@@ -293,8 +285,7 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
 
 
 def _keep(run: _Run, epoch: int, metrics: dict, period: bool = True) -> None:
-    """best.pt when ``metrics`` earn it (before last.pt, which records the best fitness), epoch<n>.pt
-    (``period``), then last.pt: the commit point. Rank 0 only."""
+    """best.pt when ``metrics`` earn it, epoch<n>.pt (``period``), then last.pt: the commit point. Rank 0 only."""
     best = rundir.earns_best(metrics.get("fitness"), run.progress.best_fitness, run.run_dir)
     if best:
         run.progress.best_fitness, run.progress.best_epoch = float(metrics["fitness"]), epoch
@@ -335,14 +326,13 @@ def _save(run: _Run, name: str, rng: dict | None) -> None:
     bad = state.nonfinite_weights(run.trainer)
     if bad:
         raise NonFiniteWeightsError(run.run_dir, f"epoch {run.progress.epoch}, {name}", bad)
-    extra = {**run.extra, "results": run.results}
     state.save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
-                                   rng=rng, extra=extra)
+                                   rng=rng, extra={**run.extra, "results": run.results})
 
 
 def make_loader(data, split: str, config: TrainConfig, dist: DistInfo, device: torch.device | None = None):
-    """The loaders of ``yolo9kit.data``: train augmented and shuffled, this rank's part of the batch (the colour
-    jitter on ``device`` with ``colour_on_device``, by default on CUDA); val rect, twice the batch (rank 0 only)."""
+    """The ``split`` loader: train augmented, this rank's part of the batch (colour jitter on ``device`` with
+    ``colour_on_device``, default on CUDA); val rect, twice the batch (rank 0 only)."""
     d = config.pipeline
     common = dict(imgsz=config.step.imgsz, workers=d.workers, cache=d.cache, single_cls=d.single_cls)
     if split != "train":
@@ -368,12 +358,12 @@ def set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
 
 
 class EMAValidation:
-    """The default validation: ``yolo9kit.validate.evaluate`` of the EMA on the val loader, returning the metrics
+    """The default validation: ``evaluate`` of the EMA on the val loader (FP16 with AMP on CUDA), returning the metrics
     fit records; ``result`` keeps the last ``ValResult`` (the validation pictures are drawn from it)."""
 
-    def __init__(self, data, loader, config: TrainConfig, device: torch.device, half: bool) -> None:
-        self.data, self.loader, self.config, self.device, self.half = data, loader, config, device, half
-        self.result = None
+    def __init__(self, data, loader, config: TrainConfig, trainer: Trainer) -> None:
+        self.data, self.loader, self.config, self.device = data, loader, config, trainer.device
+        self.half, self.result = trainer.step.amp != "off" and trainer.device.type == "cuda", None
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
         c = self.config

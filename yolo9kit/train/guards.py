@@ -9,8 +9,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
 LOGGER = logging.getLogger(__name__)
 
 
@@ -18,12 +16,10 @@ class NonFiniteLossError(RuntimeError):
     """``MAX_NONFINITE_BATCHES`` non-finite losses in a row (``count``), or an epoch whose every batch had one;
     ``run_dir`` (``fit`` sets it) is the run folder, whose ``weights/last.pt``, if any, is the last good checkpoint."""
 
-    def __init__(self, count: int, epoch: int, batch: int, *, from_start: bool = False,
-                 whole_epoch: bool = False) -> None:
+    def __init__(self, count: int, epoch: int, batch: int, *, from_start: bool = False, whole_epoch: bool = False):
         self.run_dir, self.count = None, count
         what = (f"every batch of epoch {epoch} had a non-finite loss ({count} in a row): nothing trained" if whole_epoch
                 else f"{count} non-finite losses in a row (epoch {epoch}, batch {batch})")
-        # a loss that is not finite before the first optimizer step owes nothing to the learning rate
         why = ("The loss was not finite from the run's first batch, before any optimizer step: check the loss gains "
                "(box, cls, dfl, cls_pw of --hyp), the labels (yolo9kit.data.check) or train with amp='off'."
                if from_start else
@@ -59,8 +55,7 @@ class OutOfMemoryAtMinimumError(RuntimeError):
 
 
 class DistributedOutOfMemoryError(RuntimeError):
-    """Out of memory under DDP in the micro-step that synchronises the ranks (buffer broadcast, gradient
-    all-reduce): a rank that redid it alone would hang the others, so the run stops."""
+    """Out of memory under DDP in a micro-step that synchronises the ranks: one rank retrying it would hang the rest."""
 
     def __init__(self, rank_batch: int, error: BaseException) -> None:
         super().__init__(
@@ -68,11 +63,6 @@ class DistributedOutOfMemoryError(RuntimeError):
             "(buffer broadcast, gradient all-reduce): one rank cannot retry it alone without hanging the others. "
             "Give a smaller batch_size, or micro_batch_size (every rank splits its batch the same way; the "
             f"micro-steps before the last one back off on their own). The error was: {str(error)[:200]}")
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True for ``torch.cuda.OutOfMemoryError`` and the generic "out of memory" RuntimeError."""
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -89,10 +79,8 @@ def stopped_by(reason: str) -> str:
 
 
 class StopSignals:
-    """SIGTERM, and SIGINT where Python's own handler is in place, turned into a stop at a safe point: recorded in
-    ``received`` for the loop to ask before each batch, or raised as ``Interrupted`` inside
-    ``raising()`` (validation). A second signal is logged and ignored, so the first one's checkpoint is written
-    whole. Handlers are installed on the main thread only, where no other was set, and restored on exit."""
+    """SIGTERM and SIGINT turned into a stop at a safe point (docs/faults.md): ``received``, asked by the loop before
+    each batch, or ``Interrupted`` raised inside ``raising()`` (validation); a second signal is logged and ignored."""
 
     def __init__(self, install: bool = True) -> None:
         self.received: str | None = None
@@ -101,11 +89,10 @@ class StopSignals:
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
-        if not self.install or threading.current_thread() is not threading.main_thread():
-            return self  # signal handlers can only be set there; Python delivers signals there anyway
-        for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
-            if signal.getsignal(sig) is default:  # a handler of the application's own stays in charge
-                self._previous[sig] = signal.signal(sig, self._handle)
+        if self.install and threading.current_thread() is threading.main_thread():  # where Python delivers signals
+            for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+                if signal.getsignal(sig) is default:  # a handler of the application's own stays in charge
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:

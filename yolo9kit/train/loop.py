@@ -1,10 +1,9 @@
-"""``train_one_epoch``, the inner loop of the official train_dual.py: per loader batch the schedule's settings, then
-``step.train_step``; around it the deferred read-back of the losses and the stops (interrupts, non-finite
-losses). ``fit`` wraps it with set-up, validation and checkpoints."""
+"""``train_one_epoch``, train_dual.py's inner loop: per batch the schedule and ``train_step`` (docs/training.md)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -28,8 +27,7 @@ LOGGER = logging.getLogger(__name__)
 
 @dataclass
 class EpochStats:
-    """Mean loss items [box, cls, dfl] over the epoch's batches, images seen (this rank), time, peak memory
-    (CUDA bytes; None on other devices) and the learning rate of each parameter group at the end."""
+    """An epoch's mean loss items [box, cls, dfl], images (this rank), time, peak CUDA bytes (None off CUDA), LRs."""
 
     mean_items: torch.Tensor
     images: int
@@ -63,12 +61,12 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         torch.cuda.reset_peak_memory_stats(trainer.device)
     epoch, nb, stride = progress.epoch, batches_per_epoch, max_stride(unwrap(trainer.model))  # official gs
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not progress_bar, leave=True)
-    log = _ReadBack(trainer, config, progress, bar if progress_bar else None, on_batch)
+    log = _ReadBack(trainer, progress, bar if progress_bar else None, on_batch)
     window = BatchNormSnapshot(trainer.model)
+    step = functools.partial(train_step_with_backoff, snapshot=window) if OOM_BACKOFF else train_step
     try:
         for i, (images, targets, *_) in enumerate(bar):
-            reason = interrupt() if interrupt is not None else None
-            if reason is not None:
+            if interrupt is not None and (reason := interrupt()) is not None:
                 raise Interrupted(reason)
             if i < start_batch:
                 continue
@@ -79,11 +77,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
             if config.step.multi_scale:  # one random size per batch, all its micro-steps alike
                 size = multi_scale_shape(tuple(images.shape[2:]), config.step.imgsz, stride,
                                          multi_scale_rng(config.run.seed, ni))
-            if OOM_BACKOFF:
-                items = train_step_with_backoff(trainer, images, targets, window, ni=ni,
-                                                accumulate_steps=settings.accumulate, imgsz=size)
-            else:
-                items = train_step(trainer, images, targets, ni=ni, accumulate_steps=settings.accumulate, imgsz=size)
+            items = step(trainer, images, targets, ni=ni, accumulate_steps=settings.accumulate, imgsz=size)
             progress.last_opt_step = trainer.last_opt_step
             if trainer.last_opt_step == ni:
                 window.take()
@@ -95,18 +89,15 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         raise
     bar.close()
     progress.oom_events = trainer.oom_events
-    lrs = tuple(float(g["lr"]) for g in trainer.optimizer.param_groups)
-    return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start,
-                      _peak_allocated(trainer.device), lrs)
+    return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start, _peak_allocated(trainer.device),
+                      tuple(float(g["lr"]) for g in trainer.optimizer.param_groups))
 
 
 class _ReadBack:
-    """The batches' loss items, left on the device by the step, read back every ``LOG_INTERVAL``
-    batches and at the epoch's end in one transfer: running means, the bar, ``on_batch``, non-finite counts."""
+    """The loss items left on the device, read back every ``LOG_INTERVAL`` batches and at the epoch's end at once."""
 
-    def __init__(self, trainer: Trainer, config: TrainConfig, progress: Progress, bar,
-                 on_batch: Callable[[BatchRecord], None] | None) -> None:
-        self.trainer, self.config, self.progress, self.bar, self.on_batch = trainer, config, progress, bar, on_batch
+    def __init__(self, trainer: Trainer, progress: Progress, bar, on_batch: Callable[[BatchRecord], None] | None):
+        self.trainer, self.progress, self.bar, self.on_batch = trainer, progress, bar, on_batch
         self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
         self.start, self.skipped_before = time.perf_counter(), progress.nonfinite_total
         self.pending: list[tuple] = []
@@ -128,7 +119,7 @@ class _ReadBack:
         rows = torch.cat([rows, finite], 1).cpu()  # waits for the device, once
         for (*row, ok), (_, steps, micro, i, ni, images, boxes, settings, size) in zip(rows.tolist(), pending):
             if not ok:  # the scaler has skipped its window's step on the device
-                _count_nonfinite(self.progress, self.config, i, ni)
+                self._count_nonfinite(i, ni)
                 continue
             self.progress.nonfinite_in_row = 0
             if boxes and row[0] == 0.0:
@@ -142,17 +133,12 @@ class _ReadBack:
                 self.bar.set_postfix_str(f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} {_memory_text(device)}"
                                          f"{speed:.1f} img/s acc {settings.accumulate}x{micro}", refresh=False)
             if self.on_batch is not None:
-                self.on_batch(BatchRecord(
-                    epoch=self.progress.epoch, batch_index=i, ni=ni, optimizer_steps=steps,
-                    box_loss=float(mean[0]), cls_loss=float(mean[1]), dfl_loss=float(mean[2]),
-                    lr_bias=float(settings.lrs[0]), lr_weight=float(settings.lrs[1]),
-                    lr_norm_weight=float(settings.lrs[2]), momentum=float(settings.momentum),
-                    accumulate_steps=settings.accumulate, micro_batch_size=micro,
-                    peak_allocated=_peak_allocated(device), images_per_s=speed))
+                self.on_batch(BatchRecord(self.progress.epoch, i, ni, steps, *map(float, mean.tolist()),
+                                          *map(float, settings.lrs), float(settings.momentum), settings.accumulate,
+                                          micro, _peak_allocated(device), speed))
 
     def flush_before_stop(self) -> None:
-        """Report the batches trained before a stop; one process only (ranks may not meet here), and a stop stays a
-        stop (a non-finite count is not raised over it)."""
+        """Report the batches trained before a stop (one process only: ranks may not meet here); a stop stays a stop."""
         if self.trainer.world_size == 1:
             with contextlib.suppress(NonFiniteLossError):
                 self.flush()
@@ -171,15 +157,15 @@ class _ReadBack:
                            "boxes (a larger imgsz, or a smaller multi-scale range)", progress.epoch + 1,
                            len(self.unmatched), self.trained, ", ".join(f"{h}x{w}" for h, w in sizes))
 
-
-def _count_nonfinite(progress: Progress, config: TrainConfig, batch: int, ni: int) -> None:
-    progress.nonfinite_in_row += 1
-    progress.nonfinite_total += 1
-    LOGGER.warning("non-finite loss in epoch %d at batch %d: step skipped (%d in a row, stop at %d)",
-                   progress.epoch + 1, batch + 1, progress.nonfinite_in_row, MAX_NONFINITE_BATCHES)
-    if progress.nonfinite_in_row >= MAX_NONFINITE_BATCHES:
-        raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1,
-                                 from_start=progress.nonfinite_in_row > ni)  # batches 0..ni all skipped
+    def _count_nonfinite(self, batch: int, ni: int) -> None:
+        progress = self.progress
+        progress.nonfinite_in_row += 1
+        progress.nonfinite_total += 1
+        LOGGER.warning("non-finite loss in epoch %d at batch %d: step skipped (%d in a row, stop at %d)",
+                       progress.epoch + 1, batch + 1, progress.nonfinite_in_row, MAX_NONFINITE_BATCHES)
+        if progress.nonfinite_in_row >= MAX_NONFINITE_BATCHES:
+            raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1,
+                                     from_start=progress.nonfinite_in_row > ni)  # batches 0..ni all skipped
 
 
 def _memory_text(device: torch.device) -> str:

@@ -1,5 +1,4 @@
-"""The optimizer and what the official train_dual.py sets per batch (learning rates, momentum, accumulation, the
-multi-scale size): pure functions of the config and ``ni``, the loader batches since the start."""
+"""The optimizer and what train_dual.py sets per batch: pure functions of the config and ``ni`` (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ _NORM_TYPES = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance
 
 def param_groups(model: nn.Module, trainable_only: bool = False
                  ) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """The official ``smart_optimizer`` groups: (biases, decayed weights, normalisation weights), for yolov9-t 303,
-    305 and 291 tensors. ``trainable_only`` leaves out frozen parameters (the official groups keep them)."""
+    """The official ``smart_optimizer`` groups (biases, decayed weights, norm weights); ``trainable_only``: unfrozen."""
     biases, decayed, norm_weights = [], [], []
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
@@ -38,9 +36,8 @@ def param_groups(model: nn.Module, trainable_only: bool = False
 
 def base_accumulate(config: TrainConfig) -> int:
     """Batches per optimizer step after warmup: explicit, or the official rule (``official_accumulate``)."""
-    if config.optim.accumulate_steps is not None:
-        return config.optim.accumulate_steps
-    return official_accumulate(config.optim.nominal_batch_size, config.batch_size)
+    explicit = config.optim.accumulate_steps
+    return official_accumulate(config.optim.nominal_batch_size, config.batch_size) if explicit is None else explicit
 
 
 def scaled_weight_decay(config: TrainConfig) -> float:
@@ -49,8 +46,7 @@ def scaled_weight_decay(config: TrainConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool = False) -> torch.optim.Optimizer:
-    """The official optimizer (``smart_optimizer``): SGD (nesterov), Adam or AdamW (amsgrad, decoupled decay) over
-    the three ``param_groups`` (only what trains with ``config.step.freeze``), lr0, the scaled decay on group 1.
+    """The official optimizer (``smart_optimizer``, docs/training.md) over the three ``param_groups`` of what trains;
     ``fused_optimizer``: torch's fused implementation, the same update up to float rounding."""
     biases, decayed, norm_weights = param_groups(model, trainable_only=config.step.freeze is not None)
     lr, momentum, decay = config.optim.lr0, config.optim.momentum, scaled_weight_decay(config)
@@ -67,19 +63,15 @@ def build_optimizer(model: nn.Module, config: TrainConfig, fused_optimizer: bool
 
 
 def lr_factor(config: TrainConfig, epoch: int) -> float:
-    """Multiplier of lr0 in ``epoch`` (official LambdaLR): linear, cosine, flat-cosine (1, then a cosine to lrf
-    over the second half) or fixed."""
+    """Multiplier of lr0 in ``epoch`` (official LambdaLR; docs/training.md, learning-rate schedules)."""
     e, n, lrf = epoch, config.epochs, config.optim.lrf
     if config.optim.schedule == "linear":
         return (1 - e / n) * (1.0 - lrf) + lrf
     if config.optim.schedule == "cosine":
         return 1 + (lrf - 1) * (1 - math.cos(math.pi * e / n)) / 2
-    if config.optim.schedule == "flat-cosine":
-        half = n // 2
-        if e <= half or half == 0:
-            return 1.0
-        return 1 + (lrf - 1) * (1 - math.cos(math.pi * (e - half) / half)) / 2
-    return 1.0
+    if config.optim.schedule == "flat-cosine" and e > n // 2 > 0:
+        return 1 + (lrf - 1) * (1 - math.cos(math.pi * (e - n // 2) / (n // 2))) / 2
+    return 1.0  # fixed, and the flat half of flat-cosine
 
 
 def warmup_batches(config: TrainConfig, batches_per_epoch: int) -> int:
@@ -89,9 +81,7 @@ def warmup_batches(config: TrainConfig, batches_per_epoch: int) -> int:
 
 def _interp(x: float, x1: float, y0: float, y1: float) -> float:
     """``numpy.interp(x, [0, x1], [y0, y1])``."""
-    if x1 <= 0 or x >= x1:
-        return y1
-    return y0 + (y1 - y0) * x / x1
+    return y1 if x1 <= 0 or x >= x1 else y0 + (y1 - y0) * x / x1
 
 
 @dataclass(frozen=True)
@@ -104,9 +94,8 @@ class StepSettings:
 
 
 def step_settings(config: TrainConfig, ni: int, epoch: int, warmup: int) -> StepSettings:
-    """Accumulation, learning rates and momentum for batch ``ni`` in ``epoch``. Official warmup, for ``ni <=
-    warmup``: accumulation ramps up from 1, the bias LR from warmup_bias_lr and the others from 0 to
-    lr0 * lr_factor, momentum from warmup_momentum."""
+    """Accumulation, learning rates and momentum for batch ``ni`` in ``epoch``, ramped up over the first ``warmup``
+    batches as officially (docs/training.md, warmup)."""
     o = config.optim
     target_lr = o.lr0 * lr_factor(config, epoch)
     accumulate = base_accumulate(config)
@@ -114,11 +103,8 @@ def step_settings(config: TrainConfig, ni: int, epoch: int, warmup: int) -> Step
         return StepSettings(accumulate, (target_lr,) * 3, o.momentum)
     end = o.nominal_batch_size / config.batch_size if o.accumulate_steps is None else accumulate
     accumulate = max(1, round(_interp(ni, warmup, 1.0, end)))  # ramped up from 1 (official)
-    lrs = (
-        _interp(ni, warmup, o.warmup_bias_lr, target_lr),
-        _interp(ni, warmup, 0.0, target_lr),
-        _interp(ni, warmup, 0.0, target_lr),
-    )
+    weights_lr = _interp(ni, warmup, 0.0, target_lr)
+    lrs = (_interp(ni, warmup, o.warmup_bias_lr, target_lr), weights_lr, weights_lr)
     return StepSettings(accumulate, lrs, _interp(ni, warmup, o.warmup_momentum, o.momentum))
 
 
@@ -130,15 +116,11 @@ def apply_settings(optimizer: torch.optim.Optimizer, settings: StepSettings) -> 
             group["momentum"] = settings.momentum
 
 
-def multi_scale_shape(shape_hw: tuple[int, int], imgsz: int, stride: int, rng: random.Random
-                      ) -> tuple[int, int] | None:
+def multi_scale_shape(shape_hw: tuple[int, int], imgsz: int, stride: int, rng: random.Random) -> tuple[int, int] | None:
     """The (h, w) a batch of ``shape_hw`` is resized to in multi-scale training (official ``--multi-scale``: each
     side ``ceil(x * size / max(h, w) / stride) * stride``), or None when it stays."""
     factor = multi_scale_side(imgsz, stride, rng) / max(shape_hw)
-    if factor == 1:
-        return None
-    h, w = (math.ceil(x * factor / stride) * stride for x in shape_hw)
-    return h, w
+    return None if factor == 1 else tuple(math.ceil(x * factor / stride) * stride for x in shape_hw)
 
 
 def multi_scale_rng(seed: int, ni: int) -> random.Random:

@@ -1,5 +1,4 @@
-"""What a run reports: the ``BatchRecord`` and ``EpochRecord`` its callbacks receive, results.csv, settings.yaml,
-state.yaml and the run folder's pictures (docs/training.md, the run folder)."""
+"""What a run reports: callback records, results.csv, settings.yaml, state.yaml, pictures (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ _DPI = 100  # ~1000 px wide figures: readable, and cheap enough to redraw result
 
 @dataclass(frozen=True)
 class BatchRecord:
-    """What ``on_batch`` receives after each trained batch (rank 0; ``LOG_INTERVAL`` batches at a time, at each
-    read-back). The fields are described in docs/training.md; losses are running means over the epoch."""
+    """What ``on_batch`` receives per trained batch, at each read-back (rank 0; the fields: docs/training.md)."""
 
     epoch: int
     batch_index: int  # in the epoch
@@ -66,8 +64,7 @@ class BatchRecord:
 
 @dataclass(frozen=True)
 class EpochRecord:
-    """What ``on_epoch_end`` receives after each epoch (rank 0): the results.csv row (``row()``) as fields; the
-    metrics of the EMA are None when the epoch was not validated."""
+    """What ``on_epoch_end`` receives (rank 0): the results.csv row as fields, metrics None when not validated."""
 
     epoch: int
     box_loss: float
@@ -100,23 +97,19 @@ class EpochRecord:
 
 def metric_columns(metrics: Mapping[str, float]) -> dict[str, float | None]:
     """The results.csv metric columns of validation ``metrics`` (keys precision, recall, map50, map50_95, fitness)."""
-    keys = {"metrics/precision": "precision", "metrics/recall": "recall", "metrics/mAP50": "map50",
-            "metrics/mAP50-95": "map50_95", "fitness": "fitness"}
+    keys = zip(RESULTS_COLUMNS[7:12], ("precision", "recall", "map50", "map50_95", "fitness"))  # metrics/... columns
     # float(): numpy or tensor scalars from a custom validate_fn
-    return {column: None if metrics.get(k) is None else float(metrics[k]) for column, k in keys.items()}
+    return {column: None if metrics.get(k) is None else float(metrics[k]) for column, k in keys}
 
 
 def call_back(hooks: Sequence[Any], name: str, value: Any) -> None:
     """``hook.name(value)`` for each hook that has it: the loggers, then ``TrainConfig.callbacks``."""
-    for hook in hooks:
-        method = getattr(hook, name, None)
-        if method is not None:
-            method(value)
+    for method in filter(None, (getattr(hook, name, None) for hook in hooks)):
+        method(value)
 
 
 def append_results(path: Path, record: EpochRecord) -> None:
-    """Append one epoch to ``results.csv``, rewriting it whole: a failed write (``DiskFullError`` when there is no
-    room) leaves it as it was."""
+    """Append one epoch to ``results.csv``, rewritten whole: a failed write (``DiskFullError``) leaves it as it was."""
     old = path.read_text() if path.is_file() else ""
     write_text_atomically(path, old + _csv_text([record.row()], header=not old))
 
@@ -131,9 +124,8 @@ def _csv_text(rows: Sequence[Mapping[str, object]], header: bool) -> str:
     writer = csv.DictWriter(out, fieldnames=RESULTS_COLUMNS)
     if header:
         writer.writeheader()
-    for row in rows:
-        writer.writerow({k: f"{v:.6g}" if isinstance(v := row.get(k), float) else "" if v is None else v
-                         for k in RESULTS_COLUMNS})
+    writer.writerows({k: f"{v:.6g}" if isinstance(v := row.get(k), float) else "" if v is None else v
+                      for k in RESULTS_COLUMNS} for row in rows)
     return out.getvalue()
 
 
@@ -145,8 +137,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
 
 def write_state(folder: Path, state: str, reason: str | None, epochs_done: int | None, epochs: int | None,
                 wall_s: float) -> Path | None:
-    """``state.yaml``: how the run stands or ended, why, its epochs, its wall time, when and by which process; a
-    failed write is a warning (None)."""
+    """``state.yaml``: how the run stands or ended, why, epochs, wall time, when, which process; None if not written."""
     record = {"state": state, "reason": reason, "epochs_done": epochs_done, "epochs": epochs,
               "wall_s": round(wall_s, 1), "pid": os.getpid(),
               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -160,8 +151,7 @@ def write_state(folder: Path, state: str, reason: str | None, epochs_done: int |
 
 
 def read_state(folder: Path) -> dict:
-    """``state.yaml`` of a run folder ({} when there is none); ``RecordError`` naming a refused file (too large,
-    aliases, not YAML)."""
+    """``state.yaml`` of a run folder ({} when there is none); ``RecordError`` naming a refused file."""
     path = folder / STATE_FILE
     value = read_record(path) if path.is_file() else None
     return value if isinstance(value, dict) else {}
@@ -215,11 +205,10 @@ class RunPictures:
     with the class ``names``; ``written`` receives each file. A picture that fails is a warning naming it."""
 
     def __init__(self, run_dir: Path | None, names: Sequence[str] | Mapping[int, str] | None, written: list[Path]):
-        self.run_dir = run_dir
+        self.run_dir, self.written = run_dir, written
         if isinstance(names, Mapping):  # {id: name} as in a data.yaml
             names = [str(names[k]) for k in sorted(names)]
         self.names = list(names) if names is not None else None
-        self.written = written
         self.pending: list[tuple[int, tuple]] = []  # (index, first images of a batch) to draw after the epoch
 
     def draw(self, name: str, make: Callable[[], Any]) -> None:
@@ -242,14 +231,10 @@ class RunPictures:
         if self.run_dir is not None and labels is not None and not (self.run_dir / "labels.jpg").exists():
             self.draw("labels.jpg", lambda: plot_labels(labels, self.names))
 
-    def batches(self, loader: Iterable, epoch: int) -> Iterable:
-        """The loader of ``epoch``: in the first, one that keeps its first batches to draw after the epoch (drawn
-        in it they would count in its time)."""
-        return self._first_batches(loader) if self.run_dir is not None and epoch == 0 else loader
-
-    def _first_batches(self, loader: Iterable) -> Iterator:
+    def batches(self, loader: Iterable, epoch: int) -> Iterator:
+        """The batches of ``epoch``; of the first, copies of the first ones are kept to draw after the epoch."""
         for i, batch in enumerate(loader):
-            if i < BATCH_PICTURES:
+            if self.run_dir is not None and epoch == 0 and i < BATCH_PICTURES:
                 try:  # copies: the loop may reuse or change the batch
                     images, targets = batch[0][:16], batch[1][batch[1][:, 0] < 16]
                     self.pending.append((i, tuple(x.clone() if hasattr(x, "clone") else x.copy()
@@ -268,8 +253,7 @@ class RunPictures:
             self.draw("results.png", lambda: draw_results(pd.DataFrame(rows)))
 
     def validation(self, result: Any, custom: bool) -> None:
-        """The confusion matrix and the PR, F1, P, R curves of the last default validation's ``ValResult``
-        (``custom``: the caller's validation function, which keeps none)."""
+        """The confusion matrix and PR, F1, P, R curves of the last default validation (``custom``: none kept)."""
         if self.run_dir is None or result is None:
             if self.run_dir is not None and custom:
                 LOGGER.info("no validation pictures: a custom validation function keeps no ValResult")

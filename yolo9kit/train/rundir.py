@@ -1,8 +1,8 @@
-"""The run folder: where a run starts or resumes, the checks before it writes (resume, model, classes), its
-callbacks and loggers, how it ends, room for an epoch's checkpoints (docs/training.md, docs/faults.md)."""
+"""The run folder: start or resume, the checks before it writes, loggers, the end, room for checkpoints."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,14 +16,7 @@ from yolo9kit.config.recipe import choose_recipe
 from yolo9kit.config.step import KEEP, settings
 from yolo9kit.data import load_data_config
 from yolo9kit.env import load_extra
-from yolo9kit.files import (
-    FolderInUseError,
-    FolderLock,
-    RecordError,
-    check_free_space,
-    read_record,
-    remove_stale_temporaries,
-)
+from yolo9kit.files import FolderInUseError, FolderLock, check_free_space, read_record, remove_stale_temporaries
 from yolo9kit.models.checkpoint import estimate_checkpoint_bytes, read_checkpoint
 from yolo9kit.train.records import SETTINGS_FILE, call_back, read_state, write_results, write_state
 from yolo9kit.train.state import DistInfo, broadcast_object, find_resume_checkpoint, increment_path
@@ -68,11 +61,9 @@ class RunFolder:
             if before is not None and before != len(rows):
                 LOGGER.warning("%s: %d rows, the checkpoint records %d epochs: rewritten from the checkpoint", results,
                                before, len(rows))
-            try:  # a damaged state.yaml never blocks a resume: it is rewritten now
+            with contextlib.suppress(ValueError):  # a damaged state.yaml (RecordError) never blocks a resume
                 wall_s = read_state(self.path).get("wall_s") or 0.0
                 self.earlier_s = wall_s if isinstance(wall_s, (int, float)) else 0.0
-            except RecordError:
-                pass
         elif not self.new and results.is_file():
             results.replace(results.with_name("results.previous.csv"))
             LOGGER.warning("%s is an earlier run's: kept as results.previous.csv, this run writes its own", results)
@@ -93,8 +84,7 @@ def open_run(config: TrainConfig, dist: DistInfo) -> RunFolder:
         run = RunFolder(broadcast_object(run_dir, dist))
     if not dist.is_main:
         return RunFolder(None, run.ckpt, run.checkpoint)
-    run.new = not run.path.exists()
-    run.made = _first_missing(run.path)
+    run.new, run.made = not run.path.exists(), _first_missing(run.path)
     run.path.mkdir(parents=True, exist_ok=True)
     try:
         run.lock = FolderLock(run.path, "a training run").acquire()  # before anything in the folder is touched
@@ -146,18 +136,15 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
     if run.new and run.made is not None:  # the run folder and the parents this run made (runs/train/)
         folders += [run.path, *(p for p in run.path.parents if run.made == p or run.made in p.parents)]
     for folder in folders:
-        try:
+        with contextlib.suppress(OSError):  # not ours to insist on: the error that ended the run matters more
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
-        except OSError:  # not ours to insist on: the error that ended the run matters more
-            pass
 
 
 def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> TrainConfig:
     """The settings the run trains with (its recipe for ``images`` training images, a resumed run's own) and its
-    loggers (entry points "yolo9kit.loggers"); a resume may change no ``FIXED_ON_RESUME`` setting, and a larger
-    ``epochs`` extends it, the schedule following the new total from the epoch reached (as officially). A
-    ValueError names a logger that is not installed, the changed fields or an ``epochs`` below the epochs done."""
+    loggers; a resume may change no ``FIXED_ON_RESUME`` setting (docs/training.md, resume). A ValueError names a
+    logger that is not installed, the changed fields or an ``epochs`` below the epochs done."""
     ckpt, path = run.ckpt, run.checkpoint
     saved = ckpt.get("train_config", {}) if ckpt is not None else None
     config, run.recipe = choose_recipe(config, images, saved)
@@ -197,8 +184,7 @@ def resume_conflicts(saved: dict, config: TrainConfig) -> dict[str, tuple[Any, A
 
 
 def check_resume_model(model: Any, run: RunFolder) -> None:
-    """The model to resume predicts the run's classes by their names, and is the model of its settings.yaml
-    (else a ValueError naming both)."""
+    """ValueError unless ``model`` predicts the run's classes by name and is its settings.yaml's model."""
     saved = (run.ckpt or {}).get("model_config") or {}
     try:
         trains = read_record(run.path / SETTINGS_FILE).get("model") if run.path else None
@@ -235,24 +221,20 @@ def training_images(data: Any, loader: Any = None) -> int | None:
     if loader is not None:
         dataset = getattr(loader, "dataset", None)
         return len(dataset) if hasattr(dataset, "__len__") else None
-    if data is None:
-        return None
     try:
-        return len(load_data_config(data).images("train"))
+        return None if data is None else len(load_data_config(data).images("train"))
     except (KeyError, OSError, ValueError):  # the loader built from it says why
         return None
 
 
 def class_names(data, single_cls: bool = False) -> list[str]:
-    """The classes a model trained on ``data`` predicts: the data.yaml's names, or with ``single_cls`` one class,
-    named "item" unless the data has a single name (official)."""
+    """The data.yaml's class names; with ``single_cls`` one, named "item" unless the data has a single name."""
     names = list(load_data_config(data).names)
     return (names if len(names) == 1 else ["item"]) if single_cls else names
 
 
 def check_classes(model: Any, data, single_cls: bool = False) -> None:
-    """The model must predict as many classes as the data has (one with ``single_cls``); else a ValueError saying
-    how to build the right model."""
+    """ValueError unless ``model`` predicts as many classes as ``data`` (one with ``single_cls``), saying how."""
     if data is None or not hasattr(model, "nc"):
         return
     names = class_names(data, single_cls)
@@ -264,8 +246,7 @@ def check_classes(model: Any, data, single_cls: bool = False) -> None:
 
 
 def epoch_files(config: TrainConfig, epoch: int, best: bool, period: bool = True) -> list[str]:
-    """The checkpoints an epoch ends with, last.pt (the commit point) last; epoch<e>.pt with ``period`` when
-    ``e % save_period == 0`` (official)."""
+    """The checkpoints an epoch ends with, last.pt (the commit point) last; epoch<e>.pt when ``period`` and due."""
     period = period and config.run.save_period > 0 and epoch % config.run.save_period == 0
     return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
 
@@ -280,8 +261,8 @@ def earns_best(fitness: float | None, best_fitness: float, run_dir: Path) -> boo
 
 def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> None:
     """Room for the checkpoints ``names`` an epoch ends with: one temporary file plus the files new so far (else a
-    DiskFullError naming the folder and the space needed, before anything is written). A checkpoint holds model,
-    EMA and optimizer state: before the first step SGD's momentum is one copy of the parameters, Adam's moments two."""
+    DiskFullError naming the folder and the space needed, before anything is written)."""
+    # model, EMA and optimizer state: before the first step SGD's momentum is one copy of the weights, Adam's two
     parts: list = [unwrap(trainer.model).state_dict(), trainer.ema.ema.state_dict() if trainer.ema else {}]
     optimizer = trainer.optimizer
     if optimizer.state:

@@ -1,5 +1,4 @@
-"""Where a training process stands: its rank in a DDP run (``torchrun``), its ``Progress``, its random state, and
-the training checkpoint that saves and restores them (docs/training.md, resume)."""
+"""A training process's DDP rank, ``Progress``, random state and the checkpoint that saves and restores them."""
 
 from __future__ import annotations
 
@@ -36,15 +35,13 @@ class DistInfo:
 
 
 def init_from_env() -> DistInfo:
-    """The default process group when launched by torchrun (WORLD_SIZE > 1; nccl on CUDA, else gloo); rank 0 of 1
-    otherwise. Only this function reads the launcher's variables."""
+    """The default process group when launched by torchrun (WORLD_SIZE > 1; nccl on CUDA, else gloo), else rank 0."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return DistInfo()
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
+        if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
     return current()
 
 
@@ -101,8 +98,7 @@ class Progress:
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
-    """Python, NumPy, torch CPU and the CUDA generator of ``device``: one CUDA state, so that a resume on another
-    GPU index or machine restores it onto its own device."""
+    """Python, NumPy, torch CPU and the CUDA generator of ``device`` (one, restored onto the resuming device)."""
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np_state, "torch": torch.get_rng_state()}
@@ -119,9 +115,8 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
     np_state["state"] = {**np_state["state"], "key": np.asarray(np_state["state"]["key"], dtype=np.uint32)}
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is None or not torch.cuda.is_available() or device.type != "cuda":
-        return
-    torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device() if device.index is None else device.index)
+    if state.get("cuda") is not None and torch.cuda.is_available() and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device() if device.index is None else device.index)
 
 
 def seed_everything(seed: int) -> None:
@@ -133,26 +128,21 @@ def seed_everything(seed: int) -> None:
 
 def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
     """``runs/train/exp`` -> itself if free (or ``exist_ok``), else ``exp2``, ``exp3``, ... (official rule)."""
-    path = Path(path)
-    if exist_ok or not path.exists():
-        return path
+    candidate = path = Path(path)
     n = 2
-    while (candidate := path.with_name(f"{path.name}{n}")).exists():
-        n += 1
+    while not exist_ok and candidate.exists():
+        candidate, n = path.with_name(f"{path.name}{n}"), n + 1
     return candidate
 
 
 def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
-    """The checkpoint to resume: the given path or run folder, or (``resume=True``) the newest last.pt under
-    ``project``; FileNotFoundError when there is none."""
+    """The given checkpoint or run folder's, or the newest last.pt under ``project``; FileNotFoundError if none."""
     if resume is True:
         candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
         if not candidates:
             raise FileNotFoundError(f"resume=True: no last.pt under {project}; pass the checkpoint path instead")
         return candidates[-1]
-    path = Path(resume)
-    if path.is_dir():
-        path = path / "weights" / "last.pt"
+    path = Path(resume) / "weights" / "last.pt" if Path(resume).is_dir() else Path(resume)
     if not path.is_file():
         raise FileNotFoundError(f"resume={resume!r}: {path} does not exist; pass a run folder or a last.pt")
     return path
@@ -161,21 +151,15 @@ def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Pa
 def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng: dict | None = None,
                    extra: dict | None = None) -> dict[str, Any]:
     """The resumable state, all plain tensors/dicts/lists/numbers/strings (loads with weights_only=True)."""
-    return {
-        "ema": trainer.ema.ema.state_dict() if trainer.ema else None,
-        "ema_updates": trainer.ema.updates if trainer.ema else 0,
-        "optimizer": trainer.optimizer.state_dict(),
-        "scaler": trainer.scaler.state_dict(),
-        "scaler_kind": scaler_kind(trainer.amp_dtype),
-        "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
-        "progress": progress.to_dict(),
-        "micro_batch_size": trainer.micro_batch_size,
-        "optimizer_steps": trainer.optimizer_steps,
-        "rng": rng if rng is not None else capture_rng(trainer.device),
-        "train_config": config_dict,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **(extra or {}),
-    }
+    ema = trainer.ema
+    return {"ema": ema.ema.state_dict() if ema else None, "ema_updates": ema.updates if ema else 0,
+            "optimizer": trainer.optimizer.state_dict(), "scaler": trainer.scaler.state_dict(),
+            "scaler_kind": scaler_kind(trainer.amp_dtype),
+            "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
+            "progress": progress.to_dict(), "micro_batch_size": trainer.micro_batch_size,
+            "optimizer_steps": trainer.optimizer_steps, "rng": rng if rng is not None else capture_rng(trainer.device),
+            "train_config": config_dict, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **(extra or {})}
 
 
 def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, config_dict: dict,
@@ -187,9 +171,8 @@ def save_training_checkpoint(path: Path, trainer: Trainer, progress: Progress, c
 
 
 def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "the checkpoint") -> Progress:
-    """Load model, EMA, optimizer, scaler and counters of a ``read_checkpoint`` dict into ``trainer`` (the random
-    states are restored later, right before the first batch); ValueError for no training state, one with NaN or
-    Inf (weights, EMA, optimizer state, loss scale) or one of another model."""
+    """Load model, EMA, optimizer, scaler and counters of a ``read_checkpoint`` dict into ``trainer`` (not the random
+    states); ValueError for no training state, one with NaN or Inf, or one of another model."""
     if "progress" not in ckpt or "optimizer" not in ckpt:
         raise ValueError(f"{source} has no training state (a stripped or foreign file): "
                          "start a new run from it with --weights instead of --resume")
@@ -226,13 +209,10 @@ def restore_training_state(ckpt: dict, trainer: Trainer, source: str | Path = "t
 
 
 def nonfinite_entries(value: Any, where: str = "") -> list[str]:
-    """Key paths of the NaN or Inf floating-point tensors and numbers in nested dicts/lists (tensors on one device:
-    a single read-back)."""
+    """Key paths of the NaN or Inf floats (tensors, numbers) in nested dicts and lists, read back at once."""
     found = list(_floats(value, where))
-    if not found:
-        return []
-    finite = torch.stack([torch.isfinite(v).all() for _, v in found]).cpu()
-    return [k for (k, _), ok in zip(found, finite.tolist()) if not ok]
+    finite = torch.stack([torch.isfinite(v).all() for _, v in found]).cpu().tolist() if found else []
+    return [k for (k, _), ok in zip(found, finite) if not ok]
 
 
 def _floats(value: Any, where: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -252,4 +232,3 @@ def nonfinite_weights(trainer: Trainer) -> list[str]:
     """Names of the model's and the EMA's floating-point tensors that hold NaN or Inf."""
     return nonfinite_entries({"model": unwrap(trainer.model).state_dict(),
                               **({"ema": trainer.ema.ema.state_dict()} if trainer.ema is not None else {})})
-

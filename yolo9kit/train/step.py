@@ -1,6 +1,4 @@
-"""One training step: :func:`train_step` is the whole of it on one page (micro-batches, autocast, loss, backward,
-the optimizer step, the EMA), run by the epoch loop and the memory tools alike. Around it: the :class:`Trainer` it
-runs (:func:`build_trainer`), the EMA, the BatchNorm snapshot and the out-of-memory back-off."""
+"""One training step, :func:`train_step` (docs/training.md, the loop), its :class:`Trainer`, EMA and OOM back-off."""
 
 from __future__ import annotations
 
@@ -21,14 +19,13 @@ from yolo9kit.env import free_cuda_memory, resolve_device
 from yolo9kit.loss import DetectionLoss
 from yolo9kit.models.layers import set_lean
 from yolo9kit.models.model import freeze_layers
-from yolo9kit.train.guards import DistributedOutOfMemoryError, OutOfMemoryAtMinimumError, is_out_of_memory
+from yolo9kit.train.guards import DistributedOutOfMemoryError, OutOfMemoryAtMinimumError
 from yolo9kit.train.optim import build_optimizer
 
 LOGGER = logging.getLogger(__name__)
 
 LossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 AMP_DTYPES: dict[str, torch.dtype | None] = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
-FIXED_SCALE_GROWTH_INTERVAL = 2**30  # a scaler at a fixed scale of 1 never grows
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -80,26 +77,21 @@ def describe_step(config: TrainConfig, model: nn.Module, device: torch.device, w
 
 
 def place_model(model: nn.Module, step: StepConfig, device: torch.device) -> None:
-    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout (channels_last 4-D weights);
-    before DDP wraps it, whose gradient buckets follow the parameters' strides (else every gradient is a copy)."""
+    """Freeze ``step.freeze`` and move ``model`` to ``device`` in the step's layout, before DDP wraps it."""
     module = unwrap(model)
     freeze_layers(module, step.freeze)
     fmt = torch.channels_last if step.channels_last else torch.contiguous_format
-
-    def placed(p: torch.Tensor) -> bool:
-        return p.device == device and (p.dim() != 4 or p.is_contiguous(memory_format=fmt))
-
-    if all(placed(p) for p in module.parameters()) and all(b.device == device for b in module.buffers()):
-        return
-    module.to(device, memory_format=fmt) if step.channels_last else module.to(device)
+    placed = all(p.device == device and (p.dim() != 4 or p.is_contiguous(memory_format=fmt))
+                 for p in module.parameters()) and all(b.device == device for b in module.buffers())
+    if not placed:
+        module.to(device, memory_format=fmt) if step.channels_last else module.to(device)
 
 
 def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | None = None,
                   device: torch.device | None = None, world_size: int = 1, step: StepConfig | None = None) -> Trainer:
     """The :class:`Trainer` of ``model`` (placed on ``device`` here; DDP-wrapped for multi-GPU) for ``config``:
-    optimizer (official groups), GradScaler, EMA, loss (default ``DetectionLoss``). ``step``: the resolved step,
-    when the caller has it (the memory tracer); else ``describe_step`` for ``device`` (default ``config.run.device``).
-    """
+    optimizer (official groups), GradScaler, EMA, loss (default ``DetectionLoss``). ``step``: the resolved step if
+    the caller has it (the memory tracer), else ``describe_step`` for ``device`` (default ``config.run.device``)."""
     device = device or resolve_device(config.run.device)
     step = step or describe_step(config, model, device, world_size)
     place_model(model, step, device)
@@ -107,14 +99,12 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
     if step.activation_checkpointing is not None:
         unwrap(model).set_activation_checkpointing(step.activation_checkpointing)
     amp_dtype = AMP_DTYPES[step.amp]
-    # always on: fp16 scales the loss; otherwise a fixed scale of 1 skips a non-finite step on the device
-    scaler = torch.amp.GradScaler(device.type) if scaler_kind(amp_dtype) == "dynamic" else \
-        torch.amp.GradScaler(device.type, init_scale=1.0, growth_interval=FIXED_SCALE_GROWTH_INTERVAL)
-    compiled = None
-    if step.compile:
-        compiled = torch.compile(model, mode=step.compile if isinstance(step.compile, str) else None)
-    if loss_fn is None:
-        loss_fn = DetectionLoss(unwrap(model), config.optim.loss)
+    # always on: fp16 scales the loss; otherwise a fixed scale of 1, never grown, skips a non-finite step on the device
+    fixed = {} if scaler_kind(amp_dtype) == "dynamic" else {"init_scale": 1.0, "growth_interval": 2**30}
+    scaler = torch.amp.GradScaler(device.type, **fixed)
+    mode = step.compile if isinstance(step.compile, str) else None
+    compiled = torch.compile(model, mode=mode) if step.compile else None
+    loss_fn = loss_fn if loss_fn is not None else DetectionLoss(unwrap(model), config.optim.loss)
     ema = ModelEMA(model) if step.ema else None  # the official decay 0.9999, ramped over 2000 updates
     optimizer = build_optimizer(unwrap(model), config, fused_optimizer=step.fused_optimizer)
     return Trainer(model=model, loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, ema=ema, device=device, step=step,
@@ -124,9 +114,8 @@ def build_trainer(model: nn.Module, config: TrainConfig, *, loss_fn: LossFn | No
 
 @contextlib.contextmanager
 def cudnn_autotune(device: torch.device, enabled: bool = True, deterministic: bool = False) -> Iterator[None]:
-    """cuDNN autotuning on CUDA for the block only (a global switch would also tune a notebook's later cells);
-    ``deterministic``: deterministic algorithms instead (torch's ops, cuDNN, cuBLAS's fixed workspace, read when
-    CUDA starts), an op without one warns and runs, as officially. The previous settings come back after."""
+    """cuDNN autotuning on CUDA for the block only; ``deterministic``: deterministic algorithms instead (torch's ops,
+    cuDNN, cuBLAS's workspace), an op without one warns and runs, as officially. The previous settings come back."""
     cudnn = torch.backends.cudnn
     previous = (cudnn.benchmark, cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled())
@@ -146,8 +135,7 @@ def cudnn_autotune(device: torch.device, enabled: bool = True, deterministic: bo
 
 
 def to_input(images: torch.Tensor, trainer: Trainer, imgsz: tuple[int, int] | None = None) -> torch.Tensor:
-    """uint8 (B, 3, H, W) -> float32 in [0, 1] on the device in the step's layout, resized to ``imgsz`` (h, w)
-    when given (bilinear, the official multi-scale step; the normalised targets stay as they are)."""
+    """uint8 (B, 3, H, W) -> float32 in [0, 1] on the device in the step's layout, bilinearly resized to ``imgsz``."""
     fmt = torch.channels_last if trainer.channels_last else torch.contiguous_format
     x = images.to(trainer.device, non_blocking=True).to(dtype=torch.float32, memory_format=fmt).div_(255)
     if imgsz is not None and tuple(x.shape[2:]) != tuple(imgsz):
@@ -159,15 +147,14 @@ def micro_batches(images: torch.Tensor, targets: torch.Tensor, micro: int | None
                   ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """(first image, images, targets with image indices from 0) of each micro-batch of ``micro`` images."""
     size = images.shape[0]
-    for start in range(0, size, micro or size):
-        end = min(start + (micro or size), size)
-        if start == 0 and end == size:
-            yield 0, images, targets
-            continue
-        keep = (targets[:, 0] >= start) & (targets[:, 0] < end)
+    if not micro or micro >= size:
+        yield 0, images, targets
+        return
+    for start in range(0, size, micro):
+        keep = (targets[:, 0] >= start) & (targets[:, 0] < start + micro)
         part = targets[keep].clone()
         part[:, 0] -= start
-        yield start, images[start:end], part
+        yield start, images[start:start + micro], part
 
 
 def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *, ni: int, accumulate_steps: int,
@@ -212,8 +199,7 @@ def train_step(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor, *,
 
 
 class BatchNormSnapshot:
-    """The model's buffers (BatchNorm running statistics) as they were when the accumulation window began: put
-    back on an interrupt (a resume redoes the window) and on out of memory (the window is dropped)."""
+    """The buffers (BatchNorm statistics) at the accumulation window's start, put back on an interrupt or an OOM."""
 
     def __init__(self, model: nn.Module) -> None:
         self.buffers = list(unwrap(model).buffers())
@@ -231,15 +217,14 @@ class BatchNormSnapshot:
 def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: torch.Tensor,
                             snapshot: BatchNormSnapshot, *, ni: int, accumulate_steps: int,
                             imgsz: tuple[int, int] | None = None) -> torch.Tensor:
-    """:func:`train_step`; on out of memory the accumulation window is dropped (BatchNorm statistics restored,
-    gradients zeroed) and the batch retried at half the micro-batch, as the first batch of a new window; but
+    """:func:`train_step`, retried at half the micro-batch on out of memory (docs/training.md, failure handling);
     ``DistributedOutOfMemoryError`` in a micro-step that syncs the DDP ranks, ``OutOfMemoryAtMinimumError`` at 1."""
     while True:
         micro = min(trainer.micro_batch_size or images.shape[0], images.shape[0])
         try:
             return train_step(trainer, images, targets, ni=ni, accumulate_steps=accumulate_steps, imgsz=imgsz)
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-            if not is_out_of_memory(error):
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:  # the generic one too: "... out of memory ..."
+            if not (isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()):
                 raise
             if isinstance(trainer.model, nn.parallel.DistributedDataParallel) and \
                     trainer.model.require_backward_grad_sync:
@@ -260,15 +245,11 @@ def train_step_with_backoff(trainer: Trainer, images: torch.Tensor, targets: tor
 
 
 class ModelEMA:
-    """EMA of every floating-point state_dict entry of ``model`` (unwrapped; its tensors must not be replaced): the
-    official ``ModelEMA`` (``d = decay * (1 - exp(-updates / tau))``, ``ema = d * ema + (1 - d) * model``) as two
-    ``_foreach`` kernels. A frozen parameter whose EMA equals the model's is left out (``d * x + (1 - d) * x`` is
-    ``x``: the copy stays bit-identical); one whose EMA differs keeps being averaged, as officially."""
+    """The official ``ModelEMA`` of ``model``'s floating-point state (its tensors must not be replaced) in two kernels
+    (docs/training.md, EMA); a frozen parameter whose EMA equals the model's is left out (it stays bit-identical)."""
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0) -> None:
-        self.ema = copy.deepcopy(unwrap(model)).eval()
-        for p in self.ema.parameters():
-            p.requires_grad_(False)
+        self.ema = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
         self.decay, self.tau, self.updates = decay, tau, updates
         self._pairs_of = None  # the model the tensor lists were built for
 
@@ -303,6 +284,5 @@ class ModelEMA:
 
 def _same(ema: torch.Tensor, param: torch.Tensor) -> bool:
     """Bit-identical values; on ``meta`` tensors (the memory trace) a copy counts as identical."""
-    if ema.is_meta or param.is_meta:
-        return ema.shape == param.shape
-    return ema.shape == param.shape and torch.equal(ema, param.detach().to(ema.device))
+    meta = ema.is_meta or param.is_meta
+    return ema.shape == param.shape and (meta or torch.equal(ema, param.detach().to(ema.device)))

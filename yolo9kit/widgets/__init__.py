@@ -51,9 +51,8 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
     """
     has_cuda = torch.cuda.is_available()
     local = memory.target_gpu(None)
-    gpus: list[tuple[str, Any]] = [(name, name) for name in memory.GPUS]
-    if has_cuda:  # the local card first, with its real capacity (its name may not be in the table)
-        gpus.insert(0, (f"{local.name} (this machine)", local))
+    # the local card first, with its real capacity (its name may not be in the table)
+    gpus = [(f"{local.name} (this machine)", local)] * has_cuda + [(name, name) for name in memory.GPUS]
     wide = {"continuous_update": False, "layout": w.Layout(width="420px")}  # 1-512 on ~100 px: 5 batches a pixel
     controls: dict[str, Any] = {
         "model": w.Dropdown(options=list_models(), value=model, description="model"),
@@ -131,19 +130,13 @@ def _explore(app: WidgetApp, num_classes: int, nominal_batch_size: int, max_batc
                      max_batch=search.batch_size)
     show_figure(outputs["curve"], curve)
     show_figure(outputs["breakdown"], app.figures["breakdown"])
-    outputs["plan"].value = _plan_html(search, batch_plan)
+    best = batch_plan.recommended
+    outputs["plan"].value = f"<b>Largest batch on {spec.name}: {search.batch_size}</b> ({search.reason}).<br>" + (
+        batch_plan.reason if best is None else f"Plan (yolo9kit.memory.plan): <b>batch {best['batch_size']} x "
+        f"accumulate {best['accumulate']} = {best['effective_batch']} images per optimizer step</b> for a nominal "
+        f"{nominal_batch_size}.")
     outputs["status"].value = (f"breakdown at batch {report.batch_size}: {format_bytes(report.device_bytes)} on the "
                                f"card (computed in {time.perf_counter() - t0:.1f} s)")
-
-
-def _plan_html(search, batch_plan) -> str:
-    text = f"<b>Largest batch on {batch_plan.gpu.name}: {search.batch_size}</b> ({search.reason}).<br>"
-    best = batch_plan.recommended
-    if best is None:
-        return text + batch_plan.reason
-    return text + (f"Plan (yolo9kit.memory.plan): <b>batch {best['batch_size']} x accumulate {best['accumulate']} = "
-                   f"{best['effective_batch']} images per optimizer step</b> for a nominal "
-                   f"{batch_plan.nominal_batch_size}.")
 
 
 def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou: float = 0.45,
@@ -161,13 +154,12 @@ def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou
     images = [item for item in expand_sources(source)[0] if not is_video(item)]
     if not images:
         raise ValueError(f"{source}: no images to show (videos are left out)")
+    fine = {"continuous_update": False, "readout_format": ".2f"}
     controls: dict[str, Any] = {
         "image": w.IntSlider(value=0, min=0, max=len(images) - 1, description="image", continuous_update=False),
         # min 0, not CONF_FLOOR: on a 0.01 grid from 0 the caller's two-decimal conf is a stop the browser keeps
-        "conf": w.FloatSlider(value=conf, min=0.0, max=1.0, step=0.01, description="confidence",
-                              continuous_update=False, readout_format=".2f"),
-        "iou": w.FloatSlider(value=iou, min=0.05, max=0.95, step=0.05, description="NMS IoU",
-                             continuous_update=False, readout_format=".2f"),
+        "conf": w.FloatSlider(value=conf, min=0.0, max=1.0, step=0.01, description="confidence", **fine),
+        "iou": w.FloatSlider(value=iou, min=0.05, max=0.95, step=0.05, description="NMS IoU", **fine),
     }
     if getattr(model, "is_dual", False):
         controls["head"] = w.ToggleButtons(options=["main", "aux"], value=head, description="head")

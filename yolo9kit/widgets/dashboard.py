@@ -129,11 +129,10 @@ class TrainDashboard:
     async def resume(self) -> FitResult:
         """Continue the last stopped run from its last.pt (RuntimeError when there is none); waits for (or returns)
         the resume button's run."""
-        job = self._job
-        if job is not None and job.resume:  # the resume button's run: wait for it, or return how it finished
-            if not job.done.is_set() or (job.error is None and not job.result.interrupted):
-                return await self._wait(job)
-        return await self._wait(self._start(self._resume_job()))
+        job = self._job  # the resume button's run: wait for it (or return how it finished), else resume now
+        if job is None or not job.resume or (job.done.is_set() and (job.error is not None or job.result.interrupted)):
+            job = self._start(self._resume_job())
+        return await self._wait(job)
 
     def resume_in_background(self) -> None:
         """The resume button: start the resumed run and return at once (the kernel stays free for stop)."""
@@ -177,8 +176,7 @@ class TrainDashboard:
         logger, handler = logging.getLogger("yolo9kit"), _LogToDashboard(self, threading.get_ident())
         level = logger.level
         logger.addHandler(handler)
-        if level == logging.NOTSET or level > logging.INFO:
-            logger.setLevel(logging.INFO)  # show "run folder ...", "resuming ..." in the message line
+        logger.setLevel(min(level or logging.INFO, logging.INFO))  # show "run folder ...", "resuming ..." here
         try:
             job.result = fit(job.model, job.data, config, **job.kwargs)
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting cell, which raises it
@@ -189,8 +187,7 @@ class TrainDashboard:
             self._finish(job)
 
     def _finish(self, job: _Job) -> None:
-        if job.result is not None:
-            self.result = job.result
+        self.result = job.result or self.result
         if job.error is not None:
             self.note(f"training failed: {job.error!r}", warning=True)
         elif job.result.interrupted:
@@ -233,11 +230,10 @@ class TrainDashboard:
             stop.on_click(lambda _button: self.request_stop())
             resume.on_click(lambda _button: self.resume_in_background())
             wide = {"layout": w.Layout(width="100%")}
-            parts = {"stop": stop, "resume": resume, "status": w.HTML(), "plot": w.Output(), "table": w.HTML(**wide),
-                     "messages": w.HTML(**wide)}
+            parts = self._widgets = {"stop": stop, "resume": resume, "status": w.HTML(), "plot": w.Output(),
+                                     "table": w.HTML(**wide), "messages": w.HTML(**wide)}
             parts["container"] = w.VBox([w.HBox([stop, resume, parts["status"]]), parts["plot"], parts["table"],
                                          parts["messages"]], **wide)
-            self._widgets = parts
             self._show_messages()
             self._set_buttons()
             self.update()

@@ -46,8 +46,7 @@ def show_figure(output, fig) -> None:
     """Replace what ``output`` (an ``ipywidgets.Output``) shows with ``fig`` as a PNG image."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=fig.get_dpi(), bbox_inches="tight")
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is not None:
+    if (pyplot := sys.modules.get("matplotlib.pyplot")) is not None:
         pyplot.close(fig)  # a pyplot figure would show a second copy under the cell
     png = base64.b64encode(buffer.getvalue()).decode("ascii")
     output.outputs = ({"output_type": "display_data", "data": {"image/png": png, "text/plain": repr(fig)},
@@ -81,8 +80,7 @@ def draw_dashboard(dash) -> InlineFigure:
     what, x, y = dash.memory_series()
     unit, size = ("GiB", 1024**3) if y and max(y) >= 1024**3 else ("MiB", 1024**2)
     # the norm weights follow the weights' schedule (both warm up from 0): their line would hide under it
-    loss = [("box", *dash.series("box_loss")), ("cls", *dash.series("cls_loss")), ("dfl", *dash.series("dfl_loss"))]
-    panels = {"loss (running mean over the epoch)": loss,
+    panels = {"loss (running mean over the epoch)": [(n, *dash.series(f"{n}_loss")) for n in ("box", "cls", "dfl")],
               "learning rate": [("biases", *dash.series("lr_bias")), ("weights", *dash.series("lr_weight"))],
               f"{what} ({unit})": [("", x, [v / size for v in y])],
               "images / s (since the epoch started)": [("", *dash.series("images_per_s"))]}
