@@ -79,6 +79,7 @@ class Card:
 # them, memory in the MiB that nvidia-smi prints.
 CARDS = {
     "T4": Card("Tesla T4", 15_360 * MIB, 7, 5, 40),
+    "GTX 1660 Ti": Card("NVIDIA GeForce GTX 1660 Ti", 6_144 * MIB, 7, 5, 24),  # fp16 gives NaN losses on it
     "V100": Card("Tesla V100-SXM2-16GB", 16_160 * MIB, 7, 0, 80),
     "A100": Card("NVIDIA A100-SXM4-80GB", 81_920 * MIB, 8, 0, 108),
     "RTX 4090": Card("NVIDIA GeForce RTX 4090", 24_564 * MIB, 8, 9, 128),

@@ -1,5 +1,6 @@
 """What the kit decides on a given card, and what it resumes there, on simulated cards (tests/fake_cuda.py):
-T4 and V100 (compute capability below 8.0: no bf16), A100, RTX 4090, H100, H200.
+T4 and V100 (compute capability below 8.0: no bf16), a GTX 1660 Ti (no bf16, and fp16 gives NaN losses), A100,
+RTX 4090, H100, H200.
 
 "auto" AMP, ``batch_size="auto"``, ``plan``, the estimate and ``fit``'s step must agree on every card; a run
 saved elsewhere (a CPU, another AMP mode, a machine with more GPUs) resumes on it.
@@ -28,7 +29,8 @@ from yolo9kit.train.step import BatchNormSnapshot, build_trainer, describe_step,
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
-NATIVE_BF16 = {"T4": False, "V100": False, "A100": True, "RTX 4090": True, "H100": True, "H200": True}
+AUTO_AMP = {"T4": "fp16", "V100": "fp16", "GTX 1660 Ti": "off", "A100": "bf16", "RTX 4090": "bf16", "H100": "bf16",
+            "H200": "bf16"}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def model():
 def test_auto_amp_batch_plan_estimate_and_fit_agree_on_each_card(model, card):
     """torch's is_bf16_supported() says True on a T4 and a V100 (it counts emulation): the kit asks the
     compute capability, in one place, so the step fit trains and the step the memory tools size agree."""
-    expected = "bf16" if NATIVE_BF16[card] else "fp16"
+    expected = AUTO_AMP[card]
     config = TrainConfig(imgsz=64, batch_size="auto")
     step = StepConfig(model, 8, imgsz=64)
     with simulated_cards(card):
@@ -51,12 +53,13 @@ def test_auto_amp_batch_plan_estimate_and_fit_agree_on_each_card(model, card):
         decided = {
             "StepConfig.resolve": step.resolve("cuda").amp,
             "fit": fitted.amp,
-            "card spec": "bf16" if target_gpu(None, device).bf16 else "fp16",
             "estimate": estimate(step).step.amp,
             "plan": estimator_for(step, plan(step, 64, method="estimated").gpu).step.amp,
             "batch auto": auto.step["amp"],
         }
+        card_bf16 = target_gpu(None, device).bf16
     assert decided == dict.fromkeys(decided, expected), decided
+    assert card_bf16 == (expected == "bf16")
     assert auto.capacity_bytes == CARDS[card].total_memory
 
 
@@ -69,6 +72,19 @@ def test_explicit_bf16_is_refused_on_a_card_without_it(model, card):
             describe_step(TrainConfig(amp="bf16"), model, resolve_device("cuda"))
     with pytest.raises(ValueError, match=f"amp='bf16': {card}.* has no bf16"):
         estimate(StepConfig(model, 8, imgsz=64, amp="bf16"), gpu=card)
+
+
+def test_fp16_is_refused_on_a_card_where_it_gives_nan_and_the_estimate_follows(model):
+    """GTX 16xx and Quadro T cards give NaN losses in fp16: "auto" is fp32 there (the test above), "fp16" refused."""
+    with simulated_cards("GTX 1660 Ti"):
+        with pytest.raises(ValueError, match=r"amp='fp16': NVIDIA GeForce GTX 1660 Ti \(cuda:0\) gives NaN.*'auto'"):
+            StepConfig(model, 8, amp="fp16").resolve("cuda")
+        with pytest.raises(ValueError, match="gives NaN"):
+            describe_step(TrainConfig(amp="fp16", batch_size=8), model, resolve_device("cuda"))
+    with pytest.raises(ValueError, match="amp='fp16': GTX 1660 Ti gives NaN"):
+        estimate(StepConfig(model, 8, imgsz=64, amp="fp16"), gpu="GTX 1660 Ti")
+    assert StepConfig(model, 8).resolve("cuda", bf16=False, gpu_name="Quadro T1000").amp == "off"
+    assert StepConfig(model, 8).resolve("cuda", bf16=False, gpu_name="Tesla T4").amp == "fp16"
 
 
 def test_cuda_without_an_index_is_the_current_card(model):

@@ -159,7 +159,7 @@ def test_a_run_stopped_mid_video_leaves_a_playable_video_of_the_frames_done(mode
     import yolo9kit.prediction as prediction
 
     calls = []
-    run_batch = prediction._run_batch
+    run_batch = prediction._Run.batch
 
     def stop_at_the_third_frame(*args, **kwargs):
         calls.append(1)
@@ -167,7 +167,7 @@ def test_a_run_stopped_mid_video_leaves_a_playable_video_of_the_frames_done(mode
             raise KeyboardInterrupt
         return run_batch(*args, **kwargs)
 
-    monkeypatch.setattr(prediction, "_run_batch", stop_at_the_third_frame)
+    monkeypatch.setattr(prediction._Run, "batch", stop_at_the_third_frame)
     with pytest.raises(KeyboardInterrupt):
         predict(model, clip, imgsz=SHAPES_IMGSZ, device="cpu", save=SaveConfig(tmp_path))
     written = _decoded_frames(tmp_path / "clip.mp4")

@@ -58,7 +58,16 @@ def non_max_suppression(prediction: torch.Tensor | Sequence[torch.Tensor], conf:
     start = time.time()
     output = [torch.zeros((0, 6), device=prediction.device)] * batch_size
     for index, per_image in enumerate(prediction):
-        rows = _rows(per_image.T[candidates[index]], conf, classes, multi_label)
+        x = per_image.T[candidates[index]]  # (n, 4+nc) -> rows [x1, y1, x2, y2, conf, cls] above conf, kept classes
+        boxes, scores = cxcywh_to_xyxy(x[:, :4]), x[:, 4:]
+        if multi_label:
+            anchor, cls = (scores > conf).nonzero(as_tuple=False).T
+            rows = torch.cat((boxes[anchor], x[anchor, 4 + cls, None], cls[:, None].float()), 1)
+        else:
+            best, cls = scores.max(1, keepdim=True)
+            rows = torch.cat((boxes, best, cls.float()), 1)[best.view(-1) > conf]
+        if classes is not None:
+            rows = rows[(rows[:, 5:6] == torch.tensor(classes, device=rows.device)).any(1)]
         if not rows.shape[0]:
             continue
         rows = rows[rows[:, 4].argsort(descending=True)[:MAX_NMS]]
@@ -69,20 +78,6 @@ def non_max_suppression(prediction: torch.Tensor | Sequence[torch.Tensor], conf:
                            "detections (raise conf or lower max_det)", time_limit, index + 1, batch_size)
             break
     return output
-
-
-def _rows(candidates: torch.Tensor, conf: float, classes, multi_label: bool) -> torch.Tensor:
-    """(n, 4+nc) candidates -> (m, 6) ``[x1, y1, x2, y2, conf, cls]`` rows above ``conf`` of the kept classes."""
-    boxes, scores = cxcywh_to_xyxy(candidates[:, :4]), candidates[:, 4:]
-    if multi_label:
-        anchor, cls = (scores > conf).nonzero(as_tuple=False).T
-        rows = torch.cat((boxes[anchor], candidates[anchor, 4 + cls, None], cls[:, None].float()), 1)
-    else:
-        best, cls = scores.max(1, keepdim=True)
-        rows = torch.cat((boxes, best, cls.float()), 1)[best.view(-1) > conf]
-    if classes is not None:
-        rows = rows[(rows[:, 5:6] == torch.tensor(classes, device=rows.device)).any(1)]
-    return rows
 
 
 def scale_boxes(input_shape_hw: tuple[int, int], boxes_xyxy: torch.Tensor | np.ndarray,

@@ -178,7 +178,14 @@ def usable_cores(cgroup: Path | None = None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # default: this process's cgroup v2 folder (the ``0::/path`` line), else the cgroup root
     cgroup = cgroup or next((CGROUP / line[2].lstrip("/") for line in _cgroups(PROC) if line[:2] == ["0", ""]), CGROUP)
-    quota = _cgroup_quota(cgroup)
+    quota = None  # in cores: cgroup v2 cpu.max ("200000 100000" -> 2.0), else v1
+    try:
+        limit, period = (cgroup / "cpu.max").read_text().split()[:2]
+        quota = None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            limit, period = (int((cgroup / "cpu" / f"cpu.cfs_{name}_us").read_text()) for name in ("quota", "period"))
+            quota = limit / period if limit > 0 and period > 0 else None
     return max(1, min(cores, math.ceil(quota)) if quota else cores)
 
 
@@ -188,18 +195,6 @@ def _cgroups(proc: Path) -> list[list[str]]:
         return [line.split(":", 2) for line in (proc / "self" / "cgroup").read_text().splitlines()]
     except OSError:
         return []
-
-
-def _cgroup_quota(folder: Path) -> float | None:
-    """The CPU quota in cores (``200000 100000`` -> 2.0); None when there is none or it cannot be read."""
-    with contextlib.suppress(OSError, ValueError):
-        quota, period = (folder / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    try:  # cgroup v1
-        quota, period = (int((folder / "cpu" / f"cpu.cfs_{name}_us").read_text()) for name in ("quota", "period"))
-        return quota / period if quota > 0 and period > 0 else None
-    except (OSError, ValueError):
-        return None
 
 
 def set_cpu_threads() -> int:
@@ -214,12 +209,12 @@ def competing_cores(sample_s: float = 0.5) -> float | None:
     """How many of this process's cores other processes keep busy over ``sample_s`` seconds; None off Linux."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     try:
-        busy0, own0, t0 = _busy_jiffies((PROC / "stat").read_text(), cpus), _own_jiffies(), time.monotonic()
+        busy0, own0, t0 = _busy_jiffies((PROC / "stat").read_text(), cpus), time.process_time(), time.monotonic()
         time.sleep(sample_s)
-        busy1, own1, t1 = _busy_jiffies((PROC / "stat").read_text(), cpus), _own_jiffies(), time.monotonic()
+        busy1, own1, t1 = _busy_jiffies((PROC / "stat").read_text(), cpus), time.process_time(), time.monotonic()
     except (OSError, ValueError, IndexError):
         return None
-    return max(0.0, (busy1 - busy0 - (own1 - own0)) / os.sysconf("SC_CLK_TCK") / (t1 - t0))
+    return max(0.0, ((busy1 - busy0) / os.sysconf("SC_CLK_TCK") - (own1 - own0)) / (t1 - t0))
 
 
 def _busy_jiffies(stat: str, cpus: list[int] | None) -> int:
@@ -231,11 +226,6 @@ def _busy_jiffies(stat: str, cpus: list[int] | None) -> int:
             user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
             total += user + nice + system + irq + softirq + steal
     return total
-
-
-def _own_jiffies() -> int:
-    fields = (PROC / "self" / "stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the line)
 
 
 @functools.lru_cache(maxsize=1)  # StepConfig.resolve asks at every step it resolves
@@ -305,10 +295,9 @@ def _cgroup_room(proc: Path, root: Path) -> int | None:
 
 def process_memory_bytes() -> int | None:
     """This process's resident set size in bytes (Linux), else its peak (``getrusage``), None without either."""
-    with contextlib.suppress(OSError, ValueError, IndexError, AttributeError), open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    if resource is None:
-        return None
+    rss = _meminfo(PROC / "self" / "status").get("VmRSS")
+    if rss is not None or resource is None:
+        return rss
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # KiB
 
 

@@ -189,13 +189,11 @@ def plot_pr_curve(ap_result, names: Sequence[str] = (), ax=None):
     if ap_result is None:
         ax.text(0.5, 0.5, "no true positive at any confidence:\nno precision-recall curve (mAP 0)",
                 ha="center", va="center", transform=ax.transAxes)
-        return _finish(ax, "Recall", "Precision")
+        return _curves(ax, "Recall", "Precision")
     ap = ap_result.ap[:, 0]
-    labels = [f"{_class_name(names, int(c))} {a:.3f}" for c, a in zip(ap_result.classes, ap)]
-    _class_curves(ax, ap_result.px, ap_result.pr_curve, labels)
-    ax.plot(ap_result.px, ap_result.pr_curve.mean(0), linewidth=3, color="blue",
-            label=f"all classes {ap.mean():.3f} mAP@0.5")
-    return _finish(ax, "Recall", "Precision")
+    return _curves(ax, "Recall", "Precision", ap_result.px, ap_result.pr_curve,
+                   [f"{_class_name(names, int(c))} {a:.3f}" for c, a in zip(ap_result.classes, ap)],
+                   ap_result.pr_curve.mean(0), f"all classes {ap.mean():.3f} mAP@0.5")
 
 
 def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), ax=None):
@@ -204,12 +202,11 @@ def plot_metric_curve(ap_result, metric: str = "f1", names: Sequence[str] = (), 
     if ylabel is None:
         raise ValueError(f"metric must be one of 'f1', 'p', 'r', got {metric!r}")
     y, px = getattr(ap_result, f"{metric}_curve"), ap_result.px
-    _, ax = axes_for(ax, (9, 6))
-    _class_curves(ax, px, y, [_class_name(names, int(c)) for c in ap_result.classes])
     mean = smooth(y.mean(0), 0.05)
     best = int(mean.argmax())
-    ax.plot(px, mean, linewidth=3, color="blue", label=f"all classes {mean[best]:.2f} at {px[best]:.3f}")
-    return _finish(ax, "Confidence", ylabel)
+    return _curves(axes_for(ax, (9, 6))[1], "Confidence", ylabel, px, y,
+                   [_class_name(names, int(c)) for c in ap_result.classes], mean,
+                   f"all classes {mean[best]:.2f} at {px[best]:.3f}")
 
 
 def plot_validation(confusion, ap_result, names: Sequence[str] = ()) -> dict:
@@ -226,15 +223,15 @@ def validation_figure_makers(confusion, ap_result, names: Sequence[str] = ()) ->
     return makers
 
 
-def _class_curves(ax, px, curves, labels: list[str]) -> None:
+def _curves(ax, xlabel: str, ylabel: str, px=None, curves=(), labels=(), mean=None, mean_label: str = ""):
+    """A curve per class (grey and unlabelled when too many to name) and their ``mean`` (bold), on labelled axes."""
     if len(curves) <= _MAX_LEGEND_CLASSES:
         for label, curve in zip(labels, curves):
             ax.plot(px, curve, linewidth=1, label=label)
-    else:  # too many to name: grey and unlabelled
+    else:
         ax.plot(px, curves.T, linewidth=1, color="grey")
-
-
-def _finish(ax, xlabel: str, ylabel: str):
+    if mean is not None:
+        ax.plot(px, mean, linewidth=3, color="blue", label=mean_label)
     ax.set(xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1), title=f"{ylabel}-{xlabel} Curve")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left")

@@ -107,6 +107,7 @@ def write_file(path: str | Path, write: Callable[[Path], object], *, needed: int
         write(tmp)
         (replace_durably if durable else os.replace)(tmp, path)
     except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # write_folder's
         tmp.unlink(missing_ok=True)
         if isinstance(e, (OSError, RuntimeError)):
             free = free_bytes(path.parent)
@@ -139,25 +140,21 @@ def write_folder(path: str | Path, fill: Callable[[Path], object], *, needed: in
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise FileExistsError(f"{path} already holds files; {what} would overwrite them: choose an empty or new "
                               "folder, or pass overwrite (--overwrite) to replace it")
-    check_free_space(path.parent if path.parent.exists() else Path("."), needed, what)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = temporary_path(path), path.with_name(f".{path.name}.{os.getpid()}.old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    old = path.with_name(f".{path.name}.{os.getpid()}.old")
+
+    def write(tmp: Path) -> None:  # the old folder is set aside last, for write_file to move the new one in
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
         fill(tmp)
         if path.exists():
             os.replace(path, old)
-        os.replace(tmp, path)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    try:
+        return write_file(path, write, needed=needed, what=what, durable=False)
+    finally:  # the old folder back where the new one is not, else removed
         if old.exists() and not path.exists():
             os.replace(old, path)
-        if isinstance(e, OSError) and e.errno in _NO_SPACE:
-            raise DiskFullError(path.parent, needed, free_bytes(path.parent), what) from e
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    return path
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def replace_durably(tmp: Path, path: Path) -> None:

@@ -183,7 +183,16 @@ class _Run:
             self.batch(pending)
 
     def batch(self, pending: list) -> None:
-        for (index, image, *_), result in zip(pending, _run_batch(self, pending)):
+        """One forward pass over the letterboxed images of ``pending``: a Prediction per image, written and kept."""
+        images = torch.from_numpy(np.stack([chw for *_, chw, _ in pending]))
+        x, dets, times = detect_batch(self.forward, images, self.device, self.dtype, self.nhwc, self.head, self.nms)
+        for (index, image, path, frame, _, load_s), det in zip(pending, dets):
+            det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], image.shape).round()
+            det = det.float().cpu().numpy()
+            speed = {"load_ms": load_s * 1e3} | {k: t * 1e3 / len(pending) for k, t in zip(SPEED_COLUMNS, times)}
+            result = Prediction(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), list(self.model.names),
+                                tuple(image.shape[:2]), tuple(x.shape[2:]), path, speed,
+                                image if path is None else None, frame=frame)
             if self.save_dir is not None:
                 _write_outputs(self, result, index, image)
             if result.frame is not None:
@@ -223,21 +232,6 @@ class _Run:
         if any(result.frame is not None for result in self.results):  # None for images: JSON null, not NaN
             frame.insert(1, "frame", pd.Series([result.frame for result in self.results], dtype=object))
         return frame
-
-
-def _run_batch(run: _Run, pending: list) -> list[Prediction]:
-    """One forward pass over the letterboxed images of ``pending``, a Prediction per image."""
-    images = torch.from_numpy(np.stack([chw for *_, chw, _ in pending]))
-    x, dets, times = detect_batch(run.forward, images, run.device, run.dtype, run.nhwc, run.head, run.nms)
-    out = []
-    for (_, image, path, frame, _, load_s), det in zip(pending, dets):
-        det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], image.shape).round()
-        det = det.float().cpu().numpy()
-        speed = {"load_ms": load_s * 1e3} | {k: t * 1e3 / len(pending) for k, t in zip(SPEED_COLUMNS, times)}
-        out.append(Prediction(det[:, :4], det[:, 4], det[:, 5].astype(np.int64), list(run.model.names),
-                              tuple(image.shape[:2]), tuple(x.shape[2:]), path, speed,
-                              image if path is None else None, frame=frame))
-    return out
 
 
 def _write_outputs(run: _Run, result: Prediction, index: int, image: np.ndarray) -> None:

@@ -38,24 +38,22 @@ def prepare(model: torch.nn.Module, device: torch.device, half: bool, nhwc: bool
     return prepared, torch.float16 if half else torch.float32, nhwc
 
 
-def clock(device: torch.device) -> float:
-    """``time.perf_counter()`` once the kernels queued on ``device`` are done."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def detect_batch(forward, images: torch.Tensor, device, dtype, nhwc: bool, head: str, nms: NMSConfig,
                  multi_label: bool = False):
     """(input batch, detections per image, (preprocess, inference, NMS) seconds) of uint8 ``images``, as official."""
-    t0 = clock(device)
+    def clock() -> float:  # time.perf_counter() once the kernels queued on the device are done
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    t0 = clock()
     x = preprocess_images(images, device, dtype, channels_last=nhwc)
-    t1 = clock(device)
+    t1 = clock()
     prediction = select_head(forward(x), head)
-    t2 = clock(device)
+    t2 = clock()
     detections = non_max_suppression(prediction, nms.conf, nms.iou, nms.classes, nms.agnostic, multi_label=multi_label,
                                      max_det=nms.max_det)
-    return x, detections, (t1 - t0, t2 - t1, clock(device) - t2)
+    return x, detections, (t1 - t0, t2 - t1, clock() - t2)
 
 
 @dataclass
@@ -189,6 +187,7 @@ class _Validation:
 
 
 def _run_batches(model, dtype, nhwc: bool, loader, device, state: _Validation, progress_bar: bool) -> None:
+    """Match each image's detections to its labels and add its statistics (val_dual.py's per-image step)."""
     for images, targets, paths, shapes in tqdm(loader, desc=f"validate ({state.head} head)",
                                                disable=not progress_bar, leave=False):
         x, detections, times = detect_batch(model, images, device, dtype, nhwc, state.head, state.nms, True)
@@ -198,44 +197,25 @@ def _run_batches(model, dtype, nhwc: bool, loader, device, state: _Validation, p
         # boxes to input pixels; a new tensor, the loader's batch stays untouched
         targets = targets.to(device) * torch.tensor((1, 1, width, height, width, height), device=device)
         for si, pred in enumerate(detections):
-            _score_image(pred.float(), targets[targets[:, 0] == si, 1:], paths[si], shapes[si], (height, width), state)
-
-
-def _score_image(pred, labels, path, shape, input_hw, state: _Validation) -> None:
-    """Match one image's detections to its labels and add its statistics (val_dual.py's per-image step)."""
-    state.seen += 1
-    original_hw, ratio_pad = shape
-    boxes = scale_boxes(input_hw, cxcywh_to_xyxy(labels[:, 1:5]), original_hw, ratio_pad)
-    labels_xyxy = torch.cat((labels[:, 0:1], boxes), 1)
-    if state.coco:
-        state.gt_images.append((path, tuple(original_hw), labels_xyxy.cpu().numpy()))
-    if not (pred.shape[0] or labels.shape[0]):
-        return
-    if state.single_cls:
-        pred[:, 5] = 0
-    pred_original = pred.clone()
-    scale_boxes(input_hw, pred_original[:, :4], original_hw, ratio_pad)
-    # without labels: no true positive, and the confusion matrix counts nothing (as the official code)
-    state.confusion.process_batch(pred_original, labels_xyxy)
-    correct = metrics.match_predictions(pred_original, labels_xyxy).cpu()
-    state.stats.append((correct, pred[:, 4].cpu(), pred[:, 5].cpu(), labels[:, 0].cpu()))
-    if state.coco:
-        state.records += metrics.coco_predictions(pred_original, path, state.class_map)
-
-
-def _per_class_frame(result: metrics.APResult | None, state: _Validation, target_cls: np.ndarray):
-    names = state.names
-    images_per_class = np.zeros(len(names), dtype=int)
-    for *_, labels_cls in state.stats:
-        images_per_class[np.unique(labels_cls.numpy().astype(int))] += 1
-    counts = np.bincount(target_cls.astype(int), minlength=len(names))
-    if result is None:  # no true positive at all: every labelled class scores 0 (official prints no rows)
-        rows = [(c, 0.0, 0.0, 0.0, 0.0) for c in np.flatnonzero(counts)]
-    else:
-        rows = [(c, result.p[i], result.r[i], result.ap[i, 0], result.ap[i].mean())
-                for i, c in enumerate(result.classes)]
-    return pd.DataFrame([(int(c), names[c], int(images_per_class[c]), int(counts[c]), *scores) for c, *scores in rows],
-                        columns=["class", "name", "images", "instances", "P", "R", "mAP50", "mAP50-95"])
+            state.seen += 1
+            labels, (original_hw, ratio_pad) = targets[targets[:, 0] == si, 1:], shapes[si]
+            boxes = scale_boxes((height, width), cxcywh_to_xyxy(labels[:, 1:5]), original_hw, ratio_pad)
+            labels_xyxy = torch.cat((labels[:, 0:1], boxes), 1)
+            if state.coco:
+                state.gt_images.append((paths[si], tuple(original_hw), labels_xyxy.cpu().numpy()))
+            if not (pred.shape[0] or labels.shape[0]):
+                continue
+            pred = pred.float()
+            if state.single_cls:
+                pred[:, 5] = 0
+            pred_original = pred.clone()
+            scale_boxes((height, width), pred_original[:, :4], original_hw, ratio_pad)
+            # without labels: no true positive, and the confusion matrix counts nothing (as the official code)
+            state.confusion.process_batch(pred_original, labels_xyxy)
+            correct = metrics.match_predictions(pred_original, labels_xyxy).cpu()
+            state.stats.append((correct, pred[:, 4].cpu(), pred[:, 5].cpu(), labels[:, 0].cpu()))
+            if state.coco:
+                state.records += metrics.coco_predictions(pred_original, paths[si], state.class_map)
 
 
 def _finish(state: _Validation, plots: bool, save_dir: Path | None, coco_gt, config) -> ValResult:
@@ -246,21 +226,29 @@ def _finish(state: _Validation, plots: bool, save_dir: Path | None, coco_gt, con
         float(result.p.mean()), float(result.r.mean()), float(result.ap[:, 0].mean()), float(result.ap.mean(1).mean()))
     if len(target_cls) == 0:
         LOGGER.warning("no labels found in the validation set: metrics cannot be computed and are 0")
+    names, images_per_class = state.names, np.zeros(len(state.names), dtype=int)
+    for *_, labels_cls in state.stats:
+        images_per_class[np.unique(labels_cls.numpy().astype(int))] += 1
+    counts = np.bincount(target_cls.astype(int), minlength=len(names))
+    if result is None:  # no true positive at all: every labelled class scores 0 (official prints no rows)
+        rows = [(c, 0.0, 0.0, 0.0, 0.0) for c in np.flatnonzero(counts)]
+    else:
+        rows = [(c, result.p[i], result.r[i], result.ap[i, 0], result.ap[i].mean())
+                for i, c in enumerate(result.classes)]
+    per_class = pd.DataFrame([(int(c), names[c], int(images_per_class[c]), int(counts[c]), *scores)
+                              for c, *scores in rows],
+                             columns=["class", "name", "images", "instances", "P", "R", "mAP50", "mAP50-95"])
     speed = dict(zip(SPEED_COLUMNS, (state.times / max(state.seen, 1) * 1e3).tolist()))
-    out = ValResult(mp, mr, map50, map50_95, metrics.fitness(map50, map50_95),
-                    _per_class_frame(result, state, target_cls), speed, state.seen, len(target_cls),
-                    state.confusion, result, head=state.head, input_shape=state.input_shape, names=state.names)
+    out = ValResult(mp, mr, map50, map50_95, metrics.fitness(map50, map50_95), per_class, speed, state.seen,
+                    len(target_cls), state.confusion, result, head=state.head, input_shape=state.input_shape,
+                    names=names)
     if plots:
         out.figures = plot_validation(state.confusion, result, state.names)
         for name, figure in out.figures.items() if save_dir is not None else ():
             save_figure(figure, save_dir / name, 150)
-    if state.coco:
-        out.coco_predictions = state.records
-        out.coco = _cocoeval(state, save_dir, coco_gt, config)
-    return out
-
-
-def _cocoeval(state: _Validation, save_dir: Path | None, coco_gt, config) -> dict[str, float] | None:
+    if not state.coco:
+        return out
+    out.coco_predictions = state.records
     if save_dir is not None:
         write_text_atomically(save_dir / "predictions.json", json.dumps(state.records))
         LOGGER.info("COCO predictions written to %s", save_dir / "predictions.json")
@@ -272,11 +260,11 @@ def _cocoeval(state: _Validation, save_dir: Path | None, coco_gt, config) -> dic
         if save_dir is not None:
             write_text_atomically(save_dir / "ground_truth.json", json.dumps(coco_gt))
     try:
-        image_ids = [metrics.image_id_from_path(p) for p, *_ in state.gt_images]
-        return metrics.run_cocoeval(coco_gt, state.records, image_ids)
+        out.coco = metrics.run_cocoeval(coco_gt, state.records,
+                                        [metrics.image_id_from_path(p) for p, *_ in state.gt_images])
     except Exception as e:  # a foreign ground-truth file must not cost the official-method results
         LOGGER.warning("COCOeval failed (%s: %s); the official-method metrics are unaffected", type(e).__name__, e)
-        return None
+    return out
 
 
 def compare_heads(model, data=None, dataloader=None, **kwargs):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,9 @@ class Settings:
 
 
 AMP_MODES = ("auto", "fp16", "bf16", "off")
+# Cards whose fp16 autocast gives NaN losses or zero mAP (GTX 16xx, Quadro/NVIDIA T400-T2000, Tesla K40m: the
+# list Ultralytics' check_amp keeps by name): "auto" trains them in fp32, an explicit "fp16" is refused
+FP16_NAN_CARDS = re.compile(r"\b(1630|1650|1660|T400|T550|T600|T1000|T1200|T2000|K40m)\b", re.IGNORECASE)
 # What ``freeze`` accepts: None/0, the first N layers, "backbone", or layer indices (yolo9kit.models.model).
 Freeze = int | str | Sequence[int] | None
 # The speed switches that ``None`` leaves to the device: all on for CUDA, channels_last on the CPU (resolve).
@@ -188,7 +192,7 @@ class StepConfig(Settings):
         ``None`` switches decided (docs/training.md); ``bf16``, ``gpu_name``: asked of the device when None.
 
         Raises:
-            ValueError: ``amp="bf16"`` where the GPU or CPU has no bf16 in hardware.
+            ValueError: ``amp="bf16"`` where the GPU or CPU has no bf16 in hardware, ``"fp16"`` on FP16_NAN_CARDS.
         """
         device = parse_device(device)
         if device.type == "cuda" and (bf16 is None or gpu_name is None) and torch.cuda.is_available():
@@ -203,7 +207,10 @@ class StepConfig(Settings):
                                  "or amp='auto' (fp32 on the CPU)")
             amp = "bf16" if amp == "bf16" else "off"
         elif amp == "auto":
-            amp = "bf16" if bf16 else "fp16"
+            amp = "bf16" if bf16 else "off" if FP16_NAN_CARDS.search(gpu_name or "") else "fp16"
+        elif amp == "fp16" and FP16_NAN_CARDS.search(gpu_name or ""):
+            raise ValueError(f"amp='fp16': {gpu_name} gives NaN losses in fp16 (GTX 16xx and Quadro T cards do): use "
+                             "amp='auto' (fp32 there) or amp='off'")
         elif amp == "bf16" and bf16 is False:
             raise ValueError(f"amp='bf16': {gpu_name or 'this GPU'} has no bf16 in hardware (it needs compute "
                              "capability 8.0, Ampere or newer; older cards emulate it, slowly): use amp='fp16' or "

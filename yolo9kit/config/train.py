@@ -21,9 +21,6 @@ GRAD_CLIP = 10.0  # the largest total gradient norm after unscaling
 LOG_INTERVAL = 10  # batches between read-backs of the losses (progress bar, callbacks)
 MAX_NONFINITE_BATCHES = 10  # non-finite losses in a row that stop a run
 OOM_BACKOFF = True  # on CUDA out-of-memory halve the micro-batch and retry
-DEFAULT_AUGMENT_HYP: dict[str, float] = {  # the augmentation of the official hyp.scratch-high.yaml
-    "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.9, "shear": 0.0,
-    "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.15, "copy_paste": 0.3}
 _AUGMENT_PROBABILITIES = ("flipud", "fliplr", "mosaic", "mixup", "copy_paste")  # the others: gains >= 0
 _HYP = "--hyp reads it from an official hyp yaml"
 _PLAIN = "--plain-step turns it off"
@@ -33,9 +30,41 @@ def check_augment_hyp(values: Mapping[str, float], owner: str) -> None:
     """Probabilities in [0, 1], gains finite and >= 0, else a ValueError naming ``owner`` and the key."""
     for key, value in values.items():
         probability = key in _AUGMENT_PROBABILITIES
-        if key in DEFAULT_AUGMENT_HYP and not (0 <= value <= 1 if probability else 0 <= value < math.inf):
+        if key in Hyp.__dataclass_fields__ and not (0 <= value <= 1 if probability else 0 <= value < math.inf):
             raise ValueError(f"{owner}[{key!r}]={value!r}: expected "
                              f"{'a probability in [0, 1]' if probability else 'a finite number >= 0'}")
+
+
+@dataclass(frozen=True)
+class Hyp:
+    """Augmentation hyper-parameters; defaults are the official hyp.scratch-high.yaml values."""
+
+    hsv_h: float = 0.015  # hue gain fraction
+    hsv_s: float = 0.7  # saturation gain fraction
+    hsv_v: float = 0.4  # value gain fraction
+    degrees: float = 0.0  # rotation, +/- degrees
+    translate: float = 0.1  # +/- fraction of the output size
+    scale: float = 0.9  # zoom drawn from [1 - scale, 1 + scale]
+    shear: float = 0.0  # +/- degrees
+    perspective: float = 0.0  # +/- fraction (0 keeps the warp affine)
+    flipud: float = 0.0  # probability
+    fliplr: float = 0.5  # probability
+    mosaic: float = 1.0  # probability, while mosaic is enabled
+    mixup: float = 0.15  # probability, inside the mosaic path only
+    copy_paste: float = 0.3  # probability per polygon; acts only on polygon labels, inside mosaics
+
+    def __post_init__(self) -> None:
+        check_augment_hyp(dataclasses.asdict(self), "Hyp")
+
+    @classmethod
+    def from_dict(cls, hyp: dict | Hyp | None) -> Hyp:
+        """From a dict such as an official hyp yaml; other keys (lr0, box, ...) are ignored."""
+        if hyp is None or isinstance(hyp, Hyp):
+            return hyp or cls()
+        return cls(**{k: float(v) for k, v in hyp.items() if k in cls.__dataclass_fields__})
+
+
+DEFAULT_AUGMENT_HYP: dict[str, float] = dataclasses.asdict(Hyp())  # the official hyp.scratch-high.yaml augmentation
 
 
 @dataclass(frozen=True)

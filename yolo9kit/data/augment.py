@@ -3,41 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import cv2
 import numpy as np
 
-from yolo9kit.config.train import check_augment_hyp
-
-
-@dataclass(frozen=True)
-class Hyp:
-    """Augmentation hyper-parameters; defaults are the official hyp.scratch-high.yaml values."""
-
-    hsv_h: float = 0.015  # hue gain fraction
-    hsv_s: float = 0.7  # saturation gain fraction
-    hsv_v: float = 0.4  # value gain fraction
-    degrees: float = 0.0  # rotation, +/- degrees
-    translate: float = 0.1  # +/- fraction of the output size
-    scale: float = 0.9  # zoom drawn from [1 - scale, 1 + scale]
-    shear: float = 0.0  # +/- degrees
-    perspective: float = 0.0  # +/- fraction (0 keeps the warp affine)
-    flipud: float = 0.0  # probability
-    fliplr: float = 0.5  # probability
-    mosaic: float = 1.0  # probability, while mosaic is enabled
-    mixup: float = 0.15  # probability, inside the mosaic path only
-    copy_paste: float = 0.3  # probability per polygon; acts only on polygon labels, inside mosaics
-
-    def __post_init__(self) -> None:
-        check_augment_hyp(asdict(self), "Hyp")
-
-    @classmethod
-    def from_dict(cls, hyp: dict | Hyp | None) -> Hyp:
-        """From a dict such as an official hyp yaml; other keys (lr0, box, ...) are ignored."""
-        if hyp is None or isinstance(hyp, Hyp):
-            return hyp or cls()
-        return cls(**{k: float(v) for k, v in hyp.items() if k in cls.__dataclass_fields__})
+from yolo9kit.config.train import Hyp
 
 
 def random_affine_matrix(rng: np.random.Generator, hyp: Hyp, in_size: tuple[int, int],

@@ -155,11 +155,10 @@ def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.nda
             return boxes, segments, f"line {i}: polygon needs a class and at least 3 x y pairs, got {len(row)} values"
         if not is_polygon and len(row) != 5:
             return boxes, segments, f"line {i}: wrong column count, expected 5 values (class cx cy w h), got {len(row)}"
-        try:
-            values = np.array([float(v) for v in row], np.float64)
-        except ValueError:
-            bad = next(v for v in row if not _is_float(v))
-            return boxes, segments, f"line {i}: non-numeric value {bad!r}"
+        numbers = [_number(v) for v in row]
+        if None in numbers:
+            return boxes, segments, f"line {i}: non-numeric value {row[numbers.index(None)]!r}"
+        values = np.array(numbers, np.float64)
         if not np.isfinite(values).all():
             return boxes, segments, f"line {i}: non-finite value"
         cls = values[0]
@@ -176,12 +175,11 @@ def _parse_rows(rows: list[list[str]], nc: int) -> tuple[np.ndarray, list[np.nda
     return np.array(boxes, np.float32).reshape(-1, 5), segments, None
 
 
-def _is_float(text: str) -> bool:
+def _number(text: str) -> float | None:
     try:
-        float(text)
-        return True
+        return float(text)
     except ValueError:
-        return False
+        return None
 
 
 def _rows_noted(lb_file: str, mask: np.ndarray, what: str) -> Problem:
@@ -212,7 +210,7 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     boxes, segments, reason = _parse_rows(rows, nc)
     if reason:
         rec.problems.append(Problem(lb_file, reason, ERROR))
-        ids = {float(row[0]) for row in rows if _is_float(row[0])}  # whole numbers >= nc: a short names list
+        ids = {v for row in rows if (v := _number(row[0])) is not None}  # whole numbers >= nc: a short names list
         rec.unnamed_classes = tuple(sorted(int(v) for v in ids if math.isfinite(v) and v == int(v) and v >= nc))
         return rec
     if segments:
@@ -225,16 +223,12 @@ def check_image_label(im_file: str | Path, lb_file: str | Path, nc: int) -> Imag
     zero = (boxes[:, 3] <= 0) | (boxes[:, 4] <= 0)
     if zero.any():
         rec.problems.append(_rows_noted(lb_file, zero, "zero-size box removed"))
-        boxes = boxes[~zero]
-        segments = [s for s, z in zip(segments, zero) if not z] if segments else []
-    _, first = np.unique(boxes, axis=0, return_index=True)
-    if len(first) < len(boxes):
-        keep = np.sort(first)
-        rec.n_duplicates = len(boxes) - len(keep)
+    _, first = np.unique(boxes[~zero], axis=0, return_index=True)  # the first of each set of equal rows
+    keep = np.flatnonzero(~zero)[np.sort(first)]
+    rec.n_duplicates = int((~zero).sum()) - len(keep)
+    if rec.n_duplicates:
         rec.problems.append(Problem(lb_file, f"{rec.n_duplicates} duplicate rows removed", WARNING))
-        boxes = boxes[keep]
-        segments = [segments[i] for i in keep] if segments else []
-    rec.labels, rec.segments = boxes, segments
+    rec.labels, rec.segments = boxes[keep], [segments[i] for i in keep] if segments else []
     return rec
 
 

@@ -13,7 +13,7 @@ import yaml
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from yolo9kit.models.checkpoint import SHAPES_MODEL, SHAPES_WEIGHTS, kit_model, official_model, pickled_globals
+from yolo9kit.models.checkpoint import SHAPES_MODEL, read_model
 from yolo9kit.models.deploy import to_deploy
 from yolo9kit.models.heads import DualOutput
 from yolo9kit.models.layers import fuse
@@ -80,7 +80,7 @@ def create_model(source: str | Path | dict, num_classes: int | None = None, *,
         if len(names) != num_classes:
             raise ValueError(f"{len(names)} class names given for num_classes={num_classes}")
     if _is_file(source):
-        model = _read_file(source, max_model_bytes)
+        model = read_model(source, max_model_bytes)
         if num_classes is not None and num_classes != model.nc:  # rebuilt, the class outputs start fresh
             built = create_model(model.yaml, num_classes, names=names, seed=seed)
             built.name = model.name  # the checkpoint's model ("yolov9-t"), not "custom" for a config dict
@@ -96,7 +96,7 @@ def create_model(source: str | Path | dict, num_classes: int | None = None, *,
             torch.manual_seed(seed)
             model = DetectionModel(cfg, nc=num_classes, names=names, source=where, name=display)
     if weights:
-        _transfer(model, _read_file(weights, max_model_bytes).state_dict())
+        _transfer(model, read_model(weights, max_model_bytes).state_dict())
     if activation_checkpointing is not None:
         model.set_activation_checkpointing(activation_checkpointing)
     return model.train()
@@ -118,15 +118,6 @@ def load_model(model: Any, max_model_bytes: int | None = None) -> nn.Module:
 def _is_file(source: Any) -> bool:
     return source == SHAPES_MODEL or (isinstance(source, (str, Path)) and Path(str(source)).is_file()
                                       and Path(str(source)).suffix not in (".yaml", ".yml"))
-
-
-def _read_file(source: str | Path, max_model_bytes: int | None) -> DetectionModel:
-    """The model of a file: official when its pickle names classes (a kit checkpoint names none), else the kit's."""
-    path = SHAPES_WEIGHTS if str(source) == SHAPES_MODEL else Path(str(source))
-    if not path.is_file() and path == SHAPES_WEIGHTS:
-        raise FileNotFoundError(f"{SHAPES_WEIGHTS} is missing: reinstall yolo9kit (the file is package data), "
-                                f"or make it with `python benchmarks/make_shapes_model.py --out {SHAPES_WEIGHTS}`")
-    return official_model(path, max_model_bytes) if pickled_globals(path) else kit_model(path, max_model_bytes)
 
 
 def _transfer(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:

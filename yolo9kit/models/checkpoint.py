@@ -234,28 +234,6 @@ def check_model(table: dict, nc: int, source: str, max_model_bytes: int | None =
                               "is damaged or was written by other code")
 
 
-def kit_model(path: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
-    """The model of a yolo9kit checkpoint in eval mode, with its EMA weights when it has them; ``checkpoint_meta``
-    holds the path, the entry used and the epoch. CheckpointError: as :func:`read_checkpoint`; a ``model_config``
-    that is missing, past the bounds of :func:`check_model` or not the weights' model."""
-    ckpt = read_checkpoint(path)
-    entry = "ema" if isinstance(ckpt.get("ema"), dict) and ckpt["ema"] else "model"
-    weights, cfg = ckpt.get(entry), ckpt.get("model_config")
-    if not (isinstance(cfg, dict) and isinstance(cfg.get("yaml"), dict) and isinstance(cfg.get("names"), list)
-            and isinstance(weights, dict)):
-        raise CheckpointError(f"{path}: model_config (a 'yaml' layer table and a list of 'names') or the weights are "
-                              "missing; the file is damaged or not a model this kit builds: use another checkpoint")
-    check_model(cfg["yaml"], cfg.get("nc"), f"{path}: model_config", max_model_bytes, names=cfg["names"],
-                weights=weights, fused=bool(cfg.get("fused")))
-    model = DetectionModel(cfg["yaml"], nc=cfg["nc"], names=cfg["names"], name=cfg.get("name"),
-                           source=f"{path} (model_config)")
-    if cfg.get("fused"):
-        fuse(model)
-    model.load_state_dict(weights)
-    model.checkpoint_meta = {"path": str(path), "entry": entry, "epoch": ckpt.get("epoch")}
-    return model.eval()
-
-
 def _official_allowed(path: Path, names: list[str]) -> list:
     """The allow-list for an official file: stand-ins for the official classes, standard layers, numpy, paths."""
     allowed: list = list({type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGOUSV"})  # numpy dtype classes
@@ -278,37 +256,60 @@ def _official_allowed(path: Path, names: list[str]) -> list:
     return allowed
 
 
-def official_model(path: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
-    """Our model of an official YOLOv9 ``.pt`` (release or ``train_dual.py`` format) in eval mode: its EMA weights
-    when present (as ``attempt_load``), cast to fp32, its names and classes; ``checkpoint_meta`` holds the path,
-    entry, epoch, date and best_fitness. CheckpointError: not an official checkpoint, or past the bounds of
-    :func:`check_model`."""
-    path = Path(path)
-    ckpt = _load(path, _official_allowed(path, pickled_globals(path)))
-    entry = next((k for k in ("ema", "model") if isinstance(ckpt, dict) and ckpt.get(k) is not None), None)  # EMA first
-    if entry is None:
-        found = f"keys: {sorted(map(str, ckpt))}" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
-        raise CheckpointError(f"{path}: no 'ema' or 'model' entry ({found}); not an official YOLOv9 training or "
-                              "release checkpoint (a dict with a pickled 'model')")
-    pickled = ckpt[entry]
-    if not isinstance(pickled, nn.Module) or not isinstance(getattr(pickled, "yaml", None), dict):
-        raise CheckpointError(f"{path}: '{entry}' is a {type(pickled).__name__} without a 'yaml' model config; "
-                              "expected the pickled official DetectionModel (a bare state_dict loads with "
-                              "create_model(name).load_state_dict)")
-    cfg, names = pickled.yaml, getattr(pickled, "names", None)
-    names = [names[k] for k in sorted(names)] if isinstance(names, dict) else names
-    nc = int(getattr(pickled, "nc", None) or cfg.get("nc", 80))
-    yaml_file = getattr(pickled, "yaml_file", None)
-    name = Path(str(yaml_file)).stem if yaml_file else path.stem
-    state = {k: v.float() if v.is_floating_point() else v for k, v in pickled.state_dict().items()}
-    check_model(cfg, nc, f"{path} (pickled yaml)", max_model_bytes, weights=state)
-    model = DetectionModel(cfg, nc=nc, names=names, source=f"{path} (pickled yaml)", name=name)
-    model.load_state_dict(state)
-    stride = getattr(pickled, "stride", None)
-    if isinstance(stride, torch.Tensor) and stride.numel() == model.head.nl:
+def read_model(source: str | Path, max_model_bytes: int | None = None) -> DetectionModel:
+    """The model of a weights file (or ``SHAPES_MODEL``) in eval mode, its EMA weights when it has them (as
+    ``attempt_load``): an official YOLOv9 ``.pt`` when its pickle names classes (release or ``train_dual.py``
+    format; cast to fp32, with its names, classes and strides), else a yolo9kit checkpoint. ``checkpoint_meta``
+    holds the path, the entry used and the epoch (and an official file's date and best_fitness).
+
+    Raises:
+        FileNotFoundError: no such file, or the shipped model's is missing from the installation.
+        CheckpointError: as :func:`read_checkpoint`; not an official checkpoint; a model config that is missing,
+            past the bounds of :func:`check_model` or not the weights' model.
+    """
+    path = SHAPES_WEIGHTS if str(source) == SHAPES_MODEL else Path(str(source))
+    if not path.is_file() and path == SHAPES_WEIGHTS:
+        raise FileNotFoundError(f"{SHAPES_WEIGHTS} is missing: reinstall yolo9kit (the file is package data), "
+                                f"or make it with `python benchmarks/make_shapes_model.py --out {SHAPES_WEIGHTS}`")
+    official = pickled_globals(path)  # a kit checkpoint names none
+    ckpt = _load(path, _official_allowed(path, official)) if official else read_checkpoint(path)
+    if official:
+        entry = next((k for k in ("ema", "model") if isinstance(ckpt, dict) and ckpt.get(k) is not None), None)
+        if entry is None:
+            found = f"keys: {sorted(map(str, ckpt))}" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
+            raise CheckpointError(f"{path}: no 'ema' or 'model' entry ({found}); not an official YOLOv9 training or "
+                                  "release checkpoint (a dict with a pickled 'model')")
+        pickled, fitness, fused = ckpt[entry], ckpt.get("best_fitness"), False
+        if not isinstance(pickled, nn.Module) or not isinstance(getattr(pickled, "yaml", None), dict):
+            raise CheckpointError(f"{path}: '{entry}' is a {type(pickled).__name__} without a 'yaml' model config; "
+                                  "expected the pickled official DetectionModel (a bare state_dict loads with "
+                                  "create_model(name).load_state_dict)")
+        table, names, yaml_file = pickled.yaml, getattr(pickled, "names", None), getattr(pickled, "yaml_file", None)
+        names = [names[k] for k in sorted(names)] if isinstance(names, dict) else names
+        nc, name = int(getattr(pickled, "nc", None) or table.get("nc", 80)), Path(str(yaml_file or path)).stem
+        weights = {k: v.float() if v.is_floating_point() else v for k, v in pickled.state_dict().items()}
+        where = checked = f"{path} (pickled yaml)"
+        extra = {"date": ckpt.get("date"),
+                 "best_fitness": None if fitness is None else float(np.asarray(fitness).reshape(-1)[0])}
+    else:
+        entry = "ema" if isinstance(ckpt.get("ema"), dict) and ckpt["ema"] else "model"
+        weights, cfg, extra = ckpt.get(entry), ckpt.get("model_config"), {}
+        if not (isinstance(cfg, dict) and isinstance(cfg.get("yaml"), dict) and isinstance(cfg.get("names"), list)
+                and isinstance(weights, dict)):
+            raise CheckpointError(f"{path}: model_config (a 'yaml' layer table and a list of 'names') or the weights "
+                                  "are missing; the file is damaged or not a model this kit builds: use another "
+                                  "checkpoint")
+        table, nc, names, name = cfg["yaml"], cfg.get("nc"), cfg["names"], cfg.get("name")
+        where, checked, fused = f"{path} (model_config)", f"{path}: model_config", bool(cfg.get("fused"))
+    check_model(table, nc, checked, max_model_bytes, names=None if official else names, weights=weights, fused=fused)
+    model = DetectionModel(table, nc=nc, names=names, source=where, name=name)
+    if fused:
+        fuse(model)
+    model.load_state_dict(weights)
+    stride = getattr(ckpt[entry], "stride", None)  # an official model's; a kit checkpoint's entry is a state_dict
+    if official and isinstance(stride, torch.Tensor) and stride.numel() == model.head.nl:
         model.set_strides(stride.float())
-    fitness = ckpt.get("best_fitness")
-    model.checkpoint_meta = {"path": str(path), "entry": entry, "epoch": ckpt.get("epoch"), "date": ckpt.get("date"),
-                             "best_fitness": None if fitness is None else float(np.asarray(fitness).reshape(-1)[0])}
-    LOGGER.info("loaded %s from %s ('%s' entry, %d classes)", name, path, entry, model.nc)
+    model.checkpoint_meta = {"path": str(path), "entry": entry, "epoch": ckpt.get("epoch"), **extra}
+    if official:
+        LOGGER.info("loaded %s from %s ('%s' entry, %d classes)", name, path, entry, model.nc)
     return model.eval()

@@ -169,12 +169,9 @@ class DetectionModel(nn.Module):
 
     @torch.no_grad()
     def _probe_strides(self) -> None:
-        """Official build step: a training-mode pass on zeros(1, ch, 256, 256); stride = 256 / map height."""
-        was_training = self.training
-        self.train()
+        """The official build step on a new (training-mode) model: stride = 256 / map height of a pass on zeros."""
         out = self._run(torch.zeros(1, self.ch, PROBE_SIZE, PROBE_SIZE), raw=True, label_errors=True)
         self.set_strides([PROBE_SIZE / m.shape[-2] for m in (out.aux if out.aux is not None else out.main)])
-        self.train(was_training)
 
     def set_strides(self, strides) -> None:
         """The strides of the head's levels (floats, or a host tensor): the ``stride`` buffers of the model and

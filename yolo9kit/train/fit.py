@@ -77,6 +77,7 @@ class _Run:
     results: list[dict] = field(default_factory=list)
     auto_batch: Any = None  # FitResult.auto_batch
     pictures: RunPictures = field(default_factory=lambda: RunPictures(None, None, []))
+    val_result: Any = None  # the last ValResult of the default validation (the validation pictures are drawn from it)
 
     @property
     def run_dir(self) -> Path | None:  # None exactly on the ranks that do not write (DDP rank > 0)
@@ -127,19 +128,18 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
         if folder.ckpt is not None:
             rundir.check_resume_model(model, folder)
         rundir.check_classes(model, data, single_cls=config.pipeline.single_cls)
-        run = _set_up(model, data, config, folder, loss_fn, validate_fn)
+        run = _set_up(model, data, config, dist, folder, loss_fn, validate_fn)
         if train_loader is None:
             train_loader = make_loader(data, "train", run.config, dist, run.trainer.device)
         if run.validate_fn is None and data is not None and dist.is_main:
             loader = val_loader or make_loader(data, "val", run.config, dist)
-            run.validate_fn = EMAValidation(data, loader, run.config, run.trainer)
+            run.validate_fn = functools.partial(_validate_ema, run, data, loader)
         _open_records(run, data, train_loader)  # every check passed: from here on the run writes
         interrupted_by = _epochs(run, train_loader)
-    except NonFiniteLossError as e:
-        rundir.close_failed(folder, e)
-        raise e.in_run(folder.path) from None  # the loop knows no folder; the message names where last.pt is
     except BaseException as e:
         rundir.close_failed(folder, e)
+        if isinstance(e, NonFiniteLossError):  # the loop knows no folder; the message names where last.pt is
+            raise e.in_run(folder.path) from None
         raise
     trainer, progress = run.trainer, run.progress
     ended = "interrupted" if interrupted_by else "finished" if progress.epoch == config.epochs else "stopped early"
@@ -153,10 +153,9 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
                      interrupted_by=interrupted_by)
 
 
-def _set_up(model: nn.Module, data, config: TrainConfig, folder: RunFolder, loss_fn: Callable | None,
-            validate_fn: ValidateFn | None) -> _Run:
+def _set_up(model: nn.Module, data, config: TrainConfig, dist: DistInfo, folder: RunFolder,
+            loss_fn: Callable | None, validate_fn: ValidateFn | None) -> _Run:
     """The device, the batch, the trainer (restored when resuming) and the run record."""
-    dist = state.current()
     set_cpu_threads()  # at most the cores this process may use
     device = resolve_device(f"cuda:{dist.local_rank}" if dist.distributed and torch.cuda.is_available()
                             else config.run.device)
@@ -237,8 +236,7 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                     return signals.received
                 if stop:
                     break
-            result = run.validate_fn.result if isinstance(run.validate_fn, EMAValidation) else None
-            run.pictures.validation(result, custom=run.validate_fn is not None)  # of the run's last validation
+            run.pictures.validation(run.val_result, custom=run.validate_fn is not None)  # of the last validation
         except KeyboardInterrupt as e:
             reason = e.reason if isinstance(e, Interrupted) else "KeyboardInterrupt"
             _save_interrupted(run, at, nb, reason)
@@ -357,17 +355,11 @@ def set_epoch_data(loader, config: TrainConfig, epoch: int) -> None:
         set_mosaic(loader, False)
 
 
-class EMAValidation:
-    """The default validation: ``evaluate`` of the EMA on the val loader (FP16 with AMP on CUDA), returning the metrics
-    fit records; ``result`` keeps the last ``ValResult`` (the validation pictures are drawn from it)."""
-
-    def __init__(self, data, loader, config: TrainConfig, trainer: Trainer) -> None:
-        self.data, self.loader, self.config, self.device = data, loader, config, trainer.device
-        self.half, self.result = trainer.step.amp != "off" and trainer.device.type == "cuda", None
-
-    def __call__(self, model: nn.Module) -> dict[str, float]:
-        c = self.config
-        r = self.result = evaluate(model, self.data, dataloader=self.loader, imgsz=c.step.imgsz, half=self.half,
-                                   device=self.device, single_cls=c.pipeline.single_cls,
-                                   progress_bar=c.run.progress_bar)
-        return {k: float(getattr(r, k)) for k in ("precision", "recall", "map50", "map50_95", "fitness")}
+def _validate_ema(run: _Run, data, loader, model: nn.Module) -> dict[str, float]:
+    """The default validation: ``evaluate`` of the EMA ``model`` on the val loader (FP16 with AMP on CUDA), returning
+    the metrics fit records; ``run.val_result`` keeps the ``ValResult``."""
+    c, device = run.config, run.trainer.device
+    r = run.val_result = evaluate(model, data, dataloader=loader, imgsz=c.step.imgsz, device=device,
+                                  half=run.trainer.step.amp != "off" and device.type == "cuda",
+                                  single_cls=c.pipeline.single_cls, progress_bar=c.run.progress_bar)
+    return {k: float(getattr(r, k)) for k in ("precision", "recall", "map50", "map50_95", "fitness")}

@@ -85,7 +85,9 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         log.finish()
     except KeyboardInterrupt:
         window.restore()
-        log.flush_before_stop()
+        if trainer.world_size == 1:  # the batches trained before the stop reported (ranks may not meet here)
+            with contextlib.suppress(NonFiniteLossError):  # a stop stays a stop
+                log.flush()
         raise
     bar.close()
     progress.oom_events = trainer.oom_events
@@ -136,12 +138,6 @@ class _ReadBack:
                 self.on_batch(BatchRecord(self.progress.epoch, i, ni, steps, *map(float, mean.tolist()),
                                           *map(float, settings.lrs), float(settings.momentum), settings.accumulate,
                                           micro, _peak_allocated(device), speed))
-
-    def flush_before_stop(self) -> None:
-        """Report the batches trained before a stop (one process only: ranks may not meet here); a stop stays a stop."""
-        if self.trainer.world_size == 1:
-            with contextlib.suppress(NonFiniteLossError):
-                self.flush()
 
     def finish(self) -> None:
         """The last read-back; an epoch of skipped steps did not train (an error), unmatched boxes a warning."""

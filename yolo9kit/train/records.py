@@ -6,9 +6,9 @@ import contextlib
 import csv
 import dataclasses
 import datetime
+import functools
 import io
 import logging
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from yolo9kit.config import TrainConfig
-from yolo9kit.figure import draw_results, new_figure, plot_labels, save_figure, show_batch, validation_figure_makers
+from yolo9kit.figure import draw_results, plot_labels, save_figure, show_batch, validation_figure_makers
 from yolo9kit.files import dump_record, read_record, write_text_atomically
 from yolo9kit.train.optim import base_accumulate, scaled_weight_decay, warmup_batches
 from yolo9kit.train.step import Trainer, unwrap
@@ -248,7 +248,8 @@ class RunPictures:
         """After an epoch: the batches kept in it, and ``results.png`` from the results rows so far."""
         pending, self.pending = self.pending, []
         for i, batch in pending:
-            self.draw(f"train_batch{i}.jpg", lambda batch=batch, i=i: self._batch_figure(batch, i))
+            self.draw(f"train_batch{i}.jpg", functools.partial(show_batch, batch, self.names, tile_inches=2.5,
+                                                                title=f"training batch {i}"))
         if self.run_dir is not None and rows:
             self.draw("results.png", lambda: draw_results(pd.DataFrame(rows)))
 
@@ -261,9 +262,3 @@ class RunPictures:
         names = self.names or result.names
         for name, make in validation_figure_makers(result.confusion_matrix, result.ap_result, names).items():
             self.draw(name, make)
-
-    def _batch_figure(self, batch, i: int):
-        n = max(min(len(batch[0]), 16), 1)
-        ncols = math.ceil(math.sqrt(n))
-        return show_batch(batch, self.names, max_images=16, ncols=ncols, title=f"training batch {i}",
-                          fig=new_figure((2.5 * ncols, 2.5 * math.ceil(n / ncols))))

@@ -36,8 +36,7 @@ class RunFolder:
     path: Path | None
     ckpt: dict | None = None  # the checkpoint resumed from
     checkpoint: Path | None = None  # its file
-    new: bool = False  # made by this run: removed again when the run fails before writing into it
-    made: Path | None = None  # the topmost folder this run created (the project folder too, when it was new)
+    made: Path | None = None  # the topmost folder this run created (the project folder too), None: it existed
     files: list[Path] = field(default_factory=list)  # written by this run: removed with a new folder on a failed start
     lock: FolderLock | None = None  # held while the run writes (one process per run folder)
     recipe: str = ""  # which recipe and why (settle_settings), for settings.yaml
@@ -64,7 +63,7 @@ class RunFolder:
             with contextlib.suppress(ValueError):  # a damaged state.yaml (RecordError) never blocks a resume
                 wall_s = read_state(self.path).get("wall_s") or 0.0
                 self.earlier_s = wall_s if isinstance(wall_s, (int, float)) else 0.0
-        elif not self.new and results.is_file():
+        elif self.made is None and results.is_file():
             results.replace(results.with_name("results.previous.csv"))
             LOGGER.warning("%s is an earlier run's: kept as results.previous.csv, this run writes its own", results)
         self.begun = True
@@ -84,12 +83,12 @@ def open_run(config: TrainConfig, dist: DistInfo) -> RunFolder:
         run = RunFolder(broadcast_object(run_dir, dist))
     if not dist.is_main:
         return RunFolder(None, run.ckpt, run.checkpoint)
-    run.new, run.made = not run.path.exists(), _first_missing(run.path)
+    run.made = _first_missing(run.path)  # new: removed again when the run fails before writing into it
     run.path.mkdir(parents=True, exist_ok=True)
     try:
         run.lock = FolderLock(run.path, "a training run").acquire()  # before anything in the folder is touched
     except FolderInUseError:
-        if run.new:
+        if run.made is not None:
             run.path.rmdir()
         raise
     return run
@@ -107,7 +106,7 @@ def record_state(run: RunFolder, state: str, reason: str | None = None, epochs_d
     if not run.begun or not run.path.is_dir():  # begun: rank 0 only
         return
     path = write_state(run.path, state, reason, epochs_done, epochs, run.earlier_s + time.monotonic() - run.started)
-    if path is not None and run.new and path not in run.files:
+    if path is not None and run.made is not None and path not in run.files:
         run.files.append(path)
 
 
@@ -129,11 +128,11 @@ def close_failed(run: RunFolder, error: BaseException) -> None:
     reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if str(error) else type(error).__name__
     close_run(run, "interrupted" if isinstance(error, KeyboardInterrupt) else "failed", reason)
     weights = run.path / "weights"
-    if run.new and not (weights.is_dir() and any(weights.iterdir())):
+    if run.made is not None and not (weights.is_dir() and any(weights.iterdir())):
         for path in run.files:
             path.unlink(missing_ok=True)
     folders = [weights]
-    if run.new and run.made is not None:  # the run folder and the parents this run made (runs/train/)
+    if run.made is not None:  # the run folder and the parents this run made (runs/train/)
         folders += [run.path, *(p for p in run.path.parents if run.made == p or run.made in p.parents)]
     for folder in folders:
         with contextlib.suppress(OSError):  # not ours to insist on: the error that ended the run matters more

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import html
 import logging
 import threading
@@ -33,10 +34,8 @@ _COLUMNS = ("epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s"
 class _Job:
     """One ``fit`` call in a worker thread: what it was called with and how it ended."""
 
-    model: Any
-    data: Any
+    call: Any  # fit with the model, the data and the keyword arguments: call(config)
     config: Any
-    kwargs: dict[str, Any]
     resume: bool
     done: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -124,20 +123,20 @@ class TrainDashboard:
     async def fit(self, model, data, config, **kwargs) -> FitResult:
         """``yolo9kit.train.fit(model, data, config, **kwargs)`` in a worker thread, drawn live here, with the
         dashboard's callbacks beside ``config.run.callbacks``; its ``FitResult`` is ``interrupted`` after a stop."""
-        return await self._wait(self._start(_Job(model, data, config, dict(kwargs), resume=False)))
+        return await self._wait(self._start(_Job(functools.partial(fit, model, data, **kwargs), config, False)))
 
     async def resume(self) -> FitResult:
         """Continue the last stopped run from its last.pt (RuntimeError when there is none); waits for (or returns)
         the resume button's run."""
         job = self._job  # the resume button's run: wait for it (or return how it finished), else resume now
         if job is None or not job.resume or (job.done.is_set() and (job.error is not None or job.result.interrupted)):
-            job = self._start(self._resume_job())
+            job = self._start()
         return await self._wait(job)
 
     def resume_in_background(self) -> None:
         """The resume button: start the resumed run and return at once (the kernel stays free for stop)."""
         try:
-            self._start(self._resume_job())
+            self._start()
         except RuntimeError as error:
             self.note(str(error), warning=True)
 
@@ -145,20 +144,18 @@ class TrainDashboard:
         job = self._job
         if job is None:
             raise RuntimeError("nothing to resume: start a run with `await dash.fit(model, data, config)` first")
-        if self.running:
-            raise RuntimeError("the run is still training: press stop (or wait for it) before resuming")
         if job.error is not None or job.result is None:
             raise RuntimeError(f"the last run failed ({job.error!r}): fix the cause, then resume it with "
                                "fit(model, data, dataclasses.replace(config, resume='<run folder>'))")
         if not job.result.interrupted:
             raise RuntimeError(f"nothing to resume: the last run finished all {job.result.epochs_completed} "
                                f"epochs ({job.result.save_dir})")
-        return _Job(job.model, job.data, dataclasses.replace(job.config, resume=str(job.result.last)), job.kwargs,
-                    resume=True)
+        return _Job(job.call, dataclasses.replace(job.config, resume=str(job.result.last)), resume=True)
 
-    def _start(self, job: _Job) -> _Job:
+    def _start(self, job: _Job | None = None) -> _Job:
         if self.running:
-            raise RuntimeError("a run is already training in this dashboard: press stop or wait for it")
+            raise RuntimeError("a run is already training in this dashboard: press stop (or wait for it) first")
+        job = job or self._resume_job()  # None: the last stopped run again, from its last.pt
         self.stop_requested, self._job = False, job
         self._resume_pending = job.resume and bool(self.history)
         context = contextvars.copy_context()  # outputs of the thread go to the cell that started it
@@ -178,7 +175,7 @@ class TrainDashboard:
         logger.addHandler(handler)
         logger.setLevel(min(level or logging.INFO, logging.INFO))  # show "run folder ...", "resuming ..." here
         try:
-            job.result = fit(job.model, job.data, config, **job.kwargs)
+            job.result = job.call(config)
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting cell, which raises it
             job.error = error
         finally:
