@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
+from yolo9kit.extras.gpu_check import calibration_from_points
 from yolo9kit.memory import StepConfig, StepEstimator, measure
-from yolo9kit.memory.gpus import calibration_from_points, resolve_gpu, target_gpu
+from yolo9kit.memory.gpus import resolve_gpu, target_gpu
 
 GIB = 1 << 30
 SETTINGS = {"fp16": ("fp16", None), "bf16": ("bf16", None), "fp16+ckpt": ("fp16", "all")}

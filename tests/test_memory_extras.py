@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from yolo9kit.config import StepConfig
+from yolo9kit.extras.gpu_check import fit_line
 from yolo9kit.memory import CATEGORIES, GPUS, MemoryReport, export_snapshot, resolve_gpu
-from yolo9kit.memory.gpus import calibration_for, fit_line, packaged_calibrations, read_calibration
+from yolo9kit.memory.gpus import calibration_for, packaged_calibrations, read_calibration
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30

@@ -327,16 +327,3 @@ def read_record(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Any:
         problem = getattr(e, "problem", None) or (str(e).splitlines()[0] if str(e) else repr(e))
         where = f" line {mark.line + 1}:" if mark is not None else ""
         raise RecordError(f"{path}:{where} not a readable YAML record ({problem})") from None
-
-
-def path_inside(folder: str | Path, name: str | Path, what: str) -> Path:
-    """``folder / name`` (resolved), refused when ``name`` (from a record, a storage, a user) leads out of it.
-
-    Raises:
-        ValueError: ``name`` is absolute, empty, or resolves (``..``, a symbolic link) outside ``folder``.
-    """
-    folder, text = Path(folder).resolve(), str(name)
-    target = (folder / text).resolve()
-    if not text or Path(text).is_absolute() or target == folder or not target.is_relative_to(folder):
-        raise ValueError(f"{what} {text!r} is not a name inside {folder}; refused")
-    return target

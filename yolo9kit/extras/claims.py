@@ -5,6 +5,7 @@ its threshold and unit before anything runs; ``judge`` reads the measured values
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,7 +13,8 @@ from typing import Any
 
 TRUE, FALSE, UNDECIDED, NOT_CHECKED = "True", "False", "Undecided", "Not checked"
 # "between": (low, high), both ends included; "==" compares exactly (a tolerance on a float is a "between")
-RULES = ("<", "<=", ">", ">=", "==", "between")
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
+RULES = (*_COMPARE, "between")
 
 
 @dataclass(frozen=True)
@@ -41,20 +43,15 @@ class Claim:
 
     def holds(self, value: Any) -> bool:
         """Whether one measured value meets the rule."""
-        if self.rule == "==":
-            return value == self.threshold
         if self.rule == "between":
             return self.threshold[0] <= value <= self.threshold[1]
-        return {"<": value < self.threshold, "<=": value <= self.threshold,
-                ">": value > self.threshold, ">=": value >= self.threshold}[self.rule]
+        return _COMPARE[self.rule](value, self.threshold)
 
     @property
     def condition(self) -> str:
         """The rule in words with its threshold and unit: ``"< 1 x"``, ``"between 0.4 and 0.6"``."""
-        if self.rule == "between":
-            text = f"between {_fmt(self.threshold[0])} and {_fmt(self.threshold[1])}"
-        else:
-            text = f"{self.rule} {_fmt(self.threshold)}"
+        text = (f"between {_fmt(self.threshold[0])} and {_fmt(self.threshold[1])}" if self.rule == "between"
+                else f"{self.rule} {_fmt(self.threshold)}")
         return f"{text} {self.unit}".rstrip()
 
 
@@ -132,6 +129,5 @@ def _describe(values: tuple, unit: str) -> str:
         return ", ".join(distinct) + suffix + counts
     if len(values) == 1:
         return f"{_fmt(values[0])}{suffix}"
-    median = statistics.median(values)
-    return (f"median {_fmt(float(median))}{suffix} ({_fmt(min(values))} to {_fmt(max(values))}, "
+    return (f"median {_fmt(float(statistics.median(values)))}{suffix} ({_fmt(min(values))} to {_fmt(max(values))}, "
             f"{len(values)} values)")

@@ -25,8 +25,7 @@ from yolo9kit.train.records import ENDED, SETTINGS_FILE, STATE_FILE, read_result
 from yolo9kit.train.rundir import FIXED_ON_RESUME
 
 RESULTS_FILE = "results.csv"
-# settings that name the run rather than describe it: never shown as a difference
-_NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "loggers", "mlflow_uri"}
+_NOT_A_DIFFERENCE = {"project", "name", "exist_ok", "resume", "progress_bar", "loggers", "mlflow_uri"}  # name the run
 _COPIES = {"mlartifacts", "mlruns"}  # MLflow's local stores keep copies of a run's files: not run folders
 NUMBERS = ["best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "wall time (s)", "images/s", "peak memory (GiB)"]
 COLUMNS = ["run", "state", "epochs", "best mAP50", "best mAP50-95", "mAP50", "mAP50-95", "seed range", "wall time (s)",
@@ -46,8 +45,7 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
         root: a folder of run folders, or a list of run folders.
 
     Returns:
-        ``COLUMNS`` (``seed range``: of the last mAP50-95 over ended runs that differ only in the seed), each setting
-        that differs between the runs, ``reason`` (why it did not finish; what is damaged) and ``path``.
+        ``COLUMNS``, the settings that differ between runs, ``reason`` (why not finished; what is damaged), ``path``.
 
     Raises:
         FileNotFoundError: ``root`` is not a folder, or a listed run folder does not exist.
@@ -67,7 +65,9 @@ def runs(root: str | Path | Sequence[str | Path] = "runs") -> pd.DataFrame:
         folders = {f.resolve() for f in folders}
     pairs = [_row(folder, base) for folder in sorted(folders, key=_mtime, reverse=True)]
     rows, settings = [row for row, _ in pairs], [config for _, config in pairs]
-    differing = _differing(settings)
+    names = dict.fromkeys(name for config in settings for name in config)  # the settings that differ, in their order
+    known = [c for c in settings if c]
+    differing = [n for n in names if n not in _NOT_A_DIFFERENCE and len({repr(_cell(c.get(n))) for c in known}) > 1]
     for row, config in zip(rows, settings):
         row.update({name: _cell(config.get(name)) for name in differing})
     table = pd.DataFrame(rows, columns=[*COLUMNS, *differing, "reason", "path"])
@@ -175,13 +175,6 @@ def _read_results(path: Path, problems: list[str]) -> list[dict[str, Any]]:
             break
         rows.append({k: None if v is None or math.isnan(v) else v for k, v in numbers.items()})
     return rows
-
-
-def _differing(settings: list[dict[str, Any]]) -> list[str]:
-    """The settings whose values are not the same in every listed run (in the settings' own order)."""
-    names = dict.fromkeys(name for config in settings for name in config)
-    readable = [c for c in settings if c]
-    return [n for n in names if n not in _NOT_A_DIFFERENCE and len({repr(_cell(c.get(n))) for c in readable}) > 1]
 
 
 def _cell(value: Any) -> Any:
@@ -303,8 +296,7 @@ class SeedSpread:
 
 
 def fit_seeds(model: str | Path, data: Any, config: TrainConfig, seeds: int | Sequence[int] = 3) -> SeedSpread:
-    """``fit`` once per seed, each in its own run folder ``<name>-seed-<k>``; a stop stops the whole call, and the
-    same call again skips the seeds that ended, resumes the others from last.pt and starts the rest.
+    """``fit`` once per seed, each in its run folder ``<name>-seed-<k>``; a stopped call continues (docs/training.md).
 
     Args:
         model: a model name, yaml or checkpoint path, built anew with each seed.

@@ -1,11 +1,9 @@
 """``checks(gpu=True)``, ``python -m yolo9kit checks --gpu``: two minutes on a CUDA card that say whether the kit's
-GPU half works there: the fast and the plain step compared, the syncs of a fast step, the memory estimate against
-the measured peak (recorded as this card's calibration when that helps), all in ``gpu_check.json`` (docs/gpu.md)."""
+GPU half works there, written to ``gpu_check.json`` (what it runs and records: docs/gpu.md)."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime as dt
 import json
 import platform
@@ -13,7 +11,7 @@ import re
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,37 @@ RESULT_NAME = "gpu_check.json"
 RECORD_ABOVE = 0.02  # the estimate's error (peak reserved) above which a measured calibration is recorded
 
 
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least-squares ``y = a x + b``; with one point, ``a = y / x`` and ``b = 0``; with one ``x``, ``a = 1``."""
+    if len(x) == 1:
+        return (y[0] / x[0] if x[0] else 1.0), 0.0
+    if len(set(x)) == 1:
+        return 1.0, statistics.fmean(y) - x[0]
+    return tuple(statistics.linear_regression(x, y))
+
+
+def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
+                            step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
+    """A "measured" calibration (docs/memory.md) fitted per AMP mode on ``points``, dicts of ``amp``,
+    ``estimated_traced_bytes``, ``measured_peak_allocated`` / ``_reserved`` (unmeasured ones left out) and optionally
+    ``context_bytes``. ``smoke``: a check of the script, never applied; ``step``: what was measured."""
+    fits = {}
+    for amp in sorted({p["amp"] for p in points if p.get("measured_peak_allocated")}):
+        pts = [p for p in points if p["amp"] == amp and p.get("measured_peak_allocated")]
+        x = [p["estimated_traced_bytes"] for p in pts]
+        a_alloc = fit_line(x, [p["measured_peak_allocated"] for p in pts])
+        a_res = fit_line(x, [p["measured_peak_reserved"] for p in pts])
+        err = max(abs(a_res[0] * xi + a_res[1] - p["measured_peak_reserved"]) / p["measured_peak_reserved"]
+                  for xi, p in zip(x, pts))
+        fits[amp] = {"allocated": list(a_alloc), "reserved": list(a_res), "n": len(pts), "max_rel_error": err}
+    contexts = sorted(p["context_bytes"] for p in points if p.get("context_bytes"))
+    return {"format": gpus.FORMAT, "version": 1, "kind": "measured", "smoke": smoke, "gpu": gpu_name,
+            "gpu_total_bytes": gpu_bytes, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "step": step, "fits": fits,
+            "workspace_bytes": None, "context_bytes": int(contexts[len(contexts) // 2]) if contexts else None,
+            "throughput": None, "points": points}
+
+
 @dataclass(frozen=True)
 class GPUCheckConfig:
     """What the GPU check runs; the defaults fit a 16 GB card in about a minute."""
@@ -45,8 +74,7 @@ class GPUCheckConfig:
     steps: int = 6  # timed steps of each kind, after the warm-up
     warmup_batches: int = 2  # cuDNN autotuning and the optimizer state happen here
     memory_batches: tuple[int, ...] = (8, 16, 32)  # a batch the estimate says would not fit is skipped
-    # the relative loss difference that still agrees: under AMP the two steps round differently (other kernels)
-    loss_tolerance: float = 0.02
+    loss_tolerance: float = 0.02  # the relative loss difference that agrees: under AMP the steps round differently
     time_budget_s: float = 120.0  # memory points past it are skipped (and said so)
 
 
@@ -80,7 +108,7 @@ class GPUCheck:
         return not self.ran or self.losses_agree
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "losses_agree": self.losses_agree, "ok": self.ok}
+        return {**asdict(self), "losses_agree": self.losses_agree, "ok": self.ok}
 
     def __str__(self) -> str:
         if not self.ran:
@@ -121,7 +149,7 @@ def checks(verbose: bool = True, widgets: bool = True, gpu: bool = False, out: s
     """
     report = environment_report(verbose=verbose, widgets=widgets)
     if gpu:
-        report = dataclasses.replace(report, gpu_check=check_gpu(out=out, command="yolo9kit.checks(gpu=True)"))
+        report = replace(report, gpu_check=check_gpu(out=out, command="yolo9kit.checks(gpu=True)"))
     return report
 
 
@@ -161,9 +189,7 @@ def check_gpu(config: GPUCheckConfig | None = None, *, out: str | Path = ".", co
     result.seconds = time.perf_counter() - start
     path = Path(out) / RESULT_NAME
     result.path = str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, json.dumps({**result.to_dict(), "config": dataclasses.asdict(config)}, indent=1)
-                          + "\n")
+    write_text_atomically(path, json.dumps({**result.to_dict(), "config": asdict(config)}, indent=1) + "\n")
     return result
 
 
@@ -174,12 +200,9 @@ def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.devic
     batches = [synthetic_batch(config.batch_size, config.imgsz, 8, model.nc, seed=i)
                for i in range(config.warmup_batches + config.steps)]
     batches = [(images.pin_memory(), targets) for images, targets in batches]  # as the loader hands them over
-    plain = dict.fromkeys(FAST_SWITCHES, False)
-    for kind, switches in (("fast", {}), ("plain", plain)):
+    for kind, switches in (("fast", {}), ("plain", dict.fromkeys(FAST_SWITCHES, False))):
         trainer = build_trainer(copy.deepcopy(model), TrainConfig(device=str(device), batch_size=config.batch_size,
                                                                   imgsz=config.imgsz, **switches), device=device)
-        if kind == "fast":
-            result.step = f"{config.model} {trainer.step.label} batch {config.batch_size}"
         losses, times = [], []
         for i, (images, targets) in enumerate(batches):
             torch.cuda.synchronize(device)
@@ -191,6 +214,7 @@ def _compare_steps(result: GPUCheck, config: GPUCheckConfig, device: torch.devic
         result.losses[kind] = [float(items.float().sum().cpu()) for items in losses]
         result.images_per_s[kind] = config.batch_size / statistics.median(times)
         if kind == "fast":
+            result.step = f"{config.model} {trainer.step.label} batch {config.batch_size}"
             result.syncs_in_fast_step = _syncs_in_step(trainer, *batches[-1])
         del trainer
         free_cuda_memory(device)
@@ -242,21 +266,19 @@ def _memory_points(config: GPUCheckConfig, device: torch.device, spec: GPUSpec, 
 
 
 def _record_calibration(rows: list[dict], spec: GPUSpec, config: GPUCheckConfig, folder: Path) -> str:
-    """This card's calibration written when today's estimate is more than ``RECORD_ABOVE`` off a measured peak
-    and the fit at most half as far (below that the difference is noise, not a correction)."""
+    """This card's calibration, recorded if the estimate is > ``RECORD_ABOVE`` off and a fit halves it (docs/gpu.md)."""
     points = [r for r in rows if r.get("measured_peak_reserved")]
     if len(points) < 2:
         return "not recorded: fewer than two batches were measured"
     amp = points[0]["amp"]
-    cal = gpus.calibration_from_points(points, spec.name, spec.total_bytes,
-                                       step=f"{config.model} {config.imgsz}px, the default step (checks --gpu)")
+    cal = calibration_from_points(points, spec.name, spec.total_bytes,
+                                  step=f"{config.model} {config.imgsz}px, the default step (checks --gpu)")
     fitted = cal["fits"][amp]["max_rel_error"]
     current = max(abs(r["error_reserved"]) for r in points)
     if current <= RECORD_ABOVE or fitted > current / 2:
         return (f"not recorded: the estimate is already within {current:.1%} of the measured peaks "
                 f"(a calibration from them: {fitted:.1%})")
     path = folder / f"{re.sub(r'[^A-Za-z0-9.-]+', '_', spec.name)}-{amp}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps(cal, indent=1) + "\n")
     read_from = gpus.user_calibration_dir()
     read = folder.resolve() == read_from.resolve()

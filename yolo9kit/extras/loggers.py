@@ -28,8 +28,8 @@ _STATUS = {"finished": "FINISHED", "stopped early": "FINISHED", "interrupted": "
 
 
 class _Logger:
-    """fit's callbacks: the subclass's ``open``, ``epoch(rows)``, ``close(state)`` run in order in its thread; the
-    first error is one warning and ends them. Subclasses set their fields, then call this."""
+    """fit's callbacks: the subclass's ``open``, ``epoch(rows)``, ``close(state)`` (and ``picture(path)``) run in
+    order in its thread; the first error is one warning and ends them. Subclasses set their fields, then call this."""
 
     name = "logger"
 
@@ -58,9 +58,8 @@ class _Logger:
             self.sent = int(new[-1]["epoch"])
             self.calls.put(("epoch", (new,)))
 
-    def _pictures(self) -> list[Path]:
-        """The run folder's pictures (png, jpg) drawn or redrawn since the last call."""
-        out = []
+    def _send_pictures(self) -> None:
+        """The subclass's ``picture(path)`` of each picture (png, jpg) of the run folder drawn since the last call."""
         for path in sorted([*self.run_dir.glob("*.png"), *self.run_dir.glob("*.jpg")]):
             try:
                 stamp = path.stat().st_mtime_ns
@@ -68,8 +67,7 @@ class _Logger:
                 continue
             if self.seen.get(path) != stamp:
                 self.seen[path] = stamp
-                out.append(path)
-        return out
+                self.picture(path)
 
     def _work(self) -> None:
         method, args, failed = "open", (), False
@@ -120,18 +118,17 @@ class TensorBoardLogger(_Logger):
             for key, value in row.items():
                 if key != "epoch" and value is not None:
                     self.writer.add_scalar(key, float(value), self.step)
-        self._images()
+        self._send_pictures()
         self.writer.flush()
 
     def close(self, state: str) -> None:
-        self._images()
+        self._send_pictures()
         self.writer.close()
 
-    def _images(self) -> None:
-        for path in self._pictures():
-            image = cv2.imread(str(path))
-            if image is not None:  # a picture being replaced right now comes with the next call
-                self.writer.add_image(path.stem, image[..., ::-1].copy(), self.step, dataformats="HWC")
+    def picture(self, path: Path) -> None:
+        image = cv2.imread(str(path))
+        if image is not None:  # a picture being replaced right now comes with the next call
+            self.writer.add_image(path.stem, image[..., ::-1].copy(), self.step, dataformats="HWC")
 
 
 class MlflowLogger(_Logger):
@@ -140,8 +137,7 @@ class MlflowLogger(_Logger):
     name = "mlflow"
 
     def __init__(self, config: Any, run_dir: Path, resumed: bool, files: list[Path]) -> None:
-        project = Path(config.run.project)
-        self.uri = config.run.mlflow_uri or f"sqlite:///{(project / 'mlflow.db').resolve().as_posix()}"
+        self.uri = config.run.mlflow_uri or f"sqlite:///{(Path(config.run.project) / 'mlflow.db').resolve().as_posix()}"
         self.experiment, self.resumed = config.run.project, resumed
         self.params = _flat(config.to_dict())
         self.log_weights = config.run.log_weights
@@ -152,20 +148,30 @@ class MlflowLogger(_Logger):
 
         self.client = MlflowClient(tracking_uri=self.uri)
         _check_server(self.client, self.uri)
-        self.run_id = self._resumed_run()
+        path = self.run_dir / MLFLOW_FILE  # a resume logging to the same place continues the folder's MLflow run
+        try:
+            saved = read_record(path) if self.resumed and path.is_file() else None
+        except (OSError, RecordError):
+            saved = None
+        self.run_id = saved.get("run_id") if isinstance(saved, dict) and saved.get("uri") == self.uri else None
         if self.run_id is not None:
             self.client.update_run(self.run_id, status="RUNNING")
             return
-        run = self.client.create_run(self._experiment_id(), run_name=self.run_dir.name, tags=_tags(self.run_dir))
-        self.run_id = run.info.run_id
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # a container's user without a name
+            user = "unknown"
+        tags = {"mlflow.source.name": "yolo9kit", "mlflow.user": user, "host": socket.gethostname(),
+                "run folder": str(self.run_dir.resolve())}
+        self.run_id = self.client.create_run(self._experiment_id(), run_name=self.run_dir.name, tags=tags).info.run_id
         from mlflow.entities import Param
 
         params = [Param(k, v) for k, v in self.params.items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 parameters per request
             self.client.log_batch(self.run_id, params=params[start:start + 100])
         record = {"uri": self.uri, "experiment": self.experiment, "run_id": self.run_id}
-        write_text_atomically(self.run_dir / MLFLOW_FILE, dump_record(record))
-        self.files.append(self.run_dir / MLFLOW_FILE)
+        write_text_atomically(path, dump_record(record))
+        self.files.append(path)
 
     def epoch(self, rows: list[dict]) -> None:
         from mlflow.entities import Metric
@@ -195,9 +201,8 @@ class MlflowLogger(_Logger):
             self.client.log_artifact(self.run_id, str(path), "weights")
         self.client.set_terminated(self.run_id, _STATUS.get(state, "FINISHED"))
 
-    def _send_pictures(self) -> None:
-        for path in self._pictures():
-            self.client.log_artifact(self.run_id, str(path), "pictures")
+    def picture(self, path: Path) -> None:
+        self.client.log_artifact(self.run_id, str(path), "pictures")
 
     def _experiment_id(self) -> str:
         from mlflow.exceptions import MlflowException
@@ -211,17 +216,6 @@ class MlflowLogger(_Logger):
             return self.client.create_experiment(self.experiment, artifact_location=where.as_uri() if where else None)
         except MlflowException:  # made by another run at the same moment
             return self.client.get_experiment_by_name(self.experiment).experiment_id
-
-    def _resumed_run(self) -> str | None:
-        """The run folder's MLflow run when this is a resume logging to the same place."""
-        path = self.run_dir / MLFLOW_FILE
-        if not self.resumed or not path.is_file():
-            return None
-        try:
-            record = read_record(path) or {}
-        except (OSError, RecordError):
-            return None
-        return record.get("run_id") if isinstance(record, dict) and record.get("uri") == self.uri else None
 
 
 def _check_server(client: Any, uri: str) -> None:
@@ -237,15 +231,6 @@ def _check_server(client: Any, uri: str) -> None:
         raise ConnectionError(f"no MLflow server answers at {uri} ({str(e).splitlines()[0][:200]})") from None
     if answer.status_code != 200:
         raise ConnectionError(f"the MLflow server at {uri} refuses its health check: HTTP {answer.status_code}")
-
-
-def _tags(run_dir: Path) -> dict[str, str]:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # a container's user without a name
-        user = "unknown"
-    return {"mlflow.source.name": "yolo9kit", "mlflow.user": user, "host": socket.gethostname(),
-            "run folder": str(run_dir.resolve())}
 
 
 def _flat(values: dict, prefix: str = "") -> dict[str, str]:

@@ -1,11 +1,9 @@
-"""``export``: the deployed model (``to_deploy``, fused, float32) as an ONNX file, input ``images`` (B, 3, H, W) RGB
-in [0, 1], output ``predictions`` (B, 4 + nc, A), with NMS also ``detections`` (K, 7) first (docs/export.md: the
-format); ``python -m yolo9kit export``; and ``predict``'s backends that run it in ONNX Runtime or OpenVINO."""
+"""``export``: the deployed model as an ONNX file (its inputs and outputs: docs/export.md), ``python -m yolo9kit
+export``; and ``predict``'s backends that run it in ONNX Runtime or OpenVINO."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import inspect
 import io
@@ -14,7 +12,7 @@ import logging
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,6 @@ from yolo9kit.models import load_model
 from yolo9kit.models.deploy import max_stride, prepare_model, select_head
 
 LOGGER = logging.getLogger(__name__)
-EXTRA = "pip install 'yolo9kit[export]'"
 NMS_FLAGS = ("conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms")
 
 
@@ -112,7 +109,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
     if nms is not None:
         _append_nms(proto, nms, deployed.nc, settings.opset)
     metadata = {"names": json.dumps(list(deployed.names)), "stride": json.dumps([int(s) for s in deployed.stride]),
-                "imgsz": json.dumps(list(size)), "nms": json.dumps(dataclasses.asdict(nms) if nms else None)}
+                "imgsz": json.dumps(list(size)), "nms": json.dumps(asdict(nms) if nms else None)}
     for key, value in metadata.items():
         proto.metadata_props.add(key=key, value=value)
     onnx_lib.checker.check_model(proto)
@@ -133,11 +130,9 @@ def _traced(model: torch.nn.Module, imgsz: int | Sequence[int], settings: Export
     deployed = prepare_model(model, torch.device("cpu"), False, deploy=True, head="main")
     wrapper = _Predictions(deployed).eval()
     stride = max_stride(deployed)
-    size = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
-    size = tuple(math.ceil(s / stride) * stride for s in size)
+    size = tuple(math.ceil(s / stride) * stride for s in ((imgsz, imgsz) if isinstance(imgsz, int) else imgsz))
     axes = {"images": {0: "batch"}, "predictions": {0: "batch"}} if settings.dynamic_batch else None
-    # The TorchScript exporter: torch.export (the default exporter since torch 2.9) does not trace this model
-    # (tested with torch 2.14). Its tracer warnings are about the input-size checks, constant for one size.
+    # the TorchScript exporter, its tracer warnings ignored: docs/export.md, "Why the TorchScript exporter"
     extra = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
     buffer = io.BytesIO()  # built in memory: the file is written once, whole (files.write_file)
     with warnings.catch_warnings():
@@ -187,16 +182,15 @@ def _check(report: ExportReport, wrapper: torch.nn.Module, settings: ExportConfi
     try:
         ort = importlib.import_module("onnxruntime")
     except ImportError:
-        report.note = f"onnxruntime is not installed, so the file was not run ({EXTRA})"
+        report.note = "onnxruntime is not installed, so the file was not run (pip install 'yolo9kit[export]')"
         LOGGER.warning("%s: %s", report.path, report.note)
         return
     session = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"])
     batch = 2 if settings.dynamic_batch else 1
     images = torch.rand(batch, 3, *report.input_shape[2:], generator=torch.Generator().manual_seed(0))
-    expected = wrapper(images)
     got = dict(zip(report.outputs, session.run(None, {"images": images.numpy()})))
     report.checked = True
-    report.max_abs_diff = float(np.abs(got["predictions"] - expected.numpy()).max())
+    report.max_abs_diff = float(np.abs(got["predictions"] - wrapper(images).numpy()).max())
     report.note = f"ONNX Runtime {ort.__version__}, CPU, random batch of {batch}"
     problems = []
     if not report.max_abs_diff <= settings.atol:
@@ -254,10 +248,8 @@ def _append_nms(proto, nms: NMSConfig, nc: int, opset: int) -> None:
     # (cx, cy, w, h) @ M = (x1, y1, x2, y2): products by 0, 1 and 0.5 are exact, as the official subtraction
     corners = [[1, 0, 1, 0], [0, 1, 0, 1], [-0.5, 0, 0.5, 0], [0, -0.5, 0, 0.5]]
     boxes = node("MatMul", [centre, const("to_xyxy", corners, np.float32)], "xyxy")
-    if opset >= 18:  # ReduceMax's axes moved from an attribute to an input in opset 18
-        score = node("ReduceMax", [scores, axis2], "score", keepdims=0)
-    else:
-        score = node("ReduceMax", [scores], "score", axes=[2], keepdims=0)
+    axes = {} if opset >= 18 else {"axes": [2]}  # ReduceMax's axes moved from an attribute to an input in opset 18
+    score = node("ReduceMax", [scores, axis2] if opset >= 18 else [scores], "score", keepdims=0, **axes)
     cls = node("ArgMax", [scores], "class", axis=2, keepdims=0)  # (B, A) int64, the best class
     if nms.classes is not None:  # the official filter keeps a box whose best class is listed: others score 0
         keep = np.isin(np.arange(nc), list(nms.classes)).astype(np.float32)

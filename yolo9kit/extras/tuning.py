@@ -25,7 +25,7 @@ from yolo9kit.config import DEFAULT_AUGMENT_HYP, TrainConfig
 from yolo9kit.config.recipe import IGNORED, LOSS_KEYS, OPTIM_KEYS, RECIPE_KEYS, choose_recipe, hyp_settings
 from yolo9kit.config.train import named_settings
 from yolo9kit.data import load_data_config
-from yolo9kit.files import FolderInUseError, _pid_alive, dump_record, path_inside, write_text_atomically
+from yolo9kit.files import FolderInUseError, _pid_alive, dump_record, write_text_atomically
 from yolo9kit.train.fit import fit
 from yolo9kit.train.guards import NonFiniteLossError, NonFiniteWeightsError
 from yolo9kit.train.rundir import FIXED_ON_RESUME, _first_missing
@@ -46,8 +46,7 @@ TUNABLE = (*OPTIM_KEYS, *LOSS_KEYS, *DEFAULT_AUGMENT_HYP)  # the keys a custom s
 _ORDER = (*OPTIM_KEYS, "box", "cls", "cls_pw", "obj", "obj_pw", "dfl", "iou_t", "anchor_t", "fl_gamma",
           *DEFAULT_AUGMENT_HYP)  # the order of the official hyp file
 TUNE_PROJECT = "runs/tune"  # where the study folders go unless the config names a project
-# Optuna's heartbeat: a running trial whose heartbeat is older than GRACE_S belongs to a worker that is gone
-HEARTBEAT_S, GRACE_S = 60, 180
+HEARTBEAT_S, GRACE_S = 60, 180  # Optuna's heartbeat: a running trial silent for GRACE_S has lost its worker
 KEEP_WEIGHTS = ("best", "all")
 MAX_FAILED_IN_A_ROW = 5  # a worker stops after so many failed trials in a row
 
@@ -93,16 +92,14 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
 
     Raises:
         ValueError: a bad space, count, setting or data set, no optuna, a storage that cannot be opened, a study made
-            with other settings or data, a trial's run folder outside the study folder or in use; each named. A
-            refused call, or a new study's first call refused so, leaves nothing behind.
+            with other settings or data, a trial's run folder outside it or in use; each named, nothing left behind.
         RuntimeError: ``MAX_FAILED_IN_A_ROW`` trials failed in a row.
     """
     try:
         import optuna  # the tune extra
     except ImportError:
         raise ValueError("tune needs optuna: pip install 'yolo9kit[tune]'") from None
-    space = _space(space)
-    _check(model, trials, keep_weights, config)
+    space = _checked(model, trials, keep_weights, config, space)
     found = load_data_config(data)  # one that cannot be read is refused here
     seen = {"names": found.names, "train images": len(found.images("train")), "val images": len(found.val)}
     config, recipe = choose_recipe(config, seen["train images"])  # one recipe for every trial
@@ -120,9 +117,8 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
         write_text_atomically(folder / "tune.yaml", dump_record({"study": config.run.name, "storage": _masked(where),
                                                                 "trials": trials, **record,
                                                                 "data": {"file": str(data), **seen}}))
-        objective = _Objective(study, model, data, config.replace(project=str(folder),
-                                                                  log_weights=keep_weights == "all"), space)
-        interrupted = _optimize(study, objective, trials, _Keeper(folder, config, space, keep_weights))
+        every = config.replace(project=str(folder), log_weights=keep_weights == "all")  # each trial's settings
+        interrupted = _Trials(study, model, data, every, space).optimize(trials)
     except (ValueError, LookupError, OSError):  # refused: nothing left behind, nor a new study that trained nothing
         if study is None or new and not _complete(study):
             if new:
@@ -135,7 +131,9 @@ def tune(model: str | Path, data: Any, config: TrainConfig, *, trials: int = 10,
     return _result(study, folder, interrupted)
 
 
-def _check(model: Any, trials: Any, keep_weights: Any, config: TrainConfig) -> None:
+def _checked(model: Any, trials: Any, keep_weights: Any, config: TrainConfig,
+             space: Mapping[str, tuple[float, float]] | Sequence[str] | None) -> dict[str, tuple[float, float]]:
+    """``tune``'s arguments checked; the space as {key: (low, high)}."""
     if not isinstance(model, (str, Path)):
         raise TypeError(f"tune needs a model name or file, built anew for each trial; got a {type(model).__name__}")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -145,104 +143,6 @@ def _check(model: Any, trials: Any, keep_weights: Any, config: TrainConfig) -> N
     if config.run.resume:
         raise ValueError("tune: a stopped study continues with the same call (same name and storage); resume is "
                          "for one run")
-
-
-def _optimize(study: Any, objective: _Objective, trials: int, keeper: _Keeper) -> bool:  # True: stopped in a trial
-    failed: list[int] = []
-    while len(_complete(study)) < trials:
-        try:
-            study.optimize(objective, n_trials=1, catch=(NonFiniteLossError, NonFiniteWeightsError),
-                           callbacks=[keeper])
-        except KeyboardInterrupt:
-            return True
-        last = study.get_trials(deepcopy=False)[objective.number]
-        failed = [*failed, last.number] if last.state.name == "FAIL" else []
-        if len(failed) == MAX_FAILED_IN_A_ROW:  # the settings do not train, whatever the hyper-parameters
-            raise RuntimeError(f"tune: trials {', '.join(map(str, failed))} failed in a row (non-finite losses or "
-                               f"weights; their run folders in {keeper.folder} say why): the settings do not train")
-    return False
-
-
-class _Objective:
-    """One trial: its hyper-parameters, its run folder (a stopped trial's, continued), ``fit``, its fitness."""
-
-    def __init__(self, study: Any, model: str | Path, data: Any, config: TrainConfig,
-                 space: Mapping[str, tuple[float, float]]) -> None:
-        self.study, self.model, self.data, self.config, self.space = study, model, data, config, space
-        self.number = -1  # the trial this worker trains or trained last
-
-    def __call__(self, trial: Any) -> float:
-        self.number = trial.number
-        values = {k: trial.suggest_float(k, low, high, log=k in LOG_SCALE) for k, (low, high) in self.space.items()}
-        folder = Path(self.config.run.project)
-        name = trial.user_attrs.get("run")
-        continued = name is not None and _run_dir(folder, trial).is_dir()
-        if not continued:
-            name = increment_path(folder / f"trial-{trial.number}").name
-        trial.set_user_attr("run", name)
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        last = folder / name / "weights" / "last.pt"
-        config = _trial_config(self.config, values).replace(name=name, exist_ok=continued,
-                                                            resume=str(last) if last.is_file() else False)
-        if last.is_file():
-            LOGGER.info("tune: trial %d continues %s from its last.pt", trial.number, folder / name)
-        try:
-            result = fit(str(self.model), self.data, config)
-        except KeyboardInterrupt:
-            result = None
-        except FolderInUseError:  # not lost: a later call continues it, once the folder is free
-            _queue_again(self.study, trial)
-            raise
-        if result is None or result.interrupted:  # the next call continues it, from its last.pt
-            _queue_again(self.study, trial)
-            raise KeyboardInterrupt(f"trial {trial.number} stopped")
-        trial.set_user_attr("epochs", result.epochs_completed)
-        return float(result.best_fitness)
-
-
-@dataclass
-class _Keeper:
-    """After each trial: the best trial's ``best_hyp.yaml``, the other trials' weights removed (keep "best")."""
-
-    folder: Path
-    config: TrainConfig
-    space: Mapping[str, tuple[float, float]]
-    keep_weights: str
-
-    def __call__(self, study: Any, trial: Any) -> None:
-        best = _best(study)
-        if best is None:
-            return
-        header = (f"# the best hyper-parameters of the study {self.folder.name} ({self.folder}): trial {best.number}, "
-                  f"fitness {best.value:.5f} (0.1 mAP50 + 0.9 mAP50-95), run folder {best.user_attrs.get('run')}\n"
-                  f"# searched: {', '.join(self.space)}; the rest are the study's settings, and below them its recipe\n"
-                  "# python -m yolo9kit train --hyp best_hyp.yaml ... trains that recipe (a flag given wins)\n")
-        values = hyp_of(_trial_config(self.config, best.params))  # a hyp file, every digit kept
-        write_text_atomically(self.folder / "best_hyp.yaml", header + "".join(
-            f"{k}: {_number(v) if isinstance(v, float) else v}\n" for k, v in values.items()))
-        for done in _complete(study) if self.keep_weights == "best" else ():
-            weights = _run_dir(self.folder, done) / "weights"
-            if done.user_attrs.get("run") != best.user_attrs.get("run") and weights.is_dir():
-                shutil.rmtree(weights, ignore_errors=True)
-
-
-def hyp_of(config: TrainConfig) -> dict[str, Any]:
-    """Every key of an official hyp file, in its order, then ``RECIPE_KEYS``, with the values ``config`` trains with."""
-    values = {k: getattr(config.optim, k) for k in OPTIM_KEYS}
-    values.update({k: getattr(config.optim.loss, field) for k, field in LOSS_KEYS.items()})
-    values.update({**IGNORED, **config.pipeline.augment_hyp})
-    saved = config.to_dict()
-    return {**{k: float(values[k]) for k in _ORDER}, **{k: saved[k] for k in RECIPE_KEYS}}
-
-
-def _number(value: float) -> str:
-    """Every digit, as a float YAML 1.1 reads back (``1.0e-05``: PyYAML takes ``1e-05`` for a string)."""
-    mantissa, _, exponent = repr(float(value)).partition("e")
-    return f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else repr(float(value))
-
-
-def _space(space: Mapping[str, tuple[float, float]] | Sequence[str] | None) -> dict[str, tuple[float, float]]:
-    """The space as {key: (low, high)}, checked."""
     if space is None:
         return dict(EVOLVE_SPACE)
     if not isinstance(space, Mapping):
@@ -265,6 +165,90 @@ def _space(space: Mapping[str, tuple[float, float]] | Sequence[str] | None) -> d
     if not out:
         raise ValueError("space: expected at least one key")
     return out
+
+
+class _Trials:
+    """This worker's trials: each one's hyper-parameters, run folder (a stopped trial's, continued), ``fit`` and
+    fitness; after each, the best trial's ``best_hyp.yaml`` and, unless ``log_weights``, the others' weights removed."""
+
+    def __init__(self, study: Any, model: str | Path, data: Any, config: TrainConfig,
+                 space: Mapping[str, tuple[float, float]]) -> None:
+        self.study, self.model, self.data, self.config, self.space = study, model, data, config, space
+        self.folder = Path(config.run.project)  # the study folder
+        self.number = -1  # the trial this worker trains or trained last
+
+    def optimize(self, trials: int) -> bool:  # True: stopped in a trial
+        failed: list[int] = []
+        while len(_complete(self.study)) < trials:
+            try:
+                self.study.optimize(self, n_trials=1, catch=(NonFiniteLossError, NonFiniteWeightsError),
+                                    callbacks=[self.after])
+            except KeyboardInterrupt:
+                return True
+            last = self.study.get_trials(deepcopy=False)[self.number]
+            failed = [*failed, last.number] if last.state.name == "FAIL" else []
+            if len(failed) == MAX_FAILED_IN_A_ROW:  # the settings do not train, whatever the hyper-parameters
+                raise RuntimeError(f"tune: trials {', '.join(map(str, failed))} failed in a row (non-finite losses or "
+                                   f"weights; their run folders in {self.folder} say why): the settings do not train")
+        return False
+
+    def __call__(self, trial: Any) -> float:
+        self.number = trial.number
+        values = {k: trial.suggest_float(k, low, high, log=k in LOG_SCALE) for k, (low, high) in self.space.items()}
+        name = trial.user_attrs.get("run")
+        continued = name is not None and _run_dir(self.folder, trial).is_dir()
+        if not continued:
+            name = increment_path(self.folder / f"trial-{trial.number}").name
+        trial.set_user_attr("run", name)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        last = self.folder / name / "weights" / "last.pt"
+        config = _trial_config(self.config, values).replace(name=name, exist_ok=continued,
+                                                            resume=str(last) if last.is_file() else False)
+        if last.is_file():
+            LOGGER.info("tune: trial %d continues %s from its last.pt", trial.number, self.folder / name)
+        try:
+            result = fit(str(self.model), self.data, config)
+        except KeyboardInterrupt:
+            result = None
+        except FolderInUseError:  # not lost: a later call continues it, once the folder is free
+            _queue_again(self.study, trial)
+            raise
+        if result is None or result.interrupted:  # the next call continues it, from its last.pt
+            _queue_again(self.study, trial)
+            raise KeyboardInterrupt(f"trial {trial.number} stopped")
+        trial.set_user_attr("epochs", result.epochs_completed)
+        return float(result.best_fitness)
+
+    def after(self, study: Any, trial: Any) -> None:
+        best = _best(study)
+        if best is None:
+            return
+        header = (f"# the best hyper-parameters of the study {self.folder.name} ({self.folder}): trial {best.number}, "
+                  f"fitness {best.value:.5f} (0.1 mAP50 + 0.9 mAP50-95), run folder {best.user_attrs.get('run')}\n"
+                  f"# searched: {', '.join(self.space)}; the rest are the study's settings, and below them its recipe\n"
+                  "# python -m yolo9kit train --hyp best_hyp.yaml ... trains that recipe (a flag given wins)\n")
+        values = hyp_of(_trial_config(self.config, best.params))  # a hyp file, every digit kept
+        write_text_atomically(self.folder / "best_hyp.yaml", header + "".join(
+            f"{k}: {_number(v) if isinstance(v, float) else v}\n" for k, v in values.items()))
+        for done in _complete(study) if not self.config.run.log_weights else ():  # keep_weights "best"
+            weights = _run_dir(self.folder, done) / "weights"
+            if done.user_attrs.get("run") != best.user_attrs.get("run") and weights.is_dir():
+                shutil.rmtree(weights, ignore_errors=True)
+
+
+def hyp_of(config: TrainConfig) -> dict[str, Any]:
+    """Every key of an official hyp file, in its order, then ``RECIPE_KEYS``, with the values ``config`` trains with."""
+    values = {k: getattr(config.optim, k) for k in OPTIM_KEYS}
+    values.update({k: getattr(config.optim.loss, field) for k, field in LOSS_KEYS.items()})
+    values.update({**IGNORED, **config.pipeline.augment_hyp})
+    saved = config.to_dict()
+    return {**{k: float(values[k]) for k in _ORDER}, **{k: saved[k] for k in RECIPE_KEYS}}
+
+
+def _number(value: float) -> str:
+    """Every digit, as a float YAML 1.1 reads back (``1.0e-05``: PyYAML takes ``1e-05`` for a string)."""
+    mantissa, _, exponent = repr(float(value)).partition("e")
+    return f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else repr(float(value))
 
 
 def _trial_config(config: TrainConfig, values: Mapping[str, float]) -> TrainConfig:
@@ -328,15 +312,20 @@ def _open_study(optuna: Any, folder: Path, storage: Any, name: str, record: dict
     return study, url, new
 
 
-def _run_dir(folder: Path, trial: Any) -> Path:  # from the storage, which any worker writes: kept inside
-    return path_inside(folder, str(trial.user_attrs.get("run")), f"the run folder of trial {trial.number}")
+def _run_dir(folder: Path, trial: Any) -> Path:
+    """The trial's run folder, resolved; refused when its name (from the storage, which any worker writes: ``..``,
+    absolute, empty, a symbolic link) leads out of ``folder``."""
+    folder, name = folder.resolve(), str(trial.user_attrs.get("run"))
+    target = (folder / name).resolve()
+    if not name or Path(name).is_absolute() or target == folder or not target.is_relative_to(folder):
+        raise ValueError(f"the run folder of trial {trial.number} {name!r} is not a name inside {folder}; refused")
+    return target
 
 
 def _queue_again(study: Any, trial: Any) -> None:  # a stopped trial (in use, a dead worker's), continued later
     LOGGER.warning("tune: trial %d queued again: the next trial continues it", trial.number)
-    study.enqueue_trial(trial.params, user_attrs={k: v for k, v in (
-        ("continues", trial.user_attrs.get("continues", trial.number)), ("run", trial.user_attrs.get("run")))
-        if v is not None})
+    attrs = {"continues": trial.user_attrs.get("continues", trial.number), "run": trial.user_attrs.get("run")}
+    study.enqueue_trial(trial.params, user_attrs={k: v for k, v in attrs.items() if v is not None})
 
 
 def _complete(study: Any) -> list[Any]:
@@ -395,3 +384,4 @@ def _run(args: argparse.Namespace) -> int:
         print(f"train with them: python -m yolo9kit train --data {args.data} --hyp {result.hyp_file} ...; every "
               f"trial: python -m yolo9kit runs {result.folder}")
     return 130 if result.interrupted else 0  # stopped in a trial: the same command continues it
+

@@ -4,7 +4,6 @@ allocator and a throughput model (their figures and assumptions: docs/memory.md)
 from __future__ import annotations
 
 import bisect
-import datetime as dt
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -35,6 +34,7 @@ class GPUSpec:
 # name, nvidia-smi MiB, bf16, fp16 TFLOPs, GB/s
 GPUS: dict[str, GPUSpec] = {name: GPUSpec(name, mib * MIB, bf16, tflops, gbs) for name, mib, bf16, tflops, gbs in [
     ("T4", 15_360, False, 65.0, 320.0),
+    ("GTX 1660 Ti", 6_144, False, 10.9, 288.0),  # no tensor cores; fp16 gives NaN losses: trains in fp32
     ("V100-16GB", 16_160, False, 125.0, 900.0),
     ("V100-32GB", 32_510, False, 125.0, 900.0),
     ("RTX 3060", 12_288, True, 25.0, 360.0),
@@ -150,41 +150,6 @@ def calibration_for(gpu_name: str, amp: str, calibrations: tuple[dict, ...] | No
                 and amp in cal.get("fits", {}):
             return {**cal["fits"][amp], "context_bytes": cal.get("context_bytes"), "throughput": cal.get("throughput")}
     return None
-
-
-def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
-    """Least-squares ``y = a x + b``; with one point, ``a = y / x`` and ``b = 0``."""
-    n = len(x)
-    if n == 1:
-        return (y[0] / x[0] if x[0] else 1.0), 0.0
-    mx, my = sum(x) / n, sum(y) / n
-    sxx = sum((v - mx) ** 2 for v in x)
-    if sxx == 0:
-        return 1.0, my - mx
-    a = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
-    return a, my - a * mx
-
-
-def calibration_from_points(points: list[dict], gpu_name: str, gpu_bytes: int, *, smoke: bool = False,
-                            step: str = "yolo9kit.train.train_step (SGD, clip 10, EMA), synthetic batch") -> dict:
-    """A "measured" calibration (docs/memory.md) fitted per AMP mode on ``points``, dicts of ``amp``,
-    ``estimated_traced_bytes``, ``measured_peak_allocated`` / ``_reserved`` (unmeasured ones left out) and optionally
-    ``context_bytes``. ``smoke``: a check of the script, never applied; ``step``: what was measured."""
-    fits = {}
-    for amp in sorted({p["amp"] for p in points if p.get("measured_peak_allocated")}):
-        pts = [p for p in points if p["amp"] == amp and p.get("measured_peak_allocated")]
-        x = [p["estimated_traced_bytes"] for p in pts]
-        a_alloc = fit_line(x, [p["measured_peak_allocated"] for p in pts])
-        a_res = fit_line(x, [p["measured_peak_reserved"] for p in pts])
-        err = max(abs(a_res[0] * xi + a_res[1] - p["measured_peak_reserved"]) / p["measured_peak_reserved"]
-                  for xi, p in zip(x, pts))
-        fits[amp] = {"allocated": list(a_alloc), "reserved": list(a_res), "n": len(pts), "max_rel_error": err}
-    contexts = sorted(p["context_bytes"] for p in points if p.get("context_bytes"))
-    return {"format": FORMAT, "version": 1, "kind": "measured", "smoke": smoke, "gpu": gpu_name,
-            "gpu_total_bytes": gpu_bytes, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "step": step, "fits": fits,
-            "workspace_bytes": None, "context_bytes": int(contexts[len(contexts) // 2]) if contexts else None,
-            "throughput": None, "points": points}
 
 
 # the CUDA caching allocator: c10's constants, default settings
