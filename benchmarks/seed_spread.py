@@ -1,6 +1,7 @@
 """The run-to-run noise of the demo: its recipe trained with several seeds, and the spread of the results.
 
-    python benchmarks/seed_spread.py                 # 3 seeds of the demo (30 epochs, 160 px, CPU)
+    python benchmarks/seed_spread.py                 # 3 seeds of the demo (30 epochs, 160 px, CPU, amp auto)
+    python benchmarks/seed_spread.py --amp off       # the same in fp32
     python benchmarks/seed_spread.py --seeds 5 --epochs 10
     python benchmarks/seed_spread.py --amp bf16         # the same under bf16 autocast
 

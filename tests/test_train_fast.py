@@ -52,7 +52,7 @@ def test_defaults_are_fast_on_cuda_channels_last_on_the_cpu_and_explicit_values_
     assert _switches(forced, "cpu") == {**PLAIN, "fused_optimizer": True}
     steps = {(dev, bf16): config.step.resolve(dev, bf16=bf16).amp
              for dev, bf16 in (("cpu", True), ("cpu", False), ("cuda", True), ("cuda", False))}
-    assert steps == {("cpu", True): "off", ("cpu", False): "off", ("cuda", True): "bf16",
+    assert steps == {("cpu", True): "bf16", ("cpu", False): "off", ("cuda", True): "bf16",
                      ("cuda", False): "fp16"}  # amp="auto"
 
 

@@ -200,12 +200,13 @@ class StepConfig(Settings):
             bf16 = native_bf16(index) if bf16 is None else bf16
             gpu_name = gpu_name or f"{torch.cuda.get_device_name(index)} (cuda:{index})"
         amp = "off" if self.amp == "off" or device.type not in ("cpu", "cuda") else self.amp
-        if device.type == "cpu":  # only an explicit bf16 autocasts there
-            if amp == "bf16" and not (native_cpu_bf16() if bf16 is None else bf16):
+        if device.type == "cpu":  # bf16 where the CPU computes it: its seed spread overlaps fp32's (docs/benchmarks.md)
+            native = native_cpu_bf16() if bf16 is None else bf16
+            if amp == "bf16" and not native:
                 raise ValueError("amp='bf16': this CPU has no bf16 in hardware (AVX512-BF16 or AMX; `python -m "
                                  "yolo9kit checks` says), so bf16 would be emulated, slower than fp32: use amp='off' "
-                                 "or amp='auto' (fp32 on the CPU)")
-            amp = "bf16" if amp == "bf16" else "off"
+                                 "or amp='auto' (fp32 on this CPU)")
+            amp = "bf16" if amp == "bf16" or (amp == "auto" and native) else "off"
         elif amp == "auto":
             amp = "bf16" if bf16 else "off" if FP16_NAN_CARDS.search(gpu_name or "") else "fp16"
         elif amp == "fp16" and FP16_NAN_CARDS.search(gpu_name or ""):
