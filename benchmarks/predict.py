@@ -5,7 +5,8 @@
     python benchmarks/predict.py --onnxruntime   # adds predict(..., backend="onnxruntime") rows on the CPU
     python benchmarks/predict.py --openvino      # adds predict(..., backend="openvino") rows on the CPU
 
-For each model: ``yolo9kit.predict`` on N synthetic BGR images (1080x810, like the official sample
+For each model: ``yolo9kit.predict`` (on the CPU with its default ``half="auto"``, bf16 where the processor
+computes it, and with ``half=False``, FP32) on N synthetic BGR images (1080x810, like the official sample
 photo) or on ``--source``, after one warm-up call; stages are load (read + letterbox, not in the
 official Speed line), pre-process (to tensor, /255), inference (forward) and NMS, synchronised on CUDA.
 ``--fuse`` times the Conv+BN-fused model, as the official loader does.
@@ -41,7 +42,7 @@ def synthetic_images(n: int, height: int = 1080, width: int = 810, seed: int = 0
                        interpolation=cv2.INTER_CUBIC) for _ in range(n)]
 
 
-def time_kit(model, images, imgsz: int, device: str, half: bool, backend: str = "torch") -> dict[str, float]:
+def time_kit(model, images, imgsz: int, device: str, half: bool | str, backend: str = "torch") -> dict[str, float]:
     from yolo9kit.prediction import predict
 
     options = {"device": device, "half": half} if backend == "torch" else {"backend": backend}
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         import_official(args.official)
 
     from yolo9kit.models import create_model
+    from yolo9kit.models.deploy import resolve_half
 
     rows = []
     for name in args.models:
@@ -145,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             kit = kit.fuse()
         for device in devices:
             half = args.half and device.startswith("cuda")
-            rows.append({"impl": "yolo9kit" + (" fused" if args.fuse else ""), "model": name, "device": device,
-                         **time_kit(kit, images, args.imgsz, device, half)})
+            for setting in (["auto", False] if device == "cpu" else [half]):  # the CPU's default, then FP32
+                dtype = resolve_half(setting, torch.device(device), cpu_bf16=True)
+                label = f"yolo9kit {setting} ({str(dtype)[6:]})"
+                rows.append({"impl": label + (" fused" if args.fuse else ""), "model": name, "device": device,
+                             **time_kit(kit, images, args.imgsz, device, setting)})
             for backend in ("onnxruntime", "openvino"):
                 if getattr(args, backend) and device == "cpu":
                     rows.append({"impl": f"yolo9kit {backend}", "model": name, "device": device,
@@ -155,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
                 reference = official_model(Path(args.official), name, weights, device)
                 rows.append({"impl": "official (fused)", "model": name, "device": device,
                              **time_official(reference, images, args.imgsz, device, half, kit.is_dual)})
-    header = f"{'impl':20s} {'model':10s} {'device':7s} " + " ".join(f"{s[:-3]:>11s}" for s in STAGES) + "  dets"
+    header = f"{'impl':28s} {'model':10s} {'device':7s} " + " ".join(f"{s[:-3]:>11s}" for s in STAGES) + "  dets"
     print(f"ms per image, batch 1, {len(images)} images, imgsz {args.imgsz}, torch threads {torch.get_num_threads()}")
     print(header)
     for r in rows:
-        print(f"{r['impl']:20s} {r['model']:10s} {r['device']:7s} " + " ".join(f"{r[s]:11.1f}" for s in STAGES)
+        print(f"{r['impl']:28s} {r['model']:10s} {r['device']:7s} " + " ".join(f"{r[s]:11.1f}" for s in STAGES)
               + f"  {r['detections']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -78,7 +78,7 @@ def test_nms_in_the_file_gives_predicts_detections(tmp_path):
     assert metadata["names"] == '["' + '", "'.join(SHAPES_CLASSES) + '"]'
     batch = np.stack([im[..., ::-1].transpose(2, 0, 1) for im in images]).astype(np.float32) / 255  # square: no pad
     detections, _ = _session(ort, tmp_path / "m.onnx").run(None, {"images": batch})
-    expected = predict(model, images, imgsz=SHAPES_IMGSZ, device="cpu")
+    expected = predict(model, images, imgsz=SHAPES_IMGSZ, device="cpu", half=False)  # the file is FP32
     assert sum(len(r) for r in expected) > 0
     for index, result in enumerate(expected):
         rows = detections[detections[:, 0] == index]
@@ -164,9 +164,9 @@ def test_an_exported_backend_of_predict_detects_what_the_torch_model_detects(tmp
     images = sorted(str(p) for p in folder.glob("*.jpg"))
     forward = (OnnxRuntimeForward if backend == "onnxruntime" else OpenVinoForward)(model, 160)
     x = torch.rand(2, 3, 160, 160, generator=torch.Generator().manual_seed(0))
-    deployed = prepare_model(model, torch.device("cpu"), False, deploy=True)
+    deployed = prepare_model(model, torch.device("cpu"), torch.float32, deploy=True)
     assert (forward(x) - select_head(deployed(x.contiguous()))).abs().max() <= ExportConfig().atol
-    by_torch = predict(model, images, imgsz=160, batch_size=2, device="cpu")
+    by_torch = predict(model, images, imgsz=160, batch_size=2, device="cpu", half=False)  # the file is FP32
     by_exported = predict(model, images, imgsz=160, backend=backend)
     assert sum(len(p.boxes) for p in by_exported) > 0
     for a, b in zip(by_torch, by_exported, strict=True):

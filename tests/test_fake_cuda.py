@@ -239,7 +239,7 @@ def test_eval_forward_in_fp16_channels_last_does_not_sync(model):
 
     with fake_cuda("T4") as fake:
         device = resolve_device("cuda")
-        deployed = prepare_model(model, device, half=True, deploy=True).to(memory_format=torch.channels_last)
+        deployed = prepare_model(model, device, torch.float16, deploy=True).to(memory_format=torch.channels_last)
         x = torch.rand(2, 3, 64, 96).to(device, torch.half).contiguous(memory_format=torch.channels_last)
         with torch.no_grad(), fake.counting() as syncs:
             out = deployed(x).main

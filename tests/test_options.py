@@ -13,7 +13,7 @@ import torch
 from yolo9kit.config import PREDICT_NMS, VAL_NMS, LoaderConfig, NMSConfig, SaveConfig
 from yolo9kit.data import create_dataloader, make_shapes
 from yolo9kit.detections import non_max_suppression
-from yolo9kit.models import create_model
+from yolo9kit.models import create_model, deploy
 from yolo9kit.models.deploy import prepare_model, resolve_half
 from yolo9kit.prediction import predict
 from yolo9kit.validate import evaluate
@@ -93,24 +93,29 @@ def test_save_config_writes_labels_and_images(model, image, tmp_path):
     assert not list((tmp_path / "none").iterdir())  # images off, no txt: the folder stays empty
 
 
-def test_half_auto_resolves_per_device():
+def test_half_auto_resolves_per_device(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert resolve_half("auto", cpu) is False and resolve_half("auto", cuda) is True
-    assert resolve_half(None, cuda) is True  # the older spelling of "auto"
-    assert resolve_half(True, cpu) is True and resolve_half(False, cuda) is False
-    with pytest.raises(ValueError, match="'auto'.*True or False"):
+    f16, f32, b16 = torch.float16, torch.float32, torch.bfloat16
+    assert resolve_half("auto", cpu) is f32 and resolve_half("auto", cuda) is f16
+    assert resolve_half(None, cuda) is f16  # the older spelling of "auto"
+    assert resolve_half(True, cpu) is f16 and resolve_half(False, cuda) is f32 and resolve_half("bf16", cpu) is b16
+    for native in (True, False):  # prediction's "auto": bf16 on a CPU that computes it in hardware, never on CUDA
+        monkeypatch.setattr(deploy, "native_cpu_bf16", lambda native=native: native)
+        assert resolve_half("auto", cpu, cpu_bf16=True) is (b16 if native else f32)
+        assert resolve_half("auto", cuda, cpu_bf16=True) is f16
+    with pytest.raises(ValueError, match="'auto'.*True.*False.*'bf16'"):
         resolve_half("fp16", cpu)
 
 
 def test_prepare_model_never_moves_or_casts_the_callers_model(model):
     caller = create_model("gelan-t", num_classes=3).train()
-    moved = prepare_model(caller, torch.device("meta"), half=False)  # another device, without needing CUDA
+    moved = prepare_model(caller, torch.device("meta"), torch.float32)  # another device, without needing CUDA
     assert moved is not caller and next(moved.parameters()).device.type == "meta"
-    cast = prepare_model(caller, torch.device("cpu"), half=True)
+    cast = prepare_model(caller, torch.device("cpu"), torch.float16)
     assert cast is not caller and next(cast.parameters()).dtype == torch.float16
     assert {p.device.type for p in caller.parameters()} == {"cpu"}
     assert {p.dtype for p in caller.parameters()} == {torch.float32}
-    same = prepare_model(caller, torch.device("cpu"), half=False)
+    same = prepare_model(caller, torch.device("cpu"), torch.float32)
     assert same is caller and not caller.training  # nothing to change: only eval mode (the caller restores it)
 
 

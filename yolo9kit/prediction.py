@@ -42,7 +42,8 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
         model: a DetectionModel or what :func:`~yolo9kit.models.load_model` takes; never moved or cast (a copy runs).
         source: image or video file, folder, glob, ``.txt`` list of paths, BGR numpy image, or a list of these.
         imgsz: int or (h, w), rounded up to a multiple of the stride; nms: unset fields take ``PREDICT_NMS``.
-        save: what to write where (None: nothing); half, device, head: as :func:`~yolo9kit.validate.evaluate`.
+        save: what to write where (None: nothing); device, head: as :func:`~yolo9kit.validate.evaluate`.
+        half: as ``evaluate``'s, but "auto" is bf16 on a CPU that computes it in hardware (docs/benchmarks.md).
         batch_size: images per forward pass; above 1 each is letterboxed to the full ``imgsz``.
         deploy: run the deployed equivalent (auxiliary branch dropped, Conv+BN fused); compile: True or a mode.
         vid_stride: keep every k-th video frame: frames k-1, 2k-1, ... (0-based).
@@ -60,9 +61,9 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     items, skipped = expand_sources(source)
     model = load_model(model)
     device = resolve_device("cpu" if onnx else device)
-    half = resolve_half(half, device)
+    dtype = resolve_half(half, device, cpu_bf16=not onnx)
     was_training = model.training
-    run_model, dtype, nhwc = prepare(model, device, half, nhwc=not onnx, deploy=deploy, head=head)
+    run_model, dtype, nhwc = prepare(model, device, dtype, nhwc=not onnx, deploy=deploy, head=head)
     forward = torch.compile(run_model, mode=compile if isinstance(compile, str) else None) if compile else run_model
     imgsz, stride = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz), max_stride(run_model)
     input_size = tuple(math.ceil(s / stride) * stride for s in imgsz)

@@ -29,13 +29,13 @@ from yolo9kit.models.deploy import inference_layout, prepare_model, resolve_half
 LOGGER = logging.getLogger(__name__)
 
 
-def prepare(model: torch.nn.Module, device: torch.device, half: bool, nhwc: bool = True, **kwargs):
+def prepare(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, nhwc: bool = True, **kwargs):
     """(model to run, input dtype, channels_last input): ``prepare_model``'s, channels_last where it pays."""
-    prepared = prepare_model(model, device, half, **kwargs)
+    prepared = prepare_model(model, device, dtype, **kwargs)
     nhwc = nhwc and inference_layout(prepared, device, own_copy=prepared is not model) is torch.channels_last
     if nhwc and prepared is not model:
         prepared = prepared.to(memory_format=torch.channels_last)
-    return prepared, torch.float16 if half else torch.float32, nhwc
+    return prepared, dtype, nhwc
 
 
 def detect_batch(forward, images: torch.Tensor, device, dtype, nhwc: bool, head: str, nms: NMSConfig,
@@ -125,7 +125,7 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
         split, imgsz, batch_size, workers, single_cls: the loader's settings (single_cls: every class as one).
         nms: unset fields take ``VAL_NMS``; head: "main" (as val_dual.py) or "aux".
         dataloader: a loader of (images uint8 (B,3,H,W), targets (N,6), paths, shapes) to use instead.
-        half: FP16: "auto" (on CUDA), True or False (False reproduces val_dual.py's FP32 numbers).
+        half: "auto" (FP16 on CUDA, FP32 on the CPU), True (FP16), False (val_dual.py's FP32 numbers) or "bf16".
         device: None: the first CUDA device when there is one, else the CPU.
         plots: confusion matrix, PR, F1, P and R figures in ``.figures``, written to ``save_dir`` when given.
         coco: also score with pycocotools (``.coco``) against ``coco_gt`` (JSON path or dict; None: COCO's own
@@ -138,7 +138,7 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
         raise ValueError(f"head must be 'main' or 'aux', got {head!r}")
     model = load_model(model)
     device = resolve_device(device)
-    half = resolve_half(half, device)
+    dtype = resolve_half(half, device)
     dataloader = _loader(data, dataloader, split, imgsz, batch_size, workers, single_cls)
     config = load_data_config(data) if data is not None else None
     names = getattr(getattr(dataloader, "dataset", None), "names", None) or (config.names if config else None)
@@ -159,7 +159,7 @@ def evaluate(model, data=None, *, split: str = "val", imgsz: int = 640, batch_si
                         metrics.ConfusionMatrix(len(names)))
     was_training = model.training
     try:
-        run_model, dtype, nhwc = prepare(model, device, half)
+        run_model, dtype, nhwc = prepare(model, device, dtype)
         _run_batches(run_model, dtype, nhwc, dataloader, device, state, progress_bar)
     finally:
         model.train(was_training)

@@ -27,7 +27,8 @@ def _add_shared(p: argparse.ArgumentParser, verb: str, nms: NMSConfig, batch_siz
         add_setting_flag(p, name, NMSConfig, default=getattr(nms, name))
     p.add_argument("--device", type=device, default="", help="cuda device (0) or cpu; default: CUDA when available")
     p.add_argument("--half", action=argparse.BooleanOptionalAction, default="auto",
-                   help="FP16 model and inputs (default: on CUDA, off on the CPU; --no-half for the official FP32)")
+                   help="FP16 model and inputs (default: on CUDA; on the CPU FP32, detect bf16 where the CPU has it; "
+                   "--no-half for the official FP32)")
     p.add_argument("--head", choices=heads, default="main",
                    help="head of a YOLOv9 model" + ("; 'both' prints them side by side" if "both" in heads else ""))
     p.add_argument("--project", default=f"runs/{verb}", help="parent folder of the run folder")

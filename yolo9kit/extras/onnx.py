@@ -127,7 +127,7 @@ def export(model, path: str | Path = "model.onnx", *, imgsz: int | Sequence[int]
 def _traced(model: torch.nn.Module, imgsz: int | Sequence[int], settings: ExportConfig):
     """(the ONNX proto of the deployed model's predictions, built in memory; the wrapper; the size rounded up)."""
     onnx_lib = _require("onnx")
-    deployed = prepare_model(model, torch.device("cpu"), False, deploy=True, head="main")
+    deployed = prepare_model(model, torch.device("cpu"), torch.float32, deploy=True, head="main")
     wrapper = _Predictions(deployed).eval()
     stride = max_stride(deployed)
     size = tuple(math.ceil(s / stride) * stride for s in ((imgsz, imgsz) if isinstance(imgsz, int) else imgsz))

@@ -10,6 +10,7 @@ import weakref
 import torch
 from torch import nn
 
+from yolo9kit.env import native_cpu_bf16
 from yolo9kit.models.layers import fuse
 from yolo9kit.models.model import DetectionModel
 
@@ -113,13 +114,15 @@ def max_stride(model: nn.Module) -> int:
     return max(int(max(strides)), 32)
 
 
-def resolve_half(half: str | bool | None, device: torch.device) -> bool:
-    """FP16 or not: ``"auto"`` (or None) is FP16 on CUDA, FP32 on the CPU; ValueError for other values."""
+def resolve_half(half: str | bool | None, device: torch.device, cpu_bf16: bool = False) -> torch.dtype:
+    """The inference dtype: ``"auto"`` (or None) is FP16 on CUDA, bf16 on a CPU that computes it in hardware if
+    ``cpu_bf16`` (prediction: docs/benchmarks.md), else FP32; True FP16, False FP32, "bf16"; ValueError else."""
     if half is None or half == "auto":
-        return device.type == "cuda"
-    if isinstance(half, bool):
-        return half
-    raise ValueError(f"half={half!r}: expected 'auto' (FP16 on CUDA, off on the CPU), True or False")
+        native = device.type == "cpu" and cpu_bf16 and native_cpu_bf16()
+        return torch.float16 if device.type == "cuda" else torch.bfloat16 if native else torch.float32
+    if isinstance(half, bool) or half == "bf16":
+        return torch.bfloat16 if half == "bf16" else torch.float16 if half else torch.float32
+    raise ValueError(f"half={half!r}: expected 'auto' (FP16 on CUDA), True (FP16), False (FP32) or 'bf16'")
 
 
 def inference_layout(model: nn.Module, device: torch.device, own_copy: bool) -> torch.memory_format:
@@ -133,15 +136,14 @@ def inference_layout(model: nn.Module, device: torch.device, own_copy: bool) -> 
     return torch.channels_last if nhwc else torch.contiguous_format
 
 
-def prepare_model(model: nn.Module, device: torch.device, half: bool, deploy: bool = False,
+def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype, deploy: bool = False,
                   head: str = "main") -> nn.Module:
-    """The model on ``device`` in FP16 (``half``) or FP32, in eval mode; ``deploy``: the deployed model. Moving or
+    """The model on ``device`` in ``dtype``, in eval mode; ``deploy``: the deployed model. Moving or
     casting works on a copy (casting a trainer's EMA to FP16 would round it for good); only the caller's
     train/eval mode may change (the caller restores it)."""
     callers = model
     if deploy and hasattr(model, "yaml"):
         model = deploy_for_inference(model, head)  # a cached copy, never the caller's model
-    dtype = torch.float16 if half else torch.float32
     first = next(model.parameters(), None)
     if first is not None and first.dtype != dtype:
         # a copy even of the cached deployed model: casting it back and forth would round its weights

@@ -37,7 +37,7 @@ class DFL(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, _, a = x.shape
         probs = x.reshape(b, 4, self.c1, a).transpose(2, 1).softmax(1)  # (B, 16 bins, 4 sides, A)
-        return self.conv(probs).reshape(b, 4, a)
+        return nn.functional.conv2d(probs, self.conv.weight.to(probs.dtype)).reshape(b, 4, a)  # fp32 under bf16
 
 
 def _branches(ch: list[int], nc: int) -> tuple[nn.ModuleList, nn.ModuleList]:
@@ -92,13 +92,14 @@ class DDetect(nn.Module):
 
     def decode(self, maps: DualOutput) -> DualOutput:
         """Raw maps -> (B, 4+nc, A) per head (official eval path); both heads share one set of anchors."""
-        ref = maps.main
-        points, strides = make_anchors([tuple(m.shape[2:]) for m in ref], self.strides, 0.5,
-                                       dtype=ref[0].dtype, device=ref[0].device)
+        ref = maps.main  # bf16 decodes in fp32: its 8 significant bits would move a box edge near 640 px by 2 px
+        dtype = torch.float32 if ref[0].dtype == torch.bfloat16 else ref[0].dtype
+        points, strides = make_anchors([tuple(m.shape[2:]) for m in ref], self.strides, 0.5, dtype=dtype,
+                                       device=ref[0].device)
         points, strides = points.T.unsqueeze(0), strides.T  # (1, 2, A), (1, A)
         outs = []
         for head, (_, _, dfl) in zip([m for m in maps if m is not None], self._groups()):
-            flat = torch.cat([m.reshape(m.shape[0], self.no, -1) for m in head], 2)  # (B, no, A); channels_last too
+            flat = torch.cat([m.reshape(m.shape[0], self.no, -1) for m in head], 2).to(dtype)  # (B, no, A)
             box, cls = flat.split((4 * REG_MAX, self.nc), 1)
             outs.append(torch.cat((ltrb_to_cxcywh(dfl(box), points, dim=1) * strides, cls.sigmoid()), 1))
         return DualOutput(*outs) if self.is_dual else DualOutput(None, outs[0])
