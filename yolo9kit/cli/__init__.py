@@ -68,18 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data(verbs)
     for add in (train.add_parser, "tune", "runs", predict.add_val, predict.add_detect, "export", _add_profile,
                 _add_demo):
-        _add_extra(verbs, add) if isinstance(add, str) else add(verbs)
+        if not isinstance(add, str):
+            add(verbs)
+            continue
+        try:  # an extra's verb, as its entry point adds it; when not installed, a verb that raises the same error
+            load_extra("yolo9kit.commands", add, EXTRA_VERBS[add])(verbs)
+        except ValueError as e:
+            p = verbs.add_parser(add, help=f"(not installed) {e}")
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+            p.set_defaults(func=lambda args, name=add: load_extra("yolo9kit.commands", name, EXTRA_VERBS[name]))
     return parser
-
-
-def _add_extra(verbs: argparse._SubParsersAction, name: str) -> None:
-    """The verb ``name`` as its entry point adds it; when that is not installed, a verb that says so when used."""
-    try:
-        load_extra("yolo9kit.commands", name, EXTRA_VERBS[name])(verbs)
-    except ValueError as e:
-        p = verbs.add_parser(name, help=f"(not installed) {e}")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=lambda args: load_extra("yolo9kit.commands", name, EXTRA_VERBS[name]))  # the same error
 
 
 def main(argv: list[str] | None = None) -> int:
