@@ -111,22 +111,6 @@ class StepMemoryModel:
         return max(0, sim.peak_reserved - sim.peak_allocated)
 
 
-def to_meta(model: nn.Module, channels_last: bool = False) -> nn.Module:
-    """A copy of ``model`` on ``meta`` tensors of the same shapes, dtypes and strides."""
-    fmt = torch.channels_last if channels_last else torch.preserve_format
-
-    def meta(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(t, device="meta", memory_format=fmt if t.ndim == 4 else torch.preserve_format)
-
-    memo: dict[int, Any] = {id(p): nn.Parameter(meta(p.detach()), requires_grad=p.requires_grad)
-                            for p in model.parameters()}
-    memo.update({id(b): meta(b) for b in model.buffers()})
-    stride = getattr(model, "stride", None)  # DetectionModel.stride: a plain tensor attribute
-    if isinstance(stride, torch.Tensor) and id(stride) not in memo:
-        memo[id(stride)] = meta(stride)
-    return copy.deepcopy(model, memo)
-
-
 def prime(trainer) -> None:
     """Make the optimizer state (one step on zero gradients, with the ``foreach`` kernels, the CUDA default) and
     the scaler's scale now, as a first step does, so that a traced step is a steady-state step."""
@@ -147,7 +131,18 @@ def build_meta_trainer(real_model: nn.Module, step: StepConfig):
     if step.activation_checkpointing is not None and not hasattr(real_model, "set_activation_checkpointing"):
         raise ValueError(f"activation_checkpointing={step.activation_checkpointing!r} needs a model with "
                          f"set_activation_checkpointing(); {step.model_name} has none")
-    model = to_meta(real_model, bool(step.channels_last)).train()
+    fmt = torch.channels_last if step.channels_last else torch.preserve_format
+
+    def meta(t: torch.Tensor) -> torch.Tensor:  # a meta tensor of the same shape, dtype and strides
+        return torch.empty_like(t, device="meta", memory_format=fmt if t.ndim == 4 else torch.preserve_format)
+
+    memo: dict[int, Any] = {id(p): nn.Parameter(meta(p.detach()), requires_grad=p.requires_grad)
+                            for p in real_model.parameters()}
+    memo.update({id(b): meta(b) for b in real_model.buffers()})
+    stride = getattr(real_model, "stride", None)  # DetectionModel.stride: a plain tensor attribute
+    if isinstance(stride, torch.Tensor) and id(stride) not in memo:
+        memo[id(stride)] = meta(stride)
+    model = copy.deepcopy(real_model, memo).train()  # the meta copy
     config = TrainConfig(step=step.replace(batch_size=None))  # the trace sets the batch; the rest is the step's
     trainer = build_trainer(model, config, loss_fn=loss_fn, device=torch.device("meta"),  # no compile, no fused kernel
                             step=step.replace(fused_optimizer=False, compile=False))  # on meta; autocast emulated
