@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from yolo9kit.cli import main
-from yolo9kit.config import ExportConfig, NMSConfig
-from yolo9kit.extras.onnx import ExportCheckError, ExportReport, _check, _Predictions, export
+from yolo9kit.config import NMSConfig
+from yolo9kit.extras.onnx import ExportCheckError, ExportConfig, ExportReport, _check, _Predictions, export
 from yolo9kit.models import create_model
 from yolo9kit.models.deploy import select_head
 

@@ -43,15 +43,16 @@ def test_two_runs_into_one_folder_the_second_is_refused_naming_the_first(tmp_pat
     assert result.last.is_file() and not (run / ".yolo9kit.lock").exists()  # taken over, released at the end
 
 
-def test_a_lock_of_a_killed_process_of_another_host_is_taken_over(tmp_path, caplog):
+def test_resume_finds_a_killed_run_of_another_host_and_takes_over_its_lock(tmp_path, caplog):
     from yolo9kit.extras import runs
 
     run = _toy_run(tmp_path).save_dir
     (run / "state.yaml").write_text("state: running\n")  # kill -9, then a restarted container of another name
     (run / ".yolo9kit.lock").write_text(f"{DEAD_PID} container-before-the-restart\n")
     assert runs(tmp_path / "runs").set_index("run").loc["x", "state"] == "killed"
-    with caplog.at_level(logging.INFO, logger="yolo9kit.files"):
-        resumed = _toy_run(tmp_path, epochs=2, resume=str(run))
+    assert _toy_run(tmp_path, name="y").last.stat().st_mtime >= (run / "weights" / "last.pt").stat().st_mtime
+    with caplog.at_level(logging.INFO, logger="yolo9kit.files"):  # resume=True: the newest run that did not end
+        resumed = _toy_run(tmp_path, epochs=2, resume=True)
     assert resumed.epochs_completed == 2 and not (run / ".yolo9kit.lock").exists()
     assert f"taking over the lock of process {DEAD_PID} on container-before-the-restart" in caplog.text
 

@@ -40,8 +40,8 @@ def test_every_field_of_every_part_is_declared_with_a_flag_or_a_reason():
         for inner in dataclasses.fields(part) if part else ():
             assert "declared" in inner.metadata or (part is StepConfig and inner.name in NOT_SETTINGS), inner.name
     assert len(DECLARED) == sum(len(dataclasses.fields(f.metadata["part"])) for f in dataclasses.fields(TrainConfig)
-                                if "part" in f.metadata) - len(NOT_SETTINGS) + 5  # epochs, batch_size, recipe, gpu,
-    # margin
+                                if "part" in f.metadata) - len(NOT_SETTINGS) + 6  # epochs, time, batch_size, recipe,
+    # gpu, margin
     for name, (_, declared) in DECLARED.items():
         assert (declared.flag is None) != (declared.no_flag is None), name
         assert declared.help and declared.resume in (KEEP, CHANGE, RUN), name
@@ -122,7 +122,7 @@ def test_a_resume_refuses_each_kept_flag_and_takes_each_changeable_one(tmp_path)
 
     run_config = TrainConfig(epochs=2, batch_size=4, imgsz=64, device="cpu", seed=5).to_dict()
     last = save_checkpoint(tmp_path / "run" / "weights" / "last.pt", create_model("gelan-t", num_classes=2),
-                           train_config=run_config, progress=Progress(epoch=2).to_dict(),
+                           train_config=run_config, progress=dataclasses.asdict(Progress(epoch=2)),
                            data=str(tmp_path / "d.yaml"))
 
     def setup(*flags):

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import csv
+import re
+import time
 
 import pytest
 import torch
@@ -67,6 +69,64 @@ def test_fit_writes_run_folder(tmp_path):
     # 5 batches, accumulate 2 (ramped from 1 over 3 warmup batches): steps at ni 0, 1, 3, 5, 7, 9
     assert result.optimizer_steps == 6
     assert _fit(_config(tmp_path)).save_dir == tmp_path / "runs" / "exp2"  # incremented, not overwritten
+
+
+class _SlowLoader(list):
+    """Batches that keep the loop waiting ``wait`` seconds each: a loader slower than the (toy) model."""
+
+    def __init__(self, batches, wait: float):
+        super().__init__(batches)
+        self.wait = wait
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            time.sleep(self.wait)
+            yield batch
+
+
+def test_an_epoch_s_time_is_split_into_waiting_for_data_and_computing(tmp_path, caplog, capsys):
+    """results.csv's data_s is the part of epoch_s spent waiting for batches, val_s the validation; a run that waits
+    more than half the time says so once, with what to change, and the progress bar shows the share."""
+    config = _config(tmp_path, progress_bar=True)
+    with caplog.at_level("WARNING", logger="yolo9kit.train.loop"):
+        result = fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=_SlowLoader(make_batches(5, 2), 0.1),
+                     validate_fn=_validate)
+    rows = list(csv.DictReader(open(result.save_dir / "results.csv")))
+    for row in rows:  # 5 sleeps of 0.1 s against a toy step of milliseconds
+        assert 0.5 * float(row["epoch_s"]) < float(row["data_s"]) <= float(row["epoch_s"]) and float(row["val_s"]) > 0
+    warnings = [r.getMessage() for r in caplog.records if "waited for data" in r.getMessage()]
+    assert len(warnings) == 1 and "epoch 1 waited for data" in warnings[0] and "more workers" in warnings[0]
+    assert re.search(r"img/s data \d+% acc", capsys.readouterr().err)
+
+
+def test_a_time_budget_sets_the_epochs_from_the_pace_of_the_first():
+    """``time`` (hours): after the first epoch, the epochs that fit what is left at its pace; later only fewer."""
+    from types import SimpleNamespace
+
+    from yolo9kit.train.fit import _fit_the_time
+    from yolo9kit.train.state import DistInfo
+
+    def after(epoch, first, seconds_per_epoch, setup_s=60.0, earlier_s=0.0, epochs=100):
+        now = time.monotonic()
+        started = now - seconds_per_epoch * (epoch + 1 - first)  # the epochs of this process took that long
+        run = SimpleNamespace(config=TrainConfig(time=1.0, epochs=epochs), dist=DistInfo(),
+                              folder=SimpleNamespace(earlier_s=earlier_s, started=started - setup_s))
+        _fit_the_time(run, epoch, first, started)
+        return run.config.epochs
+
+    assert after(0, 0, 600.0) == 5  # 1 h - 1 min set-up - 10 min: 4.9 more epochs of 10 min fit, 4 do
+    assert after(0, 0, 600.0, epochs=3) == 5  # the first epoch sets it either way: --epochs is replaced
+    assert after(1, 0, 750.0, epochs=5) == 4  # slower than the first: 2 + int((3600 - 60 - 1500) / 750) = 2 + 2
+    assert after(1, 0, 500.0, epochs=5) == 5  # faster: never more than the first epoch set
+    assert after(3, 3, 600.0, earlier_s=1800.0, epochs=10) == 5  # resumed: 3600 - 1800 - 660 = 1140 s left, 4 + 1
+    assert after(0, 0, 4000.0) == 1  # the first epoch already spent the budget: the run ends after it
+
+
+def test_a_time_budget_spent_in_the_first_epoch_ends_a_finished_run(tmp_path):
+    result = _fit(_config(tmp_path, epochs=50, time=1e-9))
+    assert result.epochs_completed == 1 and result.results[-1]["fitness"] is not None  # validated as the last
+    assert yaml.safe_load((result.save_dir / "state.yaml").read_text())["state"] == "finished"
+    assert read_checkpoint(result.last)["train_config"]["epochs"] == 1  # a resume continues the fitted schedule
 
 
 def test_a_new_run_in_an_existing_folder_writes_its_own_results_and_keeps_the_earlier_ones(tmp_path):

@@ -103,12 +103,13 @@ def test_dashboard_throttles_redraws_but_always_draws_at_epoch_end():
         dash.on_batch(_step(i))
     assert dash.redraws == 1 and len(dash.history) == 5
     dash.on_epoch_end(_epoch(0, map50=0.5, map50_95=0.25, precision=0.6, recall=0.4, fitness=0.275,
-                             peak_allocated=3 * 1024**3, epoch_s=75.0))
+                             peak_allocated=3 * 1024**3, epoch_s=75.0, data_s=30.0, val_s=12.0))
     assert dash.redraws == 2 and dash.epochs[-1].map50 == 0.5
     table = dash.epoch_table()
     assert list(table.columns) == ["epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s", "time",
-                                   "peak VRAM"]
+                                   "data", "val", "peak VRAM"]
     assert table.iloc[0]["time"] == "1 min 15 s" and table.iloc[0]["peak VRAM"] == "3.00 GiB"  # readable units
+    assert table.iloc[0]["data"] == "40%" and table.iloc[0]["val"] == "12.0 s"  # waiting for data: 30 of 75 s
     assert len(dash.figure.axes[0].lines[0].get_xdata()) == 5
     shown = dash.container.children[2].value  # the panel's table: the values, scrolling rather than cut off
     assert "<td>0.5</td>" in shown and "overflow-x:auto" in shown
@@ -119,7 +120,7 @@ def test_dashboard_table_leaves_out_metrics_of_epochs_not_validated():
 
     dash = train_dashboard(show=False)
     dash.on_epoch_end(_epoch(0))
-    assert list(dash.epoch_table().columns) == ["epoch", "box", "cls", "dfl", "img/s", "time"]
+    assert list(dash.epoch_table().columns) == ["epoch", "box", "cls", "dfl", "img/s", "time", "data"]  # no "val"
     dash.on_epoch_end(_epoch(1, map50=0.5))
     assert dash.epoch_table()["mAP50"].tolist()[1] == 0.5
 

@@ -82,7 +82,10 @@ def predict(model, source, imgsz: int | Sequence[int] = 640, *, nms: NMSConfig |
     finally:
         run.close()
         model.train(was_training)
-    return Predictions(run.results, speed=run.speed_frame(), skipped=skipped, imgsz=imgsz, save_dir=run.save_dir)
+    speed = pd.DataFrame(run.rows, columns=["path", "load_ms", *SPEED_COLUMNS])
+    if any(result.frame is not None for result in run.results):  # None for images: JSON null, not NaN
+        speed.insert(1, "frame", pd.Series([result.frame for result in run.results], dtype=object))
+    return Predictions(run.results, speed=speed, skipped=skipped, imgsz=imgsz, save_dir=run.save_dir)
 
 
 def _check(backend, device, half, head, compile, deploy, batch_size: int, vid_stride: int) -> None:
@@ -227,12 +230,6 @@ class _Run:
             writer.release()
             if tmp.exists():
                 replace_durably(tmp, out)
-
-    def speed_frame(self):
-        frame = pd.DataFrame(self.rows, columns=["path", "load_ms", *SPEED_COLUMNS])
-        if any(result.frame is not None for result in self.results):  # None for images: JSON null, not NaN
-            frame.insert(1, "frame", pd.Series([result.frame for result in self.results], dtype=object))
-        return frame
 
 
 def _write_outputs(run: _Run, result: Prediction, index: int, image: np.ndarray) -> None:

@@ -2,7 +2,7 @@
 
     python -m yolo9kit train --data data.yaml --model yolov9-c --batch-size auto   # sized from the estimate
     python -m yolo9kit train --data data.yaml --model yolov9-c.pt --freeze backbone --rect   # fine-tune
-    python -m yolo9kit train --resume                      # newest runs/train/*/weights/last.pt"""
+    python -m yolo9kit train --resume                      # the newest unfinished run under runs/train"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settings with the official defaults: training (``train``, ``step``, ``recipe``); here NMS, saving, loader, export."""
+"""Settings with the official defaults: training (``train``, ``step``, ``recipe``); here NMS, saving, loader."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from yolo9kit.config.train import (
 
 __all__ = [
     "AMP_MODES", "CACHE_MODES", "DEFAULT_AUGMENT_HYP", "DEFAULT_MARGIN", "FAST_SWITCHES", "PREDICT_NMS", "VAL_NMS",
-    "ExportConfig", "LoaderConfig", "LossConfig", "NMSConfig", "OptimConfig", "PipelineConfig", "RunConfig",
+    "LoaderConfig", "LossConfig", "NMSConfig", "OptimConfig", "PipelineConfig", "RunConfig",
     "SaveConfig", "StepConfig", "TrainConfig",
 ]
 
@@ -73,17 +73,3 @@ class LoaderConfig(Settings):
                                    "mosaic, for RAM)", no_flag=API_ONLY, integer=True, low=1)
     cache_budget: float = declare(0.5, "cache='auto' fills RAM only when the images need less than this share of it",
                                   no_flag=API_ONLY, low=0, low_open=True, high=1)
-
-
-@dataclass(frozen=True)
-class ExportConfig(Settings):
-    """How :func:`yolo9kit.export` writes and checks an ONNX file (docs/export.md)."""
-
-    # 17: the newest the exporter writes without warnings; 13: Unsqueeze with axes as an input (the NMS part)
-    opset: int = declare(17, "the ONNX operator set", flag="--opset", integer=True, low=13, high=20)
-    dynamic_batch: bool = declare(True, "a symbolic batch axis; off: the traced batch of 1 (static-shape compilers)",
-                                  flag="--dynamic-batch")
-    check: bool = declare(True, "run the file in ONNX Runtime (when installed) and compare with PyTorch",
-                          flag="--check")
-    atol: float = declare(1e-2, "largest |ONNX Runtime - PyTorch| (pixels, probabilities): a wrong graph, never "
-                          "rounding (docs/export.md)", flag="--atol", low=0, low_open=True)

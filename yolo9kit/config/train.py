@@ -151,8 +151,8 @@ class RunConfig(Settings):
                            flag="--project", resume=RUN)
     name: str = declare("exp", "run folder name under --project", flag="--name", resume=RUN)
     exist_ok: bool = declare(False, "write into an existing run folder of that name", flag="--exist-ok", resume=RUN)
-    resume: bool | str = declare(False, "resume the newest run, or this run folder / last.pt (its settings; "
-                                 "--epochs may extend it)", flag="--resume", resume=RUN)
+    resume: bool | str = declare(False, "resume the newest unfinished run, or this run folder / last.pt (its "
+                                 "settings; --epochs may extend it)", flag="--resume", resume=RUN)
     save_period: int = declare(-1, "also save weights/epoch<e>.pt every N epochs (e = 0, N, 2N, ...; -1: off)",
                                flag="--save-period", resume=CHANGE, integer=True)
     log_weights: bool = declare(True, "the mlflow logger uploads best.pt and last.pt (tune: the best trial's)",
@@ -192,6 +192,8 @@ class TrainConfig(Settings):
 
     epochs: int = declare(100, "epochs to train; with --resume, a larger number extends the run", flag="--epochs",
                           resume=CHANGE, integer=True, low=1)
+    time: float | None = declare(None, "hours to train (Ultralytics' time): the epochs that fit replace --epochs after "
+                                 "the first", flag="--time", resume=CHANGE, low=0, low_open=True)
     batch_size: int | str = declare(16, "images per batch (all GPUs), or auto (also -1): the largest the memory "
                                     "estimate fits (--gpu, --margin), accumulated to the nominal 64",
                                     flag="--batch-size", aliases=("--batch",), integer=True, low=1)

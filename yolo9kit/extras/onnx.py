@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from yolo9kit.cli.train import add_model_limit_flag, checked
-from yolo9kit.config import PREDICT_NMS, ExportConfig, NMSConfig
+from yolo9kit.config import PREDICT_NMS, NMSConfig
+from yolo9kit.config.step import Settings, declare
 from yolo9kit.detections import MAX_WH, non_max_suppression
 from yolo9kit.files import refuse_own_input, write_text_atomically
 from yolo9kit.models import load_model
@@ -27,6 +28,20 @@ from yolo9kit.models.deploy import max_stride, prepare_model, select_head
 
 LOGGER = logging.getLogger(__name__)
 NMS_FLAGS = ("conf_thres", "iou_thres", "max_det", "classes", "agnostic_nms")
+
+
+@dataclass(frozen=True)
+class ExportConfig(Settings):
+    """How :func:`yolo9kit.extras.export` writes and checks an ONNX file (docs/export.md)."""
+
+    # 17: the newest the exporter writes without warnings; 13: Unsqueeze with axes as an input (the NMS part)
+    opset: int = declare(17, "the ONNX operator set", flag="--opset", integer=True, low=13, high=20)
+    dynamic_batch: bool = declare(True, "a symbolic batch axis; off: the traced batch of 1 (static-shape compilers)",
+                                  flag="--dynamic-batch")
+    check: bool = declare(True, "run the file in ONNX Runtime (when installed) and compare with PyTorch",
+                          flag="--check")
+    atol: float = declare(1e-2, "largest |ONNX Runtime - PyTorch| (pixels, probabilities): a wrong graph, never "
+                          "rounding (docs/export.md)", flag="--atol", low=0, low_open=True)
 
 
 class ExportCheckError(RuntimeError):

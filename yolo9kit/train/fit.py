@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +95,7 @@ class _Position:
     rng_epoch_start: dict | None = None
     stats: EpochStats | None = None
     metrics: dict = field(default_factory=dict)
+    val_s: float = 0.0
 
 
 def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: TrainConfig, *,
@@ -142,9 +145,9 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
             raise e.in_run(folder.path) from None
         raise
     trainer, progress = run.trainer, run.progress
-    ended = "interrupted" if interrupted_by else "finished" if progress.epoch == config.epochs else "stopped early"
+    ended = "interrupted" if interrupted_by else "finished" if progress.epoch == run.config.epochs else "stopped early"
     reason = interrupted_by or ("patience" if ended == "stopped early" else None)
-    rundir.close_run(folder, ended, reason, progress.epoch, config.epochs)
+    rundir.close_run(folder, ended, reason, progress.epoch, run.config.epochs)  # epochs: a time budget may set them
     return FitResult(unwrap(trainer.model), trainer.ema.ema if trainer.ema else None, folder.path, progress.epoch,
                      progress.best_fitness, progress.best_epoch, interrupted=interrupted_by is not None,
                      results=run.results, optimizer_steps=trainer.optimizer_steps,
@@ -209,8 +212,9 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
             cudnn_autotune(run.trainer.device, deterministic=config.run.deterministic):
         try:
             _validate_unvalidated_end(run)
-            for epoch in range(progress.epoch, config.epochs):
-                at = _Position("training", epoch)
+            first, started = progress.epoch, time.monotonic()
+            for epoch in itertools.takewhile(lambda e: e < run.config.epochs, itertools.count(first)):
+                config, at = run.config, _Position("training", epoch)  # config: a time budget sets its epochs
                 progress.epoch = epoch
                 if run.run_dir:  # room for the epoch's checkpoints: a full disk costs no epoch
                     names = rundir.epoch_files(config, epoch, run.validate_fn is not None)
@@ -225,8 +229,12 @@ def _epochs(run: _Run, loader: Iterable) -> str | None:
                 at.phase = "validating"  # the epoch is trained: an interrupt from here on keeps it
                 if run.auto_batch is not None:
                     run.auto_batch.record_measured_peak(run.trainer.device, at.stats.peak_allocated, run.run_dir)
+                start = time.perf_counter()
                 with signals.raising():  # validation has no batch to stop at: a signal stops it at once
                     at.metrics = _validate(run, epoch)
+                    _fit_the_time(run, epoch, first, started)
+                    at.metrics = at.metrics or _validate(run, epoch)  # a time budget that ends the run here
+                at.val_s = time.perf_counter() - start
                 at.phase = "committing"  # signals wait until the epoch's files are written
                 record = _commit(run, at, nb)
                 at.phase = "committed"
@@ -262,6 +270,21 @@ def _save_interrupted(run: _Run, at: _Position, nb: int, reason: str) -> None:
         _commit(run, at, nb)
 
 
+def _fit_the_time(run: _Run, epoch: int, first: int, started: float) -> None:
+    """``time``: the epochs that fit at the pace so far, after this process's first epoch; later only fewer."""
+    config, folder = run.config, run.folder
+    if config.time is None:
+        return
+    now = time.monotonic()
+    left = config.time * 3600 - folder.earlier_s - (now - folder.started)  # the earlier parts of a resumed run too
+    pace = (now - started) / (epoch + 1 - first)
+    epochs = state.broadcast_object(epoch + 1 + max(int(left / pace), 0), run.dist)
+    if epochs != config.epochs and (epoch == first or epochs < config.epochs):
+        run.config = config.replace(epochs=epochs)
+        LOGGER.info("time %g h: %.1f s per epoch so far, %.1f min left: %d epochs in all (the learning-rate schedule "
+                    "and close_mosaic follow)", config.time, pace, max(left, 0) / 60, epochs)
+
+
 def _validate(run: _Run, epoch: int) -> dict[str, float]:
     """The EMA's metrics (every epoch with ``config.run.val``, always after the last one); {} when not validated."""
     if not (run.dist.is_main and run.validate_fn and (run.config.run.val or epoch + 1 == run.config.epochs)):
@@ -272,7 +295,7 @@ def _validate(run: _Run, epoch: int) -> dict[str, float]:
 
 def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
     """Record the trained epoch in the order no crash breaks (docs/faults.md): memory, checkpoints, results.csv."""
-    record = EpochRecord.from_stats(at.epoch, at.stats, at.metrics, run.dist.world_size)
+    record = EpochRecord.from_stats(at.epoch, at.stats, at.metrics, run.dist.world_size, at.val_s)
     run.progress.epoch, run.progress.ni = at.epoch + 1, (at.epoch + 1) * nb
     if run.run_dir:
         if not run.results or run.results[-1]["epoch"] != at.epoch:
@@ -284,7 +307,10 @@ def _commit(run: _Run, at: _Position, nb: int) -> EpochRecord:
 
 def _keep(run: _Run, epoch: int, metrics: dict, period: bool = True) -> None:
     """best.pt when ``metrics`` earn it, epoch<n>.pt (``period``), then last.pt: the commit point. Rank 0 only."""
-    best = rundir.earns_best(metrics.get("fitness"), run.progress.best_fitness, run.run_dir)
+    fitness, best_so_far = metrics.get("fitness"), run.progress.best_fitness
+    # above the best so far; equal when positive (official); 0 (nothing detected) only without a best.pt
+    best = fitness is not None and (fitness > best_so_far or fitness == best_so_far and (
+        fitness > 0 or not (run.run_dir / "weights" / "best.pt").exists()))
     if best:
         run.progress.best_fitness, run.progress.best_epoch = float(metrics["fitness"]), epoch
     rng = state.capture_rng(run.trainer.device)
@@ -321,10 +347,12 @@ def _after_epoch(run: _Run, epoch: int, record: EpochRecord) -> bool:
 
 def _save(run: _Run, name: str, rng: dict | None) -> None:
     """One checkpoint of the run; never of non-finite weights (``NonFiniteWeightsError``, nothing written)."""
-    bad = state.nonfinite_weights(run.trainer)
+    trainer = run.trainer
+    bad = state.nonfinite_entries({"model": unwrap(trainer.model).state_dict(),
+                                   **({"ema": trainer.ema.ema.state_dict()} if trainer.ema is not None else {})})
     if bad:
         raise NonFiniteWeightsError(run.run_dir, f"epoch {run.progress.epoch}, {name}", bad)
-    state.save_training_checkpoint(run.run_dir / "weights" / name, run.trainer, run.progress, run.config.to_dict(),
+    state.save_training_checkpoint(run.run_dir / "weights" / name, trainer, run.progress, run.config.to_dict(),
                                    rng=rng, extra={**run.extra, "results": run.results})
 
 

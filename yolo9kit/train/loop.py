@@ -34,6 +34,7 @@ class EpochStats:
     seconds: float
     peak_allocated: int | None
     lrs: tuple[float, float, float]
+    data_seconds: float = 0.0  # of ``seconds``, waiting for the loader's batches
 
 
 def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, progress: Progress, *,
@@ -61,11 +62,12 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         torch.cuda.reset_peak_memory_stats(trainer.device)
     epoch, nb, stride = progress.epoch, batches_per_epoch, max_stride(unwrap(trainer.model))  # official gs
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not progress_bar, leave=True)
-    log = _ReadBack(trainer, progress, bar if progress_bar else None, on_batch)
+    log = _ReadBack(trainer, progress, bar if progress_bar else None, on_batch, nb)
     window = BatchNormSnapshot(trainer.model)
     step = functools.partial(train_step_with_backoff, snapshot=window) if OOM_BACKOFF else train_step
     try:
         for i, (images, targets, *_) in enumerate(bar):
+            log.waited += time.perf_counter() - log.ready  # the loader's time that the steps did not hide
             if interrupt is not None and (reason := interrupt()) is not None:
                 raise Interrupted(reason)
             if i < start_batch:
@@ -82,6 +84,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
             if trainer.last_opt_step == ni:
                 window.take()
             log.add(items, i, ni, images.shape[0], len(targets), settings, size or tuple(images.shape[2:]))
+            log.ready = time.perf_counter()
         log.finish()
     except KeyboardInterrupt:
         window.restore()
@@ -92,22 +95,24 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
     bar.close()
     progress.oom_events = trainer.oom_events
     return EpochStats(log.mean_items, log.images_seen, time.perf_counter() - log.start, _peak_allocated(trainer.device),
-                      tuple(float(g["lr"]) for g in trainer.optimizer.param_groups))
+                      tuple(float(g["lr"]) for g in trainer.optimizer.param_groups), log.waited)
 
 
 class _ReadBack:
     """The loss items left on the device, read back every ``LOG_INTERVAL`` batches and at the epoch's end at once."""
 
-    def __init__(self, trainer: Trainer, progress: Progress, bar, on_batch: Callable[[BatchRecord], None] | None):
-        self.trainer, self.progress, self.bar, self.on_batch = trainer, progress, bar, on_batch
+    def __init__(self, trainer: Trainer, progress: Progress, bar, on_batch: Callable[[BatchRecord], None] | None,
+                 batches: int):
+        self.trainer, self.progress, self.bar, self.on_batch, self.batches = trainer, progress, bar, on_batch, batches
         self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
         self.start, self.skipped_before = time.perf_counter(), progress.nonfinite_total
+        self.ready, self.waited = self.start, 0.0  # when the loop asked for a batch; seconds it waited for them
         self.pending: list[tuple] = []
         self.unmatched: list[tuple[int, int]] = []  # sizes of batches with boxes of which none held an anchor
 
     def add(self, items: torch.Tensor, *batch) -> None:
         self.pending.append((items, self.trainer.optimizer_steps, self.trainer.micro_batch_size or batch[2], *batch))
-        if len(self.pending) >= LOG_INTERVAL:
+        if len(self.pending) >= LOG_INTERVAL or batch[0] + 1 == self.batches:  # the last before the bar closes
             self.flush()
 
     def flush(self) -> None:
@@ -120,22 +125,34 @@ class _ReadBack:
             torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
         rows = torch.cat([rows, finite], 1).cpu()  # waits for the device, once
         for (*row, ok), (_, steps, micro, i, ni, images, boxes, settings, size) in zip(rows.tolist(), pending):
+            progress = self.progress
             if not ok:  # the scaler has skipped its window's step on the device
-                self._count_nonfinite(i, ni)
+                progress.nonfinite_in_row += 1
+                progress.nonfinite_total += 1
+                LOGGER.warning("non-finite loss in epoch %d at batch %d: step skipped (%d in a row, stop at %d)",
+                               progress.epoch + 1, i + 1, progress.nonfinite_in_row, MAX_NONFINITE_BATCHES)
+                if progress.nonfinite_in_row >= MAX_NONFINITE_BATCHES:
+                    raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, i + 1,
+                                             from_start=progress.nonfinite_in_row > ni)  # batches 0..ni all skipped
                 continue
-            self.progress.nonfinite_in_row = 0
+            progress.nonfinite_in_row = 0
             if boxes and row[0] == 0.0:
                 self.unmatched.append(size)
             self.mean_items = (self.mean_items * self.trained + torch.tensor(row)) / (self.trained + 1)
             self.trained, self.images_seen = self.trained + 1, self.images_seen + images
-            speed = self.images_seen * self.trainer.world_size / max(time.perf_counter() - self.start, 1e-9)
+            elapsed = max(time.perf_counter() - self.start, 1e-9)
+            speed = self.images_seen * self.trainer.world_size / elapsed
             mean, device = self.mean_items, self.trainer.device
-            if self.bar is not None:  # box 1.23 cls 4.56 dfl 1.11 mem 3.2G 120 img/s acc 4x16
+            if self.bar is not None:  # box 1.23 cls 4.56 dfl 1.11 mem 3.2G 120 img/s data 4% acc 4x16
                 box, cls, dfl = mean.tolist()
-                self.bar.set_postfix_str(f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} {_memory_text(device)}"
-                                         f"{speed:.1f} img/s acc {settings.accumulate}x{micro}", refresh=False)
+                rss = None if device.type == "cuda" else process_memory_bytes()  # off CUDA: the resident set
+                memory = f"mem {torch.cuda.memory_allocated(device) / 1e9:.3g}G " if device.type == "cuda" else \
+                    "" if rss is None else f"rss {rss / 1e9:.3g}G "
+                self.bar.set_postfix_str(f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} {memory}{speed:.1f} "
+                                         f"img/s data {self.waited / elapsed:.0%} acc "
+                                         f"{settings.accumulate}x{micro}", refresh=False)
             if self.on_batch is not None:
-                self.on_batch(BatchRecord(self.progress.epoch, i, ni, steps, *map(float, mean.tolist()),
+                self.on_batch(BatchRecord(progress.epoch, i, ni, steps, *map(float, mean.tolist()),
                                           *map(float, settings.lrs), float(settings.momentum), settings.accumulate,
                                           micro, _peak_allocated(device), speed))
 
@@ -146,30 +163,18 @@ class _ReadBack:
         if self.trained == 0 and progress.nonfinite_total > self.skipped_before:
             raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, progress.ni + 1, whole_epoch=True,
                                      from_start=progress.nonfinite_in_row > progress.ni)
+        seconds = time.perf_counter() - self.start
+        if self.waited > seconds / 2 and not progress.data_warned:
+            progress.data_warned = True
+            LOGGER.warning("epoch %d waited for data %.0f%% of its %.1f s (the loader, not the model, set the pace): "
+                           "more workers, cache='ram' or 'disk', or a smaller imgsz", progress.epoch + 1,
+                           100 * self.waited / seconds, seconds)
         if self.unmatched:
             sizes = sorted(set(self.unmatched))[:4]
             LOGGER.warning("epoch %d: %d of %d batches had boxes but none of them held an anchor (at %s px): those "
                            "batches trained on background only (box loss 0). The images are too small for their "
                            "boxes (a larger imgsz, or a smaller multi-scale range)", progress.epoch + 1,
                            len(self.unmatched), self.trained, ", ".join(f"{h}x{w}" for h, w in sizes))
-
-    def _count_nonfinite(self, batch: int, ni: int) -> None:
-        progress = self.progress
-        progress.nonfinite_in_row += 1
-        progress.nonfinite_total += 1
-        LOGGER.warning("non-finite loss in epoch %d at batch %d: step skipped (%d in a row, stop at %d)",
-                       progress.epoch + 1, batch + 1, progress.nonfinite_in_row, MAX_NONFINITE_BATCHES)
-        if progress.nonfinite_in_row >= MAX_NONFINITE_BATCHES:
-            raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, batch + 1,
-                                     from_start=progress.nonfinite_in_row > ni)  # batches 0..ni all skipped
-
-
-def _memory_text(device: torch.device) -> str:
-    """The bar's memory: VRAM allocated on CUDA, else the process's resident set ("rss"), or nothing."""
-    if device.type == "cuda":
-        return f"mem {torch.cuda.memory_allocated(device) / 1e9:.3g}G "
-    rss = process_memory_bytes()
-    return "" if rss is None else f"rss {rss / 1e9:.3g}G "
 
 
 def _peak_allocated(device: torch.device) -> int | None:

@@ -35,7 +35,7 @@ ENDED = ("finished", "stopped early")  # the states of a run that ended on its o
 RESULTS_COLUMNS = [
     "epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
     "metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "fitness",
-    "peak_allocated", "images_per_s", "epoch_s",
+    "peak_allocated", "images_per_s", "epoch_s", "data_s", "val_s",
 ]
 BATCH_PICTURES = 3  # train_batch0.jpg .. train_batch2.jpg, as the official run folder
 _DPI = 100  # ~1000 px wide figures: readable, and cheap enough to redraw results.png after every epoch
@@ -81,14 +81,17 @@ class EpochRecord:
     peak_allocated: int | None
     images_per_s: float
     epoch_s: float  # training only: validation and checkpoints excluded
+    data_s: float = 0.0  # of epoch_s, waiting for the loader's batches (the rest computed)
+    val_s: float = 0.0  # the validation after the epoch
 
     @classmethod
-    def from_stats(cls, epoch: int, stats: EpochStats, metrics: Mapping[str, float],
-                   world_size: int = 1) -> EpochRecord:
-        """The record of ``epoch`` from the loop's ``stats`` (this rank's images) and the validation ``metrics``."""
+    def from_stats(cls, epoch: int, stats: EpochStats, metrics: Mapping[str, float], world_size: int = 1,
+                   val_s: float = 0.0) -> EpochRecord:
+        """The record of ``epoch`` from the loop's ``stats`` (this rank's images) and the validation (``val_s``)."""
         return cls(epoch, *(float(v) for v in stats.mean_items), *(float(lr) for lr in stats.lrs),
                    *metric_columns(metrics).values(), peak_allocated=stats.peak_allocated,
-                   images_per_s=stats.images * world_size / max(stats.seconds, 1e-9), epoch_s=stats.seconds)
+                   images_per_s=stats.images * world_size / max(stats.seconds, 1e-9), epoch_s=stats.seconds,
+                   data_s=stats.data_seconds, val_s=val_s)
 
     def row(self) -> dict[str, float | int | None]:
         """The results.csv row: ``RESULTS_COLUMNS`` (the official column names, then the kit's) to values."""

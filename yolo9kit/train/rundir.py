@@ -250,14 +250,6 @@ def epoch_files(config: TrainConfig, epoch: int, best: bool, period: bool = True
     return ["best.pt"] * best + [f"epoch{epoch}.pt"] * period + ["last.pt"]
 
 
-def earns_best(fitness: float | None, best_fitness: float, run_dir: Path) -> bool:
-    """Above the best so far; equal when positive (official); 0 (nothing detected) only without a best.pt."""
-    if fitness is None:
-        return False
-    have_best = (run_dir / "weights" / "best.pt").exists()
-    return fitness > best_fitness or (fitness == best_fitness and (fitness > 0 or not have_best))
-
-
 def check_space_for_epoch(run_dir: Path, trainer: Trainer, names: list[str]) -> None:
     """Room for the checkpoints ``names`` an epoch ends with: one temporary file plus the files new so far (else a
     DiskFullError naming the folder and the space needed, before anything is written)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from yolo9kit.models.checkpoint import save_checkpoint
+from yolo9kit.train.records import ENDED, read_state
 from yolo9kit.train.step import Trainer, scaler_kind, unwrap
 
 LOGGER = logging.getLogger(__name__)
@@ -92,9 +94,7 @@ class Progress:
     nonfinite_in_row: int = 0
     nonfinite_total: int = 0
     oom_events: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    data_warned: bool = False  # that an epoch waited for its data more than half its time (said once per run)
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
@@ -136,16 +136,23 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 
 def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
-    """The given checkpoint or run folder's, or the newest last.pt under ``project``; FileNotFoundError if none."""
+    """The given checkpoint or run folder's, or under ``project`` the newest last.pt of a run that has not ended on
+    its own (killed, interrupted, failed: on another machine too), else the newest; FileNotFoundError if none."""
     if resume is True:
         candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
         if not candidates:
             raise FileNotFoundError(f"resume=True: no last.pt under {project}; pass the checkpoint path instead")
-        return candidates[-1]
+        return ([p for p in candidates if not _ended(p.parent.parent)] or candidates)[-1]
     path = Path(resume) / "weights" / "last.pt" if Path(resume).is_dir() else Path(resume)
     if not path.is_file():
         raise FileNotFoundError(f"resume={resume!r}: {path} does not exist; pass a run folder or a last.pt")
     return path
+
+
+def _ended(run: Path) -> bool:
+    with contextlib.suppress(ValueError):  # a damaged state.yaml: the run may be resumable
+        return read_state(run).get("state") in ENDED
+    return False
 
 
 def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng: dict | None = None,
@@ -156,7 +163,7 @@ def training_state(trainer: Trainer, progress: Progress, config_dict: dict, rng:
             "optimizer": trainer.optimizer.state_dict(), "scaler": trainer.scaler.state_dict(),
             "scaler_kind": scaler_kind(trainer.amp_dtype),
             "scheduler": {"schedule": config_dict.get("schedule"), "epoch": progress.epoch},
-            "progress": progress.to_dict(), "micro_batch_size": trainer.micro_batch_size,
+            "progress": asdict(progress), "micro_batch_size": trainer.micro_batch_size,
             "optimizer_steps": trainer.optimizer_steps, "rng": rng if rng is not None else capture_rng(trainer.device),
             "train_config": config_dict, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             **(extra or {})}
@@ -226,9 +233,3 @@ def _floats(value: Any, where: str) -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             yield from _floats(v, f"{where}.{i}")
-
-
-def nonfinite_weights(trainer: Trainer) -> list[str]:
-    """Names of the model's and the EMA's floating-point tensors that hold NaN or Inf."""
-    return nonfinite_entries({"model": unwrap(trainer.model).state_dict(),
-                              **({"ema": trainer.ema.ema.state_dict()} if trainer.ema is not None else {})})

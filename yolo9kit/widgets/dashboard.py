@@ -27,7 +27,8 @@ from yolo9kit.widgets.panel import NO_VRAM, draw_dashboard, html_table, show_fig
 _TABLE_NOTE = ("finished epochs (counted from 1, as the progress bar and results.png count them; losses: means over "
                "the epoch; P, R, mAP: validation of the EMA)")
 MAX_MESSAGES = 8  # message lines kept on screen; older ones stay in ``dash.messages``
-_COLUMNS = ("epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s", "time", "peak VRAM", "peak RSS")
+_COLUMNS = ("epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s", "time", "data", "val", "peak VRAM",
+            "peak RSS")
 
 
 @dataclass
@@ -168,7 +169,8 @@ class TrainDashboard:
         """The worker thread: fit with the dashboard's callbacks, its log records shown here."""
         merged = dict(job.config.run.callbacks or {})
         for name, own in self.callbacks.items():  # a user's own callback of the same name is called first
-            merged[name] = own if merged.get(name) in (None, own) else _chain(merged[name], own)
+            theirs = merged.get(name)
+            merged[name] = own if theirs in (None, own) else lambda record, a=theirs, b=own: (a(record), b(record))
         config = dataclasses.replace(job.config, callbacks=merged, progress_bar=False)
         logger, handler = logging.getLogger("yolo9kit"), _LogToDashboard(self, threading.get_ident())
         level = logger.level
@@ -314,18 +316,11 @@ class TrainDashboard:
                 ("P", r.precision), ("R", r.recall), ("mAP50", r.map50), ("mAP50-95", r.map50_95))}
             rows.append({"epoch": r.epoch + 1, "box": round(r.box_loss, 3), "cls": round(r.cls_loss, 3),
                          "dfl": round(r.dfl_loss, 3), **metrics, "img/s": round(r.images_per_s, 1),
-                         "time": _format_seconds(r.epoch_s),
+                         "time": _format_seconds(r.epoch_s), "data": f"{r.data_s / max(r.epoch_s, 1e-9):.0%}",
+                         "val": _format_seconds(r.val_s) if r.map50 is not None else None,
                          "peak VRAM": None if r.peak_allocated is None else format_bytes(r.peak_allocated),
                          "peak RSS": format_bytes(max(rss)) if rss and r.peak_allocated is None else None})
         return pd.DataFrame(rows, columns=list(_COLUMNS)).dropna(axis=1, how="all")
-
-
-def _chain(first, second):
-    def both(record):
-        first(record)
-        second(record)
-
-    return both
 
 
 def _format_seconds(seconds: float) -> str:
