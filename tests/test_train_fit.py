@@ -84,9 +84,12 @@ class _SlowLoader(list):
             yield batch
 
 
-def test_an_epoch_s_time_is_split_into_waiting_for_data_and_computing(tmp_path, caplog, capsys):
+def test_an_epoch_s_time_is_split_into_waiting_for_data_and_computing(tmp_path, caplog, capsys, monkeypatch):
     """results.csv's data_s is the part of epoch_s spent waiting for batches, val_s the validation; a run that waits
     more than half the time says so once, with what to change, and the progress bar shows the share."""
+    from yolo9kit.train import loop
+
+    monkeypatch.setattr(loop, "DATA_WAIT_MIN_S", 0.0)  # the toy epochs last half a second (10 s by default)
     config = _config(tmp_path, progress_bar=True)
     with caplog.at_level("WARNING", logger="yolo9kit.train.loop"):
         result = fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=_SlowLoader(make_batches(5, 2), 0.1),

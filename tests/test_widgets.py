@@ -72,6 +72,21 @@ def test_dashboard_records_steps_and_redraws_with_the_new_values():
     assert "peak VRAM 3.00 GiB" in dash.status_text()
 
 
+def test_dashboard_status_names_the_run_s_epochs_and_the_time_after_this_one():
+    """The epochs as the run has them (a time budget sets them after the first), and while it trains, the epochs
+    after this one at the pace of the finished ones, validation included."""
+    from types import SimpleNamespace
+
+    from yolo9kit.widgets import train_dashboard
+
+    dash = train_dashboard(min_interval_s=3600.0, show=False)
+    dash.on_epoch_end(_epoch(0, epoch_s=60.0, val_s=15.0))
+    dash.on_batch(_step(12, epoch=1, epochs=5))
+    assert "epoch 2 of 5, batch 13" in dash.status_text() and "after this epoch" not in dash.status_text()  # idle
+    dash._job = SimpleNamespace(result=None, error=None)  # a run training in its thread
+    assert dash.status_text().endswith(", about 3 min 45 s after this epoch")  # 3 epochs of 60 + 15 s
+
+
 def test_dashboard_shows_the_first_batch_as_a_point_in_every_panel():
     from yolo9kit.widgets import train_dashboard
 

@@ -21,7 +21,7 @@ from yolo9kit.data import create_dataloader, set_mosaic
 from yolo9kit.env import resolve_device, set_cpu_threads
 from yolo9kit.memory.plan import choose_batch
 from yolo9kit.models import create_model
-from yolo9kit.train import records, rundir, state
+from yolo9kit.train import guards, records, rundir, state
 from yolo9kit.train.guards import Interrupted, NonFiniteLossError, NonFiniteWeightsError, StopSignals, stopped_by
 from yolo9kit.train.loop import EpochStats, train_one_epoch
 from yolo9kit.train.optim import warmup_batches
@@ -142,7 +142,8 @@ def fit(model: nn.Module | str, data: str | Path | Mapping | None, config: Train
     except BaseException as e:
         rundir.close_failed(folder, e)
         if isinstance(e, NonFiniteLossError):  # the loop knows no folder; the message names where last.pt is
-            raise e.in_run(folder.path) from None
+            e.run_dir, e.args = folder.path, (e.args[0] + guards.last_good(folder.path),)
+            raise e from None
         raise
     trainer, progress = run.trainer, run.progress
     ended = "interrupted" if interrupted_by else "finished" if progress.epoch == run.config.epochs else "stopped early"
@@ -281,7 +282,7 @@ def _fit_the_time(run: _Run, epoch: int, first: int, started: float) -> None:
     epochs = state.broadcast_object(epoch + 1 + max(int(left / pace), 0), run.dist)
     if epochs != config.epochs and (epoch == first or epochs < config.epochs):
         run.config = config.replace(epochs=epochs)
-        LOGGER.info("time %g h: %.1f s per epoch so far, %.1f min left: %d epochs in all (the learning-rate schedule "
+        LOGGER.info("time %.3g h: %.1f s per epoch so far, %.1f min left: %d epochs in all (the learning-rate schedule "
                     "and close_mosaic follow)", config.time, pace, max(left, 0) / 60, epochs)
 
 

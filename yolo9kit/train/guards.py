@@ -26,12 +26,6 @@ class NonFiniteLossError(RuntimeError):
                "Lower lr0, check the labels (yolo9kit.data.check) or train with amp='off' or 'bf16'.")
         super().__init__(f"{what}: training stopped. {why}")
 
-    def in_run(self, run_dir: Path | None) -> NonFiniteLossError:
-        """This error with the run folder named: where the last good checkpoint is, when there is one."""
-        self.run_dir = run_dir
-        self.args = (self.args[0] + _last_good(run_dir),)
-        return self
-
 
 class NonFiniteWeightsError(RuntimeError):
     """The weights (or the EMA) hold NaN or Inf (the tensors ``names``) when a checkpoint is due: nothing is
@@ -41,10 +35,10 @@ class NonFiniteWeightsError(RuntimeError):
         self.run_dir, self.names = run_dir, names
         super().__init__(f"{what}: the weights hold NaN or Inf ({len(names)} tensors, e.g. {', '.join(names[:3])}): "
                          "not saved. Lower lr0, or start afresh from a checkpoint whose optimizer state is finite."
-                         + _last_good(run_dir))
+                         + last_good(run_dir))
 
 
-def _last_good(run_dir: Path | None) -> str:
+def last_good(run_dir: Path | None) -> str:
     """`` The last good checkpoint is .../last.pt.`` when the run folder has one, else nothing."""
     last = Path(run_dir) / "weights" / "last.pt" if run_dir else None
     return f" The last good checkpoint is {last}." if last is not None and last.is_file() else ""

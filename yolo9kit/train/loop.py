@@ -23,6 +23,7 @@ from yolo9kit.train.state import Progress
 from yolo9kit.train.step import BatchNormSnapshot, Trainer, train_step, train_step_with_backoff, unwrap
 
 LOGGER = logging.getLogger(__name__)
+DATA_WAIT_MIN_S = 10.0  # an epoch shorter than this says nothing of the loader: its start-up can be half of it
 
 
 @dataclass
@@ -62,7 +63,7 @@ def train_one_epoch(trainer: Trainer, loader: Iterable, config: TrainConfig, pro
         torch.cuda.reset_peak_memory_stats(trainer.device)
     epoch, nb, stride = progress.epoch, batches_per_epoch, max_stride(unwrap(trainer.model))  # official gs
     bar = tqdm(loader, total=nb, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not progress_bar, leave=True)
-    log = _ReadBack(trainer, progress, bar if progress_bar else None, on_batch, nb)
+    log = _ReadBack(trainer, progress, bar if progress_bar else None, on_batch, nb, config.epochs)
     window = BatchNormSnapshot(trainer.model)
     step = functools.partial(train_step_with_backoff, snapshot=window) if OOM_BACKOFF else train_step
     try:
@@ -102,8 +103,9 @@ class _ReadBack:
     """The loss items left on the device, read back every ``LOG_INTERVAL`` batches and at the epoch's end at once."""
 
     def __init__(self, trainer: Trainer, progress: Progress, bar, on_batch: Callable[[BatchRecord], None] | None,
-                 batches: int):
-        self.trainer, self.progress, self.bar, self.on_batch, self.batches = trainer, progress, bar, on_batch, batches
+                 batches: int, epochs: int):
+        self.trainer, self.progress, self.bar, self.on_batch = trainer, progress, bar, on_batch
+        self.batches, self.epochs = batches, epochs  # of this epoch, and of the run as they stand
         self.mean_items, self.trained, self.images_seen = torch.zeros(3), 0, 0
         self.start, self.skipped_before = time.perf_counter(), progress.nonfinite_total
         self.ready, self.waited = self.start, 0.0  # when the loop asked for a batch; seconds it waited for them
@@ -154,7 +156,7 @@ class _ReadBack:
             if self.on_batch is not None:
                 self.on_batch(BatchRecord(progress.epoch, i, ni, steps, *map(float, mean.tolist()),
                                           *map(float, settings.lrs), float(settings.momentum), settings.accumulate,
-                                          micro, _peak_allocated(device), speed))
+                                          micro, _peak_allocated(device), speed, self.epochs))
 
     def finish(self) -> None:
         """The last read-back; an epoch of skipped steps did not train (an error), unmatched boxes a warning."""
@@ -164,7 +166,7 @@ class _ReadBack:
             raise NonFiniteLossError(progress.nonfinite_in_row, progress.epoch + 1, progress.ni + 1, whole_epoch=True,
                                      from_start=progress.nonfinite_in_row > progress.ni)
         seconds = time.perf_counter() - self.start
-        if self.waited > seconds / 2 and not progress.data_warned:
+        if self.waited > seconds / 2 and seconds >= DATA_WAIT_MIN_S and not progress.data_warned:
             progress.data_warned = True
             LOGGER.warning("epoch %d waited for data %.0f%% of its %.1f s (the loader, not the model, set the pace): "
                            "more workers, cache='ram' or 'disk', or a smaller imgsz", progress.epoch + 1,

@@ -60,6 +60,7 @@ class BatchRecord:
     micro_batch_size: int
     peak_allocated: int | None  # peak CUDA bytes since the epoch started; None on other devices
     images_per_s: float  # since the epoch started, all ranks
+    epochs: int = 0  # of the run as they stand (a time budget sets them after the first)
 
 
 @dataclass(frozen=True)

@@ -136,8 +136,7 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
 
 
 def find_resume_checkpoint(resume: bool | str | Path, project: str | Path) -> Path:
-    """The given checkpoint or run folder's, or under ``project`` the newest last.pt of a run that has not ended on
-    its own (killed, interrupted, failed: on another machine too), else the newest; FileNotFoundError if none."""
+    """The given checkpoint or run folder's, else the newest last.pt under ``project`` of a run not ended on its own."""
     if resume is True:
         candidates = sorted(Path(project).glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
         if not candidates:

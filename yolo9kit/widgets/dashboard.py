@@ -26,7 +26,7 @@ from yolo9kit.widgets.panel import NO_VRAM, draw_dashboard, html_table, show_fig
 
 _TABLE_NOTE = ("finished epochs (counted from 1, as the progress bar and results.png count them; losses: means over "
                "the epoch; P, R, mAP: validation of the EMA)")
-MAX_MESSAGES = 8  # message lines kept on screen; older ones stay in ``dash.messages``
+MAX_MESSAGES = 12  # message lines kept on screen; older ones stay in ``dash.messages``
 _COLUMNS = ("epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "img/s", "time", "data", "val", "peak VRAM",
             "peak RSS")
 
@@ -298,12 +298,15 @@ class TrainDashboard:
         if not self.history:
             return "running: waiting for the first batch" if self.running else "no batch trained yet"
         last = self.history[-1]
-        epochs = f" of {self._job.config.epochs}" if self._job is not None else ""
         what, _, values = self.memory_series()
         label = "peak VRAM" if what.startswith("peak VRAM") else "process memory"
         memory = f"{label} {format_bytes(values[-1])}" if values else NO_VRAM
         state = "training" if self.running else "stopped" if self.result and self.result.interrupted else "idle"
-        return f"{state}: epoch {last.epoch + 1}{epochs}, batch {last.ni + 1}, {last.images_per_s:.1f} img/s, {memory}"
+        ahead = last.epochs - last.epoch - 1 if self.running and self.epochs else 0  # epochs after this one
+        pace = sum(r.epoch_s + r.val_s for r in self.epochs) / max(len(self.epochs), 1)  # training and validation
+        left = f", about {_format_seconds(pace * ahead)} after this epoch" if ahead > 0 else ""
+        where = f"epoch {last.epoch + 1}" + (f" of {last.epochs}" if last.epochs else "")
+        return f"{state}: {where}, batch {last.ni + 1}, {last.images_per_s:.1f} img/s, {memory}{left}"
 
     def epoch_table(self) -> pd.DataFrame:
         """The finished epochs, rounded and in readable units; columns never filled (metrics of epochs not
