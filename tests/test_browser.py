@@ -424,12 +424,35 @@ def _run_all_and_save(page, name: str, root: Path, log_path: Path, shots: Path) 
         page.wait_for_timeout(500)
 
 
+def _dashboard_after_reload(page, shots: Path) -> None:
+    """05, saved, then the page reloaded (a browser tab that dropped): the dashboard comes back attached to its
+    kernel, not as a picture of the saved state: a message the kernel sends it now appears in the panel."""
+    page.reload()
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
+    _wait_for_kernel(page)
+    cell = page.locator(".jp-CodeCell:has(button.jupyter-button:has-text('resume'))").first
+    cell.wait_for(timeout=30_000)
+    page.locator(".jp-NotebookPanel .jp-Cell").last.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")  # a new cell below the last, in command mode
+    page.keyboard.press("Enter")
+    page.keyboard.type('dash.note("sent after the reload")')
+    page.keyboard.press("Shift+Enter")
+    shown = cell.locator(".widget-html:has-text('sent after the reload')")
+    shown.first.wait_for(timeout=30_000)
+    cell.scroll_into_view_if_needed()
+    cell.screenshot(path=str(shots / "05_dashboard_after_reload.png"))
+    assert page.get_by_text("Error displaying widget").count() == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", WIDGET_NOTEBOOKS)
 def test_notebook_runs_all_in_jupyterlab_and_its_widgets_respond(name, lab_server, browser, shots):
     lab_url, log_path, root = lab_server
     with _opened(browser, lab_url, name) as page:
         _run_all_and_save(page, name, root, log_path, shots)
+        if name == "05_train_dashboard.ipynb":
+            _dashboard_after_reload(page, shots)
 
 
 @pytest.mark.slow
