@@ -89,8 +89,11 @@ def test_an_epoch_s_time_is_split_into_waiting_for_data_and_computing(tmp_path, 
     more than half the time says so once, with what to change, and the progress bar shows the share."""
     from yolo9kit.train import loop
 
-    monkeypatch.setattr(loop, "DATA_WAIT_MIN_S", 0.0)  # the toy epochs last half a second (10 s by default)
     config = _config(tmp_path, progress_bar=True)
+    with caplog.at_level("WARNING", logger="yolo9kit.train.loop"):  # epochs of half a second: too short to say
+        fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=_SlowLoader(make_batches(5, 2), 0.1))
+    assert not [r for r in caplog.records if "waited for data" in r.getMessage()]
+    monkeypatch.setattr(loop, "DATA_WAIT_MIN_S", 0.0)  # 10 s by default
     with caplog.at_level("WARNING", logger="yolo9kit.train.loop"):
         result = fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=_SlowLoader(make_batches(5, 2), 0.1),
                      validate_fn=_validate)
