@@ -126,8 +126,11 @@ class _ReadBack:
         if self.trainer.world_size > 1:  # a batch non-finite on any rank counts on all: they stop together
             torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
         rows = torch.cat([rows, finite], 1).cpu()  # waits for the device, once
+        device, progress = self.trainer.device, self.progress  # the bar's memory, read once: off CUDA the resident set
+        rss = None if device.type == "cuda" or self.bar is None else process_memory_bytes()
+        memory = f"mem {torch.cuda.memory_allocated(device) / 1e9:.3g}G " if device.type == "cuda" else \
+            "" if rss is None else f"rss {rss / 1e9:.3g}G "
         for (*row, ok), (_, steps, micro, i, ni, images, boxes, settings, size) in zip(rows.tolist(), pending):
-            progress = self.progress
             if not ok:  # the scaler has skipped its window's step on the device
                 progress.nonfinite_in_row += 1
                 progress.nonfinite_total += 1
@@ -144,17 +147,13 @@ class _ReadBack:
             self.trained, self.images_seen = self.trained + 1, self.images_seen + images
             elapsed = max(time.perf_counter() - self.start, 1e-9)
             speed = self.images_seen * self.trainer.world_size / elapsed
-            mean, device = self.mean_items, self.trainer.device
             if self.bar is not None:  # box 1.23 cls 4.56 dfl 1.11 mem 3.2G 120 img/s data 4% acc 4x16
-                box, cls, dfl = mean.tolist()
-                rss = None if device.type == "cuda" else process_memory_bytes()  # off CUDA: the resident set
-                memory = f"mem {torch.cuda.memory_allocated(device) / 1e9:.3g}G " if device.type == "cuda" else \
-                    "" if rss is None else f"rss {rss / 1e9:.3g}G "
+                box, cls, dfl = self.mean_items.tolist()
                 self.bar.set_postfix_str(f"box {box:.3f} cls {cls:.3f} dfl {dfl:.3f} {memory}{speed:.1f} "
                                          f"img/s data {self.waited / elapsed:.0%} acc "
                                          f"{settings.accumulate}x{micro}", refresh=False)
             if self.on_batch is not None:
-                self.on_batch(BatchRecord(progress.epoch, i, ni, steps, *map(float, mean.tolist()),
+                self.on_batch(BatchRecord(progress.epoch, i, ni, steps, *map(float, self.mean_items.tolist()),
                                           *map(float, settings.lrs), float(settings.momentum), settings.accumulate,
                                           micro, _peak_allocated(device), speed, self.epochs))
 
