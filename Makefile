@@ -12,9 +12,11 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # Reinstall only when the dependency list changes (editable install: code edits need nothing). pip compiles the
-# modules on one core, compileall on all of them (a file that does not compile is left to its import, as pip does)
+# modules on one core, compileall on all of them (a file that does not compile is left to its import, as pip does).
+# ipywidgets 7.7 (Colab's) goes into a folder of its own: tests/test_widgets.py runs the widget tests again with it
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --no-compile -e ".[notebooks,dev]"
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/ipywidgets7 "ipywidgets>=7.7,<7.8" ipython_genutils
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $(STAMP)
 

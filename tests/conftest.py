@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers: one t
     torch.set_num_threads(1)
 FIXTURES = REPO / "tests" / "fixtures" / "official"
 REGENERATE = "python tools/official_reference.py --official PATH/TO/yolov9 --out tests/fixtures/official"
+
+
+def build_wheel(out: Path) -> Path:
+    """A wheel of the checkout, built in ``out`` from a copy (so that the checkout gets no build/ or egg-info)."""
+    src = out / "src"
+    shutil.copytree(REPO / "yolo9kit", src / "yolo9kit", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(out / "dist"), str(src)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return next((out / "dist").glob("yolo9kit-*.whl"))
 
 
 def extra_fixtures_dir() -> Path | None:

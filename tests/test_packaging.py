@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
-from conftest import REPO
+from conftest import REPO, build_wheel
 
 
 def _name(req: str) -> str:
@@ -95,14 +95,7 @@ def test_installs_from_a_built_wheel_with_its_data_files(tmp_path):
     which uses all three, runs once per test run, in tests/test_notebooks.py)."""
     import zipfile
 
-    src = tmp_path / "src"  # build from a copy, so the checkout gets no build/ or egg-info of the wheel's
-    shutil.copytree(REPO / "yolo9kit", src / "yolo9kit", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr[-3000:]
-    wheel = next((tmp_path / "dist").glob("yolo9kit-*.whl"))
+    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     for folder, suffix in (("models/cfg/", ".yaml"), ("memory_calibration/", ".json"), ("models/", ".pt")):
         assert any(n.startswith(f"yolo9kit/{folder}") and n.endswith(suffix) for n in names), (
