@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from yolo9kit import env
 from yolo9kit.config import StepConfig, TrainConfig
 from yolo9kit.config import step as step_module
 from yolo9kit.data import loader
+from yolo9kit.data.loader import WORKER_BYTES
 from yolo9kit.train.step import build_trainer, train_step
 
 AFFINITY = len(os.sched_getaffinity(0))
@@ -50,10 +53,33 @@ def test_torch_threads_are_lowered_to_the_usable_cores_and_never_raised(monkeypa
 
 
 def test_the_default_workers_count_the_usable_cores(monkeypatch):
+    monkeypatch.setattr(loader, "memory_limits", lambda: {})
+    monkeypatch.setattr(loader, "SHM", Path("/nonexistent"))  # macOS, Windows: no /dev/shm, the official rule
     monkeypatch.setattr(loader, "usable_cores", lambda: 1)
-    assert loader.default_workers(16) == 1
+    assert loader.default_workers(16)[0] == 1
     monkeypatch.setattr(loader, "usable_cores", lambda: 32)
-    assert loader.default_workers(16) == 8 and loader.default_workers(1) == 0  # the official caps
+    assert loader.default_workers(16)[0] == 8 and loader.default_workers(1)[0] == 0  # the official caps
+    assert loader.default_workers(16)[1] == "8 workers: min(32 usable cores, batch 16, 8)"
+
+
+def test_the_default_workers_fit_half_the_free_shared_memory_and_ram(monkeypatch, tmp_path):
+    """Each worker prepares ``prefetch`` uint8 batches (4 of 16 x 3 x 640 x 640: 78.6 MB): a container's 64 MB
+    /dev/shm holds none of them, 200 MB free holds one worker's; RAM counts WORKER_BYTES per worker beside them."""
+    batches = 4 * 16 * 3 * 640 * 640
+    monkeypatch.setattr(loader, "usable_cores", lambda: 8)
+    monkeypatch.setattr(loader, "SHM", tmp_path)
+    monkeypatch.setattr(loader, "memory_limits", lambda: {"RAM": 64 << 30, "cgroup": 32 << 30})
+    free = {"shm": 64 << 20}
+    monkeypatch.setattr(loader.shutil, "disk_usage", lambda path: SimpleNamespace(free=free["shm"]))
+    count, why = loader.default_workers(16, 640, prefetch=4)
+    assert count == 0 and why.startswith("0 workers: half the free /dev/shm (64.00 MiB)"), why
+    free["shm"] = 2 * batches + 1
+    assert loader.default_workers(16, 640, prefetch=4)[0] == 1
+    assert loader.default_workers(16, 320, prefetch=4)[0] == 4  # a quarter of the bytes per batch
+    free["shm"] = 64 << 30
+    monkeypatch.setattr(loader, "memory_limits", lambda: {"RAM": 64 << 30, "cgroup": 3 * (batches + WORKER_BYTES)})
+    count, why = loader.default_workers(16, 640, prefetch=4)
+    assert count == 1 and "half the free RAM" in why, why  # the least of the limits: the cgroup's
 
 
 def test_busy_time_is_read_for_this_process_cpus_only():

@@ -1,6 +1,11 @@
-"""Loader: batch format, seeded reproducibility with and without workers, close-mosaic in workers."""
+"""Loader: batch format, seeded reproducibility with and without workers, close-mosaic in workers, workers in a
+container's small /dev/shm."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -148,3 +153,38 @@ def test_disk_cache_gives_identical_batches_and_is_rebuilt_when_an_image_changes
     assert (tmp_path / "shapes" / "labels" / "val.96px-area.yolo9kit-images").is_file() and len(val.dataset.images) == 3
     val_plain = create_dataloader(data, "val", workers=0, cache=None, imgsz=96, batch_size=2)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(_epoch(val_plain), _epoch(val)))
+
+
+SMALL_SHM = """
+import logging, sys
+from yolo9kit.data import create_dataloader, make_shapes
+data = make_shapes(sys.argv[1], n_train=32, n_val=1, imgsz=320, num_classes=3, seed=0)
+workers = None if sys.argv[2] == "default" else int(sys.argv[2])
+logging.basicConfig(level=logging.INFO)
+loader = create_dataloader(data, "train", imgsz=320, batch_size=16, workers=workers, seed=0)
+print(loader.loader.num_workers, sum(len(batch[0]) for batch in loader))
+"""
+
+
+@pytest.mark.slow
+def test_in_a_small_shm_the_default_workers_load_where_the_official_count_dies(tmp_path):
+    """An 8 MB /dev/shm (a mount namespace, as a container's 64 MB one at a fraction of the batch size): two
+    workers, the official count on 2 cores, die handing over batches of 16 x 320 px; the default count loads the
+    epoch and logs why it is lower."""
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", "/dev/shm"],
+                           capture_output=True, text=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip(f"cannot mount a small /dev/shm here: {probe.stderr.strip() if probe else 'no unshare'}")
+
+    def run(workers: str):
+        script = (f"mount -t tmpfs -o size=8m tmpfs /dev/shm && exec {sys.executable} -c '{SMALL_SHM}' {tmp_path} "
+                  f"{workers}")
+        return subprocess.run([unshare, "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+
+    official = run("2")
+    assert official.returncode != 0 and "shared memory" in official.stderr + official.stdout, official.stderr[-2000:]
+    default = run("default")
+    assert default.returncode == 0, default.stderr[-2000:]
+    assert default.stdout.split() == ["0", "32"], default.stdout
+    assert "train loader, 0 workers: half the free /dev/shm (8.00 MiB)" in default.stderr, default.stderr[-2000:]

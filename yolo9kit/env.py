@@ -158,10 +158,10 @@ def load_extra(group: str, name: str, extra: str = "", package: str | None = Non
 def _widgets_extension_state() -> str:
     """Ask JupyterLab whether @jupyter-widgets/jupyterlab-manager is installed and enabled."""
     jupyter = shutil.which("jupyter", path=os.path.dirname(sys.executable)) or shutil.which("jupyter")
+    if jupyter is None or _version("jupyterlab") is None:  # no JupyterLab: Colab's or another front end draws them
+        return "unknown"
     if _version("jupyterlab_widgets") is None:
         return "not installed"
-    if jupyter is None:
-        return "unknown"
     try:
         out = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):

@@ -121,8 +121,8 @@ class PipelineConfig(Settings):
                                 "file beside the labels) or None", flag="--cache", resume=CHANGE, choices=CACHE_MODES)
     allow_bad_labels: bool = declare(False, "train even when labels use unnamed classes, no image has a box, or "
                                      "many would be dropped", flag="--allow-bad-labels", resume=CHANGE)
-    workers: int | None = declare(None, "loader processes (default min(CPUs, batch, 8), official)", flag="--workers",
-                                  resume=CHANGE, integer=True, low=0)
+    workers: int | None = declare(None, "loader processes (default the official min(CPUs, batch, 8), fewer when "
+                                  "/dev/shm or RAM is small)", flag="--workers", resume=CHANGE, integer=True, low=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
 from pathlib import Path
 
 import cv2
@@ -12,7 +14,11 @@ from yolo9kit.config import LoaderConfig
 from yolo9kit.data.dataset import SampleKey, YOLODataset
 from yolo9kit.data.images import hsv_jitter
 from yolo9kit.data.sources import DataConfig
-from yolo9kit.env import usable_cores
+from yolo9kit.env import memory_limits, usable_cores
+from yolo9kit.files import format_bytes
+
+SHM = Path("/dev/shm")  # where workers hand their batches over (torch's sharing strategies both use it)
+WORKER_BYTES = 64 << 20  # a forked worker's own memory beside its batches: 33 MB measured (USS; 640 px, batch 16)
 
 
 class KeySampler(Sampler):
@@ -91,9 +97,20 @@ def set_mosaic(loader_or_dataset: YOLOLoader | YOLODataset, enabled: bool) -> No
     dataset.mosaic = enabled and dataset.augment and not dataset.rect
 
 
-def default_workers(batch_size: int) -> int:
-    """Official rule: min(cores // GPUs, batch size if > 1 else 0, 8), with the cores this process may use."""
-    return min(usable_cores() // max(torch.cuda.device_count(), 1), batch_size if batch_size > 1 else 0, 8)
+def default_workers(batch_size: int, imgsz: int = 640, prefetch: int = 4) -> tuple[int, str]:
+    """The official min(cores // GPUs, batch size if > 1 else 0, 8), with the cores this process may use, lowered
+    until each worker's ``prefetch`` uint8 batches fit half the free /dev/shm (a container's is 64 MB: "Bus error"
+    beyond it) and, with WORKER_BYTES each, half the free RAM. Returns the count and why."""
+    cores = usable_cores() // max(torch.cuda.device_count(), 1)
+    count, why = min(cores, batch_size if batch_size > 1 else 0, 8), f"min({cores} usable cores, batch {batch_size}, 8)"
+    batches = prefetch * batch_size * 3 * imgsz * imgsz
+    shm = shutil.disk_usage(SHM).free if SHM.is_dir() else None  # none on macOS and Windows
+    for name, free, each in (("/dev/shm", shm, batches), ("RAM", min(memory_limits().values(), default=None),
+                                                          batches + WORKER_BYTES)):
+        if free is not None and count * each > free // 2:
+            count = free // 2 // each
+            why = f"half the free {name} ({format_bytes(free)}) fits the {prefetch} batches each prepares {count} times"
+    return count, f"{count} workers: {why}"
 
 
 def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split: str = "train",
@@ -108,7 +125,7 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
     Args:
         data: data.yaml path, dict, DataConfig, or a YOLODataset (then the dataset keywords are not used).
         augment, rect, shuffle, pad: default: train augmented and shuffled, other splits rect, padded 0.5 stride.
-        workers: worker processes; default min(cores, batch size, 8); 0 loads in the main process.
+        workers: worker processes; default ``default_workers`` (logged); 0 loads in the main process.
         seed, cache, hyp, stride, min_items, single_cls, allow_bad_labels: as :class:`YOLODataset`.
         distributed: split the samples over torch.distributed ranks; colour_device: HSV jitter there (and batches).
         options: a :class:`~yolo9kit.config.LoaderConfig`: speed and memory, never the batches.
@@ -122,7 +139,9 @@ def create_dataloader(data: str | Path | dict | DataConfig | YOLODataset, split:
         single_cls=single_cls, seed=seed, cache_budget=options.cache_budget, allow_bad_labels=allow_bad_labels)
     shuffle = (train if shuffle is None else shuffle) and not dataset.rect
     batch_size = min(batch_size, len(dataset))
-    workers = default_workers(batch_size) if workers is None else workers
+    if workers is None:
+        workers, why = default_workers(batch_size, imgsz, options.prefetch_factor)
+        logging.getLogger(__name__).info("%s loader, %s", split, why)
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
     sampler = KeySampler(len(dataset), shuffle, seed, rank, world, dataset=dataset)
     set_mosaic(dataset, True)
