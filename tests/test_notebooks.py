@@ -170,6 +170,18 @@ def alone(tmp_path_factory):
     mp.undo()
 
 
+def test_the_handout_sets_kit_and_work_in_every_notebook_and_nothing_else(tmp_path):
+    kit, work = "https://example.org/yolo9kit-0.1.0-py3-none-any.whl", "/content/drive/MyDrive/yolo9kit"
+    subprocess.run([sys.executable, str(REPO / "tools" / "handout.py"), "--kit", kit, "--work", work, "--out",
+                    str(tmp_path)], check=True, capture_output=True)
+    for path in NOTEBOOKS:
+        ours, handed = _read(path), _read(tmp_path / path.name)
+        changed = [(a.source, b.source) for a, b in zip(ours.cells, handed.cells, strict=True) if a != b]
+        assert [b for _, b in changed] == [re.sub(r'^WORK: str = "\."', f'WORK: str = "{work}"', changed[0][0],
+                                                  flags=re.M),
+                                           changed[1][0].replace('KIT: str = ""', f'KIT: str = "{kit}"')], path.name
+
+
 def test_a_notebook_opened_alone_installs_the_kit_from_its_kit_setting(alone):
     """In the Python without the kit, the parameters and setup cells of 00 stop with one error that says what to
     set when ``KIT`` is unset; with the handout's ``KIT`` (the wheel) they install the kit and import it from that
