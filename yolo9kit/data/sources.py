@@ -70,13 +70,6 @@ class DataConfig:
         return self.images("test") if "test" in self.sources else []
 
 
-def _resolve(entry: str | os.PathLike, root: Path) -> Path:
-    path = root / os.path.expanduser(str(entry))  # an absolute entry stays as it is
-    if not path.exists() and str(entry).startswith("../") and (root / str(entry)[3:]).exists():
-        return root / str(entry)[3:]  # the official fallback: without the ../
-    return path
-
-
 def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
     """Read a data.yaml (official keys path, train, val, test, names; a relative path is relative to the yaml).
 
@@ -102,8 +95,13 @@ def load_data_config(data: str | os.PathLike | dict | DataConfig) -> DataConfig:
     if missing:
         raise ValueError(f"{where}: missing required key(s) {missing}; a data.yaml needs train, val and names")
     root = base / os.path.expanduser(str(raw.get("path") or "."))
-    sources = {s: [_resolve(e, root) for e in (raw[s] if isinstance(raw[s], (list, tuple)) else [raw[s]])]
-               for s in ("train", "val", "test") if raw.get(s)}
+    sources: dict[str, list[Path]] = {}
+    for split in (s for s in ("train", "val", "test") if raw.get(s)):
+        for entry in map(str, raw[split] if isinstance(raw[split], (list, tuple)) else [raw[split]]):
+            path = root / os.path.expanduser(entry)  # an absolute entry stays as it is
+            if not path.exists() and entry.startswith("../") and (root / entry[3:]).exists():
+                path = root / entry[3:]  # the official fallback: without the ../
+            sources.setdefault(split, []).append(path)
     names = raw["names"]
     if isinstance(names, dict):
         keys = sorted(int(k) for k in names)
