@@ -93,8 +93,7 @@ class TaskAlignedAssigner:
         chunks.append((start, len(counts)))
         return chunks
 
-    def _assign_chunk(self, scores_pow, pd_bboxes, pred_atan, anc_points, gt_labels, gt_bboxes, gt_atan,
-                      gt_counts):
+    def _assign_chunk(self, scores_pow, pd_bboxes, pred_atan, anc_points, gt_labels, gt_bboxes, gt_atan, gt_counts):
         """The official procedure on b images padded to M rows -> (labels, bboxes, scores, fg)."""
         b, num_anchors, _ = scores_pow.shape
         num_rows = gt_bboxes.shape[1]

@@ -269,11 +269,8 @@ def _finish(state: _Validation, plots: bool, save_dir: Path | None, coco_gt, con
 
 def compare_heads(model, data=None, dataloader=None, **kwargs):
     """A DataFrame indexed by head ("main", "aux") of P, R, mAP50, mAP50-95 and fitness, each head of a dual-head
-    (YOLOv9) model evaluated on the same batches; the arguments as :func:`evaluate`.
-
-    Raises:
-        ValueError: a model with one head; neither ``data`` nor ``dataloader``.
-    """
+    (YOLOv9) model evaluated on the same batches; the arguments as :func:`evaluate`. ValueError: a model with one
+    head; neither ``data`` nor ``dataloader``."""
     model = load_model(model)
     if not getattr(model, "is_dual", False):
         raise ValueError("compare_heads needs a dual-head YOLOv9 model; GELAN / converted models have one head")

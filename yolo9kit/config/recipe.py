@@ -40,10 +40,7 @@ SHORT_CLOSE_MOSAIC = 5  # mosaic off for the last epochs (at most this many): th
 
 def read_hyp(path: str | Path) -> dict[str, Any]:
     """The values of a hyp file by official key, and the ``RECIPE_KEYS`` it holds (an unknown key is a warning).
-
-    Raises:
-        ValueError: the file is not ``name: number`` lines, or a value is out of its range (naming file and key).
-    """
+    ValueError: the file is not ``name: number`` lines, or a value is out of its range (naming file and key)."""
     try:
         values = read_record(path) or {}
     except RecordError as e:  # a syntax error, a tag such as !!python/..., an alias, a file over 1 MiB

@@ -232,8 +232,7 @@ class StepConfig(Settings):
     def label(self) -> str:
         """A short name of the setting, e.g. ``fp16 channels_last lean ckpt=all 640px`` (curves, tables)."""
         parts = [precision_name(self.amp)]
-        parts += [name for name, on in (("channels_last", self.channels_last), ("lean", self.lean_activations))
-                  if on]
+        parts += [name for name, on in (("channels_last", self.channels_last), ("lean", self.lean_activations)) if on]
         for name, value in (("ckpt", self.activation_checkpointing), ("freeze", self.freeze)):
             if value is not None:
                 parts.append(f"{name}={','.join(map(str, value)) if isinstance(value, tuple) else value}")

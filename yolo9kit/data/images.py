@@ -227,10 +227,7 @@ def hsv_cv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 def hsv_jitter(images: torch.Tensor, gains: torch.Tensor, chunk: int = 8) -> torch.Tensor:
     """Per-image HSV gains (B, 3) applied to uint8 RGB ``images`` (B, 3, H, W), ``chunk`` at a time: a new batch.
-
-    Raises:
-        ValueError: images not uint8 (B, 3, H, W), or gains not (B, 3).
-    """
+    ValueError: images not uint8 (B, 3, H, W), or gains not (B, 3)."""
     if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"expected uint8 images (B, 3, H, W), got {images.dtype} {tuple(images.shape)}")
     if gains.shape != (images.shape[0], 3):

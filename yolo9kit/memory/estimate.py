@@ -240,15 +240,13 @@ def is_traced(step: StepConfig | str, gpu: str | int | GPUSpec | None = None, **
 
 def estimate(step: StepConfig | str, batch_size: int | None = None, *, gpu: str | int | GPUSpec | None = None,
              **changes: Any) -> MemoryReport:
-    """Predict, on any machine, what ``measure`` would report for one training step on ``gpu``.
+    """Predict, on any machine, the MemoryReport ``measure`` would give for one training step on ``gpu``
+    (``method="estimated"``).
 
     Args:
         step: a ``StepConfig``, or a model name for the step ``fit`` would run with it.
         gpu: a name from ``GPUS``, a capacity in bytes or a ``GPUSpec`` (default: ``target_gpu``), the step resolved
             for it as ``fit`` would; **changes: ``StepConfig`` fields: ``estimate("yolov9-c", 16, amp="fp16")``.
-
-    Returns:
-        MemoryReport with ``method="estimated"``.
     """
     step = as_step(step, batch_size, changes, caller="estimate", needs_batch=True)
     spec = target_gpu(gpu)

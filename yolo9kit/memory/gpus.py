@@ -146,8 +146,7 @@ def calibration_for(gpu_name: str, amp: str, calibrations: tuple[dict, ...] | No
     if calibrations is None:
         calibrations = (*_read_folder(user_calibration_dir()), *packaged_calibrations())
     for cal in calibrations:
-        if cal["kind"] == "measured" and not cal.get("smoke") and cal["gpu"] == gpu_name \
-                and amp in cal.get("fits", {}):
+        if cal["kind"] == "measured" and not cal.get("smoke") and cal["gpu"] == gpu_name and amp in cal.get("fits", {}):
             return {**cal["fits"][amp], "context_bytes": cal.get("context_bytes"), "throughput": cal.get("throughput")}
     return None
 
@@ -240,8 +239,7 @@ class ThroughputModel:
     optimizer_overhead_s: float = 0.056
     fp32_factor: float = 2.0
 
-    def step_s(self, gpu: GPUSpec, batch_size: int, accumulate: int, train_gflops_per_image: float,
-               amp: str) -> float:
+    def step_s(self, gpu: GPUSpec, batch_size: int, accumulate: int, train_gflops_per_image: float, amp: str) -> float:
         per_image = self.base_s * _REF_BANDWIDTH_GBS / gpu.bandwidth_gbs \
             + self.s_per_gflop * train_gflops_per_image * _REF_TFLOPS / gpu.tflops_fp16
         per_image *= self.fp32_factor if amp == "off" else 1.0

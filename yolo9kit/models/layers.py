@@ -75,8 +75,7 @@ class RepConvN(nn.Module):
 
     lean = False  # see Conv
 
-    def __init__(self, c1: int, c2: int, k: int = 3, s: int = 1, p: int = 1, g: int = 1, d: int = 1,
-                 act: bool = True):
+    def __init__(self, c1: int, c2: int, k: int = 3, s: int = 1, p: int = 1, g: int = 1, d: int = 1, act: bool = True):
         super().__init__()
         assert k == 3 and p == 1, "RepConvN supports k=3, p=1 only"
         self.act = nn.SiLU() if act else nn.Identity()

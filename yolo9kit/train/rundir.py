@@ -166,8 +166,7 @@ def settle_settings(config: TrainConfig, run: RunFolder, images: int | None) -> 
         raise ValueError(f"resume {path}: epochs={config.epochs}, but the run has trained {done} epochs already; "
                          f"pass epochs of at least {done} (more to train further)")
     if config.epochs == done:
-        LOGGER.info("%s: all %d epochs are trained, nothing to resume; pass a larger epochs to train more", path,
-                    done)
+        LOGGER.info("%s: all %d epochs are trained, nothing to resume; pass a larger epochs to train more", path, done)
     elif config.epochs != saved.get("epochs", config.epochs):
         LOGGER.info("%s: training to %d epochs instead of %d; the learning rate follows the schedule of %d epochs "
                     "from epoch %d", path, config.epochs, saved["epochs"], config.epochs, done + 1)

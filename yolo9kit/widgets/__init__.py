@@ -39,15 +39,13 @@ def memory_explorer(model: str = "yolov9-t", *, imgsz: int = 640, batch_range: t
                     amp: str = "auto", activation_checkpointing: str | None = None, gpu: str | None = None,
                     nominal_batch_size: int = 64, imgsz_range: tuple[int, int] = (64, 1280),
                     max_batch: int = 512, num_classes: int = 80, method: str = "auto") -> WidgetApp:
-    """Peak VRAM against batch size (estimated anywhere, measured on CUDA), the breakdown and the batch plan.
+    """Peak VRAM against batch size (estimated anywhere, measured on CUDA), the breakdown and the batch plan; the
+    WidgetApp's ``state`` holds ``step``, ``frame`` (the curve's rows), ``search``, ``plan`` and ``report``.
 
     Args:
         gpu: target card (a name of ``memory.GPUS``); None: this machine's, else ``memory.DEFAULT_GPU``.
         nominal_batch_size: images per optimizer step the plan aims for; max_batch: also the largest batch search's.
         method: "auto" (measured where CUDA is, else estimated), "estimated" or "measured".
-
-    Returns:
-        WidgetApp; ``state`` holds ``step``, ``frame`` (the curve's rows), ``search``, ``plan`` and ``report``.
     """
     has_cuda = torch.cuda.is_available()
     local = memory.target_gpu(None)
@@ -142,14 +140,9 @@ def _explore(app: WidgetApp, num_classes: int, nominal_batch_size: int, max_batc
 def detection_viewer(model, source, *, imgsz: int = 640, conf: float = 0.25, iou: float = 0.45,
                      head: str = "main", device: str | None = None) -> WidgetApp:
     """Image, confidence and IoU sliders (and a head switch for dual-head models) over ``predict``; the model runs
-    once per (image, IoU, head), the confidence slider only filters.
-
-    Args:
-        source: images, as ``predict`` takes them (videos are left out); model, imgsz, head, device: as ``predict``.
-
-    Returns:
-        WidgetApp; ``state["prediction"]`` is the filtered ``Prediction`` shown.
-    """
+    once per (image, IoU, head), the confidence slider only filters. ``source``: images, as ``predict`` takes them
+    (videos are left out); model, imgsz, head, device: as ``predict``. The WidgetApp's ``state["prediction"]`` is
+    the filtered ``Prediction`` shown."""
     model = load_model(model)
     images = [item for item in expand_sources(source)[0] if not is_video(item)]
     if not images:
@@ -211,13 +204,8 @@ def augmentation_viewer(data, *, imgsz: int = 320, batch_size: int = 4, seed: in
                         hyp: dict[str, float] | None = None) -> WidgetApp:
     """Sliders for mosaic, mixup, HSV strength, scale and horizontal flip over a training batch, drawn by
     ``show_batch`` from a loader rebuilt on each change (``workers=0``, fixed seed: same sliders, same batch).
-
-    Args:
-        hyp: starting augmentation hyper-parameters (default: official hyp.scratch-high).
-
-    Returns:
-        WidgetApp; ``state["hyp"]`` holds the hyper-parameters used, ``state["batch"]`` the batch.
-    """
+    ``hyp``: the starting augmentation hyper-parameters (default: official hyp.scratch-high). The WidgetApp's
+    ``state["hyp"]`` holds the hyper-parameters used, ``state["batch"]`` the batch."""
     start = augmentation_hyp({}, hyp)
     controls: dict[str, Any] = {
         name: w.FloatSlider(value=1.0 if name == "hsv" else start[keys[0]], min=lo, max=hi, step=step,
