@@ -39,6 +39,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -250,8 +251,9 @@ def _parameters(name: str) -> dict:
 
     nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    namespace = {"os": type("os", (), {"environ": {"YOLO9KIT_SMOKE": "1"}})}
-    exec(cell.source, namespace)  # noqa: S102 - the repository's own parameters cell
+    namespace: dict = {}
+    with mock.patch.dict(os.environ, {"YOLO9KIT_SMOKE": "1"}):  # the cell imports os and reads it
+        exec(cell.source, namespace)  # noqa: S102 - the repository's own parameters cell
     return namespace
 
 

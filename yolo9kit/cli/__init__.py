@@ -208,6 +208,7 @@ def _add_profile(verbs: argparse._SubParsersAction) -> None:
     add_setting_flag(p, "margin", default=0.10, help="share of the card kept free (default 0.10)")
     p.add_argument("--method", default="auto", choices=["auto", "measured", "estimated", "both"],
                    help="measure (CUDA), estimate, or auto (default)")
+    p.add_argument("--images", type=checked(int, low=1), help="training images: adds the minutes per epoch (--gpu)")
     p.add_argument("--csv", help="also write the sweep to this CSV file")
     p.set_defaults(func=run_profile)
 
@@ -218,8 +219,10 @@ def run_profile(args: argparse.Namespace) -> int:
                         freeze=args.freeze, channels_last=args.channels_last, lean_activations=args.lean_activations,
                         num_targets=args.num_targets) for amp in args.amp]
     df = sweep(steps, args.batch_size, gpu=gpu, method=args.method)
+    if args.images and "images_per_s" in df:  # the throughput model's figure for the card (docs/memory.md)
+        df["epoch_min"] = args.images / df["images_per_s"] / 60
     columns = ["setting", "batch_size", "method", "peak_allocated_gib", "peak_reserved_gib", "device_gib", "fits",
-               "images_per_s"]
+               "images_per_s", "epoch_min"]
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.2f}".format):
         print(df[[c for c in columns if c in df.columns]].to_string(index=False))
     if args.csv:

@@ -156,6 +156,11 @@ class _ReadBack:
                 self.on_batch(BatchRecord(progress.epoch, i, ni, steps, *map(float, self.mean_items.tolist()),
                                           *map(float, settings.lrs), float(settings.momentum), settings.accumulate,
                                           micro, _peak_allocated(device), speed, self.epochs))
+        done = pending[-1][3] + 1  # this epoch's batches so far
+        if progress.epoch == 0 and pending[0][3] == 0 and done < self.batches:  # a new run's first read-back: its pace
+            epoch_s = (time.perf_counter() - self.start) / done * self.batches
+            LOGGER.info("at the pace of its first %d batches an epoch trains in about %.0f s, the %d epochs in about "
+                        "%.1f min (validation not counted)", done, epoch_s, self.epochs, epoch_s * self.epochs / 60)
 
     def finish(self) -> None:
         """The last read-back; an epoch of skipped steps did not train (an error), unmatched boxes a warning."""
