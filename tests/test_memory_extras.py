@@ -126,10 +126,13 @@ def test_profile_cli_prints_sweep_and_plan(capsys):
     from yolo9kit.cli import build_parser
 
     args = build_parser().parse_args(["profile", "--model", "gelan-t", "--imgsz", "64", "--batch-size", "1", "2",
-                                      "--gpu", "T4", "--nominal-batch-size", "4", "--method", "estimated"])
+                                      "--gpu", "T4", "--nominal-batch-size", "4", "--method", "estimated",
+                                      "--images", "6000"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "peak_reserved_gib" in out and "recommended: batch 4 x accumulate 1" in out
+    rows = [line.split() for line in out.splitlines() if "estimated" in line.split()[5:6]]  # ... img/s epoch_min
+    assert len(rows) == 2 and all(float(r[-1]) == pytest.approx(6000 / float(r[-2]) / 60, rel=0.02) for r in rows)
 
 
 @pytest.mark.slow

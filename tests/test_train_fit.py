@@ -105,6 +105,18 @@ def test_an_epoch_s_time_is_split_into_waiting_for_data_and_computing(tmp_path, 
     assert re.search(r"img/s data \d+% acc", capsys.readouterr().err)
 
 
+def test_a_new_run_says_its_pace_once_after_its_first_read_back(tmp_path, caplog):
+    """After the first 10 batches (one read-back) of a new run: the time an epoch and the run will take at that pace,
+    once (not again in later epochs); 25 batches of at least 0.1 s each make an epoch of at least 2.5 s."""
+    config = _config(tmp_path)
+    with caplog.at_level("INFO", logger="yolo9kit.train.loop"):
+        fit(ToyNet(), None, config, loss_fn=toy_loss, train_loader=_SlowLoader(make_batches(25, 2), 0.1))
+    said = [r.getMessage() for r in caplog.records if "at the pace of" in r.getMessage()]
+    assert len(said) == 1 and f"the {config.epochs} epochs in about" in said[0], said
+    epoch_s = float(re.search(r"first 10 batches an epoch trains in about (\d+) s", said[0]).group(1))
+    assert epoch_s >= 2, said[0]
+
+
 def test_a_time_budget_sets_the_epochs_from_the_pace_of_the_first():
     """``time`` (hours): after the first epoch, the epochs that fit what is left at its pace; later only fewer."""
     from types import SimpleNamespace
