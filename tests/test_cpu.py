@@ -76,6 +76,9 @@ def test_the_default_workers_fit_half_the_free_shared_memory_and_ram(monkeypatch
     free["shm"] = 2 * batches + 1
     assert loader.default_workers(16, 640, prefetch=4)[0] == 1
     assert loader.default_workers(16, 320, prefetch=4)[0] == 4  # a quarter of the bytes per batch
+    monkeypatch.setattr(loader.torch.cuda, "device_count", lambda: 2)  # two DDP ranks share it: 2 each
+    assert loader.default_workers(16, 320, prefetch=4)[0] == 2
+    monkeypatch.setattr(loader.torch.cuda, "device_count", lambda: 0)
     free["shm"] = 64 << 30
     monkeypatch.setattr(loader, "memory_limits", lambda: {"RAM": 64 << 30, "cgroup": 3 * (batches + WORKER_BYTES)})
     count, why = loader.default_workers(16, 640, prefetch=4)

@@ -100,15 +100,16 @@ def set_mosaic(loader_or_dataset: YOLOLoader | YOLODataset, enabled: bool) -> No
 def default_workers(batch_size: int, imgsz: int = 640, prefetch: int = 4) -> tuple[int, str]:
     """The official min(cores // GPUs, batch size if > 1 else 0, 8), with the cores this process may use, lowered
     until each worker's ``prefetch`` uint8 batches fit half the free /dev/shm (a container's is 64 MB: "Bus error"
-    beyond it) and, with WORKER_BYTES each, half the free RAM. Returns the count and why."""
-    cores = usable_cores() // max(torch.cuda.device_count(), 1)
+    beyond it) and, with WORKER_BYTES each, half the free RAM, each shared by the GPUs' ranks. The count and why."""
+    ranks = max(torch.cuda.device_count(), 1)  # officially one DDP rank per GPU, each with its loader
+    cores = usable_cores() // ranks
     count, why = min(cores, batch_size if batch_size > 1 else 0, 8), f"min({cores} usable cores, batch {batch_size}, 8)"
     batches = prefetch * batch_size * 3 * imgsz * imgsz
     shm = shutil.disk_usage(SHM).free if SHM.is_dir() else None  # none on macOS and Windows
     for name, free, each in (("/dev/shm", shm, batches), ("RAM", min(memory_limits().values(), default=None),
                                                           batches + WORKER_BYTES)):
-        if free is not None and count * each > free // 2:
-            count = free // 2 // each
+        if free is not None and count * each > free // 2 // ranks:
+            count = free // 2 // ranks // each
             why = f"half the free {name} ({format_bytes(free)}) fits the {prefetch} batches each prepares {count} times"
     return count, f"{count} workers: {why}"
 
