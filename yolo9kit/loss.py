@@ -143,6 +143,8 @@ class DetectionLoss:
         target_scores_sum = target_scores.sum().clamp(min=1)  # official max(sum, 1)
 
         pos_weight = flat.new_full((1,), self.config.cls_pos_weight)  # a fill, not a host-to-device copy
+        if flat.device.type == "cpu":  # an AVX-512 masked load does not fault its page in: the BCE's log1p paid a
+            torch.log1p(flat.new_full((16,), -0.0))  # suppressed fault per call until -0.0 reads its constant
         cls_loss = F.binary_cross_entropy_with_logits(pred_logits, target_scores, pos_weight=pos_weight,
                                                       reduction="none").sum() / target_scores_sum
         # box (CIoU) and DFL over every anchor, background weighted 0: no boolean indexing, so no device sync;
